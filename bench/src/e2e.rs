@@ -1,0 +1,107 @@
+//! End-to-end durable no-op runs per second: schedules fire, the dispatcher hands attempts to a
+//! worker over the HTTP worker protocol, the worker completes each at once, and the results are
+//! recorded. The worker here is a minimal protocol client, so the figure is sked's own cost.
+
+use crate::firing::metric;
+use crate::harness::{all_runs, in_window, ms, start, store_with_jobs};
+use anyhow::{bail, Context, Result};
+use chrono::{Duration, Utc};
+use serde_json::{json, Value};
+use sked_core::job::JobSpec;
+use sked_core::protocol::{Completion, LeaseResponse, RegisterResponse};
+use sked_core::run::{AttemptOutcome, RunState};
+use sked_core::stats::percentiles;
+
+pub async fn run(schedules: usize, every: &str, seconds: u64, slots: u32) -> Result<Value> {
+    let jobs = (0..schedules).map(|i| {
+        let spec: JobSpec = serde_json::from_value(json!({
+            "schedule": {"every": every},
+            "target": {"shell": {"command": "true"}},
+        }))
+        .expect("a valid benchmark job");
+        (format!("noop-{i:07}"), spec)
+    });
+    let (store, dir) = store_with_jobs(jobs).await?;
+    let server = start(store.clone(), dir).await?;
+    let http = reqwest::Client::new();
+    let reg: RegisterResponse = http
+        .post(format!("{}/api/v1/workers", server.base))
+        .json(&json!({"name": "noop", "slots": slots}))
+        .send()
+        .await?
+        .json()
+        .await
+        .context("register")?;
+    let worker = reg.worker_id;
+    let from = Utc::now() + Duration::seconds(2);
+    let to = from + Duration::seconds(seconds as i64);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds + 4);
+    let mut completed = 0u64;
+    while std::time::Instant::now() < deadline {
+        let lease: LeaseResponse = http
+            .post(format!("{}/api/v1/workers/{worker}/lease", server.base))
+            .json(&json!({"max": slots, "wait_ms": 200}))
+            .send()
+            .await?
+            .json()
+            .await
+            .context("lease")?;
+        if lease.attempts.is_empty() {
+            continue;
+        }
+        let completions: Vec<Completion> = lease
+            .attempts
+            .iter()
+            .map(|a| Completion {
+                attempt_id: a.attempt_id,
+                token: a.token,
+                outcome: AttemptOutcome::Succeeded,
+                exit_code: Some(0),
+                http_status: None,
+                error: None,
+            })
+            .collect();
+        let resp = http
+            .post(format!("{}/api/v1/workers/{worker}/complete", server.base))
+            .json(&json!({"completions": completions}))
+            .send()
+            .await?;
+        if !resp.status().is_success() {
+            bail!("complete: {}", resp.text().await?);
+        }
+        completed += completions.len() as u64;
+    }
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await?
+        .text()
+        .await?;
+    server.stop().await;
+
+    let runs = all_runs(store.as_ref()).await?;
+    let window: Vec<_> = runs
+        .iter()
+        .filter(|r| in_window(r.scheduled_for, from, to))
+        .collect();
+    let succeeded = window
+        .iter()
+        .filter(|r| r.state == RunState::Succeeded)
+        .count();
+    let mut end_to_end: Vec<f64> = window
+        .iter()
+        .filter_map(|r| r.finished_at.map(|f| ms(f - r.scheduled_for)))
+        .collect();
+    let p = percentiles(&mut end_to_end);
+    Ok(json!({
+        "scenario": "e2e",
+        "store": "sqlite",
+        "schedules": schedules,
+        "every": every,
+        "window_seconds": seconds,
+        "runs_in_window": window.len(),
+        "succeeded_in_window": succeeded,
+        "runs_per_second": succeeded as f64 / seconds as f64,
+        "instant_to_recorded_ms": {"p50": p.p50, "p99": p.p99, "max": p.max},
+        "completions_sent": completed,
+        "attempts_started": metric(&metrics, "sked_attempts_started_total"),
+    }))
+}

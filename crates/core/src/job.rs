@@ -1,0 +1,317 @@
+//! Jobs: the definition users write, its validation, and the job's lifecycle state.
+
+use crate::duration::HumanDuration;
+use crate::error::SpecError;
+use crate::policy::{MisfirePolicy, OverlapPolicy, RetryPolicy};
+use crate::schedule::{Schedule, ScheduleSpec};
+use crate::target::TargetSpec;
+use crate::Instant;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A job definition as the API and `sked job apply` take it. Unknown fields are rejected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Taken from the URL on `PUT /jobs/{name}`; required on `POST /jobs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// No schedule: the job runs only when triggered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleSpec>,
+    pub target: TargetSpec,
+    /// An attempt running longer than this is stopped and ends `timed_out`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<HumanDuration>,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    #[serde(default)]
+    pub overlap: OverlapPolicy,
+    #[serde(default)]
+    pub misfire: MisfirePolicy,
+    /// Higher runs first when runs wait for workers.
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default)]
+    pub routing: Routing,
+    /// Dependencies on other jobs' runs; not accepted yet (reserved so definitions stay stable).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// Where a run may go and how one worker is chosen among those that may take it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Routing {
+    /// A worker must carry all of these labels with these values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub strategy: crate::dispatch::Strategy,
+    /// The key `affinity` and `consistent_hash` route by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_key: Option<String>,
+}
+
+/// A job's lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Active,
+    Paused,
+    /// A finite schedule that is used up.
+    Completed,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Active => "active",
+            JobState::Paused => "paused",
+            JobState::Completed => "completed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "active" => Some(JobState::Active),
+            "paused" => Some(JobState::Paused),
+            "completed" => Some(JobState::Completed),
+            _ => None,
+        }
+    }
+}
+
+pub const MAX_NAME_LEN: usize = 128;
+pub const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Checks a job or namespace name: 1 to 128 of `A-Z a-z 0-9 . _ -`, not starting with `.`.
+pub fn validate_name(field: &str, name: &str) -> Result<(), SpecError> {
+    let ok_chars = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if name.is_empty() || name.len() > MAX_NAME_LEN || !ok_chars || name.starts_with('.') {
+        return Err(SpecError::new(
+            field,
+            format!(
+                "{name:?} is not a valid name: use 1 to {MAX_NAME_LEN} letters, digits, '.', '_' or '-'"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A definition that passed validation, with its schedule compiled.
+#[derive(Debug, Clone)]
+pub struct ValidJob {
+    pub name: String,
+    pub spec: JobSpec,
+    pub schedule: Schedule,
+}
+
+impl JobSpec {
+    /// Validates the definition. `name_from_path` is the name in the URL, when there is one; it
+    /// must agree with a name in the body. `epoch` is the moment the schedule is set.
+    pub fn validate(
+        mut self,
+        name_from_path: Option<&str>,
+        epoch: Instant,
+    ) -> Result<ValidJob, SpecError> {
+        let name = match (name_from_path, self.name.as_deref()) {
+            (Some(path), Some(body)) if path != body => {
+                return Err(SpecError::new(
+                    "name",
+                    format!("the body names {body:?} but the URL names {path:?}"),
+                ))
+            }
+            (Some(path), _) => path.to_string(),
+            (None, Some(body)) => body.to_string(),
+            (None, None) => return Err(SpecError::new("name", "is required")),
+        };
+        validate_name("name", &name)?;
+        self.name = Some(name.clone());
+        if self.description.as_ref().is_some_and(|d| d.len() > 4096) {
+            return Err(SpecError::new("description", "must be at most 4096 bytes"));
+        }
+        self.target.validate()?;
+        if let Some(timeout) = self.timeout {
+            if timeout.0.is_zero() || timeout.0 > MAX_TIMEOUT {
+                return Err(SpecError::new("timeout", "must be between 1ms and 7 days"));
+            }
+        }
+        self.retry.validate()?;
+        for (key, _) in &self.routing.labels {
+            if key.is_empty() {
+                return Err(SpecError::new(
+                    "routing.labels",
+                    "label names must not be empty",
+                ));
+            }
+        }
+        if !self.depends_on.is_empty() {
+            return Err(SpecError::new(
+                "depends_on",
+                "dependencies between jobs are not supported yet",
+            ));
+        }
+        let schedule = Schedule::compile(self.schedule.as_ref(), epoch)?;
+        Ok(ValidJob {
+            name,
+            spec: self,
+            schedule,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<JobSpec, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn the_design_example_is_accepted() {
+        let job = parse(
+            r#"{
+              "name": "nightly-report",
+              "description": "sales report",
+              "schedule": {"cron": "0 30 2 * * *", "timezone": "Europe/London"},
+              "target": {"shell": {"command": "python3 report.py", "env": {"LEVEL": "full"}}},
+              "timeout": "10m",
+              "retry": {"max_attempts": 3, "backoff": {"initial": "1s", "max": "5m", "multiplier": 2.0, "jitter": true}},
+              "overlap": "skip",
+              "misfire": {"policy": "run_once", "catchup_window": "1h"},
+              "priority": 5,
+              "routing": {"labels": {"zone": "eu"}, "strategy": "least_loaded", "affinity_key": null},
+              "depends_on": [],
+              "paused": false
+            }"#,
+        )
+        .unwrap();
+        assert_eq!(job.overlap, OverlapPolicy::Skip);
+        assert_eq!(job.retry.max_attempts, 3);
+    }
+
+    #[test]
+    fn unknown_fields_and_two_targets_are_rejected() {
+        assert!(parse(r#"{"target": {"shell": {"command": "true"}}, "colour": 1}"#).is_err());
+        assert!(parse(
+            r#"{"target": {"shell": {"command": "true"}, "http": {"url": "http://x"}}}"#
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn names_are_checked_against_the_path() {
+        let job = parse(r#"{"name": "a", "target": {"shell": {"command": "true"}}}"#).unwrap();
+        let now = chrono::Utc::now();
+        assert_eq!(
+            job.clone().validate(Some("b"), now).unwrap_err().field,
+            "name"
+        );
+        assert_eq!(job.validate(Some("a"), now).unwrap().name, "a");
+        let unnamed = parse(r#"{"target": {"shell": {"command": "true"}}}"#).unwrap();
+        assert_eq!(
+            unnamed.clone().validate(None, now).unwrap_err().field,
+            "name"
+        );
+        assert!(unnamed.validate(Some("bad name"), now).is_err());
+    }
+}
+
+/// Where a job's schedule stands: the part of a job record the firing loop moves forward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FiringState {
+    pub state: JobState,
+    pub next_fire_at: Option<Instant>,
+    pub fired_count: u64,
+    pub schedule_epoch: Instant,
+}
+
+/// The firing state once `job` is stored. A job whose schedule did not change keeps its place
+/// (epoch, instants fired, next instant); a new or changed schedule starts afresh at `now`, so
+/// re-applying the same definition never re-fires or skips anything.
+pub fn firing_state_after_put(
+    previous: Option<(&JobSpec, &FiringState)>,
+    job: &ValidJob,
+    now: Instant,
+) -> Result<FiringState, SpecError> {
+    let (epoch, fired, next, schedule) = match previous {
+        Some((old, state)) if old.schedule == job.spec.schedule => {
+            let schedule = Schedule::compile(job.spec.schedule.as_ref(), state.schedule_epoch)?;
+            (
+                state.schedule_epoch,
+                state.fired_count,
+                state.next_fire_at,
+                schedule,
+            )
+        }
+        _ => {
+            let schedule = Schedule::compile(job.spec.schedule.as_ref(), now)?;
+            (now, 0, schedule.first(), schedule)
+        }
+    };
+    let state = if next.is_none() && !schedule.is_manual() {
+        JobState::Completed
+    } else if job.spec.paused {
+        JobState::Paused
+    } else {
+        JobState::Active
+    };
+    Ok(FiringState {
+        state,
+        next_fire_at: next,
+        fired_count: fired,
+        schedule_epoch: epoch,
+    })
+}
+
+#[cfg(test)]
+mod firing_state_tests {
+    use super::*;
+
+    fn job(every: &str, paused: bool) -> ValidJob {
+        let spec: JobSpec = serde_json::from_value(serde_json::json!({
+            "schedule": {"every": every},
+            "target": {"shell": {"command": "true"}},
+            "paused": paused,
+        }))
+        .unwrap();
+        spec.validate(Some("j"), "2026-01-01T00:00:00Z".parse().unwrap())
+            .unwrap()
+    }
+
+    #[test]
+    fn an_unchanged_schedule_keeps_its_place() {
+        let t0: Instant = "2026-01-01T00:00:00Z".parse().unwrap();
+        let first = firing_state_after_put(None, &job("10s", false), t0).unwrap();
+        assert_eq!(
+            first.next_fire_at,
+            Some("2026-01-01T00:00:10Z".parse().unwrap())
+        );
+        let moved = FiringState {
+            fired_count: 3,
+            next_fire_at: Some("2026-01-01T00:00:40Z".parse().unwrap()),
+            ..first.clone()
+        };
+        let later = t0 + chrono::Duration::seconds(35);
+        let old = job("10s", false);
+        let again =
+            firing_state_after_put(Some((&old.spec, &moved)), &job("10s", true), later).unwrap();
+        assert_eq!(
+            (again.fired_count, again.next_fire_at),
+            (3, moved.next_fire_at)
+        );
+        assert_eq!(again.state, JobState::Paused);
+        let changed =
+            firing_state_after_put(Some((&old.spec, &moved)), &job("7s", false), later).unwrap();
+        assert_eq!(changed.fired_count, 0);
+        assert_eq!(changed.schedule_epoch, later);
+    }
+}

@@ -1,0 +1,29 @@
+//! sked's domain: what a job is, when it is due, what happens to its runs, and which worker gets
+//! an attempt.
+//!
+//! Everything here is plain data and pure functions. This crate does no IO and reads no clock:
+//! every function that needs "now" takes it as an argument, and every function that needs
+//! randomness takes the random number. The store, the server, the worker and the simulator all
+//! decide through these functions, so a rule is written once.
+
+pub mod dispatch;
+pub mod duration;
+pub mod error;
+pub mod job;
+pub mod policy;
+pub mod protocol;
+pub mod records;
+pub mod run;
+pub mod schedule;
+pub mod stats;
+pub mod target;
+
+pub use duration::HumanDuration;
+pub use error::SpecError;
+pub use job::{JobSpec, JobState, ValidJob};
+pub use run::{AttemptOutcome, AttemptState, RunState, SkipReason, Trigger};
+pub use schedule::{Schedule, ScheduleSpec};
+pub use target::TargetSpec;
+
+/// Instants are UTC everywhere; local time only exists inside schedule math.
+pub type Instant = chrono::DateTime<chrono::Utc>;

@@ -1,0 +1,127 @@
+//! The worker protocol: the JSON messages between the server and any worker, over HTTP.
+//!
+//! `POST /api/v1/workers` registers; `POST /api/v1/workers/{id}/heartbeat` keeps the worker and
+//! the leases of its attempts alive; `POST /api/v1/workers/{id}/lease` long-polls for a batch of
+//! attempts; `POST /api/v1/attempts/{id}/log?token=T` appends output; `POST
+//! /api/v1/workers/{id}/complete` reports a batch of results. Every report about an attempt
+//! carries its fencing token; a report whose attempt lost its lease is rejected.
+
+use crate::run::AttemptOutcome;
+use crate::target::TargetSpec;
+use crate::Instant;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What a job sees of its run: environment variables for shell targets...
+pub const ENV_RUN_ID: &str = "SKED_RUN_ID";
+pub const ENV_ATTEMPT: &str = "SKED_ATTEMPT";
+pub const ENV_SCHEDULED_FOR: &str = "SKED_SCHEDULED_FOR";
+pub const ENV_JOB: &str = "SKED_JOB";
+/// ...and headers for HTTP targets.
+pub const HEADER_RUN_ID: &str = "X-Sked-Run-Id";
+pub const HEADER_ATTEMPT: &str = "X-Sked-Attempt";
+pub const HEADER_SCHEDULED_FOR: &str = "X-Sked-Scheduled-For";
+pub const HEADER_JOB: &str = "X-Sked-Job";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub slots: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    pub worker_id: String,
+    /// How often the worker should heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// Silence longer than this and the worker is declared dead.
+    pub heartbeat_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// Attempts the worker is executing.
+    #[serde(default)]
+    pub running: Vec<i64>,
+    /// Affinity keys the worker holds warm.
+    #[serde(default)]
+    pub warm_keys: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// Attempts the worker must stop: cancelled by a user, or no longer leased to it.
+    pub stop: Vec<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// At most this many attempts.
+    pub max: u32,
+    /// Hold the request this long when nothing is ready (long poll).
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseResponse {
+    pub attempts: Vec<LeasedAttempt>,
+}
+
+/// An attempt handed to a worker: everything it needs to execute and report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeasedAttempt {
+    pub attempt_id: i64,
+    /// The fencing token: every report about this attempt carries it.
+    pub token: i64,
+    pub run_id: i64,
+    /// 1 for the first attempt of the run.
+    pub attempt: u32,
+    pub namespace: String,
+    pub job: String,
+    pub scheduled_for: Instant,
+    pub target: TargetSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    pub completions: Vec<Completion>,
+}
+
+/// The result of one attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Completion {
+    pub attempt_id: i64,
+    pub token: i64,
+    pub outcome: AttemptOutcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+    /// A short human-readable reason for a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompleteResponse {
+    pub results: Vec<CompletionResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionResult {
+    pub attempt_id: i64,
+    pub accepted: bool,
+    /// Why it was rejected (`fenced`, `unknown_attempt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}

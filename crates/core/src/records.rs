@@ -1,0 +1,122 @@
+//! What the store keeps and the API shows: jobs with their firing state, runs, attempts, workers.
+
+use crate::job::{JobSpec, JobState};
+use crate::run::{AttemptState, RunState, SkipReason, Trigger};
+use crate::stats::Percentiles;
+use crate::Instant;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: i64,
+    pub namespace: String,
+    pub name: String,
+    pub spec: JobSpec,
+    pub state: JobState,
+    /// The next instant the schedule owes; `None` for manual or used-up schedules.
+    pub next_fire_at: Option<Instant>,
+    /// Instants produced so far by the current schedule.
+    pub fired_count: u64,
+    /// When the current schedule was set; its first instant is strictly after this.
+    pub schedule_epoch: Instant,
+    pub created_at: Instant,
+    pub updated_at: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub id: i64,
+    pub namespace: String,
+    pub job: String,
+    pub job_id: i64,
+    /// The instant this run is for: with the job, the run's identity in the ledger.
+    pub scheduled_for: Instant,
+    pub trigger: Trigger,
+    pub state: RunState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_reason: Option<SkipReason>,
+    pub priority: i32,
+    /// Not handed to a worker before this (retry backoff, jitter).
+    pub ready_at: Instant,
+    /// When the ledger row was written.
+    pub created_at: Instant,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Instant>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Instant>,
+    /// Attempts started, lost ones included.
+    pub attempts: u32,
+    /// Attempts that failed or timed out: what the retry budget counts.
+    pub failures: u32,
+    pub cancel_requested: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RunRecord {
+    /// Firing lateness: from the instant to the ledger row, in milliseconds.
+    pub fn lateness_ms(&self) -> f64 {
+        (self.created_at - self.scheduled_for)
+            .num_microseconds()
+            .unwrap_or(i64::MAX) as f64
+            / 1000.0
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub id: i64,
+    pub run_id: i64,
+    /// 1 for the run's first attempt.
+    pub number: u32,
+    pub worker_id: String,
+    /// The fencing token; not shown by the API.
+    #[serde(skip)]
+    pub token: i64,
+    pub state: AttemptState,
+    pub started_at: Instant,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Instant>,
+    pub lease_expires_at: Instant,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Bytes of output kept.
+    pub output_bytes: u64,
+    /// Output went past the cap; what came after it was dropped.
+    pub output_truncated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    pub id: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub slots: u32,
+    /// Attempts it holds leases for.
+    pub running: u32,
+    pub registered_at: Instant,
+    pub last_heartbeat_at: Instant,
+    pub alive: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStats {
+    pub runs: u64,
+    /// Runs by state name.
+    pub by_state: BTreeMap<String, u64>,
+    pub succeeded: u64,
+    pub failed: u64,
+    /// Attempts beyond the first, over all runs.
+    pub retries: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run: Option<RunRecord>,
+    /// Firing lateness of recent runs, milliseconds.
+    pub lateness_ms: Percentiles,
+    /// From the instant to the first attempt's start, milliseconds.
+    pub start_lateness_ms: Percentiles,
+}

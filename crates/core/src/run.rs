@@ -1,0 +1,265 @@
+//! Runs and attempts: their states, the legal transitions, and what follows an attempt's end.
+//!
+//! A run is one occurrence of a job, keyed by `(job, scheduled_for)`. An attempt is one execution
+//! of a run on one worker, holding a lease with a fencing token.
+
+use crate::policy::RetryPolicy;
+use crate::Instant;
+use serde::{Deserialize, Serialize};
+
+macro_rules! string_enum {
+    ($name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $($text => Some($name::$variant),)+ _ => None }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Held back: an earlier run of the job is still active (overlap `buffer_*`).
+    Waiting,
+    /// Ready for a worker from `ready_at` on.
+    Queued,
+    /// An attempt holds a lease on a worker.
+    Running,
+    Succeeded,
+    Failed,
+    TimedOut,
+    Cancelled,
+    Skipped,
+}
+
+string_enum!(RunState {
+    Waiting => "waiting",
+    Queued => "queued",
+    Running => "running",
+    Succeeded => "succeeded",
+    Failed => "failed",
+    TimedOut => "timed_out",
+    Cancelled => "cancelled",
+    Skipped => "skipped",
+});
+
+impl RunState {
+    pub fn is_terminal(self) -> bool {
+        !matches!(
+            self,
+            RunState::Waiting | RunState::Queued | RunState::Running
+        )
+    }
+
+    /// The legal moves of the state machine. Terminal states are final.
+    pub fn can_become(self, next: RunState) -> bool {
+        use RunState::*;
+        match (self, next) {
+            (Waiting, Queued | Cancelled | Skipped) => true,
+            (Queued, Running | Cancelled | Skipped) => true,
+            // Back to queued: a retry, or the attempt's worker died.
+            (Running, Queued) => true,
+            (Running, s) => s.is_terminal() && s != Skipped,
+            _ => false,
+        }
+    }
+}
+
+/// Why a run was recorded as skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    Overlap,
+    Paused,
+    Misfire,
+    UpstreamFailed,
+    DependencyTimeout,
+}
+
+string_enum!(SkipReason {
+    Overlap => "overlap",
+    Paused => "paused",
+    Misfire => "misfire",
+    UpstreamFailed => "upstream_failed",
+    DependencyTimeout => "dependency_timeout",
+});
+
+/// What made a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    Schedule,
+    Manual,
+}
+
+string_enum!(Trigger {
+    Schedule => "schedule",
+    Manual => "manual",
+});
+
+/// How an attempt ended, as its worker reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Succeeded,
+    Failed,
+    TimedOut,
+    Cancelled,
+}
+
+string_enum!(AttemptOutcome {
+    Succeeded => "succeeded",
+    Failed => "failed",
+    TimedOut => "timed_out",
+    Cancelled => "cancelled",
+});
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptState {
+    Running,
+    Succeeded,
+    Failed,
+    TimedOut,
+    Cancelled,
+    /// Its worker stopped heartbeating; the lease was taken away and the run re-queued.
+    Lost,
+}
+
+string_enum!(AttemptState {
+    Running => "running",
+    Succeeded => "succeeded",
+    Failed => "failed",
+    TimedOut => "timed_out",
+    Cancelled => "cancelled",
+    Lost => "lost",
+});
+
+impl From<AttemptOutcome> for AttemptState {
+    fn from(o: AttemptOutcome) -> Self {
+        match o {
+            AttemptOutcome::Succeeded => AttemptState::Succeeded,
+            AttemptOutcome::Failed => AttemptState::Failed,
+            AttemptOutcome::TimedOut => AttemptState::TimedOut,
+            AttemptOutcome::Cancelled => AttemptState::Cancelled,
+        }
+    }
+}
+
+/// What becomes of a run once an attempt has ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AfterAttempt {
+    /// Queue the run again, ready at this instant. The failure counts against the budget.
+    Retry { ready_at: Instant },
+    /// The run ends in this terminal state.
+    Finish(RunState),
+}
+
+/// Decides the run's fate after an attempt reported `outcome`. `failures` counts the failed or
+/// timed-out attempts of the run including this one; `cancel_requested` is set when a user asked
+/// to cancel the run while the attempt ran. `unit_random` is uniform in [0, 1) for the jitter.
+pub fn after_attempt(
+    outcome: AttemptOutcome,
+    failures: u32,
+    retry: &RetryPolicy,
+    cancel_requested: bool,
+    now: Instant,
+    unit_random: f64,
+) -> AfterAttempt {
+    let terminal = match outcome {
+        AttemptOutcome::Succeeded => return AfterAttempt::Finish(RunState::Succeeded),
+        AttemptOutcome::Cancelled => return AfterAttempt::Finish(RunState::Cancelled),
+        _ if cancel_requested => return AfterAttempt::Finish(RunState::Cancelled),
+        AttemptOutcome::Failed => RunState::Failed,
+        AttemptOutcome::TimedOut => RunState::TimedOut,
+    };
+    if failures >= retry.max_attempts {
+        return AfterAttempt::Finish(terminal);
+    }
+    let delay = retry.delay_after(failures, unit_random);
+    let delay = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+    AfterAttempt::Retry {
+        ready_at: now.checked_add_signed(delay).unwrap_or(now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+
+    #[test]
+    fn terminal_states_are_final() {
+        for from in RunState::ALL.iter().copied().filter(|s| s.is_terminal()) {
+            for to in RunState::ALL {
+                assert!(!from.can_become(*to), "{from} -> {to}");
+            }
+        }
+        assert!(RunState::Running.can_become(RunState::Queued));
+        assert!(!RunState::Running.can_become(RunState::Skipped));
+        assert!(!RunState::Queued.can_become(RunState::Succeeded));
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in RunState::ALL {
+            assert_eq!(RunState::parse(s.as_str()), Some(*s));
+        }
+        for s in AttemptState::ALL {
+            assert_eq!(AttemptState::parse(s.as_str()), Some(*s));
+        }
+    }
+
+    #[test]
+    fn failures_retry_until_the_budget_is_spent() {
+        let now = Utc::now();
+        let retry = RetryPolicy {
+            max_attempts: 3,
+            ..Default::default()
+        };
+        let first = after_attempt(AttemptOutcome::Failed, 1, &retry, false, now, 0.0);
+        assert!(matches!(first, AfterAttempt::Retry { ready_at } if ready_at > now));
+        assert!(matches!(
+            after_attempt(AttemptOutcome::TimedOut, 2, &retry, false, now, 0.0),
+            AfterAttempt::Retry { .. }
+        ));
+        assert_eq!(
+            after_attempt(AttemptOutcome::Failed, 3, &retry, false, now, 0.0),
+            AfterAttempt::Finish(RunState::Failed)
+        );
+        assert_eq!(
+            after_attempt(AttemptOutcome::TimedOut, 3, &retry, false, now, 0.0),
+            AfterAttempt::Finish(RunState::TimedOut)
+        );
+    }
+
+    #[test]
+    fn success_and_cancellation_end_the_run() {
+        let now = Utc::now();
+        let retry = RetryPolicy {
+            max_attempts: 5,
+            ..Default::default()
+        };
+        assert_eq!(
+            after_attempt(AttemptOutcome::Succeeded, 0, &retry, true, now, 0.0),
+            AfterAttempt::Finish(RunState::Succeeded)
+        );
+        assert_eq!(
+            after_attempt(AttemptOutcome::Failed, 1, &retry, true, now, 0.0),
+            AfterAttempt::Finish(RunState::Cancelled)
+        );
+    }
+}

@@ -1,0 +1,355 @@
+//! When a job is due: schedule definitions as users write them, compiled into a [`Schedule`] that
+//! answers "what is the next instant after this one?".
+//!
+//! Pure math over UTC instants. Local time and time zones exist only inside `cron`; nothing here
+//! reads the clock.
+
+pub mod cron;
+pub mod iso8601;
+
+use crate::duration::HumanDuration;
+use crate::error::SpecError;
+use crate::Instant;
+use chrono::{Duration, TimeZone, Utc};
+use chrono_tz::Tz;
+use serde::{Deserialize, Serialize};
+
+/// A schedule as the API takes it: exactly one of `cron`, `every`, `iso8601` or `at`, plus the
+/// optional bounds. A job without a schedule only runs when triggered.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    /// IANA zone for `cron`; UTC when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// Fixed rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<HumanDuration>,
+    /// An instant the `every` grid passes through; the moment the schedule was set when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<Instant>,
+    /// ISO 8601 repeating interval, `R2/2026-01-01T00:00:00Z/PT5M`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iso8601: Option<String>,
+    /// One instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Instant>,
+    /// No instant before this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<Instant>,
+    /// No instant after this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<Instant>,
+    /// At most this many instants in all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_runs: Option<u64>,
+    /// Each run is handed out up to this much after its instant, spread evenly by job and
+    /// instant, so that many jobs on one instant do not arrive together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<HumanDuration>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    Cron(Box<cron::CronExpr>, Tz),
+    Every { period: Duration, anchor: Instant },
+    Repeating(iso8601::RepeatingInterval),
+    At(Instant),
+    Manual,
+}
+
+/// A compiled schedule. Instants are counted by the caller (`fired`), which is how `max_runs`
+/// and the repetitions of an ISO 8601 interval end a schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    kind: Kind,
+    /// The moment the schedule was set: instants at or before it are not owed.
+    epoch: Instant,
+    start: Option<Instant>,
+    end: Option<Instant>,
+    max_runs: Option<u64>,
+    jitter: Option<HumanDuration>,
+}
+
+/// The shortest `every` sked accepts.
+pub const MIN_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl Schedule {
+    /// Compiles a definition. `epoch` is when it was set (created or last changed): the first
+    /// instant is the first one strictly after it.
+    pub fn compile(spec: Option<&ScheduleSpec>, epoch: Instant) -> Result<Schedule, SpecError> {
+        let Some(spec) = spec else {
+            return Ok(Schedule::manual(epoch));
+        };
+        let given = [
+            spec.cron.is_some(),
+            spec.every.is_some(),
+            spec.iso8601.is_some(),
+            spec.at.is_some(),
+        ]
+        .iter()
+        .filter(|g| **g)
+        .count();
+        if given > 1 {
+            return Err(SpecError::new(
+                "schedule",
+                "give exactly one of cron, every, iso8601 or at",
+            ));
+        }
+        if spec.timezone.is_some() && spec.cron.is_none() {
+            return Err(SpecError::new(
+                "schedule.timezone",
+                "only applies to cron schedules",
+            ));
+        }
+        if spec.anchor.is_some() && spec.every.is_none() {
+            return Err(SpecError::new(
+                "schedule.anchor",
+                "only applies to every schedules",
+            ));
+        }
+        let kind = if let Some(expr) = &spec.cron {
+            let tz = match &spec.timezone {
+                None => Tz::UTC,
+                Some(name) => name.parse::<Tz>().map_err(|_| {
+                    SpecError::new(
+                        "schedule.timezone",
+                        format!("{name:?} is not an IANA time zone such as Europe/London"),
+                    )
+                })?,
+            };
+            let expr = cron::CronExpr::parse(expr)
+                .map_err(|message| SpecError::new("schedule.cron", message))?;
+            Kind::Cron(Box::new(expr), tz)
+        } else if let Some(every) = spec.every {
+            if every.0 < MIN_EVERY {
+                return Err(SpecError::new(
+                    "schedule.every",
+                    format!("must be at least {}", HumanDuration(MIN_EVERY)),
+                ));
+            }
+            Kind::Every {
+                period: every.as_chrono(),
+                anchor: spec.anchor.unwrap_or(epoch),
+            }
+        } else if let Some(text) = &spec.iso8601 {
+            let interval = iso8601::RepeatingInterval::parse(text)
+                .map_err(|message| SpecError::new("schedule.iso8601", message))?;
+            Kind::Repeating(interval)
+        } else if let Some(at) = spec.at {
+            Kind::At(at)
+        } else {
+            Kind::Manual
+        };
+        if let (Some(start), Some(end)) = (spec.start, spec.end) {
+            if end < start {
+                return Err(SpecError::new("schedule.end", "must not be before start"));
+            }
+        }
+        if spec.max_runs == Some(0) {
+            return Err(SpecError::new("schedule.max_runs", "must be at least 1"));
+        }
+        Ok(Schedule {
+            kind,
+            epoch,
+            start: spec.start,
+            end: spec.end,
+            max_runs: spec.max_runs,
+            jitter: spec.jitter,
+        })
+    }
+
+    pub fn manual(epoch: Instant) -> Schedule {
+        Schedule {
+            kind: Kind::Manual,
+            epoch,
+            start: None,
+            end: None,
+            max_runs: None,
+            jitter: None,
+        }
+    }
+
+    /// True when the schedule never fires by itself.
+    pub fn is_manual(&self) -> bool {
+        matches!(self.kind, Kind::Manual)
+    }
+
+    /// The first instant the schedule owes.
+    pub fn first(&self) -> Option<Instant> {
+        self.next_after(self.epoch, 0)
+    }
+
+    /// The next instant strictly after `after`, given that `fired` instants were already produced.
+    /// `None` when the schedule is used up.
+    pub fn next_after(&self, after: Instant, fired: u64) -> Option<Instant> {
+        if self.max_runs.is_some_and(|max| fired >= max) {
+            return None;
+        }
+        // Instants before the schedule was set, or before `start`, are not owed.
+        let mut floor = after.max(self.epoch);
+        if let Some(start) = self.start {
+            if start > floor {
+                // `start` itself may be an instant: look from just before it.
+                floor = start - Duration::nanoseconds(1);
+            }
+        }
+        let next = match &self.kind {
+            Kind::Manual => None,
+            Kind::At(at) => (fired == 0 && *at > floor).then_some(*at),
+            Kind::Every { period, anchor } => every_next_after(*anchor, *period, floor),
+            Kind::Cron(expr, tz) => expr.next_after(floor, *tz),
+            Kind::Repeating(interval) => interval.next_after(floor, fired),
+        }?;
+        match self.end {
+            Some(end) if next > end => None,
+            _ => Some(next),
+        }
+    }
+
+    /// The next `count` instants strictly after `after`, for previews.
+    pub fn preview(&self, after: Instant, fired: u64, count: usize) -> Vec<Instant> {
+        let mut out = Vec::with_capacity(count.min(1000));
+        let mut cursor = after;
+        while out.len() < count {
+            let Some(next) = self.next_after(cursor, fired + out.len() as u64) else {
+                break;
+            };
+            out.push(next);
+            cursor = next;
+        }
+        out
+    }
+
+    /// How long after `instant` a run is handed out: a fixed spread in `[0, jitter)` derived from
+    /// `seed` (the job) and the instant, so every node computes the same offset.
+    pub fn jitter_offset(&self, seed: u64, instant: Instant) -> std::time::Duration {
+        let Some(jitter) = self.jitter.filter(|j| !j.0.is_zero()) else {
+            return std::time::Duration::ZERO;
+        };
+        let mixed = splitmix64(seed ^ instant.timestamp_micros() as u64);
+        let nanos = jitter.0.as_nanos().min(u64::MAX as u128) as u64;
+        std::time::Duration::from_nanos(mixed % nanos)
+    }
+}
+
+/// The first point of the grid `anchor + k * period` (k any integer) strictly after `after`.
+fn every_next_after(anchor: Instant, period: Duration, after: Instant) -> Option<Instant> {
+    let period_ns = period.num_nanoseconds()?.max(1) as i128;
+    let offset = (after - anchor).num_nanoseconds()? as i128;
+    let k = offset.div_euclid(period_ns) + 1;
+    let ns = anchor.timestamp_nanos_opt()? as i128 + k * period_ns;
+    let ns = i64::try_from(ns).ok()?;
+    Some(Utc.timestamp_nanos(ns))
+}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Instant {
+        s.parse().unwrap()
+    }
+
+    fn spec_every(every: &str) -> ScheduleSpec {
+        ScheduleSpec {
+            every: Some(every.parse().unwrap()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_fires_on_its_grid_after_the_epoch() {
+        let epoch = t("2026-01-01T00:00:00.300Z");
+        let s = Schedule::compile(Some(&spec_every("1s")), epoch).unwrap();
+        assert_eq!(s.first(), Some(t("2026-01-01T00:00:01.300Z")));
+        assert_eq!(
+            s.next_after(t("2026-01-01T00:00:05.300Z"), 5),
+            Some(t("2026-01-01T00:00:06.300Z"))
+        );
+        let mut anchored = spec_every("1m");
+        anchored.anchor = Some(t("2020-01-01T00:00:00Z"));
+        let s = Schedule::compile(Some(&anchored), epoch).unwrap();
+        assert_eq!(s.first(), Some(t("2026-01-01T00:01:00Z")));
+    }
+
+    #[test]
+    fn bounds_end_a_schedule() {
+        let epoch = t("2026-01-01T00:00:00Z");
+        let mut spec = spec_every("10s");
+        spec.start = Some(t("2026-01-01T00:01:00Z"));
+        spec.end = Some(t("2026-01-01T00:01:30Z"));
+        let s = Schedule::compile(Some(&spec), epoch).unwrap();
+        assert_eq!(
+            s.preview(epoch, 0, 10),
+            vec![
+                t("2026-01-01T00:01:00Z"),
+                t("2026-01-01T00:01:10Z"),
+                t("2026-01-01T00:01:20Z"),
+                t("2026-01-01T00:01:30Z"),
+            ]
+        );
+        spec.end = None;
+        spec.max_runs = Some(2);
+        let s = Schedule::compile(Some(&spec), epoch).unwrap();
+        assert_eq!(s.preview(epoch, 0, 10).len(), 2);
+        assert_eq!(s.next_after(epoch, 2), None);
+    }
+
+    #[test]
+    fn at_fires_once() {
+        let epoch = t("2026-01-01T00:00:00Z");
+        let spec = ScheduleSpec {
+            at: Some(t("2026-01-02T00:00:00Z")),
+            ..Default::default()
+        };
+        let s = Schedule::compile(Some(&spec), epoch).unwrap();
+        assert_eq!(s.first(), Some(t("2026-01-02T00:00:00Z")));
+        assert_eq!(s.next_after(t("2026-01-02T00:00:00Z"), 1), None);
+    }
+
+    #[test]
+    fn rejects_two_kinds_and_stray_fields() {
+        let epoch = t("2026-01-01T00:00:00Z");
+        let mut spec = spec_every("1s");
+        spec.cron = Some("* * * * *".into());
+        assert_eq!(
+            Schedule::compile(Some(&spec), epoch).unwrap_err().field,
+            "schedule"
+        );
+        let mut spec = spec_every("1s");
+        spec.timezone = Some("Europe/London".into());
+        assert_eq!(
+            Schedule::compile(Some(&spec), epoch).unwrap_err().field,
+            "schedule.timezone"
+        );
+        assert_eq!(
+            Schedule::compile(Some(&spec_every("1ms")), epoch)
+                .unwrap_err()
+                .field,
+            "schedule.every"
+        );
+    }
+
+    #[test]
+    fn jitter_is_bounded_and_stable() {
+        let epoch = t("2026-01-01T00:00:00Z");
+        let mut spec = spec_every("1m");
+        spec.jitter = Some("10s".parse().unwrap());
+        let s = Schedule::compile(Some(&spec), epoch).unwrap();
+        for seed in 0..100 {
+            let j = s.jitter_offset(seed, epoch);
+            assert!(j < std::time::Duration::from_secs(10));
+            assert_eq!(j, s.jitter_offset(seed, epoch));
+        }
+    }
+}

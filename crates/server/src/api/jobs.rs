@@ -1,0 +1,443 @@
+//! `/api/v1/jobs`: define, list, read, delete, trigger, pause, resume, preview, runs and stats.
+
+use super::{body, parse_json, ApiError, Namespace};
+use crate::firing::queued_run;
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use sked_core::job::{JobSpec, JobState};
+use sked_core::records::{JobRecord, RunRecord};
+use sked_core::run::{RunState, Trigger};
+use sked_core::schedule::{Schedule, ScheduleSpec};
+use sked_core::Instant;
+use sked_store::{Fire, JobQuery, JobSort, Page, PutMode, PutOutcome, RunQuery};
+use std::collections::BTreeMap;
+
+/// A job as the API returns it: the definition, flattened, with where it stands.
+#[derive(Debug, Serialize)]
+pub struct JobView {
+    #[serde(flatten)]
+    pub spec: JobSpec,
+    pub namespace: String,
+    pub state: JobState,
+    pub next_fire_at: Option<Instant>,
+    pub fired_count: u64,
+    pub created_at: Instant,
+    pub updated_at: Instant,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_run: Option<RunRecord>,
+    /// Runs by state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counters: Option<BTreeMap<String, u64>>,
+}
+
+impl From<JobRecord> for JobView {
+    fn from(job: JobRecord) -> Self {
+        JobView {
+            spec: job.spec,
+            namespace: job.namespace,
+            state: job.state,
+            next_fire_at: job.next_fire_at,
+            fired_count: job.fired_count,
+            created_at: job.created_at,
+            updated_at: job.updated_at,
+            last_run: None,
+            counters: None,
+        }
+    }
+}
+
+/// Header telling `sked job apply` what a PUT changed.
+pub const CHANGE_HEADER: &str = "x-sked-change";
+
+fn change_name(outcome: PutOutcome) -> &'static str {
+    match outcome {
+        PutOutcome::Created => "created",
+        PutOutcome::Updated => "updated",
+        PutOutcome::Unchanged => "unchanged",
+    }
+}
+
+async fn store_job(
+    state: &AppState,
+    namespace: &str,
+    name_from_path: Option<&str>,
+    bytes: &[u8],
+    mode: PutMode,
+) -> Result<Response, ApiError> {
+    let spec: JobSpec = parse_json(bytes)?;
+    let now = Utc::now();
+    let job = spec.validate(name_from_path, now)?;
+    let (outcome, record) = state.store.put_job(namespace, &job, mode, now).await?;
+    if outcome != PutOutcome::Unchanged {
+        state.firing.reload(record.id);
+    }
+    let status = if outcome == PutOutcome::Created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let headers = [(CHANGE_HEADER, change_name(outcome))];
+    Ok((status, headers, Json(JobView::from(record))).into_response())
+}
+
+pub async fn put(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(ns): Query<Namespace>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let namespace = ns.checked()?;
+    store_job(
+        &state,
+        &namespace,
+        Some(&name),
+        &body(raw)?,
+        PutMode::Upsert,
+    )
+    .await
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    Query(ns): Query<Namespace>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let namespace = ns.checked()?;
+    store_job(&state, &namespace, None, &body(raw)?, PutMode::CreateOnly).await
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListParams {
+    #[serde(default = "super::default_namespace")]
+    namespace: String,
+    search: Option<String>,
+    state: Option<String>,
+    sort: Option<String>,
+    order: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct JobPage {
+    pub jobs: Vec<JobView>,
+    pub next_cursor: Option<String>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Query(p): Query<ListParams>,
+) -> Result<Json<JobPage>, ApiError> {
+    let namespace = Namespace {
+        namespace: p.namespace,
+    }
+    .checked()?;
+    let job_state = match p.state.as_deref() {
+        None => None,
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            ApiError::invalid(
+                "state",
+                format!("{s:?} is not one of active, paused, completed"),
+            )
+        })?),
+    };
+    let sort = match p.sort.as_deref() {
+        None | Some("name") => JobSort::Name,
+        Some("created_at") => JobSort::CreatedAt,
+        Some("updated_at") => JobSort::UpdatedAt,
+        Some(s) => {
+            return Err(ApiError::invalid(
+                "sort",
+                format!("{s:?} is not one of name, created_at, updated_at"),
+            ))
+        }
+    };
+    let descending = match p.order.as_deref() {
+        None | Some("asc") => false,
+        Some("desc") => true,
+        Some(s) => {
+            return Err(ApiError::invalid(
+                "order",
+                format!("{s:?} is not asc or desc"),
+            ))
+        }
+    };
+    let query = JobQuery {
+        namespace,
+        search: p.search.filter(|s| !s.is_empty()),
+        state: job_state,
+        sort,
+        descending,
+        limit: check_limit(p.limit)?,
+        cursor: p.cursor,
+    };
+    let Page { items, next_cursor } = state.store.list_jobs(&query).await?;
+    Ok(Json(JobPage {
+        jobs: items.into_iter().map(JobView::from).collect(),
+        next_cursor,
+    }))
+}
+
+pub fn check_limit(limit: Option<u32>) -> Result<u32, ApiError> {
+    match limit {
+        None => Ok(100),
+        Some(n @ 1..=1000) => Ok(n),
+        Some(_) => Err(ApiError::invalid("limit", "must be between 1 and 1000")),
+    }
+}
+
+async fn find(state: &AppState, namespace: &str, name: &str) -> Result<JobRecord, ApiError> {
+    state
+        .store
+        .get_job(namespace, name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(ns): Query<Namespace>,
+) -> Result<Json<JobView>, ApiError> {
+    let namespace = ns.checked()?;
+    let job = find(&state, &namespace, &name).await?;
+    let stats = state.store.job_stats(&namespace, &name).await?;
+    let mut view = JobView::from(job);
+    if let Some(stats) = stats {
+        view.last_run = stats.last_run;
+        view.counters = Some(stats.by_state);
+    }
+    Ok(Json(view))
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(ns): Query<Namespace>,
+) -> Result<Json<JobView>, ApiError> {
+    let namespace = ns.checked()?;
+    let job = state
+        .store
+        .delete_job(&namespace, &name, Utc::now())
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))?;
+    state.firing.reload(job.id);
+    Ok(Json(JobView::from(job)))
+}
+
+async fn set_paused(
+    state: &AppState,
+    namespace: &str,
+    name: &str,
+    paused: bool,
+) -> Result<Json<JobView>, ApiError> {
+    let job = state
+        .store
+        .set_paused(namespace, name, paused, Utc::now())
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))?;
+    state.firing.reload(job.id);
+    Ok(Json(JobView::from(job)))
+}
+
+pub async fn pause(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(ns): Query<Namespace>,
+) -> Result<Json<JobView>, ApiError> {
+    set_paused(&state, &ns.checked()?, &name, true).await
+}
+
+pub async fn resume(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(ns): Query<Namespace>,
+) -> Result<Json<JobView>, ApiError> {
+    set_paused(&state, &ns.checked()?, &name, false).await
+}
+
+/// Runs the job now. The run's instant is the moment of the request.
+pub async fn trigger(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(ns): Query<Namespace>,
+) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
+    let namespace = ns.checked()?;
+    let job = find(&state, &namespace, &name).await?;
+    let mut instant = Utc::now();
+    // Two triggers within the same microsecond are two runs: move the second one on.
+    for _ in 0..100 {
+        let fire = Fire {
+            job_id: job.id,
+            scheduled_for: instant,
+            trigger: Trigger::Manual,
+            skip: None,
+            ready_at: instant,
+            advance: None,
+        };
+        let outcome = state
+            .store
+            .record_fires(std::slice::from_ref(&fire), Utc::now())
+            .await?;
+        let Some(run) = outcome.runs.first() else {
+            break;
+        };
+        if run.inserted {
+            if run.state == RunState::Queued {
+                let queued = queued_run(
+                    run.run_id,
+                    &fire,
+                    &job.spec,
+                    namespace.clone(),
+                    name.clone(),
+                );
+                state.dispatcher.enqueue(vec![queued]);
+            }
+            let (record, _) = state
+                .store
+                .get_run(run.run_id)
+                .await?
+                .ok_or_else(|| ApiError::not_found(format!("run {}", run.run_id)))?;
+            return Ok((StatusCode::CREATED, Json(record)));
+        }
+        instant += chrono::Duration::microseconds(1);
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "conflict",
+        "could not record the manual run",
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PreviewParams {
+    #[serde(default = "super::default_namespace")]
+    namespace: String,
+    count: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Preview {
+    pub fire_times: Vec<Instant>,
+}
+
+fn check_count(count: Option<usize>) -> Result<usize, ApiError> {
+    match count {
+        None => Ok(10),
+        Some(n @ 1..=1000) => Ok(n),
+        Some(_) => Err(ApiError::invalid("count", "must be between 1 and 1000")),
+    }
+}
+
+/// The job's next fire times, from the instant it owes next.
+pub async fn preview(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(p): Query<PreviewParams>,
+) -> Result<Json<Preview>, ApiError> {
+    let namespace = Namespace {
+        namespace: p.namespace,
+    }
+    .checked()?;
+    let count = check_count(p.count)?;
+    let job = find(&state, &namespace, &name).await?;
+    let schedule = Schedule::compile(job.spec.schedule.as_ref(), job.schedule_epoch)?;
+    let mut fire_times = Vec::with_capacity(count);
+    if let Some(next) = job.next_fire_at {
+        fire_times.push(next);
+        fire_times.extend(schedule.preview(next, job.fired_count + 1, count - 1));
+    }
+    Ok(Json(Preview { fire_times }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewRequest {
+    schedule: ScheduleSpec,
+    #[serde(default)]
+    count: Option<usize>,
+    /// Preview from this instant (default now).
+    #[serde(default)]
+    from: Option<Instant>,
+}
+
+/// The next fire times of any schedule, without creating a job.
+pub async fn preview_schedule(
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Preview>, ApiError> {
+    let req: PreviewRequest = parse_json(&body(raw)?)?;
+    let count = check_count(req.count)?;
+    let from = req.from.unwrap_or_else(Utc::now);
+    let schedule = Schedule::compile(Some(&req.schedule), from)?;
+    Ok(Json(Preview {
+        fire_times: schedule.preview(from, 0, count),
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RunsParams {
+    #[serde(default = "super::default_namespace")]
+    namespace: String,
+    state: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RunPage {
+    pub runs: Vec<RunRecord>,
+    pub next_cursor: Option<String>,
+}
+
+pub fn parse_run_state(state: Option<&str>) -> Result<Option<RunState>, ApiError> {
+    state
+        .map(|s| {
+            RunState::parse(s).ok_or_else(|| {
+                let names: Vec<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();
+                ApiError::invalid("state", format!("{s:?} is not one of {}", names.join(", ")))
+            })
+        })
+        .transpose()
+}
+
+pub async fn runs(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(p): Query<RunsParams>,
+) -> Result<Json<RunPage>, ApiError> {
+    let namespace = Namespace {
+        namespace: p.namespace,
+    }
+    .checked()?;
+    let query = RunQuery {
+        namespace,
+        job: Some(name),
+        state: parse_run_state(p.state.as_deref())?,
+        limit: check_limit(p.limit)?,
+        cursor: p.cursor,
+    };
+    let page = state.store.list_runs(&query).await?;
+    Ok(Json(RunPage {
+        runs: page.items,
+        next_cursor: page.next_cursor,
+    }))
+}
+
+pub async fn stats(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(ns): Query<Namespace>,
+) -> Result<Json<sked_core::records::JobStats>, ApiError> {
+    let namespace = ns.checked()?;
+    let stats = state.store.job_stats(&namespace, &name).await?;
+    stats
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))
+}

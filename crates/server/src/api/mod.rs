@@ -1,0 +1,148 @@
+//! The HTTP API under `/api/v1`: jobs, runs, workers (including the worker protocol), plus
+//! health, readiness, metrics and the OpenAPI document.
+//!
+//! Handlers parse and validate, call the store, and tell the firing loop or the dispatcher what
+//! changed. They hold no state of their own.
+
+mod error;
+mod jobs;
+mod openapi;
+mod runs;
+mod workers;
+
+pub use error::ApiError;
+
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+/// Largest job definition or protocol message accepted.
+pub const MAX_BODY: usize = 1024 * 1024;
+/// Largest output chunk a worker may send at once.
+pub const MAX_OUTPUT_CHUNK: usize = 8 * 1024 * 1024;
+
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/jobs", get(jobs::list).post(jobs::create))
+        .route(
+            "/jobs/{name}",
+            get(jobs::get).put(jobs::put).delete(jobs::delete),
+        )
+        .route("/jobs/{name}/trigger", post(jobs::trigger))
+        .route("/jobs/{name}/pause", post(jobs::pause))
+        .route("/jobs/{name}/resume", post(jobs::resume))
+        .route("/jobs/{name}/preview", get(jobs::preview))
+        .route("/jobs/{name}/runs", get(jobs::runs))
+        .route("/jobs/{name}/stats", get(jobs::stats))
+        .route("/schedules/preview", post(jobs::preview_schedule))
+        .route("/runs", get(runs::list))
+        .route("/runs/{id}", get(runs::get))
+        .route("/runs/{id}/log", get(runs::log))
+        .route("/runs/{id}/cancel", post(runs::cancel))
+        .route("/workers", get(workers::list).post(workers::register))
+        .route("/workers/{id}/heartbeat", post(workers::heartbeat))
+        .route("/workers/{id}/lease", post(workers::lease))
+        .route("/workers/{id}/complete", post(workers::complete))
+        .route(
+            "/attempts/{id}/log",
+            post(workers::append_output).layer(DefaultBodyLimit::max(MAX_OUTPUT_CHUNK)),
+        )
+        .route("/openapi.json", get(openapi::document))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+        });
+    Router::new()
+        .nest("/api/v1", api)
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    if *state.ready.borrow() {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "loading schedules")
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+}
+
+/// The `namespace` query parameter, `default` when absent.
+#[derive(Debug, Deserialize)]
+pub struct Namespace {
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+}
+
+fn default_namespace() -> String {
+    "default".to_string()
+}
+
+impl Namespace {
+    pub fn checked(self) -> Result<String, ApiError> {
+        sked_core::job::validate_name("namespace", &self.namespace)
+            .map_err(|e| ApiError::invalid("namespace", e.message))?;
+        Ok(self.namespace)
+    }
+}
+
+/// A request body, or the error for one that is too large or unreadable.
+pub fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        let status = rejection.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("the request body is larger than the limit of {MAX_BODY} bytes")
+        } else {
+            rejection.body_text()
+        };
+        ApiError::new(status, "invalid_body", message).with_field("body")
+    })
+}
+
+/// Parses a JSON body; the error names the field that failed (`schedule.every`).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = inner.to_string();
+        let mut field = if path == "." { String::new() } else { path };
+        // serde reports an unknown field at its parent; name the field itself.
+        if let Some(name) = message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split('`').next())
+        {
+            field = if field.is_empty() {
+                name.to_string()
+            } else {
+                format!("{field}.{name}")
+            };
+        }
+        let code = if inner.is_syntax() || inner.is_eof() {
+            "invalid_json"
+        } else {
+            "invalid_request"
+        };
+        let field = if field.is_empty() {
+            "body".to_string()
+        } else {
+            field
+        };
+        ApiError::new(StatusCode::BAD_REQUEST, code, message).with_field(field)
+    })
+}

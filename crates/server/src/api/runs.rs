@@ -1,0 +1,189 @@
+//! `/api/v1/runs`: the ledger — list, read with attempts, captured output, cancel.
+
+use super::jobs::{check_limit, parse_run_state, RunPage};
+use super::{ApiError, Namespace};
+use crate::AppState;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use sked_core::records::{AttemptRecord, RunRecord};
+use sked_store::{CancelOutcome, RunQuery};
+use std::time::Duration;
+
+#[derive(Debug, Deserialize)]
+pub struct ListParams {
+    #[serde(default = "super::default_namespace")]
+    namespace: String,
+    job: Option<String>,
+    state: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Query(p): Query<ListParams>,
+) -> Result<Json<RunPage>, ApiError> {
+    let query = RunQuery {
+        namespace: Namespace {
+            namespace: p.namespace,
+        }
+        .checked()?,
+        job: p.job.filter(|j| !j.is_empty()),
+        state: parse_run_state(p.state.as_deref())?,
+        limit: check_limit(p.limit)?,
+        cursor: p.cursor,
+    };
+    let page = state.store.list_runs(&query).await?;
+    Ok(Json(RunPage {
+        runs: page.items,
+        next_cursor: page.next_cursor,
+    }))
+}
+
+/// A run with its attempts, oldest attempt first.
+#[derive(Debug, Serialize)]
+pub struct RunView {
+    #[serde(flatten)]
+    pub run: RunRecord,
+    pub lateness_ms: f64,
+    pub attempt_history: Vec<AttemptRecord>,
+}
+
+async fn find(state: &AppState, id: i64) -> Result<(RunRecord, Vec<AttemptRecord>), ApiError> {
+    state
+        .store
+        .get_run(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("run {id}")))
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<RunView>, ApiError> {
+    let (run, attempts) = find(&state, id).await?;
+    Ok(Json(RunView {
+        lateness_ms: run.lateness_ms(),
+        run,
+        attempt_history: attempts,
+    }))
+}
+
+#[derive(Debug, Serialize)]
+pub struct CancelView {
+    /// `cancelled`, `requested` (the worker is told to stop) or `already_finished`.
+    pub cancel: &'static str,
+    pub run: RunRecord,
+}
+
+pub async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<CancelView>, ApiError> {
+    let outcome = state
+        .store
+        .cancel_run(id, Utc::now())
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("run {id}")))?;
+    let (cancel, run) = match outcome {
+        CancelOutcome::Cancelled { run, released } => {
+            if !released.is_empty() {
+                state
+                    .dispatcher
+                    .enqueue(state.store.queued_runs(Some(&released)).await?);
+            }
+            ("cancelled", run)
+        }
+        CancelOutcome::Requested(run) => ("requested", run),
+        CancelOutcome::AlreadyFinished(run) => ("already_finished", run),
+    };
+    Ok(Json(CancelView { cancel, run }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LogParams {
+    /// Attempt number (1 is the first); the latest when absent.
+    attempt: Option<u32>,
+    #[serde(default)]
+    follow: bool,
+}
+
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
+
+/// The output of one attempt as text; with `follow=true` the response streams until the run
+/// has ended and all its output is sent.
+pub async fn log(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+    Query(p): Query<LogParams>,
+) -> Result<Response, ApiError> {
+    let (run, attempts) = find(&state, id).await?;
+    let pick = |attempts: &[AttemptRecord]| match p.attempt {
+        Some(n) => attempts.iter().find(|a| a.number == n).map(|a| a.id),
+        None => attempts.last().map(|a| a.id),
+    };
+    let headers = [("content-type", "text/plain; charset=utf-8")];
+    if !p.follow {
+        let bytes = match pick(&attempts) {
+            Some(attempt_id) => state.store.read_output(attempt_id, 0).await?,
+            None if p.attempt.is_some() => {
+                return Err(ApiError::not_found(format!(
+                    "attempt {:?} of run {id}",
+                    p.attempt
+                )))
+            }
+            None => Vec::new(),
+        };
+        return Ok((headers, bytes).into_response());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    let store = state.store.clone();
+    let mut attempt_id = pick(&attempts);
+    let mut finished = run.state.is_terminal();
+    tokio::spawn(async move {
+        let mut offset = 0u64;
+        loop {
+            if let Some(aid) = attempt_id {
+                match store.read_output(aid, offset).await {
+                    Ok(bytes) if !bytes.is_empty() => {
+                        offset += bytes.len() as u64;
+                        if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!("log follow of run {id}: {e}");
+                        return;
+                    }
+                }
+            }
+            if finished {
+                return;
+            }
+            tokio::time::sleep(FOLLOW_POLL).await;
+            match store.get_run(id).await {
+                Ok(Some((run, attempts))) => {
+                    finished = run.state.is_terminal();
+                    let latest = match p.attempt {
+                        Some(n) => attempts.iter().find(|a| a.number == n).map(|a| a.id),
+                        None => attempts.last().map(|a| a.id),
+                    };
+                    if latest != attempt_id {
+                        // A new attempt started: follow it from its beginning.
+                        attempt_id = latest;
+                        offset = 0;
+                    }
+                }
+                Ok(None) | Err(_) => return,
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Ok((headers, Body::from_stream(stream)).into_response())
+}

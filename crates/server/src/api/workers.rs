@@ -1,0 +1,290 @@
+//! `/api/v1/workers` and `/api/v1/attempts`: the worker protocol (register, heartbeat, lease,
+//! output, complete) and the list of workers. Message types are in `sked_core::protocol`.
+
+use super::{body, parse_json, ApiError};
+use crate::dispatch::KnownWorker;
+use crate::metrics::Metrics;
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::Utc;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use sked_core::dispatch::WorkerLoad;
+use sked_core::protocol::{
+    CompleteRequest, CompleteResponse, CompletionResult, HeartbeatRequest, HeartbeatResponse,
+    LeaseRequest, LeaseResponse, LeasedAttempt, RegisterRequest, RegisterResponse,
+};
+use sked_core::records::WorkerRecord;
+use sked_store::{AppendOutcome, AttemptReport, AttemptStart, CompletionEffect, NewWorker};
+use std::time::Duration;
+
+#[derive(Debug, Serialize)]
+pub struct WorkerList {
+    pub workers: Vec<WorkerRecord>,
+}
+
+pub async fn list(State(state): State<AppState>) -> Result<Json<WorkerList>, ApiError> {
+    Ok(Json(WorkerList {
+        workers: state.store.list_workers().await?,
+    }))
+}
+
+fn unknown_worker(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::GONE,
+        "unknown_worker",
+        format!("worker {id} is not registered or was declared dead; register again"),
+    )
+}
+
+pub const MAX_SLOTS: u32 = 10_000;
+
+pub async fn register(
+    State(state): State<AppState>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
+    let req: RegisterRequest = parse_json(&body(raw)?)?;
+    if req.slots == 0 || req.slots > MAX_SLOTS {
+        return Err(ApiError::invalid(
+            "slots",
+            format!("must be between 1 and {MAX_SLOTS}"),
+        ));
+    }
+    if req.name.is_empty() || req.name.len() > 256 {
+        return Err(ApiError::invalid("name", "must be 1 to 256 bytes"));
+    }
+    let id = format!(
+        "{}-{:016x}",
+        sanitize(&req.name),
+        rand::thread_rng().gen::<u64>()
+    );
+    let worker = NewWorker {
+        id: id.clone(),
+        name: req.name,
+        labels: req.labels.clone(),
+        slots: req.slots,
+    };
+    state.store.register_worker(&worker, Utc::now()).await?;
+    state.dispatcher.remember_worker(
+        &id,
+        KnownWorker {
+            labels: req.labels,
+            slots: req.slots,
+            warm_keys: Vec::new(),
+        },
+    );
+    tracing::info!("worker {id} registered with {} slots", req.slots);
+    Ok((
+        StatusCode::CREATED,
+        Json(RegisterResponse {
+            worker_id: id,
+            heartbeat_interval_ms: state.config.heartbeat_interval.as_millis() as u64,
+            heartbeat_timeout_ms: state.config.heartbeat_timeout.as_millis() as u64,
+        }),
+    ))
+}
+
+/// Worker ids carry the worker's name for readable logs, limited to safe characters.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        .take(48)
+        .collect()
+}
+
+fn lease_until(state: &AppState) -> sked_core::Instant {
+    Utc::now() + chrono::Duration::from_std(state.config.heartbeat_timeout).unwrap_or_default()
+}
+
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<HeartbeatResponse>, ApiError> {
+    let req: HeartbeatRequest = parse_json(&body(raw)?)?;
+    let outcome = state
+        .store
+        .heartbeat(&id, &req.running, Utc::now(), lease_until(&state))
+        .await?;
+    if !outcome.known {
+        state.dispatcher.forget_worker(&id);
+        return Err(unknown_worker(&id));
+    }
+    state.dispatcher.set_warm_keys(&id, req.warm_keys);
+    Ok(Json(HeartbeatResponse { stop: outcome.stop }))
+}
+
+/// The worker's registration, from memory or, after a server restart, from the store.
+async fn known_worker(state: &AppState, id: &str) -> Result<KnownWorker, ApiError> {
+    if let Some(worker) = state.dispatcher.known_worker(id) {
+        return Ok(worker);
+    }
+    let workers = state.store.list_workers().await?;
+    let record = workers
+        .into_iter()
+        .find(|w| w.id == id && w.alive)
+        .ok_or_else(|| unknown_worker(id))?;
+    let worker = KnownWorker {
+        labels: record.labels,
+        slots: record.slots,
+        warm_keys: Vec::new(),
+    };
+    state.dispatcher.remember_worker(id, worker.clone());
+    Ok(worker)
+}
+
+pub async fn lease(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<LeaseResponse>, ApiError> {
+    let req: LeaseRequest = parse_json(&body(raw)?)?;
+    let worker = known_worker(&state, &id).await?;
+    let free = req.max.min(worker.slots);
+    if free == 0 {
+        return Ok(Json(LeaseResponse {
+            attempts: Vec::new(),
+        }));
+    }
+    let load = WorkerLoad {
+        id: id.clone(),
+        labels: worker.labels,
+        slots: worker.slots,
+        running: worker.slots - free,
+        warm_keys: worker.warm_keys,
+    };
+    let wait = Duration::from_millis(req.wait_ms).min(state.config.max_lease_wait);
+    let runs = state.dispatcher.poll(load, wait).await;
+    if runs.is_empty() {
+        return Ok(Json(LeaseResponse {
+            attempts: Vec::new(),
+        }));
+    }
+    let now = Utc::now();
+    let expires = lease_until(&state);
+    let starts: Vec<AttemptStart> = {
+        let mut rng = rand::thread_rng();
+        runs.iter()
+            .map(|run| AttemptStart {
+                run_id: run.run_id,
+                worker_id: id.clone(),
+                token: rng.gen_range(1..i64::MAX),
+                lease_expires_at: expires,
+            })
+            .collect()
+    };
+    let started = match state.store.start_attempts(&starts, now).await {
+        Ok(started) => started,
+        Err(e) => {
+            // Nothing was started: the runs go back in line.
+            state.dispatcher.enqueue(runs);
+            return Err(e.into());
+        }
+    };
+    let mut attempts = Vec::with_capacity(runs.len());
+    for ((run, start), started) in runs.into_iter().zip(starts).zip(started) {
+        // `None`: cancelled or deleted while it waited; there is nothing to run.
+        let Some(started) = started else { continue };
+        attempts.push(LeasedAttempt {
+            attempt_id: started.attempt_id,
+            token: start.token,
+            run_id: run.run_id,
+            attempt: started.number,
+            namespace: run.namespace,
+            job: run.job,
+            scheduled_for: run.scheduled_for,
+            target: run.target,
+            timeout_ms: run.timeout.map(|t| t.as_millis() as u64),
+        });
+    }
+    Metrics::add(&state.metrics.attempts_started, attempts.len() as u64);
+    Ok(Json(LeaseResponse { attempts }))
+}
+
+pub async fn complete(
+    State(state): State<AppState>,
+    Path(_id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<CompleteResponse>, ApiError> {
+    let req: CompleteRequest = parse_json(&body(raw)?)?;
+    let reports: Vec<AttemptReport> = req
+        .completions
+        .iter()
+        .map(|c| AttemptReport {
+            attempt_id: c.attempt_id,
+            token: c.token,
+            outcome: c.outcome,
+            exit_code: c.exit_code,
+            http_status: c.http_status,
+            error: c.error.as_ref().map(|e| e.chars().take(4096).collect()),
+        })
+        .collect();
+    let effects = state.store.complete_attempts(&reports, Utc::now()).await?;
+    let mut requeued = Vec::new();
+    let mut results = Vec::with_capacity(effects.len());
+    for (report, effect) in reports.iter().zip(effects) {
+        results.push(match effect {
+            CompletionEffect::Accepted { requeued: ids, .. } => {
+                requeued.extend(ids);
+                CompletionResult {
+                    attempt_id: report.attempt_id,
+                    accepted: true,
+                    reason: None,
+                }
+            }
+            CompletionEffect::Rejected { reason } => CompletionResult {
+                attempt_id: report.attempt_id,
+                accepted: false,
+                reason: Some(reason),
+            },
+        });
+    }
+    let accepted = results.iter().filter(|r| r.accepted).count() as u64;
+    Metrics::add(&state.metrics.completions_accepted, accepted);
+    Metrics::add(
+        &state.metrics.completions_rejected,
+        results.len() as u64 - accepted,
+    );
+    if !requeued.is_empty() {
+        state
+            .dispatcher
+            .enqueue(state.store.queued_runs(Some(&requeued)).await?);
+    }
+    Ok(Json(CompleteResponse { results }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TokenParam {
+    token: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AppendView {
+    pub kept: u64,
+    pub truncated: bool,
+}
+
+pub async fn append_output(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+    Query(p): Query<TokenParam>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<AppendView>, ApiError> {
+    let bytes = body(raw)?;
+    match state
+        .store
+        .append_output(id, p.token, &bytes, state.config.output_cap)
+        .await?
+    {
+        AppendOutcome::Accepted { kept, truncated } => Ok(Json(AppendView { kept, truncated })),
+        AppendOutcome::Rejected => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "fenced",
+            format!("attempt {id} does not hold a lease with that token"),
+        )),
+    }
+}

@@ -1,0 +1,35 @@
+//! Server settings, with the defaults a single node wants.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address the HTTP API listens on.
+    pub listen: String,
+    /// How often workers are asked to heartbeat.
+    pub heartbeat_interval: Duration,
+    /// A worker silent this long is declared dead and its attempts are re-queued.
+    pub heartbeat_timeout: Duration,
+    /// Output kept per attempt; past it the attempt is marked truncated.
+    pub output_cap: u64,
+    /// Longest long poll a worker may ask for.
+    pub max_lease_wait: Duration,
+    /// Finished runs older than this are deleted with their output; `None` keeps them forever.
+    pub retention: Option<Duration>,
+    /// Most instants written to the ledger in one transaction.
+    pub fire_batch: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:8080".to_string(),
+            heartbeat_interval: Duration::from_secs(2),
+            heartbeat_timeout: Duration::from_secs(10),
+            output_cap: 1024 * 1024,
+            max_lease_wait: Duration::from_secs(30),
+            retention: Some(Duration::from_secs(30 * 24 * 3600)),
+            fire_batch: 2000,
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! The dispatcher: matches queued runs with workers that are asking for work.
+//!
+//! Workers long-poll for attempts. A poll waits here until runs are ready for it; the choice of
+//! worker for each run is `sked_core::dispatch::assign` over the workers polling at that moment,
+//! in priority order, so the policy code is the one the simulator runs too. Runs with no
+//! eligible worker wait (never dropped); runs not ready yet (retry backoff, jitter) wait for
+//! their `ready_at`. The queue is memory only: the store's queued runs are the truth, loaded at
+//! start and after any failure to start attempts.
+
+use crate::metrics::Metrics;
+use chrono::Utc;
+use rand::Rng;
+use sked_core::dispatch::{assign, Demand, WorkerLoad};
+use sked_core::Instant;
+use sked_store::{QueuedRun, Store};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{oneshot, watch, Notify};
+
+type ReadyKey = (Reverse<i32>, Instant, i64);
+type DelayedKey = (Instant, i64);
+
+#[derive(Default)]
+struct State {
+    /// Runs ready now, highest priority first, then oldest.
+    ready: BTreeMap<ReadyKey, QueuedRun>,
+    /// Runs whose `ready_at` is still ahead.
+    delayed: BTreeMap<DelayedKey, QueuedRun>,
+    /// Open long polls, by worker id.
+    polls: HashMap<String, Poll>,
+    turn: u64,
+    poll_seq: u64,
+    /// Registered workers: what a poll needs besides the worker's free slots.
+    workers: HashMap<String, KnownWorker>,
+}
+
+/// A registered worker's labels, slots and warm affinity keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownWorker {
+    pub labels: BTreeMap<String, String>,
+    pub slots: u32,
+    pub warm_keys: Vec<String>,
+}
+
+struct Poll {
+    seq: u64,
+    load: WorkerLoad,
+    tx: oneshot::Sender<Vec<QueuedRun>>,
+}
+
+pub struct Dispatcher {
+    state: Mutex<State>,
+    wake: Notify,
+    metrics: Arc<Metrics>,
+}
+
+impl Dispatcher {
+    pub fn new(metrics: Arc<Metrics>) -> Dispatcher {
+        Dispatcher {
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain collections behind; keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn remember_worker(&self, id: &str, worker: KnownWorker) {
+        self.lock().workers.insert(id.to_string(), worker);
+    }
+
+    pub fn known_worker(&self, id: &str) -> Option<KnownWorker> {
+        self.lock().workers.get(id).cloned()
+    }
+
+    pub fn forget_worker(&self, id: &str) {
+        self.lock().workers.remove(id);
+    }
+
+    pub fn set_warm_keys(&self, id: &str, keys: Vec<String>) {
+        if let Some(worker) = self.lock().workers.get_mut(id) {
+            worker.warm_keys = keys;
+        }
+    }
+
+    /// Adds queued runs (a run already present is replaced, never doubled).
+    pub fn enqueue(&self, runs: Vec<QueuedRun>) {
+        if runs.is_empty() {
+            return;
+        }
+        let now = Utc::now();
+        let mut state = self.lock();
+        for run in runs {
+            if run.ready_at <= now {
+                state
+                    .ready
+                    .insert((Reverse(run.priority), run.ready_at, run.run_id), run);
+            } else {
+                state.delayed.insert((run.ready_at, run.run_id), run);
+            }
+        }
+        Metrics::set(
+            &self.metrics.queue_depth,
+            (state.ready.len() + state.delayed.len()) as u64,
+        );
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Waits up to `wait` for runs for worker `load` (its free slots are `load.slots -
+    /// load.running`). The runs returned are removed from the queue: the caller starts attempts
+    /// for them, or hands them back with [`Dispatcher::enqueue`].
+    pub async fn poll(&self, load: WorkerLoad, wait: Duration) -> Vec<QueuedRun> {
+        let worker_id = load.id.clone();
+        let (tx, rx) = oneshot::channel();
+        let seq = {
+            let mut state = self.lock();
+            state.poll_seq += 1;
+            let seq = state.poll_seq;
+            // A newer poll from the same worker replaces an older one (its answer is empty).
+            state
+                .polls
+                .insert(worker_id.clone(), Poll { seq, load, tx });
+            seq
+        };
+        self.wake.notify_one();
+        let mut pending = PendingPoll {
+            dispatcher: self,
+            worker_id,
+            seq,
+            rx,
+            done: false,
+        };
+        match tokio::time::timeout(wait, &mut pending.rx).await {
+            Ok(answer) => {
+                pending.done = true;
+                answer.unwrap_or_default()
+            }
+            Err(_) => pending.withdraw(),
+        }
+    }
+
+    /// Matches ready runs with open polls. Called by the dispatcher loop whenever something
+    /// changed.
+    fn match_polls(&self) -> Option<Instant> {
+        let now = Utc::now();
+        let mut state = self.lock();
+        let state = &mut *state;
+        let due: Vec<DelayedKey> = state
+            .delayed
+            .range(..=(now, i64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            if let Some(run) = state.delayed.remove(&key) {
+                state
+                    .ready
+                    .insert((Reverse(run.priority), run.ready_at, run.run_id), run);
+            }
+        }
+        let next_delayed = state.delayed.keys().next().map(|(at, _)| *at);
+        if state.polls.is_empty() || state.ready.is_empty() {
+            return next_delayed;
+        }
+        let ids: Vec<String> = state.polls.keys().cloned().collect();
+        let mut loads: Vec<WorkerLoad> =
+            ids.iter().map(|id| state.polls[id].load.clone()).collect();
+        let free: u32 = loads.iter().map(|w| w.free_slots()).sum();
+        // Look a bounded way down the queue: runs that fit no polling worker must not make
+        // every match scan the whole queue.
+        let window = (free as usize).saturating_mul(4).max(256);
+        let keys: Vec<ReadyKey> = state.ready.keys().take(window).copied().collect();
+        let demands: Vec<Demand<'_>> = keys
+            .iter()
+            .map(|k| {
+                let run = &state.ready[k];
+                Demand {
+                    labels: &run.routing.labels,
+                    strategy: run.routing.strategy,
+                    affinity_key: run.routing.affinity_key.as_deref(),
+                }
+            })
+            .collect();
+        let mut rng = rand::thread_rng();
+        let pairs = assign(&demands, &mut loads, state.turn, || rng.gen());
+        drop(demands);
+        state.turn = state.turn.wrapping_add(pairs.len() as u64);
+        let mut per_worker: HashMap<usize, Vec<QueuedRun>> = HashMap::new();
+        for (run_index, worker_index) in pairs {
+            if let Some(run) = state.ready.remove(&keys[run_index]) {
+                per_worker.entry(worker_index).or_default().push(run);
+            }
+        }
+        for (worker_index, runs) in per_worker {
+            if let Some(poll) = state.polls.remove(&ids[worker_index]) {
+                if let Err(runs) = poll.tx.send(runs) {
+                    // The poller is gone; its runs go back in line.
+                    for run in runs {
+                        state
+                            .ready
+                            .insert((Reverse(run.priority), run.ready_at, run.run_id), run);
+                    }
+                }
+            }
+        }
+        Metrics::set(
+            &self.metrics.queue_depth,
+            (state.ready.len() + state.delayed.len()) as u64,
+        );
+        next_delayed
+    }
+
+    /// The dispatcher loop: loads the store's queued runs, then matches on every change and at
+    /// each delayed run's `ready_at`.
+    pub async fn run(self: Arc<Self>, store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            match store.queued_runs(None).await {
+                Ok(runs) => {
+                    self.enqueue(runs);
+                    break;
+                }
+                Err(e) => tracing::error!("dispatch: cannot load queued runs, retrying: {e}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = crate::stopped(&mut shutdown) => return,
+            }
+        }
+        loop {
+            let next = self.match_polls();
+            let wait = next
+                .map(|at| (at - Utc::now()).to_std().unwrap_or_default())
+                .unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                _ = crate::stopped(&mut shutdown) => return,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}
+
+/// An open poll. If its request goes away (the HTTP connection dropped) before it is answered,
+/// the poll is withdrawn and any runs already matched to it go back in line.
+struct PendingPoll<'a> {
+    dispatcher: &'a Dispatcher,
+    worker_id: String,
+    seq: u64,
+    rx: oneshot::Receiver<Vec<QueuedRun>>,
+    done: bool,
+}
+
+impl PendingPoll<'_> {
+    fn withdraw(&mut self) -> Vec<QueuedRun> {
+        self.done = true;
+        {
+            let mut state = self.dispatcher.lock();
+            if state
+                .polls
+                .get(&self.worker_id)
+                .is_some_and(|p| p.seq == self.seq)
+            {
+                state.polls.remove(&self.worker_id);
+            }
+        }
+        // Matching happens under the lock, so an answer sent before the withdrawal is waiting
+        // in the channel.
+        self.rx.try_recv().unwrap_or_default()
+    }
+}
+
+impl Drop for PendingPoll<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let runs = self.withdraw();
+            self.dispatcher.enqueue(runs);
+        }
+    }
+}

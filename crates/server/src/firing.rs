@@ -1,0 +1,360 @@
+//! The firing loop: keeps the next instant of every schedule in memory and, when instants fall
+//! due, writes them to the ledger in batches (one transaction per batch) and hands the queued
+//! runs to the dispatcher.
+//!
+//! On start it loads every schedule from the store; instants that fell due while nothing could
+//! fire them (the server was down) are resolved by each job's misfire policy, and each gets its
+//! ledger row. A created, changed, paused or deleted job reaches the loop through
+//! [`FiringHandle::reload`], so it takes effect at once. The loop owns no durable state: the
+//! store's `next_fire_at` is the truth, and the in-memory timer is rebuilt from it.
+
+use crate::dispatch::Dispatcher;
+use crate::metrics::Metrics;
+use chrono::Utc;
+use sked_core::job::JobSpec;
+use sked_core::records::JobRecord;
+use sked_core::run::{RunState, SkipReason, Trigger};
+use sked_core::schedule::Schedule;
+use sked_core::Instant;
+use sked_store::{Advance, Fire, QueuedRun, Store};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+
+/// Tells the firing loop that a job's definition changed in the store.
+#[derive(Clone)]
+pub struct FiringHandle {
+    tx: mpsc::UnboundedSender<i64>,
+}
+
+impl FiringHandle {
+    /// Re-reads job `job_id` from the store (created, changed, paused, resumed or deleted).
+    pub fn reload(&self, job_id: i64) {
+        // The loop only stops at shutdown, when nothing is left to reload.
+        let _ = self.tx.send(job_id);
+    }
+}
+
+/// One schedule as the loop holds it.
+struct Slot {
+    namespace: String,
+    name: String,
+    spec: Arc<JobSpec>,
+    schedule: Schedule,
+    epoch: Instant,
+    fired: u64,
+    next: Instant,
+    paused: bool,
+    /// Bumped on every reload, so stale timer entries are recognised and dropped.
+    generation: u64,
+}
+
+pub struct FiringLoop {
+    store: Arc<dyn Store>,
+    dispatcher: Arc<Dispatcher>,
+    metrics: Arc<Metrics>,
+    batch: usize,
+    rx: mpsc::UnboundedReceiver<i64>,
+    slots: HashMap<i64, Slot>,
+    timer: BinaryHeap<Reverse<(Instant, i64, u64)>>,
+    generations: u64,
+}
+
+/// A pending write: the fire and, for dispatch, the job it belongs to.
+struct Pending {
+    fire: Fire,
+    job: Option<(Arc<JobSpec>, String, String)>,
+}
+
+impl FiringLoop {
+    pub fn new(
+        store: Arc<dyn Store>,
+        dispatcher: Arc<Dispatcher>,
+        metrics: Arc<Metrics>,
+        batch: usize,
+    ) -> (FiringHandle, FiringLoop) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let looper = FiringLoop {
+            store,
+            dispatcher,
+            metrics,
+            batch: batch.max(1),
+            rx,
+            slots: HashMap::new(),
+            timer: BinaryHeap::new(),
+            generations: 0,
+        };
+        (FiringHandle { tx }, looper)
+    }
+
+    pub async fn run(mut self, ready: watch::Sender<bool>, mut shutdown: watch::Receiver<bool>) {
+        // Until the store answers there is nothing to fire; keep trying rather than give up
+        // on the ledger.
+        loop {
+            match self.load_all().await {
+                Ok(()) => break,
+                Err(e) => tracing::error!("firing: cannot load schedules, retrying: {e}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                _ = crate::stopped(&mut shutdown) => return,
+            }
+        }
+        let _ = ready.send(true);
+        tracing::info!("firing: {} schedules loaded", self.slots.len());
+        loop {
+            let wait = match self.timer.peek() {
+                Some(Reverse((at, _, _))) => (*at - Utc::now()).to_std().unwrap_or_default(),
+                None => std::time::Duration::from_secs(3600),
+            };
+            tokio::select! {
+                biased;
+                _ = crate::stopped(&mut shutdown) => return,
+                Some(job_id) = self.rx.recv() => {
+                    let mut ids = vec![job_id];
+                    while let Ok(more) = self.rx.try_recv() {
+                        ids.push(more);
+                    }
+                    for id in ids {
+                        if let Err(e) = self.reload(id).await {
+                            tracing::error!("firing: cannot reload job {id}: {e}");
+                        }
+                    }
+                }
+                _ = tokio::time::sleep(wait) => {
+                    if let Err(e) = self.fire_due().await {
+                        tracing::error!("firing: ledger write failed, retrying: {e}");
+                        // The instants stay due in the store; rebuild from it after a pause.
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        if let Err(e) = self.load_all().await {
+                            tracing::error!("firing: cannot reload schedules: {e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Loads every schedule; instants already past are missed and resolved by misfire policy.
+    async fn load_all(&mut self) -> Result<(), sked_store::StoreError> {
+        self.slots.clear();
+        self.timer.clear();
+        let jobs = self.store.scheduled_jobs().await?;
+        let now = Utc::now();
+        let mut pending = Vec::new();
+        for job in jobs {
+            let job_id = job.id;
+            if let Some(slot) = self.slot_from(job) {
+                self.catch_up(job_id, slot, now, &mut pending);
+            }
+            if pending.len() >= self.batch {
+                self.write(std::mem::take(&mut pending), now).await?;
+            }
+        }
+        self.write(pending, now).await?;
+        Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
+        Ok(())
+    }
+
+    async fn reload(&mut self, job_id: i64) -> Result<(), sked_store::StoreError> {
+        self.slots.remove(&job_id);
+        if let Some(job) = self.store.get_job_by_id(job_id).await? {
+            if let Some(slot) = self.slot_from(job) {
+                self.insert(job_id, slot);
+            }
+        }
+        Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
+        Ok(())
+    }
+
+    fn slot_from(&mut self, job: JobRecord) -> Option<Slot> {
+        let next = job.next_fire_at?;
+        let schedule = match Schedule::compile(job.spec.schedule.as_ref(), job.schedule_epoch) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(
+                    "firing: job {}/{} has a schedule that no longer compiles: {e}",
+                    job.namespace,
+                    job.name
+                );
+                return None;
+            }
+        };
+        self.generations += 1;
+        Some(Slot {
+            namespace: job.namespace,
+            name: job.name,
+            paused: job.spec.paused,
+            spec: Arc::new(job.spec),
+            schedule,
+            epoch: job.schedule_epoch,
+            fired: job.fired_count,
+            next,
+            generation: self.generations,
+        })
+    }
+
+    fn insert(&mut self, job_id: i64, slot: Slot) {
+        self.timer
+            .push(Reverse((slot.next, job_id, slot.generation)));
+        self.slots.insert(job_id, slot);
+    }
+
+    /// Records every instant of `slot` before `now` as missed, by the job's misfire policy,
+    /// then puts the slot on the timer at its first instant from `now` on.
+    fn catch_up(&mut self, job_id: i64, mut slot: Slot, now: Instant, pending: &mut Vec<Pending>) {
+        while slot.next < now {
+            let instant = slot.next;
+            let following = slot.schedule.next_after(instant, slot.fired + 1);
+            let is_latest = following.is_none_or(|f| f >= now);
+            let skip = if slot.paused {
+                Some(SkipReason::Paused)
+            } else if slot.spec.misfire.runs_missed(instant, is_latest, now) {
+                None
+            } else {
+                Some(SkipReason::Misfire)
+            };
+            pending.push(self.advance(job_id, &mut slot, skip, following));
+            match following {
+                Some(next) => slot.next = next,
+                None => return,
+            }
+        }
+        self.insert(job_id, slot);
+    }
+
+    /// The fire for `slot`'s current instant, moving the slot to `following`.
+    fn advance(
+        &self,
+        job_id: i64,
+        slot: &mut Slot,
+        skip: Option<SkipReason>,
+        following: Option<Instant>,
+    ) -> Pending {
+        let instant = slot.next;
+        let jitter = slot.schedule.jitter_offset(job_id as u64, instant);
+        let ready_at = instant + chrono::Duration::from_std(jitter).unwrap_or_default();
+        let fire = Fire {
+            job_id,
+            scheduled_for: instant,
+            trigger: Trigger::Schedule,
+            skip,
+            ready_at,
+            advance: Some(Advance {
+                epoch: slot.epoch,
+                fired_before: slot.fired,
+                next_fire_at: following,
+            }),
+        };
+        slot.fired += 1;
+        Pending {
+            fire,
+            job: Some((slot.spec.clone(), slot.namespace.clone(), slot.name.clone())),
+        }
+    }
+
+    /// Fires everything due now, in batches.
+    async fn fire_due(&mut self) -> Result<(), sked_store::StoreError> {
+        loop {
+            let now = Utc::now();
+            let mut pending = Vec::new();
+            while pending.len() < self.batch {
+                let Some(Reverse((at, job_id, generation))) = self.timer.peek().copied() else {
+                    break;
+                };
+                if at > now {
+                    break;
+                }
+                self.timer.pop();
+                let Some(mut slot) = self.slots.remove(&job_id) else {
+                    continue;
+                };
+                if slot.generation != generation {
+                    self.slots.insert(job_id, slot);
+                    continue;
+                }
+                let following = slot.schedule.next_after(at, slot.fired + 1);
+                let skip = slot.paused.then_some(SkipReason::Paused);
+                pending.push(self.advance(job_id, &mut slot, skip, following));
+                if let Some(next) = following {
+                    slot.next = next;
+                    self.insert(job_id, slot);
+                }
+            }
+            if pending.is_empty() {
+                Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
+                return Ok(());
+            }
+            let full = pending.len() == self.batch;
+            self.write(pending, Utc::now()).await?;
+            if !full {
+                Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
+                return Ok(());
+            }
+        }
+    }
+
+    /// Writes a batch to the ledger and hands its queued runs to the dispatcher.
+    async fn write(
+        &self,
+        pending: Vec<Pending>,
+        now: Instant,
+    ) -> Result<(), sked_store::StoreError> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let fires: Vec<Fire> = pending.iter().map(|p| p.fire.clone()).collect();
+        let outcome = self.store.record_fires(&fires, now).await?;
+        let mut queued = Vec::new();
+        let mut skipped = 0u64;
+        let mut lateness_us = 0u64;
+        for (p, run) in pending.into_iter().zip(outcome.runs) {
+            if !run.inserted {
+                continue;
+            }
+            lateness_us += (now - p.fire.scheduled_for)
+                .num_microseconds()
+                .unwrap_or(0)
+                .max(0) as u64;
+            match run.state {
+                RunState::Queued => {
+                    if let Some((spec, namespace, name)) = p.job {
+                        queued.push(queued_run(run.run_id, &p.fire, &spec, namespace, name));
+                    }
+                }
+                RunState::Skipped => skipped += 1,
+                _ => {}
+            }
+        }
+        Metrics::add(&self.metrics.fires, fires.len() as u64);
+        Metrics::add(&self.metrics.fires_skipped, skipped);
+        Metrics::add(&self.metrics.fire_batches, 1);
+        Metrics::add(&self.metrics.fire_lateness_us_sum, lateness_us);
+        self.dispatcher.enqueue(queued);
+        Ok(())
+    }
+}
+
+/// The dispatcher's view of a run just written by the firing loop, built from the job the loop
+/// already holds rather than read back from the store.
+pub fn queued_run(
+    run_id: i64,
+    fire: &Fire,
+    spec: &JobSpec,
+    namespace: String,
+    job: String,
+) -> QueuedRun {
+    QueuedRun {
+        run_id,
+        job_id: fire.job_id,
+        namespace,
+        job,
+        scheduled_for: fire.scheduled_for,
+        priority: spec.priority,
+        ready_at: fire.ready_at,
+        target: spec.target.clone(),
+        timeout: spec.timeout.map(|t| t.0),
+        routing: spec.routing.clone(),
+    }
+}

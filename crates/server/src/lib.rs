@@ -1,0 +1,112 @@
+//! sked's server: the firing loop, the dispatcher, maintenance duties and the HTTP API, wired
+//! around one [`Store`](sked_store::Store).
+//!
+//! Each background duty is a module with a `run(..., shutdown)` loop; [`serve`] starts them all
+//! and the HTTP API, and stops them together. Rules (schedules, overlap, retries, dispatch
+//! policy) live in `sked-core`; queries live in `sked-store`. This crate decides *when* to call
+//! them and carries the results between them.
+
+pub mod api;
+pub mod config;
+pub mod dispatch;
+pub mod firing;
+pub mod maintenance;
+pub mod metrics;
+
+use std::future::Future;
+use std::sync::Arc;
+
+pub use config::ServerConfig;
+use sked_store::Store;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("the HTTP server failed: {0}")]
+    Http(std::io::Error),
+    #[error(transparent)]
+    Store(#[from] sked_store::StoreError),
+}
+
+/// Everything the API handlers and duties share.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub config: Arc<ServerConfig>,
+    pub firing: firing::FiringHandle,
+    pub dispatcher: Arc<dispatch::Dispatcher>,
+    pub metrics: Arc<metrics::Metrics>,
+    /// Set once the firing loop has loaded every schedule.
+    pub ready: watch::Receiver<bool>,
+}
+
+/// Resolves once shutdown was signalled (or its sender is gone).
+pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Binds the listener, so callers learn the address (and a taken port) before serving.
+pub async fn bind(config: &ServerConfig) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(&config.listen)
+        .await
+        .map_err(|source| ServerError::Listen {
+            addr: config.listen.clone(),
+            source,
+        })
+}
+
+/// Runs the server on `listener` until `shutdown` resolves.
+pub async fn serve(
+    config: ServerConfig,
+    store: Arc<dyn Store>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let config = Arc::new(config);
+    let metrics = Arc::new(metrics::Metrics::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let dispatcher = Arc::new(dispatch::Dispatcher::new(metrics.clone()));
+    let (firing, firing_loop) = firing::FiringLoop::new(
+        store.clone(),
+        dispatcher.clone(),
+        metrics.clone(),
+        config.fire_batch,
+    );
+    let state = AppState {
+        store: store.clone(),
+        config: config.clone(),
+        firing,
+        dispatcher: dispatcher.clone(),
+        metrics: metrics.clone(),
+        ready: ready_rx,
+    };
+
+    let mut duties = tokio::task::JoinSet::new();
+    duties.spawn(firing_loop.run(ready_tx, stop_rx.clone()));
+    duties.spawn(dispatcher.clone().run(store.clone(), stop_rx.clone()));
+    duties.spawn(maintenance::reaper::run(state.clone(), stop_rx.clone()));
+    duties.spawn(maintenance::retention::run(state.clone(), stop_rx.clone()));
+
+    let app = api::router(state);
+    let mut http_stop = stop_rx.clone();
+    let http = axum::serve(listener, app).with_graceful_shutdown(async move {
+        crate::stopped(&mut http_stop).await;
+    });
+    let trigger = tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let served = http.await.map_err(ServerError::Http);
+    trigger.abort();
+    // The HTTP server only ends on shutdown or failure; either way the duties stop too.
+    duties.abort_all();
+    while duties.join_next().await.is_some() {}
+    served
+}

@@ -1,0 +1,30 @@
+//! Background duties that keep the ledger healthy: the reaper (expired leases, dead workers)
+//! and retention (old finished runs). Each is a loop with the same shape, [`every`].
+
+pub mod reaper;
+pub mod retention;
+
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Runs `duty` after `first_delay`, then every `interval`, until shutdown.
+pub async fn every<F, Fut>(
+    first_delay: Duration,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+    mut duty: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut wait = first_delay;
+    loop {
+        tokio::select! {
+            _ = crate::stopped(&mut shutdown) => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        duty().await;
+        wait = interval;
+    }
+}

@@ -1,0 +1,115 @@
+//! Counters the server keeps about itself, exposed at `/metrics` in Prometheus' text format.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub fires: AtomicU64,
+    pub fires_skipped: AtomicU64,
+    pub fire_batches: AtomicU64,
+    pub attempts_started: AtomicU64,
+    pub completions_accepted: AtomicU64,
+    pub completions_rejected: AtomicU64,
+    pub attempts_lost: AtomicU64,
+    pub workers_declared_dead: AtomicU64,
+    pub runs_deleted: AtomicU64,
+    /// Sum and count of firing lateness (instant -> ledger row) in microseconds.
+    pub fire_lateness_us_sum: AtomicU64,
+    pub schedules: AtomicU64,
+    pub queue_depth: AtomicU64,
+}
+
+impl Metrics {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn set(gauge: &AtomicU64, n: u64) {
+        gauge.store(n, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition of every counter.
+    pub fn render(&self) -> String {
+        let rows: [(&str, &str, &str, &AtomicU64); 12] = [
+            (
+                "sked_fires_total",
+                "counter",
+                "Instants written to the ledger.",
+                &self.fires,
+            ),
+            (
+                "sked_fires_skipped_total",
+                "counter",
+                "Instants recorded as skipped.",
+                &self.fires_skipped,
+            ),
+            (
+                "sked_fire_batches_total",
+                "counter",
+                "Ledger transactions of the firing loop.",
+                &self.fire_batches,
+            ),
+            (
+                "sked_fire_lateness_microseconds_sum",
+                "counter",
+                "Sum of firing lateness.",
+                &self.fire_lateness_us_sum,
+            ),
+            (
+                "sked_attempts_started_total",
+                "counter",
+                "Attempts handed to workers.",
+                &self.attempts_started,
+            ),
+            (
+                "sked_completions_accepted_total",
+                "counter",
+                "Attempt results recorded.",
+                &self.completions_accepted,
+            ),
+            (
+                "sked_completions_rejected_total",
+                "counter",
+                "Attempt results rejected (fenced or unknown).",
+                &self.completions_rejected,
+            ),
+            (
+                "sked_attempts_lost_total",
+                "counter",
+                "Attempts re-queued after their lease expired.",
+                &self.attempts_lost,
+            ),
+            (
+                "sked_workers_declared_dead_total",
+                "counter",
+                "Workers declared dead after missing heartbeats.",
+                &self.workers_declared_dead,
+            ),
+            (
+                "sked_runs_deleted_total",
+                "counter",
+                "Finished runs removed by retention.",
+                &self.runs_deleted,
+            ),
+            (
+                "sked_schedules",
+                "gauge",
+                "Schedules held by the firing loop.",
+                &self.schedules,
+            ),
+            (
+                "sked_dispatch_queue_depth",
+                "gauge",
+                "Runs waiting in the dispatcher.",
+                &self.queue_depth,
+            ),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, value) in rows {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
+        out
+    }
+}

@@ -1,0 +1,299 @@
+//! The command line: every subcommand and flag, and which module carries it out.
+
+use crate::{apply, client, serve};
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use sked_core::HumanDuration;
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(name = "sked", version, about = "A distributed job scheduler")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Server and worker in one process on an embedded store: the quickest way to run sked.
+    Dev(DevArgs),
+    /// The API, the scheduler and the dispatcher.
+    Server(ServerArgs),
+    /// Run a worker (`sked worker --server URL`), or list workers (`sked worker list`).
+    Worker(WorkerCommand),
+    /// Define and manage jobs.
+    #[command(subcommand)]
+    Job(JobCommand),
+    /// Read and cancel runs.
+    #[command(subcommand)]
+    Run(RunCommand),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct StoreArgs {
+    /// Directory of the embedded store.
+    #[arg(long, env = "SKED_DATA_DIR", default_value = "./sked-data")]
+    pub data_dir: PathBuf,
+    /// PostgreSQL URL for a cluster store (instead of --data-dir).
+    #[arg(long, env = "SKED_DATABASE_URL")]
+    pub database_url: Option<String>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ServerArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, env = "SKED_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// How often workers heartbeat.
+    #[arg(long, env = "SKED_HEARTBEAT_INTERVAL", default_value = "2s")]
+    pub heartbeat_interval: HumanDuration,
+    /// A worker silent this long is declared dead and its attempts move elsewhere.
+    #[arg(long, env = "SKED_HEARTBEAT_TIMEOUT", default_value = "10s")]
+    pub heartbeat_timeout: HumanDuration,
+    /// Finished runs older than this are deleted ("0s" keeps them forever).
+    #[arg(long, env = "SKED_RETENTION", default_value = "30days")]
+    pub retention: HumanDuration,
+    /// Output kept per attempt, in bytes.
+    #[arg(long, env = "SKED_OUTPUT_CAP", default_value_t = 1024 * 1024)]
+    pub output_cap: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Slots of the in-process worker.
+    #[arg(long, default_value_t = 8)]
+    pub slots: u32,
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct WorkerCommand {
+    #[command(subcommand)]
+    pub list: Option<WorkerList>,
+    #[command(flatten)]
+    pub run: WorkerArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkerList {
+    /// Registered workers, their load and last heartbeat.
+    List(ClientArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// Server URLs, comma-separated; the worker fails over between them.
+    #[arg(
+        long,
+        env = "SKED_SERVER",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub server: Vec<String>,
+    /// Labels, `key=value`, comma-separated; jobs route by them.
+    #[arg(long, value_delimiter = ',')]
+    pub labels: Vec<String>,
+    /// Attempts run at once.
+    #[arg(long, default_value_t = 8)]
+    pub slots: u32,
+    /// Name shown in `sked worker list` (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ClientArgs {
+    /// The sked server.
+    #[arg(
+        long,
+        env = "SKED_SERVER",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    pub server: String,
+    #[arg(
+        short,
+        long,
+        env = "SKED_NAMESPACE",
+        default_value = "default",
+        global = true
+    )]
+    pub namespace: String,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Create or update the jobs of a YAML or JSON file, and report what changed.
+    Apply {
+        #[arg(short, long)]
+        file: PathBuf,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    List {
+        #[arg(long)]
+        search: Option<String>,
+        #[arg(long)]
+        state: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    Get {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Run the job now.
+    Trigger {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    Pause {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    Resume {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    Delete {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// The next fire times.
+    Preview {
+        name: String,
+        #[arg(long, default_value_t = 10)]
+        count: usize,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunCommand {
+    List {
+        #[arg(long)]
+        job: Option<String>,
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    Get {
+        id: i64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Captured output of the run's latest attempt (or --attempt N).
+    Logs {
+        id: i64,
+        #[arg(long)]
+        attempt: Option<u32>,
+        /// Keep streaming until the run ends.
+        #[arg(short, long)]
+        follow: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    Cancel {
+        id: i64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+pub async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Dev(args) => serve::dev(args).await,
+        Command::Server(args) => serve::server(args).await,
+        Command::Worker(WorkerCommand {
+            list: Some(WorkerList::List(c)),
+            ..
+        }) => client::Client::new(&c)?.worker_list().await,
+        Command::Worker(WorkerCommand { list: None, run }) => serve::worker(run).await,
+        Command::Job(cmd) => job(cmd).await,
+        Command::Run(cmd) => run_cmd(cmd).await,
+    }
+}
+
+async fn job(cmd: JobCommand) -> Result<()> {
+    match cmd {
+        JobCommand::Apply { file, client } => {
+            apply::apply(&client::Client::new(&client)?, &file).await
+        }
+        JobCommand::List {
+            search,
+            state,
+            client,
+        } => client::Client::new(&client)?.job_list(search, state).await,
+        JobCommand::Get { name, client } => client::Client::new(&client)?.job_get(&name).await,
+        JobCommand::Trigger { name, client } => {
+            client::Client::new(&client)?
+                .job_action(&name, "trigger")
+                .await
+        }
+        JobCommand::Pause { name, client } => {
+            client::Client::new(&client)?
+                .job_action(&name, "pause")
+                .await
+        }
+        JobCommand::Resume { name, client } => {
+            client::Client::new(&client)?
+                .job_action(&name, "resume")
+                .await
+        }
+        JobCommand::Delete { name, client } => {
+            client::Client::new(&client)?.job_delete(&name).await
+        }
+        JobCommand::Preview {
+            name,
+            count,
+            client,
+        } => {
+            client::Client::new(&client)?
+                .job_preview(&name, count)
+                .await
+        }
+    }
+}
+
+async fn run_cmd(cmd: RunCommand) -> Result<()> {
+    match cmd {
+        RunCommand::List {
+            job,
+            state,
+            limit,
+            client,
+        } => {
+            client::Client::new(&client)?
+                .run_list(job, state, limit)
+                .await
+        }
+        RunCommand::Get { id, client } => client::Client::new(&client)?.run_get(id).await,
+        RunCommand::Logs {
+            id,
+            attempt,
+            follow,
+            client,
+        } => {
+            client::Client::new(&client)?
+                .run_logs(id, attempt, follow)
+                .await
+        }
+        RunCommand::Cancel { id, client } => client::Client::new(&client)?.run_cancel(id).await,
+    }
+}

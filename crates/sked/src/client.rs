@@ -1,0 +1,303 @@
+//! The client commands: thin calls to the HTTP API, printed as tables or JSON.
+
+use crate::cli::ClientArgs;
+use anyhow::{bail, Context, Result};
+use reqwest::{Method, Response};
+use serde_json::Value;
+use std::io::Write;
+
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    pub namespace: String,
+    json: bool,
+}
+
+impl Client {
+    pub fn new(args: &ClientArgs) -> Result<Client> {
+        let http = reqwest::Client::builder()
+            .build()
+            .context("cannot build the HTTP client")?;
+        Ok(Client {
+            http,
+            base: args.server.trim_end_matches('/').to_string(),
+            namespace: args.namespace.clone(),
+            json: args.json,
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/api/v1{}", self.base, path)
+    }
+
+    /// Sends a request in the client's namespace and fails with the API's own error message.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Result<Response> {
+        let mut req = self
+            .http
+            .request(method, self.url(path))
+            .query(&[("namespace", self.namespace.as_str())])
+            .query(query);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the sked server at {}", self.base))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        let error: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let message = error["error"]["message"].as_str().unwrap_or(&text);
+        match error["error"]["field"].as_str() {
+            Some(field) => bail!("{message} (field {field}; HTTP {status})"),
+            None => bail!("{message} (HTTP {status})"),
+        }
+    }
+
+    async fn get_json(&self, path: &str, query: &[(&str, String)]) -> Result<Value> {
+        let resp = self.send(Method::GET, path, query, None).await?;
+        resp.json()
+            .await
+            .context("the server sent a response that is not JSON")
+    }
+
+    fn print_json(value: &Value) -> Result<()> {
+        println!("{}", serde_json::to_string_pretty(value)?);
+        Ok(())
+    }
+
+    pub async fn job_list(&self, search: Option<String>, state: Option<String>) -> Result<()> {
+        let mut rows = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut query = vec![("limit", "1000".to_string())];
+            query.extend(search.clone().map(|s| ("search", s)));
+            query.extend(state.clone().map(|s| ("state", s)));
+            query.extend(cursor.clone().map(|c| ("cursor", c)));
+            let page = self.get_json("/jobs", &query).await?;
+            rows.extend(page["jobs"].as_array().cloned().unwrap_or_default());
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_string()),
+                None => break,
+            }
+        }
+        if self.json {
+            return Self::print_json(&Value::Array(rows));
+        }
+        let table: Vec<Vec<String>> = rows
+            .iter()
+            .map(|j| {
+                vec![
+                    text(&j["name"]),
+                    text(&j["state"]),
+                    schedule_summary(&j["schedule"]),
+                    text(&j["next_fire_at"]),
+                ]
+            })
+            .collect();
+        print_table(&["NAME", "STATE", "SCHEDULE", "NEXT FIRE"], &table);
+        Ok(())
+    }
+
+    pub async fn job_get(&self, name: &str) -> Result<()> {
+        Self::print_json(&self.get_json(&format!("/jobs/{name}"), &[]).await?)
+    }
+
+    pub async fn job_action(&self, name: &str, action: &str) -> Result<()> {
+        let resp = self
+            .send(Method::POST, &format!("/jobs/{name}/{action}"), &[], None)
+            .await?;
+        let value: Value = resp.json().await?;
+        if self.json {
+            return Self::print_json(&value);
+        }
+        match action {
+            "trigger" => println!("run {} queued for job {name}", text(&value["id"])),
+            _ => println!("job {name} is {}", text(&value["state"])),
+        }
+        Ok(())
+    }
+
+    pub async fn job_delete(&self, name: &str) -> Result<()> {
+        self.send(Method::DELETE, &format!("/jobs/{name}"), &[], None)
+            .await?;
+        println!("job {name} deleted");
+        Ok(())
+    }
+
+    pub async fn job_preview(&self, name: &str, count: usize) -> Result<()> {
+        let value = self
+            .get_json(
+                &format!("/jobs/{name}/preview"),
+                &[("count", count.to_string())],
+            )
+            .await?;
+        if self.json {
+            return Self::print_json(&value);
+        }
+        for t in value["fire_times"].as_array().into_iter().flatten() {
+            println!("{}", text(t));
+        }
+        Ok(())
+    }
+
+    pub async fn run_list(
+        &self,
+        job: Option<String>,
+        state: Option<String>,
+        limit: u32,
+    ) -> Result<()> {
+        let mut query = vec![("limit", limit.to_string())];
+        query.extend(job.map(|j| ("job", j)));
+        query.extend(state.map(|s| ("state", s)));
+        let page = self.get_json("/runs", &query).await?;
+        if self.json {
+            return Self::print_json(&page["runs"]);
+        }
+        let table: Vec<Vec<String>> = page["runs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                let state = match r["skip_reason"].as_str() {
+                    Some(reason) => format!("{} ({reason})", text(&r["state"])),
+                    None => text(&r["state"]),
+                };
+                vec![
+                    text(&r["id"]),
+                    text(&r["job"]),
+                    text(&r["scheduled_for"]),
+                    state,
+                    text(&r["attempts"]),
+                ]
+            })
+            .collect();
+        print_table(&["ID", "JOB", "SCHEDULED FOR", "STATE", "ATTEMPTS"], &table);
+        Ok(())
+    }
+
+    pub async fn run_get(&self, id: i64) -> Result<()> {
+        Self::print_json(&self.get_json(&format!("/runs/{id}"), &[]).await?)
+    }
+
+    pub async fn run_cancel(&self, id: i64) -> Result<()> {
+        let resp = self
+            .send(Method::POST, &format!("/runs/{id}/cancel"), &[], None)
+            .await?;
+        let value: Value = resp.json().await?;
+        match value["cancel"].as_str() {
+            Some("requested") => println!("run {id}: its worker was asked to stop it"),
+            Some("already_finished") => println!(
+                "run {id} had already ended ({})",
+                text(&value["run"]["state"])
+            ),
+            _ => println!("run {id} cancelled"),
+        }
+        Ok(())
+    }
+
+    pub async fn run_logs(&self, id: i64, attempt: Option<u32>, follow: bool) -> Result<()> {
+        let mut query = vec![("follow", follow.to_string())];
+        query.extend(attempt.map(|a| ("attempt", a.to_string())));
+        let mut resp = self
+            .send(Method::GET, &format!("/runs/{id}/log"), &query, None)
+            .await?;
+        let mut stdout = std::io::stdout();
+        while let Some(chunk) = resp.chunk().await.context("the log stream broke off")? {
+            stdout.write_all(&chunk)?;
+            stdout.flush()?;
+        }
+        Ok(())
+    }
+
+    pub async fn worker_list(&self) -> Result<()> {
+        let value = self.get_json("/workers", &[]).await?;
+        if self.json {
+            return Self::print_json(&value["workers"]);
+        }
+        let table: Vec<Vec<String>> = value["workers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|w| {
+                let labels = w["labels"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| format!("{k}={}", text(v)))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_default();
+                vec![
+                    text(&w["id"]),
+                    if w["alive"].as_bool() == Some(true) {
+                        "alive".into()
+                    } else {
+                        "dead".into()
+                    },
+                    format!("{}/{}", text(&w["running"]), text(&w["slots"])),
+                    labels,
+                    text(&w["last_heartbeat_at"]),
+                ]
+            })
+            .collect();
+        print_table(
+            &["ID", "STATUS", "RUNNING", "LABELS", "LAST HEARTBEAT"],
+            &table,
+        );
+        Ok(())
+    }
+}
+
+/// A JSON value as table text: strings without quotes, null as "-".
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn schedule_summary(s: &Value) -> String {
+    for key in ["cron", "every", "iso8601", "at"] {
+        if let Some(v) = s.get(key).filter(|v| !v.is_null()) {
+            let zone = match (key, s.get("timezone").and_then(Value::as_str)) {
+                ("cron", Some(tz)) => format!(" {tz}"),
+                _ => String::new(),
+            };
+            return format!("{key} {}{zone}", text(v));
+        }
+    }
+    "manual".to_string()
+}
+
+fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(headers.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}

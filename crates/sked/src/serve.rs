@@ -1,0 +1,145 @@
+//! `sked dev`, `sked server` and `sked worker`: opening the store and starting the server and
+//! worker with their settings. Everything here is wiring.
+
+use crate::cli::{DevArgs, ServerArgs, WorkerArgs};
+use anyhow::{bail, Context, Result};
+use sked_server::ServerConfig;
+use sked_store::{SqliteStore, Store};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn open_store(args: &ServerArgs) -> Result<Arc<dyn Store>> {
+    if args.store.database_url.is_some() {
+        bail!("PostgreSQL stores are not supported yet; use --data-dir for the embedded store");
+    }
+    let dir = &args.store.data_dir;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    let path = dir.join("sked.db");
+    let store = SqliteStore::open(&path)
+        .with_context(|| format!("cannot open the store at {}", path.display()))?;
+    Ok(Arc::new(store))
+}
+
+fn server_config(args: &ServerArgs) -> ServerConfig {
+    ServerConfig {
+        listen: args.listen.clone(),
+        heartbeat_interval: args.heartbeat_interval.0,
+        heartbeat_timeout: args.heartbeat_timeout.0,
+        output_cap: args.output_cap,
+        retention: Some(args.retention.0).filter(|r| !r.is_zero()),
+        ..ServerConfig::default()
+    }
+}
+
+pub async fn server(args: ServerArgs) -> Result<()> {
+    let store = open_store(&args)?;
+    let config = server_config(&args);
+    let listener = sked_server::bind(&config).await?;
+    let addr = listener.local_addr()?;
+    println!("sked server listening on http://{addr}");
+    sked_server::serve(config, store, listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+pub async fn dev(args: DevArgs) -> Result<()> {
+    let store = open_store(&args.server)?;
+    let config = server_config(&args.server);
+    let listener = sked_server::bind(&config).await?;
+    let addr = listener.local_addr()?;
+    println!(
+        "sked dev listening on http://{addr} (data in {})",
+        args.server.store.data_dir.display()
+    );
+    let (server_stop, server_stopped) = watch::channel(false);
+    let (worker_stop, worker_stopped) = watch::channel(false);
+    let server = tokio::spawn(sked_server::serve(
+        config,
+        store,
+        listener,
+        stopped(server_stopped),
+    ));
+    let worker_config = sked_worker::WorkerConfig {
+        servers: vec![format!("http://{addr}")],
+        name: "dev".to_string(),
+        labels: BTreeMap::new(),
+        slots: args.slots,
+        ..sked_worker::WorkerConfig::default()
+    };
+    let worker = tokio::spawn(sked_worker::run(worker_config, stopped(worker_stopped)));
+    shutdown_signal().await;
+    // The worker stops first, so it can still report what it ran to the server.
+    let _ = worker_stop.send(true);
+    match worker.await {
+        Ok(Err(e)) => tracing::error!("worker: {e}"),
+        Err(e) => tracing::error!("worker task: {e}"),
+        Ok(Ok(())) => {}
+    }
+    let _ = server_stop.send(true);
+    server.await.context("server task")??;
+    Ok(())
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+pub async fn worker(args: WorkerArgs) -> Result<()> {
+    let mut labels = BTreeMap::new();
+    for pair in &args.labels {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("label {pair:?} is not key=value"))?;
+        labels.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    if args.slots == 0 {
+        bail!("--slots must be at least 1");
+    }
+    let name = args.name.clone().unwrap_or_else(host_name);
+    let config = sked_worker::WorkerConfig {
+        servers: args
+            .server
+            .iter()
+            .map(|s| s.trim_end_matches('/').to_string())
+            .collect(),
+        name,
+        labels,
+        slots: args.slots,
+        ..sked_worker::WorkerConfig::default()
+    };
+    sked_worker::run(config, shutdown_signal()).await?;
+    Ok(())
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "worker".to_string())
+}

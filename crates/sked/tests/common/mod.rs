@@ -1,0 +1,273 @@
+//! Black-box test harness: starts the real `sked` binary in a temporary data directory on a free
+//! loopback port, talks to it over HTTP, and kills it (SIGTERM, or SIGKILL when a test says so).
+#![allow(dead_code)]
+
+use chrono::{DateTime, Utc};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sked");
+
+/// Short heartbeats so that worker failure is detected within seconds.
+pub const FAST_HEARTBEATS: &[&str] =
+    &["--heartbeat-interval", "300ms", "--heartbeat-timeout", "2s"];
+
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A running `sked` process, killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, args: &[&str], log: &Path) -> Proc {
+        let out = std::fs::File::create(log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let child = Command::new(BIN)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start sked");
+        Proc {
+            child,
+            name: name.to_string(),
+        }
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    pub fn sigkill(&mut self) {
+        let _ = kill(self.pid(), Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        let _ = kill(self.pid(), Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.sigkill();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.sigkill();
+        }
+    }
+}
+
+/// A sked deployment under test: a data directory, a port, and the processes started on them.
+pub struct Sked {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub http: reqwest::Client,
+    pub server: Option<Proc>,
+    pub workers: Vec<Proc>,
+}
+
+impl Sked {
+    pub fn new() -> Sked {
+        Sked {
+            dir: tempfile::tempdir().expect("tempdir"),
+            port: free_port(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("client"),
+            server: None,
+            workers: Vec::new(),
+        }
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.log"))
+    }
+
+    /// Starts `sked dev` (server + in-process worker) and waits until it is ready.
+    pub async fn start_dev(&mut self, extra: &[&str]) {
+        self.start_server_cmd("dev", extra).await;
+    }
+
+    /// Starts `sked server` (no worker) and waits until it is ready.
+    pub async fn start_server(&mut self, extra: &[&str]) {
+        self.start_server_cmd("server", extra).await;
+    }
+
+    async fn start_server_cmd(&mut self, cmd: &str, extra: &[&str]) {
+        let listen = format!("127.0.0.1:{}", self.port);
+        let data = self.data_dir();
+        let mut args = vec![
+            cmd,
+            "--listen",
+            &listen,
+            "--data-dir",
+            data.to_str().expect("utf-8 path"),
+        ];
+        args.extend_from_slice(FAST_HEARTBEATS);
+        args.extend_from_slice(extra);
+        let n = self.workers.len();
+        let log = self.log(&format!("{cmd}-{n}-{}", Utc::now().timestamp_micros()));
+        self.server = Some(Proc::spawn(cmd, &args, &log));
+        self.wait_ready().await;
+    }
+
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(resp) = self
+                .http
+                .get(format!("{}/readyz", self.base()))
+                .send()
+                .await
+            {
+                if resp.status().is_success() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sked did not become ready; see {:?}",
+                self.dir.path()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts a `sked worker` process against this server.
+    pub fn start_worker(&mut self, name: &str, slots: u32) -> usize {
+        let base = self.base();
+        let slots = slots.to_string();
+        let args = [
+            "worker", "--server", &base, "--slots", &slots, "--name", name,
+        ];
+        let log = self.log(&format!("worker-{name}"));
+        self.workers.push(Proc::spawn(name, &args, &log));
+        self.workers.len() - 1
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}/api/v1{}", self.base(), path)
+    }
+
+    pub async fn put_job(&self, name: &str, job: Value) -> (u16, Value) {
+        let resp = self
+            .http
+            .put(self.url(&format!("/jobs/{name}")))
+            .json(&job)
+            .send()
+            .await
+            .expect("PUT job");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let resp = self.http.get(self.url(path)).send().await.expect("GET");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("POST");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Every run of a job, oldest instant first.
+    pub async fn runs(&self, job: &str) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut path = format!("/jobs/{job}/runs?limit=1000");
+            if let Some(c) = &cursor {
+                path.push_str(&format!("&cursor={c}"));
+            }
+            let (status, page) = self.get(&path).await;
+            assert_eq!(status, 200, "{page}");
+            all.extend(page["runs"].as_array().cloned().unwrap_or_default());
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_string()),
+                None => break,
+            }
+        }
+        all.reverse();
+        all
+    }
+
+    pub async fn run(&self, id: i64) -> Value {
+        let (status, run) = self.get(&format!("/runs/{id}")).await;
+        assert_eq!(status, 200, "{run}");
+        run
+    }
+
+    /// Waits until every run of `job` is terminal and there are at least `count`.
+    pub async fn wait_runs(&self, job: &str, count: usize, timeout: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let runs = self.runs(job).await;
+            let done = runs.iter().filter(|r| is_terminal(&r["state"])).count();
+            if done >= count && done == runs.len() {
+                return runs;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {count} finished runs of {job}; have {}: {}",
+                runs.len(),
+                Value::Array(runs)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+pub fn is_terminal(state: &Value) -> bool {
+    matches!(
+        state.as_str(),
+        Some("succeeded" | "failed" | "timed_out" | "cancelled" | "skipped")
+    )
+}
+
+pub fn instant(v: &Value) -> DateTime<Utc> {
+    v.as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an instant: {v}"))
+}
+
+pub fn shell(command: &str) -> Value {
+    json!({"shell": {"command": command}})
+}

@@ -1,0 +1,111 @@
+//! Page cursors: where the next page of a listing starts, as an opaque string.
+//!
+//! A cursor is the sort key of the last item handed out plus its id, so a page starts strictly
+//! after it and rows inserted meanwhile neither repeat nor vanish. Every store encodes them
+//! here, so a cursor means the same thing on SQLite and on PostgreSQL.
+
+use crate::StoreError;
+
+/// The position after which the next page starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    /// The sort key of the last item: a name, or an instant in microseconds.
+    pub key: CursorKey,
+    /// The last item's id, which breaks ties between equal keys.
+    pub id: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CursorKey {
+    Text(String),
+    Micros(i64),
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        match &self.key {
+            CursorKey::Text(text) => format!("t.{}.{}", self.id, hex(text.as_bytes())),
+            CursorKey::Micros(micros) => format!("m.{}.{micros}", self.id),
+        }
+    }
+
+    pub fn decode(raw: &str) -> Result<Cursor, StoreError> {
+        let bad = || StoreError::InvalidCursor(raw.to_string());
+        let mut parts = raw.splitn(3, '.');
+        let (kind, id, key) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(kind), Some(id), Some(key)) => (kind, id, key),
+            _ => return Err(bad()),
+        };
+        let id: i64 = id.parse().map_err(|_| bad())?;
+        let key = match kind {
+            "t" => {
+                let bytes = unhex(key).ok_or_else(bad)?;
+                CursorKey::Text(String::from_utf8(bytes).map_err(|_| bad())?)
+            }
+            "m" => CursorKey::Micros(key.parse().map_err(|_| bad())?),
+            _ => return Err(bad()),
+        };
+        Ok(Cursor { key, id })
+    }
+
+    /// The text key, or an error naming the cursor when it belongs to another sort order.
+    pub fn text(&self, raw: &str) -> Result<&str, StoreError> {
+        match &self.key {
+            CursorKey::Text(t) => Ok(t),
+            CursorKey::Micros(_) => Err(StoreError::InvalidCursor(raw.to_string())),
+        }
+    }
+
+    /// The instant key, or an error naming the cursor when it belongs to another sort order.
+    pub fn micros(&self, raw: &str) -> Result<i64, StoreError> {
+        match self.key {
+            CursorKey::Micros(m) => Ok(m),
+            CursorKey::Text(_) => Err(StoreError::InvalidCursor(raw.to_string())),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip() {
+        for cursor in [
+            Cursor {
+                key: CursorKey::Text("nightly-report.v2".into()),
+                id: 7,
+            },
+            Cursor {
+                key: CursorKey::Micros(-1_700_000_000_000_000),
+                id: 0,
+            },
+        ] {
+            assert_eq!(Cursor::decode(&cursor.encode()).unwrap(), cursor);
+        }
+    }
+
+    #[test]
+    fn foreign_cursors_are_rejected() {
+        for raw in ["", "x", "t.1", "t.a.00", "t.1.0", "t.1.zz", "m.1.abc", "q.1.2"] {
+            assert!(
+                matches!(Cursor::decode(raw), Err(StoreError::InvalidCursor(_))),
+                "{raw}"
+            );
+        }
+    }
+}

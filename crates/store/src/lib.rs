@@ -1,0 +1,353 @@
+//! sked's durable state: the [`Store`] trait and its implementations.
+//!
+//! The store owns the database schema, migrations and every query. It applies sked's rules by
+//! calling `sked-core` (overlap decisions, retry decisions, firing state) inside its transactions,
+//! so that a rule is written once and each decision commits atomically with its effects.
+//! It knows nothing of HTTP, of timers or of workers' processes.
+//!
+//! Every implementation passes the same contract suite ([`contract`]).
+
+pub mod contract;
+pub mod cursor;
+pub mod sqlite;
+
+use async_trait::async_trait;
+use sked_core::job::Routing;
+use sked_core::job::{JobState, ValidJob};
+use sked_core::records::{AttemptRecord, JobRecord, JobStats, RunRecord, WorkerRecord};
+use sked_core::run::{AttemptOutcome, RunState, SkipReason, Trigger};
+use sked_core::target::TargetSpec;
+use sked_core::Instant;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub use sqlite::SqliteStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A create met an existing job of that name.
+    #[error("{0} already exists")]
+    Conflict(String),
+    #[error("database error: {0}")]
+    Database(String),
+    /// A row that cannot be read back (a spec that no longer parses, an unknown state name).
+    #[error("stored data cannot be read: {0}")]
+    Corrupt(String),
+    #[error("cannot open the store: {0}")]
+    Open(String),
+    /// A page cursor that no page of this store handed out.
+    #[error("{0:?} is not a cursor this listing handed out")]
+    InvalidCursor(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// How `put_job` treats an existing job of the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    /// Create or replace (`PUT /jobs/{name}`, `sked job apply`).
+    Upsert,
+    /// Create only; an existing name is a [`StoreError::Conflict`] (`POST /jobs`).
+    CreateOnly,
+}
+
+/// What `put_job` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PutOutcome {
+    Created,
+    Updated,
+    Unchanged,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JobSort {
+    #[default]
+    Name,
+    CreatedAt,
+    UpdatedAt,
+}
+
+/// A page request over a namespace's jobs.
+#[derive(Debug, Clone, Default)]
+pub struct JobQuery {
+    pub namespace: String,
+    /// Case-insensitive substring of the name or description.
+    pub search: Option<String>,
+    pub state: Option<JobState>,
+    pub sort: JobSort,
+    pub descending: bool,
+    pub limit: u32,
+    /// From a previous page's `next_cursor`.
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Present when more items follow; pass it back as `cursor`.
+    pub next_cursor: Option<String>,
+}
+
+/// A page request over runs, newest instant first.
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery {
+    pub namespace: String,
+    /// Runs of this job name only (all jobs of that name, deleted ones included).
+    pub job: Option<String>,
+    pub state: Option<RunState>,
+    pub limit: u32,
+    pub cursor: Option<String>,
+}
+
+/// One instant the firing loop (or a manual trigger) hands to the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fire {
+    pub job_id: i64,
+    pub scheduled_for: Instant,
+    pub trigger: Trigger,
+    /// Decided before the store looks: record the run as skipped for this reason (paused,
+    /// misfire). `None`: the run is to run, subject to the job's overlap policy (manual runs
+    /// ignore overlap).
+    pub skip: Option<SkipReason>,
+    /// Not handed out before this (the instant plus the schedule's jitter).
+    pub ready_at: Instant,
+    /// How the job's firing state moves with this instant; `None` leaves it alone (manual).
+    pub advance: Option<Advance>,
+}
+
+/// The job's firing state after an instant. Applied only while the stored state still is the
+/// one the firing loop started from (`epoch` and `fired_before` match), so a definition changed
+/// meanwhile is never overwritten by a stale loop.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Advance {
+    pub epoch: Instant,
+    pub fired_before: u64,
+    pub next_fire_at: Option<Instant>,
+}
+
+/// What became of one [`Fire`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct FiredRun {
+    pub run_id: i64,
+    pub state: RunState,
+    /// False when the ledger already had a run for this instant (nothing was written).
+    pub inserted: bool,
+    /// Whether the advance was applied (false: the definition changed meanwhile).
+    pub advanced: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FireOutcome {
+    /// One per fire, in order.
+    pub runs: Vec<FiredRun>,
+    /// Running runs asked to stop by an overlap `cancel_running`; their workers are told on
+    /// their next heartbeat.
+    pub cancel_requested: Vec<i64>,
+}
+
+/// A queued run with what the dispatcher needs to hand it out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueuedRun {
+    pub run_id: i64,
+    pub job_id: i64,
+    pub namespace: String,
+    pub job: String,
+    pub scheduled_for: Instant,
+    pub priority: i32,
+    pub ready_at: Instant,
+    pub target: TargetSpec,
+    pub timeout: Option<Duration>,
+    pub routing: Routing,
+}
+
+/// The dispatcher's choice for one queued run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptStart {
+    pub run_id: i64,
+    pub worker_id: String,
+    pub token: i64,
+    pub lease_expires_at: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StartedAttempt {
+    pub attempt_id: i64,
+    /// 1 for the run's first attempt.
+    pub number: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewWorker {
+    pub id: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub slots: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HeartbeatOutcome {
+    /// False when the worker is unknown or was declared dead: it must stop everything and
+    /// register again.
+    pub known: bool,
+    /// Attempts among those reported running that the worker must stop.
+    pub stop: Vec<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ReapOutcome {
+    pub dead_workers: Vec<String>,
+    /// Runs queued again: those whose attempt was lost (their retry budget untouched), and
+    /// runs released from `waiting` because a lost attempt's run ended cancelled.
+    pub requeued: Vec<i64>,
+    /// Runs whose attempt was lost while a cancel was pending: now cancelled.
+    pub cancelled: Vec<i64>,
+}
+
+/// A worker's report about one attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptReport {
+    pub attempt_id: i64,
+    pub token: i64,
+    pub outcome: AttemptOutcome,
+    pub exit_code: Option<i32>,
+    pub http_status: Option<u16>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompletionEffect {
+    /// The report was recorded.
+    Accepted {
+        run_id: i64,
+        /// The run's state afterwards: terminal, or `Queued` for a retry.
+        run_state: RunState,
+        /// Runs newly queued by this completion: the retry of this run, or a run of the same
+        /// job released from `waiting`.
+        requeued: Vec<i64>,
+    },
+    /// Nothing was written: the attempt is unknown, already reported, or no longer holds the
+    /// run's lease (`fenced`).
+    Rejected { reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum AppendOutcome {
+    /// `kept` bytes were stored; `truncated` once the attempt's output reached the cap.
+    Accepted { kept: u64, truncated: bool },
+    /// The attempt is unknown or fenced; nothing was stored.
+    Rejected,
+}
+
+/// What a cancel request did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    /// The run was queued or waiting and is now cancelled. `released` are runs of the same job
+    /// that waited behind it (overlap `buffer_*`) and are queued now.
+    Cancelled { run: RunRecord, released: Vec<i64> },
+    /// The run is running: its worker is told to stop, and the run ends `cancelled` when it
+    /// reports.
+    Requested(RunRecord),
+    /// The run had already ended; nothing changed.
+    AlreadyFinished(RunRecord),
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    // --- jobs --------------------------------------------------------------------------------
+
+    /// Creates or replaces a job; its firing state follows
+    /// [`sked_core::job::firing_state_after_put`].
+    async fn put_job(
+        &self,
+        namespace: &str,
+        job: &ValidJob,
+        mode: PutMode,
+        now: Instant,
+    ) -> Result<(PutOutcome, JobRecord)>;
+    async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>>;
+    async fn get_job_by_id(&self, id: i64) -> Result<Option<JobRecord>>;
+    async fn list_jobs(&self, query: &JobQuery) -> Result<Page<JobRecord>>;
+    /// Deletes a job. Its runs stay readable; its queued and waiting runs are cancelled and
+    /// its running ones asked to stop. Returns the deleted job.
+    async fn delete_job(
+        &self,
+        namespace: &str,
+        name: &str,
+        now: Instant,
+    ) -> Result<Option<JobRecord>>;
+    /// Pauses or resumes. A completed job stays completed.
+    async fn set_paused(
+        &self,
+        namespace: &str,
+        name: &str,
+        paused: bool,
+        now: Instant,
+    ) -> Result<Option<JobRecord>>;
+    /// Every job whose schedule still owes an instant (`next_fire_at` set), for the firing loop.
+    async fn scheduled_jobs(&self) -> Result<Vec<JobRecord>>;
+
+    // --- the ledger ---------------------------------------------------------------------------
+
+    /// Writes a batch of instants in one transaction: one run per `(job, scheduled_for)` (a
+    /// second insert is a no-op), the overlap policy applied, firing states advanced.
+    async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome>;
+    /// Queued runs with their dispatch details: the given ones, or all when `ids` is `None`.
+    async fn queued_runs(&self, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>>;
+    /// Starts attempts for queued runs in one transaction. `None` for a run that is no longer
+    /// queued (cancelled meanwhile).
+    async fn start_attempts(
+        &self,
+        starts: &[AttemptStart],
+        now: Instant,
+    ) -> Result<Vec<Option<StartedAttempt>>>;
+    /// Records a batch of attempt results in one transaction, deciding retries by the job's
+    /// retry policy.
+    async fn complete_attempts(
+        &self,
+        reports: &[AttemptReport],
+        now: Instant,
+    ) -> Result<Vec<CompletionEffect>>;
+    async fn cancel_run(&self, run_id: i64, now: Instant) -> Result<Option<CancelOutcome>>;
+    async fn get_run(&self, run_id: i64) -> Result<Option<(RunRecord, Vec<AttemptRecord>)>>;
+    async fn list_runs(&self, query: &RunQuery) -> Result<Page<RunRecord>>;
+    /// Counts and lateness percentiles over the job's runs (all jobs of that name).
+    async fn job_stats(&self, namespace: &str, name: &str) -> Result<Option<JobStats>>;
+
+    // --- output -------------------------------------------------------------------------------
+
+    /// Appends output of a running attempt, keeping at most `cap` bytes per attempt.
+    async fn append_output(
+        &self,
+        attempt_id: i64,
+        token: i64,
+        bytes: &[u8],
+        cap: u64,
+    ) -> Result<AppendOutcome>;
+    /// Output of an attempt from byte `offset` on.
+    async fn read_output(&self, attempt_id: i64, offset: u64) -> Result<Vec<u8>>;
+
+    // --- workers ------------------------------------------------------------------------------
+
+    async fn register_worker(&self, worker: &NewWorker, now: Instant) -> Result<()>;
+    /// Records a heartbeat and extends the leases of the worker's running attempts to
+    /// `lease_until`.
+    async fn heartbeat(
+        &self,
+        worker_id: &str,
+        running: &[i64],
+        now: Instant,
+        lease_until: Instant,
+    ) -> Result<HeartbeatOutcome>;
+    async fn list_workers(&self) -> Result<Vec<WorkerRecord>>;
+    /// Declares dead the workers silent since before `silent_since`, and takes away every
+    /// attempt lease that expired before `now`: those runs are queued again without spending
+    /// their retry budget.
+    async fn reap(&self, silent_since: Instant, now: Instant) -> Result<ReapOutcome>;
+
+    // --- maintenance --------------------------------------------------------------------------
+
+    /// Deletes finished runs (and their attempts and output) that ended before `before`.
+    /// Returns how many runs were deleted.
+    async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64>;
+}
