@@ -144,13 +144,11 @@ impl JobSpec {
             }
         }
         self.retry.validate()?;
-        for (key, _) in &self.routing.labels {
-            if key.is_empty() {
-                return Err(SpecError::new(
-                    "routing.labels",
-                    "label names must not be empty",
-                ));
-            }
+        if self.routing.labels.keys().any(String::is_empty) {
+            return Err(SpecError::new(
+                "routing.labels",
+                "label names must not be empty",
+            ));
         }
         if !self.depends_on.is_empty() {
             return Err(SpecError::new(

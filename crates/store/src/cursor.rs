@@ -70,7 +70,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())
@@ -101,7 +101,9 @@ mod tests {
 
     #[test]
     fn foreign_cursors_are_rejected() {
-        for raw in ["", "x", "t.1", "t.a.00", "t.1.0", "t.1.zz", "m.1.abc", "q.1.2"] {
+        for raw in [
+            "", "x", "t.1", "t.a.00", "t.1.0", "t.1.zz", "m.1.abc", "q.1.2",
+        ] {
             assert!(
                 matches!(Cursor::decode(raw), Err(StoreError::InvalidCursor(_))),
                 "{raw}"

@@ -1,0 +1,1100 @@
+//! The contract every [`Store`](crate::Store) implementation passes.
+//!
+//! Each check is a function over a fresh, empty store that panics when the store breaks a
+//! promise of the trait. [`store_contract_tests!`](crate::store_contract_tests) turns the whole
+//! list into named tests for one implementation, so SQLite and PostgreSQL run the same suite.
+//! This module is test support: it is compiled into the library so other crates' tests can
+//! use it, and nothing in production calls it.
+
+use crate::*;
+use chrono::{Duration as Span, TimeZone, Utc};
+use sked_core::job::JobSpec;
+use sked_core::run::{AttemptOutcome, AttemptState};
+
+/// Generates one `#[tokio::test]` per contract check. `$open` is an async function returning
+/// `(store, guard)`: a fresh, empty store and whatever must live as long as it (a temporary
+/// directory, a database handle).
+#[macro_export]
+macro_rules! store_contract_tests {
+    ($open:path) => {
+        $crate::store_contract_tests!(@each $open;
+            put_creates_replaces_and_detects_no_change,
+            create_only_conflicts_and_writes_nothing,
+            list_jobs_pages_searches_and_filters,
+            a_bad_cursor_is_an_error,
+            pause_and_resume_keep_the_firing_state,
+            each_instant_has_one_run,
+            advances_apply_only_to_the_state_they_started_from,
+            a_used_up_schedule_completes_the_job,
+            overlap_skip_and_buffers,
+            overlap_cancel_running,
+            manual_runs_ignore_overlap,
+            skipped_runs_are_finished_with_their_reason,
+            attempts_are_fenced_by_token_and_state,
+            retries_follow_the_policy_then_fail,
+            lost_attempts_are_requeued_without_spending_retries,
+            heartbeats_extend_leases_and_relay_cancels,
+            cancelling_queued_runs_releases_waiting_ones,
+            output_is_capped_and_read_from_offsets,
+            deleting_a_job_keeps_its_runs,
+            runs_page_newest_first,
+            stats_count_outcomes_and_lateness,
+            retention_deletes_only_finished_runs,
+            queued_runs_carry_dispatch_details,
+        );
+    };
+    (@each $open:path; $($check:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let (store, _guard) = $open().await;
+                $crate::contract::$check(&store).await;
+            }
+        )+
+    };
+}
+
+fn t0() -> Instant {
+    Utc.with_ymd_and_hms(2026, 3, 1, 12, 0, 0).unwrap()
+}
+
+fn secs(n: i64) -> Span {
+    Span::seconds(n)
+}
+
+/// A valid job from JSON, its schedule set at `epoch`.
+pub fn job(name: &str, json: serde_json::Value, epoch: Instant) -> ValidJob {
+    let spec: JobSpec = serde_json::from_value(json).expect("contract job JSON");
+    spec.validate(Some(name), epoch)
+        .expect("contract job is valid")
+}
+
+fn every_second(extra: serde_json::Value) -> serde_json::Value {
+    let mut base = serde_json::json!({
+        "schedule": {"every": "1s"},
+        "target": {"shell": {"command": "true"}},
+    });
+    if let (Some(base), Some(extra)) = (base.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            base.insert(k.clone(), v.clone());
+        }
+    }
+    base
+}
+
+async fn put(store: &dyn Store, name: &str, json: serde_json::Value) -> JobRecord {
+    store
+        .put_job("default", &job(name, json, t0()), PutMode::Upsert, t0())
+        .await
+        .expect("put_job")
+        .1
+}
+
+fn fire(job_id: i64, at: Instant) -> Fire {
+    Fire {
+        job_id,
+        scheduled_for: at,
+        trigger: Trigger::Schedule,
+        skip: None,
+        ready_at: at,
+        advance: None,
+    }
+}
+
+async fn fire_one(store: &dyn Store, f: Fire) -> FiredRun {
+    let now = f.scheduled_for;
+    let mut out = store.record_fires(&[f], now).await.expect("record_fires");
+    assert_eq!(out.runs.len(), 1);
+    out.runs.remove(0)
+}
+
+async fn start(store: &dyn Store, run_id: i64, worker: &str, token: i64, now: Instant) -> i64 {
+    let started = store
+        .start_attempts(
+            &[AttemptStart {
+                run_id,
+                worker_id: worker.to_string(),
+                token,
+                lease_expires_at: now + secs(10),
+            }],
+            now,
+        )
+        .await
+        .expect("start_attempts");
+    started[0].expect("the run was queued").attempt_id
+}
+
+fn report(attempt_id: i64, token: i64, outcome: AttemptOutcome) -> AttemptReport {
+    AttemptReport {
+        attempt_id,
+        token,
+        outcome,
+        exit_code: None,
+        http_status: None,
+        error: None,
+    }
+}
+
+async fn complete(store: &dyn Store, r: AttemptReport, now: Instant) -> CompletionEffect {
+    store
+        .complete_attempts(&[r], now)
+        .await
+        .expect("complete_attempts")
+        .remove(0)
+}
+
+async fn run(store: &dyn Store, run_id: i64) -> (RunRecord, Vec<AttemptRecord>) {
+    store
+        .get_run(run_id)
+        .await
+        .expect("get_run")
+        .expect("the run exists")
+}
+
+async fn worker(store: &dyn Store, id: &str, now: Instant) {
+    let w = NewWorker {
+        id: id.to_string(),
+        name: id.to_string(),
+        labels: [("zone".to_string(), "eu".to_string())].into(),
+        slots: 4,
+    };
+    store.register_worker(&w, now).await.expect("register");
+}
+
+pub async fn put_creates_replaces_and_detects_no_change(store: &dyn Store) {
+    let v1 = job("a", every_second(serde_json::json!({})), t0());
+    let (outcome, created) = store
+        .put_job("default", &v1, PutMode::Upsert, t0())
+        .await
+        .unwrap();
+    assert_eq!(outcome, PutOutcome::Created);
+    assert_eq!(created.name, "a");
+    assert_eq!(created.state, JobState::Active);
+    assert_eq!(created.next_fire_at, Some(t0() + secs(1)));
+    assert_eq!(created.fired_count, 0);
+
+    let later = t0() + secs(30);
+    let (outcome, same) = store
+        .put_job("default", &v1, PutMode::Upsert, later)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PutOutcome::Unchanged);
+    assert_eq!(same, created, "an unchanged definition writes nothing");
+
+    let v2 = job(
+        "a",
+        every_second(serde_json::json!({"description": "now described"})),
+        later,
+    );
+    let (outcome, updated) = store
+        .put_job("default", &v2, PutMode::Upsert, later)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PutOutcome::Updated);
+    assert_eq!(updated.id, created.id);
+    assert_eq!(updated.spec.description.as_deref(), Some("now described"));
+    assert_eq!(
+        (updated.schedule_epoch, updated.next_fire_at),
+        (created.schedule_epoch, created.next_fire_at),
+        "the same schedule keeps its place"
+    );
+    assert_eq!(updated.updated_at, later);
+
+    let v3 = job(
+        "a",
+        serde_json::json!({"schedule": {"every": "1m"}, "target": {"shell": {"command": "true"}}}),
+        later,
+    );
+    let (_, rescheduled) = store
+        .put_job("default", &v3, PutMode::Upsert, later)
+        .await
+        .unwrap();
+    assert_eq!(rescheduled.schedule_epoch, later);
+    assert_eq!(rescheduled.next_fire_at, Some(later + secs(60)));
+
+    assert_eq!(
+        store.get_job("default", "a").await.unwrap(),
+        Some(rescheduled.clone())
+    );
+    assert_eq!(
+        store.get_job_by_id(created.id).await.unwrap(),
+        Some(rescheduled)
+    );
+    assert_eq!(store.get_job("other", "a").await.unwrap(), None);
+}
+
+pub async fn create_only_conflicts_and_writes_nothing(store: &dyn Store) {
+    let first = job("a", every_second(serde_json::json!({})), t0());
+    store
+        .put_job("default", &first, PutMode::CreateOnly, t0())
+        .await
+        .unwrap();
+    let second = job(
+        "a",
+        every_second(serde_json::json!({"description": "x"})),
+        t0(),
+    );
+    let err = store
+        .put_job("default", &second, PutMode::CreateOnly, t0())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
+    let kept = store.get_job("default", "a").await.unwrap().unwrap();
+    assert_eq!(kept.spec.description, None);
+    // The same name in another namespace is another job.
+    store
+        .put_job("team-b", &second, PutMode::CreateOnly, t0())
+        .await
+        .unwrap();
+}
+
+pub async fn list_jobs_pages_searches_and_filters(store: &dyn Store) {
+    for i in 0..25 {
+        let extra = if i % 5 == 0 {
+            serde_json::json!({"description": "Nightly 100% report"})
+        } else {
+            serde_json::json!({})
+        };
+        put(store, &format!("job-{i:02}"), every_second(extra)).await;
+    }
+    put(store, "under_score", every_second(serde_json::json!({}))).await;
+    store
+        .set_paused("default", "job-03", true, t0())
+        .await
+        .unwrap();
+
+    let mut names = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store
+            .list_jobs(&JobQuery {
+                namespace: "default".into(),
+                limit: 10,
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(page.items.len() <= 10);
+        names.extend(page.items.into_iter().map(|j| j.name));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    let mut expected: Vec<String> = (0..25).map(|i| format!("job-{i:02}")).collect();
+    expected.push("under_score".into());
+    assert_eq!(names, expected, "every job once, in name order");
+
+    let desc = store
+        .list_jobs(&JobQuery {
+            namespace: "default".into(),
+            descending: true,
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let first_two: Vec<_> = desc.items.iter().map(|j| j.name.as_str()).collect();
+    assert_eq!(first_two, ["under_score", "job-24"]);
+
+    let by_created = store
+        .list_jobs(&JobQuery {
+            namespace: "default".into(),
+            sort: JobSort::CreatedAt,
+            limit: 20,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let rest = store
+        .list_jobs(&JobQuery {
+            namespace: "default".into(),
+            sort: JobSort::CreatedAt,
+            limit: 20,
+            cursor: by_created.next_cursor.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_created.items.len() + rest.items.len(), 26);
+    assert!(rest.next_cursor.is_none());
+
+    let search = |text: &str| JobQuery {
+        namespace: "default".into(),
+        search: Some(text.into()),
+        limit: 100,
+        ..Default::default()
+    };
+    let nightly = store.list_jobs(&search("NIGHTLY 100%")).await.unwrap();
+    assert_eq!(nightly.items.len(), 5, "case-insensitive, in descriptions");
+    let underscore = store.list_jobs(&search("_")).await.unwrap();
+    assert_eq!(underscore.items.len(), 1, "'_' is literal, not a wildcard");
+    let paused = store
+        .list_jobs(&JobQuery {
+            namespace: "default".into(),
+            state: Some(JobState::Paused),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(paused.items.len(), 1);
+    assert_eq!(paused.items[0].name, "job-03");
+    let other = store
+        .list_jobs(&JobQuery {
+            namespace: "other".into(),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(other.items.is_empty());
+}
+
+pub async fn a_bad_cursor_is_an_error(store: &dyn Store) {
+    let err = store
+        .list_jobs(&JobQuery {
+            namespace: "default".into(),
+            cursor: Some("not-a-cursor".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::InvalidCursor(_)), "{err:?}");
+    let err = store
+        .list_runs(&RunQuery {
+            namespace: "default".into(),
+            cursor: Some("t.1.61".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::InvalidCursor(_)), "{err:?}");
+}
+
+pub async fn pause_and_resume_keep_the_firing_state(store: &dyn Store) {
+    let created = put(store, "p", every_second(serde_json::json!({}))).await;
+    let paused = store
+        .set_paused("default", "p", true, t0() + secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(paused.state, JobState::Paused);
+    assert!(paused.spec.paused);
+    assert_eq!(paused.next_fire_at, created.next_fire_at);
+    let stored = store.get_job("default", "p").await.unwrap().unwrap();
+    assert_eq!(stored.state, JobState::Paused);
+    let resumed = store
+        .set_paused("default", "p", false, t0() + secs(6))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resumed.state, JobState::Active);
+    assert!(!resumed.spec.paused);
+    assert_eq!(
+        store
+            .set_paused("default", "nope", true, t0())
+            .await
+            .unwrap(),
+        None
+    );
+    let scheduled = store.scheduled_jobs().await.unwrap();
+    assert_eq!(scheduled.len(), 1);
+}
+
+pub async fn each_instant_has_one_run(store: &dyn Store) {
+    let j = put(store, "once", every_second(serde_json::json!({}))).await;
+    let at = t0() + secs(1);
+    let first = fire_one(store, fire(j.id, at)).await;
+    assert!(first.inserted);
+    assert_eq!(first.state, RunState::Queued);
+    let again = fire_one(store, fire(j.id, at)).await;
+    assert!(!again.inserted, "a second write of an instant is a no-op");
+    assert_eq!(again.run_id, first.run_id);
+    // Twice in one batch, too.
+    let next = t0() + secs(2);
+    let out = store
+        .record_fires(&[fire(j.id, next), fire(j.id, next)], next)
+        .await
+        .unwrap();
+    assert!(out.runs[0].inserted && !out.runs[1].inserted);
+    assert_eq!(out.runs[0].run_id, out.runs[1].run_id);
+    let page = store
+        .list_runs(&RunQuery {
+            namespace: "default".into(),
+            job: Some("once".into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 2);
+    let (r, attempts) = run(store, first.run_id).await;
+    assert_eq!(
+        (r.scheduled_for, r.job_id, r.job.as_str()),
+        (at, j.id, "once")
+    );
+    assert_eq!(r.trigger, Trigger::Schedule);
+    assert!(attempts.is_empty());
+}
+
+pub async fn advances_apply_only_to_the_state_they_started_from(store: &dyn Store) {
+    let j = put(store, "adv", every_second(serde_json::json!({}))).await;
+    let at = t0() + secs(1);
+    let advance = Advance {
+        epoch: j.schedule_epoch,
+        fired_before: 0,
+        next_fire_at: Some(at + secs(1)),
+    };
+    let mut f = fire(j.id, at);
+    f.advance = Some(advance);
+    let applied = fire_one(store, f.clone()).await;
+    assert!(applied.advanced);
+    let after = store.get_job_by_id(j.id).await.unwrap().unwrap();
+    assert_eq!(
+        (after.fired_count, after.next_fire_at),
+        (1, Some(at + secs(1)))
+    );
+    // The same advance again (a second node, a stale loop) changes nothing.
+    let stale = fire_one(store, f).await;
+    assert!(!stale.advanced && !stale.inserted);
+    let still = store.get_job_by_id(j.id).await.unwrap().unwrap();
+    assert_eq!(still.fired_count, 1);
+    // A changed definition restarts the schedule; the old loop's advance no longer applies.
+    let changed = job(
+        "adv",
+        serde_json::json!({"schedule": {"every": "5s"}, "target": {"shell": {"command": "true"}}}),
+        t0() + secs(3),
+    );
+    store
+        .put_job("default", &changed, PutMode::Upsert, t0() + secs(3))
+        .await
+        .unwrap();
+    let mut old_loop = fire(j.id, at + secs(1));
+    old_loop.advance = Some(Advance {
+        epoch: j.schedule_epoch,
+        fired_before: 1,
+        next_fire_at: Some(at + secs(2)),
+    });
+    assert!(!fire_one(store, old_loop).await.advanced);
+    let fresh = store.get_job_by_id(j.id).await.unwrap().unwrap();
+    assert_eq!(fresh.fired_count, 0);
+    assert_eq!(fresh.next_fire_at, Some(t0() + secs(8)));
+}
+
+pub async fn a_used_up_schedule_completes_the_job(store: &dyn Store) {
+    let at = t0() + secs(10);
+    let j = put(
+        store,
+        "one-off",
+        serde_json::json!({"schedule": {"at": at}, "target": {"shell": {"command": "true"}}}),
+    )
+    .await;
+    assert_eq!(j.next_fire_at, Some(at));
+    let mut f = fire(j.id, at);
+    f.advance = Some(Advance {
+        epoch: j.schedule_epoch,
+        fired_before: 0,
+        next_fire_at: None,
+    });
+    assert!(fire_one(store, f).await.advanced);
+    let done = store.get_job_by_id(j.id).await.unwrap().unwrap();
+    assert_eq!(done.state, JobState::Completed);
+    assert_eq!(done.next_fire_at, None);
+    assert!(store.scheduled_jobs().await.unwrap().is_empty());
+    // Pausing a completed job keeps it completed.
+    let paused = store
+        .set_paused("default", "one-off", true, at)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(paused.state, JobState::Completed);
+}
+
+pub async fn overlap_skip_and_buffers(store: &dyn Store) {
+    for (policy, expected) in [
+        ("allow", [RunState::Queued, RunState::Queued]),
+        ("skip", [RunState::Skipped, RunState::Skipped]),
+        ("buffer_one", [RunState::Waiting, RunState::Skipped]),
+        ("buffer_all", [RunState::Waiting, RunState::Waiting]),
+    ] {
+        let j = put(
+            store,
+            &format!("ov-{policy}"),
+            every_second(serde_json::json!({"overlap": policy})),
+        )
+        .await;
+        let first = fire_one(store, fire(j.id, t0() + secs(1))).await;
+        assert_eq!(first.state, RunState::Queued, "{policy}: idle job");
+        start(store, first.run_id, "w", 7, t0() + secs(1)).await;
+        let second = fire_one(store, fire(j.id, t0() + secs(2))).await;
+        let third = fire_one(store, fire(j.id, t0() + secs(3))).await;
+        assert_eq!([second.state, third.state], expected, "{policy}");
+        if policy == "skip" {
+            let (r, _) = run(store, second.run_id).await;
+            assert_eq!(r.skip_reason, Some(SkipReason::Overlap));
+        }
+        if policy == "buffer_all" {
+            // Finishing the active run releases the waiting ones one at a time, oldest first.
+            let (_, attempts) = run(store, first.run_id).await;
+            let effect = complete(
+                store,
+                report(attempts[0].id, 7, AttemptOutcome::Succeeded),
+                t0() + secs(4),
+            )
+            .await;
+            assert_eq!(
+                effect,
+                CompletionEffect::Accepted {
+                    run_id: first.run_id,
+                    run_state: RunState::Succeeded,
+                    requeued: vec![second.run_id],
+                }
+            );
+            assert_eq!(run(store, third.run_id).await.0.state, RunState::Waiting);
+        }
+    }
+}
+
+pub async fn overlap_cancel_running(store: &dyn Store) {
+    let j = put(
+        store,
+        "cr",
+        every_second(serde_json::json!({"overlap": "cancel_running"})),
+    )
+    .await;
+    let first = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let attempt = start(store, first.run_id, "w", 9, t0() + secs(1)).await;
+    let second = fire_one(store, fire(j.id, t0() + secs(2))).await;
+    let out = store
+        .record_fires(&[fire(j.id, t0() + secs(3))], t0() + secs(3))
+        .await
+        .unwrap();
+    assert_eq!(out.runs[0].state, RunState::Queued);
+    assert_eq!(out.cancel_requested, vec![first.run_id]);
+    assert_eq!(second.state, RunState::Queued);
+    assert_eq!(
+        run(store, second.run_id).await.0.state,
+        RunState::Cancelled,
+        "a queued run is cancelled by the newer one"
+    );
+    let (r, _) = run(store, first.run_id).await;
+    assert!(r.cancel_requested);
+    // The stopped attempt reports failure; the run still ends cancelled.
+    let effect = complete(
+        store,
+        report(attempt, 9, AttemptOutcome::Failed),
+        t0() + secs(4),
+    )
+    .await;
+    assert!(matches!(
+        effect,
+        CompletionEffect::Accepted {
+            run_state: RunState::Cancelled,
+            ..
+        }
+    ));
+}
+
+pub async fn manual_runs_ignore_overlap(store: &dyn Store) {
+    let j = put(
+        store,
+        "m",
+        every_second(serde_json::json!({"overlap": "skip"})),
+    )
+    .await;
+    let first = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    start(store, first.run_id, "w", 1, t0() + secs(1)).await;
+    let mut manual = fire(j.id, t0() + secs(1) + Span::milliseconds(500));
+    manual.trigger = Trigger::Manual;
+    let fired = fire_one(store, manual).await;
+    assert_eq!(fired.state, RunState::Queued);
+    assert_eq!(run(store, fired.run_id).await.0.trigger, Trigger::Manual);
+}
+
+pub async fn skipped_runs_are_finished_with_their_reason(store: &dyn Store) {
+    let j = put(store, "s", every_second(serde_json::json!({}))).await;
+    for (i, reason) in [SkipReason::Paused, SkipReason::Misfire]
+        .into_iter()
+        .enumerate()
+    {
+        let mut f = fire(j.id, t0() + secs(i as i64 + 1));
+        f.skip = Some(reason);
+        let fired = fire_one(store, f).await;
+        assert_eq!(fired.state, RunState::Skipped);
+        let (r, _) = run(store, fired.run_id).await;
+        assert_eq!(r.skip_reason, Some(reason));
+        assert!(r.finished_at.is_some(), "a skipped run has ended");
+    }
+    assert!(store.queued_runs(None).await.unwrap().is_empty());
+}
+
+pub async fn attempts_are_fenced_by_token_and_state(store: &dyn Store) {
+    let j = put(store, "f", every_second(serde_json::json!({}))).await;
+    let fired = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let now = t0() + secs(1);
+    let attempt = start(store, fired.run_id, "w", 42, now).await;
+    let again = store
+        .start_attempts(
+            &[AttemptStart {
+                run_id: fired.run_id,
+                worker_id: "w2".into(),
+                token: 43,
+                lease_expires_at: now + secs(10),
+            }],
+            now,
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, vec![None], "a running run gets no second attempt");
+    let (r, attempts) = run(store, fired.run_id).await;
+    assert_eq!((r.state, r.attempts), (RunState::Running, 1));
+    assert_eq!(r.started_at, Some(now));
+    assert_eq!(attempts[0].number, 1);
+    assert_eq!(attempts[0].worker_id, "w");
+
+    let wrong = complete(store, report(attempt, 41, AttemptOutcome::Succeeded), now).await;
+    assert_eq!(
+        wrong,
+        CompletionEffect::Rejected {
+            reason: "fenced".into()
+        }
+    );
+    assert_eq!(run(store, fired.run_id).await.0.state, RunState::Running);
+    let unknown = complete(
+        store,
+        report(attempt + 1000, 42, AttemptOutcome::Succeeded),
+        now,
+    )
+    .await;
+    assert!(matches!(unknown, CompletionEffect::Rejected { .. }));
+
+    let mut ok = report(attempt, 42, AttemptOutcome::Succeeded);
+    ok.exit_code = Some(0);
+    let accepted = complete(store, ok.clone(), now + secs(1)).await;
+    assert!(matches!(
+        accepted,
+        CompletionEffect::Accepted {
+            run_state: RunState::Succeeded,
+            ..
+        }
+    ));
+    let twice = complete(store, ok, now + secs(2)).await;
+    assert!(
+        matches!(twice, CompletionEffect::Rejected { .. }),
+        "reported once"
+    );
+    let (r, attempts) = run(store, fired.run_id).await;
+    assert_eq!(r.state, RunState::Succeeded);
+    assert_eq!(r.finished_at, Some(now + secs(1)));
+    assert_eq!(attempts[0].state, AttemptState::Succeeded);
+    assert_eq!(attempts[0].exit_code, Some(0));
+}
+
+pub async fn retries_follow_the_policy_then_fail(store: &dyn Store) {
+    let j = put(
+        store,
+        "r",
+        every_second(serde_json::json!({
+            "retry": {"max_attempts": 3, "backoff": {"initial": "1s", "multiplier": 2.0, "jitter": false}}
+        })),
+    )
+    .await;
+    let fired = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let mut now = t0() + secs(1);
+    let mut delays = Vec::new();
+    for n in 1..=3u32 {
+        let attempt = start(store, fired.run_id, "w", i64::from(n), now).await;
+        let mut r = report(attempt, i64::from(n), AttemptOutcome::Failed);
+        r.exit_code = Some(1);
+        let effect = complete(store, r, now).await;
+        let (record, _) = run(store, fired.run_id).await;
+        assert_eq!(record.failures, n);
+        if n < 3 {
+            assert_eq!(
+                effect,
+                CompletionEffect::Accepted {
+                    run_id: fired.run_id,
+                    run_state: RunState::Queued,
+                    requeued: vec![fired.run_id],
+                }
+            );
+            delays.push(record.ready_at - now);
+            now = record.ready_at;
+        } else {
+            assert!(matches!(
+                effect,
+                CompletionEffect::Accepted {
+                    run_state: RunState::Failed,
+                    ..
+                }
+            ));
+        }
+    }
+    assert_eq!(delays, vec![secs(1), secs(2)], "exponential backoff");
+    let (record, attempts) = run(store, fired.run_id).await;
+    assert_eq!((record.state, record.attempts), (RunState::Failed, 3));
+    assert_eq!(record.error.as_deref(), Some("exited with code 1"));
+    let numbers: Vec<u32> = attempts.iter().map(|a| a.number).collect();
+    assert_eq!(numbers, vec![1, 2, 3]);
+}
+
+pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Store) {
+    let j = put(
+        store,
+        "lost",
+        every_second(serde_json::json!({"retry": {"max_attempts": 2}})),
+    )
+    .await;
+    let now = t0() + secs(1);
+    worker(store, "w1", now).await;
+    worker(store, "w2", now).await;
+    let fired = fire_one(store, fire(j.id, now)).await;
+    let attempt = start(store, fired.run_id, "w1", 5, now).await;
+    // w2 keeps heartbeating, w1 goes silent.
+    let later = now + secs(20);
+    let hb = store
+        .heartbeat("w2", &[], later, later + secs(10))
+        .await
+        .unwrap();
+    assert!(hb.known);
+    let outcome = store.reap(later - secs(10), later).await.unwrap();
+    assert_eq!(outcome.dead_workers, vec!["w1".to_string()]);
+    assert_eq!(outcome.requeued, vec![fired.run_id]);
+    let (r, attempts) = run(store, fired.run_id).await;
+    assert_eq!(r.state, RunState::Queued);
+    assert_eq!((r.attempts, r.failures), (1, 0), "no retry spent");
+    assert_eq!(attempts[0].state, AttemptState::Lost);
+    // The lost attempt's late report is fenced off, and its worker must register again.
+    let late = complete(store, report(attempt, 5, AttemptOutcome::Succeeded), later).await;
+    assert_eq!(
+        late,
+        CompletionEffect::Rejected {
+            reason: "fenced".into()
+        }
+    );
+    let hb = store
+        .heartbeat("w1", &[attempt], later, later + secs(10))
+        .await
+        .unwrap();
+    assert!(!hb.known);
+    assert_eq!(hb.stop, vec![attempt]);
+    let workers = store.list_workers().await.unwrap();
+    let alive: Vec<(&str, bool)> = workers.iter().map(|w| (w.id.as_str(), w.alive)).collect();
+    assert!(alive.contains(&("w1", false)) && alive.contains(&("w2", true)));
+    // The second attempt runs elsewhere and numbers on.
+    let second = start(store, fired.run_id, "w2", 6, later).await;
+    let (_, attempts) = run(store, fired.run_id).await;
+    assert_eq!(attempts[1].number, 2);
+    assert_eq!(attempts[1].id, second);
+    // Nothing else is reaped while w2 heartbeats.
+    let quiet = store.reap(later - secs(10), later + secs(1)).await.unwrap();
+    assert!(quiet.dead_workers.is_empty() && quiet.requeued.is_empty());
+}
+
+pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
+    let j = put(store, "hb", every_second(serde_json::json!({}))).await;
+    let now = t0() + secs(1);
+    worker(store, "w", now).await;
+    let fired = fire_one(store, fire(j.id, now)).await;
+    let attempt = start(store, fired.run_id, "w", 3, now).await;
+    // Heartbeats keep the lease alive past its first expiry.
+    let mut at = now;
+    for _ in 0..4 {
+        at += secs(5);
+        let hb = store
+            .heartbeat("w", &[attempt], at, at + secs(10))
+            .await
+            .unwrap();
+        assert_eq!(
+            hb,
+            HeartbeatOutcome {
+                known: true,
+                stop: vec![]
+            }
+        );
+        let reaped = store.reap(at - secs(10), at).await.unwrap();
+        assert!(reaped.requeued.is_empty());
+    }
+    let (_, attempts) = run(store, fired.run_id).await;
+    assert_eq!(attempts[0].lease_expires_at, at + secs(10));
+    let workers = store.list_workers().await.unwrap();
+    assert_eq!(workers[0].running, 1);
+    assert_eq!(workers[0].last_heartbeat_at, at);
+    // An attempt the worker does not hold is to be stopped.
+    let hb = store
+        .heartbeat("w", &[attempt, attempt + 99], at, at + secs(10))
+        .await
+        .unwrap();
+    assert_eq!(hb.stop, vec![attempt + 99]);
+    // A cancel reaches the worker through its heartbeat.
+    let outcome = store.cancel_run(fired.run_id, at).await.unwrap().unwrap();
+    assert!(matches!(outcome, CancelOutcome::Requested(ref r) if r.cancel_requested));
+    let hb = store
+        .heartbeat("w", &[attempt], at, at + secs(10))
+        .await
+        .unwrap();
+    assert_eq!(hb.stop, vec![attempt]);
+    let effect = complete(store, report(attempt, 3, AttemptOutcome::Cancelled), at).await;
+    assert!(matches!(
+        effect,
+        CompletionEffect::Accepted {
+            run_state: RunState::Cancelled,
+            ..
+        }
+    ));
+    let finished = store.cancel_run(fired.run_id, at).await.unwrap().unwrap();
+    assert!(matches!(finished, CancelOutcome::AlreadyFinished(_)));
+    assert_eq!(
+        store.cancel_run(fired.run_id + 1000, at).await.unwrap(),
+        None
+    );
+}
+
+pub async fn cancelling_queued_runs_releases_waiting_ones(store: &dyn Store) {
+    let j = put(
+        store,
+        "cq",
+        every_second(serde_json::json!({"overlap": "buffer_all"})),
+    )
+    .await;
+    let first = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let second = fire_one(store, fire(j.id, t0() + secs(2))).await;
+    assert_eq!(second.state, RunState::Waiting);
+    let outcome = store
+        .cancel_run(first.run_id, t0() + secs(3))
+        .await
+        .unwrap()
+        .unwrap();
+    match outcome {
+        CancelOutcome::Cancelled { run, released } => {
+            assert_eq!(run.state, RunState::Cancelled);
+            assert!(run.finished_at.is_some());
+            assert_eq!(released, vec![second.run_id]);
+        }
+        other => panic!("expected cancelled, got {other:?}"),
+    }
+    let queued = store.queued_runs(None).await.unwrap();
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].run_id, second.run_id);
+}
+
+pub async fn output_is_capped_and_read_from_offsets(store: &dyn Store) {
+    let j = put(store, "out", every_second(serde_json::json!({}))).await;
+    let fired = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let attempt = start(store, fired.run_id, "w", 11, t0() + secs(1)).await;
+    let append = |bytes: &'static [u8], token: i64| store.append_output(attempt, token, bytes, 10);
+    assert_eq!(
+        append(b"hello ", 11).await.unwrap(),
+        AppendOutcome::Accepted {
+            kept: 6,
+            truncated: false
+        }
+    );
+    assert_eq!(append(b"x", 12).await.unwrap(), AppendOutcome::Rejected);
+    assert_eq!(
+        append(b"world!", 11).await.unwrap(),
+        AppendOutcome::Accepted {
+            kept: 4,
+            truncated: true
+        }
+    );
+    assert_eq!(
+        append(b"more", 11).await.unwrap(),
+        AppendOutcome::Accepted {
+            kept: 0,
+            truncated: true
+        }
+    );
+    assert_eq!(store.read_output(attempt, 0).await.unwrap(), b"hello worl");
+    assert_eq!(store.read_output(attempt, 3).await.unwrap(), b"lo worl");
+    assert_eq!(store.read_output(attempt, 8).await.unwrap(), b"rl");
+    assert!(store.read_output(attempt, 10).await.unwrap().is_empty());
+    let (_, attempts) = run(store, fired.run_id).await;
+    assert_eq!(attempts[0].output_bytes, 10);
+    assert!(attempts[0].output_truncated);
+    complete(
+        store,
+        report(attempt, 11, AttemptOutcome::Succeeded),
+        t0() + secs(2),
+    )
+    .await;
+    assert_eq!(
+        append(b"late", 11).await.unwrap(),
+        AppendOutcome::Rejected,
+        "no output after the report"
+    );
+}
+
+pub async fn deleting_a_job_keeps_its_runs(store: &dyn Store) {
+    let j = put(store, "gone", every_second(serde_json::json!({}))).await;
+    let running = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    start(store, running.run_id, "w", 1, t0() + secs(1)).await;
+    let queued = fire_one(store, fire(j.id, t0() + secs(2))).await;
+    let deleted = store
+        .delete_job("default", "gone", t0() + secs(3))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(deleted.id, j.id);
+    assert_eq!(store.get_job("default", "gone").await.unwrap(), None);
+    assert_eq!(
+        store.delete_job("default", "gone", t0()).await.unwrap(),
+        None
+    );
+    assert_eq!(run(store, queued.run_id).await.0.state, RunState::Cancelled);
+    let (r, _) = run(store, running.run_id).await;
+    assert!(r.cancel_requested, "its running run is asked to stop");
+    // A fire computed before the delete writes nothing.
+    let late = fire_one(store, fire(j.id, t0() + secs(4))).await;
+    assert!(!late.inserted);
+    let page = store
+        .list_runs(&RunQuery {
+            namespace: "default".into(),
+            job: Some("gone".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 2);
+    assert!(store.job_stats("default", "gone").await.unwrap().is_some());
+    // A new job of the same name is a new job; both histories stay readable by name.
+    let again = put(store, "gone", every_second(serde_json::json!({}))).await;
+    assert_ne!(again.id, j.id);
+    fire_one(store, fire(again.id, t0() + secs(1))).await;
+    let page = store
+        .list_runs(&RunQuery {
+            namespace: "default".into(),
+            job: Some("gone".into()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 3);
+}
+
+pub async fn runs_page_newest_first(store: &dyn Store) {
+    let j = put(store, "pg", every_second(serde_json::json!({}))).await;
+    let fires: Vec<Fire> = (1..=25).map(|i| fire(j.id, t0() + secs(i))).collect();
+    store.record_fires(&fires, t0() + secs(30)).await.unwrap();
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store
+            .list_runs(&RunQuery {
+                namespace: "default".into(),
+                job: Some("pg".into()),
+                limit: 7,
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        seen.extend(page.items.iter().map(|r| r.scheduled_for));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let expected: Vec<Instant> = (1..=25).rev().map(|i| t0() + secs(i)).collect();
+    assert_eq!(seen, expected);
+    let queued = store
+        .list_runs(&RunQuery {
+            namespace: "default".into(),
+            state: Some(RunState::Succeeded),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(queued.items.is_empty(), "filtered by state");
+}
+
+pub async fn stats_count_outcomes_and_lateness(store: &dyn Store) {
+    let j = put(store, "st", every_second(serde_json::json!({}))).await;
+    for i in 1..=4 {
+        let at = t0() + secs(i);
+        // Written 2 ms after its instant.
+        let out = store
+            .record_fires(&[fire(j.id, at)], at + Span::milliseconds(2))
+            .await
+            .unwrap();
+        let attempt = start(store, out.runs[0].run_id, "w", i, at + secs(0)).await;
+        let outcome = if i == 4 {
+            AttemptOutcome::Failed
+        } else {
+            AttemptOutcome::Succeeded
+        };
+        complete(store, report(attempt, i, outcome), at + secs(0)).await;
+    }
+    let stats = store.job_stats("default", "st").await.unwrap().unwrap();
+    assert_eq!((stats.runs, stats.succeeded, stats.failed), (4, 3, 1));
+    assert_eq!(stats.by_state.get("succeeded"), Some(&3));
+    assert_eq!(stats.retries, 0);
+    assert_eq!(stats.lateness_ms.count, 4);
+    assert!((stats.lateness_ms.p99 - 2.0).abs() < 1e-9);
+    assert_eq!(
+        stats.last_run.map(|r| r.scheduled_for),
+        Some(t0() + secs(4))
+    );
+    assert_eq!(store.job_stats("default", "nope").await.unwrap(), None);
+}
+
+pub async fn retention_deletes_only_finished_runs(store: &dyn Store) {
+    let j = put(store, "ret", every_second(serde_json::json!({}))).await;
+    let done = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let attempt = start(store, done.run_id, "w", 1, t0() + secs(1)).await;
+    store
+        .append_output(attempt, 1, b"some output", 1024)
+        .await
+        .unwrap();
+    complete(
+        store,
+        report(attempt, 1, AttemptOutcome::Succeeded),
+        t0() + secs(2),
+    )
+    .await;
+    let queued = fire_one(store, fire(j.id, t0() + secs(2))).await;
+    let deleted = store
+        .delete_finished_runs(t0() + secs(100), 1000)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    assert!(store.get_run(done.run_id).await.unwrap().is_none());
+    assert!(store.read_output(attempt, 0).await.unwrap().is_empty());
+    assert!(store.get_run(queued.run_id).await.unwrap().is_some());
+}
+
+pub async fn queued_runs_carry_dispatch_details(store: &dyn Store) {
+    let j = put(
+        store,
+        "qd",
+        every_second(serde_json::json!({
+            "priority": 7,
+            "timeout": "30s",
+            "routing": {"labels": {"zone": "eu"}},
+        })),
+    )
+    .await;
+    let a = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let b = fire_one(store, fire(j.id, t0() + secs(2))).await;
+    let all = store.queued_runs(None).await.unwrap();
+    assert_eq!(all.len(), 2);
+    let one = store.queued_runs(Some(&[b.run_id])).await.unwrap();
+    assert_eq!(one.len(), 1);
+    let q = &one[0];
+    assert_eq!((q.run_id, q.job_id, q.priority), (b.run_id, j.id, 7));
+    assert_eq!(q.timeout, Some(std::time::Duration::from_secs(30)));
+    assert_eq!(q.routing.labels.get("zone").map(String::as_str), Some("eu"));
+    assert_eq!((q.namespace.as_str(), q.job.as_str()), ("default", "qd"));
+    assert_eq!(q.target, j.spec.target);
+    start(store, a.run_id, "w", 1, t0() + secs(3)).await;
+    let left = store
+        .queued_runs(Some(&[a.run_id, b.run_id]))
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1, "a running run is not queued");
+}

@@ -1,0 +1,198 @@
+//! Reading the ledger (runs, attempts, statistics), captured output, and retention.
+
+use super::jobs::page_size;
+use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
+use crate::cursor::{Cursor, CursorKey};
+use crate::{AppendOutcome, Page, Result, RunQuery};
+use rusqlite::{params, OptionalExtension, Transaction};
+use sked_core::records::{AttemptRecord, JobStats, RunRecord};
+use sked_core::run::RunState;
+use sked_core::stats::percentiles;
+use sked_core::Instant;
+use std::collections::BTreeMap;
+
+/// Statistics look at this many of the job's newest runs for percentiles.
+pub const STATS_WINDOW: u32 = 10_000;
+
+pub fn get_run(
+    tx: &Transaction<'_>,
+    run_id: i64,
+) -> Result<Option<(RunRecord, Vec<AttemptRecord>)>> {
+    let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1");
+    let run = {
+        let mut stmt = tx.prepare_cached(&sql)?;
+        let mut rows = stmt.query(params![run_id])?;
+        match rows.next()? {
+            Some(row) => rows::run(row)?,
+            None => return Ok(None),
+        }
+    };
+    let sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run_id = ?1 ORDER BY number");
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![run_id])?;
+    let mut attempts = Vec::new();
+    while let Some(row) = rows.next()? {
+        attempts.push(rows::attempt(row)?);
+    }
+    Ok(Some((run, attempts)))
+}
+
+pub fn list_runs(tx: &Transaction<'_>, query: &RunQuery) -> Result<Page<RunRecord>> {
+    let limit = page_size(query.limit);
+    let (mut before, mut before_id) = (None, 0i64);
+    if let Some(raw) = &query.cursor {
+        let cursor = Cursor::decode(raw)?;
+        before = Some(cursor.micros(raw)?);
+        before_id = cursor.id;
+    }
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ?1 \
+         AND (?2 IS NULL OR job = ?2) AND (?3 IS NULL OR state = ?3) \
+         AND (?4 IS NULL OR (scheduled_for, id) < (?4, ?5)) \
+         ORDER BY scheduled_for DESC, id DESC LIMIT ?6"
+    );
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![
+        query.namespace,
+        query.job,
+        query.state.map(RunState::as_str),
+        before,
+        before_id,
+        i64::from(limit) + 1,
+    ])?;
+    let mut items = Vec::new();
+    while let Some(row) = rows.next()? {
+        items.push(rows::run(row)?);
+    }
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|last| {
+            Cursor {
+                key: CursorKey::Micros(micros(last.scheduled_for)),
+                id: last.id,
+            }
+            .encode()
+        })
+    } else {
+        None
+    };
+    Ok(Page { items, next_cursor })
+}
+
+pub fn job_stats(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Option<JobStats>> {
+    let mut by_state = BTreeMap::new();
+    let (mut runs, mut retries) = (0u64, 0u64);
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT state, count(*), coalesce(sum(max(attempts - 1, 0)), 0) FROM runs \
+             WHERE namespace = ?1 AND job = ?2 GROUP BY state",
+        )?;
+        let mut rows = stmt.query(params![namespace, name])?;
+        while let Some(row) = rows.next()? {
+            let (state, count, extra): (String, i64, i64) = (row.get(0)?, row.get(1)?, row.get(2)?);
+            runs += count as u64;
+            retries += extra as u64;
+            by_state.insert(rows::run_state(&state)?.to_string(), count as u64);
+        }
+    }
+    if runs == 0 && super::jobs::get(tx, namespace, name)?.is_none() {
+        return Ok(None);
+    }
+    let last_run = {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ?1 AND job = ?2 \
+             ORDER BY scheduled_for DESC, id DESC LIMIT 1"
+        );
+        let mut stmt = tx.prepare_cached(&sql)?;
+        let mut rows = stmt.query(params![namespace, name])?;
+        rows.next()?.map(rows::run).transpose()?
+    };
+    let (mut fired, mut started) = (Vec::new(), Vec::new());
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT created_at - scheduled_for, started_at - scheduled_for FROM runs \
+             WHERE namespace = ?1 AND job = ?2 AND trigger = 'schedule' \
+             ORDER BY scheduled_for DESC LIMIT ?3",
+        )?;
+        let mut rows = stmt.query(params![namespace, name, STATS_WINDOW])?;
+        while let Some(row) = rows.next()? {
+            fired.push(row.get::<_, i64>(0)? as f64 / 1000.0);
+            if let Some(us) = row.get::<_, Option<i64>>(1)? {
+                started.push(us as f64 / 1000.0);
+            }
+        }
+    }
+    let count = |state: RunState| by_state.get(state.as_str()).copied().unwrap_or(0);
+    Ok(Some(JobStats {
+        runs,
+        succeeded: count(RunState::Succeeded),
+        failed: count(RunState::Failed) + count(RunState::TimedOut),
+        retries,
+        last_run,
+        lateness_ms: percentiles(&mut fired),
+        start_lateness_ms: percentiles(&mut started),
+        by_state,
+    }))
+}
+
+pub fn append_output(
+    tx: &Transaction<'_>,
+    attempt_id: i64,
+    token: i64,
+    bytes: &[u8],
+    cap: u64,
+) -> Result<AppendOutcome> {
+    let found: Option<(i64, String, i64, bool)> = tx
+        .prepare_cached(
+            "SELECT token, state, output_bytes, output_truncated FROM attempts WHERE id = ?1",
+        )?
+        .query_row(params![attempt_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .optional()?;
+    let Some((held, state, stored, truncated)) = found else {
+        return Ok(AppendOutcome::Rejected);
+    };
+    if held != token || state != "running" {
+        return Ok(AppendOutcome::Rejected);
+    }
+    let stored = stored as u64;
+    let room = cap.saturating_sub(stored);
+    let kept = room.min(bytes.len() as u64);
+    let truncated = truncated || kept < bytes.len() as u64;
+    if kept > 0 {
+        tx.prepare_cached("INSERT INTO output (attempt_id, offset, data) VALUES (?1, ?2, ?3)")?
+            .execute(params![attempt_id, stored as i64, &bytes[..kept as usize]])?;
+    }
+    tx.prepare_cached(
+        "UPDATE attempts SET output_bytes = ?2, output_truncated = ?3 WHERE id = ?1",
+    )?
+    .execute(params![attempt_id, (stored + kept) as i64, truncated])?;
+    Ok(AppendOutcome::Accepted { kept, truncated })
+}
+
+pub fn read_output(tx: &Transaction<'_>, attempt_id: i64, offset: u64) -> Result<Vec<u8>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT offset, data FROM output WHERE attempt_id = ?1 AND offset + length(data) > ?2 \
+         ORDER BY offset",
+    )?;
+    let mut rows = stmt.query(params![attempt_id, offset as i64])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let start: i64 = row.get(0)?;
+        let data: Vec<u8> = row.get(1)?;
+        let skip = (offset as i64 - start).max(0) as usize;
+        out.extend_from_slice(data.get(skip..).unwrap_or_default());
+    }
+    Ok(out)
+}
+
+pub fn delete_finished_runs(tx: &Transaction<'_>, before: Instant, limit: u32) -> Result<u64> {
+    let deleted = tx
+        .prepare_cached(
+            "DELETE FROM runs WHERE id IN (SELECT id FROM runs \
+             WHERE finished_at < ?1 AND state NOT IN ('waiting', 'queued', 'running') LIMIT ?2)",
+        )?
+        .execute(params![micros(before), limit])?;
+    Ok(deleted as u64)
+}

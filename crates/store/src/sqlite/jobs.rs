@@ -1,0 +1,269 @@
+//! Job definitions: create, replace, pause, delete, list, and the firing loop's view of them.
+
+use super::rows::{self, micros, JOB_COLUMNS};
+use crate::cursor::{Cursor, CursorKey};
+use crate::{JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
+use rusqlite::{params, OptionalExtension, Transaction};
+use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
+use sked_core::records::JobRecord;
+use sked_core::Instant;
+
+pub const DEFAULT_PAGE: u32 = 100;
+pub const MAX_PAGE: u32 = 1000;
+
+/// A page size within bounds: 0 means the default.
+pub fn page_size(limit: u32) -> u32 {
+    match limit {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_PAGE),
+    }
+}
+
+pub fn get(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Option<JobRecord>> {
+    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ?1 AND name = ?2");
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![namespace, name])?;
+    rows.next()?.map(rows::job).transpose()
+}
+
+pub fn get_by_id(tx: &Transaction<'_>, id: i64) -> Result<Option<JobRecord>> {
+    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![id])?;
+    rows.next()?.map(rows::job).transpose()
+}
+
+fn spec_json(spec: &JobSpec) -> Result<(String, String)> {
+    let encode = |e: serde_json::Error| StoreError::Database(format!("cannot encode a job: {e}"));
+    Ok((
+        serde_json::to_string(spec).map_err(encode)?,
+        serde_json::to_string(&spec.retry).map_err(encode)?,
+    ))
+}
+
+pub fn put(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    job: &ValidJob,
+    mode: PutMode,
+    now: Instant,
+) -> Result<(PutOutcome, JobRecord)> {
+    let existing = get(tx, namespace, &job.name)?;
+    if let Some(old) = &existing {
+        if mode == PutMode::CreateOnly {
+            return Err(StoreError::Conflict(format!(
+                "job {:?} in namespace {namespace:?}",
+                job.name
+            )));
+        }
+        if old.spec == job.spec {
+            return Ok((PutOutcome::Unchanged, old.clone()));
+        }
+    }
+    let previous = existing.as_ref().map(|old| {
+        let state = FiringState {
+            state: old.state,
+            next_fire_at: old.next_fire_at,
+            fired_count: old.fired_count,
+            schedule_epoch: old.schedule_epoch,
+        };
+        (&old.spec, state)
+    });
+    let firing = firing_state_after_put(previous.as_ref().map(|(s, f)| (*s, f)), job, now)
+        .map_err(|e| StoreError::Corrupt(format!("a validated schedule does not compile: {e}")))?;
+    let (spec, retry) = spec_json(&job.spec)?;
+    let description = job.spec.description.as_deref().unwrap_or("");
+    let next = firing.next_fire_at.map(micros);
+    let id = match &existing {
+        Some(old) => {
+            tx.prepare_cached(
+                "UPDATE jobs SET description = ?2, spec = ?3, overlap = ?4, priority = ?5, \
+                 retry = ?6, state = ?7, next_fire_at = ?8, fired_count = ?9, \
+                 schedule_epoch = ?10, updated_at = ?11 WHERE id = ?1",
+            )?
+            .execute(params![
+                old.id,
+                description,
+                spec,
+                job.spec.overlap.as_str(),
+                job.spec.priority,
+                retry,
+                firing.state.as_str(),
+                next,
+                firing.fired_count as i64,
+                micros(firing.schedule_epoch),
+                micros(now),
+            ])?;
+            old.id
+        }
+        None => {
+            tx.prepare_cached(
+                "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, retry, \
+                 state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12)",
+            )?
+            .execute(params![
+                namespace,
+                job.name,
+                description,
+                spec,
+                job.spec.overlap.as_str(),
+                job.spec.priority,
+                retry,
+                firing.state.as_str(),
+                next,
+                firing.fired_count as i64,
+                micros(firing.schedule_epoch),
+                micros(now),
+            ])?;
+            tx.last_insert_rowid()
+        }
+    };
+    let outcome = if existing.is_some() {
+        PutOutcome::Updated
+    } else {
+        PutOutcome::Created
+    };
+    let record = get_by_id(tx, id)?
+        .ok_or_else(|| StoreError::Database("a job vanished while it was written".into()))?;
+    Ok((outcome, record))
+}
+
+pub fn list(tx: &Transaction<'_>, query: &JobQuery) -> Result<Page<JobRecord>> {
+    let limit = page_size(query.limit);
+    let column = match query.sort {
+        JobSort::Name => "name",
+        JobSort::CreatedAt => "created_at",
+        JobSort::UpdatedAt => "updated_at",
+    };
+    let (order, after) = if query.descending {
+        ("DESC", "<")
+    } else {
+        ("ASC", ">")
+    };
+    let mut sql = format!(
+        "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ?1 \
+         AND (?2 IS NULL OR lower(name) LIKE ?2 ESCAPE '\\' \
+              OR lower(description) LIKE ?2 ESCAPE '\\') \
+         AND (?3 IS NULL OR state = ?3)"
+    );
+    let mut key: Option<rusqlite::types::Value> = None;
+    let mut after_id = 0i64;
+    if let Some(raw) = &query.cursor {
+        let cursor = Cursor::decode(raw)?;
+        key = Some(match query.sort {
+            JobSort::Name => cursor.text(raw)?.to_string().into(),
+            JobSort::CreatedAt | JobSort::UpdatedAt => cursor.micros(raw)?.into(),
+        });
+        after_id = cursor.id;
+        sql.push_str(&format!(" AND ({column}, id) {after} (?4, ?5)"));
+    }
+    sql.push_str(&format!(" ORDER BY {column} {order}, id {order} LIMIT ?6"));
+    let pattern = query.search.as_ref().map(|s| {
+        let escaped = s
+            .to_lowercase()
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        format!("%{escaped}%")
+    });
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![
+        query.namespace,
+        pattern,
+        query.state.map(JobState::as_str),
+        key,
+        after_id,
+        i64::from(limit) + 1,
+    ])?;
+    let mut items = Vec::new();
+    while let Some(row) = rows.next()? {
+        items.push(rows::job(row)?);
+    }
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|last| {
+            let key = match query.sort {
+                JobSort::Name => CursorKey::Text(last.name.clone()),
+                JobSort::CreatedAt => CursorKey::Micros(micros(last.created_at)),
+                JobSort::UpdatedAt => CursorKey::Micros(micros(last.updated_at)),
+            };
+            Cursor { key, id: last.id }.encode()
+        })
+    } else {
+        None
+    };
+    Ok(Page { items, next_cursor })
+}
+
+pub fn delete(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    name: &str,
+    now: Instant,
+) -> Result<Option<JobRecord>> {
+    let Some(job) = get(tx, namespace, name)? else {
+        return Ok(None);
+    };
+    tx.prepare_cached(
+        "UPDATE runs SET state = 'cancelled', finished_at = ?2, error = 'the job was deleted' \
+         WHERE job_id = ?1 AND state IN ('queued', 'waiting')",
+    )?
+    .execute(params![job.id, micros(now)])?;
+    tx.prepare_cached(
+        "UPDATE runs SET cancel_requested = 1 WHERE job_id = ?1 AND state = 'running'",
+    )?
+    .execute(params![job.id])?;
+    tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
+        .execute(params![job.id])?;
+    Ok(Some(job))
+}
+
+pub fn set_paused(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    name: &str,
+    paused: bool,
+    now: Instant,
+) -> Result<Option<JobRecord>> {
+    let Some(mut job) = get(tx, namespace, name)? else {
+        return Ok(None);
+    };
+    job.spec.paused = paused;
+    if job.state != JobState::Completed {
+        job.state = if paused {
+            JobState::Paused
+        } else {
+            JobState::Active
+        };
+    }
+    job.updated_at = now;
+    let (spec, _) = spec_json(&job.spec)?;
+    tx.prepare_cached("UPDATE jobs SET spec = ?2, state = ?3, updated_at = ?4 WHERE id = ?1")?
+        .execute(params![job.id, spec, job.state.as_str(), micros(now)])?;
+    Ok(Some(job))
+}
+
+pub fn scheduled(tx: &Transaction<'_>) -> Result<Vec<JobRecord>> {
+    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE next_fire_at IS NOT NULL");
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut rows = stmt.query([])?;
+    let mut jobs = Vec::new();
+    while let Some(row) = rows.next()? {
+        jobs.push(rows::job(row)?);
+    }
+    Ok(jobs)
+}
+
+/// The job's retry policy, for deciding after an attempt; the default once the job is deleted.
+pub fn retry_policy(tx: &Transaction<'_>, job_id: i64) -> Result<sked_core::policy::RetryPolicy> {
+    let text: Option<String> = tx
+        .prepare_cached("SELECT retry FROM jobs WHERE id = ?1")?
+        .query_row(params![job_id], |r| r.get(0))
+        .optional()?;
+    match text {
+        None => Ok(Default::default()),
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| StoreError::Corrupt(format!("a stored retry policy does not parse: {e}"))),
+    }
+}

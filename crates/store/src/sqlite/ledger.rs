@@ -1,0 +1,524 @@
+//! The ledger's moves: instants recorded as runs, attempts started and completed, runs cancelled,
+//! lost attempts taken back. Each public function runs inside the caller's transaction, so every
+//! decision (made by `sked-core`) commits together with its effects.
+
+use super::jobs::retry_policy;
+use super::rows::{self, micros, RUN_COLUMNS};
+use crate::{
+    AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
+    QueuedRun, ReapOutcome, Result, StartedAttempt,
+};
+use rusqlite::{params, OptionalExtension, Transaction};
+use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
+use sked_core::policy::OverlapPolicy;
+use sked_core::run::{after_attempt, AfterAttempt, AttemptOutcome, RunState, SkipReason, Trigger};
+use sked_core::Instant;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+
+/// What the fire path needs of a job.
+struct FiringJob {
+    namespace: String,
+    name: String,
+    overlap: OverlapPolicy,
+    priority: i32,
+}
+
+pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
+    let mut outcome = FireOutcome::default();
+    let mut jobs: HashMap<i64, Option<FiringJob>> = HashMap::new();
+    for fire in fires {
+        let job = match jobs.entry(fire.job_id) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(slot) => slot.insert(firing_job(tx, fire.job_id)?),
+        };
+        let Some(job) = job else {
+            // Deleted since the instant was computed: nothing is owed any more.
+            outcome.runs.push(FiredRun {
+                run_id: 0,
+                state: RunState::Cancelled,
+                inserted: false,
+                advanced: false,
+            });
+            continue;
+        };
+        let existing: Option<(i64, String)> = tx
+            .prepare_cached("SELECT id, state FROM runs WHERE job_id = ?1 AND scheduled_for = ?2")?
+            .query_row(params![fire.job_id, micros(fire.scheduled_for)], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        let (run_id, state, inserted) = match existing {
+            Some((id, state)) => (id, rows::run_state(&state)?, false),
+            None => {
+                let (state, reason) = decide_fire(tx, fire, job, now, &mut outcome)?;
+                let finished = state.is_terminal().then(|| micros(now));
+                tx.prepare_cached(
+                    "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+                     skip_reason, priority, ready_at, created_at, finished_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                )?
+                .execute(params![
+                    fire.job_id,
+                    job.namespace,
+                    job.name,
+                    micros(fire.scheduled_for),
+                    fire.trigger.as_str(),
+                    state.as_str(),
+                    reason.map(SkipReason::as_str),
+                    job.priority,
+                    micros(fire.ready_at),
+                    micros(now),
+                    finished,
+                ])?;
+                (tx.last_insert_rowid(), state, true)
+            }
+        };
+        let advanced = match &fire.advance {
+            None => false,
+            Some(advance) => {
+                // Applied only while the job's firing state is the one the loop started from.
+                let changed = tx
+                    .prepare_cached(
+                        "UPDATE jobs SET fired_count = ?4, next_fire_at = ?5, \
+                         state = CASE WHEN ?5 IS NULL THEN 'completed' ELSE state END \
+                         WHERE id = ?1 AND schedule_epoch = ?2 AND fired_count = ?3",
+                    )?
+                    .execute(params![
+                        fire.job_id,
+                        micros(advance.epoch),
+                        advance.fired_before as i64,
+                        advance.fired_before as i64 + 1,
+                        advance.next_fire_at.map(micros),
+                    ])?;
+                changed == 1
+            }
+        };
+        outcome.runs.push(FiredRun {
+            run_id,
+            state,
+            inserted,
+            advanced,
+        });
+    }
+    Ok(outcome)
+}
+
+fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
+    let row: Option<(String, String, String, i32)> = tx
+        .prepare_cached("SELECT namespace, name, overlap, priority FROM jobs WHERE id = ?1")?
+        .query_row(params![job_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .optional()?;
+    let Some((namespace, name, overlap, priority)) = row else {
+        return Ok(None);
+    };
+    let overlap = OverlapPolicy::parse(&overlap)
+        .ok_or_else(|| crate::StoreError::Corrupt(format!("unknown overlap policy {overlap:?}")))?;
+    Ok(Some(FiringJob {
+        namespace,
+        name,
+        overlap,
+        priority,
+    }))
+}
+
+/// The new run's state: skipped as the fire says, or by the job's overlap policy, whose
+/// `cancel_running` also ends the job's active runs here.
+fn decide_fire(
+    tx: &Transaction<'_>,
+    fire: &Fire,
+    job: &FiringJob,
+    now: Instant,
+    outcome: &mut FireOutcome,
+) -> Result<(RunState, Option<SkipReason>)> {
+    if let Some(reason) = fire.skip {
+        return Ok((RunState::Skipped, Some(reason)));
+    }
+    // Manual runs are asked for explicitly; overlap rules apply to the schedule's instants.
+    if fire.trigger == Trigger::Manual || job.overlap == OverlapPolicy::Allow {
+        return Ok((RunState::Queued, None));
+    }
+    let (active, waiting): (u32, u32) = tx
+        .prepare_cached(
+            "SELECT coalesce(sum(state IN ('queued', 'running')), 0), \
+                    coalesce(sum(state = 'waiting'), 0) \
+             FROM runs WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running')",
+        )?
+        .query_row(params![fire.job_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(match decide(job.overlap, ActiveRuns { active, waiting }) {
+        OverlapDecision::Queue => (RunState::Queued, None),
+        OverlapDecision::Wait => (RunState::Waiting, None),
+        OverlapDecision::Skip => (RunState::Skipped, Some(SkipReason::Overlap)),
+        OverlapDecision::CancelActiveThenQueue => {
+            tx.prepare_cached(
+                "UPDATE runs SET state = 'cancelled', finished_at = ?2, \
+                 error = 'cancelled by a newer run (overlap cancel_running)' \
+                 WHERE job_id = ?1 AND state IN ('queued', 'waiting')",
+            )?
+            .execute(params![fire.job_id, micros(now)])?;
+            let mut stmt = tx.prepare_cached(
+                "UPDATE runs SET cancel_requested = 1 \
+                 WHERE job_id = ?1 AND state = 'running' RETURNING id",
+            )?;
+            let ids = stmt.query_map(params![fire.job_id], |r| r.get::<_, i64>(0))?;
+            for id in ids {
+                outcome.cancel_requested.push(id?);
+            }
+            (RunState::Queued, None)
+        }
+    })
+}
+
+pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>> {
+    const SELECT: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
+         r.priority, r.ready_at, j.spec FROM runs r JOIN jobs j ON j.id = r.job_id \
+         WHERE r.state = 'queued'";
+    let mut runs = Vec::new();
+    let mut specs: HashMap<i64, sked_core::job::JobSpec> = HashMap::new();
+    let mut push = |row: &rusqlite::Row<'_>| -> Result<()> {
+        let job_id: i64 = row.get(1)?;
+        let spec = match specs.entry(job_id) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(slot) => slot.insert(rows::spec(&row.get::<_, String>(7)?)?),
+        };
+        runs.push(QueuedRun {
+            run_id: row.get(0)?,
+            job_id,
+            namespace: row.get(2)?,
+            job: row.get(3)?,
+            scheduled_for: rows::instant(row.get(4)?)?,
+            priority: row.get(5)?,
+            ready_at: rows::instant(row.get(6)?)?,
+            target: spec.target.clone(),
+            timeout: spec.timeout.map(|t| t.0),
+            routing: spec.routing.clone(),
+        });
+        Ok(())
+    };
+    match ids {
+        None => {
+            let mut stmt = tx.prepare_cached(SELECT)?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                push(row)?;
+            }
+        }
+        Some(ids) => {
+            let mut stmt = tx.prepare_cached(&format!("{SELECT} AND r.id = ?1"))?;
+            for id in ids {
+                let mut rows = stmt.query(params![id])?;
+                if let Some(row) = rows.next()? {
+                    push(row)?;
+                }
+            }
+        }
+    }
+    Ok(runs)
+}
+
+pub fn start_attempts(
+    tx: &Transaction<'_>,
+    starts: &[AttemptStart],
+    now: Instant,
+) -> Result<Vec<Option<StartedAttempt>>> {
+    let mut started = Vec::with_capacity(starts.len());
+    for start in starts {
+        let run: Option<(String, u32)> = tx
+            .prepare_cached("SELECT state, attempts FROM runs WHERE id = ?1")?
+            .query_row(params![start.run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let number = match run {
+            Some((state, attempts)) if state == RunState::Queued.as_str() => attempts + 1,
+            _ => {
+                started.push(None);
+                continue;
+            }
+        };
+        tx.prepare_cached(
+            "INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
+             lease_expires_at) VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6)",
+        )?
+        .execute(params![
+            start.run_id,
+            number,
+            start.worker_id,
+            start.token,
+            micros(now),
+            micros(start.lease_expires_at),
+        ])?;
+        let attempt_id = tx.last_insert_rowid();
+        tx.prepare_cached(
+            "UPDATE runs SET state = 'running', attempts = ?2, \
+             started_at = coalesce(started_at, ?3) WHERE id = ?1",
+        )?
+        .execute(params![start.run_id, number, micros(now)])?;
+        started.push(Some(StartedAttempt { attempt_id, number }));
+    }
+    Ok(started)
+}
+
+/// The attempt a report is about, with what deciding the run's fate needs.
+struct ReportedAttempt {
+    run_id: i64,
+    job_id: i64,
+    token: i64,
+    attempt_state: String,
+    run_state: String,
+    failures: u32,
+    cancel_requested: bool,
+}
+
+pub fn complete_attempts(
+    tx: &Transaction<'_>,
+    reports: &[AttemptReport],
+    now: Instant,
+) -> Result<Vec<CompletionEffect>> {
+    let mut effects = Vec::with_capacity(reports.len());
+    for report in reports {
+        let found = tx
+            .prepare_cached(
+                "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
+                 r.cancel_requested FROM attempts a JOIN runs r ON r.id = a.run_id WHERE a.id = ?1",
+            )?
+            .query_row(params![report.attempt_id], |r| {
+                Ok(ReportedAttempt {
+                    run_id: r.get(0)?,
+                    job_id: r.get(1)?,
+                    token: r.get(2)?,
+                    attempt_state: r.get(3)?,
+                    run_state: r.get(4)?,
+                    failures: r.get(5)?,
+                    cancel_requested: r.get(6)?,
+                })
+            })
+            .optional()?;
+        let rejected = |reason: &str| CompletionEffect::Rejected {
+            reason: reason.to_string(),
+        };
+        let Some(attempt) = found else {
+            effects.push(rejected("unknown_attempt"));
+            continue;
+        };
+        if attempt.token != report.token
+            || attempt.attempt_state == "lost"
+            || attempt.run_state != RunState::Running.as_str()
+        {
+            effects.push(rejected("fenced"));
+            continue;
+        }
+        if attempt.attempt_state != "running" {
+            effects.push(rejected("already_reported"));
+            continue;
+        }
+        let error = report_error(report);
+        tx.prepare_cached(
+            "UPDATE attempts SET state = ?2, finished_at = ?3, exit_code = ?4, http_status = ?5, \
+             error = ?6 WHERE id = ?1",
+        )?
+        .execute(params![
+            report.attempt_id,
+            sked_core::AttemptState::from(report.outcome).as_str(),
+            micros(now),
+            report.exit_code,
+            report.http_status,
+            error,
+        ])?;
+        let counts = matches!(
+            report.outcome,
+            AttemptOutcome::Failed | AttemptOutcome::TimedOut
+        );
+        let failures = attempt.failures + u32::from(counts);
+        let retry = retry_policy(tx, attempt.job_id)?;
+        let decision = after_attempt(
+            report.outcome,
+            failures,
+            &retry,
+            attempt.cancel_requested,
+            now,
+            rand::random::<f64>(),
+        );
+        let (run_state, requeued) =
+            match decision {
+                AfterAttempt::Retry { ready_at } => {
+                    tx.prepare_cached(
+                    "UPDATE runs SET state = 'queued', ready_at = ?2, failures = ?3, error = ?4 \
+                     WHERE id = ?1",
+                )?
+                .execute(params![attempt.run_id, micros(ready_at), failures, error])?;
+                    (RunState::Queued, vec![attempt.run_id])
+                }
+                AfterAttempt::Finish(state) => {
+                    finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now)?;
+                    (state, release_waiting(tx, attempt.job_id)?)
+                }
+            };
+        effects.push(CompletionEffect::Accepted {
+            run_id: attempt.run_id,
+            run_state,
+            requeued,
+        });
+    }
+    Ok(effects)
+}
+
+/// The reason shown on the run for an attempt that did not succeed.
+fn report_error(report: &AttemptReport) -> Option<String> {
+    if report.outcome == AttemptOutcome::Succeeded {
+        return None;
+    }
+    if let Some(error) = &report.error {
+        return Some(error.clone());
+    }
+    if let Some(code) = report.exit_code {
+        return Some(format!("exited with code {code}"));
+    }
+    if let Some(status) = report.http_status {
+        return Some(format!("answered with HTTP status {status}"));
+    }
+    match report.outcome {
+        AttemptOutcome::TimedOut => Some("timed out".to_string()),
+        AttemptOutcome::Cancelled => Some("cancelled".to_string()),
+        _ => None,
+    }
+}
+
+fn finish_run(
+    tx: &Transaction<'_>,
+    run_id: i64,
+    state: RunState,
+    failures: u32,
+    error: Option<&str>,
+    now: Instant,
+) -> Result<()> {
+    tx.prepare_cached(
+        "UPDATE runs SET state = ?2, finished_at = ?3, failures = ?4, error = ?5 WHERE id = ?1",
+    )?
+    .execute(params![
+        run_id,
+        state.as_str(),
+        micros(now),
+        failures,
+        error
+    ])?;
+    Ok(())
+}
+
+/// Queues the oldest run of the job held back by overlap, once none of its runs is active.
+fn release_waiting(tx: &Transaction<'_>, job_id: i64) -> Result<Vec<i64>> {
+    let released: Option<i64> = tx
+        .prepare_cached(
+            "UPDATE runs SET state = 'queued' WHERE id = ( \
+                SELECT id FROM runs WHERE job_id = ?1 AND state = 'waiting' \
+                ORDER BY scheduled_for, id LIMIT 1) \
+             AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = ?1 \
+                             AND state IN ('queued', 'running')) \
+             RETURNING id",
+        )?
+        .query_row(params![job_id], |r| r.get(0))
+        .optional()?;
+    Ok(released.into_iter().collect())
+}
+
+fn get_run(tx: &Transaction<'_>, run_id: i64) -> Result<Option<sked_core::records::RunRecord>> {
+    let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1");
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![run_id])?;
+    rows.next()?.map(rows::run).transpose()
+}
+
+pub fn cancel_run(
+    tx: &Transaction<'_>,
+    run_id: i64,
+    now: Instant,
+) -> Result<Option<CancelOutcome>> {
+    let Some(run) = get_run(tx, run_id)? else {
+        return Ok(None);
+    };
+    let outcome = match run.state {
+        s if s.is_terminal() => CancelOutcome::AlreadyFinished(run),
+        RunState::Running => {
+            tx.prepare_cached("UPDATE runs SET cancel_requested = 1 WHERE id = ?1")?
+                .execute(params![run_id])?;
+            CancelOutcome::Requested(refetch(tx, run_id)?)
+        }
+        RunState::Queued | RunState::Waiting => {
+            finish_run(
+                tx,
+                run_id,
+                RunState::Cancelled,
+                run.failures,
+                Some("cancelled by a user"),
+                now,
+            )?;
+            let released = release_waiting(tx, run.job_id)?;
+            CancelOutcome::Cancelled {
+                run: refetch(tx, run_id)?,
+                released,
+            }
+        }
+        // Every state is terminal or one of the three above.
+        _ => CancelOutcome::AlreadyFinished(run),
+    };
+    Ok(Some(outcome))
+}
+
+fn refetch(tx: &Transaction<'_>, run_id: i64) -> Result<sked_core::records::RunRecord> {
+    get_run(tx, run_id)?
+        .ok_or_else(|| crate::StoreError::Database(format!("run {run_id} vanished")))
+}
+
+pub fn reap(tx: &Transaction<'_>, silent_since: Instant, now: Instant) -> Result<ReapOutcome> {
+    let mut outcome = ReapOutcome::default();
+    {
+        let mut stmt = tx.prepare_cached(
+            "UPDATE workers SET alive = 0 WHERE alive = 1 AND last_heartbeat_at < ?1 RETURNING id",
+        )?;
+        let ids = stmt.query_map(params![micros(silent_since)], |r| r.get::<_, String>(0))?;
+        for id in ids {
+            outcome.dead_workers.push(id?);
+        }
+    }
+    // Attempts whose lease ran out, and every attempt of a worker that is not alive.
+    let lost: Vec<(i64, i64, i64, bool)> = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT a.id, a.run_id, r.job_id, r.cancel_requested \
+             FROM attempts a JOIN runs r ON r.id = a.run_id \
+             WHERE a.state = 'running' AND (a.lease_expires_at < ?1 OR NOT EXISTS ( \
+                 SELECT 1 FROM workers w WHERE w.id = a.worker_id AND w.alive = 1))",
+        )?;
+        let rows = stmt.query_map(params![micros(now)], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for (attempt_id, run_id, job_id, cancel_requested) in lost {
+        tx.prepare_cached(
+            "UPDATE attempts SET state = 'lost', finished_at = ?2, \
+             error = 'the worker stopped heartbeating; its lease was taken away' WHERE id = ?1",
+        )?
+        .execute(params![attempt_id, micros(now)])?;
+        if cancel_requested {
+            let failures: u32 = tx
+                .prepare_cached("SELECT failures FROM runs WHERE id = ?1")?
+                .query_row(params![run_id], |r| r.get(0))?;
+            finish_run(
+                tx,
+                run_id,
+                RunState::Cancelled,
+                failures,
+                Some("cancelled; its worker was lost"),
+                now,
+            )?;
+            outcome.cancelled.push(run_id);
+            outcome.requeued.extend(release_waiting(tx, job_id)?);
+        } else {
+            // A lost attempt is sked's failure, not the job's: the retry budget is untouched.
+            tx.prepare_cached("UPDATE runs SET state = 'queued', ready_at = ?2 WHERE id = ?1")?
+                .execute(params![run_id, micros(now)])?;
+            outcome.requeued.push(run_id);
+        }
+    }
+    Ok(outcome)
+}

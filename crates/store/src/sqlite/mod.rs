@@ -1,0 +1,285 @@
+//! The embedded store on SQLite: one database file in WAL mode.
+//!
+//! Writes go through one connection (SQLite has one writer at a time anyway), each batch in one
+//! `IMMEDIATE` transaction; reads use a second connection, which WAL lets run beside the writer.
+//! `synchronous = NORMAL`: a commit survives the process being killed; only a power cut can lose
+//! the last commits, and no run pays an fsync of its own.
+//!
+//! The blocking calls run on tokio's blocking pool. Each submodule holds the queries of one
+//! part of the trait as plain functions over a connection or transaction.
+
+mod history;
+mod jobs;
+mod ledger;
+mod rows;
+mod schema;
+mod workers;
+
+use crate::*;
+use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Database(e.to_string())
+    }
+}
+
+pub struct SqliteStore {
+    inner: Arc<Connections>,
+}
+
+struct Connections {
+    writer: Mutex<Connection>,
+    reader: Mutex<Connection>,
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    conn.pragma_update(None, "cache_size", -32_000)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    pub fn open(path: &Path) -> Result<SqliteStore> {
+        let open_err = |e: rusqlite::Error| StoreError::Open(format!("{}: {e}", path.display()));
+        let mut writer = Connection::open(path).map_err(open_err)?;
+        let mode: String = writer
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(open_err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Open(format!(
+                "{}: cannot switch to WAL mode (got {mode})",
+                path.display()
+            )));
+        }
+        configure(&writer).map_err(open_err)?;
+        let version: usize = writer
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(open_err)?;
+        if version > schema::latest_version() {
+            return Err(StoreError::Open(format!(
+                "{} has schema version {version}, newer than this sked knows ({}); \
+                 run a newer sked",
+                path.display(),
+                schema::latest_version()
+            )));
+        }
+        schema::migrate(&mut writer).map_err(open_err)?;
+        let reader = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(open_err)?;
+        configure(&reader).map_err(open_err)?;
+        Ok(SqliteStore {
+            inner: Arc::new(Connections {
+                writer: Mutex::new(writer),
+                reader: Mutex::new(reader),
+            }),
+        })
+    }
+
+    /// Runs `work` in one write transaction on the blocking pool; it commits if `work` succeeds.
+    async fn write<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let value = work(&tx)?;
+            tx.commit()?;
+            Ok(value)
+        })
+        .await
+    }
+
+    /// Runs `work` on the read connection, in one read transaction so it sees one snapshot.
+    async fn read<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let mut conn = inner.reader.lock().unwrap_or_else(|p| p.into_inner());
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+            work(&tx)
+        })
+        .await
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| StoreError::Database(format!("a store task failed: {e}")))?
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn put_job(
+        &self,
+        namespace: &str,
+        job: &ValidJob,
+        mode: PutMode,
+        now: Instant,
+    ) -> Result<(PutOutcome, JobRecord)> {
+        let (namespace, job) = (namespace.to_string(), job.clone());
+        self.write(move |tx| jobs::put(tx, &namespace, &job, mode, now))
+            .await
+    }
+
+    async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.read(move |tx| jobs::get(tx, &namespace, &name)).await
+    }
+
+    async fn get_job_by_id(&self, id: i64) -> Result<Option<JobRecord>> {
+        self.read(move |tx| jobs::get_by_id(tx, id)).await
+    }
+
+    async fn list_jobs(&self, query: &JobQuery) -> Result<Page<JobRecord>> {
+        let query = query.clone();
+        self.read(move |tx| jobs::list(tx, &query)).await
+    }
+
+    async fn delete_job(
+        &self,
+        namespace: &str,
+        name: &str,
+        now: Instant,
+    ) -> Result<Option<JobRecord>> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.write(move |tx| jobs::delete(tx, &namespace, &name, now))
+            .await
+    }
+
+    async fn set_paused(
+        &self,
+        namespace: &str,
+        name: &str,
+        paused: bool,
+        now: Instant,
+    ) -> Result<Option<JobRecord>> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.write(move |tx| jobs::set_paused(tx, &namespace, &name, paused, now))
+            .await
+    }
+
+    async fn scheduled_jobs(&self) -> Result<Vec<JobRecord>> {
+        self.read(jobs::scheduled).await
+    }
+
+    async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
+        let fires = fires.to_vec();
+        self.write(move |tx| ledger::record_fires(tx, &fires, now))
+            .await
+    }
+
+    async fn queued_runs(&self, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>> {
+        let ids = ids.map(<[i64]>::to_vec);
+        self.read(move |tx| ledger::queued_runs(tx, ids.as_deref()))
+            .await
+    }
+
+    async fn start_attempts(
+        &self,
+        starts: &[AttemptStart],
+        now: Instant,
+    ) -> Result<Vec<Option<StartedAttempt>>> {
+        let starts = starts.to_vec();
+        self.write(move |tx| ledger::start_attempts(tx, &starts, now))
+            .await
+    }
+
+    async fn complete_attempts(
+        &self,
+        reports: &[AttemptReport],
+        now: Instant,
+    ) -> Result<Vec<CompletionEffect>> {
+        let reports = reports.to_vec();
+        self.write(move |tx| ledger::complete_attempts(tx, &reports, now))
+            .await
+    }
+
+    async fn cancel_run(&self, run_id: i64, now: Instant) -> Result<Option<CancelOutcome>> {
+        self.write(move |tx| ledger::cancel_run(tx, run_id, now))
+            .await
+    }
+
+    async fn get_run(&self, run_id: i64) -> Result<Option<(RunRecord, Vec<AttemptRecord>)>> {
+        self.read(move |tx| history::get_run(tx, run_id)).await
+    }
+
+    async fn list_runs(&self, query: &RunQuery) -> Result<Page<RunRecord>> {
+        let query = query.clone();
+        self.read(move |tx| history::list_runs(tx, &query)).await
+    }
+
+    async fn job_stats(&self, namespace: &str, name: &str) -> Result<Option<JobStats>> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.read(move |tx| history::job_stats(tx, &namespace, &name))
+            .await
+    }
+
+    async fn append_output(
+        &self,
+        attempt_id: i64,
+        token: i64,
+        bytes: &[u8],
+        cap: u64,
+    ) -> Result<AppendOutcome> {
+        let bytes = bytes.to_vec();
+        self.write(move |tx| history::append_output(tx, attempt_id, token, &bytes, cap))
+            .await
+    }
+
+    async fn read_output(&self, attempt_id: i64, offset: u64) -> Result<Vec<u8>> {
+        self.read(move |tx| history::read_output(tx, attempt_id, offset))
+            .await
+    }
+
+    async fn register_worker(&self, worker: &NewWorker, now: Instant) -> Result<()> {
+        let worker = worker.clone();
+        self.write(move |tx| workers::register(tx, &worker, now))
+            .await
+    }
+
+    async fn heartbeat(
+        &self,
+        worker_id: &str,
+        running: &[i64],
+        now: Instant,
+        lease_until: Instant,
+    ) -> Result<HeartbeatOutcome> {
+        let (worker_id, running) = (worker_id.to_string(), running.to_vec());
+        self.write(move |tx| workers::heartbeat(tx, &worker_id, &running, now, lease_until))
+            .await
+    }
+
+    async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {
+        self.read(workers::list).await
+    }
+
+    async fn reap(&self, silent_since: Instant, now: Instant) -> Result<ReapOutcome> {
+        self.write(move |tx| ledger::reap(tx, silent_since, now))
+            .await
+    }
+
+    async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64> {
+        self.write(move |tx| history::delete_finished_runs(tx, before, limit))
+            .await
+    }
+}

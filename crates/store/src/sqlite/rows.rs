@@ -1,0 +1,130 @@
+//! Reading rows back into records, and the conversions between sked's values and SQLite's.
+
+use crate::StoreError;
+use rusqlite::Row;
+use sked_core::job::{JobSpec, JobState};
+use sked_core::records::{AttemptRecord, JobRecord, RunRecord, WorkerRecord};
+use sked_core::run::{AttemptState, RunState, SkipReason, Trigger};
+use sked_core::Instant;
+
+pub fn micros(t: Instant) -> i64 {
+    t.timestamp_micros()
+}
+
+pub fn instant(micros: i64) -> Result<Instant, StoreError> {
+    chrono::DateTime::from_timestamp_micros(micros)
+        .ok_or_else(|| StoreError::Corrupt(format!("instant {micros} is out of range")))
+}
+
+fn opt_instant(micros: Option<i64>) -> Result<Option<Instant>, StoreError> {
+    micros.map(instant).transpose()
+}
+
+fn named<T>(what: &str, text: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, StoreError> {
+    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown {what} {text:?}")))
+}
+
+pub fn run_state(text: &str) -> Result<RunState, StoreError> {
+    named("run state", text, RunState::parse)
+}
+
+pub fn attempt_state(text: &str) -> Result<AttemptState, StoreError> {
+    named("attempt state", text, AttemptState::parse)
+}
+
+pub fn job_state(text: &str) -> Result<JobState, StoreError> {
+    named("job state", text, JobState::parse)
+}
+
+pub fn spec(text: &str) -> Result<JobSpec, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("a stored job definition does not parse: {e}")))
+}
+
+pub const JOB_COLUMNS: &str =
+    "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at";
+
+pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
+    Ok(JobRecord {
+        id: row.get(0)?,
+        namespace: row.get(1)?,
+        name: row.get(2)?,
+        spec: spec(&row.get::<_, String>(3)?)?,
+        state: job_state(&row.get::<_, String>(4)?)?,
+        next_fire_at: opt_instant(row.get(5)?)?,
+        fired_count: row.get::<_, i64>(6)? as u64,
+        schedule_epoch: instant(row.get(7)?)?,
+        created_at: instant(row.get(8)?)?,
+        updated_at: instant(row.get(9)?)?,
+    })
+}
+
+pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
+     skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
+     cancel_requested, error";
+
+pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
+    let skip_reason: Option<String> = row.get(7)?;
+    Ok(RunRecord {
+        id: row.get(0)?,
+        namespace: row.get(1)?,
+        job: row.get(2)?,
+        job_id: row.get(3)?,
+        scheduled_for: instant(row.get(4)?)?,
+        trigger: named("trigger", &row.get::<_, String>(5)?, Trigger::parse)?,
+        state: run_state(&row.get::<_, String>(6)?)?,
+        skip_reason: skip_reason
+            .map(|r| named("skip reason", &r, SkipReason::parse))
+            .transpose()?,
+        priority: row.get(8)?,
+        ready_at: instant(row.get(9)?)?,
+        created_at: instant(row.get(10)?)?,
+        started_at: opt_instant(row.get(11)?)?,
+        finished_at: opt_instant(row.get(12)?)?,
+        attempts: row.get(13)?,
+        failures: row.get(14)?,
+        cancel_requested: row.get(15)?,
+        error: row.get(16)?,
+    })
+}
+
+pub const ATTEMPT_COLUMNS: &str = "id, run_id, number, worker_id, token, state, started_at, \
+     finished_at, lease_expires_at, exit_code, http_status, error, output_bytes, output_truncated";
+
+pub fn attempt(row: &Row<'_>) -> Result<AttemptRecord, StoreError> {
+    Ok(AttemptRecord {
+        id: row.get(0)?,
+        run_id: row.get(1)?,
+        number: row.get(2)?,
+        worker_id: row.get(3)?,
+        token: row.get(4)?,
+        state: attempt_state(&row.get::<_, String>(5)?)?,
+        started_at: instant(row.get(6)?)?,
+        finished_at: opt_instant(row.get(7)?)?,
+        lease_expires_at: instant(row.get(8)?)?,
+        exit_code: row.get(9)?,
+        http_status: row.get(10)?,
+        error: row.get(11)?,
+        output_bytes: row.get::<_, i64>(12)? as u64,
+        output_truncated: row.get(13)?,
+    })
+}
+
+pub const WORKER_COLUMNS: &str = "w.id, w.name, w.labels, w.slots, w.registered_at, \
+     w.last_heartbeat_at, w.alive, \
+     (SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'running')";
+
+pub fn worker(row: &Row<'_>) -> Result<WorkerRecord, StoreError> {
+    let labels: String = row.get(2)?;
+    Ok(WorkerRecord {
+        id: row.get(0)?,
+        name: row.get(1)?,
+        labels: serde_json::from_str(&labels)
+            .map_err(|e| StoreError::Corrupt(format!("worker labels do not parse: {e}")))?,
+        slots: row.get(3)?,
+        registered_at: instant(row.get(4)?)?,
+        last_heartbeat_at: instant(row.get(5)?)?,
+        alive: row.get(6)?,
+        running: row.get(7)?,
+    })
+}

@@ -1,0 +1,113 @@
+//! The SQLite schema and its migrations, applied in order on open and recorded in
+//! `PRAGMA user_version`, so a store opened by a newer sked is upgraded in place.
+//!
+//! Instants are integers (microseconds since the epoch, UTC); states are their snake_case names.
+
+use rusqlite::Connection;
+
+/// Each entry moves the schema one version up. Never edit a released entry: append a new one.
+const MIGRATIONS: &[&str] = &[r#"
+-- AUTOINCREMENT everywhere: an id is never handed out twice, so a recreated job never meets
+-- the ledger rows of a deleted one, and a run or attempt id always means one thing.
+CREATE TABLE jobs (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    namespace      TEXT    NOT NULL,
+    name           TEXT    NOT NULL,
+    description    TEXT    NOT NULL DEFAULT '',
+    spec           TEXT    NOT NULL,
+    -- Copied out of `spec` so that firing and completion need not parse it for every run.
+    overlap        TEXT    NOT NULL,
+    priority       INTEGER NOT NULL,
+    retry          TEXT    NOT NULL,
+    state          TEXT    NOT NULL,
+    next_fire_at   INTEGER,
+    fired_count    INTEGER NOT NULL,
+    schedule_epoch INTEGER NOT NULL,
+    created_at     INTEGER NOT NULL,
+    updated_at     INTEGER NOT NULL,
+    UNIQUE (namespace, name)
+);
+CREATE INDEX jobs_scheduled ON jobs (next_fire_at) WHERE next_fire_at IS NOT NULL;
+
+-- The ledger: one row per (job, instant). Namespace and job name are kept with the run so
+-- that the runs of a deleted job stay readable.
+CREATE TABLE runs (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id           INTEGER NOT NULL,
+    namespace        TEXT    NOT NULL,
+    job              TEXT    NOT NULL,
+    scheduled_for    INTEGER NOT NULL,
+    trigger          TEXT    NOT NULL,
+    state            TEXT    NOT NULL,
+    skip_reason      TEXT,
+    priority         INTEGER NOT NULL,
+    ready_at         INTEGER NOT NULL,
+    created_at       INTEGER NOT NULL,
+    started_at       INTEGER,
+    finished_at      INTEGER,
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    failures         INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    error            TEXT,
+    UNIQUE (job_id, scheduled_for)
+);
+CREATE INDEX runs_by_job_name ON runs (namespace, job, scheduled_for DESC, id DESC);
+CREATE INDEX runs_by_namespace ON runs (namespace, scheduled_for DESC, id DESC);
+CREATE INDEX runs_active ON runs (job_id, state) WHERE state IN ('waiting', 'queued', 'running');
+CREATE INDEX runs_finished ON runs (finished_at) WHERE finished_at IS NOT NULL;
+
+CREATE TABLE attempts (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id           INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    number           INTEGER NOT NULL,
+    worker_id        TEXT    NOT NULL,
+    token            INTEGER NOT NULL,
+    state            TEXT    NOT NULL,
+    started_at       INTEGER NOT NULL,
+    finished_at      INTEGER,
+    lease_expires_at INTEGER NOT NULL,
+    exit_code        INTEGER,
+    http_status      INTEGER,
+    error            TEXT,
+    output_bytes     INTEGER NOT NULL DEFAULT 0,
+    output_truncated INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (run_id, number)
+);
+CREATE INDEX attempts_running ON attempts (worker_id) WHERE state = 'running';
+CREATE INDEX attempts_leases ON attempts (lease_expires_at) WHERE state = 'running';
+
+-- Captured output, in the chunks the worker sent; `offset` is the chunk's first byte.
+CREATE TABLE output (
+    attempt_id INTEGER NOT NULL REFERENCES attempts (id) ON DELETE CASCADE,
+    offset     INTEGER NOT NULL,
+    data       BLOB    NOT NULL,
+    PRIMARY KEY (attempt_id, offset)
+) WITHOUT ROWID;
+
+CREATE TABLE workers (
+    id                TEXT    PRIMARY KEY,
+    name              TEXT    NOT NULL,
+    labels            TEXT    NOT NULL,
+    slots             INTEGER NOT NULL,
+    registered_at     INTEGER NOT NULL,
+    last_heartbeat_at INTEGER NOT NULL,
+    alive             INTEGER NOT NULL
+);
+"#];
+
+/// Brings the schema to the newest version, one transaction per migration.
+pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let current: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(current) {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", index + 1)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+/// The newest schema version this build knows.
+pub fn latest_version() -> usize {
+    MIGRATIONS.len()
+}

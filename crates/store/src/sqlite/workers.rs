@@ -1,0 +1,74 @@
+//! Workers: registration, heartbeats (which extend the leases of their attempts), the list.
+
+use super::rows::{self, micros, WORKER_COLUMNS};
+use crate::{HeartbeatOutcome, NewWorker, Result, StoreError};
+use rusqlite::{params, OptionalExtension, Transaction};
+use sked_core::records::WorkerRecord;
+use sked_core::Instant;
+
+pub fn register(tx: &Transaction<'_>, worker: &NewWorker, now: Instant) -> Result<()> {
+    let labels = serde_json::to_string(&worker.labels)
+        .map_err(|e| StoreError::Database(format!("cannot encode labels: {e}")))?;
+    tx.prepare_cached(
+        "INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, alive) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5, 1)",
+    )?
+    .execute(params![
+        worker.id,
+        worker.name,
+        labels,
+        worker.slots,
+        micros(now)
+    ])?;
+    Ok(())
+}
+
+pub fn heartbeat(
+    tx: &Transaction<'_>,
+    worker_id: &str,
+    running: &[i64],
+    now: Instant,
+    lease_until: Instant,
+) -> Result<HeartbeatOutcome> {
+    let alive: Option<bool> = tx
+        .prepare_cached("SELECT alive FROM workers WHERE id = ?1")?
+        .query_row(params![worker_id], |r| r.get(0))
+        .optional()?;
+    if alive != Some(true) {
+        return Ok(HeartbeatOutcome {
+            known: false,
+            stop: running.to_vec(),
+        });
+    }
+    tx.prepare_cached("UPDATE workers SET last_heartbeat_at = ?2 WHERE id = ?1")?
+        .execute(params![worker_id, micros(now)])?;
+    let mut stop = Vec::new();
+    for &attempt_id in running {
+        // Only the worker's own running attempts keep their lease; a cancel asks it to stop.
+        let cancel: Option<bool> = tx
+            .prepare_cached(
+                "UPDATE attempts SET lease_expires_at = ?3 \
+                 WHERE id = ?1 AND worker_id = ?2 AND state = 'running' \
+                 RETURNING (SELECT cancel_requested FROM runs WHERE runs.id = attempts.run_id)",
+            )?
+            .query_row(params![attempt_id, worker_id, micros(lease_until)], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        if cancel != Some(false) {
+            stop.push(attempt_id);
+        }
+    }
+    Ok(HeartbeatOutcome { known: true, stop })
+}
+
+pub fn list(tx: &Transaction<'_>) -> Result<Vec<WorkerRecord>> {
+    let sql = format!("SELECT {WORKER_COLUMNS} FROM workers w ORDER BY w.alive DESC, w.name, w.id");
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut rows = stmt.query([])?;
+    let mut workers = Vec::new();
+    while let Some(row) = rows.next()? {
+        workers.push(rows::worker(row)?);
+    }
+    Ok(workers)
+}
