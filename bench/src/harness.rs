@@ -11,7 +11,6 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 pub struct Running {
-    pub store: Arc<dyn Store>,
     pub base: String,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -42,12 +41,11 @@ pub async fn start(store: Arc<dyn Store>, dir: tempfile::TempDir) -> Result<Runn
     let listener = sked_server::bind(&config).await?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = oneshot::channel::<()>();
-    let server_store = store.clone();
     let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stopped.await;
         };
-        if let Err(e) = sked_server::serve(config, server_store, listener, shutdown).await {
+        if let Err(e) = sked_server::serve(config, store, listener, shutdown).await {
             eprintln!("server: {e}");
         }
     });
@@ -61,7 +59,6 @@ pub async fn start(store: Arc<dyn Store>, dir: tempfile::TempDir) -> Result<Runn
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     Ok(Running {
-        store,
         base,
         stop: Some(stop),
         task,
