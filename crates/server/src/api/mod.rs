@@ -122,10 +122,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let inner = e.into_inner();
         let message = inner.to_string();
         let mut field = if path == "." { String::new() } else { path };
-        // serde reports an unknown field at its parent; name the field itself.
+        // Depending on the version, the path of an unknown field ends at its parent or at the
+        // field itself; name the field itself either way.
         if let Some(name) = message
             .strip_prefix("unknown field `")
             .and_then(|rest| rest.split('`').next())
+            .filter(|name| field != *name && !field.ends_with(&format!(".{name}")))
         {
             field = if field.is_empty() {
                 name.to_string()
