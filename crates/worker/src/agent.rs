@@ -1,0 +1,738 @@
+//! The worker's protocol loop: register, heartbeat, lease, stream output, report completions
+//! (retried across servers), re-register when forgotten, and shut down within a bound. Owns the
+//! worker's bookkeeping of its attempts (which execute, which wait to be reported); it must not
+//! execute targets itself (`executor/` does) nor assume anything of the server beyond
+//! `sked_core::protocol` and its HTTP statuses.
+
+use crate::client::{segment, CallError, ProtocolClient};
+use crate::executor::{self, stop_channel, ExecOptions, ExecResult, StopHandle};
+use crate::output::OutputBuffer;
+use crate::{WorkerConfig, WorkerError};
+use rand::Rng;
+use sked_core::protocol::{
+    CompleteRequest, CompleteResponse, Completion, HeartbeatRequest, HeartbeatResponse,
+    LeaseRequest, LeaseResponse, LeasedAttempt, RegisterRequest, RegisterResponse,
+};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::{sleep, timeout, Instant};
+
+/// Largest output chunk sent at once (the server takes up to 8 MiB per request).
+const MAX_CHUNK: usize = 512 * 1024;
+/// Largest batch of completions per request (the server takes up to 1 MiB of JSON).
+const MAX_BATCH: usize = 200;
+/// Final output that the server keeps failing to take (5xx) is given up after this many tries,
+/// so the completion can still be reported.
+const MAX_FINAL_FLUSH_FAILURES: u32 = 5;
+/// Heartbeat interval when the server's makes no sense.
+const FALLBACK_HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// Runs the worker until `shutdown` resolves: registers, then leases and executes attempts and
+/// reports them. At shutdown it stops leasing, stops its running attempts (they end
+/// `cancelled`, each process group given `kill_grace`), flushes their output and reports them
+/// (for at most `shutdown_timeout`), then returns.
+///
+/// Returns an error only for what retrying cannot fix: an invalid configuration, or a server
+/// that refuses the registration with a 4xx. Unreachable servers are retried until shutdown.
+pub async fn run(
+    config: WorkerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), WorkerError> {
+    let config = config.validated()?;
+    let client = ProtocolClient::new(&config)?;
+    let exec_http = reqwest::Client::builder()
+        .user_agent(concat!("sked-worker/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(WorkerError::HttpClient)?;
+    let (stopping_tx, stopping) = watch::channel(false);
+    let shutdown_task = tokio::spawn(async move {
+        shutdown.await;
+        stopping_tx.send_replace(true);
+    });
+    let result = serve(config, client, exec_http, stopping).await;
+    shutdown_task.abort();
+    result
+}
+
+async fn serve(
+    config: WorkerConfig,
+    client: ProtocolClient,
+    exec_http: reqwest::Client,
+    stopping: watch::Receiver<bool>,
+) -> Result<(), WorkerError> {
+    let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+    let agent = Arc::new(Agent {
+        config,
+        client,
+        exec_http,
+        session: watch::channel(Session::default()).0,
+        register_lock: tokio::sync::Mutex::new(()),
+        attempts: Mutex::new(HashMap::new()),
+        slot_freed: Notify::new(),
+        finished: finished_tx,
+        stopping,
+    });
+    let Some(session) = agent.register(true).await? else {
+        return Ok(());
+    };
+    tracing::info!(
+        "registered with {} as worker {} ({} slots)",
+        agent.client.current(),
+        session.worker_id,
+        agent.config.slots
+    );
+    agent.session.send_replace(session);
+
+    let (done_tx, done) = watch::channel(false);
+    let (drain_tx, drained) = watch::channel(false);
+    let heartbeats = tokio::spawn(agent.clone().heartbeat_loop(done.clone()));
+    let flusher = tokio::spawn(agent.clone().flush_loop(done.clone()));
+    let mut reporter = tokio::spawn(agent.clone().report_loop(finished_rx, drained));
+
+    agent.lease_loop().await;
+
+    // Shutdown: stop what runs, wait for it to end, report it.
+    let stopped = agent.stop_all("the worker is shutting down");
+    if stopped > 0 {
+        tracing::info!("shutting down: stopping {stopped} running attempts");
+    }
+    let bound = agent.config.kill_grace + agent.config.output_drain + Duration::from_secs(3);
+    let deadline = Instant::now() + bound;
+    while agent.executing() > 0 && Instant::now() < deadline {
+        sleep(Duration::from_millis(20)).await;
+    }
+    let left = agent.executing();
+    if left > 0 {
+        tracing::warn!("{left} attempts did not end in time; they will not be reported");
+    }
+    drain_tx.send_replace(true);
+    if timeout(agent.config.shutdown_timeout, &mut reporter)
+        .await
+        .is_err()
+    {
+        reporter.abort();
+        let unreported = agent.lock_attempts().len();
+        tracing::warn!(
+            "gave up reporting {unreported} attempts at shutdown: no server took them in time"
+        );
+    }
+    done_tx.send_replace(true);
+    for mut task in [heartbeats, flusher] {
+        if timeout(Duration::from_secs(1), &mut task).await.is_err() {
+            task.abort();
+        }
+    }
+    Ok(())
+}
+
+/// Who the worker is for the servers right now.
+#[derive(Debug, Clone, Default)]
+struct Session {
+    worker_id: String,
+    heartbeat_interval: Duration,
+}
+
+/// One attempt the worker holds: executing, or ended and waiting to be reported. Heartbeats
+/// list all of them so the server keeps their leases until the report is in.
+struct Entry {
+    token: i64,
+    executing: bool,
+    stop: StopHandle,
+    output: OutputBuffer,
+    /// Serializes sending this attempt's output, so chunks arrive in order.
+    send_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// An ended attempt on its way to the server.
+struct Finished {
+    completion: Completion,
+    output: OutputBuffer,
+    send_lock: Arc<tokio::sync::Mutex<()>>,
+    output_sent: bool,
+    flush_failures: u32,
+}
+
+enum Flush {
+    /// Everything buffered was sent (or is of no use to anyone).
+    Done,
+    /// Not sent; try again later.
+    Failed { transient_server_error: bool },
+}
+
+struct Agent {
+    config: WorkerConfig,
+    client: ProtocolClient,
+    exec_http: reqwest::Client,
+    session: watch::Sender<Session>,
+    /// One registration at a time.
+    register_lock: tokio::sync::Mutex<()>,
+    attempts: Mutex<HashMap<i64, Entry>>,
+    slot_freed: Notify,
+    finished: mpsc::UnboundedSender<Finished>,
+    stopping: watch::Receiver<bool>,
+}
+
+impl Agent {
+    fn lock_attempts(&self) -> MutexGuard<'_, HashMap<i64, Entry>> {
+        self.attempts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn executing(&self) -> usize {
+        self.lock_attempts()
+            .values()
+            .filter(|e| e.executing)
+            .count()
+    }
+
+    fn is_stopping(&self) -> bool {
+        *self.stopping.borrow()
+    }
+
+    /// Resolves when shutdown has begun.
+    async fn stopped(&self) {
+        let mut stopping = self.stopping.clone();
+        let _ = stopping.wait_for(|s| *s).await;
+    }
+
+    /// Sleeps, unless shutdown begins first. True if it slept the whole time.
+    async fn pause(&self, delay: Duration) -> bool {
+        tokio::select! {
+            () = sleep(delay) => true,
+            () = self.stopped() => false,
+        }
+    }
+
+    fn worker_id(&self) -> String {
+        self.session.borrow().worker_id.clone()
+    }
+
+    // --- registration ---------------------------------------------------------------------
+
+    /// Registers, retrying while no server answers. `None` if shutdown came first. A 4xx is
+    /// an error when `refusal_is_fatal` (at start), otherwise retried too.
+    async fn register(&self, refusal_is_fatal: bool) -> Result<Option<Session>, WorkerError> {
+        let request = RegisterRequest {
+            name: self.config.name.clone(),
+            labels: self.config.labels.clone(),
+            slots: self.config.slots,
+        };
+        let mut backoff = Backoff::new(&self.config);
+        let mut failures = 0u32;
+        loop {
+            let call = self.client.post_json::<_, RegisterResponse>(
+                "/api/v1/workers",
+                &request,
+                self.config.request_timeout,
+            );
+            let result = tokio::select! {
+                result = call => result,
+                () = self.stopped() => return Ok(None),
+            };
+            match result {
+                Ok(answer) => {
+                    let interval = Duration::from_millis(answer.heartbeat_interval_ms);
+                    let interval = if interval.is_zero() {
+                        FALLBACK_HEARTBEAT
+                    } else {
+                        interval.clamp(Duration::from_millis(50), Duration::from_secs(60))
+                    };
+                    return Ok(Some(Session {
+                        worker_id: answer.worker_id,
+                        heartbeat_interval: interval,
+                    }));
+                }
+                Err(CallError::Status {
+                    server,
+                    status,
+                    message,
+                    ..
+                }) if refusal_is_fatal
+                    && (400..500).contains(&status)
+                    && status != 408
+                    && status != 429 =>
+                {
+                    return Err(WorkerError::Registration {
+                        server,
+                        status,
+                        message,
+                    });
+                }
+                Err(e) => {
+                    failures += 1;
+                    if worth_logging(failures) {
+                        tracing::warn!("cannot register (try {failures}): {e}");
+                    }
+                }
+            }
+            if !self.pause(backoff.next()).await {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The server said it does not know `stale`: stop every attempt (their leases are gone)
+    /// and register again. Several loops may notice at once; one registers.
+    async fn reregister(&self, stale: &str) {
+        let _one_at_a_time = self.register_lock.lock().await;
+        if self.worker_id() != stale {
+            return;
+        }
+        let stopped = self.stop_all("the server no longer knows this worker");
+        tracing::warn!(
+            "the server no longer knows worker {stale}; stopped {stopped} attempts, registering again"
+        );
+        if self.is_stopping() {
+            return;
+        }
+        if let Ok(Some(session)) = self.register(false).await {
+            tracing::info!("registered again as worker {}", session.worker_id);
+            self.session.send_replace(session);
+        }
+    }
+
+    // --- attempts -------------------------------------------------------------------------
+
+    fn stop_attempt(&self, attempt_id: i64, why: &str) {
+        let attempts = self.lock_attempts();
+        if let Some(entry) = attempts.get(&attempt_id).filter(|e| e.executing) {
+            tracing::info!("stopping attempt {attempt_id}: {why}");
+            entry.stop.stop();
+        }
+    }
+
+    /// Stops every executing attempt; returns how many.
+    fn stop_all(&self, why: &str) -> usize {
+        let attempts = self.lock_attempts();
+        let mut n = 0;
+        for (id, entry) in attempts.iter().filter(|(_, e)| e.executing) {
+            tracing::debug!("stopping attempt {id}: {why}");
+            entry.stop.stop();
+            n += 1;
+        }
+        n
+    }
+
+    fn start(self: &Arc<Self>, leased: LeasedAttempt) {
+        let (stop, signal) = stop_channel();
+        let output = OutputBuffer::new(self.config.max_buffered_output);
+        let send_lock = Arc::new(tokio::sync::Mutex::new(()));
+        {
+            let mut attempts = self.lock_attempts();
+            if attempts.contains_key(&leased.attempt_id) {
+                tracing::warn!("attempt {} was leased twice; ignoring", leased.attempt_id);
+                return;
+            }
+            attempts.insert(
+                leased.attempt_id,
+                Entry {
+                    token: leased.token,
+                    executing: true,
+                    stop,
+                    output: output.clone(),
+                    send_lock,
+                },
+            );
+        }
+        tracing::info!(
+            "attempt {} of run {} ({}/{}) starts",
+            leased.attempt_id,
+            leased.run_id,
+            leased.namespace,
+            leased.job
+        );
+        let options = ExecOptions {
+            timeout: leased.timeout_ms.map(Duration::from_millis),
+            kill_grace: self.config.kill_grace,
+            output_drain: self.config.output_drain,
+            http_body_cap: self.config.http_body_cap,
+        };
+        let agent = self.clone();
+        tokio::spawn(async move {
+            let (attempt_id, token) = (leased.attempt_id, leased.token);
+            let http = agent.exec_http.clone();
+            let out = output.clone();
+            let execution = tokio::spawn(async move {
+                executor::execute(&leased, &http, &options, signal, &out).await
+            });
+            let result = match execution.await {
+                Ok(result) => result,
+                Err(e) => ExecResult::failed(format!("the worker's executor crashed: {e}")),
+            };
+            agent.finish(attempt_id, token, result);
+        });
+    }
+
+    /// An attempt ended: free its slot and queue its report.
+    fn finish(&self, attempt_id: i64, token: i64, result: ExecResult) {
+        tracing::info!(
+            "attempt {attempt_id} ended {}{}",
+            result.outcome,
+            result
+                .error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        );
+        {
+            let mut attempts = self.lock_attempts();
+            let Some(entry) = attempts.get_mut(&attempt_id) else {
+                return;
+            };
+            entry.executing = false;
+            let finished = Finished {
+                completion: result.into_completion(attempt_id, token),
+                output: entry.output.clone(),
+                send_lock: entry.send_lock.clone(),
+                output_sent: false,
+                flush_failures: 0,
+            };
+            if self.finished.send(finished).is_err() {
+                attempts.remove(&attempt_id);
+            }
+        }
+        self.slot_freed.notify_one();
+    }
+
+    // --- lease ----------------------------------------------------------------------------
+
+    /// Asks for work whenever a slot is free, until shutdown.
+    async fn lease_loop(self: &Arc<Self>) {
+        let mut backoff = Backoff::new(&self.config);
+        let mut failures = 0u32;
+        let slots = self.config.slots as usize;
+        while !self.is_stopping() {
+            let free = slots.saturating_sub(self.executing());
+            if free == 0 {
+                tokio::select! {
+                    () = self.slot_freed.notified() => {}
+                    () = self.stopped() => break,
+                }
+                continue;
+            }
+            let worker_id = self.worker_id();
+            let request = LeaseRequest {
+                max: u32::try_from(free).unwrap_or(u32::MAX),
+                wait_ms: u64::try_from(self.config.lease_wait.as_millis()).unwrap_or(u64::MAX),
+            };
+            let asked = Instant::now();
+            let path = format!("/api/v1/workers/{}/lease", segment(&worker_id));
+            let call = self.client.post_json::<_, LeaseResponse>(
+                &path,
+                &request,
+                self.config.lease_wait + self.config.request_timeout,
+            );
+            let result = tokio::select! {
+                result = call => result,
+                () = self.stopped() => break,
+            };
+            match result {
+                Ok(answer) => {
+                    if failures > 0 {
+                        tracing::info!("leasing works again");
+                    }
+                    failures = 0;
+                    backoff.reset();
+                    if answer.attempts.len() > free {
+                        tracing::warn!(
+                            "asked for at most {free} attempts and got {}; running them all",
+                            answer.attempts.len()
+                        );
+                    }
+                    let empty = answer.attempts.is_empty();
+                    for attempt in answer.attempts {
+                        self.start(attempt);
+                    }
+                    // A server that answers at once with nothing must not make this spin.
+                    if empty && asked.elapsed() < Duration::from_millis(100) {
+                        self.pause(Duration::from_millis(100)).await;
+                    }
+                }
+                Err(e) if e.is_unknown_worker() => self.reregister(&worker_id).await,
+                Err(e) => {
+                    failures += 1;
+                    if worth_logging(failures) {
+                        tracing::warn!("cannot lease attempts (try {failures}): {e}");
+                    }
+                    self.pause(backoff.next()).await;
+                }
+            }
+        }
+    }
+
+    // --- heartbeat ------------------------------------------------------------------------
+
+    async fn heartbeat_loop(self: Arc<Self>, mut done: watch::Receiver<bool>) {
+        let mut failures = 0u32;
+        loop {
+            let interval = self.session.borrow().heartbeat_interval;
+            tokio::select! {
+                () = sleep(interval) => {}
+                _ = done.wait_for(|d| *d) => return,
+            }
+            let worker_id = self.worker_id();
+            let mut running: Vec<i64> = self.lock_attempts().keys().copied().collect();
+            running.sort_unstable();
+            let request = HeartbeatRequest {
+                running,
+                warm_keys: Vec::new(),
+            };
+            let result = self
+                .client
+                .post_json::<_, HeartbeatResponse>(
+                    &format!("/api/v1/workers/{}/heartbeat", segment(&worker_id)),
+                    &request,
+                    self.config.request_timeout,
+                )
+                .await;
+            match result {
+                Ok(answer) => {
+                    if failures > 0 {
+                        tracing::info!("heartbeats go through again");
+                    }
+                    failures = 0;
+                    for attempt_id in answer.stop {
+                        self.stop_attempt(attempt_id, "the server asked to stop it");
+                    }
+                }
+                Err(e) if e.is_unknown_worker() => self.reregister(&worker_id).await,
+                Err(e) => {
+                    failures += 1;
+                    if worth_logging(failures) {
+                        tracing::warn!("heartbeat failed (try {failures}): {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    // --- output ---------------------------------------------------------------------------
+
+    async fn flush_loop(self: Arc<Self>, mut done: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.config.output_flush_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = done.wait_for(|d| *d) => return,
+            }
+            let due: Vec<_> = self
+                .lock_attempts()
+                .iter()
+                .filter(|(_, e)| e.executing && !e.output.is_empty())
+                .map(|(id, e)| (*id, e.token, e.output.clone(), e.send_lock.clone()))
+                .collect();
+            let flushes = due
+                .iter()
+                .map(|(id, token, output, lock)| self.flush(*id, *token, output, lock));
+            futures_util::future::join_all(flushes).await;
+        }
+    }
+
+    /// Sends what the attempt's output holds, in order.
+    async fn flush(
+        &self,
+        attempt_id: i64,
+        token: i64,
+        output: &OutputBuffer,
+        send_lock: &tokio::sync::Mutex<()>,
+    ) -> Flush {
+        let _in_order = send_lock.lock().await;
+        loop {
+            let chunk = output.take(MAX_CHUNK);
+            if chunk.is_empty() {
+                return Flush::Done;
+            }
+            let path = format!("/api/v1/attempts/{attempt_id}/log?token={token}");
+            let result = self
+                .client
+                .post_bytes(&path, chunk.clone(), self.config.request_timeout)
+                .await;
+            match result {
+                Ok(()) => {}
+                Err(CallError::Status { status: 409, .. }) => {
+                    // The lease is gone: nobody will read this output, and the attempt must stop.
+                    output.discard();
+                    self.stop_attempt(attempt_id, "its lease was taken away (output fenced)");
+                    return Flush::Done;
+                }
+                Err(e) if e.is_transient() => {
+                    tracing::debug!("cannot send output of attempt {attempt_id}: {e}");
+                    output.restore(chunk);
+                    return Flush::Failed {
+                        transient_server_error: !matches!(e, CallError::Unreachable(_)),
+                    };
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "the server refused {} bytes of output of attempt {attempt_id}; dropping them: {e}",
+                        chunk.len()
+                    );
+                }
+            }
+        }
+    }
+
+    // --- completions ----------------------------------------------------------------------
+
+    /// Reports ended attempts, batched, retried with backoff until a server answers. Ends once
+    /// `drained` is set and nothing is left to report.
+    async fn report_loop(
+        self: Arc<Self>,
+        mut finished: mpsc::UnboundedReceiver<Finished>,
+        mut drained: watch::Receiver<bool>,
+    ) {
+        let mut pending: Vec<Finished> = Vec::new();
+        let mut backoff = Backoff::new(&self.config);
+        let mut failures = 0u32;
+        loop {
+            if pending.is_empty() {
+                tokio::select! {
+                    next = finished.recv() => match next {
+                        Some(f) => pending.push(f),
+                        None => return,
+                    },
+                    _ = drained.wait_for(|d| *d) => {}
+                }
+            }
+            while let Ok(f) = finished.try_recv() {
+                pending.push(f);
+            }
+            if pending.is_empty() {
+                // Only reached once drained: every attempt has ended and been reported.
+                return;
+            }
+            match self.report(&mut pending).await {
+                Ok(()) => {
+                    if failures > 0 {
+                        tracing::info!("completions go through again");
+                    }
+                    failures = 0;
+                    backoff.reset();
+                }
+                Err(e) => {
+                    failures += 1;
+                    if worth_logging(failures) {
+                        tracing::warn!(
+                            "cannot report {} completions (try {failures}): {e}",
+                            pending.len()
+                        );
+                    }
+                    sleep(backoff.next()).await;
+                }
+            }
+        }
+    }
+
+    /// One round: send the remaining output of the pending attempts, then complete those whose
+    /// output is sent. Error: nothing could be completed, try again later.
+    async fn report(&self, pending: &mut Vec<Finished>) -> Result<(), CallError> {
+        for f in pending.iter_mut().filter(|f| !f.output_sent) {
+            let id = f.completion.attempt_id;
+            match self
+                .flush(id, f.completion.token, &f.output, &f.send_lock)
+                .await
+            {
+                Flush::Done => f.output_sent = true,
+                Flush::Failed {
+                    transient_server_error,
+                } => {
+                    f.flush_failures += 1;
+                    if transient_server_error && f.flush_failures >= MAX_FINAL_FLUSH_FAILURES {
+                        tracing::warn!(
+                            "giving up on the output of attempt {id}: the server keeps failing"
+                        );
+                        f.output.discard();
+                        f.output_sent = true;
+                    } else {
+                        // Output goes before completions; without it, nothing to complete.
+                        break;
+                    }
+                }
+            }
+        }
+        let batch: Vec<Completion> = pending
+            .iter()
+            .filter(|f| f.output_sent)
+            .take(MAX_BATCH)
+            .map(|f| f.completion.clone())
+            .collect();
+        if batch.is_empty() {
+            return Err(CallError::Unreachable(
+                "the output of the ended attempts could not be sent".to_string(),
+            ));
+        }
+        let ids: Vec<i64> = batch.iter().map(|c| c.attempt_id).collect();
+        let worker_id = self.worker_id();
+        let result = self
+            .client
+            .post_json::<_, CompleteResponse>(
+                &format!("/api/v1/workers/{}/complete", segment(&worker_id)),
+                &CompleteRequest { completions: batch },
+                self.config.request_timeout,
+            )
+            .await;
+        match result {
+            Ok(answer) => {
+                for r in answer.results {
+                    if r.accepted {
+                        tracing::debug!("completion of attempt {} accepted", r.attempt_id);
+                    } else {
+                        tracing::warn!(
+                            "completion of attempt {} rejected ({}); dropping it",
+                            r.attempt_id,
+                            r.reason.as_deref().unwrap_or("no reason given")
+                        );
+                    }
+                }
+            }
+            Err(e) if e.is_transient() => return Err(e),
+            Err(e) => {
+                tracing::error!("the server refused completions {ids:?}; dropping them: {e}");
+            }
+        }
+        pending.retain(|f| !ids.contains(&f.completion.attempt_id));
+        let mut attempts = self.lock_attempts();
+        for id in &ids {
+            attempts.remove(id);
+        }
+        Ok(())
+    }
+}
+
+/// Exponential backoff with jitter (each delay is 50-100% of the nominal one).
+struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(config: &WorkerConfig) -> Self {
+        Backoff {
+            initial: config.retry_initial,
+            max: config.retry_max,
+            next: config.retry_initial,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        let nominal = self.next;
+        self.next = (self.next * 2).min(self.max);
+        nominal.mul_f64(rand::thread_rng().gen_range(0.5..=1.0))
+    }
+
+    fn reset(&mut self) {
+        self.next = self.initial;
+    }
+}
+
+/// Repeated failures are logged the first time and every 30th time after, not every time.
+fn worth_logging(failures: u32) -> bool {
+    // Not `is_multiple_of`: the workspace supports Rust 1.80.
+    failures == 1 || failures.checked_rem(30) == Some(0)
+}

@@ -1,0 +1,157 @@
+//! `WorkerConfig`: the worker's settings and their defaults, and their validation. Owns no
+//! behaviour; the agent and the executors read these values.
+
+use crate::WorkerError;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Largest number of slots the server accepts (`server::api::workers::MAX_SLOTS`).
+const MAX_SLOTS: u32 = 10_000;
+
+/// How a worker finds its servers, what it offers them, and its timings.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Base URLs such as `http://127.0.0.1:8080`, tried in order: on a connection error the
+    /// worker moves to the next one (and wraps around).
+    pub servers: Vec<String>,
+    /// Shown in `sked worker list`; the server derives the worker id from it.
+    pub name: String,
+    /// Jobs route to workers by these.
+    pub labels: BTreeMap<String, String>,
+    /// Attempts executed at once.
+    pub slots: u32,
+    /// How long a lease request may wait on the server for work (long poll).
+    pub lease_wait: Duration,
+    /// Timeout of every protocol request except the lease long poll (which gets `lease_wait`
+    /// on top of it).
+    pub request_timeout: Duration,
+    /// Timeout of establishing a connection to a server.
+    pub connect_timeout: Duration,
+    /// How often output of running attempts is sent to the server.
+    pub output_flush_interval: Duration,
+    /// Output kept in memory per attempt while it cannot be sent; beyond it output is dropped
+    /// (and the log says how much).
+    pub max_buffered_output: usize,
+    /// Between SIGTERM and SIGKILL when a shell attempt's process group is stopped.
+    pub kill_grace: Duration,
+    /// After a shell command's main process exits, how long processes it left in its group
+    /// may keep its output open before the group is terminated.
+    pub output_drain: Duration,
+    /// The part of an HTTP target's response body that goes to the log.
+    pub http_body_cap: usize,
+    /// First delay before retrying a failed protocol request; it doubles up to `retry_max`.
+    pub retry_initial: Duration,
+    /// Longest delay between retries.
+    pub retry_max: Duration,
+    /// At shutdown, how long the worker keeps trying to report what its attempts did.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            servers: vec!["http://127.0.0.1:8080".to_string()],
+            name: "worker".to_string(),
+            labels: BTreeMap::new(),
+            slots: 8,
+            lease_wait: Duration::from_secs(20),
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(3),
+            output_flush_interval: Duration::from_millis(200),
+            max_buffered_output: 4 * 1024 * 1024,
+            kill_grace: Duration::from_secs(5),
+            output_drain: Duration::from_secs(2),
+            http_body_cap: 64 * 1024,
+            retry_initial: Duration::from_millis(200),
+            retry_max: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Rejects settings that cannot work; normalizes server URLs (no trailing `/`).
+    pub(crate) fn validated(mut self) -> Result<Self, WorkerError> {
+        let invalid = |m: String| Err(WorkerError::Config(m));
+        if self.servers.is_empty() {
+            return invalid("at least one server URL is needed".to_string());
+        }
+        for server in &mut self.servers {
+            let trimmed = server.trim().trim_end_matches('/').to_string();
+            let scheme_ok = trimmed.starts_with("http://") || trimmed.starts_with("https://");
+            if !scheme_ok || reqwest::Url::parse(&trimmed).is_err() {
+                return invalid(format!("{server:?} is not an http:// or https:// URL"));
+            }
+            *server = trimmed;
+        }
+        if self.slots == 0 || self.slots > MAX_SLOTS {
+            return invalid(format!("slots must be between 1 and {MAX_SLOTS}"));
+        }
+        if self.name.is_empty() || self.name.len() > 256 {
+            return invalid("the name must be 1 to 256 bytes".to_string());
+        }
+        let positive = [
+            ("request_timeout", self.request_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("output_flush_interval", self.output_flush_interval),
+            ("retry_initial", self.retry_initial),
+            ("retry_max", self.retry_max),
+        ];
+        for (field, value) in positive {
+            if value.is_zero() {
+                return invalid(format!("{field} must be more than zero"));
+            }
+        }
+        if self.retry_max < self.retry_initial {
+            self.retry_max = self.retry_initial;
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_urls_are_normalized() {
+        let config = WorkerConfig {
+            servers: vec!["http://a:1/".to_string(), " https://b ".to_string()],
+            ..WorkerConfig::default()
+        };
+        let config = config.validated().map_err(|e| e.to_string());
+        assert_eq!(
+            config.map(|c| c.servers),
+            Ok(vec!["http://a:1".to_string(), "https://b".to_string()])
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_rejected() {
+        let cases = [
+            WorkerConfig {
+                servers: vec![],
+                ..WorkerConfig::default()
+            },
+            WorkerConfig {
+                servers: vec!["ftp://x".to_string()],
+                ..WorkerConfig::default()
+            },
+            WorkerConfig {
+                slots: 0,
+                ..WorkerConfig::default()
+            },
+            WorkerConfig {
+                name: String::new(),
+                ..WorkerConfig::default()
+            },
+            WorkerConfig {
+                output_flush_interval: Duration::ZERO,
+                ..WorkerConfig::default()
+            },
+        ];
+        for case in cases {
+            assert!(matches!(case.validated(), Err(WorkerError::Config(_))));
+        }
+    }
+}

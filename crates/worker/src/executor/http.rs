@@ -1,0 +1,136 @@
+//! The HTTP executor: sends an `HttpTarget`'s request with the run's `X-Sked-*` headers,
+//! judges the status against `expected_status` (any 2xx by default), and writes the start of
+//! the response body (capped) to the output. Owns one request's lifetime, bounded by the
+//! attempt's timeout and its stop signal; it must not speak the worker protocol.
+
+use super::{expire, human, ExecOptions, ExecResult, RunInfo, StopSignal};
+use crate::error_chain;
+use crate::output::OutputBuffer;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, RequestBuilder, Url};
+use sked_core::protocol::{HEADER_ATTEMPT, HEADER_JOB, HEADER_RUN_ID, HEADER_SCHEDULED_FOR};
+use sked_core::target::HttpTarget;
+use sked_core::AttemptOutcome;
+
+/// Sends the request and returns how the attempt ended.
+pub async fn run(
+    client: &reqwest::Client,
+    target: &HttpTarget,
+    info: &RunInfo,
+    options: &ExecOptions,
+    mut stop: StopSignal,
+    output: &OutputBuffer,
+) -> ExecResult {
+    let request = match build(client, target, info) {
+        Ok(request) => request,
+        Err(message) => {
+            output.write(format!("[sked-worker: {message}]\n").as_bytes());
+            return ExecResult::failed(message);
+        }
+    };
+    tokio::select! {
+        result = exchange(request, options.http_body_cap, output) => match result {
+            Ok(status) if target.status_is_expected(status) => ExecResult {
+                outcome: AttemptOutcome::Succeeded,
+                exit_code: None,
+                http_status: Some(status),
+                error: None,
+            },
+            Ok(status) => ExecResult {
+                http_status: Some(status),
+                ..ExecResult::failed(format!("unexpected HTTP status {status}"))
+            },
+            Err(e) => {
+                let message = format!("request failed: {}", error_chain(&e));
+                output.write(format!("[sked-worker: {message}]\n").as_bytes());
+                ExecResult::failed(message)
+            }
+        },
+        () = expire(options.timeout) => {
+            let limit = human(options.timeout.unwrap_or_default());
+            output.write(format!("\n[sked-worker: timed out after {limit}]\n").as_bytes());
+            ExecResult::ended(AttemptOutcome::TimedOut, format!("timed out after {limit}"))
+        }
+        () = stop.requested() => {
+            output.write(b"\n[sked-worker: stopped]\n");
+            ExecResult::ended(AttemptOutcome::Cancelled, "stopped by the worker")
+        }
+    }
+}
+
+fn build(
+    client: &reqwest::Client,
+    target: &HttpTarget,
+    info: &RunInfo,
+) -> Result<RequestBuilder, String> {
+    let method = Method::from_bytes(target.method.to_ascii_uppercase().as_bytes())
+        .map_err(|_| format!("{:?} is not an HTTP method", target.method))?;
+    let url = Url::parse(target.url.trim())
+        .map_err(|e| format!("{:?} is not a valid URL: {e}", target.url))?;
+    let mut headers = HeaderMap::new();
+    for (name, value) in &target.headers {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("{name:?} is not a valid header name"))?;
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of header {name} is not a valid header value"))?;
+        headers.append(name, value);
+    }
+    // The run's own headers describe the run and win over the job's.
+    let ours = [
+        (HEADER_RUN_ID, info.run_id.to_string()),
+        (HEADER_ATTEMPT, info.attempt.to_string()),
+        (HEADER_SCHEDULED_FOR, info.scheduled_for_rfc3339()),
+        (HEADER_JOB, info.job.clone()),
+    ];
+    for (name, value) in ours {
+        let value = HeaderValue::from_str(&value)
+            .map_err(|_| format!("{value:?} cannot be sent in header {name}"))?;
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("{name:?} is not a valid header name"))?;
+        headers.insert(name, value);
+    }
+    let mut request = client.request(method, url).headers(headers);
+    if let Some(body) = &target.body {
+        request = request.body(body.clone());
+    }
+    Ok(request)
+}
+
+/// Sends the request; copies at most `cap` bytes of the body to the output.
+async fn exchange(
+    request: RequestBuilder,
+    cap: usize,
+    output: &OutputBuffer,
+) -> Result<u16, reqwest::Error> {
+    let mut response = request.send().await?;
+    let status = response.status().as_u16();
+    let mut kept = 0usize;
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = cap - kept;
+                if chunk.len() > room {
+                    output.write(&chunk[..room]);
+                    output.write(
+                        format!("\n[sked-worker: response body truncated to {cap} bytes]\n")
+                            .as_bytes(),
+                    );
+                    break;
+                }
+                output.write(&chunk);
+                kept += chunk.len();
+            }
+            Ok(None) => break,
+            Err(e) => {
+                // The status is in: the body is only for the log.
+                let message = format!(
+                    "\n[sked-worker: reading the response body failed: {}]\n",
+                    error_chain(&e)
+                );
+                output.write(message.as_bytes());
+                break;
+            }
+        }
+    }
+    Ok(status)
+}

@@ -1,0 +1,170 @@
+//! Executors: run one attempt's target and say how it ended. This module owns what they share
+//! (what the job sees of its run, the options, the stop signal, the result) and picks the
+//! executor for a target. Executors must not speak the worker protocol nor touch the agent's
+//! bookkeeping: they write output to an [`OutputBuffer`] and return an [`ExecResult`].
+
+pub mod http;
+pub mod shell;
+
+use crate::output::OutputBuffer;
+use chrono::SecondsFormat;
+use sked_core::protocol::{Completion, LeasedAttempt};
+use sked_core::{AttemptOutcome, Instant, TargetSpec};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// What a job sees of its run (environment for shell, headers for HTTP).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunInfo {
+    pub run_id: i64,
+    /// 1 for the first attempt of the run.
+    pub attempt: u32,
+    pub scheduled_for: Instant,
+    pub job: String,
+}
+
+impl RunInfo {
+    pub fn of(attempt: &LeasedAttempt) -> Self {
+        RunInfo {
+            run_id: attempt.run_id,
+            attempt: attempt.attempt,
+            scheduled_for: attempt.scheduled_for,
+            job: attempt.job.clone(),
+        }
+    }
+
+    /// `SKED_SCHEDULED_FOR`: RFC 3339 in UTC, e.g. `2026-01-01T00:00:00Z`.
+    pub fn scheduled_for_rfc3339(&self) -> String {
+        self.scheduled_for
+            .to_rfc3339_opts(SecondsFormat::AutoSi, true)
+    }
+}
+
+/// How to execute: limits and grace periods.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecOptions {
+    /// The attempt's timeout; `None` runs until the target ends or a stop.
+    pub timeout: Option<Duration>,
+    /// Shell: between SIGTERM and SIGKILL of the process group.
+    pub kill_grace: Duration,
+    /// Shell: after the main process exits, how long leftovers may hold its output open.
+    pub output_drain: Duration,
+    /// HTTP: the part of the response body that goes to the output.
+    pub http_body_cap: usize,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions {
+            timeout: None,
+            kill_grace: Duration::from_secs(5),
+            output_drain: Duration::from_secs(2),
+            http_body_cap: 64 * 1024,
+        }
+    }
+}
+
+/// How an attempt ended, as reported in its [`Completion`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecResult {
+    pub outcome: AttemptOutcome,
+    pub exit_code: Option<i32>,
+    pub http_status: Option<u16>,
+    /// A short human-readable reason when it did not succeed.
+    pub error: Option<String>,
+}
+
+impl ExecResult {
+    pub fn failed(error: impl Into<String>) -> Self {
+        ExecResult {
+            outcome: AttemptOutcome::Failed,
+            exit_code: None,
+            http_status: None,
+            error: Some(error.into()),
+        }
+    }
+
+    pub(crate) fn ended(outcome: AttemptOutcome, error: impl Into<String>) -> Self {
+        ExecResult {
+            outcome,
+            exit_code: None,
+            http_status: None,
+            error: Some(error.into()),
+        }
+    }
+
+    pub fn into_completion(self, attempt_id: i64, token: i64) -> Completion {
+        Completion {
+            attempt_id,
+            token,
+            outcome: self.outcome,
+            exit_code: self.exit_code,
+            http_status: self.http_status,
+            error: self.error,
+        }
+    }
+}
+
+/// Asks a running attempt to stop (it then ends `cancelled`).
+#[derive(Debug)]
+pub struct StopHandle(watch::Sender<bool>);
+
+/// The executor's side of a [`StopHandle`].
+#[derive(Debug, Clone)]
+pub struct StopSignal(watch::Receiver<bool>);
+
+pub fn stop_channel() -> (StopHandle, StopSignal) {
+    let (tx, rx) = watch::channel(false);
+    (StopHandle(tx), StopSignal(rx))
+}
+
+impl StopHandle {
+    pub fn stop(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl StopSignal {
+    /// Resolves once a stop is asked for; never if the handle is dropped without asking.
+    pub async fn requested(&mut self) {
+        if self.0.wait_for(|stop| *stop).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Executes a leased attempt with the executor for its target.
+pub async fn execute(
+    attempt: &LeasedAttempt,
+    http_client: &reqwest::Client,
+    options: &ExecOptions,
+    stop: StopSignal,
+    output: &OutputBuffer,
+) -> ExecResult {
+    let info = RunInfo::of(attempt);
+    match &attempt.target {
+        TargetSpec::Shell(target) => shell::run(target, &info, options, stop, output).await,
+        TargetSpec::Http(target) => {
+            http::run(http_client, target, &info, options, stop, output).await
+        }
+    }
+}
+
+/// `1.5s`, `30s`, `250ms`: for messages.
+pub(crate) fn human(d: Duration) -> String {
+    if d.subsec_millis() == 0 && d.as_secs() > 0 {
+        format!("{}s", d.as_secs())
+    } else if d.as_secs() == 0 {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+/// Sleeps for `timeout`, or forever when there is none.
+pub(crate) async fn expire(timeout: Option<Duration>) {
+    match timeout {
+        Some(t) => tokio::time::sleep(t).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,523 @@
+//! The protocol loop against a fake server (axum on 127.0.0.1:0) that records what the worker
+//! sends: registration, leases sized by free slots, output before completion, stops from
+//! heartbeats, re-registration when forgotten, completion retries, failover, shutdown.
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use chrono::Utc;
+use sked_core::protocol::{
+    CompleteRequest, CompleteResponse, Completion, CompletionResult, HeartbeatRequest,
+    HeartbeatResponse, LeaseRequest, LeaseResponse, LeasedAttempt, RegisterRequest,
+    RegisterResponse,
+};
+use sked_core::target::ShellTarget;
+use sked_core::{AttemptOutcome, TargetSpec};
+use sked_worker::{WorkerConfig, WorkerError};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+#[derive(Default)]
+struct Fake {
+    registrations: u32,
+    known: HashSet<String>,
+    queue: Vec<LeasedAttempt>,
+    lease_requests: Vec<LeaseRequest>,
+    heartbeats: Vec<HeartbeatRequest>,
+    logs: HashMap<i64, Vec<u8>>,
+    completions: Vec<Completion>,
+    complete_calls: u32,
+    /// "log:ID" and "complete:ID", in arrival order.
+    events: Vec<String>,
+    /// Heartbeats answer `stop: [id]` once the worker lists this attempt.
+    stop_when_running: Option<i64>,
+    /// The next heartbeat that lists this attempt is answered 410 (the worker is forgotten).
+    forget_when_running: Option<i64>,
+    /// Answer this many completion requests with 503.
+    failing_completes: u32,
+}
+
+type Shared = Arc<Mutex<Fake>>;
+
+/// One fake server node; nodes may share a `Fake` (as real nodes share a store). A node that
+/// is down answers 503 to everything.
+#[derive(Clone)]
+struct Node {
+    fake: Shared,
+    down: Arc<AtomicBool>,
+}
+
+fn unavailable() -> Response {
+    StatusCode::SERVICE_UNAVAILABLE.into_response()
+}
+
+fn lock(fake: &Shared) -> std::sync::MutexGuard<'_, Fake> {
+    fake.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn gone() -> Response {
+    (
+        StatusCode::GONE,
+        Json(serde_json::json!({"error": {"code": "unknown_worker", "message": "register again"}})),
+    )
+        .into_response()
+}
+
+async fn register(State(node): State<Node>, Json(req): Json<RegisterRequest>) -> Response {
+    if node.down.load(Ordering::SeqCst) {
+        return unavailable();
+    }
+    let fake = node.fake;
+    if req.name == "refused" {
+        let body = serde_json::json!({"error": {"code": "invalid_request", "message": "no"}});
+        return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+    }
+    let mut fake = lock(&fake);
+    fake.registrations += 1;
+    let id = format!("{}-{}", req.name, fake.registrations);
+    fake.known.insert(id.clone());
+    let answer = RegisterResponse {
+        worker_id: id,
+        heartbeat_interval_ms: 100,
+        heartbeat_timeout_ms: 1000,
+    };
+    (StatusCode::CREATED, Json(answer)).into_response()
+}
+
+async fn heartbeat(
+    State(node): State<Node>,
+    Path(id): Path<String>,
+    Json(req): Json<HeartbeatRequest>,
+) -> Response {
+    if node.down.load(Ordering::SeqCst) {
+        return unavailable();
+    }
+    let fake = node.fake;
+    let mut fake = lock(&fake);
+    if !fake.known.contains(&id) {
+        return gone();
+    }
+    fake.heartbeats.push(req.clone());
+    if let Some(attempt) = fake.forget_when_running {
+        if req.running.contains(&attempt) {
+            fake.forget_when_running = None;
+            fake.known.remove(&id);
+            return gone();
+        }
+    }
+    let stop = fake
+        .stop_when_running
+        .filter(|a| req.running.contains(a))
+        .into_iter()
+        .collect();
+    Json(HeartbeatResponse { stop }).into_response()
+}
+
+async fn lease(
+    State(node): State<Node>,
+    Path(id): Path<String>,
+    Json(req): Json<LeaseRequest>,
+) -> Response {
+    if node.down.load(Ordering::SeqCst) {
+        return unavailable();
+    }
+    let fake = node.fake;
+    let attempts = {
+        let mut fake = lock(&fake);
+        if !fake.known.contains(&id) {
+            return gone();
+        }
+        fake.lease_requests.push(req.clone());
+        let n = fake.queue.len().min(req.max as usize);
+        fake.queue.drain(..n).collect::<Vec<_>>()
+    };
+    if attempts.is_empty() {
+        tokio::time::sleep(Duration::from_millis(req.wait_ms.min(100))).await;
+    }
+    Json(LeaseResponse { attempts }).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct Token {
+    token: i64,
+}
+
+async fn log(
+    State(node): State<Node>,
+    Path(id): Path<i64>,
+    Query(token): Query<Token>,
+    body: Bytes,
+) -> Response {
+    if node.down.load(Ordering::SeqCst) {
+        return unavailable();
+    }
+    let fake = node.fake;
+    let mut fake = lock(&fake);
+    if token.token != token_of(id) {
+        return StatusCode::CONFLICT.into_response();
+    }
+    fake.logs.entry(id).or_default().extend_from_slice(&body);
+    fake.events.push(format!("log:{id}"));
+    Json(serde_json::json!({"kept": body.len(), "truncated": false})).into_response()
+}
+
+async fn complete(
+    State(node): State<Node>,
+    Path(_id): Path<String>,
+    Json(req): Json<CompleteRequest>,
+) -> Response {
+    if node.down.load(Ordering::SeqCst) {
+        return unavailable();
+    }
+    let fake = node.fake;
+    let mut fake = lock(&fake);
+    fake.complete_calls += 1;
+    if fake.failing_completes > 0 {
+        fake.failing_completes -= 1;
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    let mut results = Vec::new();
+    for c in req.completions {
+        fake.events.push(format!("complete:{}", c.attempt_id));
+        results.push(CompletionResult {
+            attempt_id: c.attempt_id,
+            accepted: c.token == token_of(c.attempt_id),
+            reason: None,
+        });
+        fake.completions.push(c);
+    }
+    Json(CompleteResponse { results }).into_response()
+}
+
+fn token_of(attempt_id: i64) -> i64 {
+    attempt_id * 1000 + 7
+}
+
+async fn fake_server() -> (Shared, String) {
+    let fake: Shared = Arc::default();
+    let url = node(fake.clone(), Arc::default()).await;
+    (fake, url)
+}
+
+async fn node(fake: Shared, down: Arc<AtomicBool>) -> String {
+    let app = Router::new()
+        .route("/api/v1/workers", post(register))
+        .route("/api/v1/workers/{id}/heartbeat", post(heartbeat))
+        .route("/api/v1/workers/{id}/lease", post(lease))
+        .route("/api/v1/workers/{id}/complete", post(complete))
+        .route("/api/v1/attempts/{id}/log", post(log))
+        .with_state(Node { fake, down });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a local port");
+    let addr = listener.local_addr().expect("local address");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
+/// A URL where nothing listens.
+fn dead_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    drop(listener);
+    format!("http://{addr}")
+}
+
+fn shell_attempt(attempt_id: i64, command: &str, timeout_ms: Option<u64>) -> LeasedAttempt {
+    LeasedAttempt {
+        attempt_id,
+        token: token_of(attempt_id),
+        run_id: attempt_id + 100,
+        attempt: 1,
+        namespace: "default".to_string(),
+        job: "test-job".to_string(),
+        scheduled_for: Utc::now(),
+        target: TargetSpec::Shell(ShellTarget {
+            command: command.to_string(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            cwd: None,
+        }),
+        timeout_ms,
+    }
+}
+
+fn config(servers: Vec<String>, slots: u32) -> WorkerConfig {
+    WorkerConfig {
+        servers,
+        name: "tester".to_string(),
+        labels: BTreeMap::new(),
+        slots,
+        lease_wait: Duration::from_millis(200),
+        request_timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(1),
+        output_flush_interval: Duration::from_millis(50),
+        kill_grace: Duration::from_millis(300),
+        output_drain: Duration::from_millis(200),
+        retry_initial: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        shutdown_timeout: Duration::from_secs(3),
+        ..WorkerConfig::default()
+    }
+}
+
+struct Worker {
+    task: JoinHandle<Result<(), WorkerError>>,
+    shutdown: oneshot::Sender<()>,
+}
+
+fn start(config: WorkerConfig) -> Worker {
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(sked_worker::run(config, async move {
+        let _ = stopped.await;
+    }));
+    Worker { task, shutdown }
+}
+
+impl Worker {
+    async fn stop(self) -> Result<(), WorkerError> {
+        let _ = self.shutdown.send(());
+        tokio::time::timeout(Duration::from_secs(8), self.task)
+            .await
+            .expect("the worker shuts down in bounded time")
+            .expect("the worker task does not panic")
+    }
+}
+
+async fn wait_until(fake: &Shared, what: &str, cond: impl Fn(&Fake) -> bool) {
+    for _ in 0..250 {
+        if cond(&lock(fake)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[tokio::test]
+async fn runs_an_attempt_and_reports_it_after_its_output_failing_over() {
+    let (fake, url) = fake_server().await;
+    lock(&fake)
+        .queue
+        .push(shell_attempt(1, "echo \"hi $SKED_JOB\"; exit 2", None));
+    let worker = start(config(vec![dead_url(), url], 2));
+    wait_until(&fake, "the completion arrives", |f| {
+        !f.completions.is_empty()
+    })
+    .await;
+    {
+        let f = lock(&fake);
+        assert_eq!(f.registrations, 1);
+        assert_eq!(f.lease_requests[0].max, 2);
+        assert_eq!(f.lease_requests[0].wait_ms, 200);
+        let c = &f.completions[0];
+        assert_eq!(c.attempt_id, 1);
+        assert_eq!(c.token, token_of(1));
+        assert_eq!(c.outcome, AttemptOutcome::Failed);
+        assert_eq!(c.exit_code, Some(2));
+        assert_eq!(
+            f.logs.get(&1).map(|l| l.as_slice()),
+            Some(&b"hi test-job\n"[..])
+        );
+        let last_log = f.events.iter().rposition(|e| e == "log:1");
+        let completed = f.events.iter().position(|e| e == "complete:1");
+        assert!(last_log < completed, "{:?}", f.events);
+    }
+    assert!(worker.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn leases_ask_only_for_free_slots() {
+    let (fake, url) = fake_server().await;
+    lock(&fake).queue.push(shell_attempt(1, "sleep 30", None));
+    let worker = start(config(vec![url], 3));
+    wait_until(&fake, "a lease asks for the 2 free slots", |f| {
+        f.lease_requests.iter().any(|r| r.max == 2)
+    })
+    .await;
+    assert!(lock(&fake).lease_requests.iter().all(|r| r.max >= 2));
+    assert!(worker.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn a_stop_from_the_heartbeat_cancels_the_attempt() {
+    let (fake, url) = fake_server().await;
+    {
+        let mut f = lock(&fake);
+        f.queue
+            .push(shell_attempt(5, "echo started; sleep 30", None));
+        f.stop_when_running = Some(5);
+    }
+    let worker = start(config(vec![url], 1));
+    wait_until(&fake, "the cancelled attempt is reported", |f| {
+        !f.completions.is_empty()
+    })
+    .await;
+    {
+        let f = lock(&fake);
+        assert_eq!(f.completions[0].outcome, AttemptOutcome::Cancelled);
+        let log = String::from_utf8_lossy(f.logs.get(&5).map(|l| l.as_slice()).unwrap_or(&[]))
+            .into_owned();
+        assert!(log.starts_with("started\n"), "{log:?}");
+    }
+    assert!(worker.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn a_forgotten_worker_stops_its_attempts_and_registers_again() {
+    let (fake, url) = fake_server().await;
+    {
+        let mut f = lock(&fake);
+        f.queue.push(shell_attempt(8, "sleep 30", None));
+        f.forget_when_running = Some(8);
+    }
+    let worker = start(config(vec![url], 1));
+    wait_until(&fake, "the worker registers again", |f| {
+        f.registrations == 2
+    })
+    .await;
+    wait_until(&fake, "the stopped attempt is reported", |f| {
+        !f.completions.is_empty()
+    })
+    .await;
+    assert_eq!(
+        lock(&fake).completions[0].outcome,
+        AttemptOutcome::Cancelled
+    );
+    // And it leases again under its new id.
+    lock(&fake).queue.push(shell_attempt(9, "true", None));
+    wait_until(&fake, "the next attempt runs", |f| f.completions.len() == 2).await;
+    assert_eq!(
+        lock(&fake).completions[1].outcome,
+        AttemptOutcome::Succeeded
+    );
+    assert!(worker.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn completions_are_retried_until_the_server_takes_them() {
+    let (fake, url) = fake_server().await;
+    {
+        let mut f = lock(&fake);
+        f.failing_completes = 2;
+        f.queue.push(shell_attempt(3, "true", None));
+        f.queue.push(shell_attempt(4, "exit 1", None));
+    }
+    let worker = start(config(vec![url], 2));
+    wait_until(&fake, "both completions arrive", |f| {
+        f.completions.len() == 2
+    })
+    .await;
+    {
+        let f = lock(&fake);
+        assert!(f.complete_calls >= 3);
+        let mut ids: Vec<i64> = f.completions.iter().map(|c| c.attempt_id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, vec![3, 4]);
+    }
+    assert!(worker.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn a_timeout_is_reported_timed_out() {
+    let (fake, url) = fake_server().await;
+    lock(&fake)
+        .queue
+        .push(shell_attempt(6, "sleep 30", Some(300)));
+    let worker = start(config(vec![url], 1));
+    wait_until(&fake, "the timeout is reported", |f| {
+        !f.completions.is_empty()
+    })
+    .await;
+    assert_eq!(lock(&fake).completions[0].outcome, AttemptOutcome::TimedOut);
+    assert!(worker.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn shutdown_cancels_running_attempts_and_reports_them() {
+    let (fake, url) = fake_server().await;
+    lock(&fake).queue.push(shell_attempt(2, "sleep 30", None));
+    let worker = start(config(vec![url], 1));
+    wait_until(&fake, "a heartbeat lists the attempt", |f| {
+        f.heartbeats.iter().any(|h| h.running.contains(&2))
+    })
+    .await;
+    let started = std::time::Instant::now();
+    assert!(worker.stop().await.is_ok());
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let f = lock(&fake);
+    assert_eq!(f.completions.len(), 1);
+    assert_eq!(f.completions[0].outcome, AttemptOutcome::Cancelled);
+}
+
+#[tokio::test]
+async fn a_refused_registration_is_an_error() {
+    let (_fake, url) = fake_server().await;
+    let mut config = config(vec![url], 1);
+    config.name = "refused".to_string();
+    let worker = start(config);
+    let result = tokio::time::timeout(Duration::from_secs(5), worker.task)
+        .await
+        .expect("bounded")
+        .expect("no panic");
+    assert!(
+        matches!(result, Err(WorkerError::Registration { status: 400, .. })),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn with_no_server_reachable_shutdown_still_returns() {
+    let worker = start(config(vec![dead_url(), dead_url()], 1));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(worker.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn an_invalid_configuration_is_an_error() {
+    let result = sked_worker::run(config(Vec::new(), 1), async {}).await;
+    assert!(matches!(result, Err(WorkerError::Config(_))));
+}
+
+#[tokio::test]
+async fn a_running_attempt_survives_its_server_and_is_reported_to_another() {
+    let fake: Shared = Arc::default();
+    let a_down = Arc::new(AtomicBool::new(false));
+    let a = node(fake.clone(), a_down.clone()).await;
+    let b = node(fake.clone(), Arc::default()).await;
+    lock(&fake)
+        .queue
+        .push(shell_attempt(11, "echo one; sleep 0.6; echo two", None));
+    let worker = start(config(vec![a, b], 1));
+    wait_until(&fake, "the attempt's first output arrives", |f| {
+        f.logs.contains_key(&11)
+    })
+    .await;
+    a_down.store(true, Ordering::SeqCst);
+    wait_until(&fake, "the completion arrives", |f| {
+        !f.completions.is_empty()
+    })
+    .await;
+    {
+        let f = lock(&fake);
+        assert_eq!(
+            f.registrations, 1,
+            "no re-registration: the nodes share the worker"
+        );
+        assert_eq!(f.completions[0].outcome, AttemptOutcome::Succeeded);
+        assert_eq!(
+            f.logs.get(&11).map(|l| l.as_slice()),
+            Some(&b"one\ntwo\n"[..])
+        );
+    }
+    assert!(worker.stop().await.is_ok());
+}

@@ -1,0 +1,234 @@
+//! The HTTP executor against a local axum server: expected statuses, headers, body, timeouts.
+
+use axum::extract::Path;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{any, get};
+use axum::Router;
+use chrono::{TimeZone, Utc};
+use sked_core::target::HttpTarget;
+use sked_core::AttemptOutcome;
+use sked_worker::executor::{http, stop_channel, ExecOptions, ExecResult, RunInfo};
+use sked_worker::output::OutputBuffer;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+async fn server() -> String {
+    let app = Router::new()
+        .route("/ok", get(|| async { "hello" }))
+        .route(
+            "/status/{code}",
+            get(|Path(code): Path<u16>| async move {
+                (
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::IM_A_TEAPOT),
+                    format!("status {code}"),
+                )
+            }),
+        )
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                "late"
+            }),
+        )
+        .route("/big", get(|| async { "x".repeat(200_000) }))
+        .route(
+            "/echo",
+            any(
+                |method: axum::http::Method, headers: HeaderMap, body: String| async move {
+                    let mut lines = vec![format!("method={method}")];
+                    for name in [
+                        "x-sked-run-id",
+                        "x-sked-attempt",
+                        "x-sked-scheduled-for",
+                        "x-sked-job",
+                        "x-custom",
+                    ] {
+                        let value = headers
+                            .get(name)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("-");
+                        lines.push(format!("{name}={value}"));
+                    }
+                    lines.push(format!("body={body}"));
+                    lines.join("\n")
+                },
+            ),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a local port");
+    let addr = listener.local_addr().expect("local address");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
+fn target(url: String) -> HttpTarget {
+    HttpTarget {
+        method: "GET".to_string(),
+        url,
+        headers: BTreeMap::new(),
+        body: None,
+        expected_status: Vec::new(),
+    }
+}
+
+fn info() -> RunInfo {
+    RunInfo {
+        run_id: 42,
+        attempt: 2,
+        scheduled_for: Utc
+            .with_ymd_and_hms(2026, 1, 2, 3, 4, 5)
+            .single()
+            .expect("valid instant"),
+        job: "ping".to_string(),
+    }
+}
+
+async fn run(target: &HttpTarget, options: &ExecOptions) -> (ExecResult, String) {
+    let client = reqwest::Client::new();
+    let (_stop, signal) = stop_channel();
+    let output = OutputBuffer::new(1 << 20);
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        http::run(&client, target, &info(), options, signal, &output),
+    )
+    .await
+    .expect("the executor ends in bounded time");
+    let text = String::from_utf8_lossy(&output.take(usize::MAX)).into_owned();
+    (result, text)
+}
+
+#[tokio::test]
+async fn a_2xx_succeeds_and_the_body_is_logged() {
+    let base = server().await;
+    let (result, text) = run(&target(format!("{base}/ok")), &ExecOptions::default()).await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded);
+    assert_eq!(result.http_status, Some(200));
+    assert_eq!(result.error, None);
+    assert_eq!(text, "hello");
+}
+
+#[tokio::test]
+async fn expected_status_decides() {
+    let base = server().await;
+    let (result, text) = run(
+        &target(format!("{base}/status/500")),
+        &ExecOptions::default(),
+    )
+    .await;
+    assert_eq!(result.outcome, AttemptOutcome::Failed);
+    assert_eq!(result.http_status, Some(500));
+    assert_eq!(result.error.as_deref(), Some("unexpected HTTP status 500"));
+    assert_eq!(text, "status 500");
+
+    let mut accepted = target(format!("{base}/status/404"));
+    accepted.expected_status = vec![404, 410];
+    let (result, _) = run(&accepted, &ExecOptions::default()).await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded);
+    assert_eq!(result.http_status, Some(404));
+
+    let mut strict = target(format!("{base}/ok"));
+    strict.expected_status = vec![201];
+    let (result, _) = run(&strict, &ExecOptions::default()).await;
+    assert_eq!(result.outcome, AttemptOutcome::Failed);
+    assert_eq!(result.http_status, Some(200));
+}
+
+#[tokio::test]
+async fn method_headers_and_body_are_sent() {
+    let base = server().await;
+    let mut t = target(format!("{base}/echo"));
+    t.method = "post".to_string();
+    t.headers.insert("X-Custom".to_string(), "yes".to_string());
+    // The run's own headers win over the job's.
+    t.headers
+        .insert("X-Sked-Run-Id".to_string(), "7".to_string());
+    t.body = Some("payload".to_string());
+    let (result, text) = run(&t, &ExecOptions::default()).await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded);
+    assert_eq!(
+        text,
+        "method=POST\nx-sked-run-id=42\nx-sked-attempt=2\n\
+         x-sked-scheduled-for=2026-01-02T03:04:05Z\nx-sked-job=ping\nx-custom=yes\nbody=payload"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_server_times_out() {
+    let base = server().await;
+    let options = ExecOptions {
+        timeout: Some(Duration::from_millis(300)),
+        ..ExecOptions::default()
+    };
+    let started = Instant::now();
+    let (result, _) = run(&target(format!("{base}/slow")), &options).await;
+    assert_eq!(result.outcome, AttemptOutcome::TimedOut);
+    assert_eq!(result.http_status, None);
+    assert_eq!(result.error.as_deref(), Some("timed out after 300ms"));
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn a_stop_cancels_the_request() {
+    let base = server().await;
+    let client = reqwest::Client::new();
+    let (stop, signal) = stop_channel();
+    let output = OutputBuffer::new(1 << 20);
+    let t = target(format!("{base}/slow"));
+    let options = ExecOptions::default();
+    let info = info();
+    let started = Instant::now();
+    let (result, ()) = tokio::join!(
+        http::run(&client, &t, &info, &options, signal, &output),
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            stop.stop();
+        }
+    );
+    assert_eq!(result.outcome, AttemptOutcome::Cancelled);
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn the_logged_body_is_capped() {
+    let base = server().await;
+    let options = ExecOptions {
+        http_body_cap: 1000,
+        ..ExecOptions::default()
+    };
+    let (result, text) = run(&target(format!("{base}/big")), &options).await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded);
+    assert!(text.starts_with(&"x".repeat(1000)), "{}", text.len());
+    assert!(!text.starts_with(&"x".repeat(1001)));
+    assert!(text.contains("truncated to 1000 bytes"), "{text}");
+}
+
+#[tokio::test]
+async fn an_unreachable_url_fails() {
+    // A port that was just free: nothing listens there.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("address");
+    drop(listener);
+    let (result, text) = run(&target(format!("http://{addr}/")), &ExecOptions::default()).await;
+    assert_eq!(result.outcome, AttemptOutcome::Failed);
+    assert_eq!(result.http_status, None);
+    assert!(result
+        .error
+        .is_some_and(|e| e.starts_with("request failed")));
+    assert!(text.contains("request failed"), "{text}");
+}
+
+#[tokio::test]
+async fn a_bad_header_fails_without_sending() {
+    let base = server().await;
+    let mut t = target(format!("{base}/ok"));
+    t.headers.insert("bad header".to_string(), "x".to_string());
+    let (result, _) = run(&t, &ExecOptions::default()).await;
+    assert_eq!(result.outcome, AttemptOutcome::Failed);
+    assert!(result
+        .error
+        .is_some_and(|e| e.contains("not a valid header name")));
+}
