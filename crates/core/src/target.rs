@@ -1,5 +1,6 @@
 //! What a run does: the target of a job.
 
+use crate::duration::HumanDuration;
 use crate::error::SpecError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -27,7 +28,8 @@ pub struct ShellTarget {
 }
 
 /// An HTTP request. The attempt succeeds when the response status is one of `expected_status`
-/// (any 2xx when the list is empty).
+/// (any 2xx when the list is empty). `timeout` bounds the request; the job's `timeout` bounds
+/// the attempt; whichever is shorter applies, and either ends the attempt `timed_out`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpTarget {
@@ -40,6 +42,8 @@ pub struct HttpTarget {
     pub body: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub expected_status: Vec<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<HumanDuration>,
 }
 
 fn default_method() -> String {
@@ -99,6 +103,14 @@ impl TargetSpec {
                         "target.http.expected_status",
                         format!("{bad} is not an HTTP status code"),
                     ));
+                }
+                if let Some(timeout) = http.timeout {
+                    if timeout.0.is_zero() || timeout.0 > crate::job::MAX_TIMEOUT {
+                        return Err(SpecError::new(
+                            "target.http.timeout",
+                            "must be between 1ms and 7 days",
+                        ));
+                    }
                 }
             }
         }

@@ -6,7 +6,7 @@ use axum::routing::{any, get};
 use axum::Router;
 use chrono::{TimeZone, Utc};
 use sked_core::target::HttpTarget;
-use sked_core::AttemptOutcome;
+use sked_core::{AttemptOutcome, HumanDuration};
 use sked_worker::executor::{http, stop_channel, ExecOptions, ExecResult, RunInfo};
 use sked_worker::output::OutputBuffer;
 use std::collections::BTreeMap;
@@ -72,6 +72,7 @@ fn target(url: String) -> HttpTarget {
         headers: BTreeMap::new(),
         body: None,
         expected_status: Vec::new(),
+        timeout: None,
     }
 }
 
@@ -169,6 +170,22 @@ async fn a_slow_server_times_out() {
     assert_eq!(result.http_status, None);
     assert_eq!(result.error.as_deref(), Some("timed out after 300ms"));
     assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn the_targets_own_timeout_applies_when_shorter() {
+    let base = server().await;
+    let mut t = target(format!("{base}/slow"));
+    t.timeout = Some(HumanDuration(Duration::from_millis(200)));
+    let options = ExecOptions {
+        timeout: Some(Duration::from_secs(30)),
+        ..ExecOptions::default()
+    };
+    let started = Instant::now();
+    let (result, log) = run(&t, &options).await;
+    assert_eq!(result.outcome, AttemptOutcome::TimedOut, "{log}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{log}");
+    assert!(log.contains("timed out after"), "{log}");
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use reqwest::{Method, RequestBuilder, Url};
 use sked_core::protocol::{HEADER_ATTEMPT, HEADER_JOB, HEADER_RUN_ID, HEADER_SCHEDULED_FOR};
 use sked_core::target::HttpTarget;
 use sked_core::AttemptOutcome;
+use std::time::Duration;
 
 /// Sends the request and returns how the attempt ended.
 pub async fn run(
@@ -28,6 +29,7 @@ pub async fn run(
             return ExecResult::failed(message);
         }
     };
+    let limit = shorter(options.timeout, target.timeout.map(|t| t.0));
     tokio::select! {
         result = exchange(request, options.http_body_cap, output) => match result {
             Ok(status) if target.status_is_expected(status) => ExecResult {
@@ -46,8 +48,8 @@ pub async fn run(
                 ExecResult::failed(message)
             }
         },
-        () = expire(options.timeout) => {
-            let limit = human(options.timeout.unwrap_or_default());
+        () = expire(limit) => {
+            let limit = human(limit.unwrap_or_default());
             output.write(format!("\n[sked-worker: timed out after {limit}]\n").as_bytes());
             ExecResult::ended(AttemptOutcome::TimedOut, format!("timed out after {limit}"))
         }
@@ -55,6 +57,14 @@ pub async fn run(
             output.write(b"\n[sked-worker: stopped]\n");
             ExecResult::ended(AttemptOutcome::Cancelled, "stopped by the worker")
         }
+    }
+}
+
+/// The tighter of two optional limits.
+fn shorter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
