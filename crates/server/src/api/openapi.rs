@@ -1,4 +1,7 @@
 //! The OpenAPI document describing this API, served at `/api/v1/openapi.json`.
+//!
+//! The document is static JSON, served as it is: nothing parses it at run time. The tests in
+//! `crates/server/tests/openapi.rs` keep it valid and true to the router and the handlers.
 
 use axum::response::IntoResponse;
 

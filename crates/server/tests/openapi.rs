@@ -1,0 +1,1100 @@
+//! The OpenAPI document (`crates/server/src/api/openapi.json`) against the code it describes:
+//! it is well formed, it lists exactly the routes `api::router` registers, every route it lists is
+//! served by a real handler, the server hands it out unchanged, and what the handlers really
+//! answer fits the documented status codes and schemas.
+
+use serde_json::{json, Value};
+use sked_server::ServerConfig;
+use sked_store::{SqliteStore, Store};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+const DOCUMENT: &str = include_str!("../src/api/openapi.json");
+const ROUTER_SOURCE: &str = include_str!("../src/api/mod.rs");
+
+const METHODS: &[&str] = &[
+    "get", "put", "post", "delete", "patch", "head", "options", "trace",
+];
+
+/// Longest any one test may take, server start included.
+const TEST_LIMIT: Duration = Duration::from_secs(60);
+/// Longest any one request may take.
+const REQUEST_LIMIT: Duration = Duration::from_secs(10);
+
+fn document() -> Value {
+    serde_json::from_str(DOCUMENT).expect("openapi.json is not valid JSON")
+}
+
+/// The document's operations: path -> methods.
+fn documented_routes(doc: &Value) -> BTreeMap<String, BTreeSet<String>> {
+    let paths = doc["paths"].as_object().expect("`paths` is an object");
+    paths
+        .iter()
+        .map(|(path, item)| {
+            let methods = item
+                .as_object()
+                .expect("a path item is an object")
+                .keys()
+                .filter(|k| METHODS.contains(&k.as_str()))
+                .cloned()
+                .collect();
+            (path.clone(), methods)
+        })
+        .collect()
+}
+
+// --- the routes `router()` registers, read from its source -------------------------------------
+
+/// The source without line comments, so that a route mentioned in a comment is not a route.
+fn code_only(source: &str) -> String {
+    source
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Reads a Rust string literal starting at `at` (on the opening quote); returns it and the index
+/// after the closing quote.
+fn string_literal(s: &[u8], at: usize) -> (String, usize) {
+    assert_eq!(s[at], b'"', "expected a string literal");
+    let mut i = at + 1;
+    let mut out = Vec::new();
+    while s[i] != b'"' {
+        if s[i] == b'\\' {
+            i += 1;
+        }
+        out.push(s[i]);
+        i += 1;
+    }
+    (String::from_utf8(out).unwrap(), i + 1)
+}
+
+/// The index just past the parenthesis that closes the one opened before `at`.
+fn closing_paren(s: &[u8], mut at: usize) -> usize {
+    let mut depth = 1;
+    while depth > 0 {
+        match s[at] {
+            b'"' => {
+                at = string_literal(s, at).1;
+                continue;
+            }
+            b'(' => depth += 1,
+            b')' => depth -= 1,
+            _ => {}
+        }
+        at += 1;
+    }
+    at
+}
+
+/// Method-router constructors in a `.route(path, ...)` argument: `get(` and friends, but not a
+/// handler named `jobs::get`.
+fn methods_in(arg: &str) -> BTreeSet<String> {
+    let bytes = arg.as_bytes();
+    let mut found = BTreeSet::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'"' {
+            i = string_literal(bytes, i).1;
+            continue;
+        }
+        if bytes[i].is_ascii_alphabetic() || bytes[i] == b'_' {
+            let start = i;
+            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                i += 1;
+            }
+            let word = &arg[start..i];
+            let qualified = arg[..start].ends_with("::");
+            if !qualified && bytes.get(i) == Some(&b'(') && METHODS.contains(&word) {
+                found.insert(word.to_string());
+            }
+            continue;
+        }
+        i += 1;
+    }
+    found
+}
+
+/// `.route("...", get(..).post(..))` calls in one builder chain.
+fn routes_in(chain: &str, prefix: &str, out: &mut BTreeMap<String, BTreeSet<String>>) -> usize {
+    let bytes = chain.as_bytes();
+    let mut count = 0;
+    let mut from = 0;
+    while let Some(found) = chain[from..].find(".route(") {
+        let open = from + found + ".route(".len();
+        let mut at = open;
+        while bytes[at].is_ascii_whitespace() {
+            at += 1;
+        }
+        let (path, after_path) = string_literal(bytes, at);
+        let close = closing_paren(bytes, open);
+        let methods = methods_in(&chain[after_path..close - 1]);
+        assert!(
+            !methods.is_empty(),
+            "could not tell the methods of route {path:?}; teach this test how it is registered"
+        );
+        let full = format!("{prefix}{path}");
+        assert!(
+            out.insert(full.clone(), methods).is_none(),
+            "route {full} registered twice"
+        );
+        count += 1;
+        from = close;
+    }
+    count
+}
+
+/// Every route `api::router` registers, with its methods, as the server serves them.
+fn registered_routes() -> BTreeMap<String, BTreeSet<String>> {
+    let source = code_only(ROUTER_SOURCE);
+    let start = source
+        .find("pub fn router(")
+        .expect("api/mod.rs has `pub fn router(`");
+    let body = &source[start..];
+    let end = body.find("\n}\n").expect("the end of fn router");
+    let body = &body[..end];
+    assert_eq!(
+        source.matches(".route(").count(),
+        body.matches(".route(").count(),
+        "routes are registered outside fn router; teach this test where"
+    );
+    assert!(
+        !body.contains(".merge(") && body.matches(".nest(").count() == 1,
+        "router() is built differently than this test knows (one nest, no merge)"
+    );
+    let api_start = body.find("let api = ").expect("`let api = ` in router()");
+    let api_end = api_start + body[api_start..].find(";\n").expect("end of `let api`");
+    let api_chain = &body[api_start..api_end];
+    let root_chain = &body[api_end..];
+    let nest = root_chain.find(".nest(").expect("the api router is nested");
+    let (prefix, _) = string_literal(
+        root_chain.as_bytes(),
+        nest + ".nest(".len() + root_chain[nest + ".nest(".len()..].find('"').unwrap(),
+    );
+    assert!(
+        root_chain[nest..]
+            .trim_start_matches(".nest(")
+            .contains("api)"),
+        "the nested router is `api`"
+    );
+    let mut routes = BTreeMap::new();
+    let n = routes_in(api_chain, &prefix, &mut routes) + routes_in(root_chain, "", &mut routes);
+    assert_eq!(n, body.matches(".route(").count(), "every .route( was read");
+    assert!(
+        n >= 20,
+        "only {n} routes read from router(): the parser is broken"
+    );
+    routes
+}
+
+// --- the document on its own -------------------------------------------------------------------
+
+fn pointer<'a>(doc: &'a Value, reference: &str) -> Option<&'a Value> {
+    let pointer = reference.strip_prefix('#')?;
+    doc.pointer(pointer)
+}
+
+fn collect_refs(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                if key == "$ref" {
+                    out.push(v.as_str().expect("$ref is a string").to_string());
+                } else {
+                    collect_refs(v, out);
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| collect_refs(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn the_document_is_well_formed() {
+    let doc = document();
+    let version = doc["openapi"].as_str().expect("`openapi` is a string");
+    assert!(version.starts_with("3."), "openapi version {version}");
+    assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
+    assert!(!documented_routes(&doc).is_empty(), "no paths");
+
+    let mut refs = Vec::new();
+    collect_refs(&doc, &mut refs);
+    assert!(!refs.is_empty());
+    for reference in &refs {
+        assert!(
+            reference.starts_with("#/components/"),
+            "{reference} points outside components"
+        );
+        assert!(
+            pointer(&doc, reference).is_some(),
+            "{reference} does not resolve"
+        );
+    }
+    // Nothing in components is left unused (a sign of a schema that drifted away).
+    let used: BTreeSet<&str> = refs.iter().map(String::as_str).collect();
+    for (kind, entries) in doc["components"].as_object().unwrap() {
+        for name in entries.as_object().unwrap().keys() {
+            let reference = format!("#/components/{kind}/{name}");
+            assert!(used.contains(reference.as_str()), "{reference} is unused");
+        }
+    }
+
+    // Operations: unique ids, responses, and path parameters that match the path's placeholders.
+    let mut ids = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        assert!(path.starts_with('/'), "{path}");
+        let placeholders: BTreeSet<String> = path
+            .split('/')
+            .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .map(str::to_string)
+            .collect();
+        for method in METHODS {
+            let Some(op) = item.get(*method) else {
+                continue;
+            };
+            let id = op["operationId"].as_str().expect("operationId");
+            assert!(ids.insert(id.to_string()), "operationId {id} twice");
+            let responses = op["responses"].as_object().expect("responses");
+            assert!(!responses.is_empty(), "{method} {path} has no responses");
+            for status in responses.keys() {
+                assert!(
+                    status.len() == 3 && status.parse::<u16>().is_ok(),
+                    "{method} {path}: status {status}"
+                );
+            }
+            let mut in_path = BTreeSet::new();
+            let mut seen = BTreeSet::new();
+            for parameter in item["parameters"]
+                .as_array()
+                .into_iter()
+                .chain(op["parameters"].as_array())
+                .flatten()
+            {
+                let parameter = match parameter.get("$ref") {
+                    Some(r) => pointer(&doc, r.as_str().unwrap()).unwrap(),
+                    None => parameter,
+                };
+                let name = parameter["name"].as_str().expect("parameter name");
+                let place = parameter["in"].as_str().expect("parameter in");
+                assert!(
+                    seen.insert((name, place)),
+                    "{method} {path}: parameter {name} twice"
+                );
+                if place == "path" {
+                    assert_eq!(parameter["required"], json!(true), "{path}: {name}");
+                    in_path.insert(name.to_string());
+                }
+            }
+            assert_eq!(in_path, placeholders, "{method} {path}: path parameters");
+        }
+    }
+}
+
+#[test]
+fn the_document_lists_exactly_the_routes_of_the_router() {
+    let registered = registered_routes();
+    let documented = documented_routes(&document());
+    for (path, methods) in &registered {
+        let listed = documented
+            .get(path)
+            .unwrap_or_else(|| panic!("{path} is served but not documented"));
+        for method in methods {
+            assert!(
+                listed.contains(method),
+                "{} {path} is served but not documented",
+                method.to_uppercase()
+            );
+        }
+    }
+    for (path, methods) in &documented {
+        let served = registered
+            .get(path)
+            .unwrap_or_else(|| panic!("{path} is documented but router() does not register it"));
+        for method in methods {
+            assert!(
+                served.contains(method),
+                "{} {path} is documented but router() does not register it",
+                method.to_uppercase()
+            );
+        }
+    }
+}
+
+// --- a real server -------------------------------------------------------------------------------
+
+struct Server {
+    base: String,
+    http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&dir.path().join("sked.db")).unwrap());
+        let config = ServerConfig {
+            listen: "127.0.0.1:0".to_string(),
+            retention: None,
+            ..ServerConfig::default()
+        };
+        let listener = sked_server::bind(&config).await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            if let Err(e) = sked_server::serve(config, store, listener, shutdown).await {
+                eprintln!("server: {e}");
+            }
+        });
+        // A fresh connection for every request: a refused upload leaves its connection unusable.
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_LIMIT)
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        loop {
+            if let Ok(r) = http.get(format!("{base}/readyz")).send().await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Server {
+            base,
+            http,
+            stop: Some(stop),
+            task,
+            _dir: dir,
+        }
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+        match self.try_send(method, path, body).await {
+            Ok(answer) => answer,
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    async fn try_send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<(u16, reqwest::header::HeaderMap, Vec<u8>), reqwest::Error> {
+        let method = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some((content_type, bytes)) = body {
+            request = request.header("content-type", content_type).body(bytes);
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response.bytes().await?.to_vec();
+        Ok((status, headers, bytes))
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+    }
+}
+
+/// True when the answer came from a handler: not a 405, and not a 404 from the router (the API's
+/// fallback answers `no such endpoint`; outside `/api/v1` the 404 has no JSON body at all).
+fn answered_by_a_handler(status: u16, body: &[u8]) -> bool {
+    match status {
+        405 => false,
+        404 => serde_json::from_slice::<Value>(body).is_ok_and(|v| {
+            v["error"]["code"] == "not_found" && v["error"]["message"] != "no such endpoint"
+        }),
+        _ => true,
+    }
+}
+
+fn fill(path: &str) -> String {
+    path.replace("{name}", "doc-check").replace("{id}", "1")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_route_is_served_and_the_document_is_served_as_is() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let server = Server::start().await;
+        let doc = document();
+        for (path, methods) in documented_routes(&doc) {
+            for method in methods {
+                let body = match (method.as_str(), path.as_str()) {
+                    (_, "/api/v1/workers/{id}/lease") => {
+                        Some(("application/json", br#"{"max":1,"wait_ms":0}"#.to_vec()))
+                    }
+                    ("post" | "put" | "patch", _) => Some(("application/json", b"{}".to_vec())),
+                    _ => None,
+                };
+                let (status, _, bytes) = server.send(&method, &fill(&path), body).await;
+                assert!(
+                    answered_by_a_handler(status, &bytes),
+                    "{} {path} is documented but not served: {status} {}",
+                    method.to_uppercase(),
+                    String::from_utf8_lossy(&bytes)
+                );
+            }
+        }
+        // The check above does tell a missing route or method.
+        for (method, path) in [
+            ("get", "/api/v1/doc-check-nothing"),
+            ("patch", "/api/v1/jobs"),
+            ("get", "/doc-check-nothing"),
+        ] {
+            let (status, _, bytes) = server.send(method, path, None).await;
+            assert!(
+                !answered_by_a_handler(status, &bytes),
+                "{method} {path} looks served: {status}"
+            );
+        }
+
+        let (status, headers, bytes) = server.send("get", "/api/v1/openapi.json", None).await;
+        assert_eq!(status, 200);
+        assert!(headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json"));
+        let served: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(served, doc, "the server hands out another document");
+        server.stop().await;
+    })
+    .await
+    .expect("the test took too long");
+}
+
+// --- real answers against the documented schemas -----------------------------------------------
+
+/// A small JSON Schema checker for the keywords the document uses. `strict` also rejects object
+/// fields a schema does not declare, so an undocumented field in an answer is caught.
+struct Checker<'a> {
+    doc: &'a Value,
+}
+
+impl<'a> Checker<'a> {
+    fn resolve(&self, mut schema: &'a Value) -> &'a Value {
+        while let Some(reference) = schema.get("$ref").and_then(Value::as_str) {
+            schema = pointer(self.doc, reference).expect("resolvable $ref");
+        }
+        schema
+    }
+
+    /// Property names an object schema declares, through `allOf`; `None` when it takes any.
+    fn declared(&self, schema: &'a Value) -> Option<BTreeSet<&'a str>> {
+        let schema = self.resolve(schema);
+        if schema.get("additionalProperties").is_some() {
+            return None;
+        }
+        let mut names: BTreeSet<&str> = schema["properties"]
+            .as_object()
+            .map(|p| p.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        for branch in schema["allOf"].as_array().into_iter().flatten() {
+            names.extend(self.declared(branch)?);
+        }
+        let is_object = schema.get("properties").is_some() || schema.get("allOf").is_some();
+        is_object.then_some(names)
+    }
+
+    fn errors(&self, schema: &Value, value: &Value) -> Vec<String> {
+        let mut errors = Vec::new();
+        self.check(schema, value, "$", true, &mut errors);
+        errors
+    }
+
+    fn check(&self, schema: &Value, value: &Value, at: &str, strict: bool, errs: &mut Vec<String>) {
+        if let Some(reference) = schema.get("$ref").and_then(Value::as_str) {
+            if reference == "#/components/schemas/Duration" {
+                let ok = value
+                    .as_str()
+                    .is_some_and(|s| s.parse::<sked_core::HumanDuration>().is_ok());
+                if !ok {
+                    errs.push(format!("{at}: {value} is not a duration"));
+                }
+            }
+            let target = pointer(self.doc, reference).expect("resolvable $ref");
+            return self.check(target, value, at, strict, errs);
+        }
+        for branch in schema["allOf"].as_array().into_iter().flatten() {
+            self.check(branch, value, at, false, errs);
+        }
+        if let Some(branches) = schema["oneOf"].as_array() {
+            let fits = branches
+                .iter()
+                .filter(|b| {
+                    let mut e = Vec::new();
+                    self.check(b, value, at, strict, &mut e);
+                    e.is_empty()
+                })
+                .count();
+            if fits != 1 {
+                errs.push(format!("{at}: {value} fits {fits} of the oneOf branches"));
+            }
+        }
+        if let Some(types) = schema.get("type") {
+            let types: Vec<&str> = match types {
+                Value::String(t) => vec![t.as_str()],
+                Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+                _ => panic!("{at}: bad type {types}"),
+            };
+            let fits = types.iter().any(|t| match *t {
+                "null" => value.is_null(),
+                "boolean" => value.is_boolean(),
+                "string" => value.is_string(),
+                "integer" => value.is_i64() || value.is_u64(),
+                "number" => value.is_number(),
+                "array" => value.is_array(),
+                "object" => value.is_object(),
+                other => panic!("{at}: unknown type {other}"),
+            });
+            if !fits {
+                errs.push(format!("{at}: {value} is not {types:?}"));
+                return;
+            }
+        }
+        if let Some(allowed) = schema["enum"].as_array() {
+            if !allowed.contains(value) {
+                errs.push(format!("{at}: {value} is not one of {allowed:?}"));
+            }
+        }
+        if let Some(n) = value.as_f64() {
+            if schema["minimum"].as_f64().is_some_and(|min| n < min) {
+                errs.push(format!("{at}: {n} is below the minimum"));
+            }
+            if schema["maximum"].as_f64().is_some_and(|max| n > max) {
+                errs.push(format!("{at}: {n} is above the maximum"));
+            }
+        }
+        if let (Some(s), Some("date-time")) = (value.as_str(), schema["format"].as_str()) {
+            if chrono::DateTime::parse_from_rfc3339(s).is_err() {
+                errs.push(format!("{at}: {s:?} is not an RFC 3339 date-time"));
+            }
+        }
+        if let Some(items) = value.as_array() {
+            if schema["maxItems"]
+                .as_u64()
+                .is_some_and(|max| items.len() as u64 > max)
+            {
+                errs.push(format!("{at}: more than maxItems"));
+            }
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    self.check(item_schema, item, &format!("{at}[{i}]"), strict, errs);
+                }
+            }
+        }
+        if let Some(object) = value.as_object() {
+            for name in schema["required"].as_array().into_iter().flatten() {
+                if !object.contains_key(name.as_str().unwrap()) {
+                    errs.push(format!("{at}: {name} is missing"));
+                }
+            }
+            if let Some(deps) = schema["dependentRequired"].as_object() {
+                for (name, needed) in deps {
+                    for need in needed.as_array().unwrap() {
+                        if object.contains_key(name) && !object.contains_key(need.as_str().unwrap())
+                        {
+                            errs.push(format!("{at}: {name} needs {need}"));
+                        }
+                    }
+                }
+            }
+            let properties = schema["properties"].as_object();
+            for (key, v) in object {
+                let path = format!("{at}.{key}");
+                if let Some(property) = properties.and_then(|p| p.get(key)) {
+                    self.check(property, v, &path, strict, errs);
+                    continue;
+                }
+                match schema.get("additionalProperties") {
+                    Some(Value::Bool(false)) => errs.push(format!("{path} is not allowed")),
+                    Some(Value::Bool(true)) => {}
+                    Some(extra) => self.check(extra, v, &path, strict, errs),
+                    None => {
+                        let declared = || self.declared(schema);
+                        if strict && declared().is_some_and(|d| !d.contains(key.as_str())) {
+                            errs.push(format!("{path} is not documented"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An answer of the API: its status, its JSON body (null for other bodies) and its headers.
+struct Answer {
+    status: u16,
+    body: Value,
+    headers: reqwest::header::HeaderMap,
+}
+
+/// Calls the API and checks the answer against the document: the status must be documented for
+/// the operation, with the answer's media type, and a JSON body must fit its schema. Request
+/// bodies must fit theirs too.
+struct Client<'a> {
+    server: &'a Server,
+    doc: &'a Value,
+    checker: Checker<'a>,
+}
+
+impl Client<'_> {
+    /// The documented operation serving `path` (query string ignored): the path template with the
+    /// most literal segments that matches.
+    fn operation(&self, method: &str, path: &str) -> (&str, &Value) {
+        let path = path.split('?').next().unwrap();
+        let segments: Vec<&str> = path.split('/').collect();
+        let mut best: Option<(usize, &str)> = None;
+        for template in self.doc["paths"].as_object().unwrap().keys() {
+            let parts: Vec<&str> = template.split('/').collect();
+            if parts.len() != segments.len() || self.doc["paths"][template].get(method).is_none() {
+                continue;
+            }
+            let fits = parts
+                .iter()
+                .zip(&segments)
+                .all(|(t, s)| t == s || (t.starts_with('{') && t.ends_with('}') && !s.is_empty()));
+            let literal = parts.iter().filter(|t| !t.starts_with('{')).count();
+            if fits && best.is_none_or(|(n, _)| literal > n) {
+                best = Some((literal, template));
+            }
+        }
+        let (_, template) = best.unwrap_or_else(|| panic!("{method} {path} is not documented"));
+        (template, &self.doc["paths"][template][method])
+    }
+
+    /// Errors of a request body against the documented request schema.
+    fn request_errors(&self, method: &str, path: &str, body: &Value) -> Vec<String> {
+        let (template, op) = self.operation(method, path);
+        let schema = &op["requestBody"]["content"]["application/json"]["schema"];
+        assert!(schema.is_object(), "{method} {template} takes no JSON body");
+        self.checker.errors(schema, body)
+    }
+
+    /// Sends a JSON body (or none) that the document accepts.
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
+        if let Some(body) = &body {
+            let errors = self.request_errors(method, path, body);
+            assert!(errors.is_empty(), "request to {method} {path}: {errors:#?}");
+        }
+        let bytes = body.map(|b| ("application/json", serde_json::to_vec(&b).unwrap()));
+        self.send(method, path, bytes).await
+    }
+
+    /// Sends a body the document itself calls invalid; the server must refuse it with a 400.
+    async fn call_invalid(&self, method: &str, path: &str, body: Value) -> Value {
+        let errors = self.request_errors(method, path, &body);
+        assert!(
+            !errors.is_empty(),
+            "the document accepts {body} for {method} {path}"
+        );
+        let bytes = ("application/json", serde_json::to_vec(&body).unwrap());
+        let answer = self.send(method, path, Some(bytes)).await;
+        assert_eq!(answer.status, 400, "{method} {path}: {}", answer.body);
+        answer.body
+    }
+
+    /// Sends raw bytes (attempt output, or a body too large).
+    async fn raw(&self, method: &str, path: &str, bytes: Vec<u8>) -> Answer {
+        self.send(method, path, Some(("application/octet-stream", bytes)))
+            .await
+    }
+
+    async fn send(&self, method: &str, path: &str, body: Option<(&str, Vec<u8>)>) -> Answer {
+        let (_, op) = self.operation(method, path);
+        let (status, headers, bytes) = self.server.send(method, path, body).await;
+        let body = self.conforms(op, method, path, status, &headers, &bytes);
+        Answer {
+            status,
+            body,
+            headers,
+        }
+    }
+
+    fn conforms(
+        &self,
+        op: &Value,
+        method: &str,
+        path: &str,
+        status: u16,
+        headers: &reqwest::header::HeaderMap,
+        answer: &[u8],
+    ) -> Value {
+        let text = String::from_utf8_lossy(answer);
+        let response = self.checker.resolve(&op["responses"][status.to_string()]);
+        assert!(
+            response.is_object(),
+            "{method} {path} answered {status}, which is not documented: {text}"
+        );
+        let content_type = headers
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let media_type = content_type.split(';').next().unwrap_or_default().trim();
+        let content = &response["content"];
+        assert!(
+            content.get(media_type).is_some() || (content.is_null() && answer.is_empty()),
+            "{method} {path} {status}: {content_type:?} is not documented: {text}"
+        );
+        for (name, header) in response["headers"].as_object().into_iter().flatten() {
+            let got = headers
+                .get(name)
+                .unwrap_or_else(|| panic!("{method} {path}: no {name} header"));
+            let got = json!(got.to_str().unwrap());
+            let errors = self.checker.errors(&header["schema"], &got);
+            assert!(
+                errors.is_empty(),
+                "{method} {path}: header {name}: {errors:?}"
+            );
+        }
+        if media_type != "application/json" {
+            return Value::Null;
+        }
+        let value: Value = serde_json::from_slice(answer).unwrap();
+        let errors = self.checker.errors(&content[media_type]["schema"], &value);
+        assert!(
+            errors.is_empty(),
+            "{method} {path} {status}: {errors:#?}\n{value:#}"
+        );
+        value
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_answers_fit_the_documented_statuses_and_schemas() {
+    tokio::time::timeout(TEST_LIMIT, async {
+        let server = Server::start().await;
+        let doc = document();
+        let api = Client {
+            server: &server,
+            doc: &doc,
+            checker: Checker { doc: &doc },
+        };
+        jobs(&api).await;
+        let run_id = worker_protocol(&api).await;
+        runs(&api, run_id).await;
+        refusals(&api).await;
+        server.stop().await;
+    })
+    .await
+    .expect("the test took too long");
+}
+
+/// Defining, listing, reading, previewing, pausing and deleting jobs.
+async fn jobs(api: &Client<'_>) {
+    // The document's own example, twice.
+    let example = api.doc["components"]["schemas"]["Job"]["examples"][0].clone();
+    let created = api
+        .call("post", "/api/v1/jobs", Some(example.clone()))
+        .await;
+    assert_eq!(created.status, 201);
+    assert_eq!(created.body["name"], "nightly-report");
+    let again = api.call("post", "/api/v1/jobs", Some(example)).await;
+    assert_eq!(again.status, 409);
+    assert_eq!(again.body["error"]["code"], "conflict");
+
+    let shell = json!({
+        "description": "doc check",
+        "target": {"shell": {"command": "echo hi", "args": [], "env": {"A": "1"}}},
+        "timeout": "1m",
+        "retry": {"max_attempts": 2, "backoff": {"initial": "1s", "max": "2s"}},
+    });
+    let put = api
+        .call("put", "/api/v1/jobs/doc-job", Some(shell.clone()))
+        .await;
+    assert_eq!(put.status, 201);
+    assert_eq!(put.headers["x-sked-change"], "created");
+    let put = api.call("put", "/api/v1/jobs/doc-job", Some(shell)).await;
+    assert_eq!(put.status, 200);
+    assert_eq!(put.headers["x-sked-change"], "unchanged");
+
+    let http = json!({
+        "schedule": {
+            "every": "1h", "anchor": "2026-01-01T00:00:00Z", "max_runs": 5, "jitter": "1s",
+        },
+        "target": {"http": {
+            "method": "post", "url": "http://127.0.0.1:9/hook", "headers": {"X": "y"},
+            "body": "{}", "expected_status": [200, 202],
+        }},
+        "overlap": "buffer_one",
+        "misfire": {"policy": "run_all", "catchup_window": "2h"},
+        "priority": -3,
+        "routing": {
+            "labels": {"zone": "nowhere"}, "strategy": "consistent_hash", "affinity_key": "k",
+        },
+        "paused": true,
+    });
+    let every = api
+        .call("put", "/api/v1/jobs/every-job?namespace=doc", Some(http))
+        .await;
+    assert_eq!(
+        (every.status, &every.body["state"]),
+        (201, &json!("paused"))
+    );
+
+    let bad_zone = json!({
+        "schedule": {"cron": "* * * * *", "timezone": "Mars/Base"},
+        "target": {"shell": {"command": "true"}},
+    });
+    let refused = api
+        .call("put", "/api/v1/jobs/bad-job", Some(bad_zone))
+        .await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.body["error"]["field"], "schedule.timezone");
+    // The server answers before it has read the whole body, so the upload itself may be cut
+    // short: try a few times for the answer.
+    let mut too_big = None;
+    for _ in 0..5 {
+        let body = Some(("application/json", vec![b' '; 2 * 1024 * 1024]));
+        if let Ok(answer) = api.server.try_send("post", "/api/v1/jobs", body).await {
+            too_big = Some(answer);
+            break;
+        }
+    }
+    let (status, headers, bytes) = too_big.expect("an answer to a body over the limit");
+    assert_eq!(status, 413);
+    let (_, create) = api.operation("post", "/api/v1/jobs");
+    api.conforms(create, "post", "/api/v1/jobs", status, &headers, &bytes);
+
+    let first = api
+        .call("get", "/api/v1/jobs?sort=name&order=desc&limit=1", None)
+        .await;
+    assert_eq!(first.body["jobs"][0]["name"], "nightly-report");
+    let cursor = first.body["next_cursor"].as_str().expect("a second page");
+    let second = format!("/api/v1/jobs?sort=name&order=desc&limit=1&cursor={cursor}");
+    let second = api.call("get", &second, None).await;
+    assert_eq!(second.body["jobs"][0]["name"], "doc-job");
+    let none = api
+        .call(
+            "get",
+            "/api/v1/jobs?state=completed&search=REPORT&sort=updated_at",
+            None,
+        )
+        .await;
+    assert_eq!(none.body["jobs"], json!([]));
+    for bad in [
+        "limit=0",
+        "state=asleep",
+        "sort=size",
+        "order=up",
+        "cursor=zzz",
+        "namespace=.x",
+    ] {
+        let answer = api.call("get", &format!("/api/v1/jobs?{bad}"), None).await;
+        assert_eq!(answer.status, 400, "{bad}");
+    }
+
+    let got = api.call("get", "/api/v1/jobs/nightly-report", None).await;
+    assert_eq!(got.status, 200);
+    let missing = api.call("get", "/api/v1/jobs/no-such-job", None).await;
+    assert_eq!(missing.status, 404);
+
+    let preview = api
+        .call("get", "/api/v1/jobs/nightly-report/preview?count=3", None)
+        .await;
+    assert_eq!(preview.body["fire_times"].as_array().unwrap().len(), 3);
+    let preview = api
+        .call("get", "/api/v1/jobs/nightly-report/preview?count=0", None)
+        .await;
+    assert_eq!(preview.status, 400);
+    let request = json!({
+        "schedule": {"iso8601": "R2/2026-06-20T14:05:16Z/PT5M"},
+        "count": 5,
+        "from": "2026-01-01T00:00:00Z",
+    });
+    let preview = api
+        .call("post", "/api/v1/schedules/preview", Some(request))
+        .await;
+    assert_eq!(preview.body["fire_times"].as_array().unwrap().len(), 3);
+    let nonsense = json!({"schedule": {"cron": "nonsense"}});
+    let preview = api
+        .call("post", "/api/v1/schedules/preview", Some(nonsense))
+        .await;
+    assert_eq!(preview.status, 400);
+
+    let paused = api
+        .call("post", "/api/v1/jobs/nightly-report/pause", None)
+        .await;
+    assert_eq!(paused.body["state"], "paused");
+    let active = api
+        .call("post", "/api/v1/jobs/nightly-report/resume", None)
+        .await;
+    assert_eq!(active.body["state"], "active");
+    let missing = api
+        .call("post", "/api/v1/jobs/no-such-job/pause", None)
+        .await;
+    assert_eq!(missing.status, 404);
+
+    let deleted = api
+        .call("delete", "/api/v1/jobs/every-job?namespace=doc", None)
+        .await;
+    assert_eq!(
+        (deleted.status, &deleted.body["name"]),
+        (200, &json!("every-job"))
+    );
+    let gone = api
+        .call("delete", "/api/v1/jobs/every-job?namespace=doc", None)
+        .await;
+    assert_eq!(gone.status, 404);
+}
+
+/// The worker protocol, once through: register, trigger, lease, output, heartbeat, complete (a
+/// failure, so the run is queued again for its retry). Returns the run's id.
+async fn worker_protocol(api: &Client<'_>) -> i64 {
+    let hello = json!({"name": "doc-worker", "labels": {"zone": "eu"}, "slots": 2});
+    let registered = api.call("post", "/api/v1/workers", Some(hello)).await;
+    assert_eq!(registered.status, 201);
+    let worker = registered.body["worker_id"].as_str().unwrap().to_string();
+    let no_slots = json!({"name": "w", "slots": 0});
+    let refused = api.call_invalid("post", "/api/v1/workers", no_slots).await;
+    assert_eq!(refused["error"]["field"], "slots");
+
+    let run = api.call("post", "/api/v1/jobs/doc-job/trigger", None).await;
+    assert_eq!((run.status, &run.body["trigger"]), (201, &json!("manual")));
+    let run_id = run.body["id"].as_i64().unwrap();
+    let missing = api
+        .call("post", "/api/v1/jobs/no-such-job/trigger", None)
+        .await;
+    assert_eq!(missing.status, 404);
+
+    let lease = format!("/api/v1/workers/{worker}/lease");
+    let mut leased = Value::Null;
+    for _ in 0..10 {
+        let ask = json!({"max": 2, "wait_ms": 500});
+        let answer = api.call("post", &lease, Some(ask)).await;
+        assert_eq!(answer.status, 200);
+        if let Some(first) = answer.body["attempts"].as_array().and_then(|a| a.first()) {
+            leased = first.clone();
+            break;
+        }
+    }
+    assert_eq!(
+        leased["run_id"],
+        json!(run_id),
+        "the triggered run was leased"
+    );
+    let attempt = leased["attempt_id"].as_i64().unwrap();
+    let token = leased["token"].as_i64().unwrap();
+    let ask = json!({"max": 1, "wait_ms": 0});
+    let unknown = api
+        .call("post", "/api/v1/workers/no-such-worker/lease", Some(ask))
+        .await;
+    assert_eq!(unknown.status, 410);
+
+    let output = format!("/api/v1/attempts/{attempt}/log?token={token}");
+    let kept = api.raw("post", &output, b"hello\n".to_vec()).await;
+    assert_eq!((kept.status, &kept.body["kept"]), (200, &json!(6)));
+    let output = format!("/api/v1/attempts/{attempt}/log?token={}", token ^ 1);
+    let fenced = api.raw("post", &output, b"x".to_vec()).await;
+    assert_eq!(
+        (fenced.status, &fenced.body["error"]["code"]),
+        (409, &json!("fenced"))
+    );
+
+    let beat = json!({"running": [attempt], "warm_keys": ["k"]});
+    let path = format!("/api/v1/workers/{worker}/heartbeat");
+    let answer = api.call("post", &path, Some(beat)).await;
+    assert_eq!((answer.status, &answer.body["stop"]), (200, &json!([])));
+    let path = "/api/v1/workers/no-such-worker/heartbeat";
+    let unknown = api.call("post", path, Some(json!({}))).await;
+    assert_eq!(unknown.status, 410);
+
+    let workers = api.call("get", "/api/v1/workers", None).await;
+    assert_eq!(workers.body["workers"][0]["running"], 1);
+
+    let complete = format!("/api/v1/workers/{worker}/complete");
+    let failed = json!({"completions": [{
+        "attempt_id": attempt, "token": token, "outcome": "failed", "exit_code": 3, "error": "boom",
+    }]});
+    let answer = api.call("post", &complete, Some(failed.clone())).await;
+    assert_eq!(answer.body["results"][0]["accepted"], true);
+    let answer = api.call("post", &complete, Some(failed)).await;
+    assert_eq!(answer.body["results"][0]["accepted"], false);
+    let refused = api.call_invalid("post", &complete, json!({"x": 1})).await;
+    assert_eq!(refused["error"]["field"], "x");
+    run_id
+}
+
+/// The run, queued again after its failure: attempts, output, listings, statistics, cancel.
+async fn runs(api: &Client<'_>, run_id: i64) {
+    let view = api
+        .call("get", &format!("/api/v1/runs/{run_id}"), None)
+        .await;
+    assert_eq!((view.status, &view.body["state"]), (200, &json!("queued")));
+    assert_eq!(view.body["attempt_history"][0]["exit_code"], 3);
+    let missing = api.call("get", "/api/v1/runs/999999", None).await;
+    assert_eq!(missing.status, 404);
+
+    let path = format!("/api/v1/runs/{run_id}/log?attempt=1");
+    let (status, _, text) = api.server.send("get", &path, None).await;
+    assert_eq!((status, text.as_slice()), (200, &b"hello\n"[..]));
+    let latest = api
+        .call("get", &format!("/api/v1/runs/{run_id}/log"), None)
+        .await;
+    assert_eq!(latest.status, 200);
+    let path = format!("/api/v1/runs/{run_id}/log?attempt=7");
+    let missing = api.call("get", &path, None).await;
+    assert_eq!(missing.status, 404);
+
+    let page = api
+        .call("get", "/api/v1/runs?job=doc-job&state=queued&limit=5", None)
+        .await;
+    assert_eq!(page.body["runs"].as_array().unwrap().len(), 1);
+    let refused = api.call("get", "/api/v1/runs?state=asleep", None).await;
+    assert_eq!(refused.status, 400);
+    let page = api.call("get", "/api/v1/jobs/doc-job/runs", None).await;
+    assert_eq!(page.body["runs"].as_array().unwrap().len(), 1);
+    let stats = api.call("get", "/api/v1/jobs/doc-job/stats", None).await;
+    assert_eq!((stats.status, &stats.body["runs"]), (200, &json!(1)));
+    let missing = api
+        .call("get", "/api/v1/jobs/no-such-job/stats", None)
+        .await;
+    assert_eq!(missing.status, 404);
+    let job = api.call("get", "/api/v1/jobs/doc-job", None).await;
+    assert_eq!(job.body["last_run"]["id"], run_id);
+
+    let cancel = format!("/api/v1/runs/{run_id}/cancel");
+    let cancelled = api.call("post", &cancel, None).await;
+    assert_eq!(cancelled.body["cancel"], "cancelled");
+    let again = api.call("post", &cancel, None).await;
+    assert_eq!(again.body["cancel"], "already_finished");
+    let missing = api.call("post", "/api/v1/runs/999999/cancel", None).await;
+    assert_eq!(missing.status, 404);
+
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(api.call("get", path, None).await.status, 200, "{path}");
+    }
+}
+
+/// Query and path values of the wrong type are refused before a handler runs; that, too, is a
+/// documented 400.
+async fn refusals(api: &Client<'_>) {
+    for (method, path) in [
+        ("get", "/api/v1/jobs?limit=abc"),
+        ("get", "/api/v1/runs/abc"),
+        ("get", "/api/v1/runs/1/log?follow=maybe"),
+        ("post", "/api/v1/attempts/1/log"),
+    ] {
+        let answer = api.raw(method, path, b"x".to_vec()).await;
+        assert_eq!(answer.status, 400, "{method} {path}");
+    }
+}
