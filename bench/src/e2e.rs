@@ -33,6 +33,21 @@ pub async fn run(schedules: usize, every: &str, seconds: u64, slots: u32) -> Res
         .await
         .context("register")?;
     let worker = reg.worker_id;
+    // Every attempt completes within its lease poll, so heartbeats carry no attempts; they only
+    // keep the worker alive.
+    let heartbeats = tokio::spawn({
+        let (http, url) = (
+            http.clone(),
+            format!("{}/api/v1/workers/{worker}/heartbeat", server.base),
+        );
+        let every = std::time::Duration::from_millis(reg.heartbeat_interval_ms);
+        async move {
+            loop {
+                let _ = http.post(&url).json(&json!({"running": []})).send().await;
+                tokio::time::sleep(every).await;
+            }
+        }
+    });
     let from = Utc::now() + Duration::seconds(2);
     let to = from + Duration::seconds(seconds as i64);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds + 4);
@@ -71,6 +86,7 @@ pub async fn run(schedules: usize, every: &str, seconds: u64, slots: u32) -> Res
         }
         completed += completions.len() as u64;
     }
+    heartbeats.abort();
     let metrics = reqwest::get(format!("{}/metrics", server.base))
         .await?
         .text()

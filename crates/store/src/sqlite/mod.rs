@@ -5,6 +5,10 @@
 //! `synchronous = NORMAL`: a commit survives the process being killed; only a power cut can lose
 //! the last commits, and no run pays an fsync of its own.
 //!
+//! Checkpoints (copying the WAL back into the database, with its fsync) run on a thread of their
+//! own with a third connection, so no commit of the firing loop waits for one; the writer's own
+//! auto-checkpoint stays as a distant safety net.
+//!
 //! The blocking calls run on tokio's blocking pool. Each submodule holds the queries of one
 //! part of the trait as plain functions over a connection or transaction.
 
@@ -28,7 +32,14 @@ impl From<rusqlite::Error> for StoreError {
 
 pub struct SqliteStore {
     inner: Arc<Connections>,
+    /// Dropping it stops the checkpoint thread.
+    _checkpointer: std::sync::mpsc::Sender<()>,
 }
+
+/// How often the checkpoint thread copies the WAL back.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+/// Pages of WAL after which a commit checkpoints by itself, should the thread fall behind.
+const WRITER_AUTOCHECKPOINT_PAGES: i64 = 20_000;
 
 struct Connections {
     writer: Mutex<Connection>,
@@ -72,6 +83,11 @@ impl SqliteStore {
             )));
         }
         schema::migrate(&mut writer).map_err(open_err)?;
+        writer
+            .pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)
+            .map_err(open_err)?;
+        let checkpointer = Connection::open(path).map_err(open_err)?;
+        configure(&checkpointer).map_err(open_err)?;
         let reader = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -83,6 +99,9 @@ impl SqliteStore {
                 writer: Mutex::new(writer),
                 reader: Mutex::new(reader),
             }),
+            _checkpointer: spawn_checkpointer(checkpointer).map_err(|e| {
+                StoreError::Open(format!("cannot start the checkpoint thread: {e}"))
+            })?,
         })
     }
 
@@ -117,6 +136,25 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// Checkpoints every [`CHECKPOINT_EVERY`] until the returned sender is dropped. PASSIVE never
+/// blocks the writer or readers; what it cannot copy yet is copied next time.
+fn spawn_checkpointer(conn: Connection) -> std::io::Result<std::sync::mpsc::Sender<()>> {
+    use std::sync::mpsc::{channel, RecvTimeoutError};
+    let (stop, stopped) = channel::<()>();
+    std::thread::Builder::new()
+        .name("sked-sqlite-checkpoint".into())
+        .spawn(move || loop {
+            match stopped.recv_timeout(CHECKPOINT_EVERY) {
+                Err(RecvTimeoutError::Timeout) => {}
+                _ => return,
+            }
+            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                tracing::warn!("sqlite checkpoint failed (the writer will checkpoint instead): {e}");
+            }
+        })?;
+    Ok(stop)
 }
 
 async fn blocking<T: Send + 'static>(
