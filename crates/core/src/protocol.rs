@@ -121,7 +121,9 @@ pub struct CompleteResponse {
 pub struct CompletionResult {
     pub attempt_id: i64,
     pub accepted: bool,
-    /// Why it was rejected (`fenced`, `unknown_attempt`).
+    /// Why it was rejected: `fenced` (the token is not the attempt's, or its lease was taken
+    /// away), `already_reported` (the attempt's outcome is already recorded) or
+    /// `unknown_attempt` (no such attempt). A rejection is final.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

@@ -416,8 +416,8 @@ impl Server {
     }
 }
 
-/// True when the answer came from a handler: not a 405, and not a 404 from the router (the API's
-/// fallback answers `no such endpoint`; outside `/api/v1` the 404 has no JSON body at all).
+/// True when the answer came from a handler: not a 405, and not a 404 from the router (its
+/// fallback answers `no such endpoint`, inside `/api/v1` or not).
 fn answered_by_a_handler(status: u16, body: &[u8]) -> bool {
     match status {
         405 => false,
@@ -1031,6 +1031,11 @@ async fn worker_protocol(api: &Client<'_>) -> i64 {
     assert_eq!(answer.body["results"][0]["accepted"], false);
     let refused = api.call_invalid("post", &complete, json!({"x": 1})).await;
     assert_eq!(refused["error"]["field"], "x");
+    let path = "/api/v1/workers/no-such-worker/complete";
+    let unknown = api
+        .call("post", path, Some(json!({"completions": []})))
+        .await;
+    assert_eq!(unknown.status, 410);
     run_id
 }
 
@@ -1086,15 +1091,44 @@ async fn runs(api: &Client<'_>, run_id: i64) {
 }
 
 /// Query and path values of the wrong type are refused before a handler runs; that, too, is a
-/// documented 400.
+/// documented 400, JSON naming the parameter. A wrong method and an unknown path are not any
+/// operation's answers, but their bodies are the document's `Error` too.
 async fn refusals(api: &Client<'_>) {
-    for (method, path) in [
-        ("get", "/api/v1/jobs?limit=abc"),
-        ("get", "/api/v1/runs/abc"),
-        ("get", "/api/v1/runs/1/log?follow=maybe"),
-        ("post", "/api/v1/attempts/1/log"),
+    for (method, path, field) in [
+        ("get", "/api/v1/jobs?limit=abc", "limit"),
+        ("get", "/api/v1/runs/abc", "id"),
+        ("get", "/api/v1/runs/1/log?follow=maybe", "follow"),
+        ("post", "/api/v1/attempts/1/log", "token"),
     ] {
         let answer = api.raw(method, path, b"x".to_vec()).await;
         assert_eq!(answer.status, 400, "{method} {path}");
+        assert_eq!(
+            (
+                &answer.body["error"]["code"],
+                &answer.body["error"]["field"]
+            ),
+            (&json!("invalid_request"), &json!(field)),
+            "{method} {path}"
+        );
+    }
+    let error = json!({"$ref": "#/components/schemas/Error"});
+    for (method, path, status) in [
+        ("patch", "/api/v1/jobs", 405),
+        ("post", "/healthz", 405),
+        ("get", "/api/v1/doc-check-nothing", 404),
+        ("get", "/doc-check-nothing", 404),
+    ] {
+        let (got, headers, bytes) = api.server.send(method, path, None).await;
+        assert_eq!(got, status, "{method} {path}");
+        assert!(
+            headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("application/json"),
+            "{method} {path}"
+        );
+        let value: Value = serde_json::from_slice(&bytes).unwrap();
+        let errors = api.checker.errors(&error, &value);
+        assert!(errors.is_empty(), "{method} {path}: {errors:#?}");
     }
 }

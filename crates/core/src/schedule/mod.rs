@@ -92,11 +92,12 @@ impl Schedule {
         .iter()
         .filter(|g| **g)
         .count();
-        if given > 1 {
-            return Err(SpecError::new(
-                "schedule",
-                "give exactly one of cron, every, iso8601 or at",
-            ));
+        // A job without a schedule leaves `schedule` out: an object that names no kind (only
+        // `start`, `jitter` and such, or nothing) is a mistake, not a manual job.
+        let exactly_one =
+            || SpecError::new("schedule", "give exactly one of cron, every, iso8601 or at");
+        if given != 1 {
+            return Err(exactly_one());
         }
         if spec.timezone.is_some() && spec.cron.is_none() {
             return Err(SpecError::new(
@@ -141,7 +142,7 @@ impl Schedule {
         } else if let Some(at) = spec.at {
             Kind::At(at)
         } else {
-            Kind::Manual
+            return Err(exactly_one());
         };
         if let (Some(start), Some(end)) = (spec.start, spec.end) {
             if end < start {
@@ -338,6 +339,73 @@ mod tests {
                 .field,
             "schedule.every"
         );
+    }
+
+    #[test]
+    fn a_schedule_that_names_no_kind_is_rejected() {
+        let epoch = t("2026-01-01T00:00:00Z");
+        let refused = |spec: ScheduleSpec| {
+            let e = Schedule::compile(Some(&spec), epoch).unwrap_err();
+            assert_eq!(e.field, "schedule", "{spec:?}");
+            assert_eq!(
+                e.message, "give exactly one of cron, every, iso8601 or at",
+                "{spec:?}"
+            );
+        };
+        // `{"schedule": {}}`
+        refused(ScheduleSpec::default());
+        // Bounds, a limit or jitter do not make a schedule on their own.
+        refused(ScheduleSpec {
+            start: Some(t("2026-02-01T00:00:00Z")),
+            ..Default::default()
+        });
+        refused(ScheduleSpec {
+            end: Some(t("2026-02-01T00:00:00Z")),
+            ..Default::default()
+        });
+        refused(ScheduleSpec {
+            max_runs: Some(3),
+            ..Default::default()
+        });
+        refused(ScheduleSpec {
+            jitter: Some("10s".parse().unwrap()),
+            ..Default::default()
+        });
+        // Nor do the options of one kind without it.
+        refused(ScheduleSpec {
+            timezone: Some("Europe/London".into()),
+            ..Default::default()
+        });
+        refused(ScheduleSpec {
+            anchor: Some(epoch),
+            ..Default::default()
+        });
+        let parsed: ScheduleSpec = serde_json::from_str("{}").unwrap();
+        refused(parsed);
+
+        // No schedule at all is a manual job.
+        let manual = Schedule::compile(None, epoch).unwrap();
+        assert!(manual.is_manual());
+        assert_eq!(manual.first(), None);
+
+        // The same through a whole job definition.
+        let job = |json: &str| {
+            serde_json::from_str::<crate::job::JobSpec>(json)
+                .unwrap()
+                .validate(Some("j"), epoch)
+        };
+        let target = r#""target": {"shell": {"command": "true"}}"#;
+        let valid = job(&format!("{{{target}}}")).unwrap();
+        assert!(valid.schedule.is_manual());
+        let valid = job(&format!(r#"{{"schedule": null, {target}}}"#)).unwrap();
+        assert!(valid.schedule.is_manual());
+        for schedule in [
+            r#"{}"#,
+            r#"{"start": "2026-02-01T00:00:00Z", "max_runs": 2}"#,
+        ] {
+            let e = job(&format!(r#"{{"schedule": {schedule}, {target}}}"#)).unwrap_err();
+            assert_eq!(e.field, "schedule", "{schedule}");
+        }
     }
 
     #[test]

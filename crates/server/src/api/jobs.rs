@@ -1,11 +1,12 @@
 //! `/api/v1/jobs`: define, list, read, delete, trigger, pause, resume, preview, runs and stats.
 
+use super::extract::{Path, Query};
 use super::{body, parse_json, ApiError, Namespace};
 use crate::firing::queued_run;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;

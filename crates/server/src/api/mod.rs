@@ -5,6 +5,7 @@
 //! changed. They hold no state of their own.
 
 mod error;
+mod extract;
 mod jobs;
 mod openapi;
 mod runs;
@@ -16,7 +17,7 @@ use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
@@ -55,16 +56,31 @@ pub fn router(state: AppState) -> Router {
             post(workers::append_output).layer(DefaultBodyLimit::max(MAX_OUTPUT_CHUNK)),
         )
         .route("/openapi.json", get(openapi::document))
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-        });
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(no_such_endpoint);
     Router::new()
         .nest("/api/v1", api)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(no_such_endpoint)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
+}
+
+/// A path no route serves, inside `/api/v1` or not.
+async fn no_such_endpoint() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}
+
+/// A path that is served, with a method it is not served with. (The router adds `Allow`.)
+async fn method_not_allowed(method: Method) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("this endpoint does not answer {method}"),
+    )
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
@@ -101,12 +117,18 @@ impl Namespace {
     }
 }
 
-/// A request body, or the error for one that is too large or unreadable.
+/// A request body, or the error for one that is too large (over [`MAX_BODY`]) or unreadable.
 pub fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body_within(body, MAX_BODY)
+}
+
+/// A request body on a route whose `DefaultBodyLimit` is `limit`, or the error for one that is
+/// too large or unreadable. The limit is only quoted to the client: the route enforces it.
+pub fn body_within(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
         let status = rejection.status();
         let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!("the request body is larger than the limit of {MAX_BODY} bytes")
+            format!("the request body is larger than the limit of {limit} bytes")
         } else {
             rejection.body_text()
         };

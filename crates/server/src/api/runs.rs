@@ -1,10 +1,11 @@
 //! `/api/v1/runs`: the ledger — list, read with attempts, captured output, cancel.
 
+use super::extract::{Path, Query};
 use super::jobs::{check_limit, parse_run_state, RunPage};
 use super::{ApiError, Namespace};
 use crate::AppState;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::Utc;

@@ -1,13 +1,14 @@
 //! `/api/v1/workers` and `/api/v1/attempts`: the worker protocol (register, heartbeat, lease,
 //! output, complete) and the list of workers. Message types are in `sked_core::protocol`.
 
-use super::{body, parse_json, ApiError};
+use super::extract::{Path, Query};
+use super::{body, body_within, parse_json, ApiError, MAX_OUTPUT_CHUNK};
 use crate::dispatch::KnownWorker;
 use crate::metrics::Metrics;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::Utc;
@@ -205,12 +206,18 @@ pub async fn lease(
     Ok(Json(LeaseResponse { attempts }))
 }
 
+/// Completions are fenced by each attempt's token; the worker must also still be known, as for
+/// a lease. A worker declared dead gets 410 here too, and learns to register again. Its
+/// completions are not needed: the reaper took away the leases of its running attempts in the
+/// same transaction that declared it dead (an attempt it still started afterwards is taken away
+/// at the next sweep), and their runs are queued again without spending a retry.
 pub async fn complete(
     State(state): State<AppState>,
-    Path(_id): Path<String>,
+    Path(id): Path<String>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CompleteResponse>, ApiError> {
     let req: CompleteRequest = parse_json(&body(raw)?)?;
+    known_worker(&state, &id).await?;
     let reports: Vec<AttemptReport> = req
         .completions
         .iter()
@@ -274,7 +281,7 @@ pub async fn append_output(
     Query(p): Query<TokenParam>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AppendView>, ApiError> {
-    let bytes = body(raw)?;
+    let bytes = body_within(raw, MAX_OUTPUT_CHUNK)?;
     match state
         .store
         .append_output(id, p.token, &bytes, state.config.output_cap)
