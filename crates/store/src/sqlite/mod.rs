@@ -151,7 +151,9 @@ fn spawn_checkpointer(conn: Connection) -> std::io::Result<std::sync::mpsc::Send
                 _ => return,
             }
             if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                tracing::warn!("sqlite checkpoint failed (the writer will checkpoint instead): {e}");
+                tracing::warn!(
+                    "sqlite checkpoint failed (the writer will checkpoint instead): {e}"
+                );
             }
         })?;
     Ok(stop)
