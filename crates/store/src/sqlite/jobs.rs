@@ -205,15 +205,7 @@ pub fn delete(
     let Some(job) = get(tx, namespace, name)? else {
         return Ok(None);
     };
-    tx.prepare_cached(
-        "UPDATE runs SET state = 'cancelled', finished_at = ?2, error = 'the job was deleted' \
-         WHERE job_id = ?1 AND state IN ('queued', 'waiting')",
-    )?
-    .execute(params![job.id, micros(now)])?;
-    tx.prepare_cached(
-        "UPDATE runs SET cancel_requested = 1 WHERE job_id = ?1 AND state = 'running'",
-    )?
-    .execute(params![job.id])?;
+    super::ledger::cancel_active(tx, job.id, "the job was deleted", now)?;
     tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
         .execute(params![job.id])?;
     Ok(Some(job))

@@ -16,6 +16,51 @@ use sked_core::Instant;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
+/// Statements over one job's unfinished runs. Each repeats an index's condition word for word
+/// (`state IN ('waiting', 'queued', 'running')`, or `state = 'waiting'`): SQLite uses a partial
+/// index only when the query provably implies its condition, and without one these statements
+/// walk every run the job ever had. `tests::job_scoped_statements_use_partial_indexes` holds
+/// them to it.
+pub(super) const COUNT_ACTIVE: &str = "SELECT coalesce(sum(state IN ('queued', 'running')), 0), \
+            coalesce(sum(state = 'waiting'), 0) \
+     FROM runs WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running')";
+/// `?3` is the reason recorded on the cancelled runs.
+pub(super) const CANCEL_UNSTARTED: &str = "UPDATE runs SET state = 'cancelled', finished_at = ?2, \
+     error = ?3 WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running') \
+     AND state IN ('queued', 'waiting')";
+pub(super) const REQUEST_CANCEL_RUNNING: &str = "UPDATE runs SET cancel_requested = 1 \
+     WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running') AND state = 'running' \
+     RETURNING id";
+/// Queues the job's oldest waiting run, once none of its runs is queued or running.
+pub(super) const RELEASE_WAITING: &str = "UPDATE runs SET state = 'queued' WHERE id = ( \
+        SELECT id FROM runs WHERE job_id = ?1 AND state = 'waiting' \
+        ORDER BY scheduled_for, id LIMIT 1) \
+     AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = ?1 \
+        AND state IN ('waiting', 'queued', 'running') AND state IN ('queued', 'running')) \
+     RETURNING id";
+#[cfg(test)]
+const JOB_SCOPED: &[&str] = &[
+    COUNT_ACTIVE,
+    CANCEL_UNSTARTED,
+    REQUEST_CANCEL_RUNNING,
+    RELEASE_WAITING,
+];
+
+/// Cancels the job's queued and waiting runs and asks its running ones to stop; returns the
+/// running ones.
+pub(super) fn cancel_active(
+    tx: &Transaction<'_>,
+    job_id: i64,
+    reason: &str,
+    now: Instant,
+) -> Result<Vec<i64>> {
+    tx.prepare_cached(CANCEL_UNSTARTED)?
+        .execute(params![job_id, micros(now), reason])?;
+    let mut stmt = tx.prepare_cached(REQUEST_CANCEL_RUNNING)?;
+    let ids = stmt.query_map(params![job_id], |r| r.get::<_, i64>(0))?;
+    Ok(ids.collect::<rusqlite::Result<_>>()?)
+}
+
 /// What the fire path needs of a job.
 struct FiringJob {
     namespace: String,
@@ -141,40 +186,29 @@ fn decide_fire(
         return Ok((RunState::Queued, None));
     }
     let (active, waiting): (u32, u32) = tx
-        .prepare_cached(
-            "SELECT coalesce(sum(state IN ('queued', 'running')), 0), \
-                    coalesce(sum(state = 'waiting'), 0) \
-             FROM runs WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running')",
-        )?
+        .prepare_cached(COUNT_ACTIVE)?
         .query_row(params![fire.job_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(match decide(job.overlap, ActiveRuns { active, waiting }) {
         OverlapDecision::Queue => (RunState::Queued, None),
         OverlapDecision::Wait => (RunState::Waiting, None),
         OverlapDecision::Skip => (RunState::Skipped, Some(SkipReason::Overlap)),
         OverlapDecision::CancelActiveThenQueue => {
-            tx.prepare_cached(
-                "UPDATE runs SET state = 'cancelled', finished_at = ?2, \
-                 error = 'cancelled by a newer run (overlap cancel_running)' \
-                 WHERE job_id = ?1 AND state IN ('queued', 'waiting')",
-            )?
-            .execute(params![fire.job_id, micros(now)])?;
-            let mut stmt = tx.prepare_cached(
-                "UPDATE runs SET cancel_requested = 1 \
-                 WHERE job_id = ?1 AND state = 'running' RETURNING id",
-            )?;
-            let ids = stmt.query_map(params![fire.job_id], |r| r.get::<_, i64>(0))?;
-            for id in ids {
-                outcome.cancel_requested.push(id?);
-            }
+            let reason = "cancelled by a newer run (overlap cancel_running)";
+            let running = cancel_active(tx, fire.job_id, reason, now)?;
+            outcome.cancel_requested.extend(running);
             (RunState::Queued, None)
         }
     })
 }
 
+/// Every queued run with its job's definition; `state = 'queued'` is the `runs_queued` index's
+/// condition, so a start does not read the whole ledger.
+pub(super) const QUEUED: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
+     r.priority, r.ready_at, j.spec FROM runs r JOIN jobs j ON j.id = r.job_id \
+     WHERE r.state = 'queued'";
+
 pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>> {
-    const SELECT: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
-         r.priority, r.ready_at, j.spec FROM runs r JOIN jobs j ON j.id = r.job_id \
-         WHERE r.state = 'queued'";
+    let sql = format!("{QUEUED} AND r.id = ?1");
     let mut runs = Vec::new();
     let mut specs: HashMap<i64, sked_core::job::JobSpec> = HashMap::new();
     let mut push = |row: &rusqlite::Row<'_>| -> Result<()> {
@@ -199,14 +233,14 @@ pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<Queu
     };
     match ids {
         None => {
-            let mut stmt = tx.prepare_cached(SELECT)?;
+            let mut stmt = tx.prepare_cached(QUEUED)?;
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
                 push(row)?;
             }
         }
         Some(ids) => {
-            let mut stmt = tx.prepare_cached(&format!("{SELECT} AND r.id = ?1"))?;
+            let mut stmt = tx.prepare_cached(&sql)?;
             for id in ids {
                 let mut rows = stmt.query(params![id])?;
                 if let Some(row) = rows.next()? {
@@ -408,14 +442,7 @@ fn finish_run(
 /// Queues the oldest run of the job held back by overlap, once none of its runs is active.
 fn release_waiting(tx: &Transaction<'_>, job_id: i64) -> Result<Vec<i64>> {
     let released: Option<i64> = tx
-        .prepare_cached(
-            "UPDATE runs SET state = 'queued' WHERE id = ( \
-                SELECT id FROM runs WHERE job_id = ?1 AND state = 'waiting' \
-                ORDER BY scheduled_for, id LIMIT 1) \
-             AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = ?1 \
-                             AND state IN ('queued', 'running')) \
-             RETURNING id",
-        )?
+        .prepare_cached(RELEASE_WAITING)?
         .query_row(params![job_id], |r| r.get(0))
         .optional()?;
     Ok(released.into_iter().collect())
@@ -521,4 +548,33 @@ pub fn reap(tx: &Transaction<'_>, silent_since: Instant, now: Instant) -> Result
         }
     }
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan of every job-scoped statement must go through a partial index, never through
+    /// the `(job_id, scheduled_for)` key that covers the job's whole history, nor a scan.
+    #[test]
+    fn job_scoped_statements_use_partial_indexes() {
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut conn).unwrap();
+        for sql in JOB_SCOPED.iter().chain([&QUEUED]) {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let nulls = std::iter::repeat_n(rusqlite::types::Null, stmt.parameter_count());
+            let plan: Vec<String> = stmt
+                .query_map(rusqlite::params_from_iter(nulls), |r| r.get(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            for step in plan
+                .iter()
+                .filter(|step| step.contains(" r ") || step.contains("runs"))
+            {
+                let partial = step.contains("INDEX runs_") || step.contains("PRIMARY KEY");
+                assert!(partial, "{sql}\n=> {}", plan.join("; "));
+            }
+        }
+    }
 }

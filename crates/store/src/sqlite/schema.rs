@@ -53,7 +53,11 @@ CREATE TABLE runs (
 );
 CREATE INDEX runs_by_job_name ON runs (namespace, job, scheduled_for DESC, id DESC);
 CREATE INDEX runs_by_namespace ON runs (namespace, scheduled_for DESC, id DESC);
+-- Partial indexes keep the hot queries off a job's history: a query uses one only when its
+-- WHERE repeats the index's condition (see `ledger::JOB_SCOPED`).
 CREATE INDEX runs_active ON runs (job_id, state) WHERE state IN ('waiting', 'queued', 'running');
+CREATE INDEX runs_waiting ON runs (job_id, scheduled_for, id) WHERE state = 'waiting';
+CREATE INDEX runs_queued ON runs (id) WHERE state = 'queued';
 CREATE INDEX runs_finished ON runs (finished_at) WHERE finished_at IS NOT NULL;
 
 CREATE TABLE attempts (
