@@ -10,7 +10,7 @@ use crate::{
 };
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
-use sked_core::policy::OverlapPolicy;
+use sked_core::policy::{OverlapPolicy, RetryPolicy};
 use sked_core::run::{after_attempt, AfterAttempt, AttemptOutcome, RunState, SkipReason, Trigger};
 use sked_core::Instant;
 use std::collections::hash_map::Entry;
@@ -310,6 +310,7 @@ pub fn complete_attempts(
     now: Instant,
 ) -> Result<Vec<CompletionEffect>> {
     let mut effects = Vec::with_capacity(reports.len());
+    let mut policies: HashMap<i64, RetryPolicy> = HashMap::new();
     for report in reports {
         let found = tx
             .prepare_cached(
@@ -364,11 +365,14 @@ pub fn complete_attempts(
             AttemptOutcome::Failed | AttemptOutcome::TimedOut
         );
         let failures = attempt.failures + u32::from(counts);
-        let retry = retry_policy(tx, attempt.job_id)?;
+        let retry = match policies.entry(attempt.job_id) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(slot) => slot.insert(retry_policy(tx, attempt.job_id)?),
+        };
         let decision = after_attempt(
             report.outcome,
             failures,
-            &retry,
+            retry,
             attempt.cancel_requested,
             now,
             rand::random::<f64>(),
