@@ -14,10 +14,20 @@ use sked_core::run::{AttemptOutcome, AttemptState};
 /// Generates one `#[tokio::test]` per contract check. `$open` is an async function returning
 /// `(store, guard)`: a fresh, empty store and whatever must live as long as it (a temporary
 /// directory, a database handle).
+///
+/// `store_contract_tests!(optional $open)` is for a store that needs a server the machine may
+/// not have: `$open` returns `Option<(store, guard)>`, and `None` ends each test early (the
+/// opener says why, and decides when a missing server must fail instead).
 #[macro_export]
 macro_rules! store_contract_tests {
+    (optional $open:path) => {
+        $crate::store_contract_tests!(@checks optional $open);
+    };
     ($open:path) => {
-        $crate::store_contract_tests!(@each $open;
+        $crate::store_contract_tests!(@checks required $open);
+    };
+    (@checks $mode:ident $open:path) => {
+        $crate::store_contract_tests!(@each $mode $open;
             put_creates_replaces_and_detects_no_change,
             create_only_conflicts_and_writes_nothing,
             list_jobs_pages_searches_and_filters,
@@ -41,13 +51,25 @@ macro_rules! store_contract_tests {
             stats_count_outcomes_and_lateness,
             retention_deletes_only_finished_runs,
             queued_runs_carry_dispatch_details,
+            racing_writers_decide_once,
         );
     };
-    (@each $open:path; $($check:ident),+ $(,)?) => {
+    (@each required $open:path; $($check:ident),+ $(,)?) => {
         $(
             #[tokio::test]
             async fn $check() {
                 let (store, _guard) = $open().await;
+                $crate::contract::$check(&store).await;
+            }
+        )+
+    };
+    (@each optional $open:path; $($check:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let Some((store, _guard)) = $open().await else {
+                    return;
+                };
                 $crate::contract::$check(&store).await;
             }
         )+
@@ -1097,4 +1119,133 @@ pub async fn queued_runs_carry_dispatch_details(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(left.len(), 1, "a running run is not queued");
+}
+
+/// Calls that race (several server nodes, or one node's concurrent requests) decide as if they
+/// had come one after the other: one run per instant, one attempt per queued run, one accepted
+/// report, one cancel, and a run held back by overlap is released exactly once, never lost.
+pub async fn racing_writers_decide_once(store: &dyn Store) {
+    let j = put(
+        store,
+        "race",
+        every_second(serde_json::json!({"overlap": "buffer_all"})),
+    )
+    .await;
+    let now = t0() + secs(1);
+    let (one, two) = ([fire(j.id, now)], [fire(j.id, now)]);
+    let (a, b) = tokio::join!(store.record_fires(&one, now), store.record_fires(&two, now));
+    let (a, b) = (a.unwrap().runs.remove(0), b.unwrap().runs.remove(0));
+    assert!(
+        a.inserted != b.inserted,
+        "one run for the instant: {a:?} {b:?}"
+    );
+    assert_eq!(a.run_id, b.run_id);
+    let run_id = a.run_id;
+
+    let start_as = |worker: &str, token: i64| {
+        [AttemptStart {
+            run_id,
+            worker_id: worker.to_string(),
+            token,
+            lease_expires_at: now + secs(10),
+        }]
+    };
+    let (first, second) = (start_as("w1", 1), start_as("w2", 2));
+    let (s1, s2) = tokio::join!(
+        store.start_attempts(&first, now),
+        store.start_attempts(&second, now)
+    );
+    let started: Vec<StartedAttempt> = s1
+        .unwrap()
+        .into_iter()
+        .chain(s2.unwrap())
+        .flatten()
+        .collect();
+    assert_eq!(started.len(), 1, "one attempt for a queued run");
+    let (_, attempts) = run(store, run_id).await;
+    assert_eq!(attempts.len(), 1);
+    let (attempt, token) = (attempts[0].id, attempts[0].token);
+
+    // A manual run beside it, and a scheduled run waiting behind both.
+    let mut manual = fire(j.id, now + Span::milliseconds(500));
+    manual.trigger = Trigger::Manual;
+    let manual = fire_one(store, manual).await;
+    let manual_attempt = start(store, manual.run_id, "w3", 3, now).await;
+    let waiting = fire_one(store, fire(j.id, now + secs(1))).await;
+    assert_eq!(waiting.state, RunState::Waiting);
+
+    // The same report twice at once, and the other active run's report beside them.
+    let done = now + secs(2);
+    let twice = [report(attempt, token, AttemptOutcome::Succeeded)];
+    let other = [report(manual_attempt, 3, AttemptOutcome::Succeeded)];
+    let (c1, c2, c3) = tokio::join!(
+        store.complete_attempts(&twice, done),
+        store.complete_attempts(&twice, done),
+        store.complete_attempts(&other, done),
+    );
+    let effects: Vec<CompletionEffect> = [c1, c2, c3]
+        .into_iter()
+        .flat_map(|c| c.expect("complete_attempts"))
+        .collect();
+    let mut released = Vec::new();
+    let mut accepted = 0;
+    for effect in &effects {
+        if let CompletionEffect::Accepted { requeued, .. } = effect {
+            accepted += 1;
+            released.extend(requeued.iter().copied());
+        }
+    }
+    assert_eq!(
+        accepted, 2,
+        "each attempt's report accepted once: {effects:?}"
+    );
+    assert_eq!(released, vec![waiting.run_id], "released exactly once");
+    assert_eq!(run(store, waiting.run_id).await.0.state, RunState::Queued);
+
+    // Two cancels of one queued run: one cancels it, the other finds it finished.
+    let (x, y) = tokio::join!(
+        store.cancel_run(waiting.run_id, done),
+        store.cancel_run(waiting.run_id, done)
+    );
+    let outcomes = [x.unwrap().unwrap(), y.unwrap().unwrap()];
+    let cancelled = outcomes
+        .iter()
+        .filter(|o| matches!(o, CancelOutcome::Cancelled { .. }))
+        .count();
+    let finished = outcomes
+        .iter()
+        .filter(|o| matches!(o, CancelOutcome::AlreadyFinished(_)))
+        .count();
+    assert_eq!((cancelled, finished), (1, 1), "{outcomes:?}");
+
+    // An instant recorded while the only active run ends: the new run is queued, either at once
+    // or released by the completion; it never stays waiting behind nothing.
+    let mut at = now + secs(10);
+    for round in 0..10 {
+        let active = fire_one(store, fire(j.id, at)).await;
+        assert_eq!(active.state, RunState::Queued, "round {round}");
+        let token = 100 + round;
+        let attempt = start(store, active.run_id, "w1", token, at).await;
+        let next = [fire(j.id, at + secs(1))];
+        let ends = [report(attempt, token, AttemptOutcome::Succeeded)];
+        let (fired, completed) = tokio::join!(
+            store.record_fires(&next, at + secs(1)),
+            store.complete_attempts(&ends, at + secs(1)),
+        );
+        let fired = fired.unwrap().runs.remove(0);
+        assert!(matches!(
+            completed.unwrap()[0],
+            CompletionEffect::Accepted { .. }
+        ));
+        assert_eq!(
+            run(store, fired.run_id).await.0.state,
+            RunState::Queued,
+            "round {round}: the new run is not stranded"
+        );
+        let (_, attempts) = run(store, fired.run_id).await;
+        assert!(attempts.is_empty());
+        // Clear it for the next round.
+        store.cancel_run(fired.run_id, at + secs(1)).await.unwrap();
+        at += secs(10);
+    }
 }

@@ -5,10 +5,13 @@
 //! so that a rule is written once and each decision commits atomically with its effects.
 //! It knows nothing of HTTP, of timers or of workers' processes.
 //!
-//! Every implementation passes the same contract suite ([`contract`]).
+//! Two implementations: [`SqliteStore`] (one file, for a single node) and [`PgStore`]
+//! (PostgreSQL, shared by a cluster of server nodes). Both pass the same contract suite
+//! ([`contract`]).
 
 pub mod contract;
 pub mod cursor;
+pub mod postgres;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -21,6 +24,7 @@ use sked_core::Instant;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
 #[derive(Debug, thiserror::Error)]

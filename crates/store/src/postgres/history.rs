@@ -1,0 +1,225 @@
+//! Reading the ledger (runs, attempts, statistics), captured output, and retention.
+
+use super::jobs::page_size;
+use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
+use super::{PgResult, Tx};
+use crate::cursor::{Cursor, CursorKey};
+use crate::{AppendOutcome, Page, RunQuery, StoreError};
+use sked_core::records::{AttemptRecord, JobStats, RunRecord};
+use sked_core::run::RunState;
+use sked_core::stats::percentiles;
+use sked_core::Instant;
+use std::collections::BTreeMap;
+
+/// Statistics look at this many of the job's newest runs for percentiles.
+pub const STATS_WINDOW: u32 = 10_000;
+
+pub async fn get_run(
+    tx: &Tx<'_>,
+    run_id: i64,
+) -> PgResult<Option<(RunRecord, Vec<AttemptRecord>)>> {
+    let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1");
+    let stmt = tx.prepare_cached(&sql).await?;
+    let run = match tx.query_opt(&stmt, &[&run_id]).await? {
+        Some(row) => rows::run(&row)?,
+        None => return Ok(None),
+    };
+    let sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run_id = $1 ORDER BY number");
+    let stmt = tx.prepare_cached(&sql).await?;
+    let attempts = tx
+        .query(&stmt, &[&run_id])
+        .await?
+        .iter()
+        .map(rows::attempt)
+        .collect::<PgResult<Vec<_>>>()?;
+    Ok(Some((run, attempts)))
+}
+
+pub async fn list_runs(tx: &Tx<'_>, query: &RunQuery) -> PgResult<Page<RunRecord>> {
+    let limit = page_size(query.limit);
+    let (mut before, mut before_id) = (None::<i64>, 0i64);
+    if let Some(raw) = &query.cursor {
+        let cursor = Cursor::decode(raw)?;
+        before = Some(cursor.micros(raw)?);
+        before_id = cursor.id;
+    }
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 \
+         AND ($2::text IS NULL OR job = $2) AND ($3::text IS NULL OR state = $3) \
+         AND ($4::bigint IS NULL OR (scheduled_for, id) < ($4, $5)) \
+         ORDER BY scheduled_for DESC, id DESC LIMIT $6"
+    );
+    let stmt = tx.prepare_cached(&sql).await?;
+    let mut items = tx
+        .query(
+            &stmt,
+            &[
+                &query.namespace,
+                &query.job,
+                &query.state.map(RunState::as_str),
+                &before,
+                &before_id,
+                &(i64::from(limit) + 1),
+            ],
+        )
+        .await?
+        .iter()
+        .map(rows::run)
+        .collect::<PgResult<Vec<_>>>()?;
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|last| {
+            Cursor {
+                key: CursorKey::Micros(micros(last.scheduled_for)),
+                id: last.id,
+            }
+            .encode()
+        })
+    } else {
+        None
+    };
+    Ok(Page { items, next_cursor })
+}
+
+pub async fn job_stats(tx: &Tx<'_>, namespace: &str, name: &str) -> PgResult<Option<JobStats>> {
+    let mut by_state = BTreeMap::new();
+    let (mut runs, mut retries) = (0u64, 0u64);
+    let stmt = tx
+        .prepare_cached(
+            "SELECT state, count(*), coalesce(sum(greatest(attempts - 1, 0)), 0)::bigint \
+             FROM runs WHERE namespace = $1 AND job = $2 GROUP BY state",
+        )
+        .await?;
+    for row in tx.query(&stmt, &[&namespace, &name]).await? {
+        let state: &str = row.try_get(0)?;
+        let (count, extra): (i64, i64) = (row.try_get(1)?, row.try_get(2)?);
+        runs += count as u64;
+        retries += extra as u64;
+        by_state.insert(rows::run_state(state)?.to_string(), count as u64);
+    }
+    if runs == 0 && super::jobs::get(tx, namespace, name).await?.is_none() {
+        return Ok(None);
+    }
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND job = $2 \
+         ORDER BY scheduled_for DESC, id DESC LIMIT 1"
+    );
+    let stmt = tx.prepare_cached(&sql).await?;
+    let last_run = tx
+        .query_opt(&stmt, &[&namespace, &name])
+        .await?
+        .as_ref()
+        .map(rows::run)
+        .transpose()?;
+    let (mut fired, mut started) = (Vec::new(), Vec::new());
+    let stmt = tx
+        .prepare_cached(
+            "SELECT created_at - scheduled_for, started_at - scheduled_for FROM runs \
+             WHERE namespace = $1 AND job = $2 AND trigger = 'schedule' \
+             ORDER BY scheduled_for DESC LIMIT $3",
+        )
+        .await?;
+    for row in tx
+        .query(&stmt, &[&namespace, &name, &i64::from(STATS_WINDOW)])
+        .await?
+    {
+        fired.push(row.try_get::<_, i64>(0)? as f64 / 1000.0);
+        if let Some(us) = row.try_get::<_, Option<i64>>(1)? {
+            started.push(us as f64 / 1000.0);
+        }
+    }
+    let count = |state: RunState| by_state.get(state.as_str()).copied().unwrap_or(0);
+    Ok(Some(JobStats {
+        runs,
+        succeeded: count(RunState::Succeeded),
+        failed: count(RunState::Failed) + count(RunState::TimedOut),
+        retries,
+        last_run,
+        lateness_ms: percentiles(&mut fired),
+        start_lateness_ms: percentiles(&mut started),
+        by_state,
+    }))
+}
+
+pub async fn append_output(
+    tx: &Tx<'_>,
+    attempt_id: i64,
+    token: i64,
+    bytes: &[u8],
+    cap: u64,
+) -> PgResult<AppendOutcome> {
+    // The attempt's row is locked: appends of one attempt take turns, each at the end.
+    let stmt = tx
+        .prepare_cached(
+            "SELECT token, state, output_bytes, output_truncated FROM attempts WHERE id = $1 \
+             FOR UPDATE",
+        )
+        .await?;
+    let Some(row) = tx.query_opt(&stmt, &[&attempt_id]).await? else {
+        return Ok(AppendOutcome::Rejected);
+    };
+    let (held, state, stored, truncated): (i64, &str, i64, bool) = (
+        row.try_get(0)?,
+        row.try_get(1)?,
+        row.try_get(2)?,
+        row.try_get(3)?,
+    );
+    if held != token || state != "running" {
+        return Ok(AppendOutcome::Rejected);
+    }
+    let stored = u64::try_from(stored)
+        .map_err(|_| StoreError::Corrupt(format!("output size {stored} is out of range")))?;
+    let room = cap.saturating_sub(stored);
+    let kept = room.min(bytes.len() as u64);
+    let truncated = truncated || kept < bytes.len() as u64;
+    let offset = |n: u64| {
+        i64::try_from(n).map_err(|_| StoreError::Database(format!("output offset {n} too large")))
+    };
+    if kept > 0 {
+        let stmt = tx
+            .prepare_cached("INSERT INTO output (attempt_id, \"offset\", data) VALUES ($1, $2, $3)")
+            .await?;
+        let data = bytes.get(..kept as usize).unwrap_or(bytes);
+        tx.execute(&stmt, &[&attempt_id, &offset(stored)?, &data])
+            .await?;
+    }
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE attempts SET output_bytes = $2, output_truncated = $3 WHERE id = $1",
+        )
+        .await?;
+    tx.execute(&stmt, &[&attempt_id, &offset(stored + kept)?, &truncated])
+        .await?;
+    Ok(AppendOutcome::Accepted { kept, truncated })
+}
+
+pub async fn read_output(tx: &Tx<'_>, attempt_id: i64, offset: u64) -> PgResult<Vec<u8>> {
+    let from = i64::try_from(offset).unwrap_or(i64::MAX);
+    let stmt = tx
+        .prepare_cached(
+            "SELECT \"offset\", data FROM output \
+             WHERE attempt_id = $1 AND \"offset\" + length(data) > $2 ORDER BY \"offset\"",
+        )
+        .await?;
+    let mut out = Vec::new();
+    for row in tx.query(&stmt, &[&attempt_id, &from]).await? {
+        let start: i64 = row.try_get(0)?;
+        let data: &[u8] = row.try_get(1)?;
+        let skip = usize::try_from((from - start).max(0)).unwrap_or(usize::MAX);
+        out.extend_from_slice(data.get(skip..).unwrap_or_default());
+    }
+    Ok(out)
+}
+
+pub async fn delete_finished_runs(tx: &Tx<'_>, before: Instant, limit: u32) -> PgResult<u64> {
+    let stmt = tx
+        .prepare_cached(
+            "DELETE FROM runs WHERE id IN (SELECT id FROM runs \
+             WHERE finished_at < $1 AND state NOT IN ('waiting', 'queued', 'running') \
+             LIMIT $2)",
+        )
+        .await?;
+    Ok(tx
+        .execute(&stmt, &[&micros(before), &i64::from(limit)])
+        .await?)
+}

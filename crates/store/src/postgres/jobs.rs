@@ -1,0 +1,342 @@
+//! Job definitions: create, replace, pause, delete, list, and the firing loop's view of them.
+//!
+//! Every write locks the job's row first (`FOR UPDATE`); a create that finds no row inserts with
+//! `ON CONFLICT DO NOTHING` and, when a concurrent create won, looks again.
+
+use super::rows::{self, micros, JOB_COLUMNS};
+use super::{PgResult, Tx};
+use crate::cursor::{Cursor, CursorKey};
+use crate::{JobQuery, JobSort, Page, PutMode, PutOutcome, StoreError};
+use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
+use sked_core::records::JobRecord;
+use sked_core::Instant;
+use tokio_postgres::types::ToSql;
+
+/// Page sizes, as on SQLite.
+pub const DEFAULT_PAGE: u32 = 100;
+pub const MAX_PAGE: u32 = 1000;
+
+/// A page size within bounds: 0 means the default.
+pub fn page_size(limit: u32) -> u32 {
+    match limit {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_PAGE),
+    }
+}
+
+/// How often a create that lost a race to a concurrent one looks again.
+const PUT_TRIES: usize = 3;
+
+pub async fn get(tx: &Tx<'_>, namespace: &str, name: &str) -> PgResult<Option<JobRecord>> {
+    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = $1 AND name = $2");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query_opt(&stmt, &[&namespace, &name])
+        .await?
+        .as_ref()
+        .map(rows::job)
+        .transpose()
+}
+
+/// The job, its row locked until the transaction ends.
+async fn get_for_update(tx: &Tx<'_>, namespace: &str, name: &str) -> PgResult<Option<JobRecord>> {
+    let sql =
+        format!("SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = $1 AND name = $2 FOR UPDATE");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query_opt(&stmt, &[&namespace, &name])
+        .await?
+        .as_ref()
+        .map(rows::job)
+        .transpose()
+}
+
+pub async fn get_by_id(tx: &Tx<'_>, id: i64) -> PgResult<Option<JobRecord>> {
+    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query_opt(&stmt, &[&id])
+        .await?
+        .as_ref()
+        .map(rows::job)
+        .transpose()
+}
+
+/// Locks the rows of these jobs, in id order (deleted ones are simply absent), and returns
+/// each one's stored retry policy text.
+pub async fn lock(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<(i64, String)>> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let stmt = tx
+        .prepare_cached("SELECT id, retry FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .await?;
+    let rows = tx.query(&stmt, &[&ids]).await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect()
+}
+
+fn spec_json(spec: &JobSpec) -> Result<(String, String), StoreError> {
+    let encode = |e: serde_json::Error| StoreError::Database(format!("cannot encode a job: {e}"));
+    Ok((
+        serde_json::to_string(spec).map_err(encode)?,
+        serde_json::to_string(&spec.retry).map_err(encode)?,
+    ))
+}
+
+pub async fn put(
+    tx: &Tx<'_>,
+    namespace: &str,
+    job: &ValidJob,
+    mode: PutMode,
+    now: Instant,
+) -> PgResult<(PutOutcome, JobRecord)> {
+    for _ in 0..PUT_TRIES {
+        let existing = get_for_update(tx, namespace, &job.name).await?;
+        if let Some(old) = &existing {
+            if mode == PutMode::CreateOnly {
+                return Err(StoreError::Conflict(format!(
+                    "job {:?} in namespace {namespace:?}",
+                    job.name
+                ))
+                .into());
+            }
+            if old.spec == job.spec {
+                return Ok((PutOutcome::Unchanged, old.clone()));
+            }
+        }
+        let previous = existing.as_ref().map(|old| {
+            let state = FiringState {
+                state: old.state,
+                next_fire_at: old.next_fire_at,
+                fired_count: old.fired_count,
+                schedule_epoch: old.schedule_epoch,
+            };
+            (&old.spec, state)
+        });
+        let firing = firing_state_after_put(previous.as_ref().map(|(s, f)| (*s, f)), job, now)
+            .map_err(|e| {
+                StoreError::Corrupt(format!("a validated schedule does not compile: {e}"))
+            })?;
+        let (spec, retry) = spec_json(&job.spec)?;
+        let description = job.spec.description.as_deref().unwrap_or("");
+        let next = firing.next_fire_at.map(micros);
+        let fired_count = i64::try_from(firing.fired_count)
+            .map_err(|_| StoreError::Database("fired count out of range".into()))?;
+        let (overlap, state) = (job.spec.overlap.as_str(), firing.state.as_str());
+        let epoch = micros(firing.schedule_epoch);
+        match &existing {
+            Some(old) => {
+                let sql = format!(
+                    "UPDATE jobs SET description = $2, spec = $3, overlap = $4, priority = $5, \
+                     retry = $6, state = $7, next_fire_at = $8, fired_count = $9, \
+                     schedule_epoch = $10, updated_at = $11 WHERE id = $1 \
+                     RETURNING {JOB_COLUMNS}"
+                );
+                let stmt = tx.prepare_cached(&sql).await?;
+                let row = tx
+                    .query_one(
+                        &stmt,
+                        &[
+                            &old.id,
+                            &description,
+                            &spec,
+                            &overlap,
+                            &job.spec.priority,
+                            &retry,
+                            &state,
+                            &next,
+                            &fired_count,
+                            &epoch,
+                            &micros(now),
+                        ],
+                    )
+                    .await?;
+                return Ok((PutOutcome::Updated, rows::job(&row)?));
+            }
+            None => {
+                let sql = format!(
+                    "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, \
+                     retry, state, next_fire_at, fired_count, schedule_epoch, created_at, \
+                     updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12) \
+                     ON CONFLICT (namespace, name) DO NOTHING RETURNING {JOB_COLUMNS}"
+                );
+                let stmt = tx.prepare_cached(&sql).await?;
+                let row = tx
+                    .query_opt(
+                        &stmt,
+                        &[
+                            &namespace,
+                            &job.name,
+                            &description,
+                            &spec,
+                            &overlap,
+                            &job.spec.priority,
+                            &retry,
+                            &state,
+                            &next,
+                            &fired_count,
+                            &epoch,
+                            &micros(now),
+                        ],
+                    )
+                    .await?;
+                if let Some(row) = row {
+                    return Ok((PutOutcome::Created, rows::job(&row)?));
+                }
+                // A concurrent create committed the name first: decide again against it.
+            }
+        }
+    }
+    Err(StoreError::Database(format!(
+        "job {:?} in namespace {namespace:?} keeps being created and deleted concurrently",
+        job.name
+    ))
+    .into())
+}
+
+pub async fn list(tx: &Tx<'_>, query: &JobQuery) -> PgResult<Page<JobRecord>> {
+    let limit = page_size(query.limit);
+    let column = match query.sort {
+        JobSort::Name => "name",
+        JobSort::CreatedAt => "created_at",
+        JobSort::UpdatedAt => "updated_at",
+    };
+    let (order, after) = if query.descending {
+        ("DESC", "<")
+    } else {
+        ("ASC", ">")
+    };
+    let pattern = query.search.as_ref().map(|s| {
+        let escaped = s
+            .to_lowercase()
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        format!("%{escaped}%")
+    });
+    let state = query.state.map(JobState::as_str);
+    let mut sql = format!(
+        "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = $1 \
+         AND ($2::text IS NULL OR lower(name) LIKE $2 ESCAPE E'\\\\' \
+              OR lower(description) LIKE $2 ESCAPE E'\\\\') \
+         AND ($3::text IS NULL OR state = $3)"
+    );
+    let (mut text_key, mut micros_key, mut after_id) = (String::new(), 0i64, 0i64);
+    let fetch = i64::from(limit) + 1;
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&query.namespace, &pattern, &state];
+    if let Some(raw) = &query.cursor {
+        let cursor = Cursor::decode(raw)?;
+        after_id = cursor.id;
+        match query.sort {
+            JobSort::Name => text_key = cursor.text(raw)?.to_string(),
+            JobSort::CreatedAt | JobSort::UpdatedAt => micros_key = cursor.micros(raw)?,
+        }
+        sql.push_str(&format!(" AND ({column}, id) {after} ($4, $5)"));
+    }
+    if query.cursor.is_some() {
+        match query.sort {
+            JobSort::Name => params.push(&text_key),
+            JobSort::CreatedAt | JobSort::UpdatedAt => params.push(&micros_key),
+        }
+        params.push(&after_id);
+    }
+    sql.push_str(&format!(
+        " ORDER BY {column} {order}, id {order} LIMIT ${}",
+        params.len() + 1
+    ));
+    params.push(&fetch);
+    let stmt = tx.prepare_cached(&sql).await?;
+    let mut items = tx
+        .query(&stmt, &params)
+        .await?
+        .iter()
+        .map(rows::job)
+        .collect::<PgResult<Vec<_>>>()?;
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|last| {
+            let key = match query.sort {
+                JobSort::Name => CursorKey::Text(last.name.clone()),
+                JobSort::CreatedAt => CursorKey::Micros(micros(last.created_at)),
+                JobSort::UpdatedAt => CursorKey::Micros(micros(last.updated_at)),
+            };
+            Cursor { key, id: last.id }.encode()
+        })
+    } else {
+        None
+    };
+    Ok(Page { items, next_cursor })
+}
+
+pub async fn delete(
+    tx: &Tx<'_>,
+    namespace: &str,
+    name: &str,
+    now: Instant,
+) -> PgResult<Option<JobRecord>> {
+    let Some(job) = get_for_update(tx, namespace, name).await? else {
+        return Ok(None);
+    };
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE runs SET state = 'cancelled', finished_at = $2, \
+             error = 'the job was deleted' \
+             WHERE job_id = $1 AND state IN ('queued', 'waiting')",
+        )
+        .await?;
+    tx.execute(&stmt, &[&job.id, &micros(now)]).await?;
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE runs SET cancel_requested = true WHERE job_id = $1 AND state = 'running'",
+        )
+        .await?;
+    tx.execute(&stmt, &[&job.id]).await?;
+    let stmt = tx.prepare_cached("DELETE FROM jobs WHERE id = $1").await?;
+    tx.execute(&stmt, &[&job.id]).await?;
+    Ok(Some(job))
+}
+
+pub async fn set_paused(
+    tx: &Tx<'_>,
+    namespace: &str,
+    name: &str,
+    paused: bool,
+    now: Instant,
+) -> PgResult<Option<JobRecord>> {
+    let Some(mut job) = get_for_update(tx, namespace, name).await? else {
+        return Ok(None);
+    };
+    job.spec.paused = paused;
+    if job.state != JobState::Completed {
+        job.state = if paused {
+            JobState::Paused
+        } else {
+            JobState::Active
+        };
+    }
+    job.updated_at = now;
+    let (spec, _) = spec_json(&job.spec)?;
+    let stmt = tx
+        .prepare_cached("UPDATE jobs SET spec = $2, state = $3, updated_at = $4 WHERE id = $1")
+        .await?;
+    tx.execute(&stmt, &[&job.id, &spec, &job.state.as_str(), &micros(now)])
+        .await?;
+    Ok(Some(job))
+}
+
+pub async fn scheduled(tx: &Tx<'_>) -> PgResult<Vec<JobRecord>> {
+    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE next_fire_at IS NOT NULL");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query(&stmt, &[]).await?.iter().map(rows::job).collect()
+}
+
+/// A stored retry policy; the default for a job that no longer exists.
+pub fn retry_policy(text: Option<&str>) -> Result<sked_core::policy::RetryPolicy, StoreError> {
+    match text {
+        None => Ok(Default::default()),
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| StoreError::Corrupt(format!("a stored retry policy does not parse: {e}"))),
+    }
+}

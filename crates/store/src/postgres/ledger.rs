@@ -1,0 +1,735 @@
+//! The ledger's moves: instants recorded as runs, attempts started and completed, runs cancelled,
+//! lost attempts taken back. Each public function runs inside the caller's transaction, so every
+//! decision (made by `sked-core`) commits together with its effects.
+//!
+//! Each decision is taken over locked rows, locked in the order of `mod.rs` (jobs, then runs,
+//! then attempts, each by id): the job's row for anything that changes how many of its runs are
+//! active (the overlap decision and the release of waiting runs read that count), the run's row
+//! for its state, the attempt's row for its lease.
+
+use super::jobs::{lock as lock_jobs, retry_policy};
+use super::rows::{self, micros, RUN_COLUMNS};
+use super::{PgResult, Tx};
+use crate::{
+    AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
+    QueuedRun, ReapOutcome, StartedAttempt, StoreError,
+};
+use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
+use sked_core::policy::{OverlapPolicy, RetryPolicy};
+use sked_core::records::RunRecord;
+use sked_core::run::{after_attempt, AfterAttempt, AttemptOutcome, RunState, SkipReason, Trigger};
+use sked_core::Instant;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+
+/// What the fire path needs of a job.
+struct FiringJob {
+    namespace: String,
+    name: String,
+    overlap: OverlapPolicy,
+    priority: i32,
+}
+
+fn sorted(ids: impl IntoIterator<Item = i64>) -> Vec<i64> {
+    let mut ids: Vec<i64> = ids.into_iter().collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult<FireOutcome> {
+    let mut outcome = FireOutcome::default();
+    // Every job of the batch is locked up front, in id order: the overlap decision below counts
+    // the job's active runs, and nothing else changes that count while the lock is held.
+    let jobs = firing_jobs(tx, &sorted(fires.iter().map(|f| f.job_id))).await?;
+    for fire in fires {
+        let Some(job) = jobs.get(&fire.job_id) else {
+            // Deleted since the instant was computed: nothing is owed any more.
+            outcome.runs.push(FiredRun {
+                run_id: 0,
+                state: RunState::Cancelled,
+                inserted: false,
+                advanced: false,
+            });
+            continue;
+        };
+        let stmt = tx
+            .prepare_cached("SELECT id, state FROM runs WHERE job_id = $1 AND scheduled_for = $2")
+            .await?;
+        let existing = tx
+            .query_opt(&stmt, &[&fire.job_id, &micros(fire.scheduled_for)])
+            .await?;
+        let (run_id, state, inserted) = match existing {
+            Some(row) => (row.try_get(0)?, rows::run_state(row.try_get(1)?)?, false),
+            None => {
+                let (state, reason) = decide_fire(tx, fire, job, now, &mut outcome).await?;
+                let finished = state.is_terminal().then(|| micros(now));
+                let stmt = tx
+                    .prepare_cached(
+                        "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+                         skip_reason, priority, ready_at, created_at, finished_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                         ON CONFLICT (job_id, scheduled_for) DO NOTHING RETURNING id",
+                    )
+                    .await?;
+                let row = tx
+                    .query_opt(
+                        &stmt,
+                        &[
+                            &fire.job_id,
+                            &job.namespace,
+                            &job.name,
+                            &micros(fire.scheduled_for),
+                            &fire.trigger.as_str(),
+                            &state.as_str(),
+                            &reason.map(SkipReason::as_str),
+                            &job.priority,
+                            &micros(fire.ready_at),
+                            &micros(now),
+                            &finished,
+                        ],
+                    )
+                    .await?;
+                // Runs are only written under their job's lock, which this transaction holds,
+                // so the instant cannot have been taken meanwhile; should it have been, the
+                // whole batch (and the overlap decision's effects) is rolled back.
+                let Some(row) = row else {
+                    return Err(StoreError::Database(format!(
+                        "the run of job {} at {} was written concurrently",
+                        fire.job_id, fire.scheduled_for
+                    ))
+                    .into());
+                };
+                (row.try_get(0)?, state, true)
+            }
+        };
+        let advanced = match &fire.advance {
+            None => false,
+            Some(advance) => {
+                // Applied only while the job's firing state is the one the loop started from.
+                let fired_before = i64::try_from(advance.fired_before)
+                    .map_err(|_| StoreError::Database("fired count out of range".into()))?;
+                let stmt = tx
+                    .prepare_cached(
+                        "UPDATE jobs SET fired_count = $4, next_fire_at = $5, \
+                         state = CASE WHEN $5::bigint IS NULL THEN 'completed' ELSE state END \
+                         WHERE id = $1 AND schedule_epoch = $2 AND fired_count = $3",
+                    )
+                    .await?;
+                let changed = tx
+                    .execute(
+                        &stmt,
+                        &[
+                            &fire.job_id,
+                            &micros(advance.epoch),
+                            &fired_before,
+                            &(fired_before + 1),
+                            &advance.next_fire_at.map(micros),
+                        ],
+                    )
+                    .await?;
+                changed == 1
+            }
+        };
+        outcome.runs.push(FiredRun {
+            run_id,
+            state,
+            inserted,
+            advanced,
+        });
+    }
+    Ok(outcome)
+}
+
+/// The jobs that still exist among `ids` (sorted), their rows locked.
+async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJob>> {
+    let mut jobs = HashMap::new();
+    if ids.is_empty() {
+        return Ok(jobs);
+    }
+    let stmt = tx
+        .prepare_cached(
+            "SELECT id, namespace, name, overlap, priority FROM jobs WHERE id = ANY($1) \
+             ORDER BY id FOR UPDATE",
+        )
+        .await?;
+    for row in tx.query(&stmt, &[&ids]).await? {
+        let overlap: &str = row.try_get(3)?;
+        let overlap = OverlapPolicy::parse(overlap)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown overlap policy {overlap:?}")))?;
+        jobs.insert(
+            row.try_get(0)?,
+            FiringJob {
+                namespace: row.try_get(1)?,
+                name: row.try_get(2)?,
+                overlap,
+                priority: row.try_get(4)?,
+            },
+        );
+    }
+    Ok(jobs)
+}
+
+/// The new run's state: skipped as the fire says, or by the job's overlap policy, whose
+/// `cancel_running` also ends the job's active runs here. The caller holds the job's lock.
+async fn decide_fire(
+    tx: &Tx<'_>,
+    fire: &Fire,
+    job: &FiringJob,
+    now: Instant,
+    outcome: &mut FireOutcome,
+) -> PgResult<(RunState, Option<SkipReason>)> {
+    if let Some(reason) = fire.skip {
+        return Ok((RunState::Skipped, Some(reason)));
+    }
+    // Manual runs are asked for explicitly; overlap rules apply to the schedule's instants.
+    if fire.trigger == Trigger::Manual || job.overlap == OverlapPolicy::Allow {
+        return Ok((RunState::Queued, None));
+    }
+    let stmt = tx
+        .prepare_cached(
+            "SELECT count(*) FILTER (WHERE state IN ('queued', 'running')), \
+                    count(*) FILTER (WHERE state = 'waiting') \
+             FROM runs WHERE job_id = $1 AND state IN ('waiting', 'queued', 'running')",
+        )
+        .await?;
+    let row = tx.query_one(&stmt, &[&fire.job_id]).await?;
+    let active = rows::count("active runs", row.try_get::<_, i64>(0)?)?;
+    let waiting = rows::count("waiting runs", row.try_get::<_, i64>(1)?)?;
+    Ok(match decide(job.overlap, ActiveRuns { active, waiting }) {
+        OverlapDecision::Queue => (RunState::Queued, None),
+        OverlapDecision::Wait => (RunState::Waiting, None),
+        OverlapDecision::Skip => (RunState::Skipped, Some(SkipReason::Overlap)),
+        OverlapDecision::CancelActiveThenQueue => {
+            let stmt = tx
+                .prepare_cached(
+                    "UPDATE runs SET state = 'cancelled', finished_at = $2, \
+                     error = 'cancelled by a newer run (overlap cancel_running)' \
+                     WHERE job_id = $1 AND state IN ('queued', 'waiting')",
+                )
+                .await?;
+            tx.execute(&stmt, &[&fire.job_id, &micros(now)]).await?;
+            let stmt = tx
+                .prepare_cached(
+                    "UPDATE runs SET cancel_requested = true \
+                     WHERE job_id = $1 AND state = 'running' RETURNING id",
+                )
+                .await?;
+            let mut ids = tx
+                .query(&stmt, &[&fire.job_id])
+                .await?
+                .iter()
+                .map(|r| r.try_get::<_, i64>(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            ids.sort_unstable();
+            outcome.cancel_requested.extend(ids);
+            (RunState::Queued, None)
+        }
+    })
+}
+
+pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<QueuedRun>> {
+    const SELECT: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
+         r.priority, r.ready_at, j.spec FROM runs r JOIN jobs j ON j.id = r.job_id \
+         WHERE r.state = 'queued'";
+    let rows = match ids {
+        None => {
+            let stmt = tx
+                .prepare_cached(&format!("{SELECT} ORDER BY r.id"))
+                .await?;
+            tx.query(&stmt, &[]).await?
+        }
+        Some(ids) => {
+            let stmt = tx
+                .prepare_cached(&format!("{SELECT} AND r.id = ANY($1)"))
+                .await?;
+            tx.query(&stmt, &[&ids]).await?
+        }
+    };
+    let mut specs: HashMap<i64, sked_core::job::JobSpec> = HashMap::new();
+    let mut found: HashMap<i64, QueuedRun> = HashMap::new();
+    let mut order = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let job_id: i64 = row.try_get(1)?;
+        let spec = match specs.entry(job_id) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(slot) => slot.insert(rows::spec(row.try_get(7)?)?),
+        };
+        let run = QueuedRun {
+            run_id: row.try_get(0)?,
+            job_id,
+            namespace: row.try_get(2)?,
+            job: row.try_get(3)?,
+            scheduled_for: rows::instant(row.try_get(4)?)?,
+            priority: row.try_get(5)?,
+            ready_at: rows::instant(row.try_get(6)?)?,
+            target: spec.target.clone(),
+            timeout: spec.timeout.map(|t| t.0),
+            routing: spec.routing.clone(),
+        };
+        order.push(run.run_id);
+        found.insert(run.run_id, run);
+    }
+    // In the order asked for (as SQLite answers), else in id order.
+    Ok(match ids {
+        None => order.iter().filter_map(|id| found.remove(id)).collect(),
+        Some(ids) => ids.iter().filter_map(|id| found.get(id).cloned()).collect(),
+    })
+}
+
+pub async fn start_attempts(
+    tx: &Tx<'_>,
+    starts: &[AttemptStart],
+    now: Instant,
+) -> PgResult<Vec<Option<StartedAttempt>>> {
+    if starts.is_empty() {
+        return Ok(Vec::new());
+    }
+    // The runs are locked in id order; only a queued one gets an attempt, and only once.
+    let ids = sorted(starts.iter().map(|s| s.run_id));
+    let stmt = tx
+        .prepare_cached(
+            "SELECT id, state, attempts FROM runs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        )
+        .await?;
+    let mut queued: HashMap<i64, u32> = HashMap::new();
+    for row in tx.query(&stmt, &[&ids]).await? {
+        let state: &str = row.try_get(1)?;
+        if state == RunState::Queued.as_str() {
+            let attempts = rows::count("attempts", row.try_get::<_, i32>(2)?)?;
+            queued.insert(row.try_get(0)?, attempts);
+        }
+    }
+    let mut numbers = Vec::with_capacity(starts.len());
+    let (mut run_ids, mut nums, mut workers, mut tokens, mut leases) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for start in starts {
+        // Removed once started: the same run twice in a batch gets one attempt.
+        let Some(attempts) = queued.remove(&start.run_id) else {
+            numbers.push(None);
+            continue;
+        };
+        let number = attempts + 1;
+        numbers.push(Some(number));
+        run_ids.push(start.run_id);
+        nums.push(rows::int("attempt number", number)?);
+        workers.push(start.worker_id.as_str());
+        tokens.push(start.token);
+        leases.push(micros(start.lease_expires_at));
+    }
+    let mut attempt_ids: HashMap<i64, i64> = HashMap::new();
+    if !run_ids.is_empty() {
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
+                 lease_expires_at) \
+                 SELECT u.run_id, u.number, u.worker_id, u.token, 'running', $6, u.lease \
+                 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bigint[]) \
+                     AS u(run_id, number, worker_id, token, lease) \
+                 RETURNING run_id, id",
+            )
+            .await?;
+        let inserted = tx
+            .query(
+                &stmt,
+                &[&run_ids, &nums, &workers, &tokens, &leases, &micros(now)],
+            )
+            .await?;
+        for row in inserted {
+            attempt_ids.insert(row.try_get(0)?, row.try_get(1)?);
+        }
+        let stmt = tx
+            .prepare_cached(
+                "UPDATE runs SET state = 'running', attempts = u.number, \
+                 started_at = coalesce(started_at, $3) \
+                 FROM unnest($1::bigint[], $2::int[]) AS u(id, number) WHERE runs.id = u.id",
+            )
+            .await?;
+        tx.execute(&stmt, &[&run_ids, &nums, &micros(now)]).await?;
+    }
+    starts
+        .iter()
+        .zip(numbers)
+        .map(|(start, number)| {
+            let Some(number) = number else {
+                return Ok(None);
+            };
+            let attempt_id = attempt_ids.get(&start.run_id).copied().ok_or_else(|| {
+                StoreError::Database(format!("the attempt of run {} vanished", start.run_id))
+            })?;
+            Ok(Some(StartedAttempt { attempt_id, number }))
+        })
+        .collect()
+}
+
+/// The attempt a report is about, with what deciding the run's fate needs.
+struct ReportedAttempt {
+    run_id: i64,
+    job_id: i64,
+    token: i64,
+    attempt_state: String,
+    run_state: String,
+    failures: u32,
+    cancel_requested: bool,
+}
+
+pub async fn complete_attempts(
+    tx: &Tx<'_>,
+    reports: &[AttemptReport],
+    now: Instant,
+) -> PgResult<Vec<CompletionEffect>> {
+    if reports.is_empty() {
+        return Ok(Vec::new());
+    }
+    let attempt_ids = sorted(reports.iter().map(|r| r.attempt_id));
+    // A run's job never changes, so its jobs can be learnt before anything is locked.
+    let stmt = tx
+        .prepare_cached(
+            "SELECT DISTINCT r.job_id FROM attempts a JOIN runs r ON r.id = a.run_id \
+             WHERE a.id = ANY($1)",
+        )
+        .await?;
+    let job_ids = tx
+        .query(&stmt, &[&attempt_ids])
+        .await?
+        .iter()
+        .map(|r| r.try_get::<_, i64>(0))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut policies: HashMap<i64, RetryPolicy> = HashMap::new();
+    for (job_id, retry) in lock_jobs(tx, &job_ids).await? {
+        policies.insert(job_id, retry_policy(Some(&retry))?);
+    }
+    lock_attempts_and_runs(tx, &attempt_ids).await?;
+    let mut effects = Vec::with_capacity(reports.len());
+    for report in reports {
+        let stmt = tx
+            .prepare_cached(
+                "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
+                 r.cancel_requested FROM attempts a JOIN runs r ON r.id = a.run_id \
+                 WHERE a.id = $1",
+            )
+            .await?;
+        let found = match tx.query_opt(&stmt, &[&report.attempt_id]).await? {
+            None => None,
+            Some(r) => Some(ReportedAttempt {
+                run_id: r.try_get(0)?,
+                job_id: r.try_get(1)?,
+                token: r.try_get(2)?,
+                attempt_state: r.try_get(3)?,
+                run_state: r.try_get(4)?,
+                failures: rows::count("failures", r.try_get::<_, i32>(5)?)?,
+                cancel_requested: r.try_get(6)?,
+            }),
+        };
+        let rejected = |reason: &str| CompletionEffect::Rejected {
+            reason: reason.to_string(),
+        };
+        let Some(attempt) = found else {
+            effects.push(rejected("unknown_attempt"));
+            continue;
+        };
+        if attempt.token != report.token
+            || attempt.attempt_state == "lost"
+            || attempt.run_state != RunState::Running.as_str()
+        {
+            effects.push(rejected("fenced"));
+            continue;
+        }
+        if attempt.attempt_state != "running" {
+            effects.push(rejected("already_reported"));
+            continue;
+        }
+        let error = report_error(report);
+        let stmt = tx
+            .prepare_cached(
+                "UPDATE attempts SET state = $2, finished_at = $3, exit_code = $4, \
+                 http_status = $5, error = $6 WHERE id = $1",
+            )
+            .await?;
+        tx.execute(
+            &stmt,
+            &[
+                &report.attempt_id,
+                &sked_core::AttemptState::from(report.outcome).as_str(),
+                &micros(now),
+                &report.exit_code,
+                &report.http_status.map(i32::from),
+                &error,
+            ],
+        )
+        .await?;
+        let counts = matches!(
+            report.outcome,
+            AttemptOutcome::Failed | AttemptOutcome::TimedOut
+        );
+        let failures = attempt.failures + u32::from(counts);
+        let default_policy = RetryPolicy::default();
+        let retry = policies.get(&attempt.job_id).unwrap_or(&default_policy);
+        let decision = after_attempt(
+            report.outcome,
+            failures,
+            retry,
+            attempt.cancel_requested,
+            now,
+            rand::random::<f64>(),
+        );
+        let (run_state, requeued) = match decision {
+            AfterAttempt::Retry { ready_at } => {
+                let stmt = tx
+                    .prepare_cached(
+                        "UPDATE runs SET state = 'queued', ready_at = $2, failures = $3, \
+                         error = $4 WHERE id = $1",
+                    )
+                    .await?;
+                tx.execute(
+                    &stmt,
+                    &[
+                        &attempt.run_id,
+                        &micros(ready_at),
+                        &rows::int("failures", failures)?,
+                        &error,
+                    ],
+                )
+                .await?;
+                (RunState::Queued, vec![attempt.run_id])
+            }
+            AfterAttempt::Finish(state) => {
+                finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now).await?;
+                (state, release_waiting(tx, attempt.job_id).await?)
+            }
+        };
+        effects.push(CompletionEffect::Accepted {
+            run_id: attempt.run_id,
+            run_state,
+            requeued,
+        });
+    }
+    Ok(effects)
+}
+
+/// Locks these attempts' runs, then the attempts themselves, each in id order.
+async fn lock_attempts_and_runs(tx: &Tx<'_>, attempt_ids: &[i64]) -> PgResult<()> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT id FROM runs WHERE id IN (SELECT run_id FROM attempts WHERE id = ANY($1)) \
+             ORDER BY id FOR UPDATE",
+        )
+        .await?;
+    tx.execute(&stmt, &[&attempt_ids]).await?;
+    let stmt = tx
+        .prepare_cached("SELECT id FROM attempts WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .await?;
+    tx.execute(&stmt, &[&attempt_ids]).await?;
+    Ok(())
+}
+
+/// The reason shown on the run for an attempt that did not succeed.
+fn report_error(report: &AttemptReport) -> Option<String> {
+    if report.outcome == AttemptOutcome::Succeeded {
+        return None;
+    }
+    if let Some(error) = &report.error {
+        return Some(error.clone());
+    }
+    if let Some(code) = report.exit_code {
+        return Some(format!("exited with code {code}"));
+    }
+    if let Some(status) = report.http_status {
+        return Some(format!("answered with HTTP status {status}"));
+    }
+    match report.outcome {
+        AttemptOutcome::TimedOut => Some("timed out".to_string()),
+        AttemptOutcome::Cancelled => Some("cancelled".to_string()),
+        _ => None,
+    }
+}
+
+async fn finish_run(
+    tx: &Tx<'_>,
+    run_id: i64,
+    state: RunState,
+    failures: u32,
+    error: Option<&str>,
+    now: Instant,
+) -> PgResult<()> {
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE runs SET state = $2, finished_at = $3, failures = $4, error = $5 \
+             WHERE id = $1",
+        )
+        .await?;
+    tx.execute(
+        &stmt,
+        &[
+            &run_id,
+            &state.as_str(),
+            &micros(now),
+            &rows::int("failures", failures)?,
+            &error,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Queues the oldest run of the job held back by overlap, once none of its runs is active.
+/// The caller holds the job's lock, so no other transaction counts or changes its active runs.
+async fn release_waiting(tx: &Tx<'_>, job_id: i64) -> PgResult<Vec<i64>> {
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE runs SET state = 'queued' WHERE id = ( \
+                SELECT id FROM runs WHERE job_id = $1 AND state = 'waiting' \
+                ORDER BY scheduled_for, id LIMIT 1) \
+             AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = $1 \
+                             AND state IN ('queued', 'running')) \
+             RETURNING id",
+        )
+        .await?;
+    tx.query(&stmt, &[&job_id])
+        .await?
+        .iter()
+        .map(|r| Ok(r.try_get(0)?))
+        .collect()
+}
+
+async fn get_run(tx: &Tx<'_>, run_id: i64, lock: bool) -> PgResult<Option<RunRecord>> {
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1{}",
+        if lock { " FOR UPDATE" } else { "" }
+    );
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query_opt(&stmt, &[&run_id])
+        .await?
+        .as_ref()
+        .map(rows::run)
+        .transpose()
+}
+
+pub async fn cancel_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Option<CancelOutcome>> {
+    // The job first, then the run (the lock order); a run's job never changes.
+    let stmt = tx
+        .prepare_cached("SELECT job_id FROM runs WHERE id = $1")
+        .await?;
+    let Some(row) = tx.query_opt(&stmt, &[&run_id]).await? else {
+        return Ok(None);
+    };
+    lock_jobs(tx, &[row.try_get(0)?]).await?;
+    let Some(run) = get_run(tx, run_id, true).await? else {
+        return Ok(None);
+    };
+    let outcome = match run.state {
+        s if s.is_terminal() => CancelOutcome::AlreadyFinished(run),
+        RunState::Running => {
+            let stmt = tx
+                .prepare_cached("UPDATE runs SET cancel_requested = true WHERE id = $1")
+                .await?;
+            tx.execute(&stmt, &[&run_id]).await?;
+            CancelOutcome::Requested(refetch(tx, run_id).await?)
+        }
+        RunState::Queued | RunState::Waiting => {
+            finish_run(
+                tx,
+                run_id,
+                RunState::Cancelled,
+                run.failures,
+                Some("cancelled by a user"),
+                now,
+            )
+            .await?;
+            let released = release_waiting(tx, run.job_id).await?;
+            CancelOutcome::Cancelled {
+                run: refetch(tx, run_id).await?,
+                released,
+            }
+        }
+        // Every state is terminal or one of the three above.
+        _ => CancelOutcome::AlreadyFinished(run),
+    };
+    Ok(Some(outcome))
+}
+
+async fn refetch(tx: &Tx<'_>, run_id: i64) -> PgResult<RunRecord> {
+    get_run(tx, run_id, false)
+        .await?
+        .ok_or_else(|| StoreError::Database(format!("run {run_id} vanished")).into())
+}
+
+/// Attempts whose lease ran out, and every attempt of a worker that is not alive.
+const LOST: &str = "a.state = 'running' AND (a.lease_expires_at < $1 OR NOT EXISTS ( \
+     SELECT 1 FROM workers w WHERE w.id = a.worker_id AND w.alive))";
+
+pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<ReapOutcome> {
+    let mut outcome = ReapOutcome::default();
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE workers SET alive = false WHERE alive AND last_heartbeat_at < $1 RETURNING id",
+        )
+        .await?;
+    for row in tx.query(&stmt, &[&micros(silent_since)]).await? {
+        outcome.dead_workers.push(row.try_get(0)?);
+    }
+    outcome.dead_workers.sort();
+    // Find the lost attempts, lock their jobs, runs and attempts in that order, then look again
+    // under the locks: a heartbeat may have renewed a lease, or a report ended an attempt.
+    let stmt = tx
+        .prepare_cached(&format!(
+            "SELECT a.id, r.job_id FROM attempts a JOIN runs r ON r.id = a.run_id WHERE {LOST}"
+        ))
+        .await?;
+    let candidates = tx.query(&stmt, &[&micros(now)]).await?;
+    if candidates.is_empty() {
+        return Ok(outcome);
+    }
+    let mut attempt_ids = Vec::with_capacity(candidates.len());
+    let mut job_ids = Vec::with_capacity(candidates.len());
+    for row in &candidates {
+        attempt_ids.push(row.try_get::<_, i64>(0)?);
+        job_ids.push(row.try_get::<_, i64>(1)?);
+    }
+    let attempt_ids = sorted(attempt_ids);
+    lock_jobs(tx, &job_ids).await?;
+    lock_attempts_and_runs(tx, &attempt_ids).await?;
+    let stmt = tx
+        .prepare_cached(&format!(
+            "SELECT a.id, a.run_id, r.job_id, r.cancel_requested, r.failures \
+             FROM attempts a JOIN runs r ON r.id = a.run_id \
+             WHERE a.id = ANY($2) AND {LOST} ORDER BY a.id"
+        ))
+        .await?;
+    let lost = tx.query(&stmt, &[&micros(now), &attempt_ids]).await?;
+    for row in lost {
+        let (attempt_id, run_id, job_id): (i64, i64, i64) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        let cancel_requested: bool = row.try_get(3)?;
+        let stmt = tx
+            .prepare_cached(
+                "UPDATE attempts SET state = 'lost', finished_at = $2, \
+                 error = 'the worker stopped heartbeating; its lease was taken away' \
+                 WHERE id = $1",
+            )
+            .await?;
+        tx.execute(&stmt, &[&attempt_id, &micros(now)]).await?;
+        if cancel_requested {
+            let failures = rows::count("failures", row.try_get::<_, i32>(4)?)?;
+            finish_run(
+                tx,
+                run_id,
+                RunState::Cancelled,
+                failures,
+                Some("cancelled; its worker was lost"),
+                now,
+            )
+            .await?;
+            outcome.cancelled.push(run_id);
+            outcome.requeued.extend(release_waiting(tx, job_id).await?);
+        } else {
+            // A lost attempt is sked's failure, not the job's: the retry budget is untouched.
+            let stmt = tx
+                .prepare_cached("UPDATE runs SET state = 'queued', ready_at = $2 WHERE id = $1")
+                .await?;
+            tx.execute(&stmt, &[&run_id, &micros(now)]).await?;
+            outcome.requeued.push(run_id);
+        }
+    }
+    Ok(outcome)
+}

@@ -1,0 +1,378 @@
+//! The clustered store on PostgreSQL: every server node shares one database.
+//!
+//! Each call of the trait runs in one transaction on a connection of a small pool: writes at
+//! READ COMMITTED, reads at REPEATABLE READ (read only), so a read sees one snapshot, as on
+//! SQLite. Unlike SQLite, PostgreSQL runs writers side by side, so every decision is taken over
+//! rows the transaction has locked (`SELECT ... FOR UPDATE`), and locks are always taken in one
+//! order, each kind by ascending id:
+//!
+//! workers → jobs → runs → attempts
+//!
+//! A job's row is the lock that serialises everything touching how many of its runs are active:
+//! recording its instants (the overlap decision), ending one of its runs (releasing a waiting
+//! one), cancelling, deleting. Starting an attempt only moves a run from queued to running,
+//! which leaves that count alone, so it locks just the runs. A transaction PostgreSQL still
+//! aborts as a deadlock or a serialization failure is run again from the start: it wrote
+//! nothing.
+//!
+//! Each submodule holds the queries of one part of the trait as plain async functions over a
+//! transaction, mirroring the SQLite implementation file by file.
+
+mod history;
+mod jobs;
+mod ledger;
+mod rows;
+mod schema;
+mod workers;
+
+use crate::*;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{IsolationLevel, NoTls};
+
+/// The transaction every query function runs in.
+type Tx<'a> = deadpool_postgres::Transaction<'a>;
+
+/// Connections per store. Each trait call holds one for its transaction.
+const POOL_SIZE: usize = 8;
+/// How long a call waits for a free connection, or for a new one to open.
+const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Runs of a transaction PostgreSQL aborted as a deadlock or a serialization failure.
+const TRIES: u32 = 5;
+
+/// Why a transaction failed: the database's own error is kept whole until the transaction is
+/// over, so that a deadlock can be told apart and the transaction run again.
+enum Fail {
+    Pg(tokio_postgres::Error),
+    Store(StoreError),
+}
+
+type PgResult<T> = std::result::Result<T, Fail>;
+
+impl From<tokio_postgres::Error> for Fail {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Fail::Pg(e)
+    }
+}
+
+impl From<StoreError> for Fail {
+    fn from(e: StoreError) -> Self {
+        Fail::Store(e)
+    }
+}
+
+impl From<Fail> for StoreError {
+    fn from(e: Fail) -> Self {
+        match e {
+            Fail::Pg(e) => e.into(),
+            Fail::Store(e) => e,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if let Some(db) = e.as_db_error() {
+            // A create that met a job of that name (`put_job` looks first, under a lock; this
+            // is the net below it).
+            if db.code() == &SqlState::UNIQUE_VIOLATION
+                && db.constraint() == Some("jobs_namespace_name_key")
+            {
+                return StoreError::Conflict(format!("job ({})", db.message()));
+            }
+            return StoreError::Database(format!("{}: {}", db.severity(), db.message()));
+        }
+        StoreError::Database(e.to_string())
+    }
+}
+
+impl Fail {
+    /// The transaction was rolled back whole by PostgreSQL and may simply be run again.
+    fn retryable(&self) -> bool {
+        match self {
+            Fail::Pg(e) => matches!(
+                e.code(),
+                Some(code) if code == &SqlState::T_R_DEADLOCK_DETECTED
+                    || code == &SqlState::T_R_SERIALIZATION_FAILURE
+            ),
+            Fail::Store(_) => false,
+        }
+    }
+}
+
+/// The store on a PostgreSQL database, shared by any number of server nodes.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (`postgres://user:password@host:port/database`, or
+    /// the `key=value` form) and brings its schema up to date. Several nodes may do this at
+    /// once on an empty database: the migrations run once, under an advisory lock.
+    ///
+    /// The tables live in the connection's current schema (the first of its `search_path`),
+    /// so `options=-csearch_path%3Dsked` in the URL puts sked in a schema of its own.
+    pub async fn connect(url: &str) -> Result<PgStore> {
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| StoreError::Open(format!("bad PostgreSQL connection string: {e}")))?;
+        if config.get_application_name().is_none() {
+            config.application_name("sked");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let where_ = describe(&config);
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(POOL_WAIT))
+            .build()
+            .map_err(|e| StoreError::Open(format!("{where_}: {e}")))?;
+        let mut client = pool
+            .get()
+            .await
+            .map_err(|e| StoreError::Open(format!("{where_}: {e}")))?;
+        schema::migrate(&mut client, &where_).await?;
+        drop(client);
+        Ok(PgStore { pool })
+    }
+
+    async fn client(&self) -> PgResult<deadpool_postgres::Client> {
+        self.pool.get().await.map_err(|e| {
+            Fail::Store(StoreError::Database(format!(
+                "no connection to PostgreSQL: {e}"
+            )))
+        })
+    }
+}
+
+/// Where a connection string points, without its password, for error messages.
+fn describe(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(name)) => name.clone(),
+        #[cfg(unix)]
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let database = config
+        .get_dbname()
+        .or(config.get_user())
+        .unwrap_or_default();
+    format!("PostgreSQL at {host}:{port}/{database}")
+}
+
+/// Runs `$body` in one transaction on a pooled connection (`write`: READ COMMITTED; `read`:
+/// REPEATABLE READ, read only) and commits it if the body succeeds; a transaction PostgreSQL
+/// aborted as a deadlock or serialization failure is run again, up to [`TRIES`] times.
+/// `?` inside the body leaves the transaction (which rolls back).
+macro_rules! transact {
+    ($store:expr, $kind:ident, |$tx:ident| $body:expr) => {{
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let result: PgResult<_> = async {
+                let mut client = $store.client().await?;
+                let $tx = transact!(@begin $kind, client);
+                let value = $body;
+                $tx.commit().await?;
+                Ok(value)
+            }
+            .await;
+            match result {
+                Err(e) if tries < TRIES && e.retryable() => {
+                    tracing::debug!("a PostgreSQL transaction was aborted; running it again");
+                    continue;
+                }
+                other => break other.map_err(StoreError::from),
+            }
+        }
+    }};
+    (@begin write, $client:ident) => {
+        $client.transaction().await?
+    };
+    (@begin read, $client:ident) => {
+        $client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?
+    };
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn put_job(
+        &self,
+        namespace: &str,
+        job: &ValidJob,
+        mode: PutMode,
+        now: Instant,
+    ) -> Result<(PutOutcome, JobRecord)> {
+        transact!(self, write, |tx| jobs::put(&tx, namespace, job, mode, now)
+            .await?)
+    }
+
+    async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>> {
+        transact!(self, read, |tx| jobs::get(&tx, namespace, name).await?)
+    }
+
+    async fn get_job_by_id(&self, id: i64) -> Result<Option<JobRecord>> {
+        transact!(self, read, |tx| jobs::get_by_id(&tx, id).await?)
+    }
+
+    async fn list_jobs(&self, query: &JobQuery) -> Result<Page<JobRecord>> {
+        transact!(self, read, |tx| jobs::list(&tx, query).await?)
+    }
+
+    async fn delete_job(
+        &self,
+        namespace: &str,
+        name: &str,
+        now: Instant,
+    ) -> Result<Option<JobRecord>> {
+        transact!(self, write, |tx| jobs::delete(&tx, namespace, name, now)
+            .await?)
+    }
+
+    async fn set_paused(
+        &self,
+        namespace: &str,
+        name: &str,
+        paused: bool,
+        now: Instant,
+    ) -> Result<Option<JobRecord>> {
+        transact!(self, write, |tx| jobs::set_paused(
+            &tx, namespace, name, paused, now
+        )
+        .await?)
+    }
+
+    async fn scheduled_jobs(&self) -> Result<Vec<JobRecord>> {
+        transact!(self, read, |tx| jobs::scheduled(&tx).await?)
+    }
+
+    async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
+        transact!(self, write, |tx| ledger::record_fires(&tx, fires, now)
+            .await?)
+    }
+
+    async fn queued_runs(&self, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>> {
+        transact!(self, read, |tx| ledger::queued_runs(&tx, ids).await?)
+    }
+
+    async fn start_attempts(
+        &self,
+        starts: &[AttemptStart],
+        now: Instant,
+    ) -> Result<Vec<Option<StartedAttempt>>> {
+        transact!(self, write, |tx| ledger::start_attempts(&tx, starts, now)
+            .await?)
+    }
+
+    async fn complete_attempts(
+        &self,
+        reports: &[AttemptReport],
+        now: Instant,
+    ) -> Result<Vec<CompletionEffect>> {
+        transact!(self, write, |tx| ledger::complete_attempts(
+            &tx, reports, now
+        )
+        .await?)
+    }
+
+    async fn cancel_run(&self, run_id: i64, now: Instant) -> Result<Option<CancelOutcome>> {
+        transact!(self, write, |tx| ledger::cancel_run(&tx, run_id, now)
+            .await?)
+    }
+
+    async fn get_run(&self, run_id: i64) -> Result<Option<(RunRecord, Vec<AttemptRecord>)>> {
+        transact!(self, read, |tx| history::get_run(&tx, run_id).await?)
+    }
+
+    async fn list_runs(&self, query: &RunQuery) -> Result<Page<RunRecord>> {
+        transact!(self, read, |tx| history::list_runs(&tx, query).await?)
+    }
+
+    async fn job_stats(&self, namespace: &str, name: &str) -> Result<Option<JobStats>> {
+        transact!(self, read, |tx| history::job_stats(&tx, namespace, name)
+            .await?)
+    }
+
+    async fn append_output(
+        &self,
+        attempt_id: i64,
+        token: i64,
+        bytes: &[u8],
+        cap: u64,
+    ) -> Result<AppendOutcome> {
+        transact!(self, write, |tx| history::append_output(
+            &tx, attempt_id, token, bytes, cap
+        )
+        .await?)
+    }
+
+    async fn read_output(&self, attempt_id: i64, offset: u64) -> Result<Vec<u8>> {
+        transact!(self, read, |tx| history::read_output(
+            &tx, attempt_id, offset
+        )
+        .await?)
+    }
+
+    async fn register_worker(&self, worker: &NewWorker, now: Instant) -> Result<()> {
+        transact!(self, write, |tx| workers::register(&tx, worker, now)
+            .await?)
+    }
+
+    async fn heartbeat(
+        &self,
+        worker_id: &str,
+        running: &[i64],
+        now: Instant,
+        lease_until: Instant,
+    ) -> Result<HeartbeatOutcome> {
+        transact!(self, write, |tx| workers::heartbeat(
+            &tx,
+            worker_id,
+            running,
+            now,
+            lease_until
+        )
+        .await?)
+    }
+
+    async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {
+        transact!(self, read, |tx| workers::list(&tx).await?)
+    }
+
+    async fn reap(&self, silent_since: Instant, now: Instant) -> Result<ReapOutcome> {
+        transact!(self, write, |tx| ledger::reap(&tx, silent_since, now)
+            .await?)
+    }
+
+    async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64> {
+        transact!(self, write, |tx| history::delete_finished_runs(
+            &tx, before, limit
+        )
+        .await?)
+    }
+}

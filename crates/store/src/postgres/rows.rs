@@ -1,0 +1,159 @@
+//! Reading rows back into records, and the conversions between sked's values and PostgreSQL's.
+//! The column lists and their order are SQLite's (`sqlite/rows.rs`).
+
+use super::PgResult;
+use crate::StoreError;
+use sked_core::job::{JobSpec, JobState};
+use sked_core::records::{AttemptRecord, JobRecord, RunRecord, WorkerRecord};
+use sked_core::run::{AttemptState, RunState, SkipReason, Trigger};
+use sked_core::Instant;
+use tokio_postgres::Row;
+
+pub fn micros(t: Instant) -> i64 {
+    t.timestamp_micros()
+}
+
+pub fn instant(micros: i64) -> Result<Instant, StoreError> {
+    chrono::DateTime::from_timestamp_micros(micros)
+        .ok_or_else(|| StoreError::Corrupt(format!("instant {micros} is out of range")))
+}
+
+fn opt_instant(micros: Option<i64>) -> Result<Option<Instant>, StoreError> {
+    micros.map(instant).transpose()
+}
+
+fn named<T>(what: &str, text: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, StoreError> {
+    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown {what} {text:?}")))
+}
+
+/// A stored count (attempts, slots, ...) as the record's unsigned number.
+pub fn count<T: TryInto<u32> + Copy + std::fmt::Display>(
+    what: &str,
+    value: T,
+) -> Result<u32, StoreError> {
+    value
+        .try_into()
+        .map_err(|_| StoreError::Corrupt(format!("{what} {value} is out of range")))
+}
+
+/// A count on its way into an INTEGER column.
+pub fn int(what: &str, value: u32) -> Result<i32, StoreError> {
+    i32::try_from(value).map_err(|_| StoreError::Database(format!("{what} {value} is too large")))
+}
+
+pub fn run_state(text: &str) -> Result<RunState, StoreError> {
+    named("run state", text, RunState::parse)
+}
+
+pub fn attempt_state(text: &str) -> Result<AttemptState, StoreError> {
+    named("attempt state", text, AttemptState::parse)
+}
+
+pub fn job_state(text: &str) -> Result<JobState, StoreError> {
+    named("job state", text, JobState::parse)
+}
+
+pub fn spec(text: &str) -> Result<JobSpec, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("a stored job definition does not parse: {e}")))
+}
+
+pub const JOB_COLUMNS: &str =
+    "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at";
+
+pub fn job(row: &Row) -> PgResult<JobRecord> {
+    let fired_count: i64 = row.try_get(6)?;
+    Ok(JobRecord {
+        id: row.try_get(0)?,
+        namespace: row.try_get(1)?,
+        name: row.try_get(2)?,
+        spec: spec(row.try_get(3)?)?,
+        state: job_state(row.try_get(4)?)?,
+        next_fire_at: opt_instant(row.try_get(5)?)?,
+        fired_count: u64::try_from(fired_count).map_err(|_| {
+            StoreError::Corrupt(format!("fired count {fired_count} is out of range"))
+        })?,
+        schedule_epoch: instant(row.try_get(7)?)?,
+        created_at: instant(row.try_get(8)?)?,
+        updated_at: instant(row.try_get(9)?)?,
+    })
+}
+
+pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
+     skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
+     cancel_requested, error";
+
+pub fn run(row: &Row) -> PgResult<RunRecord> {
+    let skip_reason: Option<&str> = row.try_get(7)?;
+    Ok(RunRecord {
+        id: row.try_get(0)?,
+        namespace: row.try_get(1)?,
+        job: row.try_get(2)?,
+        job_id: row.try_get(3)?,
+        scheduled_for: instant(row.try_get(4)?)?,
+        trigger: named("trigger", row.try_get(5)?, Trigger::parse)?,
+        state: run_state(row.try_get(6)?)?,
+        skip_reason: skip_reason
+            .map(|r| named("skip reason", r, SkipReason::parse))
+            .transpose()?,
+        priority: row.try_get(8)?,
+        ready_at: instant(row.try_get(9)?)?,
+        created_at: instant(row.try_get(10)?)?,
+        started_at: opt_instant(row.try_get(11)?)?,
+        finished_at: opt_instant(row.try_get(12)?)?,
+        attempts: count("attempts", row.try_get::<_, i32>(13)?)?,
+        failures: count("failures", row.try_get::<_, i32>(14)?)?,
+        cancel_requested: row.try_get(15)?,
+        error: row.try_get(16)?,
+    })
+}
+
+pub const ATTEMPT_COLUMNS: &str = "id, run_id, number, worker_id, token, state, started_at, \
+     finished_at, lease_expires_at, exit_code, http_status, error, output_bytes, output_truncated";
+
+pub fn attempt(row: &Row) -> PgResult<AttemptRecord> {
+    let http_status: Option<i32> = row.try_get(10)?;
+    let output_bytes: i64 = row.try_get(12)?;
+    Ok(AttemptRecord {
+        id: row.try_get(0)?,
+        run_id: row.try_get(1)?,
+        number: count("attempt number", row.try_get::<_, i32>(2)?)?,
+        worker_id: row.try_get(3)?,
+        token: row.try_get(4)?,
+        state: attempt_state(row.try_get(5)?)?,
+        started_at: instant(row.try_get(6)?)?,
+        finished_at: opt_instant(row.try_get(7)?)?,
+        lease_expires_at: instant(row.try_get(8)?)?,
+        exit_code: row.try_get(9)?,
+        http_status: http_status
+            .map(|s| {
+                u16::try_from(s)
+                    .map_err(|_| StoreError::Corrupt(format!("HTTP status {s} is out of range")))
+            })
+            .transpose()?,
+        error: row.try_get(11)?,
+        output_bytes: u64::try_from(output_bytes).map_err(|_| {
+            StoreError::Corrupt(format!("output size {output_bytes} is out of range"))
+        })?,
+        output_truncated: row.try_get(13)?,
+    })
+}
+
+pub const WORKER_COLUMNS: &str = "w.id, w.name, w.labels, w.slots, w.registered_at, \
+     w.last_heartbeat_at, w.alive, \
+     (SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'running')";
+
+pub fn worker(row: &Row) -> PgResult<WorkerRecord> {
+    let labels: &str = row.try_get(2)?;
+    Ok(WorkerRecord {
+        id: row.try_get(0)?,
+        name: row.try_get(1)?,
+        labels: serde_json::from_str(labels)
+            .map_err(|e| StoreError::Corrupt(format!("worker labels do not parse: {e}")))?,
+        slots: count("slots", row.try_get::<_, i64>(3)?)?,
+        registered_at: instant(row.try_get(4)?)?,
+        last_heartbeat_at: instant(row.try_get(5)?)?,
+        alive: row.try_get(6)?,
+        running: count("running attempts", row.try_get::<_, i64>(7)?)?,
+    })
+}

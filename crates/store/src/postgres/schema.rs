@@ -1,0 +1,185 @@
+//! The PostgreSQL schema and its migrations, applied in order at connect and recorded in the
+//! `sked_schema` table, so a database used by a newer sked is upgraded in place.
+//!
+//! The tables and columns are SQLite's (`sqlite/schema.rs`), in PostgreSQL's types: instants are
+//! BIGINT microseconds since the epoch (UTC), states their snake_case names, flags BOOLEAN,
+//! captured output BYTEA. Names sort by byte (`COLLATE "C"`), as on SQLite, so a page cursor
+//! means the same on both.
+//!
+//! Several nodes may start at once on an empty database: the version is read and the
+//! migrations applied in one transaction holding an advisory lock keyed by the schema, so one
+//! node migrates and the others find the work done.
+
+use super::{Fail, PgResult};
+use crate::StoreError;
+
+/// Each entry moves the schema one version up. Never edit a released entry: append a new one.
+const MIGRATIONS: &[&str] = &[r#"
+-- Identity columns everywhere: an id is never handed out twice, so a recreated job never meets
+-- the ledger rows of a deleted one, and a run or attempt id always means one thing.
+CREATE TABLE jobs (
+    id             BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    namespace      TEXT    NOT NULL,
+    name           TEXT    COLLATE "C" NOT NULL,
+    description    TEXT    NOT NULL DEFAULT '',
+    spec           TEXT    NOT NULL,
+    -- Copied out of `spec` so that firing and completion need not parse it for every run.
+    overlap        TEXT    NOT NULL,
+    priority       INTEGER NOT NULL,
+    retry          TEXT    NOT NULL,
+    state          TEXT    NOT NULL,
+    next_fire_at   BIGINT,
+    fired_count    BIGINT  NOT NULL,
+    schedule_epoch BIGINT  NOT NULL,
+    created_at     BIGINT  NOT NULL,
+    updated_at     BIGINT  NOT NULL,
+    CONSTRAINT jobs_namespace_name_key UNIQUE (namespace, name)
+);
+CREATE INDEX jobs_scheduled ON jobs (next_fire_at) WHERE next_fire_at IS NOT NULL;
+
+-- The ledger: one row per (job, instant). Namespace and job name are kept with the run so
+-- that the runs of a deleted job stay readable.
+CREATE TABLE runs (
+    id               BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id           BIGINT  NOT NULL,
+    namespace        TEXT    NOT NULL,
+    job              TEXT    COLLATE "C" NOT NULL,
+    scheduled_for    BIGINT  NOT NULL,
+    trigger          TEXT    NOT NULL,
+    state            TEXT    NOT NULL,
+    skip_reason      TEXT,
+    priority         INTEGER NOT NULL,
+    ready_at         BIGINT  NOT NULL,
+    created_at       BIGINT  NOT NULL,
+    started_at       BIGINT,
+    finished_at      BIGINT,
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    failures         INTEGER NOT NULL DEFAULT 0,
+    cancel_requested BOOLEAN NOT NULL DEFAULT false,
+    error            TEXT,
+    CONSTRAINT runs_job_instant_key UNIQUE (job_id, scheduled_for)
+);
+CREATE INDEX runs_by_job_name ON runs (namespace, job, scheduled_for DESC, id DESC);
+CREATE INDEX runs_by_namespace ON runs (namespace, scheduled_for DESC, id DESC);
+CREATE INDEX runs_active ON runs (job_id, state) WHERE state IN ('waiting', 'queued', 'running');
+CREATE INDEX runs_finished ON runs (finished_at) WHERE finished_at IS NOT NULL;
+
+CREATE TABLE attempts (
+    id               BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id           BIGINT  NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    number           INTEGER NOT NULL,
+    worker_id        TEXT    NOT NULL,
+    token            BIGINT  NOT NULL,
+    state            TEXT    NOT NULL,
+    started_at       BIGINT  NOT NULL,
+    finished_at      BIGINT,
+    lease_expires_at BIGINT  NOT NULL,
+    exit_code        INTEGER,
+    http_status      INTEGER,
+    error            TEXT,
+    output_bytes     BIGINT  NOT NULL DEFAULT 0,
+    output_truncated BOOLEAN NOT NULL DEFAULT false,
+    UNIQUE (run_id, number)
+);
+CREATE INDEX attempts_running ON attempts (worker_id) WHERE state = 'running';
+CREATE INDEX attempts_leases ON attempts (lease_expires_at) WHERE state = 'running';
+
+-- Captured output, in the chunks the worker sent; `offset` is the chunk's first byte.
+CREATE TABLE output (
+    attempt_id BIGINT NOT NULL REFERENCES attempts (id) ON DELETE CASCADE,
+    "offset"   BIGINT NOT NULL,
+    data       BYTEA  NOT NULL,
+    PRIMARY KEY (attempt_id, "offset")
+);
+
+CREATE TABLE workers (
+    id                TEXT    PRIMARY KEY,
+    name              TEXT    NOT NULL,
+    labels            TEXT    NOT NULL,
+    slots             BIGINT  NOT NULL,
+    registered_at     BIGINT  NOT NULL,
+    last_heartbeat_at BIGINT  NOT NULL,
+    alive             BOOLEAN NOT NULL
+);
+"#];
+
+/// The first key of the advisory lock migrations hold (the second is the schema's name).
+const MIGRATION_LOCK: i32 = 0x736b_6564; // "sked"
+
+/// Brings the schema to the newest version in one transaction, under the advisory lock.
+/// `where_` names the database in errors.
+pub async fn migrate(client: &mut deadpool_postgres::Client, where_: &str) -> PgResult<()> {
+    let open = |e: tokio_postgres::Error| {
+        Fail::Store(StoreError::Open(format!(
+            "{where_}: {}",
+            StoreError::from(e)
+        )))
+    };
+    let tx = client.transaction().await.map_err(open)?;
+    let migrated = apply(&tx, where_, open).await;
+    // Rolled back here rather than when dropped: a store that fails to open is dropped at once,
+    // and its connection with it, before a rollback queued by the drop would be sent.
+    match migrated {
+        Ok(()) => tx.commit().await.map_err(open),
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+async fn apply(
+    tx: &deadpool_postgres::Transaction<'_>,
+    where_: &str,
+    open: impl Fn(tokio_postgres::Error) -> Fail + Copy,
+) -> PgResult<()> {
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext(coalesce(current_schema(), '')))",
+        &[&MIGRATION_LOCK],
+    )
+    .await
+    .map_err(open)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS sked_schema ( \
+             id      INTEGER PRIMARY KEY CHECK (id = 1), \
+             version INTEGER NOT NULL); \
+         INSERT INTO sked_schema (id, version) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+    )
+    .await
+    .map_err(open)?;
+    let version: i32 = tx
+        .query_one("SELECT version FROM sked_schema WHERE id = 1", &[])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(open)?;
+    let current = usize::try_from(version).map_err(|_| {
+        Fail::Store(StoreError::Open(format!(
+            "{where_}: schema version {version} is not a version"
+        )))
+    })?;
+    if current > latest_version() {
+        return Err(Fail::Store(StoreError::Open(format!(
+            "{where_} has schema version {version}, newer than this sked knows ({}); \
+             run a newer sked",
+            latest_version()
+        ))));
+    }
+    if current < latest_version() {
+        for sql in MIGRATIONS.iter().skip(current) {
+            tx.batch_execute(sql).await.map_err(open)?;
+        }
+        let latest = latest_version() as i32;
+        tx.execute(
+            "UPDATE sked_schema SET version = $1 WHERE id = 1",
+            &[&latest],
+        )
+        .await
+        .map_err(open)?;
+    }
+    Ok(())
+}
+
+/// The newest schema version this build knows.
+pub fn latest_version() -> usize {
+    MIGRATIONS.len()
+}

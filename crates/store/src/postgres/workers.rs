@@ -1,0 +1,101 @@
+//! Workers: registration, heartbeats (which extend the leases of their attempts), the list.
+
+use super::rows::{self, micros, WORKER_COLUMNS};
+use super::{PgResult, Tx};
+use crate::{HeartbeatOutcome, NewWorker, StoreError};
+use sked_core::records::WorkerRecord;
+use sked_core::Instant;
+use std::collections::HashMap;
+
+pub async fn register(tx: &Tx<'_>, worker: &NewWorker, now: Instant) -> PgResult<()> {
+    let labels = serde_json::to_string(&worker.labels)
+        .map_err(|e| StoreError::Database(format!("cannot encode labels: {e}")))?;
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
+             alive) VALUES ($1, $2, $3, $4, $5, $5, true)",
+        )
+        .await?;
+    tx.execute(
+        &stmt,
+        &[
+            &worker.id,
+            &worker.name,
+            &labels,
+            &i64::from(worker.slots),
+            &micros(now),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+pub async fn heartbeat(
+    tx: &Tx<'_>,
+    worker_id: &str,
+    running: &[i64],
+    now: Instant,
+    lease_until: Instant,
+) -> PgResult<HeartbeatOutcome> {
+    // The worker's row first: a reaper declaring it dead waits for this heartbeat, or this
+    // heartbeat finds it dead.
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE workers SET last_heartbeat_at = $2 WHERE id = $1 AND alive RETURNING id",
+        )
+        .await?;
+    if tx
+        .query_opt(&stmt, &[&worker_id, &micros(now)])
+        .await?
+        .is_none()
+    {
+        return Ok(HeartbeatOutcome {
+            known: false,
+            stop: running.to_vec(),
+        });
+    }
+    let mut held: HashMap<i64, bool> = HashMap::new();
+    if !running.is_empty() {
+        // Only the worker's own running attempts keep their lease; a cancel asks it to stop.
+        // Locked in id order first, as every transaction locks attempts.
+        let mut ids = running.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let stmt = tx
+            .prepare_cached(
+                "SELECT id FROM attempts WHERE id = ANY($1) AND worker_id = $2 \
+                 AND state = 'running' ORDER BY id FOR UPDATE",
+            )
+            .await?;
+        tx.execute(&stmt, &[&ids, &worker_id]).await?;
+        let stmt = tx
+            .prepare_cached(
+                "UPDATE attempts a SET lease_expires_at = $3 FROM runs r \
+                 WHERE a.id = ANY($1) AND a.worker_id = $2 AND a.state = 'running' \
+                 AND r.id = a.run_id RETURNING a.id, r.cancel_requested",
+            )
+            .await?;
+        for row in tx
+            .query(&stmt, &[&ids, &worker_id, &micros(lease_until)])
+            .await?
+        {
+            held.insert(row.try_get(0)?, row.try_get(1)?);
+        }
+    }
+    let stop = running
+        .iter()
+        .copied()
+        .filter(|id| held.get(id) != Some(&false))
+        .collect();
+    Ok(HeartbeatOutcome { known: true, stop })
+}
+
+pub async fn list(tx: &Tx<'_>) -> PgResult<Vec<WorkerRecord>> {
+    let sql = format!("SELECT {WORKER_COLUMNS} FROM workers w ORDER BY w.alive DESC, w.name, w.id");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query(&stmt, &[])
+        .await?
+        .iter()
+        .map(rows::worker)
+        .collect()
+}
