@@ -2,9 +2,20 @@
 //!
 //! A cursor is the sort key of the last item handed out plus its id, so a page starts strictly
 //! after it and rows inserted meanwhile neither repeat nor vanish. Every store encodes them
-//! here, so a cursor means the same thing on SQLite and on PostgreSQL.
+//! here, so a cursor means the same thing on SQLite and on PostgreSQL; page sizes too.
 
 use crate::StoreError;
+
+pub const DEFAULT_PAGE: u32 = 100;
+pub const MAX_PAGE: u32 = 1000;
+
+/// A page size within bounds: 0 means the default.
+pub fn page_size(limit: u32) -> u32 {
+    match limit {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_PAGE),
+    }
+}
 
 /// The position after which the next page starts.
 #[derive(Debug, Clone, PartialEq, Eq)]

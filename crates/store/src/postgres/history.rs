@@ -1,9 +1,8 @@
 //! Reading the ledger (runs, attempts, statistics), captured output, and retention.
 
-use super::jobs::page_size;
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
 use super::{PgResult, Tx};
-use crate::cursor::{Cursor, CursorKey};
+use crate::cursor::{page_size, Cursor, CursorKey};
 use crate::{AppendOutcome, Page, RunQuery, StoreError};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
 use sked_core::run::RunState;

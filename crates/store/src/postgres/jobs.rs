@@ -5,24 +5,12 @@
 
 use super::rows::{self, micros, JOB_COLUMNS};
 use super::{PgResult, Tx};
-use crate::cursor::{Cursor, CursorKey};
+use crate::cursor::{page_size, Cursor, CursorKey};
 use crate::{JobQuery, JobSort, Page, PutMode, PutOutcome, StoreError};
 use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
 use sked_core::records::JobRecord;
 use sked_core::Instant;
 use tokio_postgres::types::ToSql;
-
-/// Page sizes, as on SQLite.
-pub const DEFAULT_PAGE: u32 = 100;
-pub const MAX_PAGE: u32 = 1000;
-
-/// A page size within bounds: 0 means the default.
-pub fn page_size(limit: u32) -> u32 {
-    match limit {
-        0 => DEFAULT_PAGE,
-        n => n.min(MAX_PAGE),
-    }
-}
 
 /// How often a create that lost a race to a concurrent one looks again.
 const PUT_TRIES: usize = 3;

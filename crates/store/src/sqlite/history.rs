@@ -1,8 +1,7 @@
 //! Reading the ledger (runs, attempts, statistics), captured output, and retention.
 
-use super::jobs::page_size;
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
-use crate::cursor::{Cursor, CursorKey};
+use crate::cursor::{page_size, Cursor, CursorKey};
 use crate::{AppendOutcome, Page, Result, RunQuery};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};

@@ -1,23 +1,12 @@
 //! Job definitions: create, replace, pause, delete, list, and the firing loop's view of them.
 
 use super::rows::{self, micros, JOB_COLUMNS};
-use crate::cursor::{Cursor, CursorKey};
+use crate::cursor::{page_size, Cursor, CursorKey};
 use crate::{JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
 use sked_core::records::JobRecord;
 use sked_core::Instant;
-
-pub const DEFAULT_PAGE: u32 = 100;
-pub const MAX_PAGE: u32 = 1000;
-
-/// A page size within bounds: 0 means the default.
-pub fn page_size(limit: u32) -> u32 {
-    match limit {
-        0 => DEFAULT_PAGE,
-        n => n.min(MAX_PAGE),
-    }
-}
 
 pub fn get(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Option<JobRecord>> {
     let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ?1 AND name = ?2");
