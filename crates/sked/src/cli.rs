@@ -34,7 +34,8 @@ pub struct StoreArgs {
     /// Directory of the embedded store.
     #[arg(long, env = "SKED_DATA_DIR", default_value = "./sked-data")]
     pub data_dir: PathBuf,
-    /// PostgreSQL URL for a cluster store (instead of --data-dir).
+    /// PostgreSQL URL (instead of --data-dir), e.g. postgres://sked@db:5432/sked. One server
+    /// node per database for now; a second one is refused.
     #[arg(long, env = "SKED_DATABASE_URL")]
     pub database_url: Option<String>,
 }

@@ -4,7 +4,7 @@
 use crate::cli::{DevArgs, ServerArgs, WorkerArgs};
 use anyhow::{bail, Context, Result};
 use sked_server::ServerConfig;
-use sked_store::{SqliteStore, Store};
+use sked_store::{PgStore, ServerClaim, SqliteStore, Store};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -33,9 +33,28 @@ async fn shutdown_signal() {
     }
 }
 
-fn open_store(args: &ServerArgs) -> Result<Arc<dyn Store>> {
-    if args.store.database_url.is_some() {
-        bail!("PostgreSQL stores are not supported yet; use --data-dir for the embedded store");
+/// The store a server runs on, and the claim on it that must live as long as the server.
+struct OpenStore {
+    store: Arc<dyn Store>,
+    _claim: Option<ServerClaim>,
+    /// Where the data is, for the start-up line.
+    place: String,
+}
+
+async fn open_store(args: &ServerArgs) -> Result<OpenStore> {
+    if let Some(url) = &args.store.database_url {
+        let store = PgStore::connect(url)
+            .await
+            .context("cannot open the PostgreSQL store")?;
+        let claim = store
+            .claim_server()
+            .await
+            .context("cannot serve this database")?;
+        return Ok(OpenStore {
+            store: Arc::new(store),
+            _claim: Some(claim),
+            place: "PostgreSQL".to_string(),
+        });
     }
     let dir = &args.store.data_dir;
     std::fs::create_dir_all(dir)
@@ -43,7 +62,11 @@ fn open_store(args: &ServerArgs) -> Result<Arc<dyn Store>> {
     let path = dir.join("sked.db");
     let store = SqliteStore::open(&path)
         .with_context(|| format!("cannot open the store at {}", path.display()))?;
-    Ok(Arc::new(store))
+    Ok(OpenStore {
+        store: Arc::new(store),
+        _claim: None,
+        place: dir.display().to_string(),
+    })
 }
 
 fn server_config(args: &ServerArgs) -> ServerConfig {
@@ -58,29 +81,32 @@ fn server_config(args: &ServerArgs) -> ServerConfig {
 }
 
 pub async fn server(args: ServerArgs) -> Result<()> {
-    let store = open_store(&args)?;
+    let opened = open_store(&args).await?;
     let config = server_config(&args);
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
-    println!("sked server listening on http://{addr}");
-    sked_server::serve(config, store, listener, shutdown_signal()).await?;
+    println!(
+        "sked server listening on http://{addr} (data in {})",
+        opened.place
+    );
+    sked_server::serve(config, opened.store.clone(), listener, shutdown_signal()).await?;
     Ok(())
 }
 
 pub async fn dev(args: DevArgs) -> Result<()> {
-    let store = open_store(&args.server)?;
+    let opened = open_store(&args.server).await?;
     let config = server_config(&args.server);
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
     println!(
         "sked dev listening on http://{addr} (data in {})",
-        args.server.store.data_dir.display()
+        opened.place
     );
     let (server_stop, server_stopped) = watch::channel(false);
     let (worker_stop, worker_stopped) = watch::channel(false);
     let server = tokio::spawn(sked_server::serve(
         config,
-        store,
+        opened.store.clone(),
         listener,
         stopped(server_stopped),
     ));

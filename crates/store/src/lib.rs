@@ -24,7 +24,7 @@ use sked_core::Instant;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use postgres::PgStore;
+pub use postgres::{PgStore, ServerClaim};
 pub use sqlite::SqliteStore;
 
 #[derive(Debug, thiserror::Error)]

@@ -105,6 +105,25 @@ impl Fail {
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
+    /// Kept for connections outside the pool (the server claim).
+    config: tokio_postgres::Config,
+}
+
+/// The first key of the advisory lock a serving node holds (the second is the schema's name).
+/// It must differ from `schema::MIGRATION_LOCK`, or a held claim would block every migration.
+const SERVER_LOCK: i32 = 0x736b_6473; // "skds"
+
+/// Proof that this process is the one server node on its database: a session advisory lock on
+/// a connection of its own, released when this is dropped or the process dies.
+pub struct ServerClaim {
+    _client: tokio_postgres::Client,
+    connection: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ServerClaim {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
 }
 
 impl std::fmt::Debug for PgStore {
@@ -132,7 +151,7 @@ impl PgStore {
         }
         let where_ = describe(&config);
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -151,7 +170,42 @@ impl PgStore {
             .map_err(|e| StoreError::Open(format!("{where_}: {e}")))?;
         schema::migrate(&mut client, &where_).await?;
         drop(client);
-        Ok(PgStore { pool })
+        Ok(PgStore { pool, config })
+    }
+
+    /// Claims the database for this server node. Partitioned firing, which lets several nodes
+    /// share one database, is not built yet: until it is, a second node would fire every
+    /// instant again (harmlessly, the ledger keeps one run) but keep its queued runs in its own
+    /// memory, out of reach of workers polling the first. So a second node is refused.
+    pub async fn claim_server(&self) -> Result<ServerClaim> {
+        let where_ = describe(&self.config);
+        let open = |e: tokio_postgres::Error| StoreError::Open(format!("{where_}: {e}"));
+        let (client, connection) = self.config.connect(NoTls).await.map_err(open)?;
+        let connection = tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::error!("the server claim's PostgreSQL connection failed: {e}");
+            }
+        });
+        let claim = ServerClaim {
+            _client: client,
+            connection,
+        };
+        let held: bool = claim
+            ._client
+            .query_one(
+                "SELECT pg_try_advisory_lock($1, hashtext(coalesce(current_schema(), '')))",
+                &[&SERVER_LOCK],
+            )
+            .await
+            .map_err(open)?
+            .get(0);
+        if !held {
+            return Err(StoreError::Open(format!(
+                "another sked server already serves {where_}; several server nodes on one \
+                 database are not supported yet"
+            )));
+        }
+        Ok(claim)
     }
 
     async fn client(&self) -> PgResult<deadpool_postgres::Client> {
