@@ -66,6 +66,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(no_such_endpoint)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(refuse_declared_oversize))
         .with_state(state)
 }
 
@@ -118,6 +119,54 @@ impl Namespace {
 }
 
 /// A request body, or the error for one that is too large (over [`MAX_BODY`]) or unreadable.
+/// The body limit of the route `path` is for: output chunks may be larger than definitions.
+fn body_limit(path: &str) -> usize {
+    if path.starts_with("/api/v1/attempts/") {
+        MAX_OUTPUT_CHUNK
+    } else {
+        MAX_BODY
+    }
+}
+
+/// Uploads up to this size that declare a length over the limit are read and dropped before
+/// the refusal, within [`DRAIN_TIME`].
+const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Refuses a request whose declared `Content-Length` is over its route's limit. The upload is
+/// read (and dropped) first, within bounds: a server that answers and closes while the client
+/// is still sending makes the client see a broken pipe instead of the 413 and its JSON.
+/// Bodies without a declared length meet the route's `DefaultBodyLimit` instead.
+async fn refuse_declared_oversize(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let limit = body_limit(request.uri().path());
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let Some(length) = declared.filter(|l| *l > limit as u64) else {
+        return next.run(request).await;
+    };
+    if length <= DRAIN_LIMIT {
+        use futures_util::StreamExt;
+        let mut upload = request.into_body().into_data_stream();
+        let drain = async { while let Some(Ok(_)) = upload.next().await {} };
+        let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+    }
+    too_large(limit).into_response()
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_body",
+        format!("the request body is larger than the limit of {limit} bytes"),
+    )
+    .with_field("body")
+}
+
 pub fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body_within(body, MAX_BODY)
 }
@@ -125,14 +174,9 @@ pub fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
 /// A request body on a route whose `DefaultBodyLimit` is `limit`, or the error for one that is
 /// too large or unreadable. The limit is only quoted to the client: the route enforces it.
 pub fn body_within(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| {
-        let status = rejection.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!("the request body is larger than the limit of {limit} bytes")
-        } else {
-            rejection.body_text()
-        };
-        ApiError::new(status, "invalid_body", message).with_field("body")
+    body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => too_large(limit),
+        status => ApiError::new(status, "invalid_body", rejection.body_text()).with_field("body"),
     })
 }
 
