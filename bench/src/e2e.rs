@@ -12,7 +12,13 @@ use sked_core::protocol::{Completion, LeaseResponse, RegisterResponse};
 use sked_core::run::{AttemptOutcome, RunState};
 use sked_core::stats::percentiles;
 
-pub async fn run(schedules: usize, every: &str, seconds: u64, slots: u32) -> Result<Value> {
+pub async fn run(
+    database_url: Option<&str>,
+    schedules: usize,
+    every: &str,
+    seconds: u64,
+    slots: u32,
+) -> Result<Value> {
     let jobs = (0..schedules).map(|i| {
         let spec: JobSpec = serde_json::from_value(json!({
             "schedule": {"every": every},
@@ -21,8 +27,9 @@ pub async fn run(schedules: usize, every: &str, seconds: u64, slots: u32) -> Res
         .expect("a valid benchmark job");
         (format!("noop-{i:07}"), spec)
     });
-    let (store, dir) = store_with_jobs(jobs).await?;
-    let server = start(store.clone(), dir).await?;
+    let (store, place) = store_with_jobs(database_url, jobs).await?;
+    let mut server = start(store.clone(), place).await?;
+    let store_name = server.store_name();
     let http = reqwest::Client::new();
     let reg: RegisterResponse = http
         .post(format!("{}/api/v1/workers", server.base))
@@ -94,6 +101,7 @@ pub async fn run(schedules: usize, every: &str, seconds: u64, slots: u32) -> Res
     server.stop().await;
 
     let runs = all_runs(store.as_ref()).await?;
+    server.finish().await;
     let window: Vec<_> = runs
         .iter()
         .filter(|r| in_window(r.scheduled_for, from, to))
@@ -109,7 +117,7 @@ pub async fn run(schedules: usize, every: &str, seconds: u64, slots: u32) -> Res
     let p = percentiles(&mut end_to_end);
     Ok(json!({
         "scenario": "e2e",
-        "store": "sqlite",
+        "store": store_name,
         "schedules": schedules,
         "every": every,
         "window_seconds": seconds,

@@ -10,7 +10,7 @@ use sked_core::job::JobSpec;
 use sked_core::stats::percentiles;
 use std::time::Instant as Clock;
 
-pub async fn run(schedules: usize, seconds: u64) -> Result<Value> {
+pub async fn run(database_url: Option<&str>, schedules: usize, seconds: u64) -> Result<Value> {
     let base = Utc::now();
     let step_us = 60_000_000 / schedules.max(1) as i64;
     let jobs = (0..schedules).map(move |i| {
@@ -23,10 +23,11 @@ pub async fn run(schedules: usize, seconds: u64) -> Result<Value> {
         (format!("job-{i:07}"), spec)
     });
     let created = Clock::now();
-    let (store, dir) = store_with_jobs(jobs).await?;
+    let (store, place) = store_with_jobs(database_url, jobs).await?;
     let create_s = created.elapsed().as_secs_f64();
     let started = Clock::now();
-    let server = start(store.clone(), dir).await?;
+    let mut server = start(store.clone(), place).await?;
+    let store_name = server.store_name();
     let ready_s = started.elapsed().as_secs_f64();
     let from = Utc::now() + Duration::seconds(1);
     tokio::time::sleep(std::time::Duration::from_secs(seconds + 1)).await;
@@ -38,6 +39,7 @@ pub async fn run(schedules: usize, seconds: u64) -> Result<Value> {
     server.stop().await;
 
     let runs = all_runs(store.as_ref()).await?;
+    server.finish().await;
     let mut lateness: Vec<f64> = runs
         .iter()
         .filter(|r| in_window(r.scheduled_for, from, to))
@@ -47,7 +49,7 @@ pub async fn run(schedules: usize, seconds: u64) -> Result<Value> {
     let p = percentiles(&mut lateness);
     Ok(json!({
         "scenario": "firing",
-        "store": "sqlite",
+        "store": store_name,
         "schedules": schedules,
         "fires_per_second": schedules as f64 / 60.0,
         "window_seconds": seconds,

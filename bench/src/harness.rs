@@ -1,4 +1,5 @@
-//! Shared set-up: a server on a fresh SQLite store, bulk job creation, reading the ledger back.
+//! Shared set-up: a server on a fresh store (SQLite in a temporary directory, or PostgreSQL in a
+//! schema of its own), bulk job creation, reading the ledger back.
 
 use anyhow::{Context, Result};
 use chrono::Utc;
@@ -6,7 +7,7 @@ use sked_core::job::JobSpec;
 use sked_core::records::RunRecord;
 use sked_core::Instant;
 use sked_server::ServerConfig;
-use sked_store::{PutMode, RunQuery, SqliteStore, Store};
+use sked_store::{PgStore, PutMode, RunQuery, SqliteStore, Store};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
@@ -14,25 +15,73 @@ pub struct Running {
     pub base: String,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
+    place: Place,
 }
 
-/// Opens a store in a temporary directory and creates `jobs` through it (before the server
-/// starts, so creation does not disturb the measurement).
+/// Where a benchmark's data lives, removed when the benchmark ends.
+pub enum Place {
+    /// Removed when dropped.
+    Dir { _dir: tempfile::TempDir },
+    Schema {
+        admin: tokio_postgres::Client,
+        name: String,
+    },
+}
+
+impl Place {
+    pub fn store_name(&self) -> &'static str {
+        match self {
+            Place::Dir { .. } => "sqlite",
+            Place::Schema { .. } => "postgres",
+        }
+    }
+
+    async fn remove(self) {
+        if let Place::Schema { admin, name } = self {
+            let _ = admin
+                .batch_execute(&format!("DROP SCHEMA {name} CASCADE"))
+                .await;
+        }
+    }
+}
+
+/// Opens a fresh store: SQLite in a temporary directory, or with `database_url` PostgreSQL in a
+/// new schema of that database.
+async fn fresh_store(database_url: Option<&str>) -> Result<(Arc<dyn Store>, Place)> {
+    let Some(base) = database_url else {
+        let dir = tempfile::tempdir()?;
+        let store = SqliteStore::open(&dir.path().join("sked.db"))?;
+        return Ok((Arc::new(store), Place::Dir { _dir: dir }));
+    };
+    let (admin, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
+        .await
+        .context("connect to --database-url")?;
+    tokio::spawn(connection);
+    let name = format!("sked_bench_{:016x}", rand::random::<u64>());
+    admin
+        .batch_execute(&format!("CREATE SCHEMA {name}"))
+        .await?;
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let store = PgStore::connect(&format!("{base}{sep}options=-csearch_path%3D{name}")).await?;
+    Ok((Arc::new(store), Place::Schema { admin, name }))
+}
+
+/// Opens a fresh store and creates `jobs` through it (before the server starts, so creation
+/// does not disturb the measurement).
 pub async fn store_with_jobs(
+    database_url: Option<&str>,
     jobs: impl Iterator<Item = (String, JobSpec)>,
-) -> Result<(Arc<dyn Store>, tempfile::TempDir)> {
-    let dir = tempfile::tempdir()?;
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("sked.db"))?);
+) -> Result<(Arc<dyn Store>, Place)> {
+    let (store, place) = fresh_store(database_url).await?;
     let now = Utc::now();
     for (name, spec) in jobs {
         let job = spec.validate(Some(&name), now).context("benchmark job")?;
         store.put_job("default", &job, PutMode::Upsert, now).await?;
     }
-    Ok((store, dir))
+    Ok((store, place))
 }
 
-pub async fn start(store: Arc<dyn Store>, dir: tempfile::TempDir) -> Result<Running> {
+pub async fn start(store: Arc<dyn Store>, place: Place) -> Result<Running> {
     let config = ServerConfig {
         listen: "127.0.0.1:0".to_string(),
         retention: None,
@@ -62,16 +111,26 @@ pub async fn start(store: Arc<dyn Store>, dir: tempfile::TempDir) -> Result<Runn
         base,
         stop: Some(stop),
         task,
-        _dir: dir,
+        place,
     })
 }
 
 impl Running {
-    pub async fn stop(mut self) {
+    pub fn store_name(&self) -> &'static str {
+        self.place.store_name()
+    }
+
+    /// Stops the server; the data stays until [`Place::remove`] via [`Running::finish`].
+    pub async fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        let _ = self.task.await;
+        (&mut self.task).await.ok();
+    }
+
+    /// Removes the benchmark's data.
+    pub async fn finish(self) {
+        self.place.remove().await;
     }
 }
 

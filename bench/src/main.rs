@@ -5,7 +5,8 @@
 //! - `e2e`: durable no-op runs end to end (fire -> worker over HTTP -> result recorded) per
 //!   second, with a worker that completes each attempt at once.
 //!
-//! Both start the real server in this process on a fresh SQLite store in a temporary directory.
+//! Both start the real server in this process on a fresh store: SQLite in a temporary
+//! directory, or PostgreSQL with `--database-url`.
 
 mod e2e;
 mod firing;
@@ -23,6 +24,10 @@ struct Cli {
     /// Write the figures as JSON here too.
     #[arg(long, global = true)]
     json: Option<PathBuf>,
+    /// Run on PostgreSQL (in a new schema of this database, dropped afterwards) instead of
+    /// SQLite in a temporary directory.
+    #[arg(long, global = true, env = "SKED_DATABASE_URL")]
+    database_url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -62,15 +67,18 @@ fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let database_url = cli.database_url.as_deref();
     let figures = runtime.block_on(async {
         match cli.scenario {
-            Scenario::Firing { schedules, seconds } => firing::run(schedules, seconds).await,
+            Scenario::Firing { schedules, seconds } => {
+                firing::run(database_url, schedules, seconds).await
+            }
             Scenario::E2e {
                 schedules,
                 every,
                 seconds,
                 slots,
-            } => e2e::run(schedules, &every, seconds, slots).await,
+            } => e2e::run(database_url, schedules, &every, seconds, slots).await,
         }
     })?;
     let text = serde_json::to_string_pretty(&figures)?;
