@@ -12,6 +12,7 @@
 pub mod contract;
 pub mod cursor;
 pub mod postgres;
+pub mod shared;
 pub mod sqlite;
 
 use async_trait::async_trait;

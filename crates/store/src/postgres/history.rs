@@ -6,7 +6,6 @@ use crate::cursor::{page_size, Cursor, CursorKey};
 use crate::{AppendOutcome, Page, RunQuery, StoreError};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
 use sked_core::run::RunState;
-use sked_core::stats::percentiles;
 use sked_core::Instant;
 use std::collections::BTreeMap;
 
@@ -127,17 +126,9 @@ pub async fn job_stats(tx: &Tx<'_>, namespace: &str, name: &str) -> PgResult<Opt
             started.push(us as f64 / 1000.0);
         }
     }
-    let count = |state: RunState| by_state.get(state.as_str()).copied().unwrap_or(0);
-    Ok(Some(JobStats {
-        runs,
-        succeeded: count(RunState::Succeeded),
-        failed: count(RunState::Failed) + count(RunState::TimedOut),
-        retries,
-        last_run,
-        lateness_ms: percentiles(&mut fired),
-        start_lateness_ms: percentiles(&mut started),
-        by_state,
-    }))
+    Ok(Some(crate::shared::job_stats(
+        by_state, retries, last_run, fired, started,
+    )))
 }
 
 pub async fn append_output(

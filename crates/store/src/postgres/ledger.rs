@@ -10,6 +10,7 @@
 use super::jobs::{lock as lock_jobs, retry_policy};
 use super::rows::{self, micros, RUN_COLUMNS};
 use super::{PgResult, Tx};
+use crate::shared::ReportedAttempt;
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
     QueuedRun, ReapOutcome, StartedAttempt, StoreError,
@@ -362,17 +363,6 @@ pub async fn start_attempts(
         .collect()
 }
 
-/// The attempt a report is about, with what deciding the run's fate needs.
-struct ReportedAttempt {
-    run_id: i64,
-    job_id: i64,
-    token: i64,
-    attempt_state: String,
-    run_state: String,
-    failures: u32,
-    cancel_requested: bool,
-}
-
 pub async fn complete_attempts(
     tx: &Tx<'_>,
     reports: &[AttemptReport],
@@ -421,25 +411,14 @@ pub async fn complete_attempts(
                 cancel_requested: r.try_get(6)?,
             }),
         };
-        let rejected = |reason: &str| CompletionEffect::Rejected {
-            reason: reason.to_string(),
+        let attempt = match crate::shared::admit_report(found, report.token) {
+            Ok(attempt) => attempt,
+            Err(refused) => {
+                effects.push(refused);
+                continue;
+            }
         };
-        let Some(attempt) = found else {
-            effects.push(rejected("unknown_attempt"));
-            continue;
-        };
-        if attempt.token != report.token
-            || attempt.attempt_state == "lost"
-            || attempt.run_state != RunState::Running.as_str()
-        {
-            effects.push(rejected("fenced"));
-            continue;
-        }
-        if attempt.attempt_state != "running" {
-            effects.push(rejected("already_reported"));
-            continue;
-        }
-        let error = report_error(report);
+        let error = crate::shared::report_error(report);
         let stmt = tx
             .prepare_cached(
                 "UPDATE attempts SET state = $2, finished_at = $3, exit_code = $4, \
@@ -521,27 +500,6 @@ async fn lock_attempts_and_runs(tx: &Tx<'_>, attempt_ids: &[i64]) -> PgResult<()
         .await?;
     tx.execute(&stmt, &[&attempt_ids]).await?;
     Ok(())
-}
-
-/// The reason shown on the run for an attempt that did not succeed.
-fn report_error(report: &AttemptReport) -> Option<String> {
-    if report.outcome == AttemptOutcome::Succeeded {
-        return None;
-    }
-    if let Some(error) = &report.error {
-        return Some(error.clone());
-    }
-    if let Some(code) = report.exit_code {
-        return Some(format!("exited with code {code}"));
-    }
-    if let Some(status) = report.http_status {
-        return Some(format!("answered with HTTP status {status}"));
-    }
-    match report.outcome {
-        AttemptOutcome::TimedOut => Some("timed out".to_string()),
-        AttemptOutcome::Cancelled => Some("cancelled".to_string()),
-        _ => None,
-    }
 }
 
 async fn finish_run(

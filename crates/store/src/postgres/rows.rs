@@ -2,29 +2,12 @@
 //! The column lists and their order are SQLite's (`sqlite/rows.rs`).
 
 use super::PgResult;
+pub use crate::shared::{
+    attempt_state, instant, job_state, micros, opt_instant, run_state, skip_reason, spec, trigger,
+};
 use crate::StoreError;
-use sked_core::job::{JobSpec, JobState};
 use sked_core::records::{AttemptRecord, JobRecord, RunRecord, WorkerRecord};
-use sked_core::run::{AttemptState, RunState, SkipReason, Trigger};
-use sked_core::Instant;
 use tokio_postgres::Row;
-
-pub fn micros(t: Instant) -> i64 {
-    t.timestamp_micros()
-}
-
-pub fn instant(micros: i64) -> Result<Instant, StoreError> {
-    chrono::DateTime::from_timestamp_micros(micros)
-        .ok_or_else(|| StoreError::Corrupt(format!("instant {micros} is out of range")))
-}
-
-fn opt_instant(micros: Option<i64>) -> Result<Option<Instant>, StoreError> {
-    micros.map(instant).transpose()
-}
-
-fn named<T>(what: &str, text: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, StoreError> {
-    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown {what} {text:?}")))
-}
 
 /// A stored count (attempts, slots, ...) as the record's unsigned number.
 pub fn count<T: TryInto<u32> + Copy + std::fmt::Display>(
@@ -39,23 +22,6 @@ pub fn count<T: TryInto<u32> + Copy + std::fmt::Display>(
 /// A count on its way into an INTEGER column.
 pub fn int(what: &str, value: u32) -> Result<i32, StoreError> {
     i32::try_from(value).map_err(|_| StoreError::Database(format!("{what} {value} is too large")))
-}
-
-pub fn run_state(text: &str) -> Result<RunState, StoreError> {
-    named("run state", text, RunState::parse)
-}
-
-pub fn attempt_state(text: &str) -> Result<AttemptState, StoreError> {
-    named("attempt state", text, AttemptState::parse)
-}
-
-pub fn job_state(text: &str) -> Result<JobState, StoreError> {
-    named("job state", text, JobState::parse)
-}
-
-pub fn spec(text: &str) -> Result<JobSpec, StoreError> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Corrupt(format!("a stored job definition does not parse: {e}")))
 }
 
 pub const JOB_COLUMNS: &str =
@@ -91,11 +57,9 @@ pub fn run(row: &Row) -> PgResult<RunRecord> {
         job: row.try_get(2)?,
         job_id: row.try_get(3)?,
         scheduled_for: instant(row.try_get(4)?)?,
-        trigger: named("trigger", row.try_get(5)?, Trigger::parse)?,
+        trigger: trigger(row.try_get(5)?)?,
         state: run_state(row.try_get(6)?)?,
-        skip_reason: skip_reason
-            .map(|r| named("skip reason", r, SkipReason::parse))
-            .transpose()?,
+        skip_reason: skip_reason.map(self::skip_reason).transpose()?,
         priority: row.try_get(8)?,
         ready_at: instant(row.try_get(9)?)?,
         created_at: instant(row.try_get(10)?)?,

@@ -6,7 +6,6 @@ use crate::{AppendOutcome, Page, Result, RunQuery};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
 use sked_core::run::RunState;
-use sked_core::stats::percentiles;
 use sked_core::Instant;
 use std::collections::BTreeMap;
 
@@ -121,17 +120,9 @@ pub fn job_stats(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Op
             }
         }
     }
-    let count = |state: RunState| by_state.get(state.as_str()).copied().unwrap_or(0);
-    Ok(Some(JobStats {
-        runs,
-        succeeded: count(RunState::Succeeded),
-        failed: count(RunState::Failed) + count(RunState::TimedOut),
-        retries,
-        last_run,
-        lateness_ms: percentiles(&mut fired),
-        start_lateness_ms: percentiles(&mut started),
-        by_state,
-    }))
+    Ok(Some(crate::shared::job_stats(
+        by_state, retries, last_run, fired, started,
+    )))
 }
 
 pub fn append_output(

@@ -4,7 +4,7 @@ use super::rows::{self, micros, JOB_COLUMNS};
 use crate::cursor::{page_size, Cursor, CursorKey};
 use crate::{JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
-use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
+use sked_core::job::{JobSpec, JobState, ValidJob};
 use sked_core::records::JobRecord;
 use sked_core::Instant;
 
@@ -49,17 +49,7 @@ pub fn put(
             return Ok((PutOutcome::Unchanged, old.clone()));
         }
     }
-    let previous = existing.as_ref().map(|old| {
-        let state = FiringState {
-            state: old.state,
-            next_fire_at: old.next_fire_at,
-            fired_count: old.fired_count,
-            schedule_epoch: old.schedule_epoch,
-        };
-        (&old.spec, state)
-    });
-    let firing = firing_state_after_put(previous.as_ref().map(|(s, f)| (*s, f)), job, now)
-        .map_err(|e| StoreError::Corrupt(format!("a validated schedule does not compile: {e}")))?;
+    let firing = crate::shared::firing_after_put(existing.as_ref(), job, now)?;
     let (spec, retry) = spec_json(&job.spec)?;
     let description = job.spec.description.as_deref().unwrap_or("");
     let next = firing.next_fire_at.map(micros);

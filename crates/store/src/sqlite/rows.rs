@@ -1,45 +1,11 @@
 //! Reading rows back into records, and the conversions between sked's values and SQLite's.
 
+pub use crate::shared::{
+    attempt_state, instant, job_state, micros, opt_instant, run_state, skip_reason, spec, trigger,
+};
 use crate::StoreError;
 use rusqlite::Row;
-use sked_core::job::{JobSpec, JobState};
 use sked_core::records::{AttemptRecord, JobRecord, RunRecord, WorkerRecord};
-use sked_core::run::{AttemptState, RunState, SkipReason, Trigger};
-use sked_core::Instant;
-
-pub fn micros(t: Instant) -> i64 {
-    t.timestamp_micros()
-}
-
-pub fn instant(micros: i64) -> Result<Instant, StoreError> {
-    chrono::DateTime::from_timestamp_micros(micros)
-        .ok_or_else(|| StoreError::Corrupt(format!("instant {micros} is out of range")))
-}
-
-fn opt_instant(micros: Option<i64>) -> Result<Option<Instant>, StoreError> {
-    micros.map(instant).transpose()
-}
-
-fn named<T>(what: &str, text: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, StoreError> {
-    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown {what} {text:?}")))
-}
-
-pub fn run_state(text: &str) -> Result<RunState, StoreError> {
-    named("run state", text, RunState::parse)
-}
-
-pub fn attempt_state(text: &str) -> Result<AttemptState, StoreError> {
-    named("attempt state", text, AttemptState::parse)
-}
-
-pub fn job_state(text: &str) -> Result<JobState, StoreError> {
-    named("job state", text, JobState::parse)
-}
-
-pub fn spec(text: &str) -> Result<JobSpec, StoreError> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Corrupt(format!("a stored job definition does not parse: {e}")))
-}
 
 pub const JOB_COLUMNS: &str =
     "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at";
@@ -71,11 +37,9 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         job: row.get(2)?,
         job_id: row.get(3)?,
         scheduled_for: instant(row.get(4)?)?,
-        trigger: named("trigger", &row.get::<_, String>(5)?, Trigger::parse)?,
+        trigger: trigger(&row.get::<_, String>(5)?)?,
         state: run_state(&row.get::<_, String>(6)?)?,
-        skip_reason: skip_reason
-            .map(|r| named("skip reason", &r, SkipReason::parse))
-            .transpose()?,
+        skip_reason: skip_reason.as_deref().map(self::skip_reason).transpose()?,
         priority: row.get(8)?,
         ready_at: instant(row.get(9)?)?,
         created_at: instant(row.get(10)?)?,

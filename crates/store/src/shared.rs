@@ -1,0 +1,218 @@
+//! What every store decides or decodes the same way, whatever its SQL: the fencing verdict on a
+//! worker's report, the reason shown on a run that did not succeed, a job's firing state after
+//! a put, job statistics from the ledger's figures, and stored values read back into sked's
+//! types.
+//!
+//! Plain functions over plain values: no SQL, no IO. A rule written here holds for SQLite and
+//! PostgreSQL alike.
+
+use crate::{AttemptReport, CompletionEffect, StoreError};
+use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
+use sked_core::records::{JobRecord, JobStats, RunRecord};
+use sked_core::run::{AttemptOutcome, AttemptState, RunState};
+use sked_core::stats::percentiles;
+use sked_core::Instant;
+use std::collections::BTreeMap;
+
+/// The attempt a worker's report is about, as the store found it, with what deciding the run's
+/// fate needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportedAttempt {
+    pub run_id: i64,
+    pub job_id: i64,
+    pub token: i64,
+    pub attempt_state: String,
+    pub run_state: String,
+    pub failures: u32,
+    pub cancel_requested: bool,
+}
+
+/// Admits a report, or says why it is refused: the attempt is unknown, it no longer holds its
+/// run's lease (`fenced`: another token, lost with its worker, or the run moved on), or it was
+/// reported already.
+pub fn admit_report(
+    found: Option<ReportedAttempt>,
+    report_token: i64,
+) -> Result<ReportedAttempt, CompletionEffect> {
+    let refuse = |reason: &str| {
+        Err(CompletionEffect::Rejected {
+            reason: reason.to_string(),
+        })
+    };
+    let Some(attempt) = found else {
+        return refuse("unknown_attempt");
+    };
+    if attempt.token != report_token
+        || attempt.attempt_state == AttemptState::Lost.as_str()
+        || attempt.run_state != RunState::Running.as_str()
+    {
+        return refuse("fenced");
+    }
+    if attempt.attempt_state != AttemptState::Running.as_str() {
+        return refuse("already_reported");
+    }
+    Ok(attempt)
+}
+
+/// The firing state a job's definition moves to when it is stored over `existing`.
+pub fn firing_after_put(
+    existing: Option<&JobRecord>,
+    job: &ValidJob,
+    now: Instant,
+) -> Result<FiringState, StoreError> {
+    let previous = existing.map(|old| {
+        let state = FiringState {
+            state: old.state,
+            next_fire_at: old.next_fire_at,
+            fired_count: old.fired_count,
+            schedule_epoch: old.schedule_epoch,
+        };
+        (&old.spec, state)
+    });
+    firing_state_after_put(previous.as_ref().map(|(s, f)| (*s, f)), job, now)
+        .map_err(|e| StoreError::Corrupt(format!("a validated schedule does not compile: {e}")))
+}
+
+/// The reason shown on a run for an attempt that did not succeed.
+pub fn report_error(report: &AttemptReport) -> Option<String> {
+    if report.outcome == AttemptOutcome::Succeeded {
+        return None;
+    }
+    if let Some(error) = &report.error {
+        return Some(error.clone());
+    }
+    if let Some(code) = report.exit_code {
+        return Some(format!("exited with code {code}"));
+    }
+    if let Some(status) = report.http_status {
+        return Some(format!("answered with HTTP status {status}"));
+    }
+    match report.outcome {
+        AttemptOutcome::TimedOut => Some("timed out".to_string()),
+        AttemptOutcome::Cancelled => Some("cancelled".to_string()),
+        _ => None,
+    }
+}
+
+/// A job's statistics from its runs counted by state, its retries, its newest run, and the
+/// firing and start lateness (milliseconds) of its recent scheduled runs.
+pub fn job_stats(
+    by_state: BTreeMap<String, u64>,
+    retries: u64,
+    last_run: Option<RunRecord>,
+    mut fired: Vec<f64>,
+    mut started: Vec<f64>,
+) -> JobStats {
+    let count = |state: RunState| by_state.get(state.as_str()).copied().unwrap_or(0);
+    JobStats {
+        runs: by_state.values().sum(),
+        succeeded: count(RunState::Succeeded),
+        failed: count(RunState::Failed) + count(RunState::TimedOut),
+        retries,
+        last_run,
+        lateness_ms: percentiles(&mut fired),
+        start_lateness_ms: percentiles(&mut started),
+        by_state,
+    }
+}
+
+/// Instants are stored as microseconds since the epoch, UTC.
+pub fn micros(t: Instant) -> i64 {
+    t.timestamp_micros()
+}
+
+pub fn instant(micros: i64) -> Result<Instant, StoreError> {
+    chrono::DateTime::from_timestamp_micros(micros)
+        .ok_or_else(|| StoreError::Corrupt(format!("instant {micros} is out of range")))
+}
+
+pub fn opt_instant(micros: Option<i64>) -> Result<Option<Instant>, StoreError> {
+    micros.map(instant).transpose()
+}
+
+fn named<T>(what: &str, text: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, StoreError> {
+    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown {what} {text:?}")))
+}
+
+pub fn run_state(text: &str) -> Result<RunState, StoreError> {
+    named("run state", text, RunState::parse)
+}
+
+pub fn attempt_state(text: &str) -> Result<AttemptState, StoreError> {
+    named("attempt state", text, AttemptState::parse)
+}
+
+pub fn job_state(text: &str) -> Result<JobState, StoreError> {
+    named("job state", text, JobState::parse)
+}
+
+pub fn trigger(text: &str) -> Result<sked_core::run::Trigger, StoreError> {
+    named("trigger", text, sked_core::run::Trigger::parse)
+}
+
+pub fn skip_reason(text: &str) -> Result<sked_core::run::SkipReason, StoreError> {
+    named("skip reason", text, sked_core::run::SkipReason::parse)
+}
+
+pub fn spec(text: &str) -> Result<JobSpec, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("a stored job definition does not parse: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_current_lease_holder_reports_once() {
+        let attempt = |token, attempt_state: &str, run_state: &str| ReportedAttempt {
+            run_id: 1,
+            job_id: 1,
+            token,
+            attempt_state: attempt_state.into(),
+            run_state: run_state.into(),
+            failures: 0,
+            cancel_requested: false,
+        };
+        let reason = |found, token| match admit_report(found, token) {
+            Ok(_) => None,
+            Err(CompletionEffect::Rejected { reason }) => Some(reason),
+            Err(other) => panic!("{other:?}"),
+        };
+        assert_eq!(reason(None, 1).as_deref(), Some("unknown_attempt"));
+        let fenced = Some("fenced");
+        assert_eq!(
+            reason(Some(attempt(1, "running", "running")), 2).as_deref(),
+            fenced
+        );
+        assert_eq!(
+            reason(Some(attempt(1, "lost", "queued")), 1).as_deref(),
+            fenced
+        );
+        assert_eq!(
+            reason(Some(attempt(1, "running", "queued")), 1).as_deref(),
+            fenced
+        );
+        assert_eq!(
+            reason(Some(attempt(1, "succeeded", "running")), 1).as_deref(),
+            Some("already_reported")
+        );
+        assert_eq!(reason(Some(attempt(1, "running", "running")), 1), None);
+    }
+
+    #[test]
+    fn stats_count_timeouts_as_failures() {
+        let by_state: BTreeMap<String, u64> = [
+            ("succeeded".into(), 3),
+            ("timed_out".into(), 2),
+            ("failed".into(), 1),
+        ]
+        .into();
+        let stats = job_stats(by_state, 4, None, vec![2.0, 1.0], vec![]);
+        assert_eq!(
+            (stats.runs, stats.succeeded, stats.failed, stats.retries),
+            (6, 3, 3, 4)
+        );
+        assert_eq!(stats.lateness_ms.max, 2.0);
+    }
+}
