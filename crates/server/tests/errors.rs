@@ -4,25 +4,16 @@
 //! limit of the route it came from, and a completion from a worker the server does not know (or
 //! declared dead) is refused with 410 as a lease is.
 
+mod common;
+
+use common::Server;
+
 use serde_json::{json, Value};
 use sked_server::ServerConfig;
-use sked_store::{SqliteStore, Store};
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 /// Longest any one test may take, server start included.
 const TEST_LIMIT: Duration = Duration::from_secs(60);
-/// Longest any one request may take.
-const REQUEST_LIMIT: Duration = Duration::from_secs(10);
-
-struct Server {
-    base: String,
-    http: reqwest::Client,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
-}
 
 /// An answer: status, headers, and the body as JSON (`Value::Null` when it is not JSON).
 struct Answer {
@@ -62,67 +53,27 @@ impl Answer {
     }
 }
 
-impl Server {
-    async fn start(config: ServerConfig) -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> =
-            Arc::new(SqliteStore::open(&dir.path().join("sked.db")).unwrap());
-        let config = ServerConfig {
-            listen: "127.0.0.1:0".to_string(),
-            retention: None,
-            ..config
-        };
-        let listener = sked_server::bind(&config).await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.await;
-            };
-            if let Err(e) = sked_server::serve(config, store, listener, shutdown).await {
-                eprintln!("server: {e}");
-            }
-        });
-        // A fresh connection for every request: a refused upload leaves its connection unusable.
-        let http = reqwest::Client::builder()
-            .timeout(REQUEST_LIMIT)
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap();
-        loop {
-            if let Ok(r) = http.get(format!("{base}/readyz")).send().await {
-                if r.status().is_success() {
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Server {
-            base,
-            http,
-            stop: Some(stop),
-            task,
-            _dir: dir,
-        }
-    }
+/// Requests whose answers are read as JSON.
+trait Ask {
+    async fn try_ask(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Answer, reqwest::Error>;
+    async fn ask(&self, method: &str, path: &str, body: Option<Value>) -> Answer;
+    async fn ask_too_big(&self, path: &str, size: usize) -> Answer;
+}
 
-    async fn try_send(
+impl Ask for Server {
+    async fn try_ask(
         &self,
         method: &str,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Answer, reqwest::Error> {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(bytes) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(bytes);
-        }
-        let response = request.send().await?;
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let bytes = response.bytes().await?;
+        let body = body.map(|bytes| ("application/json", bytes));
+        let (status, headers, bytes) = self.try_send(method, path, body).await?;
         Ok(Answer {
             status,
             headers,
@@ -131,9 +82,9 @@ impl Server {
         })
     }
 
-    async fn send(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
+    async fn ask(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
         let body = body.map(|v| serde_json::to_vec(&v).unwrap());
-        match self.try_send(method, path, body).await {
+        match self.try_ask(method, path, body).await {
             Ok(answer) => answer,
             Err(e) => panic!("{method} {path}: {e}"),
         }
@@ -141,20 +92,13 @@ impl Server {
 
     /// Sends a body over a limit. The server answers before it has read the whole body, so the
     /// upload itself may be cut short: try a few times for the answer.
-    async fn send_too_big(&self, path: &str, size: usize) -> Answer {
+    async fn ask_too_big(&self, path: &str, size: usize) -> Answer {
         for _ in 0..5 {
-            if let Ok(answer) = self.try_send("POST", path, Some(vec![b' '; size])).await {
+            if let Ok(answer) = self.try_ask("POST", path, Some(vec![b' '; size])).await {
                 return answer;
             }
         }
         panic!("no answer to a body of {size} bytes to {path}");
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
     }
 }
 
@@ -186,12 +130,12 @@ async fn query_and_path_values_of_the_wrong_type_are_json_naming_the_parameter()
             ("GET", "/api/v1/jobs/%FF", "name"),
         ] {
             let what = format!("{method} {path}");
-            let answer = server.send(method, path, None).await;
+            let answer = server.ask(method, path, None).await;
             let got = answer.error(400, "invalid_request", &what);
             assert_eq!(got.as_deref(), Some(field), "{what}: {}", answer.text);
         }
         // A refused request changed nothing.
-        let runs = server.send("GET", "/api/v1/runs", None).await;
+        let runs = server.ask("GET", "/api/v1/runs", None).await;
         assert_eq!(runs.json["runs"], json!([]));
         server.stop().await;
     })
@@ -211,7 +155,7 @@ async fn a_wrong_method_or_an_unknown_path_is_json() {
             ("DELETE", "/metrics", "GET,HEAD"),
         ] {
             let what = format!("{method} {path}");
-            let answer = server.send(method, path, None).await;
+            let answer = server.ask(method, path, None).await;
             assert_eq!(answer.error(405, "method_not_allowed", &what), None);
             let allow = answer.headers.get("allow").map(|v| v.to_str().unwrap());
             let mut allow: Vec<&str> = allow
@@ -234,7 +178,7 @@ async fn a_wrong_method_or_an_unknown_path_is_json() {
             ("GET", "/api/v1/jobs/j/nope"),
         ] {
             let what = format!("{method} {path}");
-            let answer = server.send(method, path, None).await;
+            let answer = server.ask(method, path, None).await;
             assert_eq!(answer.error(404, "not_found", &what), None);
         }
         server.stop().await;
@@ -248,7 +192,7 @@ async fn a_body_over_the_limit_is_told_the_limit_of_its_route() {
         let server = Server::start(ServerConfig::default()).await;
         let mib = 1024 * 1024;
 
-        let answer = server.send_too_big("/api/v1/jobs", 2 * mib).await;
+        let answer = server.ask_too_big("/api/v1/jobs", 2 * mib).await;
         assert_eq!(
             answer
                 .error(413, "invalid_body", "a job of 2 MiB")
@@ -261,12 +205,12 @@ async fn a_body_over_the_limit_is_told_the_limit_of_its_route() {
         // Output may be 8 MiB per request: 2 MiB reaches the handler (no such attempt) ...
         let path = "/api/v1/attempts/1/log?token=1";
         let answer = server
-            .try_send("POST", path, Some(vec![b' '; 2 * mib]))
+            .try_ask("POST", path, Some(vec![b' '; 2 * mib]))
             .await
             .unwrap();
         answer.error(409, "fenced", "2 MiB of output");
         // ... and past 8 MiB the 413 says 8 MiB, not the 1 MiB of the other routes.
-        let answer = server.send_too_big(path, 9 * mib).await;
+        let answer = server.ask_too_big(path, 9 * mib).await;
         assert_eq!(
             answer
                 .error(413, "invalid_body", "9 MiB of output")
@@ -294,7 +238,7 @@ async fn complete_refuses_an_unknown_or_dead_worker_with_410() {
 
         // Never registered.
         let answer = server
-            .send(
+            .ask(
                 "POST",
                 "/api/v1/workers/no-such-worker/complete",
                 Some(nothing.clone()),
@@ -304,28 +248,28 @@ async fn complete_refuses_an_unknown_or_dead_worker_with_410() {
 
         // Registered: it leases a run, then falls silent and is declared dead.
         let hello = json!({"name": "w", "slots": 1});
-        let registered = server.send("POST", "/api/v1/workers", Some(hello)).await;
+        let registered = server.ask("POST", "/api/v1/workers", Some(hello)).await;
         assert_eq!(registered.status, 201, "{}", registered.text);
         let worker = registered.json["worker_id"].as_str().unwrap().to_string();
         let complete = format!("/api/v1/workers/{worker}/complete");
-        let answer = server.send("POST", &complete, Some(nothing.clone())).await;
+        let answer = server.ask("POST", &complete, Some(nothing.clone())).await;
         assert_eq!(answer.status, 200, "{}", answer.text);
 
         let job = json!({"target": {"shell": {"command": "true"}}});
-        let put = server.send("PUT", "/api/v1/jobs/j", Some(job)).await;
+        let put = server.ask("PUT", "/api/v1/jobs/j", Some(job)).await;
         assert_eq!(put.status, 201, "{}", put.text);
-        let run = server.send("POST", "/api/v1/jobs/j/trigger", None).await;
+        let run = server.ask("POST", "/api/v1/jobs/j/trigger", None).await;
         assert_eq!(run.status, 201, "{}", run.text);
         let run_id = run.json["id"].as_i64().unwrap();
         let lease = format!("/api/v1/workers/{worker}/lease");
         let ask = json!({"max": 1, "wait_ms": 200});
-        let leased = server.send("POST", &lease, Some(ask.clone())).await;
+        let leased = server.ask("POST", &lease, Some(ask.clone())).await;
         let attempt = leased.json["attempts"][0].clone();
         assert_eq!(attempt["run_id"], run_id, "{}", leased.text);
 
         let mut dead = false;
         for _ in 0..100 {
-            let workers = server.send("GET", "/api/v1/workers", None).await;
+            let workers = server.ask("GET", "/api/v1/workers", None).await;
             if workers.json["workers"][0]["alive"] == false {
                 dead = true;
                 break;
@@ -337,19 +281,19 @@ async fn complete_refuses_an_unknown_or_dead_worker_with_410() {
         let report = json!({"completions": [{
             "attempt_id": attempt["attempt_id"], "token": attempt["token"], "outcome": "succeeded",
         }]});
-        let answer = server.send("POST", &complete, Some(report)).await;
+        let answer = server.ask("POST", &complete, Some(report)).await;
         answer.error(410, "unknown_worker", "complete of a dead worker");
         // As lease and heartbeat say.
-        let answer = server.send("POST", &lease, Some(ask)).await;
+        let answer = server.ask("POST", &lease, Some(ask)).await;
         answer.error(410, "unknown_worker", "lease of a dead worker");
         let beat = format!("/api/v1/workers/{worker}/heartbeat");
-        let answer = server.send("POST", &beat, Some(json!({}))).await;
+        let answer = server.ask("POST", &beat, Some(json!({}))).await;
         answer.error(410, "unknown_worker", "heartbeat of a dead worker");
 
         // The completion was not needed: the attempt was taken away when the worker was
         // declared dead, and the run is queued again for another worker.
         let view = server
-            .send("GET", &format!("/api/v1/runs/{run_id}"), None)
+            .ask("GET", &format!("/api/v1/runs/{run_id}"), None)
             .await;
         assert_eq!(view.json["state"], "queued", "{}", view.text);
         assert_eq!(view.json["attempt_history"][0]["state"], "lost");

@@ -3,13 +3,14 @@
 //! served by a real handler, the server hands it out unchanged, and what the handlers really
 //! answer fits the documented status codes and schemas.
 
+mod common;
+
+use common::Server;
+
 use serde_json::{json, Value};
 use sked_server::ServerConfig;
-use sked_store::{SqliteStore, Store};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 const DOCUMENT: &str = include_str!("../src/api/openapi.json");
 const ROUTER_SOURCE: &str = include_str!("../src/api/mod.rs");
@@ -20,8 +21,6 @@ const METHODS: &[&str] = &[
 
 /// Longest any one test may take, server start included.
 const TEST_LIMIT: Duration = Duration::from_secs(60);
-/// Longest any one request may take.
-const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 
 fn document() -> Value {
     serde_json::from_str(DOCUMENT).expect("openapi.json is not valid JSON")
@@ -326,96 +325,6 @@ fn the_document_lists_exactly_the_routes_of_the_router() {
 
 // --- a real server -------------------------------------------------------------------------------
 
-struct Server {
-    base: String,
-    http: reqwest::Client,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    async fn start() -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> =
-            Arc::new(SqliteStore::open(&dir.path().join("sked.db")).unwrap());
-        let config = ServerConfig {
-            listen: "127.0.0.1:0".to_string(),
-            retention: None,
-            ..ServerConfig::default()
-        };
-        let listener = sked_server::bind(&config).await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.await;
-            };
-            if let Err(e) = sked_server::serve(config, store, listener, shutdown).await {
-                eprintln!("server: {e}");
-            }
-        });
-        // A fresh connection for every request: a refused upload leaves its connection unusable.
-        let http = reqwest::Client::builder()
-            .timeout(REQUEST_LIMIT)
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap();
-        loop {
-            if let Ok(r) = http.get(format!("{base}/readyz")).send().await {
-                if r.status().is_success() {
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Server {
-            base,
-            http,
-            stop: Some(stop),
-            task,
-            _dir: dir,
-        }
-    }
-
-    async fn send(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<(&str, Vec<u8>)>,
-    ) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
-        match self.try_send(method, path, body).await {
-            Ok(answer) => answer,
-            Err(e) => panic!("{method} {path}: {e}"),
-        }
-    }
-
-    async fn try_send(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<(&str, Vec<u8>)>,
-    ) -> Result<(u16, reqwest::header::HeaderMap, Vec<u8>), reqwest::Error> {
-        let method = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some((content_type, bytes)) = body {
-            request = request.header("content-type", content_type).body(bytes);
-        }
-        let response = request.send().await?;
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let bytes = response.bytes().await?.to_vec();
-        Ok((status, headers, bytes))
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
-    }
-}
-
 /// True when the answer came from a handler: not a 405, and not a 404 from the router (its
 /// fallback answers `no such endpoint`, inside `/api/v1` or not).
 fn answered_by_a_handler(status: u16, body: &[u8]) -> bool {
@@ -435,7 +344,7 @@ fn fill(path: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_route_is_served_and_the_document_is_served_as_is() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let server = Server::start().await;
+        let server = Server::start(ServerConfig::default()).await;
         let doc = document();
         for (path, methods) in documented_routes(&doc) {
             for method in methods {
@@ -782,7 +691,7 @@ impl Client<'_> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_answers_fit_the_documented_statuses_and_schemas() {
     tokio::time::timeout(TEST_LIMIT, async {
-        let server = Server::start().await;
+        let server = Server::start(ServerConfig::default()).await;
         let doc = document();
         let api = Client {
             server: &server,
