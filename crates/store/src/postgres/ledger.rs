@@ -39,107 +39,150 @@ fn sorted(ids: impl IntoIterator<Item = i64>) -> Vec<i64> {
 }
 
 pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult<FireOutcome> {
-    let mut outcome = FireOutcome::default();
-    // Every job of the batch is locked up front, in id order: the overlap decision below counts
-    // the job's active runs, and nothing else changes that count while the lock is held.
+    // Every job of the batch is locked up front, in id order: the overlap decision counts the
+    // job's active runs, and nothing else changes that count while the lock is held.
     let jobs = firing_jobs(tx, &sorted(fires.iter().map(|f| f.job_id))).await?;
-    for fire in fires {
-        let Some(job) = jobs.get(&fire.job_id) else {
-            // Deleted since the instant was computed: nothing is owed any more.
-            outcome.runs.push(FiredRun {
-                run_id: 0,
-                state: RunState::Cancelled,
-                inserted: false,
-                advanced: false,
-            });
-            continue;
-        };
-        let stmt = tx
-            .prepare_cached("SELECT id, state FROM runs WHERE job_id = $1 AND scheduled_for = $2")
-            .await?;
-        let existing = tx
-            .query_opt(&stmt, &[&fire.job_id, &micros(fire.scheduled_for)])
-            .await?;
-        let (run_id, state, inserted) = match existing {
-            Some(row) => (row.try_get(0)?, rows::run_state(row.try_get(1)?)?, false),
-            None => {
-                let (state, reason) = decide_fire(tx, fire, job, now, &mut outcome).await?;
-                let finished = state.is_terminal().then(|| micros(now));
-                let stmt = tx
-                    .prepare_cached(
-                        "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
-                         skip_reason, priority, ready_at, created_at, finished_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-                         ON CONFLICT (job_id, scheduled_for) DO NOTHING RETURNING id",
-                    )
-                    .await?;
-                let row = tx
-                    .query_opt(
-                        &stmt,
-                        &[
-                            &fire.job_id,
-                            &job.namespace,
-                            &job.name,
-                            &micros(fire.scheduled_for),
-                            &fire.trigger.as_str(),
-                            &state.as_str(),
-                            &reason.map(SkipReason::as_str),
-                            &job.priority,
-                            &micros(fire.ready_at),
-                            &micros(now),
-                            &finished,
-                        ],
-                    )
-                    .await?;
-                // Runs are only written under their job's lock, which this transaction holds,
-                // so the instant cannot have been taken meanwhile; should it have been, the
-                // whole batch (and the overlap decision's effects) is rolled back.
-                let Some(row) = row else {
-                    return Err(StoreError::Database(format!(
-                        "the run of job {} at {} was written concurrently",
-                        fire.job_id, fire.scheduled_for
-                    ))
-                    .into());
-                };
-                (row.try_get(0)?, state, true)
-            }
-        };
-        let advanced = match &fire.advance {
-            None => false,
-            Some(advance) => {
-                // Applied only while the job's firing state is the one the loop started from.
-                let fired_before = i64::try_from(advance.fired_before)
-                    .map_err(|_| StoreError::Database("fired count out of range".into()))?;
-                let stmt = tx
-                    .prepare_cached(
-                        "UPDATE jobs SET fired_count = $4, next_fire_at = $5, \
-                         state = CASE WHEN $5::bigint IS NULL THEN 'completed' ELSE state END \
-                         WHERE id = $1 AND schedule_epoch = $2 AND fired_count = $3",
-                    )
-                    .await?;
-                let changed = tx
-                    .execute(
-                        &stmt,
-                        &[
-                            &fire.job_id,
-                            &micros(advance.epoch),
-                            &fired_before,
-                            &(fired_before + 1),
-                            &advance.next_fire_at.map(micros),
-                        ],
-                    )
-                    .await?;
-                changed == 1
-            }
-        };
-        outcome.runs.push(FiredRun {
-            run_id,
-            state,
-            inserted,
-            advanced,
+    // One chain per job, in the batch's order: a job's instants depend on each other (overlap
+    // counts, the firing state's advance), different jobs' do not. The chains run together, so
+    // their statements are pipelined on the connection instead of waiting a round trip each.
+    let mut chains: Vec<Vec<usize>> = Vec::new();
+    let mut chain_of: HashMap<i64, usize> = HashMap::new();
+    for (index, fire) in fires.iter().enumerate() {
+        let chain = *chain_of.entry(fire.job_id).or_insert_with(|| {
+            chains.push(Vec::new());
+            chains.len() - 1
         });
+        chains[chain].push(index);
     }
+    let jobs = &jobs;
+    let done = futures_util::future::try_join_all(chains.into_iter().map(|chain| async move {
+        let mut cancel_requested = Vec::new();
+        let mut fired = Vec::with_capacity(chain.len());
+        for index in chain {
+            let fire = &fires[index];
+            let job = jobs.get(&fire.job_id);
+            fired.push((
+                index,
+                fire_one(tx, fire, job, now, &mut cancel_requested).await?,
+            ));
+        }
+        PgResult::Ok((fired, cancel_requested))
+    }))
+    .await?;
+    let mut runs: Vec<Option<FiredRun>> = vec![None; fires.len()];
+    let mut outcome = FireOutcome::default();
+    for (fired, cancel_requested) in done {
+        for (index, run) in fired {
+            runs[index] = Some(run);
+        }
+        outcome.cancel_requested.extend(cancel_requested);
+    }
+    outcome.runs = runs.into_iter().flatten().collect();
     Ok(outcome)
+}
+
+/// Records one instant of `job` (`None`: the job is gone) and advances its firing state. The
+/// caller holds the job's lock.
+async fn fire_one(
+    tx: &Tx<'_>,
+    fire: &Fire,
+    job: Option<&FiringJob>,
+    now: Instant,
+    cancel_requested: &mut Vec<i64>,
+) -> PgResult<FiredRun> {
+    let Some(job) = job else {
+        // Deleted since the instant was computed: nothing is owed any more.
+        return Ok(FiredRun {
+            run_id: 0,
+            state: RunState::Cancelled,
+            inserted: false,
+            advanced: false,
+        });
+    };
+    let stmt = tx
+        .prepare_cached("SELECT id, state FROM runs WHERE job_id = $1 AND scheduled_for = $2")
+        .await?;
+    let existing = tx
+        .query_opt(&stmt, &[&fire.job_id, &micros(fire.scheduled_for)])
+        .await?;
+    let (run_id, state, inserted) = match existing {
+        Some(row) => (row.try_get(0)?, rows::run_state(row.try_get(1)?)?, false),
+        None => {
+            let (state, reason) = decide_fire(tx, fire, job, now, cancel_requested).await?;
+            let finished = state.is_terminal().then(|| micros(now));
+            let stmt = tx
+                .prepare_cached(
+                    "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+                     skip_reason, priority, ready_at, created_at, finished_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                     ON CONFLICT (job_id, scheduled_for) DO NOTHING RETURNING id",
+                )
+                .await?;
+            let row = tx
+                .query_opt(
+                    &stmt,
+                    &[
+                        &fire.job_id,
+                        &job.namespace,
+                        &job.name,
+                        &micros(fire.scheduled_for),
+                        &fire.trigger.as_str(),
+                        &state.as_str(),
+                        &reason.map(SkipReason::as_str),
+                        &job.priority,
+                        &micros(fire.ready_at),
+                        &micros(now),
+                        &finished,
+                    ],
+                )
+                .await?;
+            // Runs are only written under their job's lock, which this transaction holds,
+            // so the instant cannot have been taken meanwhile; should it have been, the
+            // whole batch (and the overlap decision's effects) is rolled back.
+            let Some(row) = row else {
+                return Err(StoreError::Database(format!(
+                    "the run of job {} at {} was written concurrently",
+                    fire.job_id, fire.scheduled_for
+                ))
+                .into());
+            };
+            (row.try_get(0)?, state, true)
+        }
+    };
+    let advanced = match &fire.advance {
+        None => false,
+        Some(advance) => {
+            // Applied only while the job's firing state is the one the loop started from.
+            let fired_before = i64::try_from(advance.fired_before)
+                .map_err(|_| StoreError::Database("fired count out of range".into()))?;
+            let stmt = tx
+                .prepare_cached(
+                    "UPDATE jobs SET fired_count = $4, next_fire_at = $5, \
+                     state = CASE WHEN $5::bigint IS NULL THEN 'completed' ELSE state END \
+                     WHERE id = $1 AND schedule_epoch = $2 AND fired_count = $3",
+                )
+                .await?;
+            let changed = tx
+                .execute(
+                    &stmt,
+                    &[
+                        &fire.job_id,
+                        &micros(advance.epoch),
+                        &fired_before,
+                        &(fired_before + 1),
+                        &advance.next_fire_at.map(micros),
+                    ],
+                )
+                .await?;
+            changed == 1
+        }
+    };
+    Ok(FiredRun {
+        run_id,
+        state,
+        inserted,
+        advanced,
+    })
 }
 
 /// The jobs that still exist among `ids` (sorted), their rows locked.
@@ -178,7 +221,7 @@ async fn decide_fire(
     fire: &Fire,
     job: &FiringJob,
     now: Instant,
-    outcome: &mut FireOutcome,
+    cancel_requested: &mut Vec<i64>,
 ) -> PgResult<(RunState, Option<SkipReason>)> {
     if let Some(reason) = fire.skip {
         return Ok((RunState::Skipped, Some(reason)));
@@ -223,7 +266,7 @@ async fn decide_fire(
                 .map(|r| r.try_get::<_, i64>(0))
                 .collect::<Result<Vec<_>, _>>()?;
             ids.sort_unstable();
-            outcome.cancel_requested.extend(ids);
+            cancel_requested.extend(ids);
             (RunState::Queued, None)
         }
     })
