@@ -42,62 +42,75 @@ pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult
     // Every job of the batch is locked up front, in id order: the overlap decision counts the
     // job's active runs, and nothing else changes that count while the lock is held.
     let jobs = firing_jobs(tx, &sorted(fires.iter().map(|f| f.job_id))).await?;
-    // One chain per job, in the batch's order: a job's instants depend on each other (overlap
-    // counts, the firing state's advance), different jobs' do not. The chains run together, so
-    // their statements are pipelined on the connection instead of waiting a round trip each.
+    // A job's instants depend on each other (overlap counts, the firing state's advance);
+    // different jobs' do not.
+    let keys: Vec<i64> = fires.iter().map(|f| f.job_id).collect();
+    let jobs = &jobs;
+    let fired = in_chains(&keys, |index| {
+        let fire = &fires[index];
+        fire_one(tx, fire, jobs.get(&fire.job_id), now)
+    })
+    .await?;
+    let mut outcome = FireOutcome::default();
+    for (run, cancel_requested) in fired {
+        outcome.runs.push(run);
+        outcome.cancel_requested.extend(cancel_requested);
+    }
+    Ok(outcome)
+}
+
+/// Runs `work` for every item, in chains: items of one key one after another, in their order;
+/// chains side by side, so their statements are pipelined on the transaction's connection
+/// instead of each waiting a round trip. Results come back in the items' order.
+async fn in_chains<K, T, Fut>(keys: &[K], work: impl Fn(usize) -> Fut) -> PgResult<Vec<T>>
+where
+    K: std::hash::Hash + Eq,
+    Fut: std::future::Future<Output = PgResult<T>>,
+{
     let mut chains: Vec<Vec<usize>> = Vec::new();
-    let mut chain_of: HashMap<i64, usize> = HashMap::new();
-    for (index, fire) in fires.iter().enumerate() {
-        let chain = *chain_of.entry(fire.job_id).or_insert_with(|| {
+    let mut chain_of: HashMap<&K, usize> = HashMap::new();
+    for (index, key) in keys.iter().enumerate() {
+        let chain = *chain_of.entry(key).or_insert_with(|| {
             chains.push(Vec::new());
             chains.len() - 1
         });
         chains[chain].push(index);
     }
-    let jobs = &jobs;
+    let work = &work;
     let done = futures_util::future::try_join_all(chains.into_iter().map(|chain| async move {
-        let mut cancel_requested = Vec::new();
-        let mut fired = Vec::with_capacity(chain.len());
+        let mut out = Vec::with_capacity(chain.len());
         for index in chain {
-            let fire = &fires[index];
-            let job = jobs.get(&fire.job_id);
-            fired.push((
-                index,
-                fire_one(tx, fire, job, now, &mut cancel_requested).await?,
-            ));
+            out.push((index, work(index).await?));
         }
-        PgResult::Ok((fired, cancel_requested))
+        PgResult::Ok(out)
     }))
     .await?;
-    let mut runs: Vec<Option<FiredRun>> = vec![None; fires.len()];
-    let mut outcome = FireOutcome::default();
-    for (fired, cancel_requested) in done {
-        for (index, run) in fired {
-            runs[index] = Some(run);
-        }
-        outcome.cancel_requested.extend(cancel_requested);
+    let mut results: Vec<Option<T>> = (0..keys.len()).map(|_| None).collect();
+    for (index, result) in done.into_iter().flatten() {
+        results[index] = Some(result);
     }
-    outcome.runs = runs.into_iter().flatten().collect();
-    Ok(outcome)
+    Ok(results.into_iter().flatten().collect())
 }
 
-/// Records one instant of `job` (`None`: the job is gone) and advances its firing state. The
-/// caller holds the job's lock.
+/// Records one instant of `job` (`None`: the job is gone) and advances its firing state; also
+/// returns the running runs an overlap `cancel_running` asked to stop. The caller holds the
+/// job's lock.
 async fn fire_one(
     tx: &Tx<'_>,
     fire: &Fire,
     job: Option<&FiringJob>,
     now: Instant,
-    cancel_requested: &mut Vec<i64>,
-) -> PgResult<FiredRun> {
+) -> PgResult<(FiredRun, Vec<i64>)> {
+    let mut cancel_requested = Vec::new();
     let Some(job) = job else {
         // Deleted since the instant was computed: nothing is owed any more.
-        return Ok(FiredRun {
+        let gone = FiredRun {
             run_id: 0,
             state: RunState::Cancelled,
             inserted: false,
             advanced: false,
-        });
+        };
+        return Ok((gone, cancel_requested));
     };
     let stmt = tx
         .prepare_cached("SELECT id, state FROM runs WHERE job_id = $1 AND scheduled_for = $2")
@@ -108,7 +121,7 @@ async fn fire_one(
     let (run_id, state, inserted) = match existing {
         Some(row) => (row.try_get(0)?, rows::run_state(row.try_get(1)?)?, false),
         None => {
-            let (state, reason) = decide_fire(tx, fire, job, now, cancel_requested).await?;
+            let (state, reason) = decide_fire(tx, fire, job, now, &mut cancel_requested).await?;
             let finished = state.is_terminal().then(|| micros(now));
             let stmt = tx
                 .prepare_cached(
@@ -177,12 +190,13 @@ async fn fire_one(
             changed == 1
         }
     };
-    Ok(FiredRun {
+    let run = FiredRun {
         run_id,
         state,
         inserted,
         advanced,
-    })
+    };
+    Ok((run, cancel_requested))
 }
 
 /// The jobs that still exist among `ids` (sorted), their rows locked.
@@ -418,115 +432,127 @@ pub async fn complete_attempts(
     // A run's job never changes, so its jobs can be learnt before anything is locked.
     let stmt = tx
         .prepare_cached(
-            "SELECT DISTINCT r.job_id FROM attempts a JOIN runs r ON r.id = a.run_id \
+            "SELECT a.id, r.job_id FROM attempts a JOIN runs r ON r.id = a.run_id \
              WHERE a.id = ANY($1)",
         )
         .await?;
-    let job_ids = tx
-        .query(&stmt, &[&attempt_ids])
-        .await?
-        .iter()
-        .map(|r| r.try_get::<_, i64>(0))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut job_of: HashMap<i64, i64> = HashMap::new();
+    for row in tx.query(&stmt, &[&attempt_ids]).await? {
+        job_of.insert(row.try_get(0)?, row.try_get(1)?);
+    }
+    let job_ids = sorted(job_of.values().copied());
     let mut policies: HashMap<i64, RetryPolicy> = HashMap::new();
     for (job_id, retry) in lock_jobs(tx, &job_ids).await? {
         policies.insert(job_id, retry_policy(Some(&retry))?);
     }
     lock_attempts_and_runs(tx, &attempt_ids).await?;
-    let mut effects = Vec::with_capacity(reports.len());
-    for report in reports {
-        let stmt = tx
-            .prepare_cached(
-                "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
-                 r.cancel_requested FROM attempts a JOIN runs r ON r.id = a.run_id \
-                 WHERE a.id = $1",
-            )
-            .await?;
-        let found = match tx.query_opt(&stmt, &[&report.attempt_id]).await? {
-            None => None,
-            Some(r) => Some(ReportedAttempt {
-                run_id: r.try_get(0)?,
-                job_id: r.try_get(1)?,
-                token: r.try_get(2)?,
-                attempt_state: r.try_get(3)?,
-                run_state: r.try_get(4)?,
-                failures: rows::count("failures", r.try_get::<_, i32>(5)?)?,
-                cancel_requested: r.try_get(6)?,
-            }),
-        };
-        let attempt = match crate::shared::admit_report(found, report.token) {
-            Ok(attempt) => attempt,
-            Err(refused) => {
-                effects.push(refused);
-                continue;
-            }
-        };
-        let error = crate::shared::report_error(report);
-        let stmt = tx
-            .prepare_cached(
-                "UPDATE attempts SET state = $2, finished_at = $3, exit_code = $4, \
-                 http_status = $5, error = $6 WHERE id = $1",
-            )
-            .await?;
-        tx.execute(
-            &stmt,
-            &[
-                &report.attempt_id,
-                &sked_core::AttemptState::from(report.outcome).as_str(),
-                &micros(now),
-                &report.exit_code,
-                &report.http_status.map(i32::from),
-                &error,
-            ],
+    // One job's completions take turns (releasing its waiting runs reads its active count);
+    // different jobs' go side by side.
+    let keys: Vec<Option<i64>> = reports
+        .iter()
+        .map(|r| job_of.get(&r.attempt_id).copied())
+        .collect();
+    let policies = &policies;
+    in_chains(&keys, |index| {
+        complete_one(tx, &reports[index], policies, now)
+    })
+    .await
+}
+
+/// Records one report, its attempts and runs locked by the caller.
+async fn complete_one(
+    tx: &Tx<'_>,
+    report: &AttemptReport,
+    policies: &HashMap<i64, RetryPolicy>,
+    now: Instant,
+) -> PgResult<CompletionEffect> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
+             r.cancel_requested FROM attempts a JOIN runs r ON r.id = a.run_id \
+             WHERE a.id = $1",
         )
         .await?;
-        let counts = matches!(
-            report.outcome,
-            AttemptOutcome::Failed | AttemptOutcome::TimedOut
-        );
-        let failures = attempt.failures + u32::from(counts);
-        let default_policy = RetryPolicy::default();
-        let retry = policies.get(&attempt.job_id).unwrap_or(&default_policy);
-        let decision = after_attempt(
-            report.outcome,
-            failures,
-            retry,
-            attempt.cancel_requested,
-            now,
-            rand::random::<f64>(),
-        );
-        let (run_state, requeued) = match decision {
-            AfterAttempt::Retry { ready_at } => {
-                let stmt = tx
-                    .prepare_cached(
-                        "UPDATE runs SET state = 'queued', ready_at = $2, failures = $3, \
-                         error = $4 WHERE id = $1",
-                    )
-                    .await?;
-                tx.execute(
-                    &stmt,
-                    &[
-                        &attempt.run_id,
-                        &micros(ready_at),
-                        &rows::int("failures", failures)?,
-                        &error,
-                    ],
+    let found = match tx.query_opt(&stmt, &[&report.attempt_id]).await? {
+        None => None,
+        Some(r) => Some(ReportedAttempt {
+            run_id: r.try_get(0)?,
+            job_id: r.try_get(1)?,
+            token: r.try_get(2)?,
+            attempt_state: r.try_get(3)?,
+            run_state: r.try_get(4)?,
+            failures: rows::count("failures", r.try_get::<_, i32>(5)?)?,
+            cancel_requested: r.try_get(6)?,
+        }),
+    };
+    let attempt = match crate::shared::admit_report(found, report.token) {
+        Ok(attempt) => attempt,
+        Err(refused) => return Ok(refused),
+    };
+    let error = crate::shared::report_error(report);
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE attempts SET state = $2, finished_at = $3, exit_code = $4, \
+             http_status = $5, error = $6 WHERE id = $1",
+        )
+        .await?;
+    tx.execute(
+        &stmt,
+        &[
+            &report.attempt_id,
+            &sked_core::AttemptState::from(report.outcome).as_str(),
+            &micros(now),
+            &report.exit_code,
+            &report.http_status.map(i32::from),
+            &error,
+        ],
+    )
+    .await?;
+    let counts = matches!(
+        report.outcome,
+        AttemptOutcome::Failed | AttemptOutcome::TimedOut
+    );
+    let failures = attempt.failures + u32::from(counts);
+    let default_policy = RetryPolicy::default();
+    let retry = policies.get(&attempt.job_id).unwrap_or(&default_policy);
+    let decision = after_attempt(
+        report.outcome,
+        failures,
+        retry,
+        attempt.cancel_requested,
+        now,
+        rand::random::<f64>(),
+    );
+    let (run_state, requeued) = match decision {
+        AfterAttempt::Retry { ready_at } => {
+            let stmt = tx
+                .prepare_cached(
+                    "UPDATE runs SET state = 'queued', ready_at = $2, failures = $3, \
+                     error = $4 WHERE id = $1",
                 )
                 .await?;
-                (RunState::Queued, vec![attempt.run_id])
-            }
-            AfterAttempt::Finish(state) => {
-                finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now).await?;
-                (state, release_waiting(tx, attempt.job_id).await?)
-            }
-        };
-        effects.push(CompletionEffect::Accepted {
-            run_id: attempt.run_id,
-            run_state,
-            requeued,
-        });
-    }
-    Ok(effects)
+            tx.execute(
+                &stmt,
+                &[
+                    &attempt.run_id,
+                    &micros(ready_at),
+                    &rows::int("failures", failures)?,
+                    &error,
+                ],
+            )
+            .await?;
+            (RunState::Queued, vec![attempt.run_id])
+        }
+        AfterAttempt::Finish(state) => {
+            finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now).await?;
+            (state, release_waiting(tx, attempt.job_id).await?)
+        }
+    };
+    Ok(CompletionEffect::Accepted {
+        run_id: attempt.run_id,
+        run_state,
+        requeued,
+    })
 }
 
 /// Locks these attempts' runs, then the attempts themselves, each in id order.
