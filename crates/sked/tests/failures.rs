@@ -79,24 +79,39 @@ async fn a_failing_job_is_retried_with_growing_delays_then_fails() {
     assert_eq!(stats["retries"], 2, "{stats}");
 }
 
-fn sleeps_alive(marker: &str) -> usize {
-    let mut n = 0;
+/// The processes running `sleep <marker>`, described by pid, parent, process group and state
+/// (from /proc), so a survivor says where it came from.
+fn sleeps_alive(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
             let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             if text.trim() == format!("sleep {marker}") {
-                n += 1;
+                let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+                // pid (comm) state ppid pgrp ...
+                let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+                let fields: Vec<&str> = after.split_whitespace().take(3).collect();
+                found.push(format!(
+                    "pid {} state {:?} ppid {:?} pgrp {:?}",
+                    entry.file_name().to_string_lossy(),
+                    fields.first(),
+                    fields.get(1),
+                    fields.get(2)
+                ));
             }
         }
     }
-    n
+    found
 }
 
 #[tokio::test]
 async fn a_timeout_kills_the_whole_process_group() {
     let mut sked = Sked::new();
     sked.start_dev(&[]).await;
-    let job = json!({"target": shell("sh -c 'sleep 60 & sleep 60'"), "timeout": "1s"});
+    // A duration of its own, so only this test's processes are counted.
+    let marker = format!("60.{:06}", chrono::Utc::now().timestamp_subsec_micros());
+    let command = format!("sh -c 'sleep {marker} & sleep {marker}'");
+    let job = json!({"target": shell(&command), "timeout": "1s"});
     assert_eq!(sked.put_job("hung", job).await.0, 201);
     let started = Instant::now();
     let id = trigger(&sked, "hung").await;
@@ -107,15 +122,15 @@ async fn a_timeout_kills_the_whole_process_group() {
         "took {:?}",
         started.elapsed()
     );
-    // Give the kernel a moment to reap, then no `sleep 60` may be left.
+    // Give the kernel a moment to reap, then none of them may be left.
     let deadline = Instant::now() + Duration::from_secs(3);
-    while sleeps_alive("60") > 0 && Instant::now() < deadline {
+    while !sleeps_alive(&marker).is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(
-        sleeps_alive("60"),
-        0,
-        "sleep processes survived the timeout"
+    let survivors = sleeps_alive(&marker);
+    assert!(
+        survivors.is_empty(),
+        "sleep processes survived the timeout: {survivors:?}; run {run}"
     );
 }
 
