@@ -4,7 +4,9 @@
 //! after it and rows inserted meanwhile neither repeat nor vanish. Every store encodes them
 //! here, so a cursor means the same thing on SQLite and on PostgreSQL; page sizes too.
 
-use crate::StoreError;
+use crate::shared::micros;
+use crate::{JobSort, Page, StoreError};
+use sked_core::records::{JobRecord, RunRecord};
 
 pub const DEFAULT_PAGE: u32 = 100;
 pub const MAX_PAGE: u32 = 1000;
@@ -73,6 +75,36 @@ impl Cursor {
             CursorKey::Micros(m) => Ok(m),
             CursorKey::Text(_) => Err(StoreError::InvalidCursor(raw.to_string())),
         }
+    }
+}
+
+/// A page from the up to `limit + 1` items a query fetched: the extra one only says that more
+/// follow, and the last item kept is where the next page starts.
+pub fn page<T>(mut items: Vec<T>, limit: u32, cursor_of: impl Fn(&T) -> Cursor) -> Page<T> {
+    let next_cursor = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|last| cursor_of(last).encode())
+    } else {
+        None
+    };
+    Page { items, next_cursor }
+}
+
+/// Where the next page of jobs starts after `job`, in `sort` order.
+pub fn after_job(job: &JobRecord, sort: JobSort) -> Cursor {
+    let key = match sort {
+        JobSort::Name => CursorKey::Text(job.name.clone()),
+        JobSort::CreatedAt => CursorKey::Micros(micros(job.created_at)),
+        JobSort::UpdatedAt => CursorKey::Micros(micros(job.updated_at)),
+    };
+    Cursor { key, id: job.id }
+}
+
+/// Where the next page of runs (newest instant first) starts after `run`.
+pub fn after_run(run: &RunRecord) -> Cursor {
+    Cursor {
+        key: CursorKey::Micros(micros(run.scheduled_for)),
+        id: run.id,
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
 use super::{PgResult, Tx};
-use crate::cursor::{page_size, Cursor, CursorKey};
+use crate::cursor::{self, page_size, Cursor};
 use crate::{AppendOutcome, Page, RunQuery, StoreError};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
 use sked_core::run::RunState;
@@ -48,7 +48,7 @@ pub async fn list_runs(tx: &Tx<'_>, query: &RunQuery) -> PgResult<Page<RunRecord
          ORDER BY scheduled_for DESC, id DESC LIMIT $6"
     );
     let stmt = tx.prepare_cached(&sql).await?;
-    let mut items = tx
+    let items = tx
         .query(
             &stmt,
             &[
@@ -64,19 +64,7 @@ pub async fn list_runs(tx: &Tx<'_>, query: &RunQuery) -> PgResult<Page<RunRecord
         .iter()
         .map(rows::run)
         .collect::<PgResult<Vec<_>>>()?;
-    let next_cursor = if items.len() > limit as usize {
-        items.truncate(limit as usize);
-        items.last().map(|last| {
-            Cursor {
-                key: CursorKey::Micros(micros(last.scheduled_for)),
-                id: last.id,
-            }
-            .encode()
-        })
-    } else {
-        None
-    };
-    Ok(Page { items, next_cursor })
+    Ok(cursor::page(items, limit, cursor::after_run))
 }
 
 pub async fn job_stats(tx: &Tx<'_>, namespace: &str, name: &str) -> PgResult<Option<JobStats>> {

@@ -5,7 +5,7 @@
 
 use super::rows::{self, micros, JOB_COLUMNS};
 use super::{PgResult, Tx};
-use crate::cursor::{page_size, Cursor, CursorKey};
+use crate::cursor::{self, page_size, Cursor};
 use crate::{JobQuery, JobSort, Page, PutMode, PutOutcome, StoreError};
 use sked_core::job::{JobSpec, JobState, ValidJob};
 use sked_core::records::JobRecord;
@@ -224,26 +224,15 @@ pub async fn list(tx: &Tx<'_>, query: &JobQuery) -> PgResult<Page<JobRecord>> {
     ));
     params.push(&fetch);
     let stmt = tx.prepare_cached(&sql).await?;
-    let mut items = tx
+    let items = tx
         .query(&stmt, &params)
         .await?
         .iter()
         .map(rows::job)
         .collect::<PgResult<Vec<_>>>()?;
-    let next_cursor = if items.len() > limit as usize {
-        items.truncate(limit as usize);
-        items.last().map(|last| {
-            let key = match query.sort {
-                JobSort::Name => CursorKey::Text(last.name.clone()),
-                JobSort::CreatedAt => CursorKey::Micros(micros(last.created_at)),
-                JobSort::UpdatedAt => CursorKey::Micros(micros(last.updated_at)),
-            };
-            Cursor { key, id: last.id }.encode()
-        })
-    } else {
-        None
-    };
-    Ok(Page { items, next_cursor })
+    Ok(cursor::page(items, limit, |job| {
+        cursor::after_job(job, query.sort)
+    }))
 }
 
 pub async fn delete(

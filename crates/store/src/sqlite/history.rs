@@ -1,7 +1,7 @@
 //! Reading the ledger (runs, attempts, statistics), captured output, and retention.
 
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
-use crate::cursor::{page_size, Cursor, CursorKey};
+use crate::cursor::{self, page_size, Cursor};
 use crate::{AppendOutcome, Page, Result, RunQuery};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
@@ -62,19 +62,7 @@ pub fn list_runs(tx: &Transaction<'_>, query: &RunQuery) -> Result<Page<RunRecor
     while let Some(row) = rows.next()? {
         items.push(rows::run(row)?);
     }
-    let next_cursor = if items.len() > limit as usize {
-        items.truncate(limit as usize);
-        items.last().map(|last| {
-            Cursor {
-                key: CursorKey::Micros(micros(last.scheduled_for)),
-                id: last.id,
-            }
-            .encode()
-        })
-    } else {
-        None
-    };
-    Ok(Page { items, next_cursor })
+    Ok(cursor::page(items, limit, cursor::after_run))
 }
 
 pub fn job_stats(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Option<JobStats>> {

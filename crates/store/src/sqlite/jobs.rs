@@ -1,7 +1,7 @@
 //! Job definitions: create, replace, pause, delete, list, and the firing loop's view of them.
 
 use super::rows::{self, micros, JOB_COLUMNS};
-use crate::cursor::{page_size, Cursor, CursorKey};
+use crate::cursor::{self, page_size, Cursor};
 use crate::{JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::job::{JobSpec, JobState, ValidJob};
@@ -159,20 +159,9 @@ pub fn list(tx: &Transaction<'_>, query: &JobQuery) -> Result<Page<JobRecord>> {
     while let Some(row) = rows.next()? {
         items.push(rows::job(row)?);
     }
-    let next_cursor = if items.len() > limit as usize {
-        items.truncate(limit as usize);
-        items.last().map(|last| {
-            let key = match query.sort {
-                JobSort::Name => CursorKey::Text(last.name.clone()),
-                JobSort::CreatedAt => CursorKey::Micros(micros(last.created_at)),
-                JobSort::UpdatedAt => CursorKey::Micros(micros(last.updated_at)),
-            };
-            Cursor { key, id: last.id }.encode()
-        })
-    } else {
-        None
-    };
-    Ok(Page { items, next_cursor })
+    Ok(cursor::page(items, limit, |job| {
+        cursor::after_job(job, query.sort)
+    }))
 }
 
 pub fn delete(
