@@ -104,6 +104,21 @@ pub struct WorkerRecord {
     pub alive: bool,
 }
 
+/// A server node of the cluster, as the lease tables see it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub id: String,
+    /// The address it listens on, as it was started with.
+    pub address: String,
+    pub started_at: Instant,
+    /// Its last membership round.
+    pub seen_at: Instant,
+    /// Partitions it holds an unexpired lease on.
+    pub partitions: u32,
+    /// Whether it holds the unexpired maintenance lease.
+    pub maintenance: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobStats {
     pub runs: u64,

@@ -18,6 +18,12 @@ pub struct ServerConfig {
     pub retention: Option<Duration>,
     /// Most instants written to the ledger in one transaction.
     pub fire_batch: usize,
+    /// How long this node's partition and maintenance leases last unrenewed; it renews them
+    /// every third of this. A dead node's partitions move after at most about this plus one
+    /// renewal.
+    pub node_lease: Duration,
+    /// Start of this node's id (a random suffix makes each start a node of its own).
+    pub node_name: String,
 }
 
 impl Default for ServerConfig {
@@ -30,6 +36,8 @@ impl Default for ServerConfig {
             max_lease_wait: Duration::from_secs(30),
             retention: Some(Duration::from_secs(30 * 24 * 3600)),
             fire_batch: 2000,
+            node_lease: Duration::from_secs(3),
+            node_name: "sked".to_string(),
         }
     }
 }

@@ -5,7 +5,9 @@
 //! in priority order, so the policy code is the one the simulator runs too. Runs with no
 //! eligible worker wait (never dropped); runs not ready yet (retry backoff, jitter) wait for
 //! their `ready_at`. The queue is memory only: the store's queued runs are the truth, loaded at
-//! start and after any failure to start attempts.
+//! start. In a cluster every node holds every queued run (other nodes' runs arrive as store
+//! events), so a worker gets work whichever node it polls; when two nodes hand out the same run
+//! at once, the store starts it once and the other start finds it no longer queued.
 
 use crate::metrics::Metrics;
 use chrono::Utc;
@@ -28,6 +30,8 @@ struct State {
     ready: BTreeMap<ReadyKey, QueuedRun>,
     /// Runs whose `ready_at` is still ahead.
     delayed: BTreeMap<DelayedKey, QueuedRun>,
+    /// Where each queued run sits: its priority and `ready_at`, which make both keys.
+    held: HashMap<i64, (i32, Instant)>,
     /// Open long polls, by worker id.
     polls: HashMap<String, Poll>,
     turn: u64,
@@ -42,6 +46,31 @@ pub struct KnownWorker {
     pub labels: BTreeMap<String, String>,
     pub slots: u32,
     pub warm_keys: Vec<String>,
+}
+
+impl State {
+    /// Queues `run`, replacing any earlier copy of it (never doubling it).
+    fn insert(&mut self, run: QueuedRun, now: Instant) {
+        self.remove(run.run_id);
+        self.held.insert(run.run_id, (run.priority, run.ready_at));
+        if run.ready_at <= now {
+            self.ready
+                .insert((Reverse(run.priority), run.ready_at, run.run_id), run);
+        } else {
+            self.delayed.insert((run.ready_at, run.run_id), run);
+        }
+    }
+
+    fn remove(&mut self, run_id: i64) -> Option<QueuedRun> {
+        let (priority, ready_at) = self.held.remove(&run_id)?;
+        self.ready
+            .remove(&(Reverse(priority), ready_at, run_id))
+            .or_else(|| self.delayed.remove(&(ready_at, run_id)))
+    }
+
+    fn depth(&self) -> u64 {
+        (self.ready.len() + self.delayed.len()) as u64
+    }
 }
 
 struct Poll {
@@ -98,20 +127,31 @@ impl Dispatcher {
         let now = Utc::now();
         let mut state = self.lock();
         for run in runs {
-            if run.ready_at <= now {
-                state
-                    .ready
-                    .insert((Reverse(run.priority), run.ready_at, run.run_id), run);
-            } else {
-                state.delayed.insert((run.ready_at, run.run_id), run);
-            }
+            state.insert(run, now);
         }
-        Metrics::set(
-            &self.metrics.queue_depth,
-            (state.ready.len() + state.delayed.len()) as u64,
-        );
+        Metrics::set(&self.metrics.queue_depth, state.depth());
         drop(state);
         self.wake.notify_one();
+    }
+
+    /// Replaces the whole queue with the store's queued runs (after events may have been missed).
+    pub fn replace(&self, runs: Vec<QueuedRun>) {
+        {
+            let mut state = self.lock();
+            state.ready.clear();
+            state.delayed.clear();
+            state.held.clear();
+        }
+        self.enqueue(runs);
+    }
+
+    /// Forgets runs that are no longer queued (started or cancelled through another node).
+    pub fn remove(&self, run_ids: &[i64]) {
+        let mut state = self.lock();
+        for id in run_ids {
+            state.remove(*id);
+        }
+        Metrics::set(&self.metrics.queue_depth, state.depth());
     }
 
     /// Waits up to `wait` for runs for worker `load` (its free slots are `load.slots -
@@ -160,9 +200,7 @@ impl Dispatcher {
             .collect();
         for key in due {
             if let Some(run) = state.delayed.remove(&key) {
-                state
-                    .ready
-                    .insert((Reverse(run.priority), run.ready_at, run.run_id), run);
+                state.insert(run, now);
             }
         }
         let next_delayed = state.delayed.keys().next().map(|(at, _)| *at);
@@ -194,7 +232,7 @@ impl Dispatcher {
         state.turn = state.turn.wrapping_add(pairs.len() as u64);
         let mut per_worker: HashMap<usize, Vec<QueuedRun>> = HashMap::new();
         for (run_index, worker_index) in pairs {
-            if let Some(run) = state.ready.remove(&keys[run_index]) {
+            if let Some(run) = state.remove(keys[run_index].2) {
                 per_worker.entry(worker_index).or_default().push(run);
             }
         }
@@ -203,17 +241,12 @@ impl Dispatcher {
                 if let Err(runs) = poll.tx.send(runs) {
                     // The poller is gone; its runs go back in line.
                     for run in runs {
-                        state
-                            .ready
-                            .insert((Reverse(run.priority), run.ready_at, run.run_id), run);
+                        state.insert(run, now);
                     }
                 }
             }
         }
-        Metrics::set(
-            &self.metrics.queue_depth,
-            (state.ready.len() + state.delayed.len()) as u64,
-        );
+        Metrics::set(&self.metrics.queue_depth, state.depth());
         next_delayed
     }
 

@@ -2,15 +2,20 @@
 //! due, writes them to the ledger in batches (one transaction per batch) and hands the queued
 //! runs to the dispatcher.
 //!
-//! On start it loads every schedule from the store; instants that fell due while nothing could
-//! fire them (the server was down) are resolved by each job's misfire policy, and each gets its
-//! ledger row. A created, changed, paused or deleted job reaches the loop through
+//! It fires the schedules of the partitions this node holds (all of them on a single node;
+//! in a cluster, the share the membership duty leased). When it gains partitions it loads their
+//! schedules from the store; instants that fell due while nothing could fire them (the server
+//! was down, or the node holding them died) are resolved by each job's misfire policy, and each
+//! gets its ledger row. A created, changed, paused or deleted job reaches the loop through
 //! [`FiringHandle::reload`], so it takes effect at once. The loop owns no durable state: the
-//! store's `next_fire_at` is the truth, and the in-memory timer is rebuilt from it.
+//! store's `next_fire_at` is the truth, and the in-memory timer is rebuilt from it. Two nodes
+//! firing one partition for a moment (a lease changing hands) write nothing twice: the ledger
+//! keeps one run per instant and applies one advance of each firing state.
 
 use crate::dispatch::Dispatcher;
 use crate::metrics::Metrics;
 use chrono::Utc;
+use sked_core::cluster::partition_of;
 use sked_core::job::JobSpec;
 use sked_core::records::JobRecord;
 use sked_core::run::{RunState, SkipReason, Trigger};
@@ -18,21 +23,42 @@ use sked_core::schedule::Schedule;
 use sked_core::Instant;
 use sked_store::{Advance, Fire, QueuedRun, Store};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
-/// Tells the firing loop that a job's definition changed in the store.
+/// What the firing loop is told.
+enum Change {
+    /// A job's definition changed in the store.
+    Job(i64),
+    /// The partitions this node holds now.
+    Partitions(Vec<u32>),
+    /// The store may have changed unannounced: read every held schedule again.
+    Resync,
+}
+
+/// Tells the firing loop what changed.
 #[derive(Clone)]
 pub struct FiringHandle {
-    tx: mpsc::UnboundedSender<i64>,
+    tx: mpsc::UnboundedSender<Change>,
 }
 
 impl FiringHandle {
+    // The loop only stops at shutdown, when nothing is left to tell: sends cannot fail before.
+
     /// Re-reads job `job_id` from the store (created, changed, paused, resumed or deleted).
     pub fn reload(&self, job_id: i64) {
-        // The loop only stops at shutdown, when nothing is left to reload.
-        let _ = self.tx.send(job_id);
+        let _ = self.tx.send(Change::Job(job_id));
+    }
+
+    /// Fires the schedules of `partitions` from now on, and no others.
+    pub fn hold(&self, partitions: Vec<u32>) {
+        let _ = self.tx.send(Change::Partitions(partitions));
+    }
+
+    /// Reads every held schedule again.
+    pub fn resync(&self) {
+        let _ = self.tx.send(Change::Resync);
     }
 }
 
@@ -55,7 +81,9 @@ pub struct FiringLoop {
     dispatcher: Arc<Dispatcher>,
     metrics: Arc<Metrics>,
     batch: usize,
-    rx: mpsc::UnboundedReceiver<i64>,
+    rx: mpsc::UnboundedReceiver<Change>,
+    /// The partitions whose schedules this loop fires.
+    held: BTreeSet<u32>,
     slots: HashMap<i64, Slot>,
     timer: BinaryHeap<Reverse<(Instant, i64, u64)>>,
     generations: u64,
@@ -81,6 +109,7 @@ impl FiringLoop {
             metrics,
             batch: batch.max(1),
             rx,
+            held: BTreeSet::new(),
             slots: HashMap::new(),
             timer: BinaryHeap::new(),
             generations: 0,
@@ -89,20 +118,6 @@ impl FiringLoop {
     }
 
     pub async fn run(mut self, ready: watch::Sender<bool>, mut shutdown: watch::Receiver<bool>) {
-        // Until the store answers there is nothing to fire; keep trying rather than give up
-        // on the ledger.
-        loop {
-            match self.load_all().await {
-                Ok(()) => break,
-                Err(e) => tracing::error!("firing: cannot load schedules, retrying: {e}"),
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                _ = crate::stopped(&mut shutdown) => return,
-            }
-        }
-        let _ = ready.send(true);
-        tracing::info!("firing: {} schedules loaded", self.slots.len());
         loop {
             let wait = match self.timer.peek() {
                 Some(Reverse((at, _, _))) => (*at - Utc::now()).to_std().unwrap_or_default(),
@@ -111,15 +126,21 @@ impl FiringLoop {
             tokio::select! {
                 biased;
                 _ = crate::stopped(&mut shutdown) => return,
-                Some(job_id) = self.rx.recv() => {
-                    let mut ids = vec![job_id];
+                Some(change) = self.rx.recv() => {
+                    let mut changes = vec![change];
                     while let Ok(more) = self.rx.try_recv() {
-                        ids.push(more);
+                        changes.push(more);
                     }
-                    for id in ids {
-                        if let Err(e) = self.reload(id).await {
-                            tracing::error!("firing: cannot reload job {id}: {e}");
-                        }
+                    let first_hold = !*ready.borrow()
+                        && changes.iter().any(|c| matches!(c, Change::Partitions(_)));
+                    self.apply(changes, &mut shutdown).await;
+                    if first_hold {
+                        let _ = ready.send(true);
+                        tracing::info!(
+                            "firing: {} partitions held, {} schedules loaded",
+                            self.held.len(),
+                            self.slots.len()
+                        );
                     }
                 }
                 _ = tokio::time::sleep(wait) => {
@@ -127,20 +148,77 @@ impl FiringLoop {
                         tracing::error!("firing: ledger write failed, retrying: {e}");
                         // The instants stay due in the store; rebuild from it after a pause.
                         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                        if let Err(e) = self.load_all().await {
-                            tracing::error!("firing: cannot reload schedules: {e}");
-                        }
+                        self.reload_held(&mut shutdown).await;
                     }
                 }
             }
         }
     }
 
-    /// Loads every schedule; instants already past are missed and resolved by misfire policy.
-    async fn load_all(&mut self) -> Result<(), sked_store::StoreError> {
+    async fn apply(&mut self, changes: Vec<Change>, shutdown: &mut watch::Receiver<bool>) {
+        let mut resync = false;
+        for change in changes {
+            match change {
+                Change::Job(id) => {
+                    if let Err(e) = self.reload(id).await {
+                        tracing::error!("firing: cannot reload job {id}: {e}");
+                    }
+                }
+                Change::Partitions(partitions) => {
+                    let now: BTreeSet<u32> = partitions.into_iter().collect();
+                    let lost: Vec<u32> = self.held.difference(&now).copied().collect();
+                    let gained: Vec<u32> = now.difference(&self.held).copied().collect();
+                    self.held = now;
+                    if !lost.is_empty() {
+                        self.slots
+                            .retain(|id, _| !lost.contains(&partition_of(*id)));
+                        tracing::info!("firing: gave up {} partitions", lost.len());
+                    }
+                    if !gained.is_empty() {
+                        self.load(&gained, shutdown).await;
+                        tracing::info!("firing: took {} partitions", gained.len());
+                    }
+                }
+                Change::Resync => resync = true,
+            }
+        }
+        if resync {
+            self.reload_held(shutdown).await;
+        }
+        Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
+    }
+
+    /// Loads the schedules of `partitions` until the store answers (or shutdown).
+    async fn load(&mut self, partitions: &[u32], shutdown: &mut watch::Receiver<bool>) {
+        loop {
+            match self.load_partitions(partitions).await {
+                Ok(()) => return,
+                Err(e) => tracing::error!("firing: cannot load schedules, retrying: {e}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                _ = crate::stopped(shutdown) => return,
+            }
+        }
+    }
+
+    /// Drops every schedule and loads those of the held partitions again.
+    async fn reload_held(&mut self, shutdown: &mut watch::Receiver<bool>) {
         self.slots.clear();
         self.timer.clear();
-        let jobs = self.store.scheduled_jobs().await?;
+        let held: Vec<u32> = self.held.iter().copied().collect();
+        self.load(&held, shutdown).await;
+    }
+
+    /// Loads the schedules of `partitions`; instants already past are missed and resolved by
+    /// misfire policy.
+    async fn load_partitions(&mut self, partitions: &[u32]) -> Result<(), sked_store::StoreError> {
+        if partitions.is_empty() {
+            return Ok(());
+        }
+        let filter =
+            (partitions.len() < sked_core::cluster::PARTITIONS as usize).then_some(partitions);
+        let jobs = self.store.scheduled_jobs(filter).await?;
         let now = Utc::now();
         let mut pending = Vec::new();
         for job in jobs {
@@ -153,18 +231,20 @@ impl FiringLoop {
             }
         }
         self.write(pending, now).await?;
-        Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
         Ok(())
     }
 
     async fn reload(&mut self, job_id: i64) -> Result<(), sked_store::StoreError> {
         self.slots.remove(&job_id);
+        if !self.held.contains(&partition_of(job_id)) {
+            // Another node fires it.
+            return Ok(());
+        }
         if let Some(job) = self.store.get_job_by_id(job_id).await? {
             if let Some(slot) = self.slot_from(job) {
                 self.insert(job_id, slot);
             }
         }
-        Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
         Ok(())
     }
 

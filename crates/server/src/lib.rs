@@ -7,17 +7,19 @@
 //! them and carries the results between them.
 
 pub mod api;
+pub mod changes;
 pub mod config;
 pub mod dispatch;
 pub mod firing;
 pub mod maintenance;
+pub mod membership;
 pub mod metrics;
 
 use std::future::Future;
 use std::sync::Arc;
 
 pub use config::ServerConfig;
-use sked_store::Store;
+use sked_store::{NodeInfo, Store};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -42,8 +44,12 @@ pub struct AppState {
     pub firing: firing::FiringHandle,
     pub dispatcher: Arc<dispatch::Dispatcher>,
     pub metrics: Arc<metrics::Metrics>,
-    /// Set once the firing loop has loaded every schedule.
+    /// Set once the firing loop has loaded the schedules of its first partitions.
     pub ready: watch::Receiver<bool>,
+    /// This server node, as the cluster knows it.
+    pub node: Arc<NodeInfo>,
+    /// Whether this node runs the maintenance duties now (elected through the store).
+    pub maintenance: watch::Receiver<bool>,
 }
 
 /// Resolves once shutdown was signalled (or its sender is gone).
@@ -72,6 +78,18 @@ pub async fn serve(
     let metrics = Arc::new(metrics::Metrics::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let (ready_tx, ready_rx) = watch::channel(false);
+    let (maintenance_tx, maintenance_rx) = watch::channel(false);
+    let node = Arc::new(NodeInfo {
+        id: format!("{}-{:08x}", config.node_name, rand::random::<u32>()),
+        address: listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| config.listen.clone()),
+        started_at: chrono::Utc::now(),
+    });
+    // Listening starts before anything is loaded, so no change committed after the loads
+    // began is missed.
+    let events = store.subscribe().await?;
     let dispatcher = Arc::new(dispatch::Dispatcher::new(metrics.clone()));
     let (firing, firing_loop) = firing::FiringLoop::new(
         store.clone(),
@@ -86,10 +104,29 @@ pub async fn serve(
         dispatcher: dispatcher.clone(),
         metrics: metrics.clone(),
         ready: ready_rx,
+        node: node.clone(),
+        maintenance: maintenance_rx,
     };
 
     let mut duties = tokio::task::JoinSet::new();
     duties.spawn(firing_loop.run(ready_tx, stop_rx.clone()));
+    duties.spawn(membership::run(
+        store.clone(),
+        node.clone(),
+        config.node_lease,
+        state.firing.clone(),
+        maintenance_tx,
+        stop_rx.clone(),
+    ));
+    if let Some(events) = events {
+        duties.spawn(changes::run(
+            events,
+            store.clone(),
+            state.firing.clone(),
+            dispatcher.clone(),
+            stop_rx.clone(),
+        ));
+    }
     duties.spawn(dispatcher.clone().run(store.clone(), stop_rx.clone()));
     duties.spawn(maintenance::reaper::run(state.clone(), stop_rx.clone()));
     duties.spawn(maintenance::retention::run(state.clone(), stop_rx.clone()));
@@ -108,5 +145,9 @@ pub async fn serve(
     // The HTTP server only ends on shutdown or failure; either way the duties stop too.
     duties.abort_all();
     while duties.join_next().await.is_some() {}
+    // Nothing fires here any more: hand the partitions over now rather than when they expire.
+    if let Err(e) = store.leave_cluster(&node.id).await {
+        tracing::warn!("could not give up this node's leases (they expire on their own): {e}");
+    }
     served
 }

@@ -34,8 +34,8 @@ pub struct StoreArgs {
     /// Directory of the embedded store.
     #[arg(long, env = "SKED_DATA_DIR", default_value = "./sked-data")]
     pub data_dir: PathBuf,
-    /// PostgreSQL URL (instead of --data-dir), e.g. postgres://sked@db:5432/sked. One server
-    /// node per database for now; a second one is refused.
+    /// PostgreSQL URL (instead of --data-dir), e.g. postgres://sked@db:5432/sked. Any number
+    /// of server nodes may share one database (see docs/CLUSTER.md).
     #[arg(long, env = "SKED_DATABASE_URL")]
     pub database_url: Option<String>,
 }
@@ -59,6 +59,10 @@ pub struct ServerArgs {
     /// Output kept per attempt, in bytes.
     #[arg(long, env = "SKED_OUTPUT_CAP", default_value_t = 1024 * 1024)]
     pub output_cap: u64,
+    /// How long this node's partition and maintenance leases last unrenewed (renewed every
+    /// third of it): a dead node's schedules move to the others after about this long.
+    #[arg(long, env = "SKED_NODE_LEASE", default_value = "3s")]
+    pub node_lease: HumanDuration,
 }
 
 #[derive(Debug, Args)]

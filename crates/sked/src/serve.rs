@@ -4,7 +4,7 @@
 use crate::cli::{DevArgs, ServerArgs, WorkerArgs};
 use anyhow::{bail, Context, Result};
 use sked_server::ServerConfig;
-use sked_store::{PgStore, ServerClaim, SqliteStore, Store};
+use sked_store::{PgStore, SqliteStore, Store};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -33,10 +33,9 @@ async fn shutdown_signal() {
     }
 }
 
-/// The store a server runs on, and the claim on it that must live as long as the server.
+/// The store a server runs on.
 struct OpenStore {
     store: Arc<dyn Store>,
-    _claim: Option<ServerClaim>,
     /// Where the data is, for the start-up line.
     place: String,
 }
@@ -46,13 +45,8 @@ async fn open_store(args: &ServerArgs) -> Result<OpenStore> {
         let store = PgStore::connect(url)
             .await
             .context("cannot open the PostgreSQL store")?;
-        let claim = store
-            .claim_server()
-            .await
-            .context("cannot serve this database")?;
         return Ok(OpenStore {
             store: Arc::new(store),
-            _claim: Some(claim),
             place: "PostgreSQL".to_string(),
         });
     }
@@ -64,25 +58,29 @@ async fn open_store(args: &ServerArgs) -> Result<OpenStore> {
         .with_context(|| format!("cannot open the store at {}", path.display()))?;
     Ok(OpenStore {
         store: Arc::new(store),
-        _claim: None,
         place: dir.display().to_string(),
     })
 }
 
-fn server_config(args: &ServerArgs) -> ServerConfig {
-    ServerConfig {
+fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
+    if args.node_lease.0 < std::time::Duration::from_millis(300) {
+        bail!("--node-lease must be at least 300ms (nodes renew every third of it)");
+    }
+    Ok(ServerConfig {
         listen: args.listen.clone(),
         heartbeat_interval: args.heartbeat_interval.0,
         heartbeat_timeout: args.heartbeat_timeout.0,
         output_cap: args.output_cap,
         retention: Some(args.retention.0).filter(|r| !r.is_zero()),
+        node_lease: args.node_lease.0,
+        node_name: host_name(),
         ..ServerConfig::default()
-    }
+    })
 }
 
 pub async fn server(args: ServerArgs) -> Result<()> {
+    let config = server_config(&args)?;
     let opened = open_store(&args).await?;
-    let config = server_config(&args);
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
     println!(
@@ -94,8 +92,8 @@ pub async fn server(args: ServerArgs) -> Result<()> {
 }
 
 pub async fn dev(args: DevArgs) -> Result<()> {
+    let config = server_config(&args.server)?;
     let opened = open_store(&args.server).await?;
-    let config = server_config(&args.server);
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
     println!(
@@ -167,5 +165,5 @@ fn host_name() -> String {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "worker".to_string())
+        .unwrap_or_else(|| "sked".to_string())
 }

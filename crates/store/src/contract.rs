@@ -52,6 +52,7 @@ macro_rules! store_contract_tests {
             retention_deletes_only_finished_runs,
             queued_runs_carry_dispatch_details,
             racing_writers_decide_once,
+            scheduled_jobs_come_by_partition,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -421,7 +422,7 @@ pub async fn pause_and_resume_keep_the_firing_state(store: &dyn Store) {
             .unwrap(),
         None
     );
-    let scheduled = store.scheduled_jobs().await.unwrap();
+    let scheduled = store.scheduled_jobs(None).await.unwrap();
     assert_eq!(scheduled.len(), 1);
 }
 
@@ -524,7 +525,7 @@ pub async fn a_used_up_schedule_completes_the_job(store: &dyn Store) {
     let done = store.get_job_by_id(j.id).await.unwrap().unwrap();
     assert_eq!(done.state, JobState::Completed);
     assert_eq!(done.next_fire_at, None);
-    assert!(store.scheduled_jobs().await.unwrap().is_empty());
+    assert!(store.scheduled_jobs(None).await.unwrap().is_empty());
     // Pausing a completed job keeps it completed.
     let paused = store
         .set_paused("default", "one-off", true, at)
@@ -1248,4 +1249,38 @@ pub async fn racing_writers_decide_once(store: &dyn Store) {
         store.cancel_run(fired.run_id, at + secs(1)).await.unwrap();
         at += secs(10);
     }
+}
+
+pub async fn scheduled_jobs_come_by_partition(store: &dyn Store) {
+    use sked_core::cluster::partition_of;
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        ids.push(
+            put(
+                store,
+                &format!("p{i:02}"),
+                every_second(serde_json::json!({})),
+            )
+            .await
+            .id,
+        );
+    }
+    let some: Vec<u32> = ids.iter().take(10).map(|id| partition_of(*id)).collect();
+    let mut expected: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| some.contains(&partition_of(*id)))
+        .collect();
+    let mut found: Vec<i64> = store
+        .scheduled_jobs(Some(&some))
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    expected.sort_unstable();
+    found.sort_unstable();
+    assert_eq!(found, expected);
+    assert!(store.scheduled_jobs(Some(&[])).await.unwrap().is_empty());
+    assert_eq!(store.scheduled_jobs(None).await.unwrap().len(), ids.len());
 }

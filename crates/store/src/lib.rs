@@ -18,14 +18,14 @@ pub mod sqlite;
 use async_trait::async_trait;
 use sked_core::job::Routing;
 use sked_core::job::{JobState, ValidJob};
-use sked_core::records::{AttemptRecord, JobRecord, JobStats, RunRecord, WorkerRecord};
+use sked_core::records::{AttemptRecord, JobRecord, JobStats, NodeRecord, RunRecord, WorkerRecord};
 use sked_core::run::{AttemptOutcome, RunState, SkipReason, Trigger};
 use sked_core::target::TargetSpec;
 use sked_core::Instant;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use postgres::{PgStore, ServerClaim};
+pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
 #[derive(Debug, thiserror::Error)]
@@ -257,6 +257,42 @@ pub enum CancelOutcome {
     AlreadyFinished(RunRecord),
 }
 
+/// A server node taking part in a membership round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInfo {
+    /// Unique per process start.
+    pub id: String,
+    pub address: String,
+    pub started_at: Instant,
+}
+
+/// What a server node holds after a membership round.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Membership {
+    /// The partitions whose schedules this node fires, ascending.
+    pub partitions: Vec<u32>,
+    /// Whether this node runs the maintenance duties (reaping, retention).
+    pub maintenance: bool,
+}
+
+/// A change another server node committed to a store they share, for nodes that keep a copy
+/// in memory (the firing loop's schedules, the dispatcher's queue).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreEvent {
+    /// A job was created, changed, paused, resumed or deleted.
+    JobChanged(i64),
+    /// Runs became queued (fired, retried, released, re-queued after a lost attempt).
+    RunsQueued(Vec<i64>),
+    /// Runs stopped being queued (an attempt started, or they were cancelled).
+    RunsDequeued(Vec<i64>),
+    /// Events may have been missed (the connection carrying them was lost and is back):
+    /// everything held in memory must be read again.
+    Resync,
+}
+
+/// Changes committed by other server nodes, in commit order.
+pub type StoreEvents = tokio::sync::mpsc::UnboundedReceiver<StoreEvent>;
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     // --- jobs --------------------------------------------------------------------------------
@@ -289,8 +325,9 @@ pub trait Store: Send + Sync + 'static {
         paused: bool,
         now: Instant,
     ) -> Result<Option<JobRecord>>;
-    /// Every job whose schedule still owes an instant (`next_fire_at` set), for the firing loop.
-    async fn scheduled_jobs(&self) -> Result<Vec<JobRecord>>;
+    /// Every job whose schedule still owes an instant (`next_fire_at` set), for the firing loop:
+    /// of the given partitions only (`sked_core::cluster::partition_of`), or of all.
+    async fn scheduled_jobs(&self, partitions: Option<&[u32]>) -> Result<Vec<JobRecord>>;
 
     // --- the ledger ---------------------------------------------------------------------------
 
@@ -349,6 +386,26 @@ pub trait Store: Send + Sync + 'static {
     /// attempt lease that expired before `now`: those runs are queued again without spending
     /// their retry budget.
     async fn reap(&self, silent_since: Instant, now: Instant) -> Result<ReapOutcome>;
+
+    // --- the cluster --------------------------------------------------------------------------
+
+    /// One membership round of server node `node`: records it alive, extends its leases to
+    /// `now + lease`, gives back partitions above its fair share
+    /// (`sked_core::cluster::fair_share` over the nodes seen within `lease`), takes free or
+    /// expired ones up to it, and keeps or takes the maintenance lease when it is free.
+    async fn renew_membership(
+        &self,
+        node: &NodeInfo,
+        now: Instant,
+        lease: Duration,
+    ) -> Result<Membership>;
+    /// Gives up every lease of `node` at once (a clean shutdown), so others take over without
+    /// waiting for the leases to expire.
+    async fn leave_cluster(&self, node: &str) -> Result<()>;
+    /// The server nodes seen recently, with what they hold at `now`.
+    async fn cluster_nodes(&self, now: Instant) -> Result<Vec<NodeRecord>>;
+    /// Changes other server nodes commit from now on; `None` for a store only one node uses.
+    async fn subscribe(&self) -> Result<Option<StoreEvents>>;
 
     // --- maintenance --------------------------------------------------------------------------
 

@@ -6,7 +6,9 @@
 //! `sked_test_<random>`, dropped when it ends. Without the variable the tests are skipped, with
 //! a notice; on CI (`CI` set) they fail instead, so a missing database cannot pass for green.
 
-use sked_store::{PgStore, PutMode, Store, StoreError};
+use sked_core::cluster::{partition_of, PARTITIONS, PARTITION_SQL};
+use sked_store::{NodeInfo, PgStore, PutMode, Store, StoreError, StoreEvent};
+use std::time::Duration;
 use tokio_postgres::NoTls;
 
 const URL_VAR: &str = "SKED_TEST_DATABASE_URL";
@@ -159,8 +161,8 @@ async fn nodes_connecting_at_once_migrate_once() {
         .await;
     assert_eq!(
         tables.get::<_, i64>(0),
-        6,
-        "sked_schema and the five tables, once"
+        9,
+        "sked_schema, the five ledger tables and the three cluster tables, once"
     );
     // Both nodes see one database.
     let now = chrono::Utc::now();
@@ -217,4 +219,210 @@ async fn an_unreachable_database_is_a_clear_error() {
     assert!(!text.contains("secret"), "no password in errors: {text}");
     let err = PgStore::connect("postgres://[not a url").await.unwrap_err();
     assert!(matches!(err, StoreError::Open(_)), "{err:?}");
+}
+
+fn node(id: &str) -> NodeInfo {
+    NodeInfo {
+        id: id.to_string(),
+        address: format!("{id}:8080"),
+        started_at: chrono::Utc::now(),
+    }
+}
+
+#[tokio::test]
+async fn partitions_split_fairly_and_move_when_a_node_dies_or_leaves() {
+    let Some((store, _schema)) = open().await else {
+        return;
+    };
+    let lease = Duration::from_secs(3);
+    let t = chrono::Utc::now();
+    let ms = chrono::Duration::milliseconds;
+    let (a, b, c) = (node("a"), node("b"), node("c"));
+
+    let alone = store.renew_membership(&a, t, lease).await.unwrap();
+    assert_eq!(
+        alone.partitions.len() as u32,
+        PARTITIONS,
+        "a lone node holds all"
+    );
+    assert!(alone.maintenance);
+    // b joins: a holds everything until its next round gives back b's share.
+    let joining = store.renew_membership(&b, t + ms(10), lease).await.unwrap();
+    assert!(joining.partitions.is_empty() && !joining.maintenance);
+    let a1 = store
+        .renew_membership(&a, t + ms(1000), lease)
+        .await
+        .unwrap();
+    let b1 = store
+        .renew_membership(&b, t + ms(1010), lease)
+        .await
+        .unwrap();
+    assert_eq!((a1.partitions.len(), b1.partitions.len()), (128, 128));
+    assert!(
+        a1.partitions.iter().all(|p| !b1.partitions.contains(p)),
+        "disjoint"
+    );
+    assert!(
+        a1.maintenance && !b1.maintenance,
+        "maintenance stays with a"
+    );
+
+    // c joins; after a round each, the split is 86/85/85 and covers every partition.
+    store
+        .renew_membership(&c, t + ms(1500), lease)
+        .await
+        .unwrap();
+    let a2 = store
+        .renew_membership(&a, t + ms(2000), lease)
+        .await
+        .unwrap();
+    let b2 = store
+        .renew_membership(&b, t + ms(2010), lease)
+        .await
+        .unwrap();
+    let c2 = store
+        .renew_membership(&c, t + ms(2020), lease)
+        .await
+        .unwrap();
+    let mut all: Vec<u32> = [&a2, &b2, &c2]
+        .iter()
+        .flat_map(|m| m.partitions.clone())
+        .collect();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..PARTITIONS).collect::<Vec<_>>(),
+        "each partition once"
+    );
+    let mut sizes = vec![
+        a2.partitions.len(),
+        b2.partitions.len(),
+        c2.partitions.len(),
+    ];
+    sizes.sort_unstable();
+    assert_eq!(sizes, vec![85, 85, 86]);
+
+    // a stops renewing (killed): once its leases lapse, b and c take its partitions and one
+    // of them the maintenance. (b and c keep renewing meanwhile, each third of the lease.)
+    store
+        .renew_membership(&b, t + ms(3000), lease)
+        .await
+        .unwrap();
+    store
+        .renew_membership(&c, t + ms(3010), lease)
+        .await
+        .unwrap();
+    store
+        .renew_membership(&b, t + ms(4000), lease)
+        .await
+        .unwrap();
+    store
+        .renew_membership(&c, t + ms(4010), lease)
+        .await
+        .unwrap();
+    let later = t + ms(2000) + ms(3100);
+    let b3 = store.renew_membership(&b, later, lease).await.unwrap();
+    let c3 = store
+        .renew_membership(&c, later + ms(10), lease)
+        .await
+        .unwrap();
+    assert_eq!(
+        b3.partitions.len() + c3.partitions.len(),
+        PARTITIONS as usize
+    );
+    assert!(
+        b3.maintenance ^ c3.maintenance,
+        "one node holds maintenance"
+    );
+    let nodes = store.cluster_nodes(later + ms(20)).await.unwrap();
+    let held: Vec<(String, u32)> = nodes.iter().map(|n| (n.id.clone(), n.partitions)).collect();
+    assert_eq!(
+        held,
+        vec![("a".into(), 0), ("b".into(), 128), ("c".into(), 128)],
+        "{nodes:?}"
+    );
+
+    // c leaves cleanly: b takes everything at its next round, without waiting for a lease.
+    store.leave_cluster("c").await.unwrap();
+    let b4 = store
+        .renew_membership(&b, later + ms(100), lease)
+        .await
+        .unwrap();
+    assert_eq!(b4.partitions.len() as u32, PARTITIONS);
+    assert!(b4.maintenance);
+}
+
+#[tokio::test]
+async fn the_partition_in_sql_is_the_partition_in_rust() {
+    let Some((_store, schema)) = open().await else {
+        return;
+    };
+    let client = admin(&schema.url()).await;
+    let sql = format!(
+        "SELECT id, {PARTITION_SQL}::bigint FROM generate_series(1::bigint, 20000) AS id \
+         UNION ALL SELECT id, {PARTITION_SQL}::bigint \
+         FROM generate_series(140737488355000::bigint, 140737488355327) AS id"
+    );
+    let rows = client.query(&sql, &[]).await.unwrap();
+    assert_eq!(rows.len(), 20_328);
+    for row in rows {
+        let (id, in_sql): (i64, i64) = (row.get(0), row.get(1));
+        assert_eq!(in_sql, i64::from(partition_of(id)), "job {id}");
+    }
+}
+
+async fn next(
+    events: &mut sked_store::StoreEvents,
+) -> Result<Option<StoreEvent>, tokio::time::error::Elapsed> {
+    tokio::time::timeout(Duration::from_secs(5), events.recv()).await
+}
+
+#[tokio::test]
+async fn other_nodes_hear_of_changes_and_a_node_not_of_its_own() {
+    let Some((writer, schema)) = open().await else {
+        return;
+    };
+    let reader = PgStore::connect(&schema.url()).await.unwrap();
+    let mut heard = reader
+        .subscribe()
+        .await
+        .unwrap()
+        .expect("PostgreSQL has events");
+    let mut own = writer
+        .subscribe()
+        .await
+        .unwrap()
+        .expect("PostgreSQL has events");
+    let now = chrono::Utc::now();
+    let (_, created) = writer
+        .put_job("default", &job(), PutMode::Upsert, now)
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut heard).await.unwrap(),
+        Some(StoreEvent::JobChanged(created.id))
+    );
+    let fired = writer
+        .record_fires(
+            &[sked_store::Fire {
+                job_id: created.id,
+                scheduled_for: now,
+                trigger: sked_core::run::Trigger::Manual,
+                skip: None,
+                ready_at: now,
+                advance: None,
+            }],
+            now,
+        )
+        .await
+        .unwrap();
+    let run_id = fired.runs[0].run_id;
+    assert_eq!(
+        next(&mut heard).await.unwrap(),
+        Some(StoreEvent::RunsQueued(vec![run_id]))
+    );
+    assert!(
+        next(&mut own).await.is_err(),
+        "a store does not hear its own changes"
+    );
 }

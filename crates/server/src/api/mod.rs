@@ -1,9 +1,10 @@
-//! The HTTP API under `/api/v1`: jobs, runs, workers (including the worker protocol), plus
-//! health, readiness, metrics and the OpenAPI document.
+//! The HTTP API under `/api/v1`: jobs, runs, workers (including the worker protocol), the
+//! cluster's nodes, plus health, readiness, metrics and the OpenAPI document.
 //!
 //! Handlers parse and validate, call the store, and tell the firing loop or the dispatcher what
 //! changed. They hold no state of their own.
 
+mod cluster;
 mod error;
 mod extract;
 mod jobs;
@@ -55,6 +56,7 @@ pub fn router(state: AppState) -> Router {
             "/attempts/{id}/log",
             post(workers::append_output).layer(DefaultBodyLimit::max(MAX_OUTPUT_CHUNK)),
         )
+        .route("/cluster", get(cluster::view))
         .route("/openapi.json", get(openapi::document))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(no_such_endpoint);

@@ -1,5 +1,6 @@
 //! Background duties that keep the ledger healthy: the reaper (expired leases, dead workers)
-//! and retention (old finished runs). Each is a loop with the same shape, [`every`].
+//! and retention (old finished runs). Each is a loop with the same shape, [`every`], and runs
+//! only while this node holds the maintenance lease (always, on a single node).
 
 pub mod reaper;
 pub mod retention;
@@ -8,10 +9,12 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// Runs `duty` after `first_delay`, then every `interval`, until shutdown.
+/// Runs `duty` after `first_delay`, then every `interval` while `elected` is true, until
+/// shutdown.
 pub async fn every<F, Fut>(
     first_delay: Duration,
     interval: Duration,
+    elected: watch::Receiver<bool>,
     mut shutdown: watch::Receiver<bool>,
     mut duty: F,
 ) where
@@ -24,7 +27,9 @@ pub async fn every<F, Fut>(
             _ = crate::stopped(&mut shutdown) => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        duty().await;
+        if *elected.borrow() {
+            duty().await;
+        }
         wait = interval;
     }
 }

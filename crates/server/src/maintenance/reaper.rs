@@ -12,9 +12,13 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
     // Workers heartbeat to a server that just started only from now on: give them one full
     // timeout before judging them, so a restart does not kill healthy workers' attempts.
     let first = config.heartbeat_timeout;
-    super::every(first, config.heartbeat_interval, shutdown, || {
-        reap_once(&state)
-    })
+    super::every(
+        first,
+        config.heartbeat_interval,
+        state.maintenance.clone(),
+        shutdown,
+        || reap_once(&state),
+    )
     .await;
 }
 

@@ -15,7 +15,10 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
     };
     let first = Duration::from_secs(60);
     let interval = Duration::from_secs(600);
-    super::every(first, interval, shutdown, || delete_old(&state, retention)).await;
+    super::every(first, interval, state.maintenance.clone(), shutdown, || {
+        delete_old(&state, retention)
+    })
+    .await;
 }
 
 async fn delete_old(state: &AppState, retention: Duration) {

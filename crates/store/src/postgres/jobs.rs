@@ -291,10 +291,24 @@ pub async fn set_paused(
     Ok(Some(job))
 }
 
-pub async fn scheduled(tx: &Tx<'_>) -> PgResult<Vec<JobRecord>> {
-    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE next_fire_at IS NOT NULL");
-    let stmt = tx.prepare_cached(&sql).await?;
-    tx.query(&stmt, &[]).await?.iter().map(rows::job).collect()
+pub async fn scheduled(tx: &Tx<'_>, partitions: Option<&[u32]>) -> PgResult<Vec<JobRecord>> {
+    let rows = match partitions {
+        None => {
+            let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE next_fire_at IS NOT NULL");
+            tx.query(&tx.prepare_cached(&sql).await?, &[]).await?
+        }
+        Some(partitions) => {
+            let sql = format!(
+                "SELECT {JOB_COLUMNS} FROM jobs \
+                 WHERE next_fire_at IS NOT NULL AND {} = ANY($1)",
+                sked_core::cluster::PARTITION_SQL
+            );
+            let partitions: Vec<i64> = partitions.iter().map(|p| i64::from(*p)).collect();
+            tx.query(&tx.prepare_cached(&sql).await?, &[&partitions])
+                .await?
+        }
+    };
+    rows.iter().map(rows::job).collect()
 }
 
 /// A stored retry policy; the default for a job that no longer exists.

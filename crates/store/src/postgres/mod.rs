@@ -18,6 +18,8 @@
 //! Each submodule holds the queries of one part of the trait as plain async functions over a
 //! transaction, mirroring the SQLite implementation file by file.
 
+mod cluster;
+mod events;
 mod history;
 mod jobs;
 mod ledger;
@@ -27,6 +29,7 @@ mod workers;
 
 use crate::*;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use events::{Channel, Kind};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, NoTls};
 
@@ -105,25 +108,10 @@ impl Fail {
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
-    /// Kept for connections outside the pool (the server claim).
+    /// Kept for the listening connection, which lives outside the pool.
     config: tokio_postgres::Config,
-}
-
-/// The first key of the advisory lock a serving node holds (the second is the schema's name).
-/// It must differ from `schema::MIGRATION_LOCK`, or a held claim would block every migration.
-const SERVER_LOCK: i32 = 0x736b_6473; // "skds"
-
-/// Proof that this process is the one server node on its database: a session advisory lock on
-/// a connection of its own, released when this is dropped or the process dies.
-pub struct ServerClaim {
-    _client: tokio_postgres::Client,
-    connection: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for ServerClaim {
-    fn drop(&mut self) {
-        self.connection.abort();
-    }
+    /// Where changes are announced to the other nodes.
+    channel: Channel,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -169,43 +157,17 @@ impl PgStore {
             .await
             .map_err(|e| StoreError::Open(format!("{where_}: {e}")))?;
         schema::migrate(&mut client, &where_).await?;
-        drop(client);
-        Ok(PgStore { pool, config })
-    }
-
-    /// Claims the database for this server node. Partitioned firing, which lets several nodes
-    /// share one database, is not built yet: until it is, a second node would fire every
-    /// instant again (harmlessly, the ledger keeps one run) but keep its queued runs in its own
-    /// memory, out of reach of workers polling the first. So a second node is refused.
-    pub async fn claim_server(&self) -> Result<ServerClaim> {
-        let where_ = describe(&self.config);
-        let open = |e: tokio_postgres::Error| StoreError::Open(format!("{where_}: {e}"));
-        let (client, connection) = self.config.connect(NoTls).await.map_err(open)?;
-        let connection = tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::error!("the server claim's PostgreSQL connection failed: {e}");
-            }
-        });
-        let claim = ServerClaim {
-            _client: client,
-            connection,
-        };
-        let held: bool = claim
-            ._client
-            .query_one(
-                "SELECT pg_try_advisory_lock($1, hashtext(coalesce(current_schema(), '')))",
-                &[&SERVER_LOCK],
-            )
+        let schema: Option<String> = client
+            .query_one("SELECT current_schema()", &[])
             .await
-            .map_err(open)?
-            .get(0);
-        if !held {
-            return Err(StoreError::Open(format!(
-                "another sked server already serves {where_}; several server nodes on one \
-                 database are not supported yet"
-            )));
-        }
-        Ok(claim)
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| StoreError::Open(format!("{where_}: {}", StoreError::from(e))))?;
+        drop(client);
+        Ok(PgStore {
+            pool,
+            config,
+            channel: Channel::for_schema(&schema.unwrap_or_default()),
+        })
     }
 
     async fn client(&self) -> PgResult<deadpool_postgres::Client> {
@@ -282,8 +244,15 @@ impl Store for PgStore {
         mode: PutMode,
         now: Instant,
     ) -> Result<(PutOutcome, JobRecord)> {
-        transact!(self, write, |tx| jobs::put(&tx, namespace, job, mode, now)
-            .await?)
+        transact!(self, write, |tx| {
+            let (outcome, job) = jobs::put(&tx, namespace, job, mode, now).await?;
+            if outcome != PutOutcome::Unchanged {
+                self.channel
+                    .notify(&tx, Kind::JobChanged, &[job.id])
+                    .await?;
+            }
+            (outcome, job)
+        })
     }
 
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>> {
@@ -304,8 +273,15 @@ impl Store for PgStore {
         name: &str,
         now: Instant,
     ) -> Result<Option<JobRecord>> {
-        transact!(self, write, |tx| jobs::delete(&tx, namespace, name, now)
-            .await?)
+        transact!(self, write, |tx| {
+            let deleted = jobs::delete(&tx, namespace, name, now).await?;
+            if let Some(job) = &deleted {
+                self.channel
+                    .notify(&tx, Kind::JobChanged, &[job.id])
+                    .await?;
+            }
+            deleted
+        })
     }
 
     async fn set_paused(
@@ -315,19 +291,33 @@ impl Store for PgStore {
         paused: bool,
         now: Instant,
     ) -> Result<Option<JobRecord>> {
-        transact!(self, write, |tx| jobs::set_paused(
-            &tx, namespace, name, paused, now
-        )
-        .await?)
+        transact!(self, write, |tx| {
+            let changed = jobs::set_paused(&tx, namespace, name, paused, now).await?;
+            if let Some(job) = &changed {
+                self.channel
+                    .notify(&tx, Kind::JobChanged, &[job.id])
+                    .await?;
+            }
+            changed
+        })
     }
 
-    async fn scheduled_jobs(&self) -> Result<Vec<JobRecord>> {
-        transact!(self, read, |tx| jobs::scheduled(&tx).await?)
+    async fn scheduled_jobs(&self, partitions: Option<&[u32]>) -> Result<Vec<JobRecord>> {
+        transact!(self, read, |tx| jobs::scheduled(&tx, partitions).await?)
     }
 
     async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
-        transact!(self, write, |tx| ledger::record_fires(&tx, fires, now)
-            .await?)
+        transact!(self, write, |tx| {
+            let outcome = ledger::record_fires(&tx, fires, now).await?;
+            let queued: Vec<i64> = outcome
+                .runs
+                .iter()
+                .filter(|r| r.inserted && r.state == RunState::Queued)
+                .map(|r| r.run_id)
+                .collect();
+            self.channel.notify(&tx, Kind::RunsQueued, &queued).await?;
+            outcome
+        })
     }
 
     async fn queued_runs(&self, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>> {
@@ -339,8 +329,19 @@ impl Store for PgStore {
         starts: &[AttemptStart],
         now: Instant,
     ) -> Result<Vec<Option<StartedAttempt>>> {
-        transact!(self, write, |tx| ledger::start_attempts(&tx, starts, now)
-            .await?)
+        transact!(self, write, |tx| {
+            let started = ledger::start_attempts(&tx, starts, now).await?;
+            let dequeued: Vec<i64> = starts
+                .iter()
+                .zip(&started)
+                .filter(|(_, started)| started.is_some())
+                .map(|(start, _)| start.run_id)
+                .collect();
+            self.channel
+                .notify(&tx, Kind::RunsDequeued, &dequeued)
+                .await?;
+            started
+        })
     }
 
     async fn complete_attempts(
@@ -348,15 +349,34 @@ impl Store for PgStore {
         reports: &[AttemptReport],
         now: Instant,
     ) -> Result<Vec<CompletionEffect>> {
-        transact!(self, write, |tx| ledger::complete_attempts(
-            &tx, reports, now
-        )
-        .await?)
+        transact!(self, write, |tx| {
+            let effects = ledger::complete_attempts(&tx, reports, now).await?;
+            let requeued: Vec<i64> = effects
+                .iter()
+                .flat_map(|effect| match effect {
+                    CompletionEffect::Accepted { requeued, .. } => requeued.as_slice(),
+                    CompletionEffect::Rejected { .. } => &[],
+                })
+                .copied()
+                .collect();
+            self.channel
+                .notify(&tx, Kind::RunsQueued, &requeued)
+                .await?;
+            effects
+        })
     }
 
     async fn cancel_run(&self, run_id: i64, now: Instant) -> Result<Option<CancelOutcome>> {
-        transact!(self, write, |tx| ledger::cancel_run(&tx, run_id, now)
-            .await?)
+        transact!(self, write, |tx| {
+            let outcome = ledger::cancel_run(&tx, run_id, now).await?;
+            if let Some(CancelOutcome::Cancelled { run, released }) = &outcome {
+                self.channel
+                    .notify(&tx, Kind::RunsDequeued, &[run.id])
+                    .await?;
+                self.channel.notify(&tx, Kind::RunsQueued, released).await?;
+            }
+            outcome
+        })
     }
 
     async fn get_run(&self, run_id: i64) -> Result<Option<(RunRecord, Vec<AttemptRecord>)>> {
@@ -419,8 +439,13 @@ impl Store for PgStore {
     }
 
     async fn reap(&self, silent_since: Instant, now: Instant) -> Result<ReapOutcome> {
-        transact!(self, write, |tx| ledger::reap(&tx, silent_since, now)
-            .await?)
+        transact!(self, write, |tx| {
+            let outcome = ledger::reap(&tx, silent_since, now).await?;
+            self.channel
+                .notify(&tx, Kind::RunsQueued, &outcome.requeued)
+                .await?;
+            outcome
+        })
     }
 
     async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64> {
@@ -428,5 +453,29 @@ impl Store for PgStore {
             &tx, before, limit
         )
         .await?)
+    }
+
+    async fn renew_membership(
+        &self,
+        node: &NodeInfo,
+        now: Instant,
+        lease: Duration,
+    ) -> Result<Membership> {
+        transact!(self, write, |tx| cluster::renew(&tx, node, now, lease)
+            .await?)
+    }
+
+    async fn leave_cluster(&self, node: &str) -> Result<()> {
+        transact!(self, write, |tx| cluster::leave(&tx, node).await?)
+    }
+
+    async fn cluster_nodes(&self, now: Instant) -> Result<Vec<NodeRecord>> {
+        transact!(self, read, |tx| cluster::nodes(&tx, now).await?)
+    }
+
+    async fn subscribe(&self) -> Result<Option<StoreEvents>> {
+        events::subscribe(self.config.clone(), self.channel.clone())
+            .await
+            .map(Some)
     }
 }

@@ -14,7 +14,8 @@ use super::{Fail, PgResult};
 use crate::StoreError;
 
 /// Each entry moves the schema one version up. Never edit a released entry: append a new one.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 -- Identity columns everywhere: an id is never handed out twice, so a recreated job never meets
 -- the ledger rows of a deleted one, and a run or attempt id always means one thing.
 CREATE TABLE jobs (
@@ -101,7 +102,30 @@ CREATE TABLE workers (
     last_heartbeat_at BIGINT  NOT NULL,
     alive             BOOLEAN NOT NULL
 );
-"#];
+"#,
+    r#"
+-- The cluster: server nodes, the partitions of schedules they hold, and the maintenance duty.
+-- A lease is held while `expires_at` (microseconds) is ahead; a node renews its leases every
+-- third of the lease, so a dead node's leases lapse and the survivors take them.
+CREATE TABLE cluster_nodes (
+    id         TEXT   PRIMARY KEY,
+    address    TEXT   NOT NULL,
+    started_at BIGINT NOT NULL,
+    seen_at    BIGINT NOT NULL
+);
+CREATE TABLE partition_leases (
+    partition  INTEGER PRIMARY KEY,
+    node       TEXT,
+    expires_at BIGINT  NOT NULL DEFAULT 0
+);
+INSERT INTO partition_leases (partition) SELECT generate_series(0, 255);
+CREATE TABLE duty_leases (
+    duty       TEXT   PRIMARY KEY,
+    node       TEXT   NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+"#,
+];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).
 const MIGRATION_LOCK: i32 = 0x736b_6564; // "sked"

@@ -32,6 +32,9 @@ impl From<rusqlite::Error> for StoreError {
 
 pub struct SqliteStore {
     inner: Arc<Connections>,
+    /// The one server node a file serves: it holds every partition and the maintenance duty,
+    /// so there is nothing to lease. Kept for `cluster_nodes`.
+    node: Mutex<Option<NodeRecord>>,
     /// Dropping it stops the checkpoint thread.
     _checkpointer: std::sync::mpsc::Sender<()>,
 }
@@ -95,6 +98,7 @@ impl SqliteStore {
         .map_err(open_err)?;
         configure(&reader).map_err(open_err)?;
         Ok(SqliteStore {
+            node: Mutex::new(None),
             inner: Arc::new(Connections {
                 writer: Mutex::new(writer),
                 reader: Mutex::new(reader),
@@ -218,8 +222,12 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn scheduled_jobs(&self) -> Result<Vec<JobRecord>> {
-        self.read(jobs::scheduled).await
+    async fn scheduled_jobs(&self, partitions: Option<&[u32]>) -> Result<Vec<JobRecord>> {
+        let mut jobs = self.read(jobs::scheduled).await?;
+        if let Some(partitions) = partitions {
+            jobs.retain(|job| partitions.contains(&sked_core::cluster::partition_of(job.id)));
+        }
+        Ok(jobs)
     }
 
     async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
@@ -321,5 +329,43 @@ impl Store for SqliteStore {
     async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64> {
         self.write(move |tx| history::delete_finished_runs(tx, before, limit))
             .await
+    }
+
+    async fn renew_membership(
+        &self,
+        node: &NodeInfo,
+        now: Instant,
+        _lease: Duration,
+    ) -> Result<Membership> {
+        let partitions = sked_core::cluster::PARTITIONS;
+        *self.node.lock().unwrap_or_else(|p| p.into_inner()) = Some(NodeRecord {
+            id: node.id.clone(),
+            address: node.address.clone(),
+            started_at: node.started_at,
+            seen_at: now,
+            partitions,
+            maintenance: true,
+        });
+        Ok(Membership {
+            partitions: (0..partitions).collect(),
+            maintenance: true,
+        })
+    }
+
+    async fn leave_cluster(&self, node: &str) -> Result<()> {
+        let mut held = self.node.lock().unwrap_or_else(|p| p.into_inner());
+        if held.as_ref().is_some_and(|n| n.id == node) {
+            *held = None;
+        }
+        Ok(())
+    }
+
+    async fn cluster_nodes(&self, _now: Instant) -> Result<Vec<NodeRecord>> {
+        let held = self.node.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(held.iter().cloned().collect())
+    }
+
+    async fn subscribe(&self) -> Result<Option<StoreEvents>> {
+        Ok(None)
     }
 }
