@@ -155,9 +155,16 @@ impl Dispatcher {
     }
 
     /// Waits up to `wait` for runs for worker `load` (its free slots are `load.slots -
-    /// load.running`). The runs returned are removed from the queue: the caller starts attempts
-    /// for them, or hands them back with [`Dispatcher::enqueue`].
-    pub async fn poll(&self, load: WorkerLoad, wait: Duration) -> Vec<QueuedRun> {
+    /// load.running`). The runs are taken out of the queue until the caller says they started
+    /// ([`Handout::started`]); dropped before that, they go back in line.
+    pub async fn poll(&self, load: WorkerLoad, wait: Duration) -> Handout<'_> {
+        Handout {
+            dispatcher: self,
+            runs: self.wait_for_runs(load, wait).await,
+        }
+    }
+
+    async fn wait_for_runs(&self, load: WorkerLoad, wait: Duration) -> Vec<QueuedRun> {
         let worker_id = load.id.clone();
         let (tx, rx) = oneshot::channel();
         let seq = {
@@ -280,6 +287,33 @@ impl Dispatcher {
     }
 }
 
+/// Runs handed to one worker's poll. Until attempts for them are started, the store still has
+/// them queued: if the request goes away meanwhile (the worker died, its connection dropped)
+/// or starting fails, dropping this puts them back in line rather than forgetting them.
+pub struct Handout<'a> {
+    dispatcher: &'a Dispatcher,
+    runs: Vec<QueuedRun>,
+}
+
+impl Handout<'_> {
+    pub fn runs(&self) -> &[QueuedRun] {
+        &self.runs
+    }
+
+    /// Attempts were started for these runs (or the store found them no longer queued).
+    pub fn started(mut self) -> Vec<QueuedRun> {
+        std::mem::take(&mut self.runs)
+    }
+}
+
+impl Drop for Handout<'_> {
+    fn drop(&mut self) {
+        if !self.runs.is_empty() {
+            self.dispatcher.enqueue(std::mem::take(&mut self.runs));
+        }
+    }
+}
+
 /// An open poll. If its request goes away (the HTTP connection dropped) before it is answered,
 /// the poll is withdrawn and any runs already matched to it go back in line.
 struct PendingPoll<'a> {
@@ -315,5 +349,87 @@ impl Drop for PendingPoll<'_> {
             let runs = self.withdraw();
             self.dispatcher.enqueue(runs);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sked_core::target::TargetSpec;
+
+    fn queued(run_id: i64) -> QueuedRun {
+        let now = Utc::now();
+        QueuedRun {
+            run_id,
+            job_id: 1,
+            namespace: "default".into(),
+            job: "j".into(),
+            scheduled_for: now,
+            priority: 0,
+            ready_at: now,
+            target: serde_json::from_value::<TargetSpec>(
+                serde_json::json!({"shell": {"command": "true"}}),
+            )
+            .expect("a shell target"),
+            timeout: None,
+            routing: Default::default(),
+        }
+    }
+
+    fn worker() -> WorkerLoad {
+        WorkerLoad {
+            id: "w".into(),
+            labels: BTreeMap::new(),
+            slots: 4,
+            running: 0,
+            warm_keys: Vec::new(),
+        }
+    }
+
+    /// One poll, answered by one matching pass once the poll is open.
+    async fn poll_once(dispatcher: &Dispatcher) -> Handout<'_> {
+        let matcher = async {
+            tokio::task::yield_now().await;
+            dispatcher.match_polls();
+        };
+        let (handout, ()) =
+            tokio::join!(dispatcher.poll(worker(), Duration::from_secs(5)), matcher);
+        handout
+    }
+
+    fn ids(runs: &[QueuedRun]) -> Vec<i64> {
+        runs.iter().map(|r| r.run_id).collect()
+    }
+
+    #[tokio::test]
+    async fn runs_handed_out_but_never_started_go_back_in_line() {
+        let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
+        dispatcher.enqueue(vec![queued(1), queued(2)]);
+        let handout = poll_once(&dispatcher).await;
+        assert_eq!(ids(handout.runs()), vec![1, 2]);
+        assert_eq!(dispatcher.lock().depth(), 0, "taken out while handed out");
+        // The request went away before the attempts were started.
+        drop(handout);
+        assert_eq!(dispatcher.lock().depth(), 2);
+
+        let handout = poll_once(&dispatcher).await;
+        assert_eq!(ids(&handout.started()), vec![1, 2]);
+        assert_eq!(dispatcher.lock().depth(), 0, "started runs stay out");
+    }
+
+    #[test]
+    fn a_run_queued_twice_is_held_once_and_removed_by_id() {
+        let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
+        let mut later = queued(7);
+        later.ready_at += chrono::Duration::seconds(60);
+        dispatcher.enqueue(vec![queued(7)]);
+        dispatcher.enqueue(vec![later]);
+        assert_eq!(
+            dispatcher.lock().depth(),
+            1,
+            "the second copy replaced the first"
+        );
+        dispatcher.remove(&[7, 8]);
+        assert_eq!(dispatcher.lock().depth(), 0);
     }
 }

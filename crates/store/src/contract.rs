@@ -704,9 +704,12 @@ pub async fn attempts_are_fenced_by_token_and_state(store: &dyn Store) {
         }
     ));
     let twice = complete(store, ok, now + secs(2)).await;
-    assert!(
-        matches!(twice, CompletionEffect::Rejected { .. }),
-        "reported once"
+    assert_eq!(
+        twice,
+        CompletionEffect::Rejected {
+            reason: "already_reported".into()
+        },
+        "reported once, and a report sent again is told so"
     );
     let (r, attempts) = run(store, fired.run_id).await;
     assert_eq!(r.state, RunState::Succeeded);

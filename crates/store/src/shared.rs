@@ -42,14 +42,16 @@ pub fn admit_report(
     let Some(attempt) = found else {
         return refuse("unknown_attempt");
     };
-    if attempt.token != report_token
-        || attempt.attempt_state == AttemptState::Lost.as_str()
-        || attempt.run_state != RunState::Running.as_str()
-    {
+    if attempt.token != report_token || attempt.attempt_state == AttemptState::Lost.as_str() {
         return refuse("fenced");
     }
+    // Before the run's state: a report sent again (its first answer was lost with a server
+    // node) finds its own result recorded and the run ended by it, and is told just that.
     if attempt.attempt_state != AttemptState::Running.as_str() {
         return refuse("already_reported");
+    }
+    if attempt.run_state != RunState::Running.as_str() {
+        return refuse("fenced");
     }
     Ok(attempt)
 }

@@ -159,8 +159,8 @@ pub async fn lease(
         warm_keys: worker.warm_keys,
     };
     let wait = Duration::from_millis(req.wait_ms).min(state.config.max_lease_wait);
-    let runs = state.dispatcher.poll(load, wait).await;
-    if runs.is_empty() {
+    let handout = state.dispatcher.poll(load, wait).await;
+    if handout.runs().is_empty() {
         return Ok(Json(LeaseResponse {
             attempts: Vec::new(),
         }));
@@ -169,7 +169,9 @@ pub async fn lease(
     let expires = lease_until(&state);
     let starts: Vec<AttemptStart> = {
         let mut rng = rand::thread_rng();
-        runs.iter()
+        handout
+            .runs()
+            .iter()
             .map(|run| AttemptStart {
                 run_id: run.run_id,
                 worker_id: id.clone(),
@@ -178,14 +180,10 @@ pub async fn lease(
             })
             .collect()
     };
-    let started = match state.store.start_attempts(&starts, now).await {
-        Ok(started) => started,
-        Err(e) => {
-            // Nothing was started: the runs go back in line.
-            state.dispatcher.enqueue(runs);
-            return Err(e.into());
-        }
-    };
+    // Dropped before this (the request went away, or starting failed), the handout puts its
+    // runs back in line.
+    let started = state.store.start_attempts(&starts, now).await?;
+    let runs = handout.started();
     let mut attempts = Vec::with_capacity(runs.len());
     for ((run, start), started) in runs.into_iter().zip(starts).zip(started) {
         // `None`: cancelled or deleted while it waited; there is nothing to run.
