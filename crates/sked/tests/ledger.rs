@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{instant, shell, Sked};
+use common::{instant, shell, Rng, Sked};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,26 +13,9 @@ use std::time::Duration;
 const JOBS: usize = 40;
 const KILLS: usize = 3;
 
-/// A small deterministic generator, so a failing run can be replayed from its printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 #[tokio::test]
 async fn every_owed_instant_has_one_run_across_sigkills() {
-    let seed = std::env::var("SKED_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| chrono::Utc::now().timestamp_micros() as u64 | 1);
-    println!("seed {seed} (set SKED_TEST_SEED to replay)");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::from_env();
     let mut sked = Sked::new();
     sked.start_dev(&["--slots", "32"]).await;
     let created = chrono::Utc::now();

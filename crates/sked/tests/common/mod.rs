@@ -2,6 +2,8 @@
 //! loopback port, talks to it over HTTP, and kills it (SIGTERM, or SIGKILL when a test says so).
 #![allow(dead_code)]
 
+pub mod pg;
+
 use chrono::{DateTime, Utc};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -270,4 +272,30 @@ pub fn instant(v: &Value) -> DateTime<Utc> {
 
 pub fn shell(command: &str) -> Value {
     json!({"shell": {"command": command}})
+}
+
+/// A small deterministic generator, so a failing run can be replayed from its printed seed.
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded from `SKED_TEST_SEED`, or from the clock; the seed is printed either way.
+    pub fn from_env() -> Rng {
+        let seed = std::env::var("SKED_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| Utc::now().timestamp_micros() as u64 | 1);
+        println!("seed {seed} (set SKED_TEST_SEED to replay)");
+        Rng(seed)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+
+    pub fn millis(&mut self, from: u64, to: u64) -> Duration {
+        Duration::from_millis(from + self.below(to - from))
+    }
 }

@@ -1,0 +1,1014 @@
+//! sked clustered on PostgreSQL, black-box: several `sked server` nodes on one database schema,
+//! `sked worker`s failing over between them, nodes and workers killed with SIGKILL. The ledger
+//! is then read from the database: every instant each schedule owed has exactly one run, every
+//! run has ended, and no run had a result accepted twice or from an attempt that lost its lease.
+//!
+//! Needs `SKED_TEST_DATABASE_URL`; under CI its absence fails the test, elsewhere it is skipped
+//! with a notice.
+
+mod common;
+
+use axum::http::{HeaderMap, StatusCode};
+use chrono::{DateTime, Utc};
+use common::pg::{self, Logs, Node, Schema};
+use common::{free_port, shell, Proc, Rng};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const NODES: usize = 3;
+const WORKERS: usize = 3;
+const SLOTS: &str = "128";
+const JOBS: usize = 1000;
+/// How long nodes and workers are killed and restarted.
+const CHAOS: Duration = Duration::from_secs(60);
+/// The product's target is 5 s; this bound leaves room for a loaded two-core machine.
+const TAKEOVER_LIMIT: Duration = Duration::from_secs(10);
+/// A takeover still unfinished after this long is recorded as is, and fails the test.
+const TAKEOVER_GIVE_UP: Duration = Duration::from_secs(20);
+/// How long the runs still active after pausing may take to end.
+const DRAIN: Duration = Duration::from_secs(90);
+/// Slack at either end of the window of owed instants.
+const EDGE_MICROS: i64 = 2_000_000;
+/// How long a node may take to answer `/readyz`, on a machine busy with the others.
+const NODE_START: Duration = Duration::from_secs(60);
+
+/// The jobs' HTTP target: answers 200 at once and remembers which (run, attempt) reached it.
+#[derive(Clone, Default)]
+struct Sink {
+    seen: Arc<Mutex<HashSet<(i64, i64)>>>,
+}
+
+impl Sink {
+    async fn start() -> (Sink, String) {
+        let sink = Sink::default();
+        let seen = sink.seen.clone();
+        let app = axum::Router::new().route(
+            "/hit",
+            axum::routing::any(move |headers: HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    let number = |name: &str| {
+                        headers
+                            .get(name)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.parse::<i64>().ok())
+                    };
+                    if let (Some(run), Some(attempt)) =
+                        (number("x-sked-run-id"), number("x-sked-attempt"))
+                    {
+                        seen.lock().expect("sink lock").insert((run, attempt));
+                    }
+                    StatusCode::OK
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the sink");
+        let addr = listener.local_addr().expect("sink address");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (sink, format!("http://{addr}/hit"))
+    }
+}
+
+fn spawn_worker(logs: &Logs, name: &str, servers: &str) -> Proc {
+    let args = [
+        "worker", "--server", servers, "--slots", SLOTS, "--name", name,
+    ];
+    Proc::spawn(name, &args, &logs.file(name))
+}
+
+/// A server node's place in the test: its port survives restarts, so workers' URLs stay valid.
+struct NodeSlot {
+    label: String,
+    port: u16,
+    node: Option<Node>,
+    restart_at: Option<Instant>,
+}
+
+struct WorkerSlot {
+    name: String,
+    servers: String,
+    proc: Option<Proc>,
+    restart_at: Option<Instant>,
+}
+
+/// A killed node whose partitions are not yet all taken over.
+struct Takeover {
+    slot: usize,
+    node_id: String,
+    killed: Instant,
+}
+
+struct JobPlan {
+    name: String,
+    every_micros: i64,
+    /// Just before the PUT was sent: the schedule's first instant is after this.
+    created: DateTime<Utc>,
+}
+
+fn micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn at(us: i64) -> String {
+    DateTime::<Utc>::from_timestamp_micros(us)
+        .map(|t| t.to_rfc3339())
+        .unwrap_or_else(|| us.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_three_nodes_three_workers_sigkill_ledger() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let mut rng = Rng::from_env();
+    let logs = Logs::new();
+    println!("schema {}, logs in {}", schema.name, logs.path().display());
+    let http = pg::http_client();
+    let (sink, sink_url) = Sink::start().await;
+
+    let mut nodes: Vec<NodeSlot> = (0..NODES)
+        .map(|i| NodeSlot {
+            label: format!("node-{i}"),
+            port: free_port(),
+            node: None,
+            restart_at: None,
+        })
+        .collect();
+    for slot in nodes.iter_mut() {
+        slot.node = Some(Node::spawn(&logs, &slot.label, slot.port, &schema.url));
+    }
+    for slot in nodes.iter_mut() {
+        let node = slot.node.as_mut().expect("just started");
+        node.ready(&http, NODE_START).await;
+    }
+    let bases: Vec<String> = nodes
+        .iter()
+        .map(|s| format!("http://127.0.0.1:{}", s.port))
+        .collect();
+    let ids: Vec<String> = nodes.iter().map(|s| node_id(s).to_string()).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    pg::wait_cluster(
+        &http,
+        &bases[0],
+        Duration::from_secs(30),
+        "three nodes holding every partition",
+        |view| pg::all_alive_and_owned(view, &id_refs),
+    )
+    .await;
+
+    // Each worker starts on a different node and fails over through the others in turn.
+    let mut workers: Vec<WorkerSlot> = (0..WORKERS)
+        .map(|i| {
+            let servers: Vec<&str> = (0..NODES)
+                .map(|k| bases[(i + k) % NODES].as_str())
+                .collect();
+            WorkerSlot {
+                name: format!("worker-{i}"),
+                servers: servers.join(","),
+                proc: None,
+                restart_at: None,
+            }
+        })
+        .collect();
+    for slot in workers.iter_mut() {
+        slot.proc = Some(spawn_worker(&logs, &slot.name, &slot.servers));
+    }
+
+    let plans = create_jobs(&http, &bases, &sink_url).await;
+    let creating_took = plans
+        .last()
+        .map(|p| (Utc::now() - p.created).num_milliseconds())
+        .unwrap_or_default();
+    println!("{JOBS} jobs created through {NODES} nodes (the last {creating_took} ms ago)");
+
+    // Chaos: every few seconds SIGKILL one node or one worker, restart it after a short pause.
+    // At most one node is down at a time, so that each takeover is measured on its own, and at
+    // least one worker always runs.
+    let started = Instant::now();
+    let end = started + CHAOS;
+    let mut next_kill = started + rng.millis(1500, 4000);
+    let mut pending: Option<Takeover> = None;
+    let mut takeovers: Vec<(String, Duration)> = Vec::new();
+    let (mut node_kills, mut worker_kills) = (0usize, 0usize);
+    loop {
+        let now = Instant::now();
+        if let Some(done) = poll_takeover(&http, &nodes, &mut pending).await {
+            takeovers.push(done);
+        }
+        restart_due(
+            &logs,
+            &http,
+            &schema.url,
+            &mut nodes,
+            &mut workers,
+            &pending,
+        )
+        .await;
+        if now >= end {
+            break;
+        }
+        if now >= next_kill {
+            // Every draw is made whatever is chosen, so a seed replays the same choices.
+            let (kind, pick) = (rng.below(2), rng.below(1000) as usize);
+            let pause = rng.millis(300, 2500);
+            next_kill = now + rng.millis(1000, 4000);
+            let node_ok = pending.is_none() && nodes.iter().all(|s| s.node.is_some());
+            let alive_workers: Vec<usize> = (0..WORKERS)
+                .filter(|&i| workers[i].proc.is_some())
+                .collect();
+            let worker_ok = alive_workers.len() >= 2;
+            // Past half the window, a kind never killed yet goes first.
+            let late = now >= started + CHAOS / 2;
+            let kill_node = match (node_ok, worker_ok) {
+                (true, true) if late && node_kills == 0 => true,
+                (true, true) if late && worker_kills == 0 => false,
+                (true, true) => kind == 0,
+                (ok, _) => ok,
+            };
+            if kill_node {
+                let slot = pick % NODES;
+                let mut node = nodes[slot].node.take().expect("every node is up");
+                node.proc.sigkill();
+                node_kills += 1;
+                println!(
+                    "{:>6} ms: SIGKILL {} ({}), restart in {} ms",
+                    started.elapsed().as_millis(),
+                    nodes[slot].label,
+                    node.id,
+                    pause.as_millis()
+                );
+                pending = Some(Takeover {
+                    slot,
+                    node_id: node.id,
+                    killed: Instant::now(),
+                });
+                nodes[slot].restart_at = Some(Instant::now() + pause);
+            } else if worker_ok {
+                let slot = alive_workers[pick % alive_workers.len()];
+                if let Some(mut proc) = workers[slot].proc.take() {
+                    proc.sigkill();
+                }
+                worker_kills += 1;
+                println!(
+                    "{:>6} ms: SIGKILL {}, restart in {} ms",
+                    started.elapsed().as_millis(),
+                    workers[slot].name,
+                    pause.as_millis()
+                );
+                workers[slot].restart_at = Some(Instant::now() + pause);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Everything back up, the last takeover measured, every partition owned by a live node.
+    let settle = Instant::now() + TAKEOVER_GIVE_UP + NODE_START;
+    while pending.is_some()
+        || nodes.iter().any(|s| s.node.is_none())
+        || workers.iter().any(|s| s.proc.is_none())
+    {
+        let down: Vec<&str> = (nodes.iter().filter(|s| s.node.is_none()).map(|s| &s.label))
+            .chain(workers.iter().filter(|s| s.proc.is_none()).map(|s| &s.name))
+            .map(String::as_str)
+            .collect();
+        assert!(
+            Instant::now() < settle,
+            "still down after the window: {down:?}"
+        );
+        if let Some(done) = poll_takeover(&http, &nodes, &mut pending).await {
+            takeovers.push(done);
+        }
+        // The window is over: no more pauses, whatever was drawn.
+        for slot in nodes.iter_mut() {
+            slot.restart_at = slot.restart_at.map(|_| Instant::now());
+        }
+        for slot in workers.iter_mut() {
+            slot.restart_at = slot.restart_at.map(|_| Instant::now());
+        }
+        restart_due(
+            &logs,
+            &http,
+            &schema.url,
+            &mut nodes,
+            &mut workers,
+            &pending,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ids: Vec<String> = nodes.iter().map(|s| node_id(s).to_string()).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    pg::wait_cluster(
+        &http,
+        &bases[0],
+        Duration::from_secs(30),
+        "the three live nodes holding every partition",
+        |view| pg::all_alive_and_owned(view, &id_refs),
+    )
+    .await;
+
+    // Stop new instants from running: a paused job's instants are recorded skipped.
+    let pause_began = Utc::now();
+    pause_jobs(&http, &bases, &plans).await;
+    println!(
+        "paused every job in {} ms",
+        (Utc::now() - pause_began).num_milliseconds()
+    );
+    let db = schema.client().await;
+    drain(&db).await;
+
+    let report = check_ledger(&db, &plans, pause_began, &sink).await;
+    println!("{report}");
+    println!("{node_kills} node kills, {worker_kills} worker kills in {CHAOS:?}");
+    for (id, took) in &takeovers {
+        println!("  takeover of {id}: {} ms", took.as_millis());
+    }
+    let longest = takeovers
+        .iter()
+        .map(|(_, took)| *took)
+        .max()
+        .unwrap_or_default();
+    println!("longest partition takeover: {} ms", longest.as_millis());
+    assert!(
+        node_kills >= 1 && worker_kills >= 1,
+        "the window killed {node_kills} nodes and {worker_kills} workers; both kinds must die"
+    );
+    assert_eq!(
+        takeovers.len(),
+        node_kills,
+        "every node kill has its takeover measured: {takeovers:?}"
+    );
+    assert!(
+        longest < TAKEOVER_LIMIT,
+        "partitions of a killed node were taken over within {TAKEOVER_LIMIT:?}: {takeovers:?}"
+    );
+
+    drop(nodes);
+    drop(workers);
+    schema.drop_schema().await;
+}
+
+fn node_id(slot: &NodeSlot) -> &str {
+    slot.node
+        .as_ref()
+        .map(|n| n.id.as_str())
+        .unwrap_or_default()
+}
+
+/// Looks at the cluster through a surviving node: the takeover is over once the killed node
+/// holds no partition and none is unowned. Returns the measured takeover when it ends.
+async fn poll_takeover(
+    http: &reqwest::Client,
+    nodes: &[NodeSlot],
+    pending: &mut Option<Takeover>,
+) -> Option<(String, Duration)> {
+    let takeover = pending.as_ref()?;
+    let watcher = nodes
+        .iter()
+        .find_map(|s| s.node.as_ref())
+        .expect("a node survives");
+    // A busy node may miss a poll; the give-up bound below still applies.
+    if let Ok(view) = pg::cluster(http, &watcher.base()).await {
+        let held = pg::member(&view, &takeover.node_id)
+            .and_then(|n| n["partitions"].as_u64())
+            .unwrap_or(0);
+        if held == 0 && view["unowned"] == 0 {
+            let took = takeover.killed.elapsed();
+            println!(
+                "         takeover of {} done in {} ms",
+                takeover.node_id,
+                took.as_millis()
+            );
+            return pending.take().map(|t| (t.node_id, took));
+        }
+    }
+    if takeover.killed.elapsed() > TAKEOVER_GIVE_UP {
+        let view = pg::cluster(http, &watcher.base()).await;
+        println!(
+            "takeover of {} unfinished after {TAKEOVER_GIVE_UP:?}: {view:?}",
+            takeover.node_id
+        );
+        return pending.take().map(|t| (t.node_id, t.killed.elapsed()));
+    }
+    None
+}
+
+/// Restarts every killed node and worker whose pause is over. A node waits for its takeover to
+/// be measured first, so that its return does not blur the measurement.
+async fn restart_due(
+    logs: &Logs,
+    http: &reqwest::Client,
+    url: &str,
+    nodes: &mut [NodeSlot],
+    workers: &mut [WorkerSlot],
+    pending: &Option<Takeover>,
+) {
+    let now = Instant::now();
+    for (i, slot) in nodes.iter_mut().enumerate() {
+        let due = slot.restart_at.is_some_and(|t| t <= now);
+        if due && pending.as_ref().is_none_or(|t| t.slot != i) {
+            let mut node = Node::spawn(logs, &slot.label, slot.port, url);
+            node.ready(http, NODE_START).await;
+            println!("         {} back as {}", slot.label, node.id);
+            slot.node = Some(node);
+            slot.restart_at = None;
+        }
+    }
+    for slot in workers.iter_mut() {
+        if slot.restart_at.is_some_and(|t| t <= now) {
+            slot.proc = Some(spawn_worker(logs, &slot.name, &slot.servers));
+            slot.restart_at = None;
+        }
+    }
+}
+
+/// Creates the jobs, a third through each node, several requests at a time. A third fire every
+/// second, the others every two seconds: about 670 runs a second in all.
+async fn create_jobs(http: &reqwest::Client, bases: &[String], sink_url: &str) -> Vec<JobPlan> {
+    const LANES: usize = 12;
+    let mut lanes = tokio::task::JoinSet::new();
+    for lane in 0..LANES {
+        let http = http.clone();
+        let bases = bases.to_vec();
+        let sink_url = sink_url.to_string();
+        lanes.spawn(async move {
+            let mut plans = Vec::new();
+            for i in (lane..JOBS).step_by(LANES) {
+                let every = if i % 3 == 0 { 1 } else { 2 };
+                let name = format!("c{i:04}");
+                let job = json!({
+                    "schedule": {"every": format!("{every}s")},
+                    "target": {"http": {"url": sink_url, "method": "GET", "timeout": "10s"}},
+                });
+                let base = &bases[i % bases.len()];
+                let created = Utc::now();
+                let resp = http
+                    .put(format!("{base}/api/v1/jobs/{name}"))
+                    .json(&job)
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("PUT {name} on {base}: {e}"));
+                let status = resp.status();
+                let body = resp.text().await.unwrap_or_default();
+                assert_eq!(status.as_u16(), 201, "PUT {name} on {base}: {body}");
+                plans.push(JobPlan {
+                    name,
+                    every_micros: every * 1_000_000,
+                    created,
+                });
+            }
+            plans
+        });
+    }
+    let mut plans = Vec::new();
+    while let Some(lane) = lanes.join_next().await {
+        plans.extend(lane.expect("a lane of job creation"));
+    }
+    plans.sort_by_key(|p| p.created);
+    plans
+}
+
+async fn pause_jobs(http: &reqwest::Client, bases: &[String], plans: &[JobPlan]) {
+    const LANES: usize = 12;
+    let names: Vec<String> = plans.iter().map(|p| p.name.clone()).collect();
+    let mut lanes = tokio::task::JoinSet::new();
+    for lane in 0..LANES {
+        let http = http.clone();
+        let bases = bases.to_vec();
+        let names = names.clone();
+        lanes.spawn(async move {
+            for i in (lane..names.len()).step_by(LANES) {
+                let base = &bases[i % bases.len()];
+                let url = format!("{base}/api/v1/jobs/{}/pause", names[i]);
+                let resp = http
+                    .post(&url)
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+                let status = resp.status();
+                let body = resp.text().await.unwrap_or_default();
+                assert_eq!(status.as_u16(), 200, "POST {url}: {body}");
+            }
+        });
+    }
+    while let Some(lane) = lanes.join_next().await {
+        lane.expect("a lane of pausing");
+    }
+}
+
+/// Waits until no run is waiting, queued or running.
+async fn drain(db: &tokio_postgres::Client) {
+    let began = Instant::now();
+    let mut said = Instant::now();
+    loop {
+        let rows = db
+            .query(
+                "SELECT state, count(*) FROM runs \
+                 WHERE state IN ('waiting', 'queued', 'running') GROUP BY state",
+                &[],
+            )
+            .await
+            .expect("count active runs");
+        let active: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        if active.is_empty() {
+            println!(
+                "every run ended {} ms after pausing",
+                began.elapsed().as_millis()
+            );
+            return;
+        }
+        if began.elapsed() > DRAIN {
+            let stuck = db
+                .query(
+                    "SELECT r.id, r.job, r.scheduled_for, r.state, r.attempts, \
+                     coalesce(string_agg(a.state || '@' || a.worker_id, ', ' ORDER BY a.number), '') \
+                     FROM runs r LEFT JOIN attempts a ON a.run_id = r.id \
+                     WHERE r.state IN ('waiting', 'queued', 'running') \
+                     GROUP BY r.id ORDER BY r.id LIMIT 10",
+                    &[],
+                )
+                .await
+                .expect("read stuck runs");
+            let stuck: Vec<String> = stuck
+                .iter()
+                .map(|r| {
+                    format!(
+                        "run {} of {} for {}: {} after {} attempts [{}]",
+                        r.get::<_, i64>(0),
+                        r.get::<_, String>(1),
+                        at(r.get(2)),
+                        r.get::<_, String>(3),
+                        r.get::<_, i32>(4),
+                        r.get::<_, String>(5)
+                    )
+                })
+                .collect();
+            panic!(
+                "runs still active {DRAIN:?} after pausing: {active:?}; the first ones:\n{}",
+                stuck.join("\n")
+            );
+        }
+        if said.elapsed() > Duration::from_secs(10) {
+            println!("still active after pausing: {active:?}");
+            said = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+struct RunRow {
+    id: i64,
+    scheduled_for: i64,
+    state: String,
+    skip_reason: Option<String>,
+    trigger: String,
+    attempts: i32,
+}
+
+struct AttemptRow {
+    number: i32,
+    token: i64,
+    state: String,
+    exit_code: Option<i32>,
+    http_status: Option<i32>,
+    worker_id: String,
+}
+
+/// The ledger check, straight from the tables. Collects every problem, then fails with the
+/// first ones and how many there are; returns a summary when there is none.
+async fn check_ledger(
+    db: &tokio_postgres::Client,
+    plans: &[JobPlan],
+    pause_began: DateTime<Utc>,
+    sink: &Sink,
+) -> String {
+    let mut runs: BTreeMap<String, Vec<RunRow>> = BTreeMap::new();
+    for r in db
+        .query(
+            "SELECT id, job, scheduled_for, state, skip_reason, trigger, attempts \
+             FROM runs ORDER BY job, scheduled_for, id",
+            &[],
+        )
+        .await
+        .expect("read runs")
+    {
+        runs.entry(r.get(1)).or_default().push(RunRow {
+            id: r.get(0),
+            scheduled_for: r.get(2),
+            state: r.get(3),
+            skip_reason: r.get(4),
+            trigger: r.get(5),
+            attempts: r.get(6),
+        });
+    }
+    let mut attempts: HashMap<i64, Vec<AttemptRow>> = HashMap::new();
+    for a in db
+        .query(
+            "SELECT run_id, number, token, state, exit_code, http_status, worker_id \
+             FROM attempts ORDER BY run_id, number",
+            &[],
+        )
+        .await
+        .expect("read attempts")
+    {
+        attempts.entry(a.get(0)).or_default().push(AttemptRow {
+            number: a.get(1),
+            token: a.get(2),
+            state: a.get(3),
+            exit_code: a.get(4),
+            http_status: a.get(5),
+            worker_id: a.get(6),
+        });
+    }
+    let seen = sink.seen.lock().expect("sink lock").clone();
+
+    let mut problems: Vec<String> = Vec::new();
+    let mut states: BTreeMap<String, usize> = BTreeMap::new();
+    let (mut checked, mut attempts_checked, mut lost) = (0usize, 0usize, 0usize);
+    let planned: HashSet<&str> = plans.iter().map(|p| p.name.as_str()).collect();
+    for job in runs.keys().filter(|j| !planned.contains(j.as_str())) {
+        problems.push(format!("runs of a job the test never created: {job}"));
+    }
+    let window_end = micros(pause_began) - EDGE_MICROS;
+    for plan in plans {
+        let name = &plan.name;
+        let Some(rows) = runs.get(name) else {
+            problems.push(format!("{name}: no run at all"));
+            continue;
+        };
+        // Owed instants: the schedule's grid, with nothing missing and nothing twice, from
+        // just after the job's creation to just before pausing began (paused instants go on
+        // being recorded as skipped after that).
+        let created = micros(plan.created);
+        let (first, last) = (rows[0].scheduled_for, rows[rows.len() - 1].scheduled_for);
+        if first <= created || first - created > plan.every_micros + EDGE_MICROS {
+            problems.push(format!(
+                "{name}: first instant {} for a job created at {}",
+                at(first),
+                at(created)
+            ));
+        }
+        if last < window_end {
+            problems.push(format!(
+                "{name}: last instant {} but pausing began at {}",
+                at(last),
+                pause_began.to_rfc3339()
+            ));
+        }
+        for pair in rows.windows(2) {
+            let gap = pair[1].scheduled_for - pair[0].scheduled_for;
+            if gap != plan.every_micros {
+                problems.push(format!(
+                    "{name}: runs {} and {} for {} and {}: {} instead of one instant every {} ms",
+                    pair[0].id,
+                    pair[1].id,
+                    at(pair[0].scheduled_for),
+                    at(pair[1].scheduled_for),
+                    if gap == 0 { "twice" } else { "a gap" },
+                    plan.every_micros / 1000
+                ));
+            }
+        }
+        for run in rows {
+            checked += 1;
+            *states
+                .entry(match &run.skip_reason {
+                    Some(reason) => format!("{} ({reason})", run.state),
+                    None => run.state.clone(),
+                })
+                .or_default() += 1;
+            let tries = attempts.get(&run.id).map(Vec::as_slice).unwrap_or_default();
+            attempts_checked += tries.len();
+            lost += tries.iter().filter(|a| a.state == "lost").count();
+            check_run(name, run, tries, &seen, &mut problems);
+        }
+    }
+    // Workers get an attempt only once it is recorded, so nothing reaches the target unrecorded.
+    let mut unrecorded: Vec<&(i64, i64)> = seen
+        .iter()
+        .filter(|(run, number)| {
+            !attempts
+                .get(run)
+                .is_some_and(|tries| tries.iter().any(|a| i64::from(a.number) == *number))
+        })
+        .collect();
+    unrecorded.sort();
+    if !unrecorded.is_empty() {
+        problems.push(format!(
+            "{} (run, attempt) pairs reached the target with no attempt row: {:?}",
+            unrecorded.len(),
+            &unrecorded[..unrecorded.len().min(10)]
+        ));
+    }
+    let shown: Vec<&String> = problems.iter().take(25).collect();
+    assert!(
+        problems.is_empty(),
+        "{} problems in the ledger; the first ones:\n{}",
+        problems.len(),
+        shown
+            .iter()
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    format!(
+        "{checked} runs of {} jobs checked, by state {states:?}; {attempts_checked} attempts, \
+         {lost} lost; the sink saw {} attempts",
+        plans.len(),
+        seen.len()
+    )
+}
+
+/// One run and its attempts. The target always answers 200, so an attempt either succeeded or
+/// was lost with its worker (or with its worker's lease); nothing else is legitimate.
+fn check_run(
+    job: &str,
+    run: &RunRow,
+    tries: &[AttemptRow],
+    seen: &HashSet<(i64, i64)>,
+    problems: &mut Vec<String>,
+) {
+    let id = run.id;
+    let describe = || {
+        let list: Vec<String> = tries
+            .iter()
+            .map(|a| {
+                format!(
+                    "#{} {} token {} on {} (exit {:?}, http {:?})",
+                    a.number, a.state, a.token, a.worker_id, a.exit_code, a.http_status
+                )
+            })
+            .collect();
+        format!(
+            "{job}: run {id} for {} is {} with {} attempts [{}]",
+            at(run.scheduled_for),
+            run.state,
+            run.attempts,
+            list.join("; ")
+        )
+    };
+    if run.trigger != "schedule" {
+        problems.push(format!("{}: trigger {}", describe(), run.trigger));
+    }
+    match run.state.as_str() {
+        "succeeded" | "skipped" => {}
+        "waiting" | "queued" | "running" => problems.push(format!("not ended: {}", describe())),
+        _ => problems.push(format!("ended other than succeeded: {}", describe())),
+    }
+    let numbers: Vec<i32> = tries.iter().map(|a| a.number).collect();
+    let expected: Vec<i32> = (1..=run.attempts).collect();
+    if numbers != expected {
+        problems.push(format!(
+            "attempt numbers are not 1..{}: {}",
+            run.attempts,
+            describe()
+        ));
+    }
+    let tokens: HashSet<i64> = tries.iter().map(|a| a.token).collect();
+    if tokens.len() != tries.len() {
+        problems.push(format!(
+            "two attempts share a fencing token: {}",
+            describe()
+        ));
+    }
+    let succeeded: Vec<&AttemptRow> = tries.iter().filter(|a| a.state == "succeeded").collect();
+    if succeeded.len() > 1 {
+        problems.push(format!("two attempts succeeded: {}", describe()));
+    }
+    if run.state == "succeeded"
+        && (succeeded.len() != 1 || tries.last().is_none_or(|a| a.state != "succeeded"))
+    {
+        problems.push(format!(
+            "a succeeded run whose last attempt is not its one success: {}",
+            describe()
+        ));
+    }
+    if run.state == "skipped" && !tries.is_empty() {
+        problems.push(format!("a skipped run has attempts: {}", describe()));
+    }
+    for a in tries {
+        match a.state.as_str() {
+            // A lost attempt's lease was taken away: any report it sent afterwards was refused
+            // as fenced, so it carries no result.
+            "lost" if a.exit_code.is_some() || a.http_status.is_some() => problems.push(format!(
+                "lost attempt #{} has a recorded result: {}",
+                a.number,
+                describe()
+            )),
+            "lost" => {}
+            // An accepted success is a request the sink really answered.
+            "succeeded" if a.http_status != Some(200) => problems.push(format!(
+                "attempt #{} succeeded without HTTP 200: {}",
+                a.number,
+                describe()
+            )),
+            "succeeded" if !seen.contains(&(id, i64::from(a.number))) => problems.push(format!(
+                "attempt #{} succeeded but never reached the target: {}",
+                a.number,
+                describe()
+            )),
+            "succeeded" => {}
+            other => problems.push(format!(
+                "attempt #{} ended {other}, not succeeded or lost: {}",
+                a.number,
+                describe()
+            )),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_worker_keeps_its_job_when_its_server_dies() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let logs = Logs::new();
+    let http = pg::http_client();
+    let mut a = Node::spawn(&logs, "node-a", free_port(), &schema.url);
+    let mut b = Node::spawn(&logs, "node-b", free_port(), &schema.url);
+    a.ready(&http, NODE_START).await;
+    b.ready(&http, NODE_START).await;
+    let servers = format!("{},{}", a.base(), b.base());
+    let _worker = Proc::spawn(
+        "worker",
+        &[
+            "worker", "--server", &servers, "--slots", "1", "--name", "w-ab",
+        ],
+        &logs.file("worker"),
+    );
+
+    let job = json!({"target": shell("sleep 5; echo done")});
+    let resp = http
+        .put(format!("{}/api/v1/jobs/slow", a.base()))
+        .json(&job)
+        .send()
+        .await
+        .expect("PUT the job");
+    assert_eq!(resp.status().as_u16(), 201, "{:?}", resp.text().await);
+    let resp = http
+        .post(format!("{}/api/v1/jobs/slow/trigger", a.base()))
+        .send()
+        .await
+        .expect("trigger the job");
+    assert_eq!(resp.status().as_u16(), 201, "trigger answered {resp:?}");
+    let run: Value = resp.json().await.expect("the triggered run");
+    let id = run["id"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no run id in {run}"));
+
+    let running = wait_run(&http, &a.base(), id, Duration::from_secs(30), |r| {
+        r["state"] == "running"
+    })
+    .await;
+    // The attempt is on its way; the node the worker speaks to dies under it.
+    a.proc.sigkill();
+    let killed = Utc::now();
+    println!("node A ({}) killed while run {id} runs: {running}", a.id);
+
+    let run = wait_run(&http, &b.base(), id, Duration::from_secs(40), |r| {
+        common::is_terminal(&r["state"])
+    })
+    .await;
+    assert_eq!(run["state"], "succeeded", "{run}");
+    let tries = run["attempt_history"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(tries.len(), 1, "one attempt, never restarted: {run}");
+    let attempt = &tries[0];
+    assert_eq!(attempt["state"], "succeeded", "{run}");
+    assert_eq!(attempt["exit_code"], 0, "{run}");
+    let (start, finish) = (
+        common::instant(&attempt["started_at"]),
+        common::instant(&attempt["finished_at"]),
+    );
+    assert!(
+        finish - start >= chrono::Duration::seconds(5),
+        "the attempt ran its whole 5 s sleep: {run}"
+    );
+    assert!(
+        finish > killed,
+        "the result was reported after node A died, so to node B: {run}"
+    );
+    let log = http
+        .get(format!("{}/api/v1/runs/{id}/log", b.base()))
+        .send()
+        .await
+        .expect("GET the run's log");
+    assert_eq!(log.status().as_u16(), 200);
+    let text = log.text().await.unwrap_or_default();
+    assert!(
+        text.contains("done"),
+        "the output is the attempt's: {text:?}"
+    );
+    drop((a, b));
+    schema.drop_schema().await;
+}
+
+/// Polls `GET /api/v1/runs/{id}` at `base` until `done` holds of the run.
+async fn wait_run(
+    http: &reqwest::Client,
+    base: &str,
+    id: i64,
+    within: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + within;
+    let url = format!("{base}/api/v1/runs/{id}");
+    loop {
+        let last = match http.get(&url).send().await {
+            Ok(resp) => resp.json::<Value>().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Ok(run) = &last {
+            if done(run) {
+                return run.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {id} at {base}: not there within {within:?}; last answer: {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn two_nodes_started_at_once_on_an_empty_schema_both_come_up() {
+    let Some(schema) = Schema::create().await else {
+        return;
+    };
+    let logs = Logs::new();
+    let http = pg::http_client();
+    // Both start before either is ready: they race to migrate the empty schema.
+    let mut a = Node::spawn(&logs, "node-a", free_port(), &schema.url);
+    let mut b = Node::spawn(&logs, "node-b", free_port(), &schema.url);
+    a.ready(&http, NODE_START).await;
+    b.ready(&http, NODE_START).await;
+    assert_ne!(a.id, b.id, "each process is a node of its own");
+
+    let db = schema.client().await;
+    let versions: Vec<(i32, i32)> = db
+        .query("SELECT id, version FROM sked_schema", &[])
+        .await
+        .expect("read sked_schema")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let latest = version_one_node_migrates_to(&logs, &http).await;
+    assert_eq!(
+        versions,
+        vec![(1, latest)],
+        "one schema row at the version a lone node migrates to"
+    );
+
+    let ids = [a.id.as_str(), b.id.as_str()];
+    let settled = |view: &Value| {
+        let nodes = view["nodes"].as_array().cloned().unwrap_or_default();
+        let maintainers = nodes.iter().filter(|n| n["maintenance"] == true).count();
+        pg::all_alive_and_owned(view, &ids)
+            && nodes.len() == 2
+            && nodes.iter().all(|n| n["partitions"] == 128)
+            && maintainers == 1
+    };
+    for node in [&a, &b] {
+        let view = pg::wait_cluster(
+            &http,
+            &node.base(),
+            Duration::from_secs(15),
+            "two alive nodes of 128 partitions each, one of them maintaining",
+            settled,
+        )
+        .await;
+        assert_eq!(view["node"], node.id.as_str(), "{view}");
+        assert_eq!(view["partitions"], 256, "{view}");
+        println!("{}: {view}", node.proc.name);
+    }
+    drop((a, b));
+    schema.drop_schema().await;
+}
+
+/// The schema version a single node leaves an empty schema at: the newest this build knows.
+async fn version_one_node_migrates_to(logs: &Logs, http: &reqwest::Client) -> i32 {
+    let reference = Schema::create()
+        .await
+        .expect("the test database is configured");
+    let mut node = Node::spawn(logs, "reference", free_port(), &reference.url);
+    node.ready(http, NODE_START).await;
+    let version: i32 = reference
+        .client()
+        .await
+        .query_one("SELECT version FROM sked_schema WHERE id = 1", &[])
+        .await
+        .expect("read the reference version")
+        .get(0);
+    node.proc.stop(Duration::from_secs(10));
+    reference.drop_schema().await;
+    version
+}
