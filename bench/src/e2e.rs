@@ -1,9 +1,10 @@
 //! End-to-end durable no-op runs per second: schedules fire, the dispatcher hands attempts to a
 //! worker over the HTTP worker protocol, the worker completes each at once, and the results are
 //! recorded. The worker here is a minimal protocol client, so the figure is sked's own cost.
+//! With several nodes, the slots are split between one such worker per node, each polling its
+//! own node.
 
-use crate::firing::metric;
-use crate::harness::{all_runs, in_window, ms, start, store_with_jobs};
+use crate::harness::{all_runs, cluster, in_window, ms, start, store_with_jobs};
 use anyhow::{bail, Context, Result};
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
@@ -14,6 +15,7 @@ use sked_core::stats::percentiles;
 
 pub async fn run(
     database_url: Option<&str>,
+    nodes: usize,
     schedules: usize,
     every: &str,
     seconds: u64,
@@ -28,11 +30,76 @@ pub async fn run(
         (format!("noop-{i:07}"), spec)
     });
     let (store, place) = store_with_jobs(database_url, jobs).await?;
-    let mut server = start(store.clone(), place).await?;
+    let mut server = start(store.clone(), place, nodes).await?;
     let store_name = server.store_name();
     let http = reqwest::Client::new();
+    let shares = if nodes > 1 {
+        Some(cluster(&http, server.base()).await?.shares())
+    } else {
+        None
+    };
+    let from = Utc::now() + Duration::seconds(2);
+    let to = from + Duration::seconds(seconds as i64);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds + 4);
+    // The total stays `slots` whatever the number of nodes.
+    let count = server.bases.len() as u32;
+    let mut workers = tokio::task::JoinSet::new();
+    for (i, base) in server.bases.iter().enumerate() {
+        let share = slots / count + u32::from((i as u32) < slots % count);
+        workers.spawn(noop_worker(http.clone(), base.clone(), share, deadline));
+    }
+    let mut completed = 0u64;
+    while let Some(done) = workers.join_next().await {
+        completed += done.context("no-op worker")??;
+    }
+    let attempts_started = server.metric_sum("sked_attempts_started_total").await?;
+    server.stop().await;
+
+    let runs = all_runs(store.as_ref()).await?;
+    server.finish().await;
+    let window: Vec<_> = runs
+        .iter()
+        .filter(|r| in_window(r.scheduled_for, from, to))
+        .collect();
+    let succeeded = window
+        .iter()
+        .filter(|r| r.state == RunState::Succeeded)
+        .count();
+    let mut end_to_end: Vec<f64> = window
+        .iter()
+        .filter_map(|r| r.finished_at.map(|f| ms(f - r.scheduled_for)))
+        .collect();
+    let p = percentiles(&mut end_to_end);
+    let mut figures = json!({
+        "scenario": "e2e",
+        "store": store_name,
+        "nodes": nodes,
+        "schedules": schedules,
+        "every": every,
+        "window_seconds": seconds,
+        "runs_in_window": window.len(),
+        "succeeded_in_window": succeeded,
+        "runs_per_second": succeeded as f64 / seconds as f64,
+        "instant_to_recorded_ms": {"p50": p.p50, "p99": p.p99, "max": p.max},
+        "completions_sent": completed,
+        "attempts_started": attempts_started,
+    });
+    if let Some(shares) = shares {
+        figures["partitions_per_node"] = json!(shares);
+    }
+    Ok(figures)
+}
+
+/// A worker with `slots` slots on the node at `base` that completes every attempt it leases at
+/// once, until `deadline`; returns how many it completed.
+async fn noop_worker(
+    http: reqwest::Client,
+    base: String,
+    slots: u32,
+    deadline: std::time::Instant,
+) -> Result<u64> {
     let reg: RegisterResponse = http
-        .post(format!("{}/api/v1/workers", server.base))
+        .post(format!("{base}/api/v1/workers"))
         .json(&json!({"name": "noop", "slots": slots}))
         .send()
         .await?
@@ -45,7 +112,7 @@ pub async fn run(
     let heartbeats = tokio::spawn({
         let (http, url) = (
             http.clone(),
-            format!("{}/api/v1/workers/{worker}/heartbeat", server.base),
+            format!("{base}/api/v1/workers/{worker}/heartbeat"),
         );
         let every = std::time::Duration::from_millis(reg.heartbeat_interval_ms);
         async move {
@@ -55,13 +122,22 @@ pub async fn run(
             }
         }
     });
-    let from = Utc::now() + Duration::seconds(2);
-    let to = from + Duration::seconds(seconds as i64);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds + 4);
+    let leased = lease_loop(&http, &base, &worker, slots, deadline).await;
+    heartbeats.abort();
+    leased
+}
+
+async fn lease_loop(
+    http: &reqwest::Client,
+    base: &str,
+    worker: &str,
+    slots: u32,
+    deadline: std::time::Instant,
+) -> Result<u64> {
     let mut completed = 0u64;
     while std::time::Instant::now() < deadline {
         let lease: LeaseResponse = http
-            .post(format!("{}/api/v1/workers/{worker}/lease", server.base))
+            .post(format!("{base}/api/v1/workers/{worker}/lease"))
             .json(&json!({"max": slots, "wait_ms": 200}))
             .send()
             .await?
@@ -84,7 +160,7 @@ pub async fn run(
             })
             .collect();
         let resp = http
-            .post(format!("{}/api/v1/workers/{worker}/complete", server.base))
+            .post(format!("{base}/api/v1/workers/{worker}/complete"))
             .json(&json!({"completions": completions}))
             .send()
             .await?;
@@ -93,39 +169,5 @@ pub async fn run(
         }
         completed += completions.len() as u64;
     }
-    heartbeats.abort();
-    let metrics = reqwest::get(format!("{}/metrics", server.base))
-        .await?
-        .text()
-        .await?;
-    server.stop().await;
-
-    let runs = all_runs(store.as_ref()).await?;
-    server.finish().await;
-    let window: Vec<_> = runs
-        .iter()
-        .filter(|r| in_window(r.scheduled_for, from, to))
-        .collect();
-    let succeeded = window
-        .iter()
-        .filter(|r| r.state == RunState::Succeeded)
-        .count();
-    let mut end_to_end: Vec<f64> = window
-        .iter()
-        .filter_map(|r| r.finished_at.map(|f| ms(f - r.scheduled_for)))
-        .collect();
-    let p = percentiles(&mut end_to_end);
-    Ok(json!({
-        "scenario": "e2e",
-        "store": store_name,
-        "schedules": schedules,
-        "every": every,
-        "window_seconds": seconds,
-        "runs_in_window": window.len(),
-        "succeeded_in_window": succeeded,
-        "runs_per_second": succeeded as f64 / seconds as f64,
-        "instant_to_recorded_ms": {"p50": p.p50, "p99": p.p99, "max": p.max},
-        "completions_sent": completed,
-        "attempts_started": metric(&metrics, "sked_attempts_started_total"),
-    }))
+    Ok(completed)
 }

@@ -2,17 +2,25 @@
 //! that N/60 instants fall due every second. Lateness is the time from an instant to its run's
 //! ledger row.
 
-use crate::harness::{all_runs, in_window, ms, start, store_with_jobs};
+use crate::harness::{all_runs, cluster, in_window, ms, start, store_with_jobs};
 use anyhow::Result;
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 use sked_core::job::JobSpec;
 use sked_core::stats::percentiles;
+use std::collections::HashMap;
 use std::time::Instant as Clock;
 
-pub async fn run(database_url: Option<&str>, schedules: usize, seconds: u64) -> Result<Value> {
+const PERIOD_US: i64 = 60_000_000;
+
+pub async fn run(
+    database_url: Option<&str>,
+    nodes: usize,
+    schedules: usize,
+    seconds: u64,
+) -> Result<Value> {
     let base = Utc::now();
-    let step_us = 60_000_000 / schedules.max(1) as i64;
+    let step_us = PERIOD_US / schedules.max(1) as i64;
     let jobs = (0..schedules).map(move |i| {
         let anchor = base + Duration::microseconds(step_us * i as i64);
         let spec: JobSpec = serde_json::from_value(json!({
@@ -26,45 +34,78 @@ pub async fn run(database_url: Option<&str>, schedules: usize, seconds: u64) -> 
     let (store, place) = store_with_jobs(database_url, jobs).await?;
     let create_s = created.elapsed().as_secs_f64();
     let started = Clock::now();
-    let mut server = start(store.clone(), place).await?;
+    let mut server = start(store.clone(), place, nodes).await?;
     let store_name = server.store_name();
     let ready_s = started.elapsed().as_secs_f64();
+    let shares = if nodes > 1 {
+        Some(
+            cluster(&reqwest::Client::new(), server.base())
+                .await?
+                .shares(),
+        )
+    } else {
+        None
+    };
     let from = Utc::now() + Duration::seconds(1);
-    tokio::time::sleep(std::time::Duration::from_secs(seconds + 1)).await;
     let to = from + Duration::seconds(seconds as i64);
-    let metrics = reqwest::get(format!("{}/metrics", server.base))
-        .await?
-        .text()
-        .await?;
+    // A second past the window, so its last instants are in the ledger before the nodes stop.
+    tokio::time::sleep(std::time::Duration::from_secs(seconds + 2)).await;
+    let fire_batches = server.metric_sum("sked_fire_batches_total").await?;
     server.stop().await;
 
     let runs = all_runs(store.as_ref()).await?;
     server.finish().await;
-    let mut lateness: Vec<f64> = runs
+    let window: Vec<_> = runs
         .iter()
         .filter(|r| in_window(r.scheduled_for, from, to))
+        .collect();
+    let mut lateness: Vec<f64> = window
+        .iter()
         .map(|r| ms(r.created_at - r.scheduled_for))
         .collect();
-    let expected = (schedules as f64 * seconds as f64 / 60.0).round() as usize;
     let p = percentiles(&mut lateness);
-    Ok(json!({
+    // Every instant each schedule owed in the window, against its rows in the ledger.
+    let (from_us, to_us) = (from.timestamp_micros(), to.timestamp_micros());
+    let mut owed: HashMap<(String, i64), u32> = HashMap::new();
+    for i in 0..schedules {
+        let anchor = base.timestamp_micros() + step_us * i as i64;
+        let mut t = anchor + (from_us - anchor).div_euclid(PERIOD_US) * PERIOD_US;
+        if t < from_us {
+            t += PERIOD_US;
+        }
+        while t < to_us {
+            owed.insert((format!("job-{i:07}"), t), 0);
+            t += PERIOD_US;
+        }
+    }
+    let mut unexpected = 0usize;
+    for r in &window {
+        match owed.get_mut(&(r.job.clone(), r.scheduled_for.timestamp_micros())) {
+            Some(count) => *count += 1,
+            None => unexpected += 1,
+        }
+    }
+    let lost = owed.values().filter(|&&c| c == 0).count();
+    let doubled = owed.values().filter(|&&c| c > 1).count();
+    let mut figures = json!({
         "scenario": "firing",
         "store": store_name,
+        "nodes": nodes,
         "schedules": schedules,
         "fires_per_second": schedules as f64 / 60.0,
         "window_seconds": seconds,
-        "fires_expected": expected,
+        "fires_expected": owed.len(),
         "fires_recorded": p.count,
+        "fires_lost": lost,
+        "fires_doubled": doubled,
+        "fires_unexpected": unexpected,
         "lateness_ms": {"p50": p.p50, "p90": p.p90, "p99": p.p99, "max": p.max},
         "create_jobs_seconds": create_s,
         "start_to_ready_seconds": ready_s,
-        "fire_batches": metric(&metrics, "sked_fire_batches_total"),
-    }))
-}
-
-pub fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(name)
-            .and_then(|rest| rest.trim().parse().ok())
-    })
+        "fire_batches": fire_batches,
+    });
+    if let Some(shares) = shares {
+        figures["partitions_per_node"] = json!(shares);
+    }
+    Ok(figures)
 }

@@ -1,20 +1,32 @@
-//! Shared set-up: a server on a fresh store (SQLite in a temporary directory, or PostgreSQL in a
-//! schema of its own), bulk job creation, reading the ledger back.
+//! Shared set-up: server nodes on a fresh store (SQLite in a temporary directory, or PostgreSQL
+//! in a schema of its own), bulk job creation, the cluster view, reading the ledger back.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use chrono::Utc;
+use serde::Deserialize;
+use sked_core::cluster::PARTITIONS;
 use sked_core::job::JobSpec;
 use sked_core::records::RunRecord;
 use sked_core::Instant;
 use sked_server::ServerConfig;
 use sked_store::{PgStore, PutMode, RunQuery, SqliteStore, Store};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::oneshot;
 
-pub struct Running {
-    pub base: String,
+/// How long nodes may take to become ready, and a cluster to balance its partitions.
+const START_LIMIT: Duration = Duration::from_secs(180);
+
+/// One in-process server node.
+struct Node {
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+pub struct Running {
+    /// Each node's base URL, in start order.
+    pub bases: Vec<String>,
+    nodes: Vec<Node>,
     place: Place,
 }
 
@@ -25,6 +37,8 @@ pub enum Place {
     Schema {
         admin: tokio_postgres::Client,
         name: String,
+        /// The database URL pointed into the schema, for more connections to it.
+        url: String,
     },
 }
 
@@ -36,13 +50,28 @@ impl Place {
         }
     }
 
-    async fn remove(self) {
-        if let Place::Schema { admin, name } = self {
+    pub async fn remove(self) {
+        if let Place::Schema { admin, name, .. } = self {
             let _ = admin
                 .batch_execute(&format!("DROP SCHEMA {name} CASCADE"))
                 .await;
         }
     }
+}
+
+/// A new schema in the database at `base`, and a URL whose connections use it.
+pub async fn fresh_schema(base: &str) -> Result<Place> {
+    let (admin, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
+        .await
+        .context("connect to --database-url")?;
+    tokio::spawn(connection);
+    let name = format!("sked_bench_{:016x}", rand::random::<u64>());
+    admin
+        .batch_execute(&format!("CREATE SCHEMA {name}"))
+        .await?;
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-csearch_path%3D{name}");
+    Ok(Place::Schema { admin, name, url })
 }
 
 /// Opens a fresh store: SQLite in a temporary directory, or with `database_url` PostgreSQL in a
@@ -53,17 +82,12 @@ async fn fresh_store(database_url: Option<&str>) -> Result<(Arc<dyn Store>, Plac
         let store = SqliteStore::open(&dir.path().join("sked.db"))?;
         return Ok((Arc::new(store), Place::Dir { _dir: dir }));
     };
-    let (admin, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
-        .await
-        .context("connect to --database-url")?;
-    tokio::spawn(connection);
-    let name = format!("sked_bench_{:016x}", rand::random::<u64>());
-    admin
-        .batch_execute(&format!("CREATE SCHEMA {name}"))
-        .await?;
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let store = PgStore::connect(&format!("{base}{sep}options=-csearch_path%3D{name}")).await?;
-    Ok((Arc::new(store), Place::Schema { admin, name }))
+    let place = fresh_schema(base).await?;
+    let Place::Schema { url, .. } = &place else {
+        bail!("a PostgreSQL benchmark without a schema");
+    };
+    let store = PgStore::connect(url).await?;
+    Ok((Arc::new(store), place))
 }
 
 /// Opens a fresh store and creates `jobs` through it (before the server starts, so creation
@@ -81,38 +105,72 @@ pub async fn store_with_jobs(
     Ok((store, place))
 }
 
-pub async fn start(store: Arc<dyn Store>, place: Place) -> Result<Running> {
-    let config = ServerConfig {
-        listen: "127.0.0.1:0".to_string(),
-        retention: None,
-        ..ServerConfig::default()
-    };
-    let listener = sked_server::bind(&config).await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = stopped.await;
+/// Starts `nodes` server nodes on the store: the first on `store`, each other one on a
+/// connection of its own to the same schema, as separate hosts would. Returns once every node
+/// is ready and, with several, once the partitions are balanced between them.
+pub async fn start(store: Arc<dyn Store>, place: Place, nodes: usize) -> Result<Running> {
+    let mut stores = vec![store];
+    if nodes > 1 {
+        let Place::Schema { url, .. } = &place else {
+            bail!("--nodes above 1 needs --database-url");
         };
-        if let Err(e) = sked_server::serve(config, store, listener, shutdown).await {
-            eprintln!("server: {e}");
+        for _ in 1..nodes {
+            stores.push(Arc::new(PgStore::connect(url).await?));
         }
-    });
-    let http = reqwest::Client::new();
-    loop {
-        if let Ok(r) = http.get(format!("{base}/readyz")).send().await {
-            if r.status().is_success() {
-                break;
-            }
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    Ok(Running {
-        base,
-        stop: Some(stop),
-        task,
+    let mut running = Running {
+        bases: Vec::new(),
+        nodes: Vec::new(),
         place,
-    })
+    };
+    for (i, store) in stores.into_iter().enumerate() {
+        let config = ServerConfig {
+            listen: "127.0.0.1:0".to_string(),
+            retention: None,
+            node_name: format!("bench{i}"),
+            ..ServerConfig::default()
+        };
+        let listener = sked_server::bind(&config).await?;
+        running
+            .bases
+            .push(format!("http://{}", listener.local_addr()?));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            if let Err(e) = sked_server::serve(config, store, listener, shutdown).await {
+                eprintln!("server: {e}");
+            }
+        });
+        running.nodes.push(Node {
+            stop: Some(stop),
+            task,
+        });
+    }
+    let http = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + START_LIMIT;
+    for (base, node) in running.bases.iter().zip(&running.nodes) {
+        loop {
+            if let Ok(r) = http.get(format!("{base}/readyz")).send().await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            if node.task.is_finished() {
+                bail!("the server node at {base} stopped before it was ready");
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("the server node at {base} was not ready within {START_LIMIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    if nodes > 1 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        wait_balanced(&http, &running.bases[0], nodes, None, left).await?;
+    }
+    Ok(running)
 }
 
 impl Running {
@@ -120,17 +178,138 @@ impl Running {
         self.place.store_name()
     }
 
-    /// Stops the server; the data stays until [`Place::remove`] via [`Running::finish`].
+    /// The first node's base URL.
+    pub fn base(&self) -> &str {
+        &self.bases[0]
+    }
+
+    /// Stops every node; the data stays until [`Place::remove`] via [`Running::finish`].
     pub async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+        for node in &mut self.nodes {
+            if let Some(stop) = node.stop.take() {
+                let _ = stop.send(());
+            }
         }
-        (&mut self.task).await.ok();
+        for node in &mut self.nodes {
+            (&mut node.task).await.ok();
+        }
     }
 
     /// Removes the benchmark's data.
     pub async fn finish(self) {
         self.place.remove().await;
+    }
+
+    /// The sum over the nodes of a counter of `/metrics`; `None` when no node reports it.
+    pub async fn metric_sum(&self, name: &str) -> Result<Option<f64>> {
+        let mut sum = None;
+        for base in &self.bases {
+            let text = reqwest::get(format!("{base}/metrics"))
+                .await?
+                .text()
+                .await?;
+            if let Some(v) = metric(&text, name) {
+                sum = Some(sum.unwrap_or(0.0) + v);
+            }
+        }
+        Ok(sum)
+    }
+}
+
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.trim().parse().ok())
+    })
+}
+
+/// `GET /api/v1/cluster`, the fields the benchmarks read.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClusterView {
+    /// The node that answered.
+    pub node: String,
+    pub unowned: u32,
+    pub nodes: Vec<NodeView>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct NodeView {
+    pub id: String,
+    pub partitions: u32,
+    pub alive: bool,
+}
+
+impl ClusterView {
+    /// Partitions the live nodes hold, in the view's order.
+    pub fn shares(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter(|n| n.alive)
+            .map(|n| n.partitions)
+            .collect()
+    }
+
+    pub fn held_by(&self, id: &str) -> u32 {
+        self.nodes
+            .iter()
+            .filter(|n| n.id == id)
+            .map(|n| n.partitions)
+            .sum()
+    }
+
+    /// `n` live nodes (exactly `ids`, when given), no partition unowned, and each live node
+    /// holding its fair share, 256/n give or take one.
+    pub fn balanced(&self, n: usize, ids: Option<&[String]>) -> bool {
+        let alive: Vec<&NodeView> = self.nodes.iter().filter(|v| v.alive).collect();
+        let fair = PARTITIONS / n.max(1) as u32;
+        alive.len() == n
+            && self.unowned == 0
+            && alive.iter().map(|v| v.partitions).sum::<u32>() == PARTITIONS
+            && alive.iter().all(|v| v.partitions.abs_diff(fair) <= 1)
+            && ids.is_none_or(|ids| alive.iter().all(|v| ids.contains(&v.id)))
+    }
+}
+
+pub async fn cluster(http: &reqwest::Client, base: &str) -> Result<ClusterView> {
+    let resp = http
+        .get(format!("{base}/api/v1/cluster"))
+        .send()
+        .await
+        .with_context(|| format!("GET {base}/api/v1/cluster"))?;
+    if !resp.status().is_success() {
+        bail!(
+            "GET {base}/api/v1/cluster: {}: {}",
+            resp.status(),
+            resp.text().await.unwrap_or_default()
+        );
+    }
+    resp.json()
+        .await
+        .with_context(|| format!("GET {base}/api/v1/cluster"))
+}
+
+/// Polls the node at `base` until [`ClusterView::balanced`]; fails with the last view after
+/// `within`.
+pub async fn wait_balanced(
+    http: &reqwest::Client,
+    base: &str,
+    n: usize,
+    ids: Option<&[String]>,
+    within: Duration,
+) -> Result<ClusterView> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        // A busy node may miss one poll; the deadline bounds the wait.
+        let last = cluster(http, base).await;
+        if let Ok(view) = &last {
+            if view.balanced(n, ids) {
+                return Ok(view.clone());
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("the partitions were not balanced over {n} nodes within {within:?}: {last:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
