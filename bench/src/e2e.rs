@@ -4,7 +4,7 @@
 //! With several nodes, the slots are split between one such worker per node, each polling its
 //! own node.
 
-use crate::harness::{all_runs, cluster, in_window, ms, start, store_with_jobs};
+use crate::harness::{cluster, ms, start, store_with_jobs};
 use anyhow::{bail, Context, Result};
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
@@ -55,12 +55,7 @@ pub async fn run(
     let attempts_started = server.metric_sum("sked_attempts_started_total").await?;
     server.stop().await;
 
-    let runs = all_runs(store.as_ref()).await?;
-    server.finish().await;
-    let window: Vec<_> = runs
-        .iter()
-        .filter(|r| in_window(r.scheduled_for, from, to))
-        .collect();
+    let window = server.finish_with_runs(store.as_ref(), from, to).await?;
     let succeeded = window
         .iter()
         .filter(|r| r.state == RunState::Succeeded)

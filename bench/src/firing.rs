@@ -2,7 +2,7 @@
 //! that N/60 instants fall due every second. Lateness is the time from an instant to its run's
 //! ledger row.
 
-use crate::harness::{all_runs, cluster, in_window, ms, start, store_with_jobs};
+use crate::harness::{cluster, ms, start, store_with_jobs};
 use anyhow::Result;
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
@@ -53,12 +53,7 @@ pub async fn run(
     let fire_batches = server.metric_sum("sked_fire_batches_total").await?;
     server.stop().await;
 
-    let runs = all_runs(store.as_ref()).await?;
-    server.finish().await;
-    let window: Vec<_> = runs
-        .iter()
-        .filter(|r| in_window(r.scheduled_for, from, to))
-        .collect();
+    let window = server.finish_with_runs(store.as_ref(), from, to).await?;
     let mut lateness: Vec<f64> = window
         .iter()
         .map(|r| ms(r.created_at - r.scheduled_for))

@@ -200,6 +200,22 @@ impl Running {
         self.place.remove().await;
     }
 
+    /// Reads back the runs due in `[from, to)` once the nodes have stopped, then removes the
+    /// benchmark's data.
+    pub async fn finish_with_runs(
+        self,
+        store: &dyn Store,
+        from: Instant,
+        to: Instant,
+    ) -> Result<Vec<RunRecord>> {
+        let runs = all_runs(store).await;
+        self.finish().await;
+        Ok(runs?
+            .into_iter()
+            .filter(|r| in_window(r.scheduled_for, from, to))
+            .collect())
+    }
+
     /// The sum over the nodes of a counter of `/metrics`; `None` when no node reports it.
     pub async fn metric_sum(&self, name: &str) -> Result<Option<f64>> {
         let mut sum = None;
