@@ -161,7 +161,10 @@ impl FiringLoop {
             match change {
                 Change::Job(id) => {
                     if let Err(e) = self.reload(id).await {
-                        tracing::error!("firing: cannot reload job {id}: {e}");
+                        // The job keeps its old schedule until every held one is read again;
+                        // a change never read would leave it firing by a stale definition.
+                        tracing::error!("firing: cannot reload job {id}, reading all again: {e}");
+                        resync = true;
                     }
                 }
                 Change::Partitions(partitions) => {
@@ -234,16 +237,18 @@ impl FiringLoop {
         Ok(())
     }
 
+    /// Replaces job `job_id`'s slot with what the store holds now. On error the old slot stays,
+    /// so a failed read never stops a schedule.
     async fn reload(&mut self, job_id: i64) -> Result<(), sked_store::StoreError> {
-        self.slots.remove(&job_id);
         if !self.held.contains(&partition_of(job_id)) {
             // Another node fires it.
+            self.slots.remove(&job_id);
             return Ok(());
         }
-        if let Some(job) = self.store.get_job_by_id(job_id).await? {
-            if let Some(slot) = self.slot_from(job) {
-                self.insert(job_id, slot);
-            }
+        let job = self.store.get_job_by_id(job_id).await?;
+        self.slots.remove(&job_id);
+        if let Some(slot) = job.and_then(|job| self.slot_from(job)) {
+            self.insert(job_id, slot);
         }
         Ok(())
     }
