@@ -1,7 +1,9 @@
 //! What the store keeps and the API shows: jobs with their firing state, runs, attempts, workers.
 
 use crate::job::{JobSpec, JobState};
+use crate::policy::MisfirePolicy;
 use crate::run::{AttemptState, RunState, SkipReason, Trigger};
+use crate::schedule::ScheduleSpec;
 use crate::stats::Percentiles;
 use crate::Instant;
 use serde::{Deserialize, Serialize};
@@ -22,6 +24,35 @@ pub struct JobRecord {
     pub schedule_epoch: Instant,
     pub created_at: Instant,
     pub updated_at: Instant,
+}
+
+/// What the firing loop needs of a job whose schedule still owes an instant: the schedule and
+/// its firing state, without the rest of the definition (target, routing, retries), which a
+/// node holding a million schedules should not keep in memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduledJob {
+    pub id: i64,
+    pub schedule: Option<ScheduleSpec>,
+    pub schedule_epoch: Instant,
+    pub fired_count: u64,
+    pub next_fire_at: Instant,
+    pub paused: bool,
+    pub misfire: MisfirePolicy,
+}
+
+impl ScheduledJob {
+    /// The scheduled part of `job`; `None` when its schedule owes nothing more.
+    pub fn of(job: JobRecord) -> Option<ScheduledJob> {
+        Some(ScheduledJob {
+            id: job.id,
+            next_fire_at: job.next_fire_at?,
+            schedule: job.spec.schedule,
+            schedule_epoch: job.schedule_epoch,
+            fired_count: job.fired_count,
+            paused: job.spec.paused,
+            misfire: job.spec.misfire,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,7 +8,6 @@ use crate::dispatch::Dispatcher;
 use crate::firing::FiringHandle;
 use sked_store::{Store, StoreEvent, StoreEvents};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
 
 pub async fn run(
@@ -47,32 +46,13 @@ pub async fn run(
         if resync {
             tracing::info!("changes: events may have been missed; reading everything again");
             firing.resync();
-            if let Some(runs) = read_queued(&*store, None, &mut shutdown).await {
+            if let Some(runs) = crate::read_queued(&*store, None, &mut shutdown).await {
                 dispatcher.replace(runs);
             }
         } else if !queued.is_empty() {
-            if let Some(runs) = read_queued(&*store, Some(&queued), &mut shutdown).await {
+            if let Some(runs) = crate::read_queued(&*store, Some(&queued), &mut shutdown).await {
                 dispatcher.enqueue(runs);
             }
-        }
-    }
-}
-
-/// Reads queued runs until the store answers: a run this node failed to learn of would wait
-/// for a worker polling another node.
-async fn read_queued(
-    store: &dyn Store,
-    ids: Option<&[i64]>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Option<Vec<sked_store::QueuedRun>> {
-    loop {
-        match store.queued_runs(ids).await {
-            Ok(runs) => return Some(runs),
-            Err(e) => tracing::error!("changes: cannot read queued runs, retrying: {e}"),
-        }
-        tokio::select! {
-            _ = crate::stopped(shutdown) => return None,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }
 }

@@ -57,6 +57,26 @@ pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
+/// Reads queued runs until the store answers (or shutdown): a run committed as queued that
+/// this node failed to learn of would wait for a worker polling another node, or, alone, for
+/// a restart.
+pub(crate) async fn read_queued(
+    store: &dyn Store,
+    ids: Option<&[i64]>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Vec<sked_store::QueuedRun>> {
+    loop {
+        match store.queued_runs(ids).await {
+            Ok(runs) => return Some(runs),
+            Err(e) => tracing::error!("cannot read queued runs, retrying: {e}"),
+        }
+        tokio::select! {
+            _ = stopped(shutdown) => return None,
+            _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+        }
+    }
+}
+
 /// Binds the listener, so callers learn the address (and a taken port) before serving.
 pub async fn bind(config: &ServerConfig) -> Result<TcpListener, ServerError> {
     TcpListener::bind(&config.listen)

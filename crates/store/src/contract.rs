@@ -422,7 +422,7 @@ pub async fn pause_and_resume_keep_the_firing_state(store: &dyn Store) {
             .unwrap(),
         None
     );
-    let scheduled = store.scheduled_jobs(None).await.unwrap();
+    let scheduled = store.scheduled_jobs(None, 0, 100).await.unwrap();
     assert_eq!(scheduled.len(), 1);
 }
 
@@ -525,7 +525,7 @@ pub async fn a_used_up_schedule_completes_the_job(store: &dyn Store) {
     let done = store.get_job_by_id(j.id).await.unwrap().unwrap();
     assert_eq!(done.state, JobState::Completed);
     assert_eq!(done.next_fire_at, None);
-    assert!(store.scheduled_jobs(None).await.unwrap().is_empty());
+    assert!(store.scheduled_jobs(None, 0, 100).await.unwrap().is_empty());
     // Pausing a completed job keeps it completed.
     let paused = store
         .set_paused("default", "one-off", true, at)
@@ -1258,15 +1258,12 @@ pub async fn scheduled_jobs_come_by_partition(store: &dyn Store) {
     use sked_core::cluster::partition_of;
     let mut ids = Vec::new();
     for i in 0..40 {
-        ids.push(
-            put(
-                store,
-                &format!("p{i:02}"),
-                every_second(serde_json::json!({})),
-            )
-            .await
-            .id,
-        );
+        let misfire = if i % 2 == 0 { "skip" } else { "run_all" };
+        let spec = every_second(serde_json::json!({
+            "misfire": {"policy": misfire},
+            "paused": i % 3 == 0,
+        }));
+        ids.push(put(store, &format!("p{i:02}"), spec).await.id);
     }
     let some: Vec<u32> = ids.iter().take(10).map(|id| partition_of(*id)).collect();
     let mut expected: Vec<i64> = ids
@@ -1274,16 +1271,47 @@ pub async fn scheduled_jobs_come_by_partition(store: &dyn Store) {
         .copied()
         .filter(|id| some.contains(&partition_of(*id)))
         .collect();
-    let mut found: Vec<i64> = store
-        .scheduled_jobs(Some(&some))
+    expected.sort_unstable();
+    let found: Vec<i64> = scheduled_in_pages(store, Some(&some), 3)
         .await
-        .unwrap()
         .iter()
         .map(|j| j.id)
         .collect();
-    expected.sort_unstable();
-    found.sort_unstable();
-    assert_eq!(found, expected);
-    assert!(store.scheduled_jobs(Some(&[])).await.unwrap().is_empty());
-    assert_eq!(store.scheduled_jobs(None).await.unwrap().len(), ids.len());
+    assert_eq!(
+        found, expected,
+        "pages in id order, of the given partitions"
+    );
+    assert!(store
+        .scheduled_jobs(Some(&[]), 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    // Every page size gives each job once, and each as the full record says.
+    for size in [1, 7, 40, 100] {
+        let all = scheduled_in_pages(store, None, size).await;
+        assert_eq!(all.len(), ids.len(), "page size {size}");
+        for job in all {
+            let record = store.get_job_by_id(job.id).await.unwrap().unwrap();
+            assert_eq!(ScheduledJob::of(record), Some(job));
+        }
+    }
+}
+
+/// Every scheduled job, `size` at a time.
+async fn scheduled_in_pages(
+    store: &dyn Store,
+    partitions: Option<&[u32]>,
+    size: u32,
+) -> Vec<ScheduledJob> {
+    let mut all: Vec<ScheduledJob> = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |j| j.id);
+        let page = store.scheduled_jobs(partitions, after, size).await.unwrap();
+        assert!(page.len() <= size as usize);
+        let done = page.len() < size as usize;
+        all.extend(page);
+        if done {
+            return all;
+        }
+    }
 }

@@ -18,7 +18,9 @@ pub mod sqlite;
 use async_trait::async_trait;
 use sked_core::job::Routing;
 use sked_core::job::{JobState, ValidJob};
-use sked_core::records::{AttemptRecord, JobRecord, JobStats, NodeRecord, RunRecord, WorkerRecord};
+use sked_core::records::{
+    AttemptRecord, JobRecord, JobStats, NodeRecord, RunRecord, ScheduledJob, WorkerRecord,
+};
 use sked_core::run::{AttemptOutcome, RunState, SkipReason, Trigger};
 use sked_core::target::TargetSpec;
 use sked_core::Instant;
@@ -325,9 +327,15 @@ pub trait Store: Send + Sync + 'static {
         paused: bool,
         now: Instant,
     ) -> Result<Option<JobRecord>>;
-    /// Every job whose schedule still owes an instant (`next_fire_at` set), for the firing loop:
-    /// of the given partitions only (`sked_core::cluster::partition_of`), or of all.
-    async fn scheduled_jobs(&self, partitions: Option<&[u32]>) -> Result<Vec<JobRecord>>;
+    /// A page of the jobs whose schedule still owes an instant (`next_fire_at` set), for the
+    /// firing loop: up to `limit` in id order after `after_id`, of the given partitions only
+    /// (`sked_core::cluster::partition_of`) or of all.
+    async fn scheduled_jobs(
+        &self,
+        partitions: Option<&[u32]>,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<Vec<ScheduledJob>>;
 
     // --- the ledger ---------------------------------------------------------------------------
 

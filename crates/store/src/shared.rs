@@ -8,8 +8,10 @@
 
 use crate::{AttemptReport, CompletionEffect, StoreError};
 use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
-use sked_core::records::{JobRecord, JobStats, RunRecord};
+use sked_core::policy::MisfirePolicy;
+use sked_core::records::{JobRecord, JobStats, RunRecord, ScheduledJob};
 use sked_core::run::{AttemptOutcome, AttemptState, RunState};
+use sked_core::schedule::ScheduleSpec;
 use sked_core::stats::percentiles;
 use sked_core::Instant;
 use std::collections::BTreeMap;
@@ -159,6 +161,39 @@ pub fn skip_reason(text: &str) -> Result<sked_core::run::SkipReason, StoreError>
 pub fn spec(text: &str) -> Result<JobSpec, StoreError> {
     serde_json::from_str(text)
         .map_err(|e| StoreError::Corrupt(format!("a stored job definition does not parse: {e}")))
+}
+
+/// The fields of a stored definition the firing loop reads. The rest of the text is skipped
+/// without being built, which is most of the cost of loading a million schedules.
+#[derive(serde::Deserialize)]
+struct FiringFields {
+    #[serde(default)]
+    schedule: Option<ScheduleSpec>,
+    #[serde(default)]
+    misfire: MisfirePolicy,
+    #[serde(default)]
+    paused: bool,
+}
+
+/// A scheduled job from its row: id, definition text, epoch, fired count and next instant.
+pub fn scheduled_job(
+    id: i64,
+    spec: &str,
+    schedule_epoch: Instant,
+    fired_count: u64,
+    next_fire_at: Instant,
+) -> Result<ScheduledJob, StoreError> {
+    let fields: FiringFields = serde_json::from_str(spec)
+        .map_err(|e| StoreError::Corrupt(format!("a stored job definition does not parse: {e}")))?;
+    Ok(ScheduledJob {
+        id,
+        schedule: fields.schedule,
+        schedule_epoch,
+        fired_count,
+        next_fire_at,
+        paused: fields.paused,
+        misfire: fields.misfire,
+    })
 }
 
 #[cfg(test)]

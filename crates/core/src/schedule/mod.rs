@@ -55,7 +55,8 @@ pub struct ScheduleSpec {
 enum Kind {
     Cron(Box<cron::CronExpr>, Tz),
     Every { period: Duration, anchor: Instant },
-    Repeating(iso8601::RepeatingInterval),
+    // Boxed, as the cron expression is: a node holds a million schedules, most of them `every`.
+    Repeating(Box<iso8601::RepeatingInterval>),
     At(Instant),
     Manual,
 }
@@ -67,6 +68,13 @@ pub struct Schedule {
     kind: Kind,
     /// The moment the schedule was set: instants at or before it are not owed.
     epoch: Instant,
+    /// Boxed and absent when none is set, which is the common case, to keep a schedule small.
+    limits: Option<Box<Limits>>,
+}
+
+/// The optional bounds of a schedule.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Limits {
     start: Option<Instant>,
     end: Option<Instant>,
     max_runs: Option<u64>,
@@ -138,7 +146,7 @@ impl Schedule {
         } else if let Some(text) = &spec.iso8601 {
             let interval = iso8601::RepeatingInterval::parse(text)
                 .map_err(|message| SpecError::new("schedule.iso8601", message))?;
-            Kind::Repeating(interval)
+            Kind::Repeating(Box::new(interval))
         } else if let Some(at) = spec.at {
             Kind::At(at)
         } else {
@@ -152,13 +160,16 @@ impl Schedule {
         if spec.max_runs == Some(0) {
             return Err(SpecError::new("schedule.max_runs", "must be at least 1"));
         }
-        Ok(Schedule {
-            kind,
-            epoch,
+        let limits = Limits {
             start: spec.start,
             end: spec.end,
             max_runs: spec.max_runs,
             jitter: spec.jitter,
+        };
+        Ok(Schedule {
+            kind,
+            epoch,
+            limits: (limits != Limits::default()).then(|| Box::new(limits)),
         })
     }
 
@@ -166,11 +177,13 @@ impl Schedule {
         Schedule {
             kind: Kind::Manual,
             epoch,
-            start: None,
-            end: None,
-            max_runs: None,
-            jitter: None,
+            limits: None,
         }
+    }
+
+    /// When the schedule was set: instants at or before it are not owed.
+    pub fn epoch(&self) -> Instant {
+        self.epoch
     }
 
     /// True when the schedule never fires by itself.
@@ -186,12 +199,16 @@ impl Schedule {
     /// The next instant strictly after `after`, given that `fired` instants were already produced.
     /// `None` when the schedule is used up.
     pub fn next_after(&self, after: Instant, fired: u64) -> Option<Instant> {
-        if self.max_runs.is_some_and(|max| fired >= max) {
+        let limits = self.limits.as_deref();
+        if limits
+            .and_then(|l| l.max_runs)
+            .is_some_and(|max| fired >= max)
+        {
             return None;
         }
         // Instants before the schedule was set, or before `start`, are not owed.
         let mut floor = after.max(self.epoch);
-        if let Some(start) = self.start {
+        if let Some(start) = limits.and_then(|l| l.start) {
             if start > floor {
                 // `start` itself may be an instant: look from just before it.
                 floor = start - Duration::nanoseconds(1);
@@ -204,7 +221,7 @@ impl Schedule {
             Kind::Cron(expr, tz) => expr.next_after(floor, *tz),
             Kind::Repeating(interval) => interval.next_after(floor, fired),
         }?;
-        match self.end {
+        match limits.and_then(|l| l.end) {
             Some(end) if next > end => None,
             _ => Some(next),
         }
@@ -227,7 +244,8 @@ impl Schedule {
     /// How long after `instant` a run is handed out: a fixed spread in `[0, jitter)` derived from
     /// `seed` (the job) and the instant, so every node computes the same offset.
     pub fn jitter_offset(&self, seed: u64, instant: Instant) -> std::time::Duration {
-        let Some(jitter) = self.jitter.filter(|j| !j.0.is_zero()) else {
+        let jitter = self.limits.as_deref().and_then(|l| l.jitter);
+        let Some(jitter) = jitter.filter(|j| !j.0.is_zero()) else {
             return std::time::Duration::ZERO;
         };
         let mixed = splitmix64(seed ^ instant.timestamp_micros() as u64);

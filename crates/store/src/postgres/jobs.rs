@@ -6,9 +6,9 @@
 use super::rows::{self, micros, JOB_COLUMNS};
 use super::{PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
-use crate::{JobQuery, JobSort, Page, PutMode, PutOutcome, StoreError};
+use crate::{shared, JobQuery, JobSort, Page, PutMode, PutOutcome, StoreError};
 use sked_core::job::{JobSpec, JobState, ValidJob};
-use sked_core::records::JobRecord;
+use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::Instant;
 use tokio_postgres::types::ToSql;
 
@@ -291,24 +291,54 @@ pub async fn set_paused(
     Ok(Some(job))
 }
 
-pub async fn scheduled(tx: &Tx<'_>, partitions: Option<&[u32]>) -> PgResult<Vec<JobRecord>> {
+/// A page of the jobs whose schedule owes an instant, by id after `after_id`: of `partitions`
+/// when given.
+pub async fn scheduled(
+    tx: &Tx<'_>,
+    partitions: Option<&[u32]>,
+    after_id: i64,
+    limit: u32,
+) -> PgResult<Vec<ScheduledJob>> {
+    const COLUMNS: &str = "id, spec, schedule_epoch, fired_count, next_fire_at";
+    let limit = i64::from(limit);
     let rows = match partitions {
         None => {
-            let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE next_fire_at IS NOT NULL");
-            tx.query(&tx.prepare_cached(&sql).await?, &[]).await?
+            let sql = format!(
+                "SELECT {COLUMNS} FROM jobs WHERE next_fire_at IS NOT NULL AND id > $1 \
+                 ORDER BY id LIMIT $2"
+            );
+            tx.query(&tx.prepare_cached(&sql).await?, &[&after_id, &limit])
+                .await?
         }
         Some(partitions) => {
             let sql = format!(
-                "SELECT {JOB_COLUMNS} FROM jobs \
-                 WHERE next_fire_at IS NOT NULL AND {} = ANY($1)",
+                "SELECT {COLUMNS} FROM jobs \
+                 WHERE next_fire_at IS NOT NULL AND id > $1 AND {} = ANY($3) \
+                 ORDER BY id LIMIT $2",
                 sked_core::cluster::PARTITION_SQL
             );
             let partitions: Vec<i64> = partitions.iter().map(|p| i64::from(*p)).collect();
-            tx.query(&tx.prepare_cached(&sql).await?, &[&partitions])
-                .await?
+            tx.query(
+                &tx.prepare_cached(&sql).await?,
+                &[&after_id, &limit, &partitions],
+            )
+            .await?
         }
     };
-    rows.iter().map(rows::job).collect()
+    rows.iter()
+        .map(|row| {
+            let fired_count: i64 = row.try_get(3)?;
+            Ok(shared::scheduled_job(
+                row.try_get(0)?,
+                row.try_get(1)?,
+                rows::instant(row.try_get(2)?)?,
+                u64::try_from(fired_count).map_err(|_| {
+                    StoreError::Corrupt(format!("fired count {fired_count} is out of range"))
+                })?,
+                rows::instant(row.try_get(4)?)?,
+            )?)
+        })
+        .collect()
 }
 
 /// A stored retry policy; the default for a job that no longer exists.

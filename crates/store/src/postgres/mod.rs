@@ -302,8 +302,16 @@ impl Store for PgStore {
         })
     }
 
-    async fn scheduled_jobs(&self, partitions: Option<&[u32]>) -> Result<Vec<JobRecord>> {
-        transact!(self, read, |tx| jobs::scheduled(&tx, partitions).await?)
+    async fn scheduled_jobs(
+        &self,
+        partitions: Option<&[u32]>,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<Vec<ScheduledJob>> {
+        transact!(self, read, |tx| jobs::scheduled(
+            &tx, partitions, after_id, limit
+        )
+        .await?)
     }
 
     async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome> {

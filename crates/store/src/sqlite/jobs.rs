@@ -2,10 +2,10 @@
 
 use super::rows::{self, micros, JOB_COLUMNS};
 use crate::cursor::{self, page_size, Cursor};
-use crate::{JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
+use crate::{shared, JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::job::{JobSpec, JobState, ValidJob};
-use sked_core::records::JobRecord;
+use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::Instant;
 
 pub fn get(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Option<JobRecord>> {
@@ -204,13 +204,42 @@ pub fn set_paused(
     Ok(Some(job))
 }
 
-pub fn scheduled(tx: &Transaction<'_>) -> Result<Vec<JobRecord>> {
-    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE next_fire_at IS NOT NULL");
+/// A page of the jobs whose schedule owes an instant, by id after `after_id`: of `partitions`
+/// when given.
+pub fn scheduled(
+    tx: &Transaction<'_>,
+    partitions: Option<&[u32]>,
+    after_id: i64,
+    limit: u32,
+) -> Result<Vec<ScheduledJob>> {
+    // Partition numbers are integers, so they are written into the text; a single node asks
+    // for all of them (`None`) anyway.
+    let of_partitions = match partitions {
+        None => String::new(),
+        Some(partitions) => {
+            let list: Vec<String> = partitions.iter().map(u32::to_string).collect();
+            format!(
+                " AND {} IN ({})",
+                sked_core::cluster::PARTITION_SQL,
+                list.join(", ")
+            )
+        }
+    };
+    let sql = format!(
+        "SELECT id, spec, schedule_epoch, fired_count, next_fire_at FROM jobs \
+         WHERE next_fire_at IS NOT NULL AND id > ?1{of_partitions} ORDER BY id LIMIT ?2"
+    );
     let mut stmt = tx.prepare_cached(&sql)?;
-    let mut rows = stmt.query([])?;
+    let mut rows = stmt.query(params![after_id, limit])?;
     let mut jobs = Vec::new();
     while let Some(row) = rows.next()? {
-        jobs.push(rows::job(row)?);
+        jobs.push(shared::scheduled_job(
+            row.get(0)?,
+            row.get_ref(1)?.as_str().map_err(rusqlite::Error::from)?,
+            rows::instant(row.get(2)?)?,
+            row.get::<_, i64>(3)? as u64,
+            rows::instant(row.get(4)?)?,
+        )?);
     }
     Ok(jobs)
 }

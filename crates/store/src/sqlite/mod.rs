@@ -222,12 +222,15 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn scheduled_jobs(&self, partitions: Option<&[u32]>) -> Result<Vec<JobRecord>> {
-        let mut jobs = self.read(jobs::scheduled).await?;
-        if let Some(partitions) = partitions {
-            jobs.retain(|job| partitions.contains(&sked_core::cluster::partition_of(job.id)));
-        }
-        Ok(jobs)
+    async fn scheduled_jobs(
+        &self,
+        partitions: Option<&[u32]>,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<Vec<ScheduledJob>> {
+        let partitions = partitions.map(<[u32]>::to_vec);
+        self.read(move |tx| jobs::scheduled(tx, partitions.as_deref(), after_id, limit))
+            .await
     }
 
     async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome> {

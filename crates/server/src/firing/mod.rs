@@ -1,6 +1,6 @@
-//! The firing loop: keeps the next instant of every schedule in memory and, when instants fall
-//! due, writes them to the ledger in batches (one transaction per batch) and hands the queued
-//! runs to the dispatcher.
+//! The firing loop: keeps the next instant of every schedule in memory ([`slots`]) and, when
+//! instants fall due, writes them to the ledger in batches (one transaction per batch) and
+//! hands the queued runs to the dispatcher.
 //!
 //! It fires the schedules of the partitions this node holds (all of them on a single node;
 //! in a cluster, the share the membership duty leased). When it gains partitions it loads their
@@ -8,24 +8,31 @@
 //! was down, or the node holding them died) are resolved by each job's misfire policy, and each
 //! gets its ledger row. A created, changed, paused or deleted job reaches the loop through
 //! [`FiringHandle::reload`], so it takes effect at once. The loop owns no durable state: the
-//! store's `next_fire_at` is the truth, and the in-memory timer is rebuilt from it. Two nodes
+//! store's `next_fire_at` is the truth, and the in-memory timer is rebuilt from it. Nor does it
+//! keep job definitions: what dispatch needs of a run is read back with the batch's queued
+//! runs, and kept only for schedules that fire often. Two nodes
 //! firing one partition for a moment (a lease changing hands) write nothing twice: the ledger
 //! keeps one run per instant and applies one advance of each firing state.
+
+mod slots;
 
 use crate::dispatch::Dispatcher;
 use crate::metrics::Metrics;
 use chrono::Utc;
 use sked_core::cluster::partition_of;
 use sked_core::job::JobSpec;
-use sked_core::records::JobRecord;
+use sked_core::records::ScheduledJob;
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::schedule::Schedule;
 use sked_core::Instant;
 use sked_store::{Advance, Fire, QueuedRun, Store};
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use slots::{is_frequent, Slot, Slots};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
+
+/// Scheduled jobs read from the store at a time when partitions are gained.
+const LOAD_PAGE: u32 = 10_000;
 
 /// What the firing loop is told.
 enum Change {
@@ -62,20 +69,6 @@ impl FiringHandle {
     }
 }
 
-/// One schedule as the loop holds it.
-struct Slot {
-    namespace: String,
-    name: String,
-    spec: Arc<JobSpec>,
-    schedule: Schedule,
-    epoch: Instant,
-    fired: u64,
-    next: Instant,
-    paused: bool,
-    /// Bumped on every reload, so stale timer entries are recognised and dropped.
-    generation: u64,
-}
-
 pub struct FiringLoop {
     store: Arc<dyn Store>,
     dispatcher: Arc<Dispatcher>,
@@ -84,15 +77,13 @@ pub struct FiringLoop {
     rx: mpsc::UnboundedReceiver<Change>,
     /// The partitions whose schedules this loop fires.
     held: BTreeSet<u32>,
-    slots: HashMap<i64, Slot>,
-    timer: BinaryHeap<Reverse<(Instant, i64, u64)>>,
-    generations: u64,
+    slots: Slots,
 }
 
-/// A pending write: the fire and, for dispatch, the job it belongs to.
+/// A pending write: the fire and, when the loop keeps it, what dispatching its run needs.
 struct Pending {
     fire: Fire,
-    job: Option<(Arc<JobSpec>, String, String)>,
+    template: Option<Arc<QueuedRun>>,
 }
 
 impl FiringLoop {
@@ -110,17 +101,15 @@ impl FiringLoop {
             batch: batch.max(1),
             rx,
             held: BTreeSet::new(),
-            slots: HashMap::new(),
-            timer: BinaryHeap::new(),
-            generations: 0,
+            slots: Slots::default(),
         };
         (FiringHandle { tx }, looper)
     }
 
     pub async fn run(mut self, ready: watch::Sender<bool>, mut shutdown: watch::Receiver<bool>) {
         loop {
-            let wait = match self.timer.peek() {
-                Some(Reverse((at, _, _))) => (*at - Utc::now()).to_std().unwrap_or_default(),
+            let wait = match self.slots.next_due() {
+                Some(at) => (at - Utc::now()).to_std().unwrap_or_default(),
                 None => std::time::Duration::from_secs(3600),
             };
             tokio::select! {
@@ -144,7 +133,7 @@ impl FiringLoop {
                     }
                 }
                 _ = tokio::time::sleep(wait) => {
-                    if let Err(e) = self.fire_due().await {
+                    if let Err(e) = self.fire_due(&mut shutdown).await {
                         tracing::error!("firing: ledger write failed, retrying: {e}");
                         // The instants stay due in the store; rebuild from it after a pause.
                         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -169,13 +158,13 @@ impl FiringLoop {
                 }
                 Change::Partitions(partitions) => {
                     let now: BTreeSet<u32> = partitions.into_iter().collect();
-                    let lost: Vec<u32> = self.held.difference(&now).copied().collect();
+                    let lost = self.held.difference(&now).count();
                     let gained: Vec<u32> = now.difference(&self.held).copied().collect();
                     self.held = now;
-                    if !lost.is_empty() {
-                        self.slots
-                            .retain(|id, _| !lost.contains(&partition_of(*id)));
-                        tracing::info!("firing: gave up {} partitions", lost.len());
+                    if lost > 0 {
+                        let held = &self.held;
+                        self.slots.retain(|id| held.contains(&partition_of(id)));
+                        tracing::info!("firing: gave up {lost} partitions");
                     }
                     if !gained.is_empty() {
                         self.load(&gained, shutdown).await;
@@ -194,7 +183,7 @@ impl FiringLoop {
     /// Loads the schedules of `partitions` until the store answers (or shutdown).
     async fn load(&mut self, partitions: &[u32], shutdown: &mut watch::Receiver<bool>) {
         loop {
-            match self.load_partitions(partitions).await {
+            match self.load_partitions(partitions, shutdown).await {
                 Ok(()) => return,
                 Err(e) => tracing::error!("firing: cannot load schedules, retrying: {e}"),
             }
@@ -208,33 +197,62 @@ impl FiringLoop {
     /// Drops every schedule and loads those of the held partitions again.
     async fn reload_held(&mut self, shutdown: &mut watch::Receiver<bool>) {
         self.slots.clear();
-        self.timer.clear();
         let held: Vec<u32> = self.held.iter().copied().collect();
         self.load(&held, shutdown).await;
     }
 
-    /// Loads the schedules of `partitions`; instants already past are missed and resolved by
-    /// misfire policy.
-    async fn load_partitions(&mut self, partitions: &[u32]) -> Result<(), sked_store::StoreError> {
+    /// Loads the schedules of `partitions`, a page at a time; instants already past are missed
+    /// and resolved by misfire policy.
+    async fn load_partitions(
+        &mut self,
+        partitions: &[u32],
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), sked_store::StoreError> {
         if partitions.is_empty() {
             return Ok(());
         }
-        let filter =
-            (partitions.len() < sked_core::cluster::PARTITIONS as usize).then_some(partitions);
-        let jobs = self.store.scheduled_jobs(filter).await?;
-        let now = Utc::now();
-        let mut pending = Vec::new();
-        for job in jobs {
-            let job_id = job.id;
-            if let Some(slot) = self.slot_from(job) {
-                self.catch_up(job_id, slot, now, &mut pending);
+        let filter = (partitions.len() < sked_core::cluster::PARTITIONS as usize)
+            .then(|| partitions.to_vec());
+        // The next page is read while this one is filed: reading and filing take each about
+        // half of loading a million schedules.
+        let mut next = Some(self.read_page(filter.clone(), 0));
+        while let Some(reading) = next.take() {
+            let page = reading.await.map_err(|e| {
+                sked_store::StoreError::Database(format!("reading schedules: {e}"))
+            })??;
+            if page.len() == LOAD_PAGE as usize {
+                if let Some(last) = page.last() {
+                    next = Some(self.read_page(filter.clone(), last.id));
+                }
             }
-            if pending.len() >= self.batch {
-                self.write(std::mem::take(&mut pending), now).await?;
+            let now = Utc::now();
+            let mut pending = Vec::new();
+            for job in page {
+                if let Some(slot) = slot_from(&job) {
+                    self.catch_up(&job, slot, now, &mut pending);
+                }
+                if pending.len() >= self.batch {
+                    self.write(std::mem::take(&mut pending), now, shutdown)
+                        .await?;
+                }
             }
+            self.write(pending, now, shutdown).await?;
         }
-        self.write(pending, now).await?;
         Ok(())
+    }
+
+    /// Reads a page of scheduled jobs on a task of its own.
+    fn read_page(
+        &self,
+        partitions: Option<Vec<u32>>,
+        after: i64,
+    ) -> tokio::task::JoinHandle<Result<Vec<ScheduledJob>, sked_store::StoreError>> {
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            store
+                .scheduled_jobs(partitions.as_deref(), after, LOAD_PAGE)
+                .await
+        })
     }
 
     /// Replaces job `job_id`'s slot with what the store holds now. On error the old slot stays,
@@ -242,129 +260,64 @@ impl FiringLoop {
     async fn reload(&mut self, job_id: i64) -> Result<(), sked_store::StoreError> {
         if !self.held.contains(&partition_of(job_id)) {
             // Another node fires it.
-            self.slots.remove(&job_id);
+            self.slots.remove(job_id);
             return Ok(());
         }
         let job = self.store.get_job_by_id(job_id).await?;
-        self.slots.remove(&job_id);
-        if let Some(slot) = job.and_then(|job| self.slot_from(job)) {
-            self.insert(job_id, slot);
+        self.slots.remove(job_id);
+        if let Some(slot) = job.and_then(ScheduledJob::of).and_then(|j| slot_from(&j)) {
+            self.slots.insert(slot);
         }
         Ok(())
     }
 
-    fn slot_from(&mut self, job: JobRecord) -> Option<Slot> {
-        let next = job.next_fire_at?;
-        let schedule = match Schedule::compile(job.spec.schedule.as_ref(), job.schedule_epoch) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(
-                    "firing: job {}/{} has a schedule that no longer compiles: {e}",
-                    job.namespace,
-                    job.name
-                );
-                return None;
-            }
-        };
-        self.generations += 1;
-        Some(Slot {
-            namespace: job.namespace,
-            name: job.name,
-            paused: job.spec.paused,
-            spec: Arc::new(job.spec),
-            schedule,
-            epoch: job.schedule_epoch,
-            fired: job.fired_count,
-            next,
-            generation: self.generations,
-        })
-    }
-
-    fn insert(&mut self, job_id: i64, slot: Slot) {
-        self.timer
-            .push(Reverse((slot.next, job_id, slot.generation)));
-        self.slots.insert(job_id, slot);
-    }
-
     /// Records every instant of `slot` before `now` as missed, by the job's misfire policy,
     /// then puts the slot on the timer at its first instant from `now` on.
-    fn catch_up(&mut self, job_id: i64, mut slot: Slot, now: Instant, pending: &mut Vec<Pending>) {
+    fn catch_up(
+        &mut self,
+        job: &ScheduledJob,
+        mut slot: Slot,
+        now: Instant,
+        pending: &mut Vec<Pending>,
+    ) {
         while slot.next < now {
             let instant = slot.next;
             let following = slot.schedule.next_after(instant, slot.fired + 1);
             let is_latest = following.is_none_or(|f| f >= now);
             let skip = if slot.paused {
                 Some(SkipReason::Paused)
-            } else if slot.spec.misfire.runs_missed(instant, is_latest, now) {
+            } else if job.misfire.runs_missed(instant, is_latest, now) {
                 None
             } else {
                 Some(SkipReason::Misfire)
             };
-            pending.push(self.advance(job_id, &mut slot, skip, following));
+            pending.push(advance(&mut slot, skip, following));
             match following {
                 Some(next) => slot.next = next,
                 None => return,
             }
         }
-        self.insert(job_id, slot);
-    }
-
-    /// The fire for `slot`'s current instant, moving the slot to `following`.
-    fn advance(
-        &self,
-        job_id: i64,
-        slot: &mut Slot,
-        skip: Option<SkipReason>,
-        following: Option<Instant>,
-    ) -> Pending {
-        let instant = slot.next;
-        let jitter = slot.schedule.jitter_offset(job_id as u64, instant);
-        let ready_at = instant + chrono::Duration::from_std(jitter).unwrap_or_default();
-        let fire = Fire {
-            job_id,
-            scheduled_for: instant,
-            trigger: Trigger::Schedule,
-            skip,
-            ready_at,
-            advance: Some(Advance {
-                epoch: slot.epoch,
-                fired_before: slot.fired,
-                next_fire_at: following,
-            }),
-        };
-        slot.fired += 1;
-        Pending {
-            fire,
-            job: Some((slot.spec.clone(), slot.namespace.clone(), slot.name.clone())),
-        }
+        self.slots.insert(slot);
     }
 
     /// Fires everything due now, in batches.
-    async fn fire_due(&mut self) -> Result<(), sked_store::StoreError> {
+    async fn fire_due(
+        &mut self,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), sked_store::StoreError> {
         loop {
             let now = Utc::now();
             let mut pending = Vec::new();
             while pending.len() < self.batch {
-                let Some(Reverse((at, job_id, generation))) = self.timer.peek().copied() else {
+                let Some(mut slot) = self.slots.take_due(now) else {
                     break;
                 };
-                if at > now {
-                    break;
-                }
-                self.timer.pop();
-                let Some(mut slot) = self.slots.remove(&job_id) else {
-                    continue;
-                };
-                if slot.generation != generation {
-                    self.slots.insert(job_id, slot);
-                    continue;
-                }
-                let following = slot.schedule.next_after(at, slot.fired + 1);
+                let following = slot.schedule.next_after(slot.next, slot.fired + 1);
                 let skip = slot.paused.then_some(SkipReason::Paused);
-                pending.push(self.advance(job_id, &mut slot, skip, following));
+                pending.push(advance(&mut slot, skip, following));
                 if let Some(next) = following {
                     slot.next = next;
-                    self.insert(job_id, slot);
+                    self.slots.insert(slot);
                 }
             }
             if pending.is_empty() {
@@ -372,7 +325,7 @@ impl FiringLoop {
                 return Ok(());
             }
             let full = pending.len() == self.batch;
-            self.write(pending, Utc::now()).await?;
+            self.write(pending, Utc::now(), shutdown).await?;
             if !full {
                 Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
                 return Ok(());
@@ -382,9 +335,10 @@ impl FiringLoop {
 
     /// Writes a batch to the ledger and hands its queued runs to the dispatcher.
     async fn write(
-        &self,
+        &mut self,
         pending: Vec<Pending>,
         now: Instant,
+        shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), sked_store::StoreError> {
         if pending.is_empty() {
             return Ok(());
@@ -392,6 +346,7 @@ impl FiringLoop {
         let fires: Vec<Fire> = pending.iter().map(|p| p.fire.clone()).collect();
         let outcome = self.store.record_fires(&fires, now).await?;
         let mut queued = Vec::new();
+        let mut read_back = Vec::new();
         let mut skipped = 0u64;
         let mut lateness_us = 0u64;
         for (p, run) in pending.into_iter().zip(outcome.runs) {
@@ -402,13 +357,12 @@ impl FiringLoop {
                 .num_microseconds()
                 .unwrap_or(0)
                 .max(0) as u64;
-            match run.state {
-                RunState::Queued => {
-                    if let Some((spec, namespace, name)) = p.job {
-                        queued.push(queued_run(run.run_id, &p.fire, &spec, namespace, name));
-                    }
+            match (run.state, p.template) {
+                (RunState::Queued, Some(template)) => {
+                    queued.push(from_template(&template, run.run_id, &p.fire));
                 }
-                RunState::Skipped => skipped += 1,
+                (RunState::Queued, None) => read_back.push(run.run_id),
+                (RunState::Skipped, _) => skipped += 1,
                 _ => {}
             }
         }
@@ -416,13 +370,89 @@ impl FiringLoop {
         Metrics::add(&self.metrics.fires_skipped, skipped);
         Metrics::add(&self.metrics.fire_batches, 1);
         Metrics::add(&self.metrics.fire_lateness_us_sum, lateness_us);
+        if !read_back.is_empty() {
+            // Committed as queued: they must reach the dispatcher, so the read is retried
+            // until the store answers.
+            if let Some(runs) = crate::read_queued(&*self.store, Some(&read_back), shutdown).await {
+                for run in &runs {
+                    self.keep_template(run);
+                }
+                queued.extend(runs);
+            }
+        }
         self.dispatcher.enqueue(queued);
         Ok(())
     }
+
+    /// Keeps `run`'s dispatch details on its slot when its schedule fires often.
+    fn keep_template(&mut self, run: &QueuedRun) {
+        if let Some(slot) = self.slots.get_mut(run.job_id) {
+            if is_frequent(run.scheduled_for, slot.next) {
+                slot.template = Some(Arc::new(run.clone()));
+            }
+        }
+    }
 }
 
-/// The dispatcher's view of a run just written by the firing loop, built from the job the loop
-/// already holds rather than read back from the store.
+/// The slot for a scheduled job; `None` (logged) when its schedule no longer compiles.
+fn slot_from(job: &ScheduledJob) -> Option<Slot> {
+    let schedule = match Schedule::compile(job.schedule.as_ref(), job.schedule_epoch) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(
+                "firing: job {} has a schedule that no longer compiles: {e}",
+                job.id
+            );
+            return None;
+        }
+    };
+    Some(Slot {
+        job_id: job.id,
+        schedule,
+        fired: job.fired_count,
+        next: job.next_fire_at,
+        paused: job.paused,
+        template: None,
+    })
+}
+
+/// The fire for `slot`'s current instant, moving the slot's count on; the caller moves its
+/// instant to `following`.
+fn advance(slot: &mut Slot, skip: Option<SkipReason>, following: Option<Instant>) -> Pending {
+    let instant = slot.next;
+    let jitter = slot.schedule.jitter_offset(slot.job_id as u64, instant);
+    let ready_at = instant + chrono::Duration::from_std(jitter).unwrap_or_default();
+    let fire = Fire {
+        job_id: slot.job_id,
+        scheduled_for: instant,
+        trigger: Trigger::Schedule,
+        skip,
+        ready_at,
+        advance: Some(Advance {
+            epoch: slot.schedule.epoch(),
+            fired_before: slot.fired,
+            next_fire_at: following,
+        }),
+    };
+    slot.fired += 1;
+    Pending {
+        fire,
+        template: slot.template.clone(),
+    }
+}
+
+/// A run of the same job as `template`, for `fire`'s instant.
+fn from_template(template: &QueuedRun, run_id: i64, fire: &Fire) -> QueuedRun {
+    QueuedRun {
+        run_id,
+        scheduled_for: fire.scheduled_for,
+        ready_at: fire.ready_at,
+        ..template.clone()
+    }
+}
+
+/// The dispatcher's view of a run written outside the firing loop (a manual trigger), built
+/// from the job the caller holds rather than read back from the store.
 pub fn queued_run(
     run_id: i64,
     fire: &Fire,
