@@ -88,36 +88,33 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
             });
             continue;
         };
-        let existing: Option<(i64, String)> = tx
-            .prepare_cached("SELECT id, state FROM runs WHERE job_id = ?1 AND scheduled_for = ?2")?
-            .query_row(params![fire.job_id, micros(fire.scheduled_for)], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()?;
+        // Most fires (overlap `allow`, a skip, a manual run) are decided without reading the
+        // job's runs: they are written at once, and a conflict says the instant was recorded
+        // already. Any other is looked up first, since deciding it may cancel other runs.
+        let decided_alone = fire.skip.is_some()
+            || fire.trigger == Trigger::Manual
+            || job.overlap == OverlapPolicy::Allow;
+        let existing = if decided_alone {
+            None
+        } else {
+            recorded_run(tx, fire)?
+        };
         let (run_id, state, inserted) = match existing {
-            Some((id, state)) => (id, rows::run_state(&state)?, false),
+            Some((id, state)) => (id, state, false),
             None => {
                 let (state, reason) = decide_fire(tx, fire, job, now, &mut outcome)?;
-                let finished = state.is_terminal().then(|| micros(now));
-                tx.prepare_cached(
-                    "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
-                     skip_reason, priority, ready_at, created_at, finished_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                )?
-                .execute(params![
-                    fire.job_id,
-                    job.namespace,
-                    job.name,
-                    micros(fire.scheduled_for),
-                    fire.trigger.as_str(),
-                    state.as_str(),
-                    reason.map(SkipReason::as_str),
-                    job.priority,
-                    micros(fire.ready_at),
-                    micros(now),
-                    finished,
-                ])?;
-                (tx.last_insert_rowid(), state, true)
+                match insert_run(tx, fire, job, state, reason, now)? {
+                    Some(id) => (id, state, true),
+                    None => {
+                        let (id, state) = recorded_run(tx, fire)?.ok_or_else(|| {
+                            crate::StoreError::Corrupt(format!(
+                                "run of job {} at {} conflicts but cannot be found",
+                                fire.job_id, fire.scheduled_for
+                            ))
+                        })?;
+                        (id, state, false)
+                    }
+                }
             }
         };
         let advanced = match &fire.advance {
@@ -148,6 +145,52 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
         });
     }
     Ok(outcome)
+}
+
+/// The run already recorded for the fire's job and instant.
+fn recorded_run(tx: &Transaction<'_>, fire: &Fire) -> Result<Option<(i64, RunState)>> {
+    let found: Option<(i64, String)> = tx
+        .prepare_cached("SELECT id, state FROM runs WHERE job_id = ?1 AND scheduled_for = ?2")?
+        .query_row(params![fire.job_id, micros(fire.scheduled_for)], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?;
+    found
+        .map(|(id, state)| Ok((id, rows::run_state(&state)?)))
+        .transpose()
+}
+
+/// Writes the fire's run; `None` when the instant was recorded already.
+fn insert_run(
+    tx: &Transaction<'_>,
+    fire: &Fire,
+    job: &FiringJob,
+    state: RunState,
+    reason: Option<SkipReason>,
+    now: Instant,
+) -> Result<Option<i64>> {
+    let finished = state.is_terminal().then(|| micros(now));
+    let written = tx
+        .prepare_cached(
+            "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+             skip_reason, priority, ready_at, created_at, finished_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             ON CONFLICT (job_id, scheduled_for) DO NOTHING",
+        )?
+        .execute(params![
+            fire.job_id,
+            job.namespace,
+            job.name,
+            micros(fire.scheduled_for),
+            fire.trigger.as_str(),
+            state.as_str(),
+            reason.map(SkipReason::as_str),
+            job.priority,
+            micros(fire.ready_at),
+            micros(now),
+            finished,
+        ])?;
+    Ok((written == 1).then(|| tx.last_insert_rowid()))
 }
 
 fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
@@ -260,16 +303,18 @@ pub fn start_attempts(
 ) -> Result<Vec<Option<StartedAttempt>>> {
     let mut started = Vec::with_capacity(starts.len());
     for start in starts {
-        let run: Option<(String, u32)> = tx
-            .prepare_cached("SELECT state, attempts FROM runs WHERE id = ?1")?
-            .query_row(params![start.run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        // Only a queued run starts; the update says so by returning its new attempt count.
+        let number: Option<u32> = tx
+            .prepare_cached(
+                "UPDATE runs SET state = 'running', attempts = attempts + 1, \
+                 started_at = coalesce(started_at, ?2) WHERE id = ?1 AND state = 'queued' \
+                 RETURNING attempts",
+            )?
+            .query_row(params![start.run_id, micros(now)], |r| r.get(0))
             .optional()?;
-        let number = match run {
-            Some((state, attempts)) if state == RunState::Queued.as_str() => attempts + 1,
-            _ => {
-                started.push(None);
-                continue;
-            }
+        let Some(number) = number else {
+            started.push(None);
+            continue;
         };
         tx.prepare_cached(
             "INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
@@ -284,11 +329,6 @@ pub fn start_attempts(
             micros(start.lease_expires_at),
         ])?;
         let attempt_id = tx.last_insert_rowid();
-        tx.prepare_cached(
-            "UPDATE runs SET state = 'running', attempts = ?2, \
-             started_at = coalesce(started_at, ?3) WHERE id = ?1",
-        )?
-        .execute(params![start.run_id, number, micros(now)])?;
         started.push(Some(StartedAttempt { attempt_id, number }));
     }
     Ok(started)
