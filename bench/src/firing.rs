@@ -1,24 +1,42 @@
 //! Firing lateness: N schedules each firing once a minute, anchored evenly across the minute so
 //! that N/60 instants fall due every second. Lateness is the time from an instant to its run's
 //! ledger row.
+//!
+//! With a worker (`--worker`), the no-op worker of `noop.rs` also leases and completes the runs,
+//! so the firing happens beside dispatch and completion, and the time from each instant to its
+//! attempt's start is reported too.
 
 use crate::harness::{cluster, ms, start, store_with_jobs};
+use crate::noop;
 use anyhow::Result;
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 use sked_core::job::JobSpec;
+use sked_core::run::RunState;
 use sked_core::stats::percentiles;
 use std::collections::HashMap;
 use std::time::Instant as Clock;
 
 const PERIOD_US: i64 = 60_000_000;
 
-pub async fn run(
-    database_url: Option<&str>,
-    nodes: usize,
-    schedules: usize,
-    seconds: u64,
-) -> Result<Value> {
+/// What `sked-bench firing` was asked for.
+pub struct Options<'a> {
+    pub database_url: Option<&'a str>,
+    pub nodes: usize,
+    pub schedules: usize,
+    pub seconds: u64,
+    /// Slots of a no-op worker completing the runs (split between one per node); none without.
+    pub worker_slots: Option<u32>,
+}
+
+pub async fn run(options: Options<'_>) -> Result<Value> {
+    let Options {
+        database_url,
+        nodes,
+        schedules,
+        seconds,
+        worker_slots,
+    } = options;
     let base = Utc::now();
     let step_us = PERIOD_US / schedules.max(1) as i64;
     let jobs = (0..schedules).map(move |i| {
@@ -49,7 +67,20 @@ pub async fn run(
     let from = Utc::now() + Duration::seconds(1);
     let to = from + Duration::seconds(seconds as i64);
     // A second past the window, so its last instants are in the ledger before the nodes stop.
-    tokio::time::sleep(std::time::Duration::from_secs(seconds + 2)).await;
+    let end = Clock::now() + std::time::Duration::from_secs(seconds + 2);
+    let workers = worker_slots.map(|slots| {
+        noop::spawn(
+            &reqwest::Client::new(),
+            &server.bases,
+            slots,
+            &noop::Until::deadline(end),
+        )
+    });
+    tokio::time::sleep_until(end.into()).await;
+    let completions = match workers {
+        Some(workers) => Some(noop::join(workers).await?),
+        None => None,
+    };
     let fire_batches = server.metric_sum("sked_fire_batches_total").await?;
     server.stop().await;
 
@@ -59,6 +90,16 @@ pub async fn run(
         .map(|r| ms(r.created_at - r.scheduled_for))
         .collect();
     let p = percentiles(&mut lateness);
+    // Instant -> attempt started: the first attempt's start (there are no retries here).
+    let mut start_lateness: Vec<f64> = window
+        .iter()
+        .filter_map(|r| r.started_at.map(|s| ms(s - r.scheduled_for)))
+        .collect();
+    let sp = percentiles(&mut start_lateness);
+    let succeeded = window
+        .iter()
+        .filter(|r| r.state == RunState::Succeeded)
+        .count();
     // Every instant each schedule owed in the window, against its rows in the ledger.
     let (from_us, to_us) = (from.timestamp_micros(), to.timestamp_micros());
     let mut owed: HashMap<(String, i64), u32> = HashMap::new();
@@ -101,6 +142,14 @@ pub async fn run(
     });
     if let Some(shares) = shares {
         figures["partitions_per_node"] = json!(shares);
+    }
+    if let Some(slots) = worker_slots {
+        figures["worker_slots"] = json!(slots);
+        figures["completions_sent"] = json!(completions);
+        figures["runs_started"] = json!(sp.count);
+        figures["runs_succeeded"] = json!(succeeded);
+        figures["started_lateness_ms"] =
+            json!({"p50": sp.p50, "p90": sp.p90, "p99": sp.p99, "max": sp.max});
     }
     Ok(figures)
 }

@@ -1,19 +1,32 @@
 //! sked's benchmarks, as commands that print their figures and write them as JSON.
 //!
 //! - `firing`: N schedules firing once a minute, spread evenly; reports firing lateness
-//!   (instant -> run queued in the ledger) p50/p99/max.
+//!   (instant -> run queued in the ledger) p50/p90/p99/max; with `--worker`, a no-op worker
+//!   also completes the runs and the time from instant to attempt started is reported.
 //! - `e2e`: durable no-op runs end to end (fire -> worker over HTTP -> result recorded) per
 //!   second, with a worker that completes each attempt at once.
+//! - `burst`: N runs due at the same instant (10,000 by default); how long until the last one
+//!   is queued, handed to the no-op worker, and recorded as succeeded.
+//! - `shell`: shell process starts per second on one real `sked worker` process, with its CPU
+//!   time per run.
+//! - `scale`: a million hourly schedules in a SQLite store served by a real `sked server`
+//!   process; start-up time, resident memory, API latency under load, firing lateness.
 //! - `takeover`: three `sked server` processes on PostgreSQL, one killed at a time; how long
 //!   until its partitions are taken over, and whether any instant was lost or doubled.
 //!
-//! `firing` and `e2e` start the real server in this process on a fresh store: SQLite in a
-//! temporary directory, or PostgreSQL with `--database-url`, where `--nodes N` starts N nodes
-//! sharing it.
+//! `firing`, `e2e`, `burst` and `shell` start the real server in this process on a fresh store:
+//! SQLite in a temporary directory, or PostgreSQL with `--database-url`, where `--nodes N`
+//! (`firing`, `e2e`) starts N nodes sharing it. `shell`, `scale` and `takeover` also run the
+//! `sked` binary (the one next to this benchmark, or `--sked-bin`).
 
+mod burst;
 mod e2e;
 mod firing;
 mod harness;
+mod noop;
+mod process;
+mod scale;
+mod shell;
 mod takeover;
 
 use anyhow::{bail, Result};
@@ -46,6 +59,78 @@ enum Scenario {
         /// Server nodes sharing the store (above 1 needs --database-url).
         #[arg(long, default_value_t = 1)]
         nodes: usize,
+        /// Also run the no-op worker, so runs are started and completed, and report the time
+        /// from each instant to its attempt's start.
+        #[arg(long)]
+        worker: bool,
+        /// Slots of the no-op worker, with --worker (split between one worker per node).
+        #[arg(long, default_value_t = 1_000)]
+        slots: u32,
+    },
+    /// N runs due at the same instant: how long until all are queued, started and recorded.
+    Burst {
+        /// Jobs, each with one instant, the same for all.
+        #[arg(long, default_value_t = 10_000)]
+        runs: usize,
+        /// Slots of the no-op worker (default: as many as runs; split into workers of at most
+        /// 10,000 slots each).
+        #[arg(long)]
+        slots: Option<u32>,
+        /// Seconds from the start of job creation to the instant (default: planned from
+        /// --runs).
+        #[arg(long)]
+        lead: Option<f64>,
+        /// Seconds after the instant every run may take to succeed.
+        #[arg(long, default_value_t = 60)]
+        limit: u64,
+    },
+    /// Shell process starts per second on one real `sked worker` process.
+    Shell {
+        /// Schedules, each firing every `--every`, anchors spread over the period.
+        #[arg(long, default_value_t = 2_000)]
+        schedules: usize,
+        #[arg(long, default_value = "1s")]
+        every: String,
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// The worker's `--slots`.
+        #[arg(long, default_value_t = 64)]
+        slots: u32,
+        /// The jobs' shell command.
+        #[arg(long, default_value = "true")]
+        command: String,
+        /// The `sked` binary (default: the one next to this benchmark).
+        #[arg(long)]
+        sked_bin: Option<PathBuf>,
+    },
+    /// A million stored hourly schedules served by a real `sked server` process (SQLite only):
+    /// start-up time, resident memory, API latency and firing lateness under load.
+    Scale {
+        #[arg(long, default_value_t = 1_000_000)]
+        schedules: usize,
+        /// Keep the prepared store here and reuse it in later runs (the jobs are created only
+        /// when it does not already hold them; a store last served over an hour ago is
+        /// refused). Default: a temporary directory, removed afterwards.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Length of the load phase.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// API requests per second of each kind (reading a job, listing a page).
+        #[arg(long, default_value_t = 200)]
+        rate: u32,
+        /// Concurrent clients of each kind, sharing its rate.
+        #[arg(long, default_value_t = 4)]
+        clients: u32,
+        /// Slots of the no-op worker completing the runs during the load phase.
+        #[arg(long, default_value_t = 1_000)]
+        slots: u32,
+        /// No worker: the runs stay queued.
+        #[arg(long)]
+        no_worker: bool,
+        /// The `sked` binary (default: the one next to this benchmark).
+        #[arg(long)]
+        sked_bin: Option<PathBuf>,
     },
     /// End-to-end no-op runs per second.
     E2e {
@@ -116,9 +201,76 @@ fn main() -> Result<()> {
                 schedules,
                 seconds,
                 nodes,
+                worker,
+                slots,
             } => {
                 check_nodes(nodes, database_url)?;
-                firing::run(database_url, nodes, schedules, seconds).await
+                firing::run(firing::Options {
+                    database_url,
+                    nodes,
+                    schedules,
+                    seconds,
+                    worker_slots: worker.then_some(slots),
+                })
+                .await
+            }
+            Scenario::Burst {
+                runs,
+                slots,
+                lead,
+                limit,
+            } => {
+                burst::run(burst::Options {
+                    database_url,
+                    runs,
+                    slots: slots.unwrap_or(u32::try_from(runs).unwrap_or(u32::MAX)),
+                    lead_seconds: lead,
+                    limit_seconds: limit,
+                })
+                .await
+            }
+            Scenario::Shell {
+                schedules,
+                every,
+                seconds,
+                slots,
+                command,
+                sked_bin,
+            } => {
+                shell::run(shell::Options {
+                    database_url,
+                    schedules,
+                    every,
+                    seconds,
+                    slots,
+                    command,
+                    sked_bin,
+                })
+                .await
+            }
+            Scenario::Scale {
+                schedules,
+                data_dir,
+                seconds,
+                rate,
+                clients,
+                slots,
+                no_worker,
+                sked_bin,
+            } => {
+                if database_url.is_some() {
+                    bail!("scale runs on SQLite only: its store is a --data-dir");
+                }
+                scale::run(scale::Options {
+                    schedules,
+                    data_dir,
+                    seconds,
+                    rate,
+                    clients,
+                    worker_slots: (!no_worker).then_some(slots),
+                    sked_bin,
+                })
+                .await
             }
             Scenario::E2e {
                 schedules,

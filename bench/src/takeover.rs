@@ -9,6 +9,7 @@
 //! instants that fell due during each takeover is reported.
 
 use crate::harness::{cluster, fresh_schema, wait_balanced, Place};
+use crate::process::{free_port, sked_bin, spawn};
 use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Duration, Utc};
 use serde_json::{json, Value};
@@ -17,11 +18,10 @@ use sked_core::stats::percentiles;
 use sked_core::HumanDuration;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration as Span, Instant as Clock};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const NODES: usize = 3;
 /// The product's target for moving a dead node's schedules.
@@ -325,47 +325,6 @@ async fn kill_and_restart(
         rebalance: restarted.elapsed(),
         balanced_at: Utc::now(),
     })
-}
-
-/// The `sked` binary: `--sked-bin`, or the one built next to this benchmark.
-fn sked_bin(given: Option<&Path>) -> Result<PathBuf> {
-    let path = match given {
-        Some(path) => path.to_path_buf(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("the benchmark's own directory")?
-            .join("sked"),
-    };
-    if !path.is_file() {
-        bail!(
-            "no sked binary at {}: build it with `cargo build --release -p sked`, or pass \
-             --sked-bin PATH",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
-}
-
-fn spawn(bin: &Path, args: &[&str], log: &Path) -> Result<Child> {
-    let out =
-        std::fs::File::create(log).with_context(|| format!("create the log {}", log.display()))?;
-    let err = out.try_clone()?;
-    Command::new(bin)
-        .args(args)
-        .env("RUST_LOG", "info")
-        // Plain text, so the logs can be searched for errors afterwards.
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {}", bin.display()))
 }
 
 fn spawn_server(start: &Start<'_>, node: &Node) -> Result<Child> {

@@ -1,0 +1,177 @@
+//! The no-op worker: a minimal client of the HTTP worker protocol that completes every attempt
+//! it leases at once, successfully. The benchmarks that run it measure sked's own cost of
+//! handing out and recording runs, with nothing executed.
+//!
+//! A worker registers at most [`MAX_SLOTS`] slots, so a larger number of slots is split
+//! between several such workers.
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use sked_core::protocol::{Completion, LeaseResponse, RegisterResponse};
+use sked_core::run::AttemptOutcome;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant as Clock};
+use tokio::task::JoinSet;
+
+/// The most slots the server accepts for one worker.
+pub const MAX_SLOTS: u32 = 10_000;
+
+/// How long one lease request waits for work (long poll).
+const LEASE_WAIT_MS: u64 = 200;
+
+/// When the no-op workers stop: at `deadline`, or as soon as they have completed `enough`
+/// attempts between them.
+#[derive(Clone)]
+pub struct Until {
+    pub deadline: Clock,
+    pub enough: Option<u64>,
+    completed: Arc<AtomicU64>,
+}
+
+impl Until {
+    pub fn deadline(deadline: Clock) -> Until {
+        Until {
+            deadline,
+            enough: None,
+            completed: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Stops at `deadline`, or once `enough` attempts are completed.
+    pub fn enough(deadline: Clock, enough: u64) -> Until {
+        Until {
+            enough: Some(enough),
+            ..Until::deadline(deadline)
+        }
+    }
+
+    fn done(&self) -> bool {
+        Clock::now() >= self.deadline
+            || self
+                .enough
+                .is_some_and(|n| self.completed.load(Ordering::Relaxed) >= n)
+    }
+}
+
+/// No-op workers with `slots` slots in all, split evenly between the nodes at `bases` (each
+/// node's share split again into workers of at most [`MAX_SLOTS`]), each polling its own node.
+pub fn spawn(
+    http: &reqwest::Client,
+    bases: &[String],
+    slots: u32,
+    until: &Until,
+) -> JoinSet<Result<u64>> {
+    let mut workers = JoinSet::new();
+    let count = bases.len().max(1) as u32;
+    for (i, base) in bases.iter().enumerate() {
+        let mut share = slots / count + u32::from((i as u32) < slots % count);
+        while share > 0 {
+            let chunk = share.min(MAX_SLOTS);
+            share -= chunk;
+            workers.spawn(noop_worker(
+                http.clone(),
+                base.clone(),
+                chunk,
+                until.clone(),
+            ));
+        }
+    }
+    workers
+}
+
+/// Waits for the workers of [`spawn`]; returns how many attempts they completed in all.
+pub async fn join(mut workers: JoinSet<Result<u64>>) -> Result<u64> {
+    let mut completed = 0u64;
+    while let Some(done) = workers.join_next().await {
+        completed += done.context("no-op worker")??;
+    }
+    Ok(completed)
+}
+
+/// A worker with `slots` slots on the node at `base` that completes every attempt it leases at
+/// once, until `until`; returns how many it completed.
+pub async fn noop_worker(
+    http: reqwest::Client,
+    base: String,
+    slots: u32,
+    until: Until,
+) -> Result<u64> {
+    let resp = http
+        .post(format!("{base}/api/v1/workers"))
+        .json(&json!({"name": "noop", "slots": slots}))
+        .send()
+        .await
+        .context("register")?;
+    if !resp.status().is_success() {
+        bail!("register: {}: {}", resp.status(), resp.text().await?);
+    }
+    let reg: RegisterResponse = resp.json().await.context("register")?;
+    let worker = reg.worker_id;
+    // Every attempt completes within its lease poll, so heartbeats carry no attempts; they only
+    // keep the worker alive.
+    let heartbeats = tokio::spawn({
+        let (http, url) = (
+            http.clone(),
+            format!("{base}/api/v1/workers/{worker}/heartbeat"),
+        );
+        let every = Duration::from_millis(reg.heartbeat_interval_ms);
+        async move {
+            loop {
+                let _ = http.post(&url).json(&json!({"running": []})).send().await;
+                tokio::time::sleep(every).await;
+            }
+        }
+    });
+    let leased = lease_loop(&http, &base, &worker, slots, &until).await;
+    heartbeats.abort();
+    leased
+}
+
+async fn lease_loop(
+    http: &reqwest::Client,
+    base: &str,
+    worker: &str,
+    slots: u32,
+    until: &Until,
+) -> Result<u64> {
+    let mut completed = 0u64;
+    while !until.done() {
+        let lease: LeaseResponse = http
+            .post(format!("{base}/api/v1/workers/{worker}/lease"))
+            .json(&json!({"max": slots, "wait_ms": LEASE_WAIT_MS}))
+            .send()
+            .await?
+            .json()
+            .await
+            .context("lease")?;
+        if lease.attempts.is_empty() {
+            continue;
+        }
+        let completions: Vec<Completion> = lease
+            .attempts
+            .iter()
+            .map(|a| Completion {
+                attempt_id: a.attempt_id,
+                token: a.token,
+                outcome: AttemptOutcome::Succeeded,
+                exit_code: Some(0),
+                http_status: None,
+                error: None,
+            })
+            .collect();
+        let resp = http
+            .post(format!("{base}/api/v1/workers/{worker}/complete"))
+            .json(&json!({"completions": completions}))
+            .send()
+            .await?;
+        if !resp.status().is_success() {
+            bail!("complete: {}", resp.text().await?);
+        }
+        completed += completions.len() as u64;
+        until
+            .completed
+            .fetch_add(completions.len() as u64, Ordering::Relaxed);
+    }
+    Ok(completed)
+}
