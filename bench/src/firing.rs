@@ -1,6 +1,6 @@
-//! Firing lateness: N schedules each firing once a minute, anchored evenly across the minute so
-//! that N/60 instants fall due every second. Lateness is the time from an instant to its run's
-//! ledger row.
+//! Firing lateness: N schedules each firing every `--every` (a minute by default), anchored
+//! evenly across the period so that N/period instants fall due every second, each at its own
+//! instant. Lateness is the time from an instant to its run's ledger row.
 //!
 //! With a worker (`--worker`), the no-op worker of `noop.rs` also leases and completes the runs,
 //! so the firing happens beside dispatch and completion, and the time from each instant to its
@@ -8,22 +8,23 @@
 
 use crate::harness::{cluster, ms, start, store_with_jobs};
 use crate::noop;
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 use sked_core::job::JobSpec;
 use sked_core::run::RunState;
 use sked_core::stats::percentiles;
+use sked_core::HumanDuration;
 use std::collections::HashMap;
 use std::time::Instant as Clock;
-
-const PERIOD_US: i64 = 60_000_000;
 
 /// What `sked-bench firing` was asked for.
 pub struct Options<'a> {
     pub database_url: Option<&'a str>,
     pub nodes: usize,
     pub schedules: usize,
+    /// Each schedule's period, as a job's `every` (`60s`, `10s`).
+    pub every: &'a str,
     pub seconds: u64,
     /// Slots of a no-op worker completing the runs (split between one per node); none without.
     pub worker_slots: Option<u32>,
@@ -34,15 +35,25 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         database_url,
         nodes,
         schedules,
+        every,
         seconds,
         worker_slots,
     } = options;
+    let period_us = every
+        .parse::<HumanDuration>()
+        .map_err(|e| anyhow::anyhow!("--every {every}: {e}"))?
+        .as_chrono()
+        .num_microseconds()
+        .context("--every is too long")?;
+    if period_us <= 0 || schedules == 0 {
+        bail!("--every and --schedules must be above zero");
+    }
     let base = Utc::now();
-    let step_us = PERIOD_US / schedules.max(1) as i64;
+    let step_us = period_us / schedules as i64;
     let jobs = (0..schedules).map(move |i| {
         let anchor = base + Duration::microseconds(step_us * i as i64);
         let spec: JobSpec = serde_json::from_value(json!({
-            "schedule": {"every": "60s", "anchor": anchor.to_rfc3339()},
+            "schedule": {"every": every, "anchor": anchor.to_rfc3339()},
             "target": {"shell": {"command": "true"}},
         }))
         .expect("a valid benchmark job");
@@ -105,13 +116,13 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     let mut owed: HashMap<(String, i64), u32> = HashMap::new();
     for i in 0..schedules {
         let anchor = base.timestamp_micros() + step_us * i as i64;
-        let mut t = anchor + (from_us - anchor).div_euclid(PERIOD_US) * PERIOD_US;
+        let mut t = anchor + (from_us - anchor).div_euclid(period_us) * period_us;
         if t < from_us {
-            t += PERIOD_US;
+            t += period_us;
         }
         while t < to_us {
             owed.insert((format!("job-{i:07}"), t), 0);
-            t += PERIOD_US;
+            t += period_us;
         }
     }
     let mut unexpected = 0usize;
@@ -128,7 +139,8 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         "store": store_name,
         "nodes": nodes,
         "schedules": schedules,
-        "fires_per_second": schedules as f64 / 60.0,
+        "every": every,
+        "fires_per_second": schedules as f64 * 1e6 / period_us as f64,
         "window_seconds": seconds,
         "fires_expected": owed.len(),
         "fires_recorded": p.count,

@@ -1,6 +1,6 @@
 //! sked's benchmarks, as commands that print their figures and write them as JSON.
 //!
-//! - `firing`: N schedules firing once a minute, spread evenly; reports firing lateness
+//! - `firing`: N schedules firing every `--every` (a minute by default), spread evenly; reports firing lateness
 //!   (instant -> run queued in the ledger) p50/p90/p99/max; with `--worker`, a no-op worker
 //!   also completes the runs and the time from instant to attempt started is reported.
 //! - `e2e`: durable no-op runs end to end (fire -> worker over HTTP -> result recorded) per
@@ -49,11 +49,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Scenario {
-    /// Firing lateness with N schedules each firing once a minute.
+    /// Firing lateness with N schedules each firing every `--every`, anchors spread over it.
     Firing {
         #[arg(long, default_value_t = 10_000)]
         schedules: usize,
-        /// How long to measure after the first minute boundary is reached.
+        #[arg(long, default_value = "60s")]
+        every: String,
+        /// How long to measure, from a second after the server is ready.
         #[arg(long, default_value_t = 70)]
         seconds: u64,
         /// Server nodes sharing the store (above 1 needs --database-url).
@@ -199,6 +201,7 @@ fn main() -> Result<()> {
         match cli.scenario {
             Scenario::Firing {
                 schedules,
+                every,
                 seconds,
                 nodes,
                 worker,
@@ -209,6 +212,7 @@ fn main() -> Result<()> {
                     database_url,
                     nodes,
                     schedules,
+                    every: &every,
                     seconds,
                     worker_slots: worker.then_some(slots),
                 })

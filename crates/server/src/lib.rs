@@ -34,6 +34,10 @@ pub enum ServerError {
     Http(std::io::Error),
     #[error(transparent)]
     Store(#[from] sked_store::StoreError),
+    /// A duty (firing, dispatch, membership…) ended while the node was serving: the node stops
+    /// rather than answer the API while nothing fires.
+    #[error("the server stopped because a duty ended unexpectedly: {0}")]
+    DutyEnded(String),
 }
 
 /// Everything the API handlers and duties share.
@@ -129,39 +133,55 @@ pub async fn serve(
     };
 
     let mut duties = tokio::task::JoinSet::new();
-    duties.spawn(firing_loop.run(ready_tx, stop_rx.clone()));
-    duties.spawn(membership::run(
-        store.clone(),
-        node.clone(),
-        config.node_lease,
-        state.firing.clone(),
-        maintenance_tx,
-        stop_rx.clone(),
+    duties.spawn(duty("firing", firing_loop.run(ready_tx, stop_rx.clone())));
+    duties.spawn(duty(
+        "membership",
+        membership::run(
+            store.clone(),
+            node.clone(),
+            config.node_lease,
+            state.firing.clone(),
+            maintenance_tx,
+            stop_rx.clone(),
+        ),
     ));
     if let Some(events) = events {
-        duties.spawn(changes::run(
-            events,
-            store.clone(),
-            state.firing.clone(),
-            dispatcher.clone(),
-            stop_rx.clone(),
+        duties.spawn(duty(
+            "change feed",
+            changes::run(
+                events,
+                store.clone(),
+                state.firing.clone(),
+                dispatcher.clone(),
+                stop_rx.clone(),
+            ),
         ));
     }
-    duties.spawn(dispatcher.clone().run(store.clone(), stop_rx.clone()));
-    duties.spawn(maintenance::reaper::run(state.clone(), stop_rx.clone()));
-    duties.spawn(maintenance::retention::run(state.clone(), stop_rx.clone()));
+    duties.spawn(duty(
+        "dispatch",
+        dispatcher.clone().run(store.clone(), stop_rx.clone()),
+    ));
+    duties.spawn(duty(
+        "reaper",
+        maintenance::reaper::run(state.clone(), stop_rx.clone()),
+    ));
+    duties.spawn(duty(
+        "retention",
+        maintenance::retention::run(state.clone(), stop_rx.clone()),
+    ));
 
     let app = api::router(state);
     let mut http_stop = stop_rx.clone();
     let http = axum::serve(listener, app).with_graceful_shutdown(async move {
         crate::stopped(&mut http_stop).await;
     });
-    let trigger = tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
-    let served = http.await.map_err(ServerError::Http);
-    trigger.abort();
+    let outcome = supervise(
+        std::future::IntoFuture::into_future(http),
+        shutdown,
+        &mut duties,
+        &stop_tx,
+    )
+    .await;
     // The HTTP server only ends on shutdown or failure; either way the duties stop too.
     duties.abort_all();
     while duties.join_next().await.is_some() {}
@@ -169,5 +189,119 @@ pub async fn serve(
     if let Err(e) = store.leave_cluster(&node.id).await {
         tracing::warn!("could not give up this node's leases (they expire on their own): {e}");
     }
-    served
+    outcome
+}
+
+/// Serves until `http` ends, which it does once `stop` is sent: on `shutdown`, or when a duty
+/// ends first. Duties return only on shutdown; one that ends before it (a panic, a bug) would
+/// leave the node answering while nothing fires or dispatches, so the whole node stops with
+/// an error instead, for its supervisor to restart it and for its partitions to move on.
+async fn supervise(
+    http: impl Future<Output = std::io::Result<()>>,
+    shutdown: impl Future<Output = ()>,
+    duties: &mut tokio::task::JoinSet<&'static str>,
+    stop: &watch::Sender<bool>,
+) -> Result<(), ServerError> {
+    let mut http = std::pin::pin!(http);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut failed = None;
+    loop {
+        let stopping = *stop.borrow();
+        tokio::select! {
+            served = &mut http => {
+                return match failed {
+                    Some(e) => Err(e),
+                    None => served.map_err(ServerError::Http),
+                };
+            }
+            () = &mut shutdown, if !stopping => {
+                let _ = stop.send(true);
+            }
+            Some(ended) = duties.join_next(), if !stopping => {
+                let why = match ended {
+                    Ok(name) => format!("{name} returned"),
+                    Err(e) if e.is_panic() => format!("a duty panicked: {}", panic_message(e)),
+                    Err(e) => format!("a duty was cancelled: {e}"),
+                };
+                tracing::error!("stopping the server: {why}");
+                failed = Some(ServerError::DutyEnded(why));
+                let _ = stop.send(true);
+            }
+        }
+    }
+}
+
+/// A duty of the node under its name, which `serve` reports if the duty ends before shutdown.
+async fn duty(name: &'static str, work: impl Future<Output = ()>) -> &'static str {
+    work.await;
+    name
+}
+
+fn panic_message(e: tokio::task::JoinError) -> String {
+    let payload = e.into_panic();
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::task::JoinSet;
+
+    /// An HTTP server stand-in that ends once `stop` is sent, as axum's graceful shutdown does.
+    fn http(stop: &watch::Sender<bool>) -> impl Future<Output = std::io::Result<()>> {
+        let mut stopped = stop.subscribe();
+        async move {
+            crate::stopped(&mut stopped).await;
+            Ok(())
+        }
+    }
+
+    /// A duty that runs until `stop` is sent, as every real duty does.
+    fn until_stopped(stop: &watch::Sender<bool>) -> impl Future<Output = ()> + Send + 'static {
+        let mut stopped = stop.subscribe();
+        async move { crate::stopped(&mut stopped).await }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_duty_stops_the_node_with_its_message() {
+        let (stop, _) = watch::channel(false);
+        let mut duties = JoinSet::new();
+        duties.spawn(duty("dispatch", until_stopped(&stop)));
+        duties.spawn(duty("firing", async { panic!("the timer broke") }));
+        let outcome = supervise(http(&stop), std::future::pending(), &mut duties, &stop).await;
+        match outcome {
+            Err(ServerError::DutyEnded(why)) => assert!(why.contains("the timer broke"), "{why}"),
+            other => panic!("expected DutyEnded, got {other:?}"),
+        }
+        assert!(*stop.borrow(), "the other duties were told to stop");
+    }
+
+    #[tokio::test]
+    async fn a_duty_that_returns_early_is_named() {
+        let (stop, _) = watch::channel(false);
+        let mut duties = JoinSet::new();
+        duties.spawn(duty("membership", async {}));
+        let outcome = supervise(http(&stop), std::future::pending(), &mut duties, &stop).await;
+        match outcome {
+            Err(ServerError::DutyEnded(why)) => assert_eq!(why, "membership returned"),
+            other => panic!("expected DutyEnded, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn duties_ending_on_shutdown_are_no_failure() {
+        let (stop, _) = watch::channel(false);
+        let mut duties = JoinSet::new();
+        for name in ["firing", "dispatch", "reaper"] {
+            duties.spawn(duty(name, until_stopped(&stop)));
+        }
+        let shutdown = tokio::time::sleep(std::time::Duration::from_millis(20));
+        let outcome = supervise(http(&stop), shutdown, &mut duties, &stop).await;
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert!(*stop.borrow());
+    }
 }

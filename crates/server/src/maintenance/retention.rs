@@ -9,9 +9,11 @@ use tokio::sync::watch;
 
 const BATCH: u32 = 5000;
 
-pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
+pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     let Some(retention) = state.config.retention else {
-        return;
+        // Nothing to delete, ever; a duty still lasts until shutdown (`serve` stops the node
+        // when one ends earlier).
+        return crate::stopped(&mut shutdown).await;
     };
     let first = Duration::from_secs(60);
     let interval = Duration::from_secs(600);
