@@ -31,6 +31,8 @@ const TAKEOVER_GIVE_UP: Duration = Duration::from_secs(20);
 const DRAIN: Duration = Duration::from_secs(90);
 /// Slack at either end of the window of owed instants.
 const EDGE_MICROS: i64 = 2_000_000;
+/// How long the ledger check waits for instants due before pausing to be recorded.
+const SETTLE: Duration = Duration::from_secs(20);
 /// How long a node may take to answer `/readyz`, on a machine busy with the others.
 const NODE_START: Duration = Duration::from_secs(60);
 
@@ -321,6 +323,7 @@ async fn chaos_three_nodes_three_workers_sigkill_ledger() {
         (Utc::now() - pause_began).num_milliseconds()
     );
     let db = schema.client().await;
+    await_instants_up_to_pause(&db, pause_began, plans.len()).await;
     drain(&db).await;
 
     let report = check_ledger(&db, &plans, pause_began, &sink).await;
@@ -503,6 +506,38 @@ async fn pause_jobs(http: &reqwest::Client, bases: &[String], plans: &[JobPlan])
 }
 
 /// Waits until no run is waiting, queued or running.
+/// Waits (up to [`SETTLE`]) until every job has an instant recorded from just before pausing
+/// on. A partition handed over during the pause is fired by its new node only once that node
+/// has loaded it, which on a loaded machine can take a few seconds: an instant recorded late
+/// is no problem of the ledger, one never recorded is, and `check_ledger` reports it.
+async fn await_instants_up_to_pause(
+    db: &tokio_postgres::Client,
+    pause_began: DateTime<Utc>,
+    jobs: usize,
+) {
+    let began = Instant::now();
+    let window_end = micros(pause_began) - EDGE_MICROS;
+    loop {
+        let caught_up: i64 = db
+            .query_one(
+                "SELECT count(*) FROM (SELECT job, max(scheduled_for) AS last FROM runs \
+                 GROUP BY job) jobs WHERE last >= $1",
+                &[&window_end],
+            )
+            .await
+            .expect("count jobs with an instant up to pausing")
+            .get(0);
+        if caught_up as usize >= jobs || began.elapsed() > SETTLE {
+            println!(
+                "{caught_up} of {jobs} jobs had their instants up to pausing recorded {} ms after pausing",
+                (Utc::now() - pause_began).num_milliseconds()
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn drain(db: &tokio_postgres::Client) {
     let began = Instant::now();
     let mut said = Instant::now();

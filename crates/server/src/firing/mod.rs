@@ -33,6 +33,8 @@ use tokio::sync::{mpsc, watch};
 
 /// Scheduled jobs read from the store at a time when partitions are gained.
 const LOAD_PAGE: u32 = 10_000;
+/// Streams of pages read at once when loading schedules.
+const LOAD_STREAMS: usize = 2;
 
 /// What the firing loop is told.
 enum Change {
@@ -215,23 +217,27 @@ impl FiringLoop {
         if partitions.is_empty() {
             return Ok(());
         }
-        let filter = (partitions.len() < sked_core::cluster::PARTITIONS as usize)
-            .then(|| partitions.to_vec());
-        // The next page is read while this one is filed: reading and filing take each about
-        // half of loading a million schedules.
-        let mut next = Some(self.read_page(filter.clone(), 0));
-        while let Some(reading) = next.take() {
-            let page = reading.await.map_err(|e| {
-                sked_store::StoreError::Database(format!("reading schedules: {e}"))
-            })??;
-            if page.len() == LOAD_PAGE as usize {
-                if let Some(last) = page.last() {
-                    next = Some(self.read_page(filter.clone(), last.id));
-                }
+        // Pages are read on tasks of their own, each stream a page ahead, while this loop
+        // files them: reading (decoding each definition) is most of loading a million
+        // schedules, and two streams over alternate partitions keep both cores on it.
+        let (pages, mut incoming) = mpsc::channel(LOAD_STREAMS);
+        let mut readers = tokio::task::JoinSet::new();
+        for stream in 0..LOAD_STREAMS {
+            let own: Vec<u32> = partitions
+                .iter()
+                .skip(stream)
+                .step_by(LOAD_STREAMS)
+                .copied()
+                .collect();
+            if !own.is_empty() {
+                readers.spawn(read_pages(self.store.clone(), own, pages.clone()));
             }
+        }
+        drop(pages);
+        while let Some(page) = incoming.recv().await {
             let now = Utc::now();
             let mut pending = Vec::new();
-            for job in page {
+            for job in page? {
                 if let Some(slot) = slot_from(&job) {
                     self.catch_up(&job, slot, now, &mut pending);
                 }
@@ -242,21 +248,9 @@ impl FiringLoop {
             }
             self.write(pending, now, shutdown).await?;
         }
+        // Every stream ended by sending its last page or its error: none can be left running.
+        while readers.join_next().await.is_some() {}
         Ok(())
-    }
-
-    /// Reads a page of scheduled jobs on a task of its own.
-    fn read_page(
-        &self,
-        partitions: Option<Vec<u32>>,
-        after: i64,
-    ) -> tokio::task::JoinHandle<Result<Vec<ScheduledJob>, sked_store::StoreError>> {
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            store
-                .scheduled_jobs(partitions.as_deref(), after, LOAD_PAGE)
-                .await
-        })
     }
 
     /// Replaces job `job_id`'s slot with what the store holds now. On error the old slot stays,
@@ -418,6 +412,34 @@ fn slot_from(job: &ScheduledJob) -> Option<Slot> {
         paused: job.paused,
         template: None,
     })
+}
+
+/// Sends the scheduled jobs of `partitions` to `pages`, a page at a time, then ends; on an error
+/// it sends the error and ends. It also ends when nobody receives any more.
+async fn read_pages(
+    store: Arc<dyn Store>,
+    partitions: Vec<u32>,
+    pages: mpsc::Sender<Result<Vec<ScheduledJob>, sked_store::StoreError>>,
+) {
+    // All partitions need no filter (a single node holds them all).
+    let filter = (partitions.len() < sked_core::cluster::PARTITIONS as usize).then_some(partitions);
+    let mut after = 0;
+    loop {
+        let page = store
+            .scheduled_jobs(filter.as_deref(), after, LOAD_PAGE)
+            .await;
+        let more = match &page {
+            Ok(jobs) if jobs.len() == LOAD_PAGE as usize => jobs.last().map(|job| job.id),
+            _ => None,
+        };
+        if pages.send(page).await.is_err() {
+            return;
+        }
+        match more {
+            Some(last) => after = last,
+            None => return,
+        }
+    }
 }
 
 /// The least time between two batches. Every transaction costs a few WAL pages whatever its

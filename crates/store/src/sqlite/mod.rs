@@ -1,7 +1,8 @@
 //! The embedded store on SQLite: one database file in WAL mode.
 //!
 //! Writes go through one connection (SQLite has one writer at a time anyway), each batch in one
-//! `IMMEDIATE` transaction; reads use a second connection, which WAL lets run beside the writer.
+//! `IMMEDIATE` transaction; reads use [`READERS`] more connections, which WAL lets run beside the
+//! writer and beside each other.
 //! `synchronous = NORMAL`: a commit survives the process being killed; only a power cut can lose
 //! the last commits, and no run pays an fsync of its own.
 //!
@@ -44,9 +45,35 @@ const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(1
 /// Pages of WAL after which a commit checkpoints by itself, should the thread fall behind.
 const WRITER_AUTOCHECKPOINT_PAGES: i64 = 20_000;
 
+/// Read connections: two reads (an API request beside a page of schedules being loaded, or two
+/// such pages) run at once, which on two cores is what there is to gain.
+const READERS: usize = 2;
+/// Each reader's page cache, negative as SQLite takes KiB: together what the writer has.
+const READER_CACHE_KIB: i64 = -16_000;
+
 struct Connections {
     writer: Mutex<Connection>,
-    reader: Mutex<Connection>,
+    readers: Vec<Mutex<Connection>>,
+    /// Which reader the next read waits for when all are busy: waiters are spread over them.
+    next_reader: std::sync::atomic::AtomicUsize,
+}
+
+impl Connections {
+    /// A free read connection, or, when all are busy, the first to come free of one of them.
+    fn reader(&self) -> std::sync::MutexGuard<'_, Connection> {
+        for reader in &self.readers {
+            match reader.try_lock() {
+                Ok(conn) => return conn,
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+        }
+        let i = self
+            .next_reader
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % self.readers.len();
+        self.readers[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
@@ -91,17 +118,26 @@ impl SqliteStore {
             .map_err(open_err)?;
         let checkpointer = Connection::open(path).map_err(open_err)?;
         configure(&checkpointer).map_err(open_err)?;
-        let reader = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(open_err)?;
-        configure(&reader).map_err(open_err)?;
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            let reader = Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(open_err)?;
+            configure(&reader).map_err(open_err)?;
+            // The readers share the page cache budget of one connection.
+            reader
+                .pragma_update(None, "cache_size", READER_CACHE_KIB)
+                .map_err(open_err)?;
+            readers.push(Mutex::new(reader));
+        }
         Ok(SqliteStore {
             node: Mutex::new(None),
             inner: Arc::new(Connections {
                 writer: Mutex::new(writer),
-                reader: Mutex::new(reader),
+                readers,
+                next_reader: Default::default(),
             }),
             _checkpointer: spawn_checkpointer(checkpointer).map_err(|e| {
                 StoreError::Open(format!("cannot start the checkpoint thread: {e}"))
@@ -134,7 +170,7 @@ impl SqliteStore {
     {
         let inner = self.inner.clone();
         blocking(move || {
-            let mut conn = inner.reader.lock().unwrap_or_else(|p| p.into_inner());
+            let mut conn = inner.reader();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
             work(&tx)
         })
