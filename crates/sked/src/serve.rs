@@ -102,7 +102,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
     );
     let (server_stop, server_stopped) = watch::channel(false);
     let (worker_stop, worker_stopped) = watch::channel(false);
-    let server = tokio::spawn(sked_server::serve(
+    let mut server = tokio::spawn(sked_server::serve(
         config,
         opened.store.clone(),
         listener,
@@ -116,7 +116,19 @@ pub async fn dev(args: DevArgs) -> Result<()> {
         ..sked_worker::WorkerConfig::default()
     };
     let worker = tokio::spawn(sked_worker::run(worker_config, stopped(worker_stopped)));
-    shutdown_signal().await;
+    let failed = tokio::select! {
+        () = shutdown_signal() => None,
+        ended = &mut server => Some(ended),
+    };
+    if let Some(ended) = failed {
+        // The server stopped by itself (a duty of it failed): nothing can take the worker's
+        // reports any more, so it is dropped (its shell processes with it) and the server's
+        // error is what `sked dev` exits with. What it was running is in the ledger as
+        // running, and the next start reaps it.
+        worker.abort();
+        ended.context("server task")??;
+        bail!("the server stopped on its own");
+    }
     // The worker stops first, so it can still report what it ran to the server.
     let _ = worker_stop.send(true);
     match worker.await {

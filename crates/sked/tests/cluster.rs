@@ -505,7 +505,6 @@ async fn pause_jobs(http: &reqwest::Client, bases: &[String], plans: &[JobPlan])
     }
 }
 
-/// Waits until no run is waiting, queued or running.
 /// Waits (up to [`SETTLE`]) until every job has an instant recorded from just before pausing
 /// on. A partition handed over during the pause is fired by its new node only once that node
 /// has loaded it, which on a loaded machine can take a few seconds: an instant recorded late
@@ -538,6 +537,7 @@ async fn await_instants_up_to_pause(
     }
 }
 
+/// Waits until no run is waiting, queued or running.
 async fn drain(db: &tokio_postgres::Client) {
     let began = Instant::now();
     let mut said = Instant::now();

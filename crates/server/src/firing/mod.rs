@@ -248,8 +248,12 @@ impl FiringLoop {
             }
             self.write(pending, now, shutdown).await?;
         }
-        // Every stream ended by sending its last page or its error: none can be left running.
-        while readers.join_next().await.is_some() {}
+        // A stream ends by sending its last page or its error, or by panicking: then its
+        // partitions were not all read, and the load must fail rather than look complete.
+        while let Some(ended) = readers.join_next().await {
+            ended
+                .map_err(|e| sked_store::StoreError::Database(format!("reading schedules: {e}")))?;
+        }
         Ok(())
     }
 
@@ -421,12 +425,10 @@ async fn read_pages(
     partitions: Vec<u32>,
     pages: mpsc::Sender<Result<Vec<ScheduledJob>, sked_store::StoreError>>,
 ) {
-    // All partitions need no filter (a single node holds them all).
-    let filter = (partitions.len() < sked_core::cluster::PARTITIONS as usize).then_some(partitions);
     let mut after = 0;
     loop {
         let page = store
-            .scheduled_jobs(filter.as_deref(), after, LOAD_PAGE)
+            .scheduled_jobs(Some(&partitions), after, LOAD_PAGE)
             .await;
         let more = match &page {
             Ok(jobs) if jobs.len() == LOAD_PAGE as usize => jobs.last().map(|job| job.id),

@@ -212,8 +212,8 @@ pub fn scheduled(
     after_id: i64,
     limit: u32,
 ) -> Result<Vec<ScheduledJob>> {
-    // Partition numbers are integers, so they are written into the text; a single node asks
-    // for all of them (`None`) anyway.
+    // Partition numbers are integers, so they are written into the text (a load reads its
+    // partitions in a few streams, so few distinct statements).
     let of_partitions = match partitions {
         None => String::new(),
         Some(partitions) => {

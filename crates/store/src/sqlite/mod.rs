@@ -48,8 +48,10 @@ const WRITER_AUTOCHECKPOINT_PAGES: i64 = 20_000;
 /// Read connections: two reads (an API request beside a page of schedules being loaded, or two
 /// such pages) run at once, which on two cores is what there is to gain.
 const READERS: usize = 2;
-/// Each reader's page cache, negative as SQLite takes KiB: together what the writer has.
-const READER_CACHE_KIB: i64 = -16_000;
+/// A connection's page cache, negative as SQLite takes it in KiB.
+const CACHE_KIB: i64 = -32_000;
+/// Each reader's page cache: the readers together have what the writer has.
+const READER_CACHE_KIB: i64 = CACHE_KIB / READERS as i64;
 
 struct Connections {
     writer: Mutex<Connection>,
@@ -81,7 +83,7 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
-    conn.pragma_update(None, "cache_size", -32_000)?;
+    conn.pragma_update(None, "cache_size", CACHE_KIB)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(())
 }
@@ -126,7 +128,6 @@ impl SqliteStore {
             )
             .map_err(open_err)?;
             configure(&reader).map_err(open_err)?;
-            // The readers share the page cache budget of one connection.
             reader
                 .pragma_update(None, "cache_size", READER_CACHE_KIB)
                 .map_err(open_err)?;
