@@ -120,6 +120,7 @@ pub struct ClientArgs {
         global = true
     )]
     pub server: String,
+    /// The namespace of the jobs and runs.
     #[arg(
         short,
         long,
@@ -137,48 +138,63 @@ pub struct ClientArgs {
 pub enum JobCommand {
     /// Create or update the jobs of a YAML or JSON file, and report what changed.
     Apply {
+        /// The file of jobs (`jobs:` list), YAML or JSON.
         #[arg(short, long)]
         file: PathBuf,
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Jobs of the namespace: name, state, schedule, next fire time.
     List {
+        /// Only jobs whose name or description contains this text.
         #[arg(long)]
         search: Option<String>,
+        /// Only jobs in this state: active, paused or completed.
         #[arg(long)]
         state: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// One job: its definition, next fire time, last run and counters.
     Get {
+        /// The job's name.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Run the job now.
     Trigger {
+        /// The job's name.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Stop firing the job; its instants are still recorded, as skipped (paused).
     Pause {
+        /// The job's name.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Fire the job again from its next instant.
     Resume {
+        /// The job's name.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Delete the job; its runs stay readable.
     Delete {
+        /// The job's name.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
     },
     /// The next fire times.
     Preview {
+        /// The job's name.
         name: String,
+        /// How many fire times to show.
         #[arg(long, default_value_t = 10)]
         count: usize,
         #[command(flatten)]
@@ -188,24 +204,32 @@ pub enum JobCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum RunCommand {
+    /// Runs, newest first.
     List {
+        /// Only the runs of this job.
         #[arg(long)]
         job: Option<String>,
+        /// Only runs in this state, e.g. queued, running, succeeded, failed.
         #[arg(long)]
         state: Option<String>,
+        /// At most this many runs.
         #[arg(long, default_value_t = 50)]
         limit: u32,
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// One run with its attempts.
     Get {
+        /// The run's id.
         id: i64,
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Captured output of the run's latest attempt (or --attempt N).
     Logs {
+        /// The run's id.
         id: i64,
+        /// Which attempt's output (1 is the first).
         #[arg(long)]
         attempt: Option<u32>,
         /// Keep streaming until the run ends.
@@ -214,7 +238,9 @@ pub enum RunCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Cancel the run: a queued run ends cancelled, a running attempt is stopped.
     Cancel {
+        /// The run's id.
         id: i64,
         #[command(flatten)]
         client: ClientArgs,
@@ -300,5 +326,37 @@ async fn run_cmd(cmd: RunCommand) -> Result<()> {
                 .await
         }
         RunCommand::Cancel { id, client } => client::Client::new(&client)?.run_cancel(id).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every subcommand and every argument a user can type says what it is for in `--help`.
+    #[test]
+    fn every_command_and_argument_has_a_help_line() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && !arg.is_hide_set() && arg.get_help().is_none() {
+                    missing.push(format!("{path} <{}>", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() == "help" || sub.is_hide_set() {
+                    continue;
+                }
+                let sub_path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    missing.push(sub_path.clone());
+                }
+                walk(sub, &sub_path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "sked", &mut missing);
+        assert!(missing.is_empty(), "no help line: {missing:#?}");
     }
 }
