@@ -157,8 +157,12 @@ pub struct JobStats {
     pub by_state: BTreeMap<String, u64>,
     pub succeeded: u64,
     pub failed: u64,
-    /// Attempts beyond the first, over all runs.
+    /// Attempts that followed a failed or timed-out attempt of the same run, over all runs:
+    /// what the retry policy spent.
     pub retries: u64,
+    /// Attempts lost with their worker (it stopped heartbeating, or never received them):
+    /// their runs were re-queued without spending the retry budget.
+    pub lost: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_run: Option<RunRecord>,
     /// Firing lateness of recent runs, milliseconds.

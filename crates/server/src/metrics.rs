@@ -12,6 +12,7 @@ pub struct Metrics {
     pub completions_accepted: AtomicU64,
     pub completions_rejected: AtomicU64,
     pub attempts_lost: AtomicU64,
+    pub retries: AtomicU64,
     pub workers_declared_dead: AtomicU64,
     pub runs_deleted: AtomicU64,
     /// Sum and count of firing lateness (instant -> ledger row) in microseconds.
@@ -31,7 +32,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every counter.
     pub fn render(&self) -> String {
-        let rows: [(&str, &str, &str, &AtomicU64); 12] = [
+        let rows: [(&str, &str, &str, &AtomicU64); 13] = [
             (
                 "sked_fires_total",
                 "counter",
@@ -77,8 +78,14 @@ impl Metrics {
             (
                 "sked_attempts_lost_total",
                 "counter",
-                "Attempts re-queued after their lease expired.",
+                "Attempts lost with their worker; their runs were re-queued without spending a retry.",
                 &self.attempts_lost,
+            ),
+            (
+                "sked_retries_total",
+                "counter",
+                "Failed or timed-out attempts whose run was queued again by its retry policy.",
+                &self.retries,
             ),
             (
                 "sked_workers_declared_dead_total",

@@ -117,6 +117,13 @@ async fn a_killed_worker_hands_its_attempt_to_another_worker() {
     assert_eq!(attempts[0]["state"], "lost", "{run}");
     assert_eq!(attempts[1]["state"], "succeeded", "{run}");
     assert_ne!(attempts[0]["worker_id"], attempts[1]["worker_id"], "{run}");
+    // The lost attempt is counted as lost, not as a retry nor a failure.
+    let (_, stats) = sked.get("/jobs/long/stats").await;
+    assert_eq!(
+        (&stats["lost"], &stats["retries"], &stats["failed"]),
+        (&json!(1), &json!(0), &json!(0)),
+        "{stats}"
+    );
     let (_, workers) = sked.get("/workers").await;
     let dead = workers["workers"]
         .as_array()

@@ -820,6 +820,24 @@ pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Sto
     // Nothing else is reaped while w2 heartbeats.
     let quiet = store.reap(later - secs(10), later + secs(1)).await.unwrap();
     assert!(quiet.dead_workers.is_empty() && quiet.requeued.is_empty());
+    // The second attempt fails: the third is a retry, spent from the budget; the second was
+    // not (it followed a lost attempt). Stats count each kind once.
+    let failed_at = later + secs(2);
+    complete(store, report(second, 6, AttemptOutcome::Failed), failed_at).await;
+    let (r, _) = run(store, fired.run_id).await;
+    assert_eq!((r.state, r.failures), (RunState::Queued, 1));
+    let third = start(store, fired.run_id, "w2", 7, r.ready_at).await;
+    complete(
+        store,
+        report(third, 7, AttemptOutcome::Succeeded),
+        r.ready_at,
+    )
+    .await;
+    let stats = store.job_stats("default", "lost").await.unwrap().unwrap();
+    assert_eq!(
+        (stats.succeeded, stats.failed, stats.retries, stats.lost),
+        (1, 0, 1, 1)
+    );
 }
 
 pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
@@ -1062,7 +1080,7 @@ pub async fn stats_count_outcomes_and_lateness(store: &dyn Store) {
     let stats = store.job_stats("default", "st").await.unwrap().unwrap();
     assert_eq!((stats.runs, stats.succeeded, stats.failed), (4, 3, 1));
     assert_eq!(stats.by_state.get("succeeded"), Some(&3));
-    assert_eq!(stats.retries, 0);
+    assert_eq!((stats.retries, stats.lost), (0, 0));
     assert_eq!(stats.lateness_ms.count, 4);
     assert!((stats.lateness_ms.p99 - 2.0).abs() < 1e-9);
     assert_eq!(

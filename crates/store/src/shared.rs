@@ -98,11 +98,11 @@ pub fn report_error(report: &AttemptReport) -> Option<String> {
     }
 }
 
-/// A job's statistics from its runs counted by state, its retries, its newest run, and the
-/// firing and start lateness (milliseconds) of its recent scheduled runs.
+/// A job's statistics from its runs counted by state, its attempt counts, its newest run, and
+/// the firing and start lateness (milliseconds) of its recent scheduled runs.
 pub fn job_stats(
     by_state: BTreeMap<String, u64>,
-    retries: u64,
+    attempts: AttemptCounts,
     last_run: Option<RunRecord>,
     mut fired: Vec<f64>,
     mut started: Vec<f64>,
@@ -112,13 +112,32 @@ pub fn job_stats(
         runs: by_state.values().sum(),
         succeeded: count(RunState::Succeeded),
         failed: count(RunState::Failed) + count(RunState::TimedOut),
-        retries,
+        retries: attempts.retries,
+        lost: attempts.lost,
         last_run,
         lateness_ms: percentiles(&mut fired),
         start_lateness_ms: percentiles(&mut started),
         by_state,
     }
 }
+
+/// A job's attempts that were not simply its runs' first tries, as [`ATTEMPT_COUNTS_SQL`]
+/// counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AttemptCounts {
+    pub retries: u64,
+    pub lost: u64,
+}
+
+/// Counts a job's retries (attempts that follow a failed or timed-out attempt of their run)
+/// and lost attempts; `$1`/`$2` (written `?1`/`?2` on SQLite) are the namespace and the job.
+/// Plain SQL that both stores run.
+pub const ATTEMPT_COUNTS_SQL: &str = "\
+    SELECT coalesce(sum(CASE WHEN prev.state IN ('failed', 'timed_out') THEN 1 ELSE 0 END), 0), \
+           coalesce(sum(CASE WHEN a.state = 'lost' THEN 1 ELSE 0 END), 0) \
+    FROM runs r JOIN attempts a ON a.run_id = r.id \
+    LEFT JOIN attempts prev ON prev.run_id = a.run_id AND prev.number = a.number - 1 \
+    WHERE r.namespace = $1 AND r.job = $2";
 
 /// Instants are stored as microseconds since the epoch, UTC.
 pub fn micros(t: Instant) -> i64 {
@@ -245,11 +264,13 @@ mod tests {
             ("failed".into(), 1),
         ]
         .into();
-        let stats = job_stats(by_state, 4, None, vec![2.0, 1.0], vec![]);
-        assert_eq!(
-            (stats.runs, stats.succeeded, stats.failed, stats.retries),
-            (6, 3, 3, 4)
-        );
+        let attempts = AttemptCounts {
+            retries: 4,
+            lost: 1,
+        };
+        let stats = job_stats(by_state, attempts, None, vec![2.0, 1.0], vec![]);
+        assert_eq!((stats.runs, stats.succeeded, stats.failed), (6, 3, 3));
+        assert_eq!((stats.retries, stats.lost), (4, 1));
         assert_eq!(stats.lateness_ms.max, 2.0);
     }
 }

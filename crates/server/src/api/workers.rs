@@ -20,6 +20,7 @@ use sked_core::protocol::{
     LeaseRequest, LeaseResponse, LeasedAttempt, RegisterRequest, RegisterResponse,
 };
 use sked_core::records::WorkerRecord;
+use sked_core::run::RunState;
 use sked_store::{AppendOutcome, AttemptReport, AttemptStart, CompletionEffect, NewWorker};
 use std::time::Duration;
 
@@ -230,10 +231,18 @@ pub async fn complete(
         .collect();
     let effects = state.store.complete_attempts(&reports, Utc::now()).await?;
     let mut requeued = Vec::new();
+    let mut retries = 0;
     let mut results = Vec::with_capacity(effects.len());
     for (report, effect) in reports.iter().zip(effects) {
         results.push(match effect {
-            CompletionEffect::Accepted { requeued: ids, .. } => {
+            CompletionEffect::Accepted {
+                requeued: ids,
+                run_state,
+                ..
+            } => {
+                if run_state == RunState::Queued {
+                    retries += 1;
+                }
                 requeued.extend(ids);
                 CompletionResult {
                     attempt_id: report.attempt_id,
@@ -250,6 +259,7 @@ pub async fn complete(
     }
     let accepted = results.iter().filter(|r| r.accepted).count() as u64;
     Metrics::add(&state.metrics.completions_accepted, accepted);
+    Metrics::add(&state.metrics.retries, retries);
     Metrics::add(
         &state.metrics.completions_rejected,
         results.len() as u64 - accepted,

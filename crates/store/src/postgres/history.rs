@@ -3,6 +3,7 @@
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
 use super::{PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
+use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL};
 use crate::{AppendOutcome, Page, RunQuery, StoreError};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
 use sked_core::run::RunState;
@@ -69,23 +70,27 @@ pub async fn list_runs(tx: &Tx<'_>, query: &RunQuery) -> PgResult<Page<RunRecord
 
 pub async fn job_stats(tx: &Tx<'_>, namespace: &str, name: &str) -> PgResult<Option<JobStats>> {
     let mut by_state = BTreeMap::new();
-    let (mut runs, mut retries) = (0u64, 0u64);
+    let mut runs = 0u64;
     let stmt = tx
         .prepare_cached(
-            "SELECT state, count(*), coalesce(sum(greatest(attempts - 1, 0)), 0)::bigint \
-             FROM runs WHERE namespace = $1 AND job = $2 GROUP BY state",
+            "SELECT state, count(*) FROM runs WHERE namespace = $1 AND job = $2 GROUP BY state",
         )
         .await?;
     for row in tx.query(&stmt, &[&namespace, &name]).await? {
         let state: &str = row.try_get(0)?;
-        let (count, extra): (i64, i64) = (row.try_get(1)?, row.try_get(2)?);
+        let count: i64 = row.try_get(1)?;
         runs += count as u64;
-        retries += extra as u64;
         by_state.insert(rows::run_state(state)?.to_string(), count as u64);
     }
     if runs == 0 && super::jobs::get(tx, namespace, name).await?.is_none() {
         return Ok(None);
     }
+    let stmt = tx.prepare_cached(ATTEMPT_COUNTS_SQL).await?;
+    let row = tx.query_one(&stmt, &[&namespace, &name]).await?;
+    let attempts = AttemptCounts {
+        retries: row.try_get::<_, i64>(0)? as u64,
+        lost: row.try_get::<_, i64>(1)? as u64,
+    };
     let sql = format!(
         "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND job = $2 \
          ORDER BY scheduled_for DESC, id DESC LIMIT 1"
@@ -115,7 +120,7 @@ pub async fn job_stats(tx: &Tx<'_>, namespace: &str, name: &str) -> PgResult<Opt
         }
     }
     Ok(Some(crate::shared::job_stats(
-        by_state, retries, last_run, fired, started,
+        by_state, attempts, last_run, fired, started,
     )))
 }
 

@@ -2,6 +2,7 @@
 
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
 use crate::cursor::{self, page_size, Cursor};
+use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL};
 use crate::{AppendOutcome, Page, Result, RunQuery};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
@@ -67,23 +68,29 @@ pub fn list_runs(tx: &Transaction<'_>, query: &RunQuery) -> Result<Page<RunRecor
 
 pub fn job_stats(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Option<JobStats>> {
     let mut by_state = BTreeMap::new();
-    let (mut runs, mut retries) = (0u64, 0u64);
+    let mut runs = 0u64;
     {
         let mut stmt = tx.prepare_cached(
-            "SELECT state, count(*), coalesce(sum(max(attempts - 1, 0)), 0) FROM runs \
-             WHERE namespace = ?1 AND job = ?2 GROUP BY state",
+            "SELECT state, count(*) FROM runs WHERE namespace = ?1 AND job = ?2 GROUP BY state",
         )?;
         let mut rows = stmt.query(params![namespace, name])?;
         while let Some(row) = rows.next()? {
-            let (state, count, extra): (String, i64, i64) = (row.get(0)?, row.get(1)?, row.get(2)?);
+            let (state, count): (String, i64) = (row.get(0)?, row.get(1)?);
             runs += count as u64;
-            retries += extra as u64;
             by_state.insert(rows::run_state(&state)?.to_string(), count as u64);
         }
     }
     if runs == 0 && super::jobs::get(tx, namespace, name)?.is_none() {
         return Ok(None);
     }
+    let attempts =
+        tx.prepare_cached(ATTEMPT_COUNTS_SQL)?
+            .query_row(params![namespace, name], |row| {
+                Ok(AttemptCounts {
+                    retries: row.get::<_, i64>(0)? as u64,
+                    lost: row.get::<_, i64>(1)? as u64,
+                })
+            })?;
     let last_run = {
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ?1 AND job = ?2 \
@@ -109,7 +116,7 @@ pub fn job_stats(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Op
         }
     }
     Ok(Some(crate::shared::job_stats(
-        by_state, retries, last_run, fired, started,
+        by_state, attempts, last_run, fired, started,
     )))
 }
 
