@@ -240,6 +240,7 @@ pub fn firing_state_after_put(
     job: &ValidJob,
     now: Instant,
 ) -> Result<FiringState, SpecError> {
+    let now = crate::ledger_instant(now);
     let (epoch, fired, next, schedule) = match previous {
         Some((old, state)) if old.schedule == job.spec.schedule => {
             let schedule = Schedule::compile(job.spec.schedule.as_ref(), state.schedule_epoch)?;

@@ -28,3 +28,11 @@ pub use target::TargetSpec;
 
 /// Instants are UTC everywhere; local time only exists inside schedule math.
 pub type Instant = chrono::DateTime<chrono::Utc>;
+
+/// `t` to the microsecond, the precision the ledger keeps. An instant the server makes up
+/// (a manual trigger's, a schedule's epoch) passes through here before anything sees it, so
+/// one run has one instant everywhere: in the ledger, the API and what its attempts are told.
+pub fn ledger_instant(t: Instant) -> Instant {
+    use chrono::SubsecRound;
+    t.trunc_subsecs(6)
+}

@@ -62,19 +62,67 @@ impl HttpTarget {
     }
 }
 
+/// Refuses a value with a NUL byte, which no process argument, variable or path can carry.
+fn no_nul(field: &str, value: &str) -> Result<(), SpecError> {
+    if value.contains('\0') {
+        return Err(SpecError::new(field, "must not contain a NUL byte"));
+    }
+    Ok(())
+}
+
+/// An absolute http:// or https:// URL with a host, parsed the way the worker's HTTP client
+/// parses it, so a URL accepted here is one a run can request.
+fn check_url(text: &str) -> Result<(), SpecError> {
+    let invalid = |why: String| {
+        SpecError::new(
+            "target.http.url",
+            format!("{text:?} is not a usable http:// or https:// URL: {why}"),
+        )
+    };
+    let url = url::Url::parse(text).map_err(|e| invalid(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid(format!("the scheme is {:?}", url.scheme())));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("it has no host".to_string()));
+    }
+    Ok(())
+}
+
+/// An HTTP header name: one or more token characters (RFC 9110).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
 impl TargetSpec {
-    /// Checks what serde cannot: non-empty commands, well-formed URLs and methods.
+    /// Checks what serde cannot: non-empty commands without NUL bytes, URLs a client can
+    /// request, header names and values HTTP can carry, methods.
     pub fn validate(&mut self) -> Result<(), SpecError> {
         match self {
             TargetSpec::Shell(shell) => {
                 if shell.command.trim().is_empty() {
                     return Err(SpecError::new("target.shell.command", "must not be empty"));
                 }
-                if shell.env.keys().any(|k| k.is_empty() || k.contains('=')) {
-                    return Err(SpecError::new(
-                        "target.shell.env",
-                        "variable names must be non-empty and contain no '='",
-                    ));
+                // A NUL cannot pass through exec: refuse it here rather than fail every run.
+                no_nul("target.shell.command", &shell.command)?;
+                for arg in &shell.args {
+                    no_nul("target.shell.args", arg)?;
+                }
+                if let Some(cwd) = &shell.cwd {
+                    no_nul("target.shell.cwd", cwd)?;
+                }
+                for (name, value) in &shell.env {
+                    let field = format!("target.shell.env.{name}");
+                    if name.is_empty() || name.contains(['=', '\0']) {
+                        return Err(SpecError::new(
+                            "target.shell.env",
+                            "variable names must be non-empty and contain no '=' or NUL",
+                        ));
+                    }
+                    no_nul(&field, value)?;
                 }
             }
             TargetSpec::Http(http) => {
@@ -85,14 +133,23 @@ impl TargetSpec {
                         format!("{:?} is not one of {}", http.method, METHODS.join(", ")),
                     ));
                 }
-                let url = http.url.trim();
-                let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
-                if !scheme_ok || url.len() <= "https://".len() || url.contains(char::is_whitespace)
-                {
-                    return Err(SpecError::new(
-                        "target.http.url",
-                        format!("{url:?} is not an http:// or https:// URL"),
-                    ));
+                check_url(http.url.trim())?;
+                for (name, value) in &http.headers {
+                    if !is_header_name(name) {
+                        return Err(SpecError::new(
+                            "target.http.headers",
+                            format!(
+                                "{name:?} is not a header name (letters, digits and \
+                                 !#$%&'*+-.^_`|~ only)"
+                            ),
+                        ));
+                    }
+                    if value.chars().any(|c| c.is_control() && c != '\t') {
+                        return Err(SpecError::new(
+                            format!("target.http.headers.{name}"),
+                            "must not contain control characters such as CR, LF or NUL",
+                        ));
+                    }
                 }
                 if let Some(bad) = http
                     .expected_status

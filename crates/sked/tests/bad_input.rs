@@ -82,6 +82,68 @@ async fn bad_definitions_are_rejected_with_the_field_named() {
             json!({"name": "other", "target": shell("true")}),
             "name",
         ),
+        // Values that used to be accepted and fail only when a run starts.
+        (
+            "nulcmd",
+            json!({"target": shell("echo a\u{0}b")}),
+            "target.shell.command",
+        ),
+        (
+            "nularg",
+            json!({"target": {"shell": {"command": "echo", "args": ["a\u{0}"]}}}),
+            "target.shell.args",
+        ),
+        (
+            "nulenv",
+            json!({"target": {"shell": {"command": "true", "env": {"X": "a\u{0}b"}}}}),
+            "target.shell.env.X",
+        ),
+        (
+            "nulcwd",
+            json!({"target": {"shell": {"command": "true", "cwd": "/tmp\u{0}x"}}}),
+            "target.shell.cwd",
+        ),
+        (
+            "hdrname",
+            json!({"target": {"http": {"url": "http://127.0.0.1:9/", "headers": {"Bad Name": "x"}}}}),
+            "target.http.headers",
+        ),
+        (
+            "hdrcrlf",
+            json!({"target": {"http": {"url": "http://127.0.0.1:9/", "headers": {"X-A": "a\r\nInjected: 1"}}}}),
+            "target.http.headers.X-A",
+        ),
+        (
+            "v6",
+            json!({"target": {"http": {"url": "http://[::1"}}}),
+            "target.http.url",
+        ),
+        (
+            "port",
+            json!({"target": {"http": {"url": "http://127.0.0.1:99999/"}}}),
+            "target.http.url",
+        ),
+        // Values whose arithmetic overflowed, leaving the job silently completed.
+        (
+            "anchor",
+            json!({"schedule": {"every": "1h", "anchor": "1700-01-01T00:00:00Z"}, "target": shell("true")}),
+            "schedule.anchor",
+        ),
+        (
+            "century",
+            json!({"schedule": {"every": "300years"}, "target": shell("true")}),
+            "schedule.every",
+        ),
+        (
+            "jitter",
+            json!({"schedule": {"every": "1m", "jitter": "500years"}, "target": shell("true")}),
+            "schedule.jitter",
+        ),
+        (
+            "nanos",
+            json!({"schedule": {"at": "2030-01-01T00:00:00.123456789Z"}, "target": shell("true")}),
+            "schedule.at",
+        ),
     ];
     for (name, body, field) in cases {
         let (status, err) = sked.put_job(name, body).await;

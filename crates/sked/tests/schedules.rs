@@ -100,7 +100,10 @@ async fn manual_trigger_pause_and_resume() {
     let mut sked = Sked::new();
     sked.start_dev(&[]).await;
     let (status, _) = sked
-        .put_job("manual", json!({"target": shell("echo manual")}))
+        .put_job(
+            "manual",
+            json!({"target": shell("echo manual $SKED_SCHEDULED_FOR")}),
+        )
         .await;
     assert_eq!(status, 201);
     let (status, run) = sked.post("/jobs/manual/trigger", json!({})).await;
@@ -117,7 +120,18 @@ async fn manual_trigger_pause_and_resume() {
         .text()
         .await
         .unwrap();
-    assert_eq!(log, "manual\n");
+    // One run, one instant: what the attempt is told is what the ledger and the API say.
+    let told = log
+        .strip_prefix("manual ")
+        .and_then(|rest| rest.strip_suffix('\n'))
+        .unwrap_or_else(|| panic!("unexpected output {log:?}"));
+    assert_eq!(
+        instant(&json!(told)),
+        instant(&run["scheduled_for"]),
+        "the attempt saw {told}, the API says {}",
+        run["scheduled_for"]
+    );
+    assert_eq!(runs[0]["scheduled_for"], run["scheduled_for"]);
 
     // A paused job keeps its ledger: each instant is recorded as skipped (paused).
     sked.put_job(

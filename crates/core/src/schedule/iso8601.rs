@@ -79,12 +79,24 @@ impl RepeatingInterval {
                 ));
             }
         }
+        // The ledger keeps instants to the microsecond: every instant of the series must be one.
+        if start.timestamp_subsec_nanos() % 1000 != 0 || period.nanos % 1000 != 0 {
+            return Err("the start and period must not be finer than a microsecond".to_string());
+        }
         Ok(RepeatingInterval {
             source: trimmed.to_string(),
             repetitions,
             start,
             period,
         })
+    }
+
+    /// The period when it has a fixed length (no months or years in it).
+    pub fn fixed_period(&self) -> Option<std::time::Duration> {
+        (self.period.months == 0)
+            .then(|| u64::try_from(self.period.nanos).ok())
+            .flatten()
+            .map(std::time::Duration::from_nanos)
     }
 
     /// The text as the user wrote it.

@@ -83,14 +83,45 @@ struct Limits {
 
 /// The shortest `every` sked accepts.
 pub const MIN_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+/// The longest `every` sked accepts: a century.
+pub const MAX_EVERY: std::time::Duration = std::time::Duration::from_secs(3_155_760_000);
+/// The longest `jitter` sked accepts (it is also at most the period of `every` and `iso8601`).
+pub const MAX_JITTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The instants a schedule may name: from the Unix epoch to the end of year 9999, to the
+/// microsecond (the ledger's precision), so every instant a schedule derives is one the ledger
+/// can store exactly.
+fn check_instant(field: &str, t: Option<Instant>) -> Result<Option<Instant>, SpecError> {
+    let Some(t) = t else { return Ok(None) };
+    let earliest = Utc.timestamp_opt(0, 0).single();
+    let latest = Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).single();
+    if earliest.is_some_and(|e| t < e) || latest.is_some_and(|l| t >= l + Duration::seconds(1)) {
+        return Err(SpecError::new(
+            field,
+            "must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z",
+        ));
+    }
+    if crate::ledger_instant(t) != t {
+        return Err(SpecError::new(
+            field,
+            "has a fraction of a second finer than a microsecond",
+        ));
+    }
+    Ok(Some(t))
+}
 
 impl Schedule {
     /// Compiles a definition. `epoch` is when it was set (created or last changed): the first
     /// instant is the first one strictly after it.
     pub fn compile(spec: Option<&ScheduleSpec>, epoch: Instant) -> Result<Schedule, SpecError> {
+        let epoch = crate::ledger_instant(epoch);
         let Some(spec) = spec else {
             return Ok(Schedule::manual(epoch));
         };
+        let anchor = check_instant("schedule.anchor", spec.anchor)?;
+        let at = check_instant("schedule.at", spec.at)?;
+        let start = check_instant("schedule.start", spec.start)?;
+        let end = check_instant("schedule.end", spec.end)?;
         let given = [
             spec.cron.is_some(),
             spec.every.is_some(),
@@ -113,7 +144,7 @@ impl Schedule {
                 "only applies to cron schedules",
             ));
         }
-        if spec.anchor.is_some() && spec.every.is_none() {
+        if anchor.is_some() && spec.every.is_none() {
             return Err(SpecError::new(
                 "schedule.anchor",
                 "only applies to every schedules",
@@ -133,26 +164,36 @@ impl Schedule {
                 .map_err(|message| SpecError::new("schedule.cron", message))?;
             Kind::Cron(Box::new(expr), tz)
         } else if let Some(every) = spec.every {
-            if every.0 < MIN_EVERY {
+            if every.0 < MIN_EVERY || every.0 > MAX_EVERY {
                 return Err(SpecError::new(
                     "schedule.every",
-                    format!("must be at least {}", HumanDuration(MIN_EVERY)),
+                    format!(
+                        "must be between {} and {}",
+                        HumanDuration(MIN_EVERY),
+                        HumanDuration(MAX_EVERY)
+                    ),
+                ));
+            }
+            if every.0.subsec_nanos() % 1000 != 0 {
+                return Err(SpecError::new(
+                    "schedule.every",
+                    "must be a whole number of microseconds",
                 ));
             }
             Kind::Every {
                 period: every.as_chrono(),
-                anchor: spec.anchor.unwrap_or(epoch),
+                anchor: anchor.unwrap_or(epoch),
             }
         } else if let Some(text) = &spec.iso8601 {
             let interval = iso8601::RepeatingInterval::parse(text)
                 .map_err(|message| SpecError::new("schedule.iso8601", message))?;
             Kind::Repeating(Box::new(interval))
-        } else if let Some(at) = spec.at {
+        } else if let Some(at) = at {
             Kind::At(at)
         } else {
             return Err(exactly_one());
         };
-        if let (Some(start), Some(end)) = (spec.start, spec.end) {
+        if let (Some(start), Some(end)) = (start, end) {
             if end < start {
                 return Err(SpecError::new("schedule.end", "must not be before start"));
             }
@@ -160,9 +201,26 @@ impl Schedule {
         if spec.max_runs == Some(0) {
             return Err(SpecError::new("schedule.max_runs", "must be at least 1"));
         }
+        if let Some(jitter) = spec.jitter {
+            let period = match &kind {
+                Kind::Every { period, .. } => period.to_std().ok(),
+                Kind::Repeating(interval) => interval.fixed_period(),
+                _ => None,
+            };
+            let limit = period.map_or(MAX_JITTER, |p| p.min(MAX_JITTER));
+            if jitter.0 > limit {
+                return Err(SpecError::new(
+                    "schedule.jitter",
+                    format!(
+                        "must be at most {} (an hour, and no more than the schedule's period)",
+                        HumanDuration(limit)
+                    ),
+                ));
+            }
+        }
         let limits = Limits {
-            start: spec.start,
-            end: spec.end,
+            start,
+            end,
             max_runs: spec.max_runs,
             jitter: spec.jitter,
         };
@@ -255,13 +313,15 @@ impl Schedule {
 }
 
 /// The first point of the grid `anchor + k * period` (k any integer) strictly after `after`.
+/// In microseconds (anchors and periods are whole microseconds), which reach across every
+/// date chrono holds, where nanoseconds in an i64 would overflow about 292 years out.
 fn every_next_after(anchor: Instant, period: Duration, after: Instant) -> Option<Instant> {
-    let period_ns = period.num_nanoseconds()?.max(1) as i128;
-    let offset = (after - anchor).num_nanoseconds()? as i128;
-    let k = offset.div_euclid(period_ns) + 1;
-    let ns = anchor.timestamp_nanos_opt()? as i128 + k * period_ns;
-    let ns = i64::try_from(ns).ok()?;
-    Some(Utc.timestamp_nanos(ns))
+    let period_us = i128::from(period.num_microseconds()?.max(1));
+    let anchor_us = i128::from(anchor.timestamp_micros());
+    let offset = i128::from(after.timestamp_micros()) - anchor_us;
+    let k = offset.div_euclid(period_us) + 1;
+    let us = i64::try_from(anchor_us + k * period_us).ok()?;
+    chrono::DateTime::from_timestamp_micros(us)
 }
 
 fn splitmix64(mut x: u64) -> u64 {
@@ -284,6 +344,71 @@ mod tests {
             every: Some(every.parse().unwrap()),
             ..Default::default()
         }
+    }
+
+    fn field_of(spec: &ScheduleSpec) -> String {
+        let epoch = t("2026-01-01T00:00:00Z");
+        match Schedule::compile(Some(spec), epoch) {
+            Ok(_) => "accepted".to_string(),
+            Err(e) => e.field,
+        }
+    }
+
+    #[test]
+    fn every_reaches_far_from_its_anchor() {
+        // Over 292 years from the anchor, nanoseconds in an i64 overflow; microseconds do not.
+        let mut spec = spec_every("1h");
+        spec.anchor = Some(t("1970-01-01T00:30:00Z"));
+        let s = Schedule::compile(Some(&spec), t("2026-01-01T00:00:00Z")).unwrap();
+        assert_eq!(
+            s.next_after(t("2500-06-01T10:00:00Z"), 0),
+            Some(t("2500-06-01T10:30:00Z"))
+        );
+        let century = Schedule::compile(Some(&spec_every("100years")), t("2026-01-01T00:00:00Z"));
+        assert!(century.unwrap().first().is_some());
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_field() {
+        let mut anchor = spec_every("1h");
+        anchor.anchor = Some(t("1700-01-01T00:00:00Z"));
+        assert_eq!(field_of(&anchor), "schedule.anchor");
+        assert_eq!(field_of(&spec_every("300years")), "schedule.every");
+        assert_eq!(field_of(&spec_every("1s500ns")), "schedule.every");
+        let at = |s: &str| ScheduleSpec {
+            at: Some(t(s)),
+            ..Default::default()
+        };
+        assert_eq!(
+            field_of(&at("2030-01-01T00:00:00.123456789Z")),
+            "schedule.at"
+        );
+        assert_eq!(field_of(&at("2030-01-01T00:00:00.123456Z")), "accepted");
+        let jitter = |every: &str, jitter: &str| ScheduleSpec {
+            jitter: Some(jitter.parse().unwrap()),
+            ..spec_every(every)
+        };
+        assert_eq!(field_of(&jitter("1m", "500years")), "schedule.jitter");
+        assert_eq!(field_of(&jitter("1m", "2m")), "schedule.jitter");
+        assert_eq!(field_of(&jitter("1d", "2h")), "schedule.jitter");
+        assert_eq!(field_of(&jitter("1m", "1m")), "accepted");
+        let cron = ScheduleSpec {
+            cron: Some("0 * * * *".into()),
+            jitter: Some("61m".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(field_of(&cron), "schedule.jitter");
+        let iso = ScheduleSpec {
+            iso8601: Some("R/2026-01-01T00:00:00.0000001Z/PT1M".into()),
+            ..Default::default()
+        };
+        assert_eq!(field_of(&iso), "schedule.iso8601");
+    }
+
+    #[test]
+    fn the_epoch_is_kept_to_the_microsecond() {
+        let s = Schedule::compile(Some(&spec_every("1s")), t("2026-01-01T00:00:00.123456789Z"));
+        assert_eq!(s.unwrap().first(), Some(t("2026-01-01T00:00:01.123456Z")));
     }
 
     #[test]

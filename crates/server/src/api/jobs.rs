@@ -272,7 +272,7 @@ pub async fn trigger(
 ) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
     let namespace = ns.checked()?;
     let job = find(&state, &namespace, &name).await?;
-    let mut instant = Utc::now();
+    let mut instant = sked_core::ledger_instant(Utc::now());
     // Two triggers within the same microsecond are two runs: move the second one on.
     for _ in 0..100 {
         let fire = Fire {
