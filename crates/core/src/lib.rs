@@ -18,6 +18,7 @@ pub mod run;
 pub mod schedule;
 pub mod stats;
 pub mod target;
+pub mod throttle;
 
 pub use duration::HumanDuration;
 pub use error::SpecError;

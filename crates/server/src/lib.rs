@@ -11,6 +11,7 @@ pub mod changes;
 pub mod config;
 pub mod dispatch;
 pub mod firing;
+pub mod health;
 pub mod maintenance;
 pub mod membership;
 pub mod metrics;
@@ -48,6 +49,8 @@ pub struct AppState {
     pub firing: firing::FiringHandle,
     pub dispatcher: Arc<dispatch::Dispatcher>,
     pub metrics: Arc<metrics::Metrics>,
+    /// Whether the store commits: `/readyz` is 503 while writes fail.
+    pub health: Arc<health::StoreHealth>,
     /// Set once the firing loop has loaded the schedules of its first partitions.
     pub ready: watch::Receiver<bool>,
     /// This server node, as the cluster knows it.
@@ -115,10 +118,12 @@ pub async fn serve(
     // began is missed.
     let events = store.subscribe().await?;
     let dispatcher = Arc::new(dispatch::Dispatcher::new(metrics.clone()));
+    let health = Arc::new(health::StoreHealth::default());
     let (firing, firing_loop) = firing::FiringLoop::new(
         store.clone(),
         dispatcher.clone(),
         metrics.clone(),
+        health.clone(),
         config.fire_batch,
     );
     let state = AppState {
@@ -127,6 +132,7 @@ pub async fn serve(
         firing,
         dispatcher: dispatcher.clone(),
         metrics: metrics.clone(),
+        health,
         ready: ready_rx,
         node: node.clone(),
         maintenance: maintenance_rx,

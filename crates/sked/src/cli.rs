@@ -27,6 +27,20 @@ pub enum Command {
     /// Read and cancel runs.
     #[command(subcommand)]
     Run(RunCommand),
+    /// Look after the embedded store.
+    #[command(subcommand)]
+    Store(StoreCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Check the embedded store without changing it: that it was not emptied, its schema
+    /// version, and every page. Exits non-zero when anything is wrong.
+    Check {
+        /// Directory of the embedded store.
+        #[arg(long, env = "SKED_DATA_DIR", default_value = "./sked-data")]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args, Clone)]
@@ -258,6 +272,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Worker(WorkerCommand { list: None, run }) => serve::worker(run).await,
         Command::Job(cmd) => job(cmd).await,
         Command::Run(cmd) => run_cmd(cmd).await,
+        Command::Store(StoreCommand::Check { data_dir }) => serve::check_store(&data_dir),
     }
 }
 

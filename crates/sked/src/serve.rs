@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use sked_server::ServerConfig;
 use sked_store::{PgStore, SqliteStore, Store};
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -53,13 +54,35 @@ async fn open_store(args: &ServerArgs) -> Result<OpenStore> {
     let dir = &args.store.data_dir;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
-    let path = dir.join("sked.db");
-    let store = SqliteStore::open(&path)
-        .with_context(|| format!("cannot open the store at {}", path.display()))?;
+    let path = dir.join(DB_FILE);
+    // The error names the file and says what to do.
+    let store = SqliteStore::open(&path)?;
     Ok(OpenStore {
         store: Arc::new(store),
         place: dir.display().to_string(),
     })
+}
+
+/// The embedded store's file in its data directory.
+const DB_FILE: &str = "sked.db";
+
+/// `sked store check`: prints what is wrong with the embedded store, or that it is sound.
+pub fn check_store(data_dir: &Path) -> Result<()> {
+    let path = data_dir.join(DB_FILE);
+    let report = SqliteStore::check(&path)
+        .with_context(|| format!("cannot check the store at {}", path.display()))?;
+    if report.problems.is_empty() {
+        println!("{}: ok", path.display());
+        return Ok(());
+    }
+    for problem in &report.problems {
+        println!("{problem}");
+    }
+    bail!(
+        "{} has {} problem(s); restore it from a backup",
+        path.display(),
+        report.problems.len()
+    )
 }
 
 fn server_config(args: &ServerArgs) -> Result<ServerConfig> {

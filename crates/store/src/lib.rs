@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use postgres::PgStore;
-pub use sqlite::SqliteStore;
+pub use sqlite::{CheckReport, SqliteStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

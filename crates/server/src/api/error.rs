@@ -3,8 +3,11 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use sked_core::throttle::Throttle;
 use sked_core::SpecError;
 use sked_store::StoreError;
+use std::sync::Mutex;
+use std::time::Duration;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -61,7 +64,7 @@ impl From<StoreError> for ApiError {
                 format!("{cursor:?} is not a cursor this listing handed out"),
             ),
             other => {
-                tracing::error!("store: {other}");
+                log_store_error(&other);
                 ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
@@ -78,5 +81,22 @@ impl IntoResponse for ApiError {
             "error": {"code": self.code, "message": self.message, "field": self.field}
         });
         (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// Logs a store error behind a 500, at most one line per second with the count held back:
+/// a store that fails every request (a full disk, a damaged file) must not flood the log.
+fn log_store_error(error: &StoreError) {
+    static THROTTLE: Mutex<Throttle> = Mutex::new(Throttle::new(Duration::from_secs(1)));
+    let admitted = THROTTLE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .admit(std::time::Instant::now());
+    match admitted {
+        Some(0) => tracing::error!("store: {error}"),
+        Some(held_back) => {
+            tracing::error!("store: {error} ({held_back} more store errors since the last report)")
+        }
+        None => {}
     }
 }

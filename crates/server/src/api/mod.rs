@@ -86,11 +86,17 @@ async fn method_not_allowed(method: Method) -> ApiError {
     )
 }
 
-async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    if *state.ready.borrow() {
-        (StatusCode::OK, "ready")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "loading schedules")
+/// Ready once the first schedules are loaded, and while the store commits.
+async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
+    if !*state.ready.borrow() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "loading schedules".into());
+    }
+    match state.health.failure() {
+        None => (StatusCode::OK, "ready".into()),
+        Some(failure) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store cannot commit: {failure}"),
+        ),
     }
 }
 

@@ -183,7 +183,10 @@ pub async fn lease(
     };
     // Dropped before this (the request went away, or starting failed), the handout puts its
     // runs back in line.
-    let started = state.store.start_attempts(&starts, now).await?;
+    let started = state.health.report(
+        "attempt start",
+        state.store.start_attempts(&starts, now).await,
+    )?;
     let runs = handout.started();
     let mut attempts = Vec::with_capacity(runs.len());
     for ((run, start), started) in runs.into_iter().zip(starts).zip(started) {
@@ -229,7 +232,10 @@ pub async fn complete(
             error: c.error.as_ref().map(|e| e.chars().take(4096).collect()),
         })
         .collect();
-    let effects = state.store.complete_attempts(&reports, Utc::now()).await?;
+    let effects = state.health.report(
+        "completion",
+        state.store.complete_attempts(&reports, Utc::now()).await,
+    )?;
     let mut requeued = Vec::new();
     let mut retries = 0;
     let mut results = Vec::with_capacity(effects.len());

@@ -17,6 +17,7 @@
 mod slots;
 
 use crate::dispatch::Dispatcher;
+use crate::health::StoreHealth;
 use crate::metrics::Metrics;
 use chrono::Utc;
 use sked_core::cluster::partition_of;
@@ -75,6 +76,7 @@ pub struct FiringLoop {
     store: Arc<dyn Store>,
     dispatcher: Arc<Dispatcher>,
     metrics: Arc<Metrics>,
+    health: Arc<StoreHealth>,
     batch: usize,
     rx: mpsc::UnboundedReceiver<Change>,
     /// The partitions whose schedules this loop fires.
@@ -95,6 +97,7 @@ impl FiringLoop {
         store: Arc<dyn Store>,
         dispatcher: Arc<Dispatcher>,
         metrics: Arc<Metrics>,
+        health: Arc<StoreHealth>,
         batch: usize,
     ) -> (FiringHandle, FiringLoop) {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -102,6 +105,7 @@ impl FiringLoop {
             store,
             dispatcher,
             metrics,
+            health,
             batch: batch.max(1),
             rx,
             held: BTreeSet::new(),
@@ -139,8 +143,8 @@ impl FiringLoop {
                 }
                 _ = until(next_due) => {
                     self.last_batch = Utc::now();
-                    if let Err(e) = self.fire_due(&mut shutdown).await {
-                        tracing::error!("firing: ledger write failed, retrying: {e}");
+                    let written = self.fire_due(&mut shutdown).await;
+                    if self.health.report("ledger write", written).is_err() {
                         // The instants stay due in the store; rebuild from it after a pause.
                         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                         self.reload_held(&mut shutdown).await;

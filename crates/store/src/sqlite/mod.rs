@@ -22,6 +22,7 @@ mod workers;
 
 use crate::*;
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
+use sked_core::throttle::Throttle;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -88,10 +89,114 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// The file beside the database that says a store was created there, so that a database
+/// file found missing or emptied later is refused instead of silently starting afresh.
+pub fn marker_path(db: &Path) -> std::path::PathBuf {
+    let mut name = db.file_name().unwrap_or_default().to_os_string();
+    name.push(".created");
+    db.with_file_name(name)
+}
+
+/// What `sked store check` found: a list of problems, empty when the store is sound.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckReport {
+    pub problems: Vec<String>,
+}
+
+/// Refuses a database file that a store was created in (its marker says so) but that is now
+/// missing or empty: opening it would start an empty store over lost data.
+fn check_not_emptied(path: &Path) -> Result<()> {
+    let marker = marker_path(path);
+    if !marker.exists() {
+        return Ok(());
+    }
+    let size = std::fs::metadata(path).map(|m| m.len());
+    let problem = match size {
+        Err(_) => "is missing",
+        Ok(0) => "is empty (zero bytes)",
+        Ok(_) => return Ok(()),
+    };
+    Err(StoreError::Open(format!(
+        "{} {problem}, but a store was created there ({} exists): refusing to start an empty \
+         store over it. Restore the file from a backup, or, to start afresh on purpose, \
+         remove both files.",
+        path.display(),
+        marker.display()
+    )))
+}
+
+/// `PRAGMA quick_check` (or the slower, thorough `integrity_check`): the problems SQLite
+/// finds, none when it answers "ok".
+fn integrity_problems(conn: &Connection, thorough: bool) -> rusqlite::Result<Vec<String>> {
+    let pragma = if thorough {
+        "PRAGMA integrity_check(100)"
+    } else {
+        "PRAGMA quick_check(100)"
+    };
+    let mut stmt = conn.prepare(pragma)?;
+    let lines = stmt
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(lines.into_iter().filter(|l| l != "ok").collect())
+}
+
 impl SqliteStore {
+    /// Checks the database at `path` without changing it: the marker, the schema version and
+    /// every page (`integrity_check`). For an operator (`sked store check`), on a stopped or
+    /// running store.
+    pub fn check(path: &Path) -> Result<CheckReport> {
+        let mut problems = Vec::new();
+        if let Err(e) = check_not_emptied(path) {
+            problems.push(e.to_string());
+            return Ok(CheckReport { problems });
+        }
+        if !path.exists() {
+            return Err(StoreError::Open(format!(
+                "{}: no such file",
+                path.display()
+            )));
+        }
+        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| StoreError::Open(format!("{}: {e}", path.display())))?;
+        let damaged = |e: rusqlite::Error| format!("{}: {e}", path.display());
+        match conn.query_row("PRAGMA user_version", [], |r| r.get::<_, usize>(0)) {
+            Ok(0) => problems.push(format!("{} holds no sked schema", path.display())),
+            Ok(v) if v > schema::latest_version() => problems.push(format!(
+                "{} has schema version {v}, newer than this sked knows ({})",
+                path.display(),
+                schema::latest_version()
+            )),
+            Ok(_) => {}
+            Err(e) => problems.push(damaged(e)),
+        }
+        match integrity_problems(&conn, true) {
+            Ok(found) => problems.extend(
+                found
+                    .into_iter()
+                    .map(|p| format!("{}: {p}", path.display())),
+            ),
+            Err(e) => problems.push(damaged(e)),
+        }
+        Ok(CheckReport { problems })
+    }
+
     /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    /// Refuses, naming the file, a database that was emptied or lost since a store was
+    /// created there, and one whose pages `quick_check` finds damaged.
     pub fn open(path: &Path) -> Result<SqliteStore> {
-        let open_err = |e: rusqlite::Error| StoreError::Open(format!("{}: {e}", path.display()));
+        let open_err = |e: rusqlite::Error| {
+            use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+            if matches!(e.sqlite_error_code(), Some(DatabaseCorrupt | NotADatabase)) {
+                StoreError::Open(format!(
+                    "{} is damaged ({e}); run `sked store check` for details and restore it \
+                     from a backup",
+                    path.display()
+                ))
+            } else {
+                StoreError::Open(format!("{}: {e}", path.display()))
+            }
+        };
+        check_not_emptied(path)?;
         let mut writer = Connection::open(path).map_err(open_err)?;
         let mode: String = writer
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
@@ -114,7 +219,24 @@ impl SqliteStore {
                 schema::latest_version()
             )));
         }
+        let problems = integrity_problems(&writer, false).map_err(open_err)?;
+        if !problems.is_empty() {
+            return Err(StoreError::Open(format!(
+                "{} is damaged ({}); run `sked store check` for details and restore it \
+                 from a backup",
+                path.display(),
+                problems.join("; ")
+            )));
+        }
         schema::migrate(&mut writer).map_err(open_err)?;
+        let marker = marker_path(path);
+        if !marker.exists() {
+            std::fs::write(
+                &marker,
+                format!("a sked store was created in {}\n", path.display()),
+            )
+            .map_err(|e| StoreError::Open(format!("{}: {e}", marker.display())))?;
+        }
         writer
             .pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)
             .map_err(open_err)?;
@@ -184,6 +306,9 @@ impl SqliteStore {
 fn spawn_checkpointer(conn: Connection) -> std::io::Result<std::sync::mpsc::Sender<()>> {
     use std::sync::mpsc::{channel, RecvTimeoutError};
     let (stop, stopped) = channel::<()>();
+    // A checkpoint that fails (a full disk) fails every time: report it with a count, not
+    // ten lines a second.
+    let mut throttle = Throttle::new(std::time::Duration::from_secs(10));
     std::thread::Builder::new()
         .name("sked-sqlite-checkpoint".into())
         .spawn(move || loop {
@@ -191,10 +316,25 @@ fn spawn_checkpointer(conn: Connection) -> std::io::Result<std::sync::mpsc::Send
                 Err(RecvTimeoutError::Timeout) => {}
                 _ => return,
             }
-            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                tracing::warn!(
-                    "sqlite checkpoint failed (the writer will checkpoint instead): {e}"
-                );
+            match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                Ok(()) => {
+                    let unreported = throttle.reset();
+                    if unreported > 0 {
+                        tracing::info!(
+                            "sqlite checkpoints succeed again ({unreported} more had failed)"
+                        );
+                    }
+                }
+                Err(e) => match throttle.admit(std::time::Instant::now()) {
+                    Some(0) => tracing::warn!(
+                        "sqlite checkpoint failed (the writer will checkpoint instead): {e}"
+                    ),
+                    Some(n) => tracing::warn!(
+                        "sqlite checkpoint failed (the writer will checkpoint instead): {e} \
+                         ({n} more failures since the last report)"
+                    ),
+                    None => {}
+                },
             }
         })?;
     Ok(stop)

@@ -1,0 +1,246 @@
+//! The embedded store when its disk or its file goes wrong, through the real binary: a database
+//! emptied or damaged since the store was created is refused at start with the file named, an
+//! operator can check it with `sked store check`, and when writes fail (the file can no longer
+//! grow, as on a full disk) `/readyz` says so, the log does not flood, and both recover once
+//! writes commit again.
+
+mod common;
+
+use common::{shell, Sked, BIN, FAST_HEARTBEATS};
+use serde_json::json;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs `sked ARGS` to its end (bounded) and returns whether it succeeded and what it printed.
+fn sked_to_end(args: &[&str]) -> (bool, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sked");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sked {args:?} did not end within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// A store with `jobs` jobs in `sked.data_dir()`, stopped cleanly (its WAL folded back).
+async fn stopped_store(jobs: usize) -> Sked {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    for i in 0..jobs {
+        let job = json!({"schedule": {"every": "1h"}, "target": shell("true"),
+                         "description": "x".repeat(200)});
+        assert_eq!(sked.put_job(&format!("job-{i}"), job).await.0, 201);
+    }
+    if let Some(server) = sked.server.as_mut() {
+        server.stop(Duration::from_secs(10));
+    }
+    sked
+}
+
+fn db(sked: &Sked) -> PathBuf {
+    sked.data_dir().join("sked.db")
+}
+
+fn start_args(sked: &Sked) -> Vec<String> {
+    let port = sked.port.to_string();
+    vec![
+        "server".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--data-dir".into(),
+        sked.data_dir().display().to_string(),
+    ]
+}
+
+fn refused(sked: &Sked) -> String {
+    let args = start_args(sked);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, text) = sked_to_end(&args);
+    assert!(!ok, "sked started on a bad store: {text}");
+    text
+}
+
+#[tokio::test]
+async fn an_emptied_database_is_refused_not_started_afresh() {
+    let sked = stopped_store(3).await;
+    let path = db(&sked);
+    std::fs::write(&path, b"").expect("empty the database");
+    let text = refused(&sked);
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains("empty"),
+        "the refusal names the file and says why: {text}"
+    );
+    // A missing file is refused the same way.
+    std::fs::remove_file(&path).expect("remove the database");
+    let text = refused(&sked);
+    assert!(text.contains("missing"), "{text}");
+    assert!(!path.exists(), "the refusal created nothing");
+    let dir = sked.data_dir().display().to_string();
+    let (ok, text) = sked_to_end(&["store", "check", "--data-dir", &dir]);
+    assert!(!ok && text.contains("missing"), "{text}");
+}
+
+#[tokio::test]
+async fn a_damaged_page_is_refused_at_start_and_found_by_store_check() {
+    let sked = stopped_store(200).await;
+    let path = db(&sked);
+    let dir = sked.data_dir().display().to_string();
+    let (ok, text) = sked_to_end(&["store", "check", "--data-dir", &dir]);
+    assert!(ok && text.contains("ok"), "a sound store checks ok: {text}");
+
+    // Overwrite pages 2 to 5 (4 KiB pages), where the tables' first pages are, and drop the
+    // write-ahead log, whose newer copies of pages would otherwise be read instead.
+    for side in ["sked.db-wal", "sked.db-shm"] {
+        let _ = std::fs::remove_file(sked.data_dir().join(side));
+    }
+    let mut bytes = std::fs::read(&path).expect("read the database");
+    assert!(bytes.len() > 6 * 4096, "{} bytes", bytes.len());
+    for b in &mut bytes[4096..5 * 4096] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &bytes).expect("damage the database");
+
+    let text = refused(&sked);
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains("damaged"),
+        "the refusal names the file and says why: {text}"
+    );
+    let (ok, text) = sked_to_end(&["store", "check", "--data-dir", &dir]);
+    assert!(!ok, "store check reports the damage: {text}");
+    assert!(text.contains("problem"), "{text}");
+}
+
+/// `prlimit` on a running process: the largest size its writes may grow a file to.
+fn limit_file_size(pid: u32, limit: &str) {
+    let status = Command::new("prlimit")
+        .args([
+            "--pid",
+            &pid.to_string(),
+            &format!("--fsize={limit}:unlimited"),
+        ])
+        .status()
+        .expect("run prlimit (util-linux)");
+    assert!(status.success(), "prlimit --fsize={limit} failed");
+}
+
+fn file_size(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn when_writes_fail_readyz_says_so_and_the_log_does_not_flood() {
+    let mut sked = Sked::new();
+    let log_path = sked.dir.path().join("dev.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut args = start_args(&sked);
+    args[0] = "dev".into();
+    args.extend(FAST_HEARTBEATS.iter().map(|a| a.to_string()));
+    // Past the file size limit a write fails with EFBIG, as on a full disk, once SIGXFSZ
+    // (which would kill the process) is ignored; the disposition survives exec.
+    let mut command = Command::new(BIN);
+    command
+        .args(&args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log);
+    // SAFETY: sigaction is async-signal-safe, as a pre_exec closure must be.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGXFSZ,
+                nix::sys::signal::SigHandler::SigIgn,
+            )
+            .map(|_| ())
+            .map_err(std::io::Error::from)
+        });
+    }
+    let child = command.spawn().expect("start sked dev");
+    let pid = child.id();
+    sked.server = Some(common::Proc {
+        child,
+        name: "dev".into(),
+    });
+    sked.wait_ready().await;
+
+    // A job that writes 64 KiB of output five times a second.
+    let job = json!({"schedule": {"every": "200ms"},
+                     "target": shell("head -c 65536 /dev/zero | tr '\\0' x")});
+    assert_eq!(sked.put_job("chatty", job).await.0, 201);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let data = sked.data_dir();
+    let largest = ["sked.db", "sked.db-wal"]
+        .iter()
+        .map(|f| file_size(&data.join(f)))
+        .max()
+        .unwrap_or(0);
+    limit_file_size(pid, &(largest + 256 * 1024).to_string());
+
+    let readyz = || async {
+        let resp = sked
+            .http
+            .get(format!("{}/readyz", sked.base()))
+            .send()
+            .await
+            .expect("readyz");
+        (
+            resp.status().as_u16(),
+            resp.text().await.unwrap_or_default(),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (status, body) = loop {
+        let (status, body) = readyz().await;
+        if status == 503 {
+            break (status, body);
+        }
+        assert!(Instant::now() < deadline, "/readyz stayed {status}: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(body.contains("cannot commit"), "{status}: {body}");
+    let failing_since = Instant::now();
+    // Writes keep failing for a while: ten a second of them, before.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (status, _) = readyz().await;
+    assert_eq!(status, 503, "still failing");
+    let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let failure_lines = text
+        .lines()
+        .filter(|l| l.contains("checkpoint failed") || l.contains("store:"))
+        .count();
+    let seconds = failing_since.elapsed().as_secs() + 2;
+    println!("{failure_lines} failure lines in about {seconds} s of failing writes");
+    assert!(
+        failure_lines as u64 <= 4 * seconds,
+        "{failure_lines} failure lines in about {seconds} s:\n{text}"
+    );
+
+    // The disk has room again: the next write commits and the node is ready.
+    limit_file_size(pid, "unlimited");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = readyz().await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/readyz stayed {status}: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
