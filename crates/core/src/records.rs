@@ -155,6 +155,8 @@ pub struct JobStats {
     pub runs: u64,
     /// Runs by state name.
     pub by_state: BTreeMap<String, u64>,
+    /// Skipped runs by their reason (`paused`, `overlap`, `misfire`, `backlog`, …).
+    pub skipped_by_reason: BTreeMap<String, u64>,
     pub succeeded: u64,
     pub failed: u64,
     /// Attempts that followed a failed or timed-out attempt of the same run, over all runs:

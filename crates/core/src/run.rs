@@ -87,6 +87,8 @@ pub enum SkipReason {
     Misfire,
     UpstreamFailed,
     DependencyTimeout,
+    /// Too many runs of the job, or of its namespace, were already waiting for a worker.
+    Backlog,
 }
 
 string_enum!(SkipReason {
@@ -95,6 +97,7 @@ string_enum!(SkipReason {
     Misfire => "misfire",
     UpstreamFailed => "upstream_failed",
     DependencyTimeout => "dependency_timeout",
+    Backlog => "backlog",
 });
 
 /// What made a run.

@@ -1,5 +1,6 @@
 //! Server settings, with the defaults a single node wants.
 
+use sked_core::policy::BacklogLimits;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -24,6 +25,9 @@ pub struct ServerConfig {
     pub node_lease: Duration,
     /// Start of this node's id (a random suffix makes each start a node of its own).
     pub node_name: String,
+    /// Past these many queued runs of a job, or of a namespace, an instant is recorded as
+    /// skipped (`backlog`) instead of queuing one more.
+    pub backlog: BacklogLimits,
 }
 
 impl Default for ServerConfig {
@@ -38,6 +42,7 @@ impl Default for ServerConfig {
             fire_batch: 2000,
             node_lease: Duration::from_secs(3),
             node_name: "sked".to_string(),
+            backlog: BacklogLimits::default(),
         }
     }
 }

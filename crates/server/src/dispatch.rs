@@ -30,8 +30,13 @@ struct State {
     ready: BTreeMap<ReadyKey, QueuedRun>,
     /// Runs whose `ready_at` is still ahead.
     delayed: BTreeMap<DelayedKey, QueuedRun>,
-    /// Where each queued run sits: its priority and `ready_at`, which make both keys.
-    held: HashMap<i64, (i32, Instant)>,
+    /// Where each queued run sits: its priority and `ready_at`, which make both keys, and its
+    /// job, whose backlog it counts in.
+    held: HashMap<i64, (i32, Instant, i64)>,
+    /// Runs queued here, by job (with the job's namespace) and by namespace: what admission
+    /// weighs a new instant against.
+    per_job: HashMap<i64, JobBacklog>,
+    per_namespace: HashMap<String, u64>,
     /// Open long polls, by worker id.
     polls: HashMap<String, Poll>,
     turn: u64,
@@ -48,11 +53,26 @@ pub struct KnownWorker {
     pub warm_keys: Vec<String>,
 }
 
+/// How many runs of one job are queued here.
+struct JobBacklog {
+    queued: u64,
+    namespace: String,
+}
+
 impl State {
     /// Queues `run`, replacing any earlier copy of it (never doubling it).
     fn insert(&mut self, run: QueuedRun, now: Instant) {
         self.remove(run.run_id);
-        self.held.insert(run.run_id, (run.priority, run.ready_at));
+        self.held
+            .insert(run.run_id, (run.priority, run.ready_at, run.job_id));
+        self.per_job
+            .entry(run.job_id)
+            .or_insert_with(|| JobBacklog {
+                queued: 0,
+                namespace: run.namespace.clone(),
+            })
+            .queued += 1;
+        *self.per_namespace.entry(run.namespace.clone()).or_default() += 1;
         if run.ready_at <= now {
             self.ready
                 .insert((Reverse(run.priority), run.ready_at, run.run_id), run);
@@ -62,10 +82,28 @@ impl State {
     }
 
     fn remove(&mut self, run_id: i64) -> Option<QueuedRun> {
-        let (priority, ready_at) = self.held.remove(&run_id)?;
+        let (priority, ready_at, job_id) = self.held.remove(&run_id)?;
+        self.uncount(job_id);
         self.ready
             .remove(&(Reverse(priority), ready_at, run_id))
             .or_else(|| self.delayed.remove(&(ready_at, run_id)))
+    }
+
+    /// One run of `job_id` left the queue.
+    fn uncount(&mut self, job_id: i64) {
+        let Some(job) = self.per_job.get_mut(&job_id) else {
+            return;
+        };
+        job.queued = job.queued.saturating_sub(1);
+        if let Some(n) = self.per_namespace.get_mut(&job.namespace) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_namespace.remove(&job.namespace);
+            }
+        }
+        if job.queued == 0 {
+            self.per_job.remove(&job_id);
+        }
     }
 
     fn depth(&self) -> u64 {
@@ -141,8 +179,28 @@ impl Dispatcher {
             state.ready.clear();
             state.delayed.clear();
             state.held.clear();
+            state.per_job.clear();
+            state.per_namespace.clear();
         }
         self.enqueue(runs);
+    }
+
+    /// How many runs of job `job_id`, and of its namespace, wait here now. A job with none
+    /// waiting is not placed in a namespace, so it counts none there either: admission is
+    /// exact per job, and per namespace lets each job past the cap by one run at most.
+    pub fn backlog(&self, job_id: i64) -> (u64, u64) {
+        let state = self.lock();
+        match state.per_job.get(&job_id) {
+            None => (0, 0),
+            Some(job) => (
+                job.queued,
+                state
+                    .per_namespace
+                    .get(&job.namespace)
+                    .copied()
+                    .unwrap_or(0),
+            ),
+        }
     }
 
     /// Forgets runs that are no longer queued (started or cancelled through another node).

@@ -125,6 +125,7 @@ pub async fn serve(
         metrics.clone(),
         health.clone(),
         config.fire_batch,
+        config.backlog,
     );
     let state = AppState {
         store: store.clone(),

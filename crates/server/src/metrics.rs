@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Metrics {
     pub fires: AtomicU64,
     pub fires_skipped: AtomicU64,
+    pub fires_skipped_backlog: AtomicU64,
     pub fire_batches: AtomicU64,
     pub attempts_started: AtomicU64,
     pub completions_accepted: AtomicU64,
@@ -32,7 +33,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every counter.
     pub fn render(&self) -> String {
-        let rows: [(&str, &str, &str, &AtomicU64); 13] = [
+        let rows: [(&str, &str, &str, &AtomicU64); 14] = [
             (
                 "sked_fires_total",
                 "counter",
@@ -44,6 +45,12 @@ impl Metrics {
                 "counter",
                 "Instants recorded as skipped.",
                 &self.fires_skipped,
+            ),
+            (
+                "sked_fires_skipped_backlog_total",
+                "counter",
+                "Instants recorded as skipped because their job or namespace had too many runs queued.",
+                &self.fires_skipped_backlog,
             ),
             (
                 "sked_fire_batches_total",

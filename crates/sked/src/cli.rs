@@ -77,6 +77,15 @@ pub struct ServerArgs {
     /// third of it): a dead node's schedules move to the others after about this long.
     #[arg(long, env = "SKED_NODE_LEASE", default_value = "3s")]
     pub node_lease: HumanDuration,
+    /// Most runs of one job waiting for a worker; past it an instant is recorded as skipped
+    /// (reason `backlog`) instead of queuing another run.
+    #[arg(long, env = "SKED_MAX_QUEUED_PER_JOB", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_queued_per_job: u64,
+    /// Most runs of one namespace waiting for a worker, likewise.
+    #[arg(long, env = "SKED_MAX_QUEUED_PER_NAMESPACE", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_queued_per_namespace: u64,
 }
 
 #[derive(Debug, Args)]

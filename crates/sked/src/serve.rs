@@ -3,6 +3,7 @@
 
 use crate::cli::{DevArgs, ServerArgs, WorkerArgs};
 use anyhow::{bail, Context, Result};
+use sked_core::policy::BacklogLimits;
 use sked_server::ServerConfig;
 use sked_store::{PgStore, SqliteStore, Store};
 use std::collections::BTreeMap;
@@ -97,6 +98,10 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
         retention: Some(args.retention.0).filter(|r| !r.is_zero()),
         node_lease: args.node_lease.0,
         node_name: host_name(),
+        backlog: BacklogLimits {
+            per_job: args.max_queued_per_job,
+            per_namespace: args.max_queued_per_namespace,
+        },
         ..ServerConfig::default()
     })
 }

@@ -1088,6 +1088,22 @@ pub async fn stats_count_outcomes_and_lateness(store: &dyn Store) {
         Some(t0() + secs(4))
     );
     assert_eq!(store.job_stats("default", "nope").await.unwrap(), None);
+    // Skipped runs are counted by their reason.
+    for (i, reason) in [
+        (5, SkipReason::Backlog),
+        (6, SkipReason::Backlog),
+        (7, SkipReason::Paused),
+    ] {
+        let mut skipped = fire(j.id, t0() + secs(i));
+        skipped.skip = Some(reason);
+        fire_one(store, skipped).await;
+    }
+    let stats = store.job_stats("default", "st").await.unwrap().unwrap();
+    assert_eq!(stats.by_state.get("skipped"), Some(&3));
+    assert_eq!(
+        stats.skipped_by_reason,
+        [("backlog".to_string(), 2), ("paused".to_string(), 1)].into()
+    );
 }
 
 pub async fn retention_deletes_only_finished_runs(store: &dyn Store) {

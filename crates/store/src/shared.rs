@@ -102,6 +102,7 @@ pub fn report_error(report: &AttemptReport) -> Option<String> {
 /// the firing and start lateness (milliseconds) of its recent scheduled runs.
 pub fn job_stats(
     by_state: BTreeMap<String, u64>,
+    skipped_by_reason: BTreeMap<String, u64>,
     attempts: AttemptCounts,
     last_run: Option<RunRecord>,
     mut fired: Vec<f64>,
@@ -118,6 +119,7 @@ pub fn job_stats(
         lateness_ms: percentiles(&mut fired),
         start_lateness_ms: percentiles(&mut started),
         by_state,
+        skipped_by_reason,
     }
 }
 
@@ -138,6 +140,12 @@ pub const ATTEMPT_COUNTS_SQL: &str = "\
     FROM runs r JOIN attempts a ON a.run_id = r.id \
     LEFT JOIN attempts prev ON prev.run_id = a.run_id AND prev.number = a.number - 1 \
     WHERE r.namespace = $1 AND r.job = $2";
+
+/// Counts a job's skipped runs by reason; `$1`/`$2` are the namespace and the job.
+pub const SKIP_REASONS_SQL: &str = "\
+    SELECT skip_reason, count(*) FROM runs \
+    WHERE namespace = $1 AND job = $2 AND state = 'skipped' AND skip_reason IS NOT NULL \
+    GROUP BY skip_reason";
 
 /// Instants are stored as microseconds since the epoch, UTC.
 pub fn micros(t: Instant) -> i64 {
@@ -268,7 +276,14 @@ mod tests {
             retries: 4,
             lost: 1,
         };
-        let stats = job_stats(by_state, attempts, None, vec![2.0, 1.0], vec![]);
+        let stats = job_stats(
+            by_state,
+            BTreeMap::new(),
+            attempts,
+            None,
+            vec![2.0, 1.0],
+            vec![],
+        );
         assert_eq!((stats.runs, stats.succeeded, stats.failed), (6, 3, 3));
         assert_eq!((stats.retries, stats.lost), (4, 1));
         assert_eq!(stats.lateness_ms.max, 2.0);

@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use chrono::Utc;
 use sked_core::cluster::partition_of;
 use sked_core::job::JobSpec;
+use sked_core::policy::{admission, BacklogLimits};
 use sked_core::records::ScheduledJob;
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::schedule::Schedule;
@@ -77,6 +78,7 @@ pub struct FiringLoop {
     dispatcher: Arc<Dispatcher>,
     metrics: Arc<Metrics>,
     health: Arc<StoreHealth>,
+    backlog: BacklogLimits,
     batch: usize,
     rx: mpsc::UnboundedReceiver<Change>,
     /// The partitions whose schedules this loop fires.
@@ -99,6 +101,7 @@ impl FiringLoop {
         metrics: Arc<Metrics>,
         health: Arc<StoreHealth>,
         batch: usize,
+        backlog: BacklogLimits,
     ) -> (FiringHandle, FiringLoop) {
         let (tx, rx) = mpsc::unbounded_channel();
         let looper = FiringLoop {
@@ -106,6 +109,7 @@ impl FiringLoop {
             dispatcher,
             metrics,
             health,
+            backlog,
             batch: batch.max(1),
             rx,
             held: BTreeSet::new(),
@@ -319,7 +323,15 @@ impl FiringLoop {
                     break;
                 };
                 let following = slot.schedule.next_after(slot.next, slot.fired + 1);
-                let skip = slot.paused.then_some(SkipReason::Paused);
+                let skip = if slot.paused {
+                    Some(SkipReason::Paused)
+                } else {
+                    let (job, namespace) = self.dispatcher.backlog(slot.job_id);
+                    admission::admit(job, namespace, self.backlog)
+                };
+                if skip == Some(SkipReason::Backlog) {
+                    Metrics::add(&self.metrics.fires_skipped_backlog, 1);
+                }
                 pending.push(advance(&mut slot, skip, following));
                 if let Some(next) = following {
                     slot.next = next;

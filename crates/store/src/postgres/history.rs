@@ -3,7 +3,7 @@
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
 use super::{PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
-use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL};
+use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL, SKIP_REASONS_SQL};
 use crate::{AppendOutcome, Page, RunQuery, StoreError};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
 use sked_core::run::RunState;
@@ -85,6 +85,12 @@ pub async fn job_stats(tx: &Tx<'_>, namespace: &str, name: &str) -> PgResult<Opt
     if runs == 0 && super::jobs::get(tx, namespace, name).await?.is_none() {
         return Ok(None);
     }
+    let mut skipped_by_reason = BTreeMap::new();
+    let stmt = tx.prepare_cached(SKIP_REASONS_SQL).await?;
+    for row in tx.query(&stmt, &[&namespace, &name]).await? {
+        let (reason, count): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+        skipped_by_reason.insert(reason, count as u64);
+    }
     let stmt = tx.prepare_cached(ATTEMPT_COUNTS_SQL).await?;
     let row = tx.query_one(&stmt, &[&namespace, &name]).await?;
     let attempts = AttemptCounts {
@@ -120,7 +126,12 @@ pub async fn job_stats(tx: &Tx<'_>, namespace: &str, name: &str) -> PgResult<Opt
         }
     }
     Ok(Some(crate::shared::job_stats(
-        by_state, attempts, last_run, fired, started,
+        by_state,
+        skipped_by_reason,
+        attempts,
+        last_run,
+        fired,
+        started,
     )))
 }
 

@@ -2,7 +2,7 @@
 
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
 use crate::cursor::{self, page_size, Cursor};
-use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL};
+use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL, SKIP_REASONS_SQL};
 use crate::{AppendOutcome, Page, Result, RunQuery};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
@@ -83,6 +83,15 @@ pub fn job_stats(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Op
     if runs == 0 && super::jobs::get(tx, namespace, name)?.is_none() {
         return Ok(None);
     }
+    let mut skipped_by_reason = BTreeMap::new();
+    {
+        let mut stmt = tx.prepare_cached(SKIP_REASONS_SQL)?;
+        let mut rows = stmt.query(params![namespace, name])?;
+        while let Some(row) = rows.next()? {
+            let (reason, count): (String, i64) = (row.get(0)?, row.get(1)?);
+            skipped_by_reason.insert(reason, count as u64);
+        }
+    }
     let attempts =
         tx.prepare_cached(ATTEMPT_COUNTS_SQL)?
             .query_row(params![namespace, name], |row| {
@@ -116,7 +125,12 @@ pub fn job_stats(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Op
         }
     }
     Ok(Some(crate::shared::job_stats(
-        by_state, attempts, last_run, fired, started,
+        by_state,
+        skipped_by_reason,
+        attempts,
+        last_run,
+        fired,
+        started,
     )))
 }
 
