@@ -133,6 +133,9 @@ impl JobSpec {
             (None, None) => return Err(SpecError::new("name", "is required")),
         };
         validate_name("name", &name)?;
+        if let Some(schedule) = &mut self.schedule {
+            schedule.normalize();
+        }
         self.name = Some(name.clone());
         if self.description.as_ref().is_some_and(|d| d.len() > 4096) {
             return Err(SpecError::new("description", "must be at most 4096 bytes"));

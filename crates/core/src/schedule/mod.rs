@@ -88,7 +88,7 @@ pub const MAX_EVERY: std::time::Duration = std::time::Duration::from_secs(3_155_
 /// The longest `jitter` sked accepts (it is also at most the period of `every` and `iso8601`).
 pub const MAX_JITTER: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// The instants a schedule may name: from the Unix epoch to the end of year 9999, to the
+/// The instants a schedule may name: from the Unix epoch to the end of year 9999, cut to the
 /// microsecond (the ledger's precision), so every instant a schedule derives is one the ledger
 /// can store exactly.
 fn check_instant(field: &str, t: Option<Instant>) -> Result<Option<Instant>, SpecError> {
@@ -101,13 +101,25 @@ fn check_instant(field: &str, t: Option<Instant>) -> Result<Option<Instant>, Spe
             "must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z",
         ));
     }
-    if crate::ledger_instant(t) != t {
-        return Err(SpecError::new(
-            field,
-            "has a fraction of a second finer than a microsecond",
-        ));
+    Ok(Some(crate::ledger_instant(t)))
+}
+
+impl ScheduleSpec {
+    /// Cuts the instants the definition names to the microsecond, so the stored definition
+    /// shows the instants that are used (clients often send nanoseconds).
+    pub fn normalize(&mut self) {
+        for t in [
+            &mut self.anchor,
+            &mut self.at,
+            &mut self.start,
+            &mut self.end,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *t = crate::ledger_instant(*t);
+        }
     }
-    Ok(Some(t))
 }
 
 impl Schedule {
@@ -379,11 +391,8 @@ mod tests {
             at: Some(t(s)),
             ..Default::default()
         };
-        assert_eq!(
-            field_of(&at("2030-01-01T00:00:00.123456789Z")),
-            "schedule.at"
-        );
-        assert_eq!(field_of(&at("2030-01-01T00:00:00.123456Z")), "accepted");
+        assert_eq!(field_of(&at("1969-12-31T23:59:59Z")), "schedule.at");
+        assert_eq!(field_of(&at("2030-01-01T00:00:00.123456789Z")), "accepted");
         let jitter = |every: &str, jitter: &str| ScheduleSpec {
             jitter: Some(jitter.parse().unwrap()),
             ..spec_every(every)
@@ -406,9 +415,17 @@ mod tests {
     }
 
     #[test]
-    fn the_epoch_is_kept_to_the_microsecond() {
+    fn instants_are_kept_to_the_microsecond() {
         let s = Schedule::compile(Some(&spec_every("1s")), t("2026-01-01T00:00:00.123456789Z"));
         assert_eq!(s.unwrap().first(), Some(t("2026-01-01T00:00:01.123456Z")));
+        let mut spec = ScheduleSpec {
+            at: Some(t("2030-01-01T00:00:00.123456789Z")),
+            ..Default::default()
+        };
+        let s = Schedule::compile(Some(&spec), t("2026-01-01T00:00:00Z"));
+        assert_eq!(s.unwrap().first(), Some(t("2030-01-01T00:00:00.123456Z")));
+        spec.normalize();
+        assert_eq!(spec.at, Some(t("2030-01-01T00:00:00.123456Z")));
     }
 
     #[test]
