@@ -1,5 +1,6 @@
 //! Server settings, with the defaults a single node wants.
 
+use crate::http::ConnectionLimits;
 use sked_core::policy::BacklogLimits;
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ pub struct ServerConfig {
     /// Past these many queued runs of a job, or of a namespace, an instant is recorded as
     /// skipped (`backlog`) instead of queuing one more.
     pub backlog: BacklogLimits,
+    /// Header timeout and the most connections open at once.
+    pub connections: ConnectionLimits,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +46,7 @@ impl Default for ServerConfig {
             node_lease: Duration::from_secs(3),
             node_name: "sked".to_string(),
             backlog: BacklogLimits::default(),
+            connections: ConnectionLimits::default(),
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod config;
 pub mod dispatch;
 pub mod firing;
 pub mod health;
+pub mod http;
 pub mod maintenance;
 pub mod membership;
 pub mod metrics;
@@ -178,17 +179,8 @@ pub async fn serve(
     ));
 
     let app = api::router(state);
-    let mut http_stop = stop_rx.clone();
-    let http = axum::serve(listener, app).with_graceful_shutdown(async move {
-        crate::stopped(&mut http_stop).await;
-    });
-    let outcome = supervise(
-        std::future::IntoFuture::into_future(http),
-        shutdown,
-        &mut duties,
-        &stop_tx,
-    )
-    .await;
+    let http = http::serve(listener, app, config.connections, stop_rx.clone());
+    let outcome = supervise(http, shutdown, &mut duties, &stop_tx).await;
     // The HTTP server only ends on shutdown or failure; either way the duties stop too.
     duties.abort_all();
     while duties.join_next().await.is_some() {}

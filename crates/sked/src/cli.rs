@@ -82,6 +82,14 @@ pub struct ServerArgs {
     #[arg(long, env = "SKED_MAX_QUEUED_PER_JOB", default_value_t = 1_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_queued_per_job: u64,
+    /// How long a client may take to send a request's headers, counted from opening the
+    /// connection or from the previous response: it closes slow and idle connections alike.
+    #[arg(long, env = "SKED_HEADER_READ_TIMEOUT", default_value = "10s")]
+    pub header_read_timeout: HumanDuration,
+    /// Connections open at once; more are closed as they arrive.
+    #[arg(long, env = "SKED_MAX_CONNECTIONS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
     /// Most runs of one namespace waiting for a worker, likewise.
     #[arg(long, env = "SKED_MAX_QUEUED_PER_NAMESPACE", default_value_t = 100_000,
           value_parser = clap::value_parser!(u64).range(1..))]

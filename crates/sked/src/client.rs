@@ -16,6 +16,8 @@ pub struct Client {
 impl Client {
     pub fn new(args: &ClientArgs) -> Result<Client> {
         let http = reqwest::Client::builder()
+            // The server closes connections idle past its header timeout; drop ours first.
+            .pool_idle_timeout(std::time::Duration::from_secs(5))
             .build()
             .context("cannot build the HTTP client")?;
         Ok(Client {

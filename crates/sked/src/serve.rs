@@ -4,6 +4,7 @@
 use crate::cli::{DevArgs, ServerArgs, WorkerArgs};
 use anyhow::{bail, Context, Result};
 use sked_core::policy::BacklogLimits;
+use sked_server::http::ConnectionLimits;
 use sked_server::ServerConfig;
 use sked_store::{PgStore, SqliteStore, Store};
 use std::collections::BTreeMap;
@@ -87,6 +88,9 @@ pub fn check_store(data_dir: &Path) -> Result<()> {
 }
 
 fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
+    if args.header_read_timeout.0 < std::time::Duration::from_millis(100) {
+        bail!("--header-read-timeout must be at least 100ms");
+    }
     if args.node_lease.0 < std::time::Duration::from_millis(300) {
         bail!("--node-lease must be at least 300ms (nodes renew every third of it)");
     }
@@ -98,6 +102,11 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
         retention: Some(args.retention.0).filter(|r| !r.is_zero()),
         node_lease: args.node_lease.0,
         node_name: host_name(),
+        connections: ConnectionLimits {
+            header_read_timeout: args.header_read_timeout.0,
+            max_connections: args.max_connections as usize,
+            ..ConnectionLimits::default()
+        },
         backlog: BacklogLimits {
             per_job: args.max_queued_per_job,
             per_namespace: args.max_queued_per_namespace,

@@ -93,7 +93,9 @@ impl Sked {
         Sked {
             dir: tempfile::tempdir().expect("tempdir"),
             port: free_port(),
+            // Idle connections are dropped before the server's header timeout closes them.
             http: reqwest::Client::builder()
+                .pool_idle_timeout(Duration::from_secs(5))
                 .timeout(Duration::from_secs(30))
                 .build()
                 .expect("client"),

@@ -1,0 +1,100 @@
+//! The HTTP listener: accepts connections up to a bound and serves each with hyper, under a
+//! timeout for reading a request's headers, and ends them gracefully at shutdown. It owns
+//! connections only; what a request does is the router's (`api`).
+//!
+//! hyper starts the header timeout when a connection opens and again each time it falls idle
+//! after a response, so the one timeout closes both a client that trickles its headers
+//! (slowloris) and a keep-alive connection that sends nothing more. A request in progress (a
+//! worker's long poll, a followed log) is not idle and is never cut by it.
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+/// Bounds on the connections one node serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// How long a client may take to send a request's headers, counted from the connection
+    /// opening or from the previous response.
+    pub header_read_timeout: Duration,
+    /// Connections open at once; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// At shutdown, how long open requests may take to finish.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 4096,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `stop` says so, then lets open requests finish (up to the
+/// grace period).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let graceful = GracefulShutdown::new();
+    let mut refused = 0u64;
+    loop {
+        let (stream, _peer) = tokio::select! {
+            _ = crate::stopped(&mut stop) => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait rather than spin.
+                    tracing::warn!("http: cannot accept a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    "http: {} connections open, the most allowed; closed {refused} more so far",
+                    limits.max_connections
+                );
+            }
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout);
+        let connection =
+            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            // A connection's errors (a reset, a header timeout) concern that client only.
+            let _ = connection.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "http: requests still open after {:?}; closing them",
+            limits.shutdown_grace
+        );
+    }
+    Ok(())
+}
