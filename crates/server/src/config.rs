@@ -31,6 +31,8 @@ pub struct ServerConfig {
     pub backlog: BacklogLimits,
     /// Header timeout and the most connections open at once.
     pub connections: ConnectionLimits,
+    /// Log streams followed at once; more are refused with 429.
+    pub max_log_follows: usize,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +49,7 @@ impl Default for ServerConfig {
             node_name: "sked".to_string(),
             backlog: BacklogLimits::default(),
             connections: ConnectionLimits::default(),
+            max_log_follows: 256,
         }
     }
 }

@@ -52,6 +52,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// Whether the store commits: `/readyz` is 503 while writes fail.
     pub health: Arc<health::StoreHealth>,
+    /// Permits for log follows, at most `config.max_log_follows` at once.
+    pub follows: Arc<tokio::sync::Semaphore>,
     /// Set once the firing loop has loaded the schedules of its first partitions.
     pub ready: watch::Receiver<bool>,
     /// This server node, as the cluster knows it.
@@ -135,6 +137,7 @@ pub async fn serve(
         dispatcher: dispatcher.clone(),
         metrics: metrics.clone(),
         health,
+        follows: Arc::new(tokio::sync::Semaphore::new(config.max_log_follows)),
         ready: ready_rx,
         node: node.clone(),
         maintenance: maintenance_rx,

@@ -20,6 +20,8 @@ pub struct Metrics {
     pub fire_lateness_us_sum: AtomicU64,
     pub schedules: AtomicU64,
     pub queue_depth: AtomicU64,
+    /// Log streams being followed now.
+    pub log_follows: AtomicU64,
 }
 
 impl Metrics {
@@ -33,7 +35,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every counter.
     pub fn render(&self) -> String {
-        let rows: [(&str, &str, &str, &AtomicU64); 14] = [
+        let rows: [(&str, &str, &str, &AtomicU64); 15] = [
             (
                 "sked_fires_total",
                 "counter",
@@ -117,6 +119,12 @@ impl Metrics {
                 "gauge",
                 "Runs waiting in the dispatcher.",
                 &self.queue_depth,
+            ),
+            (
+                "sked_log_follows",
+                "gauge",
+                "Run logs being followed (GET /runs/{id}/log?follow=true) now.",
+                &self.log_follows,
             ),
         ];
         let mut out = String::new();

@@ -90,6 +90,11 @@ pub struct ServerArgs {
     #[arg(long, env = "SKED_MAX_CONNECTIONS", default_value_t = 1024,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
+    /// Run logs followed at once (`sked run logs -f`, `?follow=true`); more are refused with
+    /// 429 until one ends.
+    #[arg(long, env = "SKED_MAX_LOG_FOLLOWS", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_log_follows: u64,
     /// Most runs of one namespace waiting for a worker, likewise.
     #[arg(long, env = "SKED_MAX_QUEUED_PER_NAMESPACE", default_value_t = 100_000,
           value_parser = clap::value_parser!(u64).range(1..))]

@@ -107,6 +107,7 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
             max_connections: args.max_connections as usize,
             ..ConnectionLimits::default()
         },
+        max_log_follows: args.max_log_follows as usize,
         backlog: BacklogLimits {
             per_job: args.max_queued_per_job,
             per_namespace: args.max_queued_per_namespace,

@@ -15,6 +15,8 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub field: Option<String>,
+    /// Sent as `Retry-After` (whole seconds), for 429 and 503 answers.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
@@ -24,7 +26,13 @@ impl ApiError {
             code,
             message: message.into(),
             field: None,
+            retry_after: None,
         }
+    }
+
+    pub fn retry_after(mut self, after: std::time::Duration) -> Self {
+        self.retry_after = Some(after);
+        self
     }
 
     pub fn with_field(mut self, field: impl Into<String>) -> Self {
@@ -80,7 +88,14 @@ impl IntoResponse for ApiError {
         let body = json!({
             "error": {"code": self.code, "message": self.message, "field": self.field}
         });
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(after) = self.retry_after {
+            let seconds = after.as_secs().max(1).to_string();
+            if let Ok(value) = axum::http::HeaderValue::from_str(&seconds) {
+                response.headers_mut().insert("retry-after", value);
+            }
+        }
+        response
     }
 }
 

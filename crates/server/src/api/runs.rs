@@ -3,9 +3,11 @@
 use super::extract::{Path, Query};
 use super::jobs::{check_limit, parse_run_state, RunPage};
 use super::{ApiError, Namespace};
+use crate::metrics::Metrics;
 use crate::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::Utc;
@@ -114,6 +116,17 @@ pub struct LogParams {
 }
 
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
+/// What a refused follow is told to wait.
+const FOLLOW_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// Takes one off a gauge when dropped, however the task holding it ends.
+struct Decrement<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
 /// The output of one attempt as text; with `follow=true` the response streams until the run
 /// has ended and all its output is sent.
@@ -141,11 +154,29 @@ pub async fn log(
         };
         return Ok((headers, bytes).into_response());
     }
+    // Each follow polls the store until its run ends: bounded in number, and ended as soon
+    // as its client goes.
+    let Ok(slot) = state.follows.clone().try_acquire_owned() else {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_follows",
+            format!(
+                "{} logs are being followed, the most this server allows; read the log without \
+                 follow=true, or try again later",
+                state.config.max_log_follows
+            ),
+        )
+        .retry_after(FOLLOW_RETRY_AFTER));
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let store = state.store.clone();
     let mut attempt_id = pick(&attempts);
     let mut finished = run.state.is_terminal();
+    let metrics = state.metrics.clone();
+    Metrics::add(&metrics.log_follows, 1);
     tokio::spawn(async move {
+        let _slot = slot;
+        let _counted = Decrement(&metrics.log_follows);
         let mut offset = 0u64;
         loop {
             if let Some(aid) = attempt_id {
@@ -167,7 +198,11 @@ pub async fn log(
             if finished {
                 return;
             }
-            tokio::time::sleep(FOLLOW_POLL).await;
+            tokio::select! {
+                // The response body was dropped: the client went away.
+                () = tx.closed() => return,
+                () = tokio::time::sleep(FOLLOW_POLL) => {}
+            }
             match store.get_run(id).await {
                 Ok(Some((run, attempts))) => {
                     finished = run.state.is_terminal();
