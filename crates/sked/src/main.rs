@@ -11,6 +11,10 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // A shell attempt's supervisor is this binary again: before anything else starts.
+    if let Some(code) = sked_worker::executor::supervisor::run_if_requested() {
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let cli = cli::Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -65,6 +65,11 @@ async fn open_store(args: &ServerArgs) -> Result<OpenStore> {
     })
 }
 
+/// This very executable, which supervises each shell attempt
+/// (`sked_worker::executor::supervisor`). Through /proc it stays the binary that is running,
+/// even once an upgrade has replaced the file on disk.
+const SELF_EXE: &str = "/proc/self/exe";
+
 /// The embedded store's file in its data directory.
 const DB_FILE: &str = "sked.db";
 
@@ -151,6 +156,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
         name: "dev".to_string(),
         labels: BTreeMap::new(),
         slots: args.slots,
+        supervisor: Some(SELF_EXE.into()),
         ..sked_worker::WorkerConfig::default()
     };
     let worker = tokio::spawn(sked_worker::run(worker_config, stopped(worker_stopped)));
@@ -204,6 +210,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         name,
         labels,
         slots: args.slots,
+        supervisor: Some(SELF_EXE.into()),
         ..sked_worker::WorkerConfig::default()
     };
     sked_worker::run(config, shutdown_signal()).await?;

@@ -350,6 +350,7 @@ impl Agent {
             kill_grace: self.config.kill_grace,
             output_drain: self.config.output_drain,
             http_body_cap: self.config.http_body_cap,
+            supervisor: self.config.supervisor.clone(),
         };
         let agent = self.clone();
         tokio::spawn(async move {

@@ -39,6 +39,9 @@ pub struct WorkerConfig {
     pub output_drain: Duration,
     /// The part of an HTTP target's response body that goes to the log.
     pub http_body_cap: usize,
+    /// The executable that supervises each shell attempt (see
+    /// [`executor::supervisor`](crate::executor::supervisor)): `sked` sets its own.
+    pub supervisor: Option<std::path::PathBuf>,
     /// First delay before retrying a failed protocol request; it doubles up to `retry_max`.
     pub retry_initial: Duration,
     /// Longest delay between retries.
@@ -62,6 +65,7 @@ impl Default for WorkerConfig {
             kill_grace: Duration::from_secs(5),
             output_drain: Duration::from_secs(2),
             http_body_cap: 64 * 1024,
+            supervisor: None,
             retry_initial: Duration::from_millis(200),
             retry_max: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(15),

@@ -5,6 +5,7 @@
 
 pub mod http;
 pub mod shell;
+pub mod supervisor;
 
 use crate::output::OutputBuffer;
 use chrono::SecondsFormat;
@@ -51,6 +52,10 @@ pub struct ExecOptions {
     pub output_drain: Duration,
     /// HTTP: the part of the response body that goes to the output.
     pub http_body_cap: usize,
+    /// Shell: the executable to run as each attempt's [`supervisor`] (the `sked` binary
+    /// itself). Without one, an attempt runs in a process group of its own, which ends with
+    /// cancels and timeouts but not with the worker, and not past `setsid`.
+    pub supervisor: Option<std::path::PathBuf>,
 }
 
 impl Default for ExecOptions {
@@ -60,6 +65,7 @@ impl Default for ExecOptions {
             kill_grace: Duration::from_secs(5),
             output_drain: Duration::from_secs(2),
             http_body_cap: 64 * 1024,
+            supervisor: None,
         }
     }
 }

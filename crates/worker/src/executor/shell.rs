@@ -1,11 +1,15 @@
-//! The shell executor: runs a `ShellTarget` as a process in its own process group, with the
-//! run's `SKED_*` environment, streams its stdout and stderr to the output, and ends the whole
-//! group (SIGTERM, then SIGKILL after the grace period) on timeout, on a stop, and when the main
-//! process exits leaving others behind. Owns process lifetimes only: it must not speak the
-//! worker protocol, and it never returns while a process of the group it knows of still lives
-//! (bounded by the grace period).
+//! The shell executor: runs a `ShellTarget` with the run's `SKED_*` environment, streams its
+//! stdout and stderr to the output, and ends its processes (SIGTERM, then SIGKILL after the
+//! grace period) on timeout, on a stop, and when the main process exits leaving others behind.
+//!
+//! With a supervisor (`ExecOptions::supervisor`, what `sked` always sets) the attempt runs
+//! under a [`supervisor`](super::supervisor) process that holds every descendant (also those
+//! that `setsid` away) and ends them all, and at once when the worker dies. Without one, the
+//! attempt is a process group of its own, ended as a group. Owns process lifetimes only: it
+//! must not speak the worker protocol, and it never returns while a process it knows of still
+//! lives (bounded by the grace period).
 
-use super::{expire, human, ExecOptions, ExecResult, RunInfo, StopSignal};
+use super::{expire, human, supervisor, ExecOptions, ExecResult, RunInfo, StopSignal};
 use crate::output::OutputBuffer;
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
@@ -26,6 +30,8 @@ use tokio::time::{sleep, timeout, timeout_at, Instant};
 const READERS_BOUND: Duration = Duration::from_secs(1);
 /// How often the group is checked for survivors while it is being terminated.
 const POLL: Duration = Duration::from_millis(20);
+/// Beyond the grace period, how long a supervisor may take to sweep its tree.
+const SUPERVISOR_MARGIN: Duration = Duration::from_secs(2);
 
 /// Runs the target and returns how it ended. Every process of its group is gone on return.
 pub async fn run(
@@ -35,7 +41,7 @@ pub async fn run(
     mut stop: StopSignal,
     output: &OutputBuffer,
 ) -> ExecResult {
-    let mut child = match command(target, info).spawn() {
+    let mut child = match command(target, info, options).spawn() {
         Ok(child) => child,
         Err(e) => {
             let message = format!("cannot start {:?}: {e}", target.command);
@@ -51,6 +57,8 @@ pub async fn run(
     let mut group = Group {
         pgid: Pid::from_raw(pgid),
         gone: false,
+        // The supervisor's end of the pipe: dropping it tells the supervisor to end the tree.
+        control: child.stdin.take(),
     };
     let mut readers = Vec::new();
     if let Some(stdout) = child.stdout.take() {
@@ -70,7 +78,7 @@ pub async fn run(
             // Processes left in the group may hold the pipes: give their output a bounded
             // time to arrive, then end them.
             settle(&mut readers, options.output_drain).await;
-            if group.alive() {
+            if group.control.is_none() && group.alive() {
                 tracing::debug!("process group {pgid} outlived its main process; ending it");
                 group.terminate(&mut child, options.kill_grace).await;
             }
@@ -112,15 +120,32 @@ enum End {
     Stopped,
 }
 
-fn command(target: &ShellTarget, info: &RunInfo) -> Command {
-    let mut cmd = if target.args.is_empty() {
-        let mut cmd = Command::new("/bin/sh");
-        cmd.arg("-c").arg(&target.command);
-        cmd
+fn command(target: &ShellTarget, info: &RunInfo, options: &ExecOptions) -> Command {
+    let (program, args) = if target.args.is_empty() {
+        ("/bin/sh", vec!["-c".to_string(), target.command.clone()])
     } else {
-        let mut cmd = Command::new(&target.command);
-        cmd.args(&target.args);
-        cmd
+        (target.command.as_str(), target.args.clone())
+    };
+    let mut cmd = match &options.supervisor {
+        Some(supervisor) => {
+            let mut cmd = Command::new(supervisor);
+            cmd.args(supervisor::arguments(
+                options.kill_grace,
+                options.output_drain,
+                program,
+                &args,
+            ))
+            .stdin(Stdio::piped())
+            // Killing the supervisor would orphan the tree it holds: a dropped attempt
+            // closes the pipe instead, and the supervisor ends the tree.
+            .kill_on_drop(false);
+            cmd
+        }
+        None => {
+            let mut cmd = Command::new(program);
+            cmd.args(&args).stdin(Stdio::null()).kill_on_drop(true);
+            cmd
+        }
     };
     // The job's own variables first: the SKED_* ones describe the run and win.
     cmd.envs(&target.env)
@@ -131,11 +156,9 @@ fn command(target: &ShellTarget, info: &RunInfo) -> Command {
     if let Some(cwd) = &target.cwd {
         cmd.current_dir(cwd);
     }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
+    cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
+        .process_group(0);
     cmd
 }
 
@@ -187,12 +210,15 @@ async fn settle(readers: &mut Vec<JoinHandle<()>>, bound: Duration) -> bool {
     true
 }
 
-/// The process group of one attempt (its id is the main process's pid). Dropping it kills
-/// whatever is left of the group, so an abandoned attempt leaves nothing behind.
+/// The process group of one attempt (its id is the main process's pid: the job, or its
+/// supervisor). Dropping it ends whatever is left, so an abandoned attempt leaves nothing
+/// behind: the group is killed, or the supervisor's pipe is closed.
 struct Group {
     pgid: Pid,
     /// Seen empty: from then on the id may be reused and must not be signalled.
     gone: bool,
+    /// With a supervisor, the pipe whose end tells it the worker is gone.
+    control: Option<tokio::process::ChildStdin>,
 }
 
 impl Group {
@@ -207,7 +233,13 @@ impl Group {
     /// SIGTERM to the whole group; SIGKILL once `grace` has passed with any of it left.
     async fn terminate(&mut self, child: &mut Child, grace: Duration) {
         let _ = killpg(self.pgid, Signal::SIGTERM);
-        let deadline = Instant::now() + grace;
+        // A supervisor spends the grace on its tree, then needs a moment to sweep it.
+        let margin = if self.control.is_some() {
+            SUPERVISOR_MARGIN
+        } else {
+            Duration::ZERO
+        };
+        let deadline = Instant::now() + grace + margin;
         loop {
             // Reaping the main process removes its zombie from the group.
             let reaped = !matches!(child.try_wait(), Ok(None));
@@ -223,6 +255,11 @@ impl Group {
             "process group {} survived SIGTERM; sending SIGKILL",
             self.pgid
         );
+        if self.control.take().is_some() {
+            // Closing the pipe makes a supervisor SIGKILL its whole tree: give it that chance
+            // before it is killed itself.
+            let _ = timeout(Duration::from_secs(1), child.wait()).await;
+        }
         let _ = killpg(self.pgid, Signal::SIGKILL);
         let _ = timeout(Duration::from_secs(1), child.wait()).await;
     }
@@ -230,7 +267,8 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        if self.alive() {
+        // A supervisor ends its tree when its pipe closes, which dropping `control` does.
+        if self.control.is_none() && self.alive() {
             let _ = killpg(self.pgid, Signal::SIGKILL);
         }
     }

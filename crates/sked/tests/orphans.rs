@@ -1,0 +1,207 @@
+//! A job's processes never outlive their attempt, through the real binary: whether they stay
+//! in the job's process group, `setsid` away, or double-fork into a daemon, they end with a
+//! cancel, with a timeout, and when the worker running them is SIGKILLed (`sked dev` or a
+//! `sked worker`), before the run could be handed to another worker.
+
+mod common;
+
+use common::{shell, Sked};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// The processes whose command line is `sleep <n>` for one of `markers`, by pid and state.
+fn alive(markers: &[u32]) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or("?");
+        if state == "Z" || state == "X" {
+            continue;
+        }
+        if markers.iter().any(|m| text.trim() == format!("sleep {m}")) {
+            found.push(format!(
+                "{} ({}) state {state}",
+                text.trim(),
+                entry.file_name().to_string_lossy()
+            ));
+        }
+    }
+    found
+}
+
+/// A command that leaves three processes behind it, each `sleep <marker>`: one in the job's
+/// group, one that `setsid`s away, and one double-forked daemon in a session of its own; then
+/// it waits in a fourth.
+fn spreading(markers: [u32; 4]) -> String {
+    let [a, b, c, d] = markers;
+    format!("sleep {a} & setsid sleep {b} & ( setsid sh -c 'exec sleep {c}' & ) ; sleep {d}")
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_state(sked: &Sked, id: i64, timeout: Duration) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let run = sked.run(id).await;
+        if common::is_terminal(&run["state"]) {
+            return run;
+        }
+        assert!(Instant::now() < deadline, "run {id} did not end: {run}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Triggers `job` and waits until every marker process is running.
+async fn start_spread(sked: &Sked, job: &str, markers: [u32; 4]) -> i64 {
+    let (status, run) = sked.post(&format!("/jobs/{job}/trigger"), json!({})).await;
+    assert_eq!(status, 201, "{run}");
+    wait_until(
+        "the job's processes did not all start",
+        Duration::from_secs(15),
+        || alive(&markers).len() == 4,
+    )
+    .await;
+    run["id"].as_i64().expect("run id")
+}
+
+#[tokio::test]
+async fn a_sigkilled_sked_dev_takes_its_jobs_processes_with_it() {
+    let markers = [7101, 7102, 7103, 7104];
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let job = json!({"target": shell(&spreading(markers)), "retry": {"max_attempts": 1}});
+    assert_eq!(sked.put_job("spread", job).await.0, 201);
+    let id = start_spread(&sked, "spread", markers).await;
+
+    if let Some(dev) = sked.server.as_mut() {
+        dev.sigkill();
+    }
+    // Well inside the heartbeat timeout (2 s in these tests), after which the run would be
+    // handed out again.
+    wait_until(
+        &format!("processes outlived their worker: {:?}", alive(&markers)),
+        Duration::from_secs(2),
+        || alive(&markers).is_empty(),
+    )
+    .await;
+
+    // After the restart the run gets a second attempt, and only it runs.
+    sked.start_dev(&[]).await;
+    wait_until(
+        "the run was not attempted again",
+        Duration::from_secs(20),
+        || alive(&markers).len() == 4,
+    )
+    .await;
+    let run = sked.run(id).await;
+    let attempts = run["attempt_history"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        attempts.first().map(|a| &a["state"]),
+        Some(&json!("lost")),
+        "{run}"
+    );
+    let (status, _) = sked.post(&format!("/runs/{id}/cancel"), json!({})).await;
+    assert_eq!(status, 200);
+    wait_state(&sked, id, Duration::from_secs(15)).await;
+}
+
+#[tokio::test]
+async fn a_sigkilled_worker_takes_its_jobs_processes_with_it() {
+    let markers = [7201, 7202, 7203, 7204];
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let worker = sked.start_worker("doomed", 2);
+    let job = json!({"target": shell(&spreading(markers))});
+    assert_eq!(sked.put_job("spread", job).await.0, 201);
+    start_spread(&sked, "spread", markers).await;
+    sked.workers[worker].sigkill();
+    wait_until(
+        &format!("processes outlived their worker: {:?}", alive(&markers)),
+        Duration::from_secs(2),
+        || alive(&markers).is_empty(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cancel_and_timeout_end_processes_that_left_the_group() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+
+    let cancelled = [7301, 7302, 7303, 7304];
+    let job = json!({"target": shell(&spreading(cancelled))});
+    assert_eq!(sked.put_job("cancelled", job).await.0, 201);
+    let id = start_spread(&sked, "cancelled", cancelled).await;
+    let (status, answer) = sked.post(&format!("/runs/{id}/cancel"), json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+    let run = wait_state(&sked, id, Duration::from_secs(15)).await;
+    assert_eq!(run["state"], "cancelled", "{run}");
+    wait_until(
+        &format!("processes outlived the cancel: {:?}", alive(&cancelled)),
+        Duration::from_secs(5),
+        || alive(&cancelled).is_empty(),
+    )
+    .await;
+
+    let timed_out = [7401, 7402, 7403, 7404];
+    let job = json!({"target": shell(&spreading(timed_out)), "timeout": "2s",
+                     "retry": {"max_attempts": 1}});
+    assert_eq!(sked.put_job("slow", job).await.0, 201);
+    let id = start_spread(&sked, "slow", timed_out).await;
+    let run = wait_state(&sked, id, Duration::from_secs(20)).await;
+    assert_eq!(run["state"], "timed_out", "{run}");
+    wait_until(
+        &format!("processes outlived the timeout: {:?}", alive(&timed_out)),
+        Duration::from_secs(5),
+        || alive(&timed_out).is_empty(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn leftovers_of_a_finished_job_are_ended_and_its_status_is_kept() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let markers = [7501];
+    // The main process exits 3 while a setsid child lingers with the output pipe closed.
+    let job = json!({"target": shell("setsid sleep 7501 >/dev/null 2>&1 & echo done; exit 3"),
+                     "retry": {"max_attempts": 1}});
+    assert_eq!(sked.put_job("leaves", job).await.0, 201);
+    let (status, run) = sked.post("/jobs/leaves/trigger", json!({})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().expect("run id");
+    let run = wait_state(&sked, id, Duration::from_secs(20)).await;
+    assert_eq!(run["state"], "failed", "{run}");
+    assert_eq!(run["attempt_history"][0]["exit_code"], 3, "{run}");
+    assert!(alive(&markers).is_empty(), "{:?}", alive(&markers));
+
+    // A job killed by a signal is reported as such.
+    let job = json!({"target": shell("kill -TERM $$"), "retry": {"max_attempts": 1}});
+    assert_eq!(sked.put_job("signalled", job).await.0, 201);
+    let (_, run) = sked.post("/jobs/signalled/trigger", json!({})).await;
+    let id = run["id"].as_i64().expect("run id");
+    let run = wait_state(&sked, id, Duration::from_secs(20)).await;
+    let error = run["attempt_history"][0]["error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(error.contains("SIGTERM"), "{run}");
+}
