@@ -12,18 +12,21 @@
 //!   worker's attempt is dead before its run is handed to another worker.
 //!
 //! It then exits as the job's main process did: the same exit code, or killed by the same
-//! signal. Plain threads and blocking calls: no runtime, nothing to leak into the job. It must
+//! signal. One thread and blocking calls (a signalfd and poll): it starts for every attempt,
+//! so it starts cheaply, and has no runtime to leak into the job. It must
 //! not speak the worker protocol nor write anything but its own failures to the output.
 
 use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, SigSet, Signal};
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::ffi::OsString;
 use std::io::Read;
+use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The first argument that makes the `sked` executable a supervisor.
@@ -92,23 +95,26 @@ fn supervise(args: &[OsString]) -> Result<i32, String> {
             Errno::last()
         ));
     }
-    // Stop requests arrive as signals, handled on a thread of their own.
-    let mut stop_signals = SigSet::empty();
-    stop_signals.add(Signal::SIGTERM);
-    stop_signals.add(Signal::SIGINT);
-    stop_signals
+    // One thread waits on everything: stop signals and children's ends through a signalfd,
+    // the worker's pipe through poll.
+    let mut signals = SigSet::empty();
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGCHLD] {
+        signals.add(signal);
+    }
+    signals
         .thread_block()
         .map_err(|e| format!("supervisor: cannot block signals: {e}"))?;
-
+    let signal_fd = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| format!("supervisor: cannot read signals: {e}"))?;
     let mut command = Command::new(&args[3]);
     command
         .args(&args[4..])
         .stdin(Stdio::null())
         .process_group(0);
-    // The job must not inherit the blocked mask.
+    // The job must not inherit the blocked signals.
     // SAFETY: sigprocmask is async-signal-safe, as a pre_exec closure must be.
     unsafe {
-        command.pre_exec(move || stop_signals.thread_unblock().map_err(std::io::Error::from));
+        command.pre_exec(move || signals.thread_unblock().map_err(std::io::Error::from));
     }
     let job = command
         .spawn()
@@ -116,89 +122,130 @@ fn supervise(args: &[OsString]) -> Result<i32, String> {
     let main_pid = Pid::from_raw(job.id() as i32);
     drop(job);
 
-    let (events, incoming) = mpsc::channel();
-    let tx = events.clone();
-    std::thread::spawn(move || {
-        if stop_signals.wait().is_ok() {
-            let _ = tx.send(Event::Stop);
-        }
-    });
-    let tx = events.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        loop {
-            match stdin.read(&mut buf) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        let _ = tx.send(Event::WorkerGone);
-    });
-    let tx = events;
-    std::thread::spawn(move || reap(main_pid, &tx));
-
-    let status = match incoming.recv() {
-        Ok(Event::Exited(status)) => {
+    let mut events = Events {
+        main_pid,
+        main_status: None,
+        signal_fd,
+    };
+    let status = match events.next(None) {
+        Some(Event::Exited(status)) => {
             // Leftovers may finish on their own within the drain; then they are ended.
             let deadline = Instant::now() + drain;
             while !descendants().is_empty() && Instant::now() < deadline {
-                std::thread::sleep(POLL);
+                events.next(Some(POLL));
             }
-            end_tree(grace);
+            end_tree(grace, &mut events);
             status
         }
-        Ok(Event::Stop) => {
-            end_tree(grace);
-            main_status(&incoming)
+        Some(Event::Stop) => {
+            end_tree(grace, &mut events);
+            events.main_status()
         }
-        Ok(Event::WorkerGone) | Err(_) => {
-            end_tree(Duration::ZERO);
-            main_status(&incoming)
+        Some(Event::WorkerGone) | None => {
+            end_tree(Duration::ZERO, &mut events);
+            events.main_status()
         }
     };
     Ok(exit_as(status))
 }
 
-/// Reaps every child (the job and any orphan handed to us), and reports the job's end.
-fn reap(main_pid: Pid, events: &mpsc::Sender<Event>) {
-    loop {
-        match waitpid(None, None) {
-            Ok(status) if status.pid() == Some(main_pid) => {
-                let _ = events.send(Event::Exited(status));
-            }
-            Ok(_) => {}
-            Err(Errno::EINTR) => {}
-            // No child right now (ECHILD): a child appears only by the job forking, and the
-            // job is gone once we have none, so look again a little later.
-            Err(_) => std::thread::sleep(POLL),
-        }
-    }
+/// What the supervisor waits for, read on its one thread.
+struct Events {
+    main_pid: Pid,
+    /// Once reaped.
+    main_status: Option<WaitStatus>,
+    signal_fd: SignalFd,
 }
 
-/// The main process's end, once the tree is gone (a kill sent it one).
-fn main_status(incoming: &mpsc::Receiver<Event>) -> WaitStatus {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match incoming.recv_timeout(left) {
-            Ok(Event::Exited(status)) => return status,
-            Ok(_) => {}
-            Err(_) => break,
+impl Events {
+    /// The next event, waiting at most `wait` (forever when `None`); children that ended
+    /// meanwhile are reaped.
+    fn next(&mut self, wait: Option<Duration>) -> Option<Event> {
+        let deadline = wait.map(|w| Instant::now() + w);
+        loop {
+            let left = match deadline {
+                None => PollTimeout::NONE,
+                Some(d) => {
+                    let ms = d.saturating_duration_since(Instant::now()).as_millis();
+                    PollTimeout::try_from(ms.min(60_000) as i32).unwrap_or(PollTimeout::ZERO)
+                }
+            };
+            let stdin = std::io::stdin();
+            let mut fds = [
+                PollFd::new(stdin.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.signal_fd.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, left) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => return Some(Event::WorkerGone),
+            }
+            let worker_side = fds[0].revents().unwrap_or(PollFlags::empty());
+            let signalled = fds[1].revents().is_some_and(|r| !r.is_empty());
+            if signalled {
+                while let Ok(Some(info)) = self.signal_fd.read_signal() {
+                    if info.ssi_signo != Signal::SIGCHLD as u32 {
+                        return Some(Event::Stop);
+                    }
+                }
+                if let Some(status) = self.reap() {
+                    return Some(Event::Exited(status));
+                }
+            }
+            if !worker_side.is_empty() {
+                let mut buf = [0u8; 64];
+                match std::io::stdin().read(&mut buf) {
+                    Ok(0) => return Some(Event::WorkerGone),
+                    Err(e) if e.kind() != std::io::ErrorKind::Interrupted => {
+                        return Some(Event::WorkerGone)
+                    }
+                    _ => {}
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
+            }
         }
     }
-    WaitStatus::Signaled(Pid::from_raw(0), Signal::SIGKILL, false)
+
+    /// Reaps every child that has ended (the job, orphans handed to us); the main process's
+    /// status the first time it is among them.
+    fn reap(&mut self) -> Option<WaitStatus> {
+        let mut main = None;
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => return main,
+                Ok(status) if status.pid() == Some(self.main_pid) => {
+                    self.main_status = Some(status);
+                    main = Some(status);
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// The main process's end, once the tree is gone (a kill sent it one).
+    fn main_status(&mut self) -> WaitStatus {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.main_status.is_none() && Instant::now() < deadline {
+            self.reap();
+            if self.main_status.is_none() {
+                std::thread::sleep(POLL);
+            }
+        }
+        self.main_status
+            .unwrap_or(WaitStatus::Signaled(self.main_pid, Signal::SIGKILL, false))
+    }
 }
 
 /// SIGTERM to every descendant, then SIGKILL to whatever is left after `grace` (at once when
 /// it is zero), until none is left.
-fn end_tree(grace: Duration) {
+fn end_tree(grace: Duration, events: &mut Events) {
     if !grace.is_zero() {
         signal_all(Signal::SIGTERM);
         let deadline = Instant::now() + grace;
         while !descendants().is_empty() && Instant::now() < deadline {
             std::thread::sleep(POLL);
+            events.reap();
         }
     }
     // A process may fork between a look and a kill: repeat until a look finds nobody.
@@ -207,6 +254,7 @@ fn end_tree(grace: Duration) {
             return;
         }
         std::thread::sleep(POLL);
+        events.reap();
     }
 }
 
