@@ -45,6 +45,7 @@ macro_rules! store_contract_tests {
             retries_follow_the_policy_then_fail,
             lost_attempts_are_requeued_without_spending_retries,
             heartbeats_extend_leases_and_relay_cancels,
+            heartbeats_give_up_attempts_the_worker_never_got,
             cancelling_queued_runs_releases_waiting_ones,
             output_is_capped_and_read_from_offsets,
             deleting_a_job_keeps_its_runs,
@@ -784,7 +785,7 @@ pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Sto
     // w2 keeps heartbeating, w1 goes silent.
     let later = now + secs(20);
     let hb = store
-        .heartbeat("w2", &[], later, later + secs(10))
+        .heartbeat("w2", &[], later, later + secs(10), t0())
         .await
         .unwrap();
     assert!(hb.known);
@@ -804,7 +805,7 @@ pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Sto
         }
     );
     let hb = store
-        .heartbeat("w1", &[attempt], later, later + secs(10))
+        .heartbeat("w1", &[attempt], later, later + secs(10), t0())
         .await
         .unwrap();
     assert!(!hb.known);
@@ -840,6 +841,37 @@ pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Sto
     );
 }
 
+pub async fn heartbeats_give_up_attempts_the_worker_never_got(store: &dyn Store) {
+    let now = t0() + secs(1);
+    worker(store, "w", now).await;
+    let mut runs = Vec::new();
+    for name in ["known", "never-got", "young"] {
+        let j = put(store, name, every_second(serde_json::json!({}))).await;
+        runs.push(fire_one(store, fire(j.id, now)).await.run_id);
+    }
+    let known = start(store, runs[0], "w", 1, now).await;
+    let never_got = start(store, runs[1], "w", 2, now).await;
+    // Started while the heartbeat was on its way: too young to be judged.
+    let later = now + secs(5);
+    start(store, runs[2], "w", 3, later).await;
+    let hb = store
+        .heartbeat("w", &[known], later, later + secs(10), now + secs(2))
+        .await
+        .unwrap();
+    assert!(hb.known);
+    assert_eq!(hb.forgotten, vec![never_got]);
+    // Its lease has ended: the reaper re-queues its run, without spending a retry.
+    let reaped = store.reap(t0(), later + secs(1)).await.unwrap();
+    assert!(reaped.dead_workers.is_empty());
+    assert_eq!(reaped.requeued, vec![runs[1]]);
+    let (r, attempts) = run(store, runs[1]).await;
+    assert_eq!((r.state, r.failures), (RunState::Queued, 0));
+    assert_eq!(attempts[0].state, AttemptState::Lost);
+    for other in [runs[0], runs[2]] {
+        assert_eq!(run(store, other).await.0.state, RunState::Running);
+    }
+}
+
 pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
     let j = put(store, "hb", every_second(serde_json::json!({}))).await;
     let now = t0() + secs(1);
@@ -851,14 +883,15 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
     for _ in 0..4 {
         at += secs(5);
         let hb = store
-            .heartbeat("w", &[attempt], at, at + secs(10))
+            .heartbeat("w", &[attempt], at, at + secs(10), t0())
             .await
             .unwrap();
         assert_eq!(
             hb,
             HeartbeatOutcome {
                 known: true,
-                stop: vec![]
+                stop: vec![],
+                forgotten: vec![],
             }
         );
         let reaped = store.reap(at - secs(10), at).await.unwrap();
@@ -871,7 +904,7 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
     assert_eq!(workers[0].last_heartbeat_at, at);
     // An attempt the worker does not hold is to be stopped.
     let hb = store
-        .heartbeat("w", &[attempt, attempt + 99], at, at + secs(10))
+        .heartbeat("w", &[attempt, attempt + 99], at, at + secs(10), t0())
         .await
         .unwrap();
     assert_eq!(hb.stop, vec![attempt + 99]);
@@ -879,7 +912,7 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
     let outcome = store.cancel_run(fired.run_id, at).await.unwrap().unwrap();
     assert!(matches!(outcome, CancelOutcome::Requested(ref r) if r.cancel_requested));
     let hb = store
-        .heartbeat("w", &[attempt], at, at + secs(10))
+        .heartbeat("w", &[attempt], at, at + secs(10), t0())
         .await
         .unwrap();
     assert_eq!(hb.stop, vec![attempt]);

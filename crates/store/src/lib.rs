@@ -199,6 +199,8 @@ pub struct HeartbeatOutcome {
     pub known: bool,
     /// Attempts among those reported running that the worker must stop.
     pub stop: Vec<i64>,
+    /// Attempts the worker did not report, whose lease was ended (see `Store::heartbeat`).
+    pub forgotten: Vec<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -381,13 +383,17 @@ pub trait Store: Send + Sync + 'static {
 
     async fn register_worker(&self, worker: &NewWorker, now: Instant) -> Result<()>;
     /// Records a heartbeat and extends the leases of the worker's running attempts to
-    /// `lease_until`.
+    /// `lease_until`. An attempt the store has running on this worker, started before
+    /// `forgotten_before` and absent from `running`, never reached the worker (its lease
+    /// response was lost with a server): its lease ends `now`, for the reaper to re-queue
+    /// its run as it does any expired lease.
     async fn heartbeat(
         &self,
         worker_id: &str,
         running: &[i64],
         now: Instant,
         lease_until: Instant,
+        forgotten_before: Instant,
     ) -> Result<HeartbeatOutcome>;
     async fn list_workers(&self) -> Result<Vec<WorkerRecord>>;
     /// Declares dead the workers silent since before `silent_since`, and takes away every

@@ -44,6 +44,8 @@ fn unknown_worker(id: &str) -> ApiError {
 }
 
 pub const MAX_SLOTS: u32 = 10_000;
+/// The most attempts a heartbeat may report running: no worker runs more than its slots.
+const MAX_RUNNING_REPORTED: usize = MAX_SLOTS as usize;
 
 pub async fn register(
     State(state): State<AppState>,
@@ -108,10 +110,39 @@ pub async fn heartbeat(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let req: HeartbeatRequest = parse_json(&body(raw)?)?;
+    if req.running.len() > MAX_RUNNING_REPORTED {
+        return Err(ApiError::invalid(
+            "running",
+            format!(
+                "lists {} attempts; a worker runs at most {MAX_RUNNING_REPORTED}",
+                req.running.len()
+            ),
+        ));
+    }
+    let now = Utc::now();
+    // An attempt started this long ago that the worker does not report never reached it: a
+    // lease answer goes out within milliseconds, and a heartbeat interval plus a second
+    // leaves room for the heartbeat that crossed it and for clocks of different nodes.
+    let forgotten_before = now
+        - chrono::Duration::from_std(state.config.heartbeat_interval).unwrap_or_default()
+        - chrono::Duration::seconds(1);
     let outcome = state
         .store
-        .heartbeat(&id, &req.running, Utc::now(), lease_until(&state))
+        .heartbeat(
+            &id,
+            &req.running,
+            now,
+            lease_until(&state),
+            forgotten_before,
+        )
         .await?;
+    if !outcome.forgotten.is_empty() {
+        tracing::warn!(
+            "worker {id} does not know attempts {:?} (their lease answer was lost); \
+             their runs go to the reaper",
+            outcome.forgotten
+        );
+    }
     if !outcome.known {
         state.dispatcher.forget_worker(&id);
         return Err(unknown_worker(&id));

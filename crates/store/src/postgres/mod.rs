@@ -431,13 +431,15 @@ impl Store for PgStore {
         running: &[i64],
         now: Instant,
         lease_until: Instant,
+        forgotten_before: Instant,
     ) -> Result<HeartbeatOutcome> {
         transact!(self, write, |tx| workers::heartbeat(
             &tx,
             worker_id,
             running,
             now,
-            lease_until
+            lease_until,
+            forgotten_before
         )
         .await?)
     }

@@ -36,6 +36,7 @@ pub async fn heartbeat(
     running: &[i64],
     now: Instant,
     lease_until: Instant,
+    forgotten_before: Instant,
 ) -> PgResult<HeartbeatOutcome> {
     // The worker's row first: a reaper declaring it dead waits for this heartbeat, or this
     // heartbeat finds it dead.
@@ -52,6 +53,7 @@ pub async fn heartbeat(
         return Ok(HeartbeatOutcome {
             known: false,
             stop: running.to_vec(),
+            forgotten: Vec::new(),
         });
     }
     let mut held: HashMap<i64, bool> = HashMap::new();
@@ -87,7 +89,39 @@ pub async fn heartbeat(
         .copied()
         .filter(|id| held.get(id) != Some(&false))
         .collect();
-    Ok(HeartbeatOutcome { known: true, stop })
+    // Locked in id order, as every transaction locks attempts.
+    let stmt = tx
+        .prepare_cached(
+            "SELECT id FROM attempts WHERE worker_id = $1 AND state = 'running' \
+             AND started_at < $2 AND lease_expires_at > $3 AND NOT (id = ANY($4)) \
+             ORDER BY id FOR UPDATE",
+        )
+        .await?;
+    let forgotten: Vec<i64> = tx
+        .query(
+            &stmt,
+            &[
+                &worker_id,
+                &micros(forgotten_before),
+                &micros(now),
+                &running,
+            ],
+        )
+        .await?
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect::<Result<_, _>>()?;
+    if !forgotten.is_empty() {
+        let stmt = tx
+            .prepare_cached("UPDATE attempts SET lease_expires_at = $2 WHERE id = ANY($1)")
+            .await?;
+        tx.execute(&stmt, &[&forgotten, &micros(now)]).await?;
+    }
+    Ok(HeartbeatOutcome {
+        known: true,
+        stop,
+        forgotten,
+    })
 }
 
 pub async fn list(tx: &Tx<'_>) -> PgResult<Vec<WorkerRecord>> {

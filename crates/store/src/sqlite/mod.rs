@@ -491,10 +491,13 @@ impl Store for SqliteStore {
         running: &[i64],
         now: Instant,
         lease_until: Instant,
+        forgotten_before: Instant,
     ) -> Result<HeartbeatOutcome> {
         let (worker_id, running) = (worker_id.to_string(), running.to_vec());
-        self.write(move |tx| workers::heartbeat(tx, &worker_id, &running, now, lease_until))
-            .await
+        self.write(move |tx| {
+            workers::heartbeat(tx, &worker_id, &running, now, lease_until, forgotten_before)
+        })
+        .await
     }
 
     async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {

@@ -29,6 +29,7 @@ pub fn heartbeat(
     running: &[i64],
     now: Instant,
     lease_until: Instant,
+    forgotten_before: Instant,
 ) -> Result<HeartbeatOutcome> {
     let alive: Option<bool> = tx
         .prepare_cached("SELECT alive FROM workers WHERE id = ?1")?
@@ -38,6 +39,7 @@ pub fn heartbeat(
         return Ok(HeartbeatOutcome {
             known: false,
             stop: running.to_vec(),
+            forgotten: Vec::new(),
         });
     }
     tx.prepare_cached("UPDATE workers SET last_heartbeat_at = ?2 WHERE id = ?1")?
@@ -59,7 +61,33 @@ pub fn heartbeat(
             stop.push(attempt_id);
         }
     }
-    Ok(HeartbeatOutcome { known: true, stop })
+    let forgotten = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT id FROM attempts WHERE worker_id = ?1 AND state = 'running' \
+             AND started_at < ?2 AND lease_expires_at > ?3",
+        )?;
+        let ids = stmt.query_map(
+            params![worker_id, micros(forgotten_before), micros(now)],
+            |r| r.get::<_, i64>(0),
+        )?;
+        let mut forgotten = Vec::new();
+        for id in ids {
+            let id = id?;
+            if !running.contains(&id) {
+                forgotten.push(id);
+            }
+        }
+        forgotten
+    };
+    for &attempt_id in &forgotten {
+        tx.prepare_cached("UPDATE attempts SET lease_expires_at = ?2 WHERE id = ?1")?
+            .execute(params![attempt_id, micros(now)])?;
+    }
+    Ok(HeartbeatOutcome {
+        known: true,
+        stop,
+        forgotten,
+    })
 }
 
 pub fn list(tx: &Transaction<'_>) -> Result<Vec<WorkerRecord>> {
