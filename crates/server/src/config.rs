@@ -31,6 +31,8 @@ pub struct ServerConfig {
     pub backlog: BacklogLimits,
     /// Header timeout and the most connections open at once.
     pub connections: ConnectionLimits,
+    /// Workers declared dead are deleted once silent this long.
+    pub worker_retention: Duration,
     /// Log streams followed at once; more are refused with 429.
     pub max_log_follows: usize,
 }
@@ -50,6 +52,7 @@ impl Default for ServerConfig {
             backlog: BacklogLimits::default(),
             connections: ConnectionLimits::default(),
             max_log_follows: 256,
+            worker_retention: Duration::from_secs(24 * 3600),
         }
     }
 }

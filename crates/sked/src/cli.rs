@@ -70,6 +70,9 @@ pub struct ServerArgs {
     /// Finished runs older than this are deleted ("0s" keeps them forever).
     #[arg(long, env = "SKED_RETENTION", default_value = "30days")]
     pub retention: HumanDuration,
+    /// Workers declared dead are forgotten once silent this long.
+    #[arg(long, env = "SKED_WORKER_RETENTION", default_value = "1day")]
+    pub worker_retention: HumanDuration,
     /// Output kept per attempt, in bytes.
     #[arg(long, env = "SKED_OUTPUT_CAP", default_value_t = 1024 * 1024)]
     pub output_cap: u64,

@@ -222,14 +222,25 @@ impl Client {
     }
 
     pub async fn worker_list(&self) -> Result<()> {
-        let value = self.get_json("/workers", &[]).await?;
-        if self.json {
-            return Self::print_json(&value["workers"]);
+        let mut workers = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut query = vec![("limit", "1000".to_string())];
+            if let Some(c) = cursor.take() {
+                query.push(("cursor", c));
+            }
+            let page = self.get_json("/workers", &query).await?;
+            workers.extend(page["workers"].as_array().cloned().unwrap_or_default());
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_string()),
+                None => break,
+            }
         }
-        let table: Vec<Vec<String>> = value["workers"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        if self.json {
+            return Self::print_json(&Value::Array(workers));
+        }
+        let table: Vec<Vec<String>> = workers
+            .iter()
             .map(|w| {
                 let labels = w["labels"]
                     .as_object()

@@ -113,6 +113,7 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
             ..ConnectionLimits::default()
         },
         max_log_follows: args.max_log_follows as usize,
+        worker_retention: args.worker_retention.0,
         backlog: BacklogLimits {
             per_job: args.max_queued_per_job,
             per_namespace: args.max_queued_per_namespace,

@@ -46,6 +46,7 @@ macro_rules! store_contract_tests {
             lost_attempts_are_requeued_without_spending_retries,
             heartbeats_extend_leases_and_relay_cancels,
             heartbeats_give_up_attempts_the_worker_never_got,
+            workers_page_by_id_and_dead_ones_are_deleted,
             cancelling_queued_runs_releases_waiting_ones,
             output_is_capped_and_read_from_offsets,
             deleting_a_job_keeps_its_runs,
@@ -810,7 +811,7 @@ pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Sto
         .unwrap();
     assert!(!hb.known);
     assert_eq!(hb.stop, vec![attempt]);
-    let workers = store.list_workers().await.unwrap();
+    let workers = store.list_workers(100, None).await.unwrap().items;
     let alive: Vec<(&str, bool)> = workers.iter().map(|w| (w.id.as_str(), w.alive)).collect();
     assert!(alive.contains(&("w1", false)) && alive.contains(&("w2", true)));
     // The second attempt runs elsewhere and numbers on.
@@ -839,6 +840,53 @@ pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Sto
         (stats.succeeded, stats.failed, stats.retries, stats.lost),
         (1, 0, 1, 1)
     );
+}
+
+pub async fn workers_page_by_id_and_dead_ones_are_deleted(store: &dyn Store) {
+    let now = t0() + secs(1);
+    for i in 0..5 {
+        worker(store, &format!("w{i}"), now).await;
+    }
+    let first = store.list_workers(2, None).await.unwrap();
+    let ids: Vec<&str> = first.items.iter().map(|w| w.id.as_str()).collect();
+    assert_eq!(ids, ["w0", "w1"]);
+    let mut all = first.items.clone();
+    let mut cursor = first.next_cursor;
+    while let Some(c) = cursor {
+        let page = store.list_workers(2, Some(&c)).await.unwrap();
+        all.extend(page.items);
+        cursor = page.next_cursor;
+    }
+    assert_eq!(all.len(), 5);
+    assert!(store.list_workers(2, Some("bogus")).await.is_err());
+    assert_eq!(
+        store.get_worker("w3").await.unwrap().map(|w| w.id),
+        Some("w3".to_string())
+    );
+    assert_eq!(store.get_worker("nope").await.unwrap(), None);
+    // w0 and w1 keep heartbeating; the others fall silent and are declared dead.
+    let later = now + secs(60);
+    for id in ["w0", "w1"] {
+        store
+            .heartbeat(id, &[], later, later + secs(10), t0())
+            .await
+            .unwrap();
+    }
+    let reaped = store.reap(later - secs(10), later).await.unwrap();
+    assert_eq!(reaped.dead_workers.len(), 3);
+    // Only dead workers silent since before the cut are deleted, a batch at a time.
+    assert_eq!(store.delete_dead_workers(now, 10).await.unwrap(), 0);
+    assert_eq!(store.delete_dead_workers(later, 2).await.unwrap(), 2);
+    assert_eq!(store.delete_dead_workers(later, 2).await.unwrap(), 1);
+    let left: Vec<String> = store
+        .list_workers(10, None)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|w| w.id)
+        .collect();
+    assert_eq!(left, ["w0", "w1"]);
 }
 
 pub async fn heartbeats_give_up_attempts_the_worker_never_got(store: &dyn Store) {
@@ -899,7 +947,7 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
     }
     let (_, attempts) = run(store, fired.run_id).await;
     assert_eq!(attempts[0].lease_expires_at, at + secs(10));
-    let workers = store.list_workers().await.unwrap();
+    let workers = store.list_workers(100, None).await.unwrap().items;
     assert_eq!(workers[0].running, 1);
     assert_eq!(workers[0].last_heartbeat_at, at);
     // An attempt the worker does not hold is to be stopped.

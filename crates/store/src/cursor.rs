@@ -100,6 +100,14 @@ pub fn after_job(job: &JobRecord, sort: JobSort) -> Cursor {
     Cursor { key, id: job.id }
 }
 
+/// Where the next page of workers (in id order) starts after `worker`.
+pub fn after_worker(worker: &sked_core::records::WorkerRecord) -> Cursor {
+    Cursor {
+        key: CursorKey::Text(worker.id.clone()),
+        id: 0,
+    }
+}
+
 /// Where the next page of runs (newest instant first) starts after `run`.
 pub fn after_run(run: &RunRecord) -> Cursor {
     Cursor {

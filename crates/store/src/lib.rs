@@ -395,7 +395,13 @@ pub trait Store: Send + Sync + 'static {
         lease_until: Instant,
         forgotten_before: Instant,
     ) -> Result<HeartbeatOutcome>;
-    async fn list_workers(&self) -> Result<Vec<WorkerRecord>>;
+    /// Registered workers in id order, a page of at most `limit` after `cursor`.
+    async fn list_workers(&self, limit: u32, cursor: Option<&str>) -> Result<Page<WorkerRecord>>;
+    /// One worker by id.
+    async fn get_worker(&self, id: &str) -> Result<Option<WorkerRecord>>;
+    /// Deletes up to `limit` workers declared dead whose last heartbeat was before `before`,
+    /// and says how many. Their attempts keep the worker's id.
+    async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64>;
     /// Declares dead the workers silent since before `silent_since`, and takes away every
     /// attempt lease that expired before `now`: those runs are queued again without spending
     /// their retry budget.

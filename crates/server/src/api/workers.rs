@@ -2,6 +2,7 @@
 //! output, complete) and the list of workers. Message types are in `sked_core::protocol`.
 
 use super::extract::{Path, Query};
+use super::jobs::check_limit;
 use super::{body, body_within, parse_json, ApiError, MAX_OUTPUT_CHUNK};
 use crate::dispatch::KnownWorker;
 use crate::metrics::Metrics;
@@ -27,11 +28,25 @@ use std::time::Duration;
 #[derive(Debug, Serialize)]
 pub struct WorkerList {
     pub workers: Vec<WorkerRecord>,
+    pub next_cursor: Option<String>,
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<Json<WorkerList>, ApiError> {
+#[derive(Debug, Deserialize)]
+pub struct WorkerListParams {
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+/// Registered workers in id order, a page at a time.
+pub async fn list(
+    State(state): State<AppState>,
+    Query(p): Query<WorkerListParams>,
+) -> Result<Json<WorkerList>, ApiError> {
+    let limit = check_limit(p.limit)?;
+    let page = state.store.list_workers(limit, p.cursor.as_deref()).await?;
     Ok(Json(WorkerList {
-        workers: state.store.list_workers().await?,
+        workers: page.items,
+        next_cursor: page.next_cursor,
     }))
 }
 
@@ -156,10 +171,11 @@ async fn known_worker(state: &AppState, id: &str) -> Result<KnownWorker, ApiErro
     if let Some(worker) = state.dispatcher.known_worker(id) {
         return Ok(worker);
     }
-    let workers = state.store.list_workers().await?;
-    let record = workers
-        .into_iter()
-        .find(|w| w.id == id && w.alive)
+    let record = state
+        .store
+        .get_worker(id)
+        .await?
+        .filter(|w| w.alive)
         .ok_or_else(|| unknown_worker(id))?;
     let worker = KnownWorker {
         labels: record.labels,

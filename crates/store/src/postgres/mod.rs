@@ -444,8 +444,17 @@ impl Store for PgStore {
         .await?)
     }
 
-    async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {
-        transact!(self, read, |tx| workers::list(&tx).await?)
+    async fn list_workers(&self, limit: u32, cursor: Option<&str>) -> Result<Page<WorkerRecord>> {
+        transact!(self, read, |tx| workers::list(&tx, limit, cursor).await?)
+    }
+
+    async fn get_worker(&self, id: &str) -> Result<Option<WorkerRecord>> {
+        transact!(self, read, |tx| workers::get(&tx, id).await?)
+    }
+
+    async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64> {
+        transact!(self, write, |tx| workers::delete_dead(&tx, before, limit)
+            .await?)
     }
 
     async fn reap(&self, silent_since: Instant, now: Instant) -> Result<ReapOutcome> {

@@ -2,7 +2,8 @@
 
 use super::rows::{self, micros, WORKER_COLUMNS};
 use super::{PgResult, Tx};
-use crate::{HeartbeatOutcome, NewWorker, StoreError};
+use crate::cursor::{self, page_size, Cursor};
+use crate::{HeartbeatOutcome, NewWorker, Page, StoreError};
 use sked_core::records::WorkerRecord;
 use sked_core::Instant;
 use std::collections::HashMap;
@@ -124,12 +125,44 @@ pub async fn heartbeat(
     })
 }
 
-pub async fn list(tx: &Tx<'_>) -> PgResult<Vec<WorkerRecord>> {
-    let sql = format!("SELECT {WORKER_COLUMNS} FROM workers w ORDER BY w.alive DESC, w.name, w.id");
+pub async fn list(tx: &Tx<'_>, limit: u32, cursor: Option<&str>) -> PgResult<Page<WorkerRecord>> {
+    let limit = page_size(limit);
+    let after = match cursor {
+        Some(raw) => Some(Cursor::decode(raw)?.text(raw)?.to_string()),
+        None => None,
+    };
+    let sql = format!(
+        "SELECT {WORKER_COLUMNS} FROM workers w WHERE ($1::text IS NULL OR w.id > $1) \
+         ORDER BY w.id LIMIT $2"
+    );
     let stmt = tx.prepare_cached(&sql).await?;
-    tx.query(&stmt, &[])
+    let workers = tx
+        .query(&stmt, &[&after, &(i64::from(limit) + 1)])
         .await?
         .iter()
         .map(rows::worker)
-        .collect()
+        .collect::<PgResult<Vec<_>>>()?;
+    Ok(cursor::page(workers, limit, cursor::after_worker))
+}
+
+pub async fn get(tx: &Tx<'_>, id: &str) -> PgResult<Option<WorkerRecord>> {
+    let sql = format!("SELECT {WORKER_COLUMNS} FROM workers w WHERE w.id = $1");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query_opt(&stmt, &[&id])
+        .await?
+        .as_ref()
+        .map(rows::worker)
+        .transpose()
+}
+
+pub async fn delete_dead(tx: &Tx<'_>, before: Instant, limit: u32) -> PgResult<u64> {
+    let stmt = tx
+        .prepare_cached(
+            "DELETE FROM workers WHERE id IN (SELECT id FROM workers \
+             WHERE NOT alive AND last_heartbeat_at < $1 ORDER BY id LIMIT $2 FOR UPDATE)",
+        )
+        .await?;
+    Ok(tx
+        .execute(&stmt, &[&micros(before), &i64::from(limit)])
+        .await?)
 }

@@ -500,8 +500,20 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {
-        self.read(workers::list).await
+    async fn list_workers(&self, limit: u32, cursor: Option<&str>) -> Result<Page<WorkerRecord>> {
+        let cursor = cursor.map(str::to_string);
+        self.read(move |tx| workers::list(tx, limit, cursor.as_deref()))
+            .await
+    }
+
+    async fn get_worker(&self, id: &str) -> Result<Option<WorkerRecord>> {
+        let id = id.to_string();
+        self.read(move |tx| workers::get(tx, &id)).await
+    }
+
+    async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64> {
+        self.write(move |tx| workers::delete_dead(tx, before, limit))
+            .await
     }
 
     async fn reap(&self, silent_since: Instant, now: Instant) -> Result<ReapOutcome> {

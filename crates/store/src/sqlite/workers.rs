@@ -1,7 +1,8 @@
 //! Workers: registration, heartbeats (which extend the leases of their attempts), the list.
 
 use super::rows::{self, micros, WORKER_COLUMNS};
-use crate::{HeartbeatOutcome, NewWorker, Result, StoreError};
+use crate::cursor::{self, page_size, Cursor};
+use crate::{HeartbeatOutcome, NewWorker, Page, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::records::WorkerRecord;
 use sked_core::Instant;
@@ -90,13 +91,38 @@ pub fn heartbeat(
     })
 }
 
-pub fn list(tx: &Transaction<'_>) -> Result<Vec<WorkerRecord>> {
-    let sql = format!("SELECT {WORKER_COLUMNS} FROM workers w ORDER BY w.alive DESC, w.name, w.id");
+pub fn list(tx: &Transaction<'_>, limit: u32, cursor: Option<&str>) -> Result<Page<WorkerRecord>> {
+    let limit = page_size(limit);
+    let after = match cursor {
+        Some(raw) => Some(Cursor::decode(raw)?.text(raw)?.to_string()),
+        None => None,
+    };
+    let sql = format!(
+        "SELECT {WORKER_COLUMNS} FROM workers w WHERE (?1 IS NULL OR w.id > ?1) \
+         ORDER BY w.id LIMIT ?2"
+    );
     let mut stmt = tx.prepare_cached(&sql)?;
-    let mut rows = stmt.query([])?;
+    let mut rows = stmt.query(params![after, i64::from(limit) + 1])?;
     let mut workers = Vec::new();
     while let Some(row) = rows.next()? {
         workers.push(rows::worker(row)?);
     }
-    Ok(workers)
+    Ok(cursor::page(workers, limit, cursor::after_worker))
+}
+
+pub fn get(tx: &Transaction<'_>, id: &str) -> Result<Option<WorkerRecord>> {
+    let sql = format!("SELECT {WORKER_COLUMNS} FROM workers w WHERE w.id = ?1");
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![id])?;
+    rows.next()?.map(rows::worker).transpose()
+}
+
+pub fn delete_dead(tx: &Transaction<'_>, before: Instant, limit: u32) -> Result<u64> {
+    let deleted = tx
+        .prepare_cached(
+            "DELETE FROM workers WHERE id IN (SELECT id FROM workers \
+             WHERE alive = 0 AND last_heartbeat_at < ?1 LIMIT ?2)",
+        )?
+        .execute(params![micros(before), i64::from(limit)])?;
+    Ok(deleted as u64)
 }
