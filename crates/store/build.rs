@@ -1,4 +1,5 @@
-//! Decides at build time whether this package's PostgreSQL tests run: with
+//! Decides at build time whether a package's PostgreSQL tests run (this one's, and the `sked`
+//! binary's, which names this file as its build script): with
 //! `SKED_TEST_DATABASE_URL` set (or under CI, where its absence must fail loudly) they are
 //! compiled as ordinary tests; without it they are reported as `ignored`, never as passed.
 

@@ -5,20 +5,13 @@
 
 mod common;
 
-use common::{instant, shell, Sked};
+use common::{instant, metric, shell, Sked};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
 const PER_JOB: u64 = 5;
 const PER_NAMESPACE: u64 = 12;
 const JOBS: u64 = 4;
-
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
-}
 
 #[tokio::test]
 async fn a_backlog_is_capped_recorded_and_drains() {
@@ -68,15 +61,7 @@ async fn a_backlog_is_capped_recorded_and_drains() {
         queued_total <= PER_NAMESPACE + JOBS,
         "{queued_total} queued in the namespace"
     );
-    let metrics = sked
-        .http
-        .get(format!("{}/metrics", sked.base()))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = sked.metrics().await;
     assert!(
         metric(&metrics, "sked_fires_skipped_backlog_total") > 0,
         "{metrics}"

@@ -13,18 +13,6 @@ async fn trigger(sked: &Sked, job: &str) -> i64 {
     run["id"].as_i64().unwrap()
 }
 
-async fn wait_finished(sked: &Sked, id: i64, timeout: Duration) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let run = sked.run(id).await;
-        if common::is_terminal(&run["state"]) {
-            return run;
-        }
-        assert!(Instant::now() < deadline, "run {id} did not finish: {run}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_failing_job_is_retried_with_growing_delays_then_fails() {
     let mut sked = Sked::new();
@@ -35,7 +23,7 @@ async fn a_failing_job_is_retried_with_growing_delays_then_fails() {
     });
     assert_eq!(sked.put_job("flaky", job).await.0, 201);
     let id = trigger(&sked, "flaky").await;
-    let run = wait_finished(&sked, id, Duration::from_secs(20)).await;
+    let run = sked.wait_finished(id, Duration::from_secs(20)).await;
     assert_eq!(run["state"], "failed", "{run}");
     assert_eq!(run["failures"], 3, "{run}");
     let attempts = run["attempt_history"].as_array().unwrap();
@@ -115,7 +103,7 @@ async fn a_timeout_kills_the_whole_process_group() {
     assert_eq!(sked.put_job("hung", job).await.0, 201);
     let started = Instant::now();
     let id = trigger(&sked, "hung").await;
-    let run = wait_finished(&sked, id, Duration::from_secs(15)).await;
+    let run = sked.wait_finished(id, Duration::from_secs(15)).await;
     assert_eq!(run["state"], "timed_out", "{run}");
     assert!(
         started.elapsed() < Duration::from_secs(8),
@@ -187,7 +175,7 @@ async fn http_targets_check_status_and_time_out() {
     ];
     for (job, state, status) in cases {
         let id = trigger(&sked, job).await;
-        let run = wait_finished(&sked, id, Duration::from_secs(15)).await;
+        let run = sked.wait_finished(id, Duration::from_secs(15)).await;
         assert_eq!(run["state"], state, "{job}: {run}");
         let attempt = &run["attempt_history"][0];
         match status {

@@ -7,22 +7,6 @@ use common::{shell, Sked};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-async fn follows(sked: &Sked) -> u64 {
-    let text = sked
-        .http
-        .get(format!("{}/metrics", sked.base()))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
-        .find_map(|l| l.strip_prefix("sked_log_follows "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no sked_log_follows in:\n{text}"))
-}
-
 #[tokio::test]
 async fn abandoned_follows_end_and_extra_ones_are_refused() {
     let mut sked = Sked::new();
@@ -49,7 +33,7 @@ async fn abandoned_follows_end_and_extra_ones_are_refused() {
         assert_eq!(first.as_deref(), Some(&b"started\n"[..]));
         open.push((client, resp));
     }
-    assert_eq!(follows(&sked).await, 4);
+    assert_eq!(sked.metric("sked_log_follows").await, 4);
     let resp = reqwest::Client::new()
         .get(&url)
         .send()
@@ -63,11 +47,11 @@ async fn abandoned_follows_end_and_extra_ones_are_refused() {
     // The clients go while the run still runs and prints nothing: their follows end.
     drop(open);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while follows(&sked).await > 0 {
+    while sked.metric("sked_log_follows").await > 0 {
         assert!(
             Instant::now() < deadline,
             "abandoned follows still polling: {}",
-            follows(&sked).await
+            sked.metric("sked_log_follows").await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{shell, Sked};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 /// The processes whose command line is `sleep <n>` for one of `markers`, by pid and state.
@@ -52,18 +52,6 @@ async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> boo
     while !done() {
         assert!(Instant::now() < deadline, "{what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn wait_state(sked: &Sked, id: i64, timeout: Duration) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let run = sked.run(id).await;
-        if common::is_terminal(&run["state"]) {
-            return run;
-        }
-        assert!(Instant::now() < deadline, "run {id} did not end: {run}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -121,7 +109,7 @@ async fn a_sigkilled_sked_dev_takes_its_jobs_processes_with_it() {
     );
     let (status, _) = sked.post(&format!("/runs/{id}/cancel"), json!({})).await;
     assert_eq!(status, 200);
-    wait_state(&sked, id, Duration::from_secs(15)).await;
+    sked.wait_finished(id, Duration::from_secs(15)).await;
 }
 
 #[tokio::test]
@@ -153,7 +141,7 @@ async fn cancel_and_timeout_end_processes_that_left_the_group() {
     let id = start_spread(&sked, "cancelled", cancelled).await;
     let (status, answer) = sked.post(&format!("/runs/{id}/cancel"), json!({})).await;
     assert_eq!(status, 200, "{answer}");
-    let run = wait_state(&sked, id, Duration::from_secs(15)).await;
+    let run = sked.wait_finished(id, Duration::from_secs(15)).await;
     assert_eq!(run["state"], "cancelled", "{run}");
     wait_until(
         &format!("processes outlived the cancel: {:?}", alive(&cancelled)),
@@ -167,7 +155,7 @@ async fn cancel_and_timeout_end_processes_that_left_the_group() {
                      "retry": {"max_attempts": 1}});
     assert_eq!(sked.put_job("slow", job).await.0, 201);
     let id = start_spread(&sked, "slow", timed_out).await;
-    let run = wait_state(&sked, id, Duration::from_secs(20)).await;
+    let run = sked.wait_finished(id, Duration::from_secs(20)).await;
     assert_eq!(run["state"], "timed_out", "{run}");
     wait_until(
         &format!("processes outlived the timeout: {:?}", alive(&timed_out)),
@@ -189,7 +177,7 @@ async fn leftovers_of_a_finished_job_are_ended_and_its_status_is_kept() {
     let (status, run) = sked.post("/jobs/leaves/trigger", json!({})).await;
     assert_eq!(status, 201, "{run}");
     let id = run["id"].as_i64().expect("run id");
-    let run = wait_state(&sked, id, Duration::from_secs(20)).await;
+    let run = sked.wait_finished(id, Duration::from_secs(20)).await;
     assert_eq!(run["state"], "failed", "{run}");
     assert_eq!(run["attempt_history"][0]["exit_code"], 3, "{run}");
     assert!(alive(&markers).is_empty(), "{:?}", alive(&markers));
@@ -199,7 +187,7 @@ async fn leftovers_of_a_finished_job_are_ended_and_its_status_is_kept() {
     assert_eq!(sked.put_job("signalled", job).await.0, 201);
     let (_, run) = sked.post("/jobs/signalled/trigger", json!({})).await;
     let id = run["id"].as_i64().expect("run id");
-    let run = wait_state(&sked, id, Duration::from_secs(20)).await;
+    let run = sked.wait_finished(id, Duration::from_secs(20)).await;
     let error = run["attempt_history"][0]["error"]
         .as_str()
         .unwrap_or_default();

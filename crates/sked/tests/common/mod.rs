@@ -239,6 +239,37 @@ impl Sked {
         run
     }
 
+    /// Waits until run `id` is in a terminal state and returns it.
+    pub async fn wait_finished(&self, id: i64, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let run = self.run(id).await;
+            if is_terminal(&run["state"]) {
+                return run;
+            }
+            assert!(Instant::now() < deadline, "run {id} did not finish: {run}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base()))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// One unlabelled sample of `/metrics`.
+    pub async fn metric(&self, name: &str) -> u64 {
+        let text = self.metrics().await;
+        metric(&text, name)
+    }
+
     /// Waits until every run of `job` is terminal and there are at least `count`.
     pub async fn wait_runs(&self, job: &str, count: usize, timeout: Duration) -> Vec<Value> {
         let deadline = Instant::now() + timeout;
@@ -257,6 +288,14 @@ impl Sked {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// The value of the unlabelled sample `name` in a `/metrics` text.
+pub fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
 }
 
 pub fn is_terminal(state: &Value) -> bool {
