@@ -130,7 +130,8 @@ pub enum WorkerList {
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
-    /// Server URLs, comma-separated; the worker fails over between them.
+    /// Server URLs, comma-separated; the worker fails over between them and goes back to the
+    /// first once it is ready again.
     #[arg(
         long,
         env = "SKED_SERVER",

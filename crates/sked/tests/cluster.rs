@@ -865,7 +865,7 @@ fn check_run(
     ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
 )]
 #[tokio::test]
-async fn a_worker_keeps_its_job_when_its_server_dies() {
+async fn a_worker_keeps_its_job_when_its_server_dies_and_goes_back_when_it_returns() {
     let schema = Schema::create().await;
     let logs = Logs::new();
     let http = pg::http_client();
@@ -946,8 +946,50 @@ async fn a_worker_keeps_its_job_when_its_server_dies() {
         text.contains("done"),
         "the output is the attempt's: {text:?}"
     );
+
+    // Node A returns on its address: the worker, whose list starts with A, goes back to it.
+    let mut a = Node::spawn(&logs, "node-a-again", a.port, &schema.url);
+    a.ready(&http, NODE_START).await;
+    let job = json!({"schedule": {"every": "1s"}, "target": shell("true")});
+    let resp = http
+        .put(format!("{}/api/v1/jobs/tick", b.base()))
+        .json(&job)
+        .send()
+        .await
+        .expect("PUT the job");
+    assert_eq!(resp.status().as_u16(), 201, "{:?}", resp.text().await);
+    // Within the worker's home check (10 s) and the lease poll it already has at B (20 s).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while started(&http, &a.base()).await < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not go back to node A; its log ends:\n{}",
+            pg::tail(&logs.file("worker"), 20)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let at_b = started(&http, &b.base()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        started(&http, &b.base()).await,
+        at_b,
+        "node B still hands attempts to the worker that went back to A"
+    );
     drop((a, b));
     schema.drop_schema().await;
+}
+
+/// `sked_attempts_started_total` of the node at `base`: the attempts it handed to workers.
+async fn started(http: &reqwest::Client, base: &str) -> u64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    common::metric(&text, "sked_attempts_started_total")
 }
 
 /// Polls `GET /api/v1/runs/{id}` at `base` until `done` holds of the run.

@@ -90,6 +90,7 @@ async fn serve(
     let (drain_tx, drained) = watch::channel(false);
     let heartbeats = tokio::spawn(agent.clone().heartbeat_loop(done.clone()));
     let flusher = tokio::spawn(agent.clone().flush_loop(done.clone()));
+    let homing = tokio::spawn(agent.clone().home_loop(done.clone()));
     let mut reporter = tokio::spawn(agent.clone().report_loop(finished_rx, drained));
 
     agent.lease_loop().await;
@@ -120,7 +121,7 @@ async fn serve(
         );
     }
     done_tx.send_replace(true);
-    for mut task in [heartbeats, flusher] {
+    for mut task in [heartbeats, flusher, homing] {
         if timeout(Duration::from_secs(1), &mut task).await.is_err() {
             task.abort();
         }
@@ -508,6 +509,23 @@ impl Agent {
                     }
                 }
             }
+        }
+    }
+
+    // --- home server ----------------------------------------------------------------------
+
+    /// After a failover, goes back to the first server of the list once it is ready again, so
+    /// that a node that returns gets its workers back instead of the survivors keeping them.
+    /// A lease poll already waiting elsewhere finishes there; the next one goes home.
+    async fn home_loop(self: Arc<Self>, mut done: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                () = sleep(self.config.home_check_interval) => {}
+                _ = done.wait_for(|d| *d) => return,
+            }
+            self.client
+                .return_home_if_ready(self.config.request_timeout)
+                .await;
         }
     }
 

@@ -1,7 +1,9 @@
 //! The worker's side of the protocol's transport: POSTs to the current server and fails over to
-//! the next URL of the list when a server cannot be reached (or answers 502/503/504). Owns the
-//! server list, which one is current, timeouts and error bodies; knows nothing of attempts or
-//! of what the messages mean.
+//! the next URL of the list when a server cannot be reached (or answers 502/503/504), and goes
+//! back to the first server of the list (its home) once that is ready again, so that workers
+//! given rotated lists spread over the nodes again after a node returns. Owns the server list,
+//! which one is current, timeouts and error bodies; knows nothing of attempts or of what the
+//! messages mean.
 
 use crate::{error_chain, WorkerConfig, WorkerError};
 use serde::de::DeserializeOwned;
@@ -79,6 +81,34 @@ impl ProtocolClient {
             servers: config.servers.clone(),
             current: AtomicUsize::new(0),
         })
+    }
+
+    /// When requests go to another server than the first of the list, asks the first whether
+    /// it is ready (`GET /readyz`) and, if it is, makes it current again.
+    pub(crate) async fn return_home_if_ready(&self, timeout: Duration) {
+        let current = self.current.load(Ordering::Relaxed);
+        let Some(home) = self.servers.first() else {
+            return;
+        };
+        if current == 0 {
+            return;
+        }
+        let ready = self
+            .http
+            .get(format!("{home}/readyz"))
+            .timeout(timeout)
+            .send()
+            .await
+            .is_ok_and(|answer| answer.status().is_success());
+        // A failover that happened meanwhile wins: compare against what was read.
+        if ready
+            && self
+                .current
+                .compare_exchange(current, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::info!("the server at {home} is ready again: going back to it");
+        }
     }
 
     /// The server requests go to first.

@@ -12,8 +12,12 @@ const MAX_SLOTS: u32 = 10_000;
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// Base URLs such as `http://127.0.0.1:8080`, tried in order: on a connection error the
-    /// worker moves to the next one (and wraps around).
+    /// worker moves to the next one (and wraps around). The first is the worker's home: while
+    /// it works through another, it checks the first every `home_check_interval` and goes back
+    /// once that is ready.
     pub servers: Vec<String>,
+    /// How often a worker that failed over checks whether its first server is ready again.
+    pub home_check_interval: Duration,
     /// Shown in `sked worker list`; the server derives the worker id from it.
     pub name: String,
     /// Jobs route to workers by these.
@@ -54,6 +58,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             servers: vec!["http://127.0.0.1:8080".to_string()],
+            home_check_interval: Duration::from_secs(10),
             name: "worker".to_string(),
             labels: BTreeMap::new(),
             slots: 8,
@@ -100,6 +105,7 @@ impl WorkerConfig {
             ("output_flush_interval", self.output_flush_interval),
             ("retry_initial", self.retry_initial),
             ("retry_max", self.retry_max),
+            ("home_check_interval", self.home_check_interval),
         ];
         for (field, value) in positive {
             if value.is_zero() {

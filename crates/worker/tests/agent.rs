@@ -1,12 +1,13 @@
 //! The protocol loop against a fake server (axum on 127.0.0.1:0) that records what the worker
 //! sends: registration, leases sized by free slots, output before completion, stops from
-//! heartbeats, re-registration when forgotten, completion retries, failover, shutdown.
+//! heartbeats, re-registration when forgotten, completion retries, failover and the way back,
+//! shutdown.
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::Utc;
 use sked_core::protocol::{
@@ -18,7 +19,7 @@ use sked_core::target::ShellTarget;
 use sked_core::{AttemptOutcome, TargetSpec};
 use sked_worker::{WorkerConfig, WorkerError};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -47,11 +48,12 @@ struct Fake {
 type Shared = Arc<Mutex<Fake>>;
 
 /// One fake server node; nodes may share a `Fake` (as real nodes share a store). A node that
-/// is down answers 503 to everything.
+/// is down answers 503 to everything. `served` counts the heartbeats and leases it answered.
 #[derive(Clone)]
 struct Node {
     fake: Shared,
     down: Arc<AtomicBool>,
+    served: Arc<AtomicUsize>,
 }
 
 fn unavailable() -> Response {
@@ -99,6 +101,7 @@ async fn heartbeat(
     if node.down.load(Ordering::SeqCst) {
         return unavailable();
     }
+    node.served.fetch_add(1, Ordering::SeqCst);
     let fake = node.fake;
     let mut fake = lock(&fake);
     if !fake.known.contains(&id) {
@@ -128,6 +131,7 @@ async fn lease(
     if node.down.load(Ordering::SeqCst) {
         return unavailable();
     }
+    node.served.fetch_add(1, Ordering::SeqCst);
     let fake = node.fake;
     let attempts = {
         let mut fake = lock(&fake);
@@ -200,20 +204,28 @@ fn token_of(attempt_id: i64) -> i64 {
     attempt_id * 1000 + 7
 }
 
+async fn readyz(State(node): State<Node>) -> Response {
+    if node.down.load(Ordering::SeqCst) {
+        return unavailable();
+    }
+    "ready".into_response()
+}
+
 async fn fake_server() -> (Shared, String) {
     let fake: Shared = Arc::default();
-    let url = node(fake.clone(), Arc::default()).await;
+    let url = node(fake.clone(), Arc::default(), Arc::default()).await;
     (fake, url)
 }
 
-async fn node(fake: Shared, down: Arc<AtomicBool>) -> String {
+async fn node(fake: Shared, down: Arc<AtomicBool>, served: Arc<AtomicUsize>) -> String {
     let app = Router::new()
+        .route("/readyz", get(readyz))
         .route("/api/v1/workers", post(register))
         .route("/api/v1/workers/{id}/heartbeat", post(heartbeat))
         .route("/api/v1/workers/{id}/lease", post(lease))
         .route("/api/v1/workers/{id}/complete", post(complete))
         .route("/api/v1/attempts/{id}/log", post(log))
-        .with_state(Node { fake, down });
+        .with_state(Node { fake, down, served });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a local port");
@@ -294,8 +306,12 @@ impl Worker {
 }
 
 async fn wait_until(fake: &Shared, what: &str, cond: impl Fn(&Fake) -> bool) {
+    eventually(what, || cond(&lock(fake))).await;
+}
+
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
     for _ in 0..250 {
-        if cond(&lock(fake)) {
+        if cond() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -492,8 +508,8 @@ async fn an_invalid_configuration_is_an_error() {
 async fn a_running_attempt_survives_its_server_and_is_reported_to_another() {
     let fake: Shared = Arc::default();
     let a_down = Arc::new(AtomicBool::new(false));
-    let a = node(fake.clone(), a_down.clone()).await;
-    let b = node(fake.clone(), Arc::default()).await;
+    let a = node(fake.clone(), a_down.clone(), Arc::default()).await;
+    let b = node(fake.clone(), Arc::default(), Arc::default()).await;
     lock(&fake)
         .queue
         .push(shell_attempt(11, "echo one; sleep 0.6; echo two", None));
@@ -519,5 +535,43 @@ async fn a_running_attempt_survives_its_server_and_is_reported_to_another() {
             Some(&b"one\ntwo\n"[..])
         );
     }
+    assert!(worker.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn after_a_failover_the_worker_goes_back_to_its_first_server_once_ready() {
+    let fake: Shared = Arc::default();
+    let a_down = Arc::new(AtomicBool::new(false));
+    let (a_served, b_served) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let a = node(fake.clone(), a_down.clone(), a_served.clone()).await;
+    let b = node(fake.clone(), Arc::default(), b_served.clone()).await;
+    let worker = start(WorkerConfig {
+        home_check_interval: Duration::from_millis(200),
+        ..config(vec![a, b], 1)
+    });
+    let served = |node: &AtomicUsize| node.load(Ordering::SeqCst);
+
+    eventually("the worker works through A", || served(&a_served) >= 3).await;
+    assert_eq!(served(&b_served), 0, "nothing goes to B while A answers");
+
+    a_down.store(true, Ordering::SeqCst);
+    eventually("the worker fails over to B", || served(&b_served) >= 3).await;
+
+    a_down.store(false, Ordering::SeqCst);
+    let at_return = served(&a_served);
+    eventually("the worker is back on A", || {
+        served(&a_served) >= at_return + 3
+    })
+    .await;
+    // Once back, B hears nothing more (a lease poll already waiting there may still finish).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let b_then = served(&b_served);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(served(&b_served), b_then, "the worker keeps talking to B");
+    assert_eq!(
+        lock(&fake).registrations,
+        1,
+        "no re-registration on the way back"
+    );
     assert!(worker.stop().await.is_ok());
 }
