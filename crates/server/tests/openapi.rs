@@ -446,6 +446,16 @@ impl<'a> Checker<'a> {
         for branch in schema["allOf"].as_array().into_iter().flatten() {
             self.check(branch, value, at, false, errs);
         }
+        if let Some(branches) = schema["anyOf"].as_array() {
+            let fits = branches.iter().any(|b| {
+                let mut e = Vec::new();
+                self.check(b, value, at, false, &mut e);
+                e.is_empty()
+            });
+            if !fits {
+                errs.push(format!("{at}: {value} fits none of the anyOf branches"));
+            }
+        }
         if let Some(branches) = schema["oneOf"].as_array() {
             let fits = branches
                 .iter()
@@ -517,14 +527,9 @@ impl<'a> Checker<'a> {
                     errs.push(format!("{at}: {name} is missing"));
                 }
             }
-            if let Some(deps) = schema["dependentRequired"].as_object() {
-                for (name, needed) in deps {
-                    for need in needed.as_array().unwrap() {
-                        if object.contains_key(name) && !object.contains_key(need.as_str().unwrap())
-                        {
-                            errs.push(format!("{at}: {name} needs {need}"));
-                        }
-                    }
+            for (name, dependent) in schema["dependentSchemas"].as_object().into_iter().flatten() {
+                if object.contains_key(name) {
+                    self.check(dependent, value, at, false, errs);
                 }
             }
             let properties = schema["properties"].as_object();
@@ -639,6 +644,91 @@ impl Client<'_> {
         }
     }
 
+    /// JSON pointers (`/retry/backoff/max`) of the optional fields `value` leaves out, in it and
+    /// in the objects and arrays it holds (through `$ref`, `allOf` and the `oneOf` branch it
+    /// fits).
+    fn absent_fields(&self, schema: &Value, value: &Value, at: &str, out: &mut Vec<String>) {
+        let schema = self.checker.resolve(schema);
+        for branch in schema["allOf"].as_array().into_iter().flatten() {
+            self.absent_fields(branch, value, at, out);
+        }
+        let branches = schema["oneOf"].as_array().into_iter().flatten();
+        if let Some(fits) = branches
+            .into_iter()
+            .find(|b| self.checker.errors(b, value).is_empty())
+        {
+            self.absent_fields(fits, value, at, out);
+        }
+        let (Some(object), Some(properties)) =
+            (value.as_object(), schema["properties"].as_object())
+        else {
+            return;
+        };
+        let required: Vec<&Value> = schema["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .collect();
+        for (name, property) in properties {
+            let here = format!("{at}/{name}");
+            match object.get(name) {
+                Some(inner) if inner.is_object() => self.absent_fields(property, inner, &here, out),
+                Some(Value::Array(items)) => {
+                    let item_schema = &self.checker.resolve(property)["items"];
+                    for (i, item) in items.iter().enumerate() {
+                        self.absent_fields(item_schema, item, &format!("{here}/{i}"), out);
+                    }
+                }
+                Some(_) => {}
+                None if !required.contains(&&json!(name)) => out.push(here),
+                None => {}
+            }
+        }
+    }
+
+    /// Sends `base` again with each optional field it leaves out set to `null`: the server must
+    /// take it exactly when the document allows `null` there (as the same as leaving it out),
+    /// and refuse it with a 400 otherwise.
+    async fn nulls_as_documented(&self, method: &str, path: &str, base: Value) {
+        let (_, op) = self.operation(method, path);
+        let schema = &op["requestBody"]["content"]["application/json"]["schema"];
+        let errors = self.checker.errors(schema, &base);
+        assert!(errors.is_empty(), "{method} {path}: {errors:#?}");
+        let mut fields = Vec::new();
+        self.absent_fields(schema, &base, "", &mut fields);
+        assert!(
+            !fields.is_empty(),
+            "{method} {path}: no optional field left out of {base}"
+        );
+        let mut disagreements = Vec::new();
+        for field in fields {
+            let (parent, name) = field.rsplit_once('/').expect("a pointer");
+            let mut body = base.clone();
+            body.pointer_mut(parent)
+                .and_then(Value::as_object_mut)
+                .expect("the parent object")
+                .insert(name.to_string(), Value::Null);
+            let documented = self.checker.errors(schema, &body).is_empty();
+            let bytes = ("application/json", serde_json::to_vec(&body).unwrap());
+            let answer = self.send(method, path, Some(bytes)).await;
+            if (200..300).contains(&answer.status) != documented {
+                let says = if documented {
+                    "allows"
+                } else {
+                    "does not allow"
+                };
+                disagreements.push(format!(
+                    "{field}: null answered {}, the document {says} it",
+                    answer.status
+                ));
+            }
+        }
+        assert!(
+            disagreements.is_empty(),
+            "{method} {path}: {disagreements:#?}"
+        );
+    }
+
     fn conforms(
         &self,
         op: &Value,
@@ -732,9 +822,13 @@ async fn jobs(api: &Client<'_>) {
         .await;
     assert_eq!(put.status, 201);
     assert_eq!(put.headers["x-sked-change"], "created");
-    let put = api.call("put", "/api/v1/jobs/doc-job", Some(shell)).await;
+    let put = api
+        .call("put", "/api/v1/jobs/doc-job", Some(shell.clone()))
+        .await;
     assert_eq!(put.status, 200);
     assert_eq!(put.headers["x-sked-change"], "unchanged");
+    api.nulls_as_documented("put", "/api/v1/jobs/null-job?namespace=nulls", shell)
+        .await;
 
     let http = json!({
         "schedule": {
@@ -753,7 +847,22 @@ async fn jobs(api: &Client<'_>) {
         "paused": true,
     });
     let every = api
-        .call("put", "/api/v1/jobs/every-job?namespace=doc", Some(http))
+        .call(
+            "put",
+            "/api/v1/jobs/every-job?namespace=doc",
+            Some(http.clone()),
+        )
+        .await;
+    api.nulls_as_documented("put", "/api/v1/jobs/null-job?namespace=nulls", http)
+        .await;
+    let cron = json!({
+        "schedule": {"cron": "0 30 2 * * *", "timezone": "Europe/London"},
+        "target": {"shell": {"command": "true"}},
+        "retry": {"backoff": {}},
+        "misfire": {},
+        "routing": {},
+    });
+    api.nulls_as_documented("put", "/api/v1/jobs/null-job?namespace=nulls", cron)
         .await;
     assert_eq!(
         (every.status, &every.body["state"]),
@@ -834,6 +943,9 @@ async fn jobs(api: &Client<'_>) {
         .call("post", "/api/v1/schedules/preview", Some(request))
         .await;
     assert_eq!(preview.body["fire_times"].as_array().unwrap().len(), 3);
+    let request = json!({"schedule": {"every": "1h"}});
+    api.nulls_as_documented("post", "/api/v1/schedules/preview", request)
+        .await;
     let nonsense = json!({"schedule": {"cron": "nonsense"}});
     let preview = api
         .call("post", "/api/v1/schedules/preview", Some(nonsense))
@@ -923,12 +1035,26 @@ async fn worker_protocol(api: &Client<'_>) -> i64 {
     let path = format!("/api/v1/workers/{worker}/heartbeat");
     let answer = api.call("post", &path, Some(beat)).await;
     assert_eq!((answer.status, &answer.body["stop"]), (200, &json!([])));
+    // serde would read an array as a struct's fields in order; the document says object.
+    let refused = api.call_invalid("post", &path, json!([])).await;
+    assert_eq!(refused["error"]["field"], "body");
+    let array_retry = json!({"target": {"shell": {"command": "true"}}, "retry": [3]});
+    let refused = api
+        .call_invalid("put", "/api/v1/jobs/array-job", array_retry)
+        .await;
+    assert_eq!(refused["error"]["field"], "retry");
     let path = "/api/v1/workers/no-such-worker/heartbeat";
     let unknown = api.call("post", path, Some(json!({}))).await;
     assert_eq!(unknown.status, 410);
 
     let workers = api.call("get", "/api/v1/workers", None).await;
     assert_eq!(workers.body["workers"][0]["running"], 1);
+    for bad in ["limit=1001", "cursor=zzz"] {
+        let answer = api
+            .call("get", &format!("/api/v1/workers?{bad}"), None)
+            .await;
+        assert_eq!(answer.status, 400, "{bad}");
+    }
 
     let complete = format!("/api/v1/workers/{worker}/complete");
     let failed = json!({"completions": [{
@@ -936,6 +1062,13 @@ async fn worker_protocol(api: &Client<'_>) -> i64 {
     }]});
     let answer = api.call("post", &complete, Some(failed.clone())).await;
     assert_eq!(answer.body["results"][0]["accepted"], true);
+    let unknown = json!({"completions": [{"attempt_id": 0, "token": 0, "outcome": "succeeded"}]});
+    api.nulls_as_documented("post", &complete, unknown).await;
+    let hello = json!({"name": "null-worker", "slots": 1});
+    api.nulls_as_documented("post", "/api/v1/workers", hello)
+        .await;
+    let beat = format!("/api/v1/workers/{worker}/heartbeat");
+    api.nulls_as_documented("post", &beat, json!({})).await;
     let answer = api.call("post", &complete, Some(failed)).await;
     assert_eq!(answer.body["results"][0]["accepted"], false);
     let refused = api.call_invalid("post", &complete, json!({"x": 1})).await;

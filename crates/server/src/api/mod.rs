@@ -10,6 +10,7 @@ mod extract;
 mod jobs;
 mod openapi;
 mod runs;
+mod strict;
 mod workers;
 
 pub use error::ApiError;
@@ -188,10 +189,13 @@ pub fn body_within(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<
     })
 }
 
-/// Parses a JSON body; the error names the field that failed (`schedule.every`).
+/// Parses a JSON body; the error names the field that failed (`schedule.every`). Structs are
+/// read only from objects (see [`strict`]).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()).with_field("body")
+    })?;
+    serde_path_to_error::deserialize(strict::Strict(&value)).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let message = inner.to_string();
@@ -209,16 +213,11 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                 format!("{field}.{name}")
             };
         }
-        let code = if inner.is_syntax() || inner.is_eof() {
-            "invalid_json"
-        } else {
-            "invalid_request"
-        };
         let field = if field.is_empty() {
             "body".to_string()
         } else {
             field
         };
-        ApiError::new(StatusCode::BAD_REQUEST, code, message).with_field(field)
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message).with_field(field)
     })
 }
