@@ -4,8 +4,13 @@
 //! own cost.
 //! With several nodes, the slots are split between one such worker per node, each polling its
 //! own node.
+//!
+//! Besides the runs due in the window, it reports what the server did during the window
+//! (completions accepted and instants fired per second, read from `/metrics`), which stays
+//! meaningful past the ceiling, when the runs completed are partly older ones, and the lateness
+//! of each second's runs, which shows whether a backlog grows smoothly or collapses.
 
-use crate::harness::{cluster, ms, start, store_with_jobs};
+use crate::harness::{cluster, ms, start, store_with_jobs, Running};
 use crate::noop;
 use anyhow::Result;
 use chrono::{Duration, Utc};
@@ -49,7 +54,16 @@ pub async fn run(
         slots,
         &noop::Until::deadline(deadline),
     );
-    let completed = noop::join(workers).await?;
+    let window = async {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        let start = Counters::read(&server).await;
+        tokio::time::sleep(std::time::Duration::from_secs(seconds)).await;
+        let end = Counters::read(&server).await;
+        Ok::<_, anyhow::Error>((start?, end?))
+    };
+    let (completed, counted) = tokio::join!(noop::join(workers), window);
+    let completed = completed?;
+    let (at_start, at_end) = counted?;
     let attempts_started = server.metric_sum("sked_attempts_started_total").await?;
     server.stop().await;
 
@@ -63,6 +77,8 @@ pub async fn run(
         .filter_map(|r| r.finished_at.map(|f| ms(f - r.scheduled_for)))
         .collect();
     let p = percentiles(&mut end_to_end);
+    let by_second = lateness_by_second(&window, from, seconds);
+    let per_second = |end: f64, start: f64| (end - start) / seconds as f64;
     let mut figures = json!({
         "scenario": "e2e",
         "store": store_name,
@@ -76,9 +92,56 @@ pub async fn run(
         "instant_to_recorded_ms": {"p50": p.p50, "p99": p.p99, "max": p.max},
         "completions_sent": completed,
         "attempts_started": attempts_started,
+        "completed_per_second": per_second(at_end.completions, at_start.completions),
+        "fired_per_second": per_second(at_end.fires, at_start.fires),
+        "skipped_backlog_per_second": per_second(at_end.backlog, at_start.backlog),
+        "instant_to_recorded_p50_by_second_ms": by_second,
     });
     if let Some(shares) = shares {
         figures["partitions_per_node"] = json!(shares);
     }
     Ok(figures)
+}
+
+/// Counters of `/metrics` summed over the nodes, read at the window's edges.
+struct Counters {
+    completions: f64,
+    fires: f64,
+    backlog: f64,
+}
+
+impl Counters {
+    async fn read(server: &Running) -> Result<Counters> {
+        let read = |name: &'static str| async move {
+            Ok::<_, anyhow::Error>(server.metric_sum(name).await?.unwrap_or(0.0))
+        };
+        Ok(Counters {
+            completions: read("sked_completions_accepted_total").await?,
+            fires: read("sked_fires_total").await?,
+            backlog: read("sked_fires_skipped_backlog_total").await?,
+        })
+    }
+}
+
+/// For each second of the window, the median time from instant to result recorded of the runs
+/// due in it that finished (null for a second none of whose runs finished).
+fn lateness_by_second(
+    runs: &[sked_core::records::RunRecord],
+    from: chrono::DateTime<Utc>,
+    seconds: u64,
+) -> Vec<Option<f64>> {
+    let mut buckets = vec![Vec::new(); seconds as usize];
+    for run in runs {
+        let second = (run.scheduled_for - from).num_seconds();
+        let bucket = usize::try_from(second)
+            .ok()
+            .and_then(|s| buckets.get_mut(s));
+        if let (Some(bucket), Some(finished)) = (bucket, run.finished_at) {
+            bucket.push(ms(finished - run.scheduled_for));
+        }
+    }
+    buckets
+        .iter_mut()
+        .map(|b| (!b.is_empty()).then(|| percentiles(b).p50))
+        .collect()
 }

@@ -6,6 +6,8 @@
 //!   reported.
 //! - `e2e`: durable no-op runs end to end (fire -> worker over HTTP -> result recorded) per
 //!   second, with a worker that completes each attempt at once.
+//! - `overload`: `e2e` at rising offered rates; the completions per second at each, to show that
+//!   past the ceiling throughput holds and lateness grows smoothly.
 //! - `burst`: N runs due at the same instant (10,000 by default); how long until the last one
 //!   is queued, handed to the no-op worker, and recorded as succeeded.
 //! - `shell`: shell process starts per second on one real `sked worker` process, with its CPU
@@ -25,6 +27,7 @@ mod e2e;
 mod firing;
 mod harness;
 mod noop;
+mod overload;
 mod process;
 mod scale;
 mod shell;
@@ -150,6 +153,22 @@ enum Scenario {
         /// Server nodes sharing the store (above 1 needs --database-url).
         #[arg(long, default_value_t = 1)]
         nodes: usize,
+    },
+    /// `e2e` at each of several offered rates (runs per second, each from that many schedules
+    /// every second): completions per second and lateness past the ceiling.
+    Overload {
+        /// Offered runs per second, comma-separated, in the order they are run.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "10000,20000,30000,40000,50000"
+        )]
+        rates: Vec<usize>,
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Slots of the no-op worker.
+        #[arg(long, default_value_t = 8_000)]
+        slots: u32,
     },
     /// Takeover of a killed node's partitions: three `sked server` processes on PostgreSQL
     /// (needs --database-url), one killed with SIGKILL at a time.
@@ -277,6 +296,11 @@ fn main() -> Result<()> {
                 })
                 .await
             }
+            Scenario::Overload {
+                rates,
+                seconds,
+                slots,
+            } => overload::run(database_url, &rates, seconds, slots).await,
             Scenario::E2e {
                 schedules,
                 every,
