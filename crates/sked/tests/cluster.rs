@@ -883,13 +883,7 @@ async fn a_worker_keeps_its_job_when_its_server_dies_and_goes_back_when_it_retur
     );
 
     let job = json!({"target": shell("sleep 5; echo done")});
-    let resp = http
-        .put(format!("{}/api/v1/jobs/slow", a.base()))
-        .json(&job)
-        .send()
-        .await
-        .expect("PUT the job");
-    assert_eq!(resp.status().as_u16(), 201, "{:?}", resp.text().await);
+    create_job(&http, &a.base(), "slow", &job).await;
     let resp = http
         .post(format!("{}/api/v1/jobs/slow/trigger", a.base()))
         .send()
@@ -951,13 +945,7 @@ async fn a_worker_keeps_its_job_when_its_server_dies_and_goes_back_when_it_retur
     let mut a = Node::spawn(&logs, "node-a-again", a.port, &schema.url);
     a.ready(&http, NODE_START).await;
     let job = json!({"schedule": {"every": "1s"}, "target": shell("true")});
-    let resp = http
-        .put(format!("{}/api/v1/jobs/tick", b.base()))
-        .json(&job)
-        .send()
-        .await
-        .expect("PUT the job");
-    assert_eq!(resp.status().as_u16(), 201, "{:?}", resp.text().await);
+    create_job(&http, &b.base(), "tick", &job).await;
     // Within the worker's home check (10 s) and the lease poll it already has at B (20 s).
     let deadline = Instant::now() + Duration::from_secs(60);
     while started(&http, &a.base()).await < 3 {
@@ -977,6 +965,17 @@ async fn a_worker_keeps_its_job_when_its_server_dies_and_goes_back_when_it_retur
     );
     drop((a, b));
     schema.drop_schema().await;
+}
+
+/// Creates job `name` through the node at `base`.
+async fn create_job(http: &reqwest::Client, base: &str, name: &str, job: &Value) {
+    let resp = http
+        .put(format!("{base}/api/v1/jobs/{name}"))
+        .json(job)
+        .send()
+        .await
+        .expect("PUT the job");
+    assert_eq!(resp.status().as_u16(), 201, "{:?}", resp.text().await);
 }
 
 /// `sked_attempts_started_total` of the node at `base`: the attempts it handed to workers.
