@@ -1,0 +1,89 @@
+//! Many workers through the real binary: registrations are listed a bounded page at a time,
+//! every one of them reachable by its cursor; reports from worker ids that do not exist are
+//! refused as unknown; a heartbeat cannot carry an unbounded list of running attempts. (Dead
+//! workers' deletion after the retention is the store contract's
+//! `workers_page_by_id_and_dead_ones_are_deleted`.)
+
+mod common;
+
+use common::Sked;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+
+const WORKERS: usize = 3_000;
+
+#[tokio::test]
+async fn many_workers_are_paged_and_bogus_ids_cost_nothing() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+
+    let mut registered = BTreeSet::new();
+    for i in 0..WORKERS {
+        let hello = json!({"name": format!("w{i}"), "slots": 1});
+        let (status, answer) = sked.post("/workers", hello).await;
+        assert_eq!(status, 201, "{answer}");
+        registered.insert(answer["worker_id"].as_str().expect("an id").to_string());
+    }
+
+    // The default page is bounded, and the cursor walks every worker exactly once.
+    let (status, first) = sked.get("/workers").await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["workers"].as_array().map(Vec::len), Some(100));
+    let mut listed = BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/workers?limit=1000&cursor={c}"),
+            None => "/workers?limit=1000".to_string(),
+        };
+        let (status, page) = sked.get(&path).await;
+        assert_eq!(status, 200, "{page}");
+        let workers = page["workers"].as_array().expect("workers");
+        assert!(workers.len() <= 1000);
+        for worker in workers {
+            let id = worker["id"].as_str().expect("an id").to_string();
+            assert!(listed.insert(id), "a worker listed twice");
+        }
+        pages += 1;
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(listed, registered, "every worker listed, in {pages} pages");
+    let (status, too_many) = sked.get("/workers?limit=1001").await;
+    assert_eq!(
+        (status, &too_many["error"]["field"]),
+        (400, &json!("limit"))
+    );
+
+    // Reports from ids nobody registered are refused as such (found by the id's index, not by
+    // scanning the workers), and the API answers as before.
+    let completion =
+        json!({"completions": [{"attempt_id": 1, "token": 1, "outcome": "succeeded"}]});
+    for i in 0..200 {
+        let path = format!("/workers/bogus-{i}/complete");
+        let (status, answer) = sked.post(&path, completion.clone()).await;
+        assert_eq!(status, 410, "{answer}");
+        assert_eq!(answer["error"]["code"], "unknown_worker");
+    }
+    let (status, runs) = sked.get("/runs?limit=10").await;
+    assert_eq!(status, 200, "{runs}");
+
+    // A heartbeat lists at most as many running attempts as a worker can have slots.
+    let id = registered.iter().next().expect("a worker").clone();
+    let running: Vec<i64> = (1..=10_001).collect();
+    let (status, refused) = sked
+        .post(
+            &format!("/workers/{id}/heartbeat"),
+            json!({"running": running}),
+        )
+        .await;
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["field"], "running");
+    let (status, answer) = sked
+        .post(&format!("/workers/{id}/heartbeat"), json!({"running": []}))
+        .await;
+    assert_eq!((status, &answer["stop"]), (200, &Value::Array(Vec::new())));
+}
