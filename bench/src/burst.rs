@@ -69,7 +69,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     let mut server = start(store.clone(), place, 1).await?;
     let ready_s = started.elapsed().as_secs_f64();
     let store_name = server.store_name();
-    let http = reqwest::Client::new();
+    let http = crate::harness::http_client();
     let deadline = Clock::now()
         + (instant - Utc::now()).to_std().unwrap_or_default()
         + std::time::Duration::from_secs(options.limit_seconds);

@@ -38,7 +38,7 @@ pub async fn run(
     let (store, place) = store_with_jobs(database_url, jobs).await?;
     let mut server = start(store.clone(), place, nodes).await?;
     let store_name = server.store_name();
-    let http = reqwest::Client::new();
+    let http = crate::harness::http_client();
     let shares = if nodes > 1 {
         Some(cluster(&http, server.base()).await?.shares())
     } else {
@@ -54,14 +54,14 @@ pub async fn run(
         slots,
         &noop::Until::deadline(deadline),
     );
-    let window = async {
+    let sampled = async {
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         let start = Counters::read(&server).await;
         tokio::time::sleep(std::time::Duration::from_secs(seconds)).await;
         let end = Counters::read(&server).await;
         Ok::<_, anyhow::Error>((start?, end?))
     };
-    let (completed, counted) = tokio::join!(noop::join(workers), window);
+    let (completed, counted) = tokio::join!(noop::join(workers), sampled);
     let completed = completed?;
     let (at_start, at_end) = counted?;
     let attempts_started = server.metric_sum("sked_attempts_started_total").await?;

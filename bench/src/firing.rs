@@ -68,7 +68,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     let ready_s = started.elapsed().as_secs_f64();
     let shares = if nodes > 1 {
         Some(
-            cluster(&reqwest::Client::new(), server.base())
+            cluster(&crate::harness::http_client(), server.base())
                 .await?
                 .shares(),
         )
@@ -81,7 +81,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     let end = Clock::now() + std::time::Duration::from_secs(seconds + 2);
     let workers = worker_slots.map(|slots| {
         noop::spawn(
-            &reqwest::Client::new(),
+            &crate::harness::http_client(),
             &server.bases,
             slots,
             &noop::Until::deadline(end),

@@ -148,7 +148,7 @@ pub async fn start(store: Arc<dyn Store>, place: Place, nodes: usize) -> Result<
             task,
         });
     }
-    let http = reqwest::Client::new();
+    let http = http_client();
     let deadline = std::time::Instant::now() + START_LIMIT;
     for (base, node) in running.bases.iter().zip(&running.nodes) {
         loop {
@@ -230,6 +230,16 @@ impl Running {
         }
         Ok(sum)
     }
+}
+
+/// The HTTP client of the benchmarks' own requests. The server closes connections idle for
+/// its header-read timeout (10 s by default); dropping pooled ones after 5 s keeps a request
+/// from racing that close.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_idle_timeout(std::time::Duration::from_secs(5))
+        .build()
+        .unwrap_or_default()
 }
 
 pub fn metric(text: &str, name: &str) -> Option<f64> {
