@@ -54,8 +54,7 @@ async fn open_store(args: &ServerArgs) -> Result<OpenStore> {
         });
     }
     let dir = &args.store.data_dir;
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    create_private_dir(dir)?;
     let path = dir.join(DB_FILE);
     // The error names the file and says what to do.
     let store = SqliteStore::open(&path)?;
@@ -63,6 +62,30 @@ async fn open_store(args: &ServerArgs) -> Result<OpenStore> {
         store: Arc::new(store),
         place: dir.display().to_string(),
     })
+}
+
+/// Creates the data directory readable by its owner only: it holds every job definition, env
+/// values included. One that already exists keeps its mode, with a warning if others may read
+/// it.
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    let mode = std::fs::metadata(dir)
+        .with_context(|| format!("cannot read the data directory {}", dir.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            "the data directory {} may be read by other users (mode {:o}); it holds job              definitions with their env: chmod 700 it",
+            dir.display(),
+            mode & 0o777
+        );
+    }
+    Ok(())
 }
 
 /// This very executable, which supervises each shell attempt

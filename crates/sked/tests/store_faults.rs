@@ -2,7 +2,7 @@
 //! emptied or damaged since the store was created is refused at start with the file named, an
 //! operator can check it with `sked store check`, and when writes fail (the file can no longer
 //! grow, as on a full disk) `/readyz` says so, the log does not flood, and both recover once
-//! writes commit again.
+//! writes commit again. A new store is readable by its owner only.
 
 mod common;
 
@@ -242,5 +242,26 @@ async fn when_writes_fail_readyz_says_so_and_the_log_does_not_flood() {
         }
         assert!(Instant::now() < deadline, "/readyz stayed {status}: {body}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_new_store_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let job = json!({"target": {"shell": {"command": "true", "env": {"TOKEN": "s3cret"}}}});
+    assert_eq!(sked.put_job("private", job).await.0, 201);
+    let mode = |path: &Path| {
+        std::fs::metadata(path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    let dir = sked.data_dir();
+    assert_eq!(mode(&dir), 0o700, "the data directory");
+    for file in ["sked.db", "sked.db-wal", "sked.db-shm"] {
+        assert_eq!(mode(&dir.join(file)), 0o600, "{file}");
     }
 }

@@ -97,6 +97,22 @@ pub fn marker_path(db: &Path) -> std::path::PathBuf {
     db.with_file_name(name)
 }
 
+/// Creates a new store file readable and writable by its owner only (SQLite gives its WAL and
+/// shared-memory files the same mode); an existing file is left as it is.
+fn create_private(path: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(StoreError::Open(format!("{}: {e}", path.display()))),
+    }
+}
+
 /// What `sked store check` found: a list of problems, empty when the store is sound.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckReport {
@@ -197,6 +213,7 @@ impl SqliteStore {
             }
         };
         check_not_emptied(path)?;
+        create_private(path)?;
         let mut writer = Connection::open(path).map_err(open_err)?;
         let mode: String = writer
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
