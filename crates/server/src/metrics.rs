@@ -33,6 +33,13 @@ impl Metrics {
         gauge.store(n, Ordering::Relaxed);
     }
 
+    /// Counts one more on `gauge` until the returned guard is dropped, however the code
+    /// holding it ends.
+    pub fn hold(gauge: &AtomicU64) -> Held<'_> {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Held(gauge)
+    }
+
     /// The Prometheus text exposition of every counter.
     pub fn render(&self) -> String {
         let rows: [(&str, &str, &str, &AtomicU64); 15] = [
@@ -133,5 +140,14 @@ impl Metrics {
             let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
         }
         out
+    }
+}
+
+/// One unit of a gauge, given back on drop (see [`Metrics::hold`]).
+pub struct Held<'a>(&'a AtomicU64);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -119,15 +119,6 @@ const FOLLOW_POLL: Duration = Duration::from_millis(250);
 /// What a refused follow is told to wait.
 const FOLLOW_RETRY_AFTER: Duration = Duration::from_secs(5);
 
-/// Takes one off a gauge when dropped, however the task holding it ends.
-struct Decrement<'a>(&'a std::sync::atomic::AtomicU64);
-
-impl Drop for Decrement<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// The output of one attempt as text; with `follow=true` the response streams until the run
 /// has ended and all its output is sent.
 pub async fn log(
@@ -173,10 +164,9 @@ pub async fn log(
     let mut attempt_id = pick(&attempts);
     let mut finished = run.state.is_terminal();
     let metrics = state.metrics.clone();
-    Metrics::add(&metrics.log_follows, 1);
     tokio::spawn(async move {
         let _slot = slot;
-        let _counted = Decrement(&metrics.log_follows);
+        let _counted = Metrics::hold(&metrics.log_follows);
         let mut offset = 0u64;
         loop {
             if let Some(aid) = attempt_id {
