@@ -31,8 +31,8 @@ pub struct ConnectionLimits {
 impl Default for ConnectionLimits {
     fn default() -> Self {
         ConnectionLimits {
-            header_read_timeout: Duration::from_secs(10),
-            max_connections: 4096,
+            header_read_timeout: sked_core::protocol::DEFAULT_HEADER_READ_TIMEOUT,
+            max_connections: 1024,
             shutdown_grace: Duration::from_secs(10),
         }
     }
