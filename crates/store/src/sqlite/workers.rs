@@ -62,6 +62,7 @@ pub fn heartbeat(
             stop.push(attempt_id);
         }
     }
+    let reported: std::collections::HashSet<i64> = running.iter().copied().collect();
     let forgotten = {
         let mut stmt = tx.prepare_cached(
             "SELECT id FROM attempts WHERE worker_id = ?1 AND state = 'running' \
@@ -74,7 +75,7 @@ pub fn heartbeat(
         let mut forgotten = Vec::new();
         for id in ids {
             let id = id?;
-            if !running.contains(&id) {
+            if !reported.contains(&id) {
                 forgotten.push(id);
             }
         }
