@@ -16,8 +16,7 @@ pub struct Client {
 impl Client {
     pub fn new(args: &ClientArgs) -> Result<Client> {
         let http = reqwest::Client::builder()
-            // The server closes connections idle past its header timeout; drop ours first.
-            .pool_idle_timeout(std::time::Duration::from_secs(5))
+            .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
             .build()
             .context("cannot build the HTTP client")?;
         Ok(Client {
@@ -77,21 +76,33 @@ impl Client {
         Ok(())
     }
 
-    pub async fn job_list(&self, search: Option<String>, state: Option<String>) -> Result<()> {
-        let mut rows = Vec::new();
+    /// Every item of a paged listing (`items` is the answer's list field), page by page.
+    async fn get_all(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        items: &str,
+    ) -> Result<Vec<Value>> {
+        let mut all = Vec::new();
         let mut cursor: Option<String> = None;
         loop {
-            let mut query = vec![("limit", "1000".to_string())];
-            query.extend(search.clone().map(|s| ("search", s)));
-            query.extend(state.clone().map(|s| ("state", s)));
-            query.extend(cursor.clone().map(|c| ("cursor", c)));
-            let page = self.get_json("/jobs", &query).await?;
-            rows.extend(page["jobs"].as_array().cloned().unwrap_or_default());
+            let mut page_query = vec![("limit", "1000".to_string())];
+            page_query.extend(query.iter().cloned());
+            page_query.extend(cursor.take().map(|c| ("cursor", c)));
+            let page = self.get_json(path, &page_query).await?;
+            all.extend(page[items].as_array().cloned().unwrap_or_default());
             match page["next_cursor"].as_str() {
                 Some(next) => cursor = Some(next.to_string()),
-                None => break,
+                None => return Ok(all),
             }
         }
+    }
+
+    pub async fn job_list(&self, search: Option<String>, state: Option<String>) -> Result<()> {
+        let mut query = Vec::new();
+        query.extend(search.map(|s| ("search", s)));
+        query.extend(state.map(|s| ("state", s)));
+        let rows = self.get_all("/jobs", &query, "jobs").await?;
         if self.json {
             return Self::print_json(&Value::Array(rows));
         }
@@ -222,20 +233,7 @@ impl Client {
     }
 
     pub async fn worker_list(&self) -> Result<()> {
-        let mut workers = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let mut query = vec![("limit", "1000".to_string())];
-            if let Some(c) = cursor.take() {
-                query.push(("cursor", c));
-            }
-            let page = self.get_json("/workers", &query).await?;
-            workers.extend(page["workers"].as_array().cloned().unwrap_or_default());
-            match page["next_cursor"].as_str() {
-                Some(next) => cursor = Some(next.to_string()),
-                None => break,
-            }
-        }
+        let workers = self.get_all("/workers", &[], "workers").await?;
         if self.json {
             return Self::print_json(&Value::Array(workers));
         }
