@@ -232,12 +232,11 @@ impl Running {
     }
 }
 
-/// The HTTP client of the benchmarks' own requests. The server closes connections idle for
-/// its header-read timeout (10 s by default); dropping pooled ones after 5 s keeps a request
-/// from racing that close.
+/// The HTTP client of the benchmarks' own requests, dropping idle connections before the
+/// server closes them (`CLIENT_IDLE_TIMEOUT`).
 pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
-        .pool_idle_timeout(std::time::Duration::from_secs(5))
+        .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
         .build()
         .unwrap_or_default()
 }

@@ -11,6 +11,14 @@ use crate::target::TargetSpec;
 use crate::Instant;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How long a server waits for a request's headers, from a connection's opening or its previous
+/// response, by default: idle keep-alive connections are closed after it.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long sked's own clients (the worker, the command line) keep a pooled connection idle:
+/// well under the server's header timeout, so a request never races the server closing it.
+pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a job sees of its run: environment variables for shell targets...
 pub const ENV_RUN_ID: &str = "SKED_RUN_ID";

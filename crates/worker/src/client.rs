@@ -70,9 +70,7 @@ impl ProtocolClient {
     pub(crate) fn new(config: &WorkerConfig) -> Result<Self, WorkerError> {
         let http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
-            // The server closes connections idle longer than its header timeout (10 s by
-            // default); dropping ours sooner keeps a request from racing that close.
-            .pool_idle_timeout(std::time::Duration::from_secs(5))
+            .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
             .user_agent(concat!("sked-worker/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(WorkerError::HttpClient)?;

@@ -95,7 +95,7 @@ impl Sked {
             port: free_port(),
             // Idle connections are dropped before the server's header timeout closes them.
             http: reqwest::Client::builder()
-                .pool_idle_timeout(Duration::from_secs(5))
+                .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
                 .timeout(Duration::from_secs(30))
                 .build()
                 .expect("client"),

@@ -104,7 +104,7 @@ pub fn tail(log: &Path, lines: usize) -> String {
 
 pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
-        .pool_idle_timeout(Duration::from_secs(5))
+        .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
         .timeout(Duration::from_secs(10))
         .build()
         .expect("client")
