@@ -1,6 +1,6 @@
 //! Dispatch policies: which worker gets an attempt.
 //!
-//! Eligibility first (labels, free slots), then selection by the job's strategy. These are the
+//! Eligibility first (namespaces, labels, free slots), then selection by the job's strategy. These are the
 //! functions the server's dispatcher calls; they see plain snapshots of worker load and decide
 //! nothing else.
 
@@ -31,6 +31,8 @@ pub struct WorkerLoad {
     pub running: u32,
     /// Affinity keys the worker reports as warm (cached data, open connections).
     pub warm_keys: Vec<String>,
+    /// The namespaces whose runs its token lets it take (`["*"]`: all).
+    pub namespaces: Vec<String>,
 }
 
 impl WorkerLoad {
@@ -42,14 +44,17 @@ impl WorkerLoad {
 /// What one queued run asks of a worker.
 #[derive(Debug, Clone, Copy)]
 pub struct Demand<'a> {
+    pub namespace: &'a str,
     pub labels: &'a BTreeMap<String, String>,
     pub strategy: Strategy,
     pub affinity_key: Option<&'a str>,
 }
 
-/// A worker may take the run: it carries every label asked for and has a free slot.
+/// A worker may take the run: its token serves the run's namespace, it carries every label
+/// asked for, and it has a free slot.
 pub fn eligible(demand: &Demand<'_>, worker: &WorkerLoad) -> bool {
     worker.free_slots() > 0
+        && crate::auth::worker_serves(&worker.namespaces, demand.namespace)
         && demand
             .labels
             .iter()
@@ -152,11 +157,13 @@ mod tests {
             slots,
             running,
             warm_keys: vec![],
+            namespaces: vec!["*".to_string()],
         }
     }
 
     fn demand(labels: &BTreeMap<String, String>, strategy: Strategy) -> Demand<'_> {
         Demand {
+            namespace: "default",
             labels,
             strategy,
             affinity_key: Some("customer-7"),
@@ -180,6 +187,27 @@ mod tests {
             select(&demand(&none, Strategy::LeastLoaded), &workers, 0, 0),
             None
         );
+    }
+
+    #[test]
+    fn a_worker_takes_only_runs_of_namespaces_its_token_serves() {
+        let any = BTreeMap::new();
+        let mut only_b = worker("a", 8, 0, "x");
+        only_b.namespaces = vec!["b".into()];
+        let mut everything = worker("z", 1, 0, "x");
+        everything.namespaces = vec!["*".into()];
+        let workers = vec![only_b, everything];
+        let in_ns = |namespace| Demand {
+            namespace,
+            ..demand(&any, Strategy::LeastLoaded)
+        };
+        assert_eq!(
+            select(&in_ns("b"), &workers, 0, 0),
+            Some(0),
+            "most free slots"
+        );
+        assert_eq!(select(&in_ns("default"), &workers, 0, 0), Some(1));
+        assert_eq!(select(&in_ns("default"), &workers[..1], 0, 0), None);
     }
 
     #[test]

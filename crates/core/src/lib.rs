@@ -6,6 +6,7 @@
 //! randomness takes the random number. The store, the server, the worker and the simulator all
 //! decide through these functions, so a rule is written once.
 
+pub mod auth;
 pub mod cluster;
 pub mod dispatch;
 pub mod duration;

@@ -133,6 +133,13 @@ pub struct WorkerRecord {
     pub registered_at: Instant,
     pub last_heartbeat_at: Instant,
     pub alive: bool,
+    /// The namespaces whose runs it may take (`["*"]`: all), from the token it registered
+    /// with.
+    pub namespaces: Vec<String>,
+    /// The token it registered with: only that token may speak for it. `None` on an open
+    /// development server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_id: Option<i64>,
 }
 
 /// A server node of the cluster, as the lease tables see it.
@@ -171,4 +178,36 @@ pub struct JobStats {
     pub lateness_ms: Percentiles,
     /// From the instant to the first attempt's start, milliseconds.
     pub start_lateness_ms: Percentiles,
+}
+
+/// One change (or refused authentication) in the audit trail.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub at: Instant,
+    /// The token's name; `anonymous` on an open development server.
+    pub actor: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor_id: Option<i64>,
+    /// The peer address the request came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    /// What was done, e.g. `job.put`, `run.cancel`, `token.create`, `auth.failed`.
+    pub action: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The object acted on: a job's name, a run's id, a token's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// The definition before and after the change, secrets redacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    pub id: i64,
+    #[serde(flatten)]
+    pub entry: AuditEntry,
 }

@@ -1,5 +1,6 @@
 //! Server settings, with the defaults a single node wants.
 
+use crate::auth::AuthMode;
 use crate::http::ConnectionLimits;
 use sked_core::policy::BacklogLimits;
 use std::time::Duration;
@@ -35,6 +36,10 @@ pub struct ServerConfig {
     pub worker_retention: Duration,
     /// Log streams followed at once; more are refused with 429.
     pub max_log_follows: usize,
+    /// Whether requests need a token.
+    pub auth: AuthMode,
+    /// Audit entries older than this are deleted; `None` keeps them forever.
+    pub audit_retention: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +58,8 @@ impl Default for ServerConfig {
             connections: ConnectionLimits::default(),
             max_log_follows: 256,
             worker_retention: Duration::from_secs(24 * 3600),
+            auth: AuthMode::Tokens,
+            audit_retention: Some(Duration::from_secs(365 * 24 * 3600)),
         }
     }
 }

@@ -45,12 +45,16 @@ struct State {
     workers: HashMap<String, KnownWorker>,
 }
 
-/// A registered worker's labels, slots and warm affinity keys.
+/// A registered worker's labels, slots, warm affinity keys, and what its token allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KnownWorker {
     pub labels: BTreeMap<String, String>,
     pub slots: u32,
     pub warm_keys: Vec<String>,
+    /// The namespaces whose runs it may take.
+    pub namespaces: Vec<String>,
+    /// The token it registered with: the only one that may speak for it.
+    pub token_id: Option<i64>,
 }
 
 /// How many runs of one job are queued here.
@@ -285,6 +289,7 @@ impl Dispatcher {
             .map(|k| {
                 let run = &state.ready[k];
                 Demand {
+                    namespace: &run.namespace,
                     labels: &run.routing.labels,
                     strategy: run.routing.strategy,
                     affinity_key: run.routing.affinity_key.as_deref(),
@@ -441,6 +446,7 @@ mod tests {
             slots: 4,
             running: 0,
             warm_keys: Vec::new(),
+            namespaces: vec!["*".into()],
         }
     }
 

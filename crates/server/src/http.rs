@@ -7,14 +7,17 @@
 //! (slowloris) and a keep-alive connection that sends nothing more. A request in progress (a
 //! worker's long poll, a followed log) is not idle and is never cut by it.
 
+use axum::extract::ConnectInfo;
 use axum::Router;
+use hyper::body::Incoming;
+use hyper::Request;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+use tower_service::Service;
 
 /// Bounds on the connections one node serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +53,7 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let mut refused = 0u64;
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = crate::stopped(&mut stop) => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -77,8 +80,14 @@ pub async fn serve(
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout);
-        let connection =
-            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        // Each request carries its peer's address, for the audit trail.
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+            let mut app = app.clone();
+            async move { app.call(request).await }
+        });
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             // A connection's errors (a reset, a header timeout) concern that client only.

@@ -7,6 +7,8 @@
 //! them and carries the results between them.
 
 pub mod api;
+pub mod audit;
+pub mod auth;
 pub mod changes;
 pub mod config;
 pub mod dispatch;
@@ -60,6 +62,8 @@ pub struct AppState {
     pub node: Arc<NodeInfo>,
     /// Whether this node runs the maintenance duties now (elected through the store).
     pub maintenance: watch::Receiver<bool>,
+    /// Finds the caller behind each request.
+    pub auth: Arc<auth::Authenticator>,
 }
 
 /// Resolves once shutdown was signalled (or its sender is gone).
@@ -141,6 +145,7 @@ pub async fn serve(
         ready: ready_rx,
         node: node.clone(),
         maintenance: maintenance_rx,
+        auth: Arc::new(auth::Authenticator::new(config.auth, store.clone())),
     };
 
     let mut duties = tokio::task::JoinSet::new();

@@ -202,13 +202,13 @@ async fn a_body_over_the_limit_is_told_the_limit_of_its_route() {
         let message = answer.json["error"]["message"].as_str().unwrap();
         assert!(message.contains(&mib.to_string()), "{message}");
 
-        // Output may be 8 MiB per request: 2 MiB reaches the handler (no such attempt) ...
-        let path = "/api/v1/attempts/1/log?token=1";
+        // Output may be 8 MiB per request: 2 MiB reaches the handler (no such worker) ...
+        let path = "/api/v1/attempts/1/log?token=1&worker=nobody";
         let answer = server
             .try_ask("POST", path, Some(vec![b' '; 2 * mib]))
             .await
             .unwrap();
-        answer.error(409, "fenced", "2 MiB of output");
+        answer.error(410, "unknown_worker", "2 MiB of output");
         // ... and past 8 MiB the 413 says 8 MiB, not the 1 MiB of the other routes.
         let answer = server.ask_too_big(path, 9 * mib).await;
         assert_eq!(

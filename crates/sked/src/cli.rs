@@ -30,6 +30,67 @@ pub enum Command {
     /// Look after the embedded store.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// Create, list and revoke API tokens (admin).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Who changed what: the audit trail, newest first.
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token. Its secret is shown once, as the last line of the output.
+    Create {
+        /// What the token is called in lists and the audit trail.
+        #[arg(long)]
+        name: String,
+        /// admin, editor, viewer or worker.
+        #[arg(long)]
+        role: String,
+        /// Editors may define jobs with shell targets (commands run on the workers).
+        #[arg(long)]
+        shell: bool,
+        /// Worker tokens: the labels its workers may claim, `key=value` or `key=*`,
+        /// comma-separated (default: any).
+        #[arg(long, value_delimiter = ',')]
+        labels: Option<Vec<String>>,
+        /// It expires after this long, e.g. 30d or 12h (default: never).
+        #[arg(long)]
+        expires: Option<String>,
+        /// The namespaces it sees are `--namespace`, comma-separated, or `*` for all.
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Every token: name, role, namespaces, expiry and last use (never the secrets).
+    List(ClientArgs),
+    /// Revoke a token: every server refuses it within a second.
+    Revoke {
+        /// The token's name.
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Every namespace the token sees, instead of `--namespace`'s only.
+    #[arg(long)]
+    pub all: bool,
+    /// Only changes to this object (a job's name, a run's id, a token's name).
+    #[arg(long)]
+    pub object: Option<String>,
+    /// Only changes made with this token (its name).
+    #[arg(long)]
+    pub actor: Option<String>,
+    /// Only changes at or after this instant (RFC 3339).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// At most this many entries.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,6 +163,13 @@ pub struct ServerArgs {
     #[arg(long, env = "SKED_MAX_QUEUED_PER_NAMESPACE", default_value_t = 100_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_queued_per_namespace: u64,
+    /// File of the admin token: read when it exists, otherwise a new admin token is written
+    /// there (mode 0600). Default: admin.token in the data directory.
+    #[arg(long, env = "SKED_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Audit entries older than this are deleted ("0s" keeps them forever).
+    #[arg(long, env = "SKED_AUDIT_RETENTION", default_value = "365days")]
+    pub audit_retention: HumanDuration,
 }
 
 #[derive(Debug, Args)]
@@ -111,6 +179,10 @@ pub struct DevArgs {
     /// Slots of the in-process worker.
     #[arg(long, default_value_t = 8)]
     pub slots: u32,
+    /// Require a token on every request, as `sked server` does. Without it `sked dev` is open
+    /// to anyone who reaches it, so it listens on loopback addresses only.
+    #[arg(long)]
+    pub require_token: bool,
 }
 
 #[derive(Debug, Args)]
@@ -148,6 +220,13 @@ pub struct WorkerArgs {
     /// Name shown in `sked worker list` (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
+    /// The worker token (a command line is visible to other users: prefer --token-file or
+    /// the environment).
+    #[arg(long, env = "SKED_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// File holding the worker token; wins over --token.
+    #[arg(long, env = "SKED_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -172,6 +251,10 @@ pub struct ClientArgs {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+    /// The API token to send (a command line is visible to other users: prefer the
+    /// environment).
+    #[arg(long, env = "SKED_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -299,6 +382,40 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Job(cmd) => job(cmd).await,
         Command::Run(cmd) => run_cmd(cmd).await,
         Command::Store(StoreCommand::Check { data_dir }) => serve::check_store(&data_dir),
+        Command::Token(cmd) => token(cmd).await,
+        Command::Audit(args) => client::Client::new(&args.client)?.audit(&args).await,
+    }
+}
+
+async fn token(cmd: TokenCommand) -> Result<()> {
+    match cmd {
+        TokenCommand::Create {
+            name,
+            role,
+            shell,
+            labels,
+            expires,
+            client,
+        } => {
+            let namespaces: Vec<String> = client
+                .namespace
+                .split(',')
+                .map(|n| n.trim().to_string())
+                .collect();
+            let body = serde_json::json!({
+                "name": name,
+                "role": role,
+                "namespaces": namespaces,
+                "shell": shell,
+                "labels": labels,
+                "expires": expires,
+            });
+            client::Client::new(&client)?.token_create(&body).await
+        }
+        TokenCommand::List(client) => client::Client::new(&client)?.token_list().await,
+        TokenCommand::Revoke { name, client } => {
+            client::Client::new(&client)?.token_revoke(&name).await
+        }
     }
 }
 

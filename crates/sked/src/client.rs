@@ -4,6 +4,7 @@ use crate::cli::ClientArgs;
 use anyhow::{bail, Context, Result};
 use reqwest::{Method, Response};
 use serde_json::Value;
+use sked_core::auth::Secret;
 use std::io::Write;
 
 pub struct Client {
@@ -15,7 +16,16 @@ pub struct Client {
 
 impl Client {
     pub fn new(args: &ClientArgs) -> Result<Client> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &args.token {
+            let mut value =
+                reqwest::header::HeaderValue::from_str(&Secret::new(token.trim()).bearer())
+                    .context("the token holds characters an HTTP header cannot")?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
             .build()
             .context("cannot build the HTTP client")?;
@@ -39,11 +49,24 @@ impl Client {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> Result<Response> {
-        let mut req = self
-            .http
-            .request(method, self.url(path))
-            .query(&[("namespace", self.namespace.as_str())])
-            .query(query);
+        self.send_in(Some(&self.namespace), method, path, query, body)
+            .await
+    }
+
+    /// Sends a request in `namespace`, or in none (what every namespace the token sees).
+    async fn send_in(
+        &self,
+        namespace: Option<&str>,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Result<Response> {
+        let mut req = self.http.request(method, self.url(path));
+        if let Some(namespace) = namespace {
+            req = req.query(&[("namespace", namespace)]);
+        }
+        let mut req = req.query(query);
         if let Some(body) = body {
             req = req.json(body);
         }
@@ -58,6 +81,9 @@ impl Client {
         let text = resp.text().await.unwrap_or_default();
         let error: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         let message = error["error"]["message"].as_str().unwrap_or(&text);
+        if status == reqwest::StatusCode::UNAUTHORIZED {
+            bail!("{message} (HTTP {status}; set SKED_TOKEN or --token)");
+        }
         match error["error"]["field"].as_str() {
             Some(field) => bail!("{message} (field {field}; HTTP {status})"),
             None => bail!("{message} (HTTP {status})"),
@@ -268,6 +294,111 @@ impl Client {
         );
         Ok(())
     }
+
+    /// Prints the new token's details, then its secret alone on the last line (for scripts:
+    /// `sked token create ... | tail -1`).
+    pub async fn token_create(&self, body: &Value) -> Result<()> {
+        let resp = self.send(Method::POST, "/tokens", &[], Some(body)).await?;
+        let value: Value = resp.json().await?;
+        if self.json {
+            return Self::print_json(&value);
+        }
+        println!(
+            "token {} created: role {}, namespaces {}{}",
+            text(&value["name"]),
+            text(&value["role"]),
+            list_text(&value["namespaces"]),
+            match value["expires_at"].as_str() {
+                Some(at) => format!(", expires {at}"),
+                None => String::new(),
+            }
+        );
+        println!("its secret is shown this once; keep it:");
+        println!("{}", text(&value["token"]));
+        Ok(())
+    }
+
+    pub async fn token_list(&self) -> Result<()> {
+        let value = self.get_json("/tokens", &[]).await?;
+        if self.json {
+            return Self::print_json(&value["tokens"]);
+        }
+        let table: Vec<Vec<String>> = value["tokens"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                vec![
+                    text(&t["name"]),
+                    text(&t["role"]),
+                    list_text(&t["namespaces"]),
+                    if t["shell"].as_bool() == Some(true) {
+                        "yes".into()
+                    } else {
+                        "no".into()
+                    },
+                    text(&t["expires_at"]),
+                    text(&t["last_used_at"]),
+                ]
+            })
+            .collect();
+        print_table(
+            &[
+                "NAME",
+                "ROLE",
+                "NAMESPACES",
+                "SHELL",
+                "EXPIRES",
+                "LAST USED",
+            ],
+            &table,
+        );
+        Ok(())
+    }
+
+    pub async fn token_revoke(&self, name: &str) -> Result<()> {
+        self.send(Method::DELETE, &format!("/tokens/{name}"), &[], None)
+            .await?;
+        println!("token {name} revoked");
+        Ok(())
+    }
+
+    pub async fn audit(&self, args: &crate::cli::AuditArgs) -> Result<()> {
+        let mut query = vec![("limit", args.limit.to_string())];
+        query.extend(args.object.clone().map(|o| ("object", o)));
+        query.extend(args.actor.clone().map(|a| ("actor", a)));
+        query.extend(args.since.clone().map(|s| ("since", s)));
+        let namespace = (!args.all).then_some(self.namespace.as_str());
+        let page: Value = self
+            .send_in(namespace, Method::GET, "/audit", &query, None)
+            .await?
+            .json()
+            .await
+            .context("the server sent a response that is not JSON")?;
+        if self.json {
+            return Self::print_json(&page["entries"]);
+        }
+        let table: Vec<Vec<String>> = page["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                vec![
+                    text(&e["at"]),
+                    text(&e["actor"]),
+                    text(&e["action"]),
+                    text(&e["namespace"]),
+                    text(&e["object"]),
+                    text(&e["peer"]),
+                ]
+            })
+            .collect();
+        print_table(
+            &["AT", "ACTOR", "ACTION", "NAMESPACE", "OBJECT", "FROM"],
+            &table,
+        );
+        Ok(())
+    }
 }
 
 /// A JSON value as table text: strings without quotes, null as "-".
@@ -277,6 +408,13 @@ fn text(v: &Value) -> String {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
+}
+
+/// A JSON list of strings as `a,b`.
+fn list_text(v: &Value) -> String {
+    v.as_array()
+        .map(|items| items.iter().map(text).collect::<Vec<_>>().join(","))
+        .unwrap_or_else(|| text(v))
 }
 
 fn schedule_summary(s: &Value) -> String {

@@ -3,12 +3,15 @@
 
 use crate::cli::{DevArgs, ServerArgs, WorkerArgs};
 use anyhow::{bail, Context, Result};
+use chrono::Utc;
+use sked_core::auth::Secret;
 use sked_core::policy::BacklogLimits;
+use sked_server::auth::{ensure_admin_token, generate_secret, AuthMode, MIN_SECRET_LEN};
 use sked_server::http::ConnectionLimits;
 use sked_server::ServerConfig;
 use sked_store::{PgStore, SqliteStore, Store};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -115,6 +118,95 @@ pub fn check_store(data_dir: &Path) -> Result<()> {
     )
 }
 
+/// The admin token file: `--admin-token-file`, or `admin.token` in the data directory.
+fn admin_token_path(args: &ServerArgs) -> PathBuf {
+    args.admin_token_file
+        .clone()
+        .unwrap_or_else(|| args.store.data_dir.join(ADMIN_TOKEN_FILE))
+}
+
+const ADMIN_TOKEN_FILE: &str = "admin.token";
+
+/// The admin token: the file's content when it exists, else a new token written there with
+/// mode 0600 (only the path is logged, never the token). It is then made an admin token in the
+/// store.
+async fn bootstrap_admin(args: &ServerArgs, store: &dyn Store) -> Result<Secret> {
+    let path = admin_token_path(args);
+    let secret = match read_admin_token(&path).await? {
+        Some(secret) => secret,
+        None => {
+            let secret = generate_secret();
+            if write_private(&path, &secret)? {
+                tracing::info!("a new admin token was written to {}", path.display());
+                secret
+            } else {
+                // Another process starting beside this one (a node of the same host) wrote it
+                // first: use that one.
+                read_admin_token(&path)
+                    .await?
+                    .with_context(|| format!("{} appeared but holds no token", path.display()))?
+            }
+        }
+    };
+    let name = ensure_admin_token(store, &secret, Utc::now())
+        .await
+        .context("cannot record the admin token in the store")?;
+    tracing::info!("admin token {name} is in {}", path.display());
+    Ok(Secret::new(secret))
+}
+
+/// The admin token file's token; `None` when there is no file. A file being written by another
+/// process (empty for a moment) is waited for, briefly.
+async fn read_admin_token(path: &Path) -> Result<Option<String>> {
+    for _ in 0..50 {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot read the admin token {}", path.display()))
+            }
+        };
+        let secret = text.trim();
+        if secret.len() >= MIN_SECRET_LEN {
+            return Ok(Some(secret.to_string()));
+        }
+        if !secret.is_empty() {
+            bail!(
+                "the admin token in {} is shorter than {MIN_SECRET_LEN} characters; delete \
+                 the file to have a new one generated",
+                path.display()
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    bail!("the admin token file {} is empty", path.display())
+}
+
+/// Writes a new file only its owner may read. An existing file is never overwritten: `false`
+/// when one was there already.
+fn write_private(path: &Path, content: &str) -> Result<bool> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        create_private_dir(dir)?;
+    }
+    let mut file = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", path.display())),
+    };
+    writeln!(file, "{content}")
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(true)
+}
+
 fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
     if args.header_read_timeout.0 < std::time::Duration::from_millis(100) {
         bail!("--header-read-timeout must be at least 100ms");
@@ -141,6 +233,8 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
             per_job: args.max_queued_per_job,
             per_namespace: args.max_queued_per_namespace,
         },
+        audit_retention: Some(args.audit_retention.0).filter(|r| !r.is_zero()),
+        auth: AuthMode::Tokens,
         ..ServerConfig::default()
     })
 }
@@ -151,22 +245,44 @@ pub async fn server(args: ServerArgs) -> Result<()> {
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
     println!(
-        "sked server listening on http://{addr} (data in {})",
+        "sked server listening on http://{addr} (data in {}; every request needs a token)",
         opened.place
     );
+    bootstrap_admin(&args, opened.store.as_ref()).await?;
     sked_server::serve(config, opened.store.clone(), listener, shutdown_signal()).await?;
     Ok(())
 }
 
 pub async fn dev(args: DevArgs) -> Result<()> {
-    let config = server_config(&args.server)?;
-    let opened = open_store(&args.server).await?;
+    let mut config = server_config(&args.server)?;
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
-    println!(
-        "sked dev listening on http://{addr} (data in {})",
-        opened.place
-    );
+    let open = !args.require_token;
+    if open && !addr.ip().is_loopback() {
+        bail!(
+            "refusing to start open on {addr}, which is not a loopback address: anyone who \
+             reaches it could run commands on this machine. Listen on 127.0.0.1, or pass \
+             --require-token (the admin token is then in {})",
+            admin_token_path(&args.server).display()
+        );
+    }
+    let opened = open_store(&args.server).await?;
+    if open {
+        config.auth = AuthMode::Open;
+        println!(
+            "sked dev listening on http://{addr} (data in {}; open: no token needed on this \
+             loopback address)",
+            opened.place
+        );
+    } else {
+        println!(
+            "sked dev listening on http://{addr} (data in {}; every request needs a token, \
+             the admin token is in {})",
+            opened.place,
+            admin_token_path(&args.server).display()
+        );
+    }
+    let admin = bootstrap_admin(&args.server, opened.store.as_ref()).await?;
     let (server_stop, server_stopped) = watch::channel(false);
     let (worker_stop, worker_stopped) = watch::channel(false);
     let mut server = tokio::spawn(sked_server::serve(
@@ -180,6 +296,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
         name: "dev".to_string(),
         labels: BTreeMap::new(),
         slots: args.slots,
+        token: (!open).then_some(admin),
         supervisor: Some(SELF_EXE.into()),
         ..sked_worker::WorkerConfig::default()
     };
@@ -225,6 +342,15 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         bail!("--slots must be at least 1");
     }
     let name = args.name.clone().unwrap_or_else(host_name);
+    let token = match &args.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the token file {}", path.display()))?,
+        ),
+        None => args.token.clone(),
+    }
+    .map(|t| Secret::new(t.trim()))
+    .filter(|t| !t.expose().is_empty());
     let config = sked_worker::WorkerConfig {
         servers: args
             .server
@@ -234,6 +360,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         name,
         labels,
         slots: args.slots,
+        token,
         supervisor: Some(SELF_EXE.into()),
         ..sked_worker::WorkerConfig::default()
     };

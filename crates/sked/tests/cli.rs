@@ -3,11 +3,10 @@
 
 mod common;
 
-use common::{Sked, BIN};
-use std::process::Command;
+use common::{sked_command, Sked};
 
 fn sked_cli(sked: &Sked, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN)
+    let out = sked_command()
         .args(args)
         .env("SKED_SERVER", sked.base())
         .output()

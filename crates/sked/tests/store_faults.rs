@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{shell, Sked, BIN, FAST_HEARTBEATS};
+use common::{shell, sked_command, Sked, FAST_HEARTBEATS};
 use serde_json::json;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 /// Runs `sked ARGS` to its end (bounded) and returns whether it succeeded and what it printed.
 fn sked_to_end(args: &[&str]) -> (bool, String) {
-    let mut child = Command::new(BIN)
+    let mut child = sked_command()
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -154,7 +154,7 @@ async fn when_writes_fail_readyz_says_so_and_the_log_does_not_flood() {
     args.extend(FAST_HEARTBEATS.iter().map(|a| a.to_string()));
     // Past the file size limit a write fails with EFBIG, as on a full disk, once SIGXFSZ
     // (which would kill the process) is ignored; the disposition survives exec.
-    let mut command = Command::new(BIN);
+    let mut command = sked_command();
     command
         .args(&args)
         .env("RUST_LOG", "info")

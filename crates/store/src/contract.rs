@@ -8,6 +8,7 @@
 
 use crate::*;
 use chrono::{Duration as Span, TimeZone, Utc};
+use sked_core::auth::{LabelRule, Role};
 use sked_core::job::JobSpec;
 use sked_core::run::{AttemptOutcome, AttemptState};
 
@@ -56,6 +57,12 @@ macro_rules! store_contract_tests {
             queued_runs_carry_dispatch_details,
             racing_writers_decide_once,
             scheduled_jobs_come_by_partition,
+            tokens_are_found_by_hash_listed_by_name_and_revoked,
+            token_use_is_recorded_and_never_goes_back,
+            audit_entries_list_newest_first_and_filter,
+            audit_pages_reach_each_entry_once,
+            audit_retention_deletes_the_oldest_first,
+            workers_keep_their_namespaces_and_token,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -152,10 +159,16 @@ async fn start(store: &dyn Store, run_id: i64, worker: &str, token: i64, now: In
     started[0].expect("the run was queued").attempt_id
 }
 
+/// A report by worker `w`, the worker most checks start their attempts on.
 fn report(attempt_id: i64, token: i64, outcome: AttemptOutcome) -> AttemptReport {
+    report_as("w", attempt_id, token, outcome)
+}
+
+fn report_as(worker: &str, attempt_id: i64, token: i64, outcome: AttemptOutcome) -> AttemptReport {
     AttemptReport {
         attempt_id,
         token,
+        worker_id: worker.to_string(),
         outcome,
         exit_code: None,
         http_status: None,
@@ -185,6 +198,8 @@ async fn worker(store: &dyn Store, id: &str, now: Instant) {
         name: id.to_string(),
         labels: [("zone".to_string(), "eu".to_string())].into(),
         slots: 4,
+        namespaces: vec!["*".into()],
+        token_id: None,
     };
     store.register_worker(&w, now).await.expect("register");
 }
@@ -690,6 +705,27 @@ pub async fn attempts_are_fenced_by_token_and_state(store: &dyn Store) {
         }
     );
     assert_eq!(run(store, fired.run_id).await.0.state, RunState::Running);
+    // Another worker, even with the right token, is not the attempt's holder.
+    let impostor = complete(
+        store,
+        report_as("w-other", attempt, 42, AttemptOutcome::Failed),
+        now,
+    )
+    .await;
+    assert_eq!(
+        impostor,
+        CompletionEffect::Rejected {
+            reason: "another_worker".into()
+        }
+    );
+    assert_eq!(
+        store
+            .append_output(attempt, 42, "w-other", b"forged", 1024)
+            .await
+            .unwrap(),
+        AppendOutcome::Rejected
+    );
+    assert_eq!(run(store, fired.run_id).await.0.state, RunState::Running);
     let unknown = complete(
         store,
         report(attempt + 1000, 42, AttemptOutcome::Succeeded),
@@ -798,7 +834,12 @@ pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Sto
     assert_eq!((r.attempts, r.failures), (1, 0), "no retry spent");
     assert_eq!(attempts[0].state, AttemptState::Lost);
     // The lost attempt's late report is fenced off, and its worker must register again.
-    let late = complete(store, report(attempt, 5, AttemptOutcome::Succeeded), later).await;
+    let late = complete(
+        store,
+        report_as("w1", attempt, 5, AttemptOutcome::Succeeded),
+        later,
+    )
+    .await;
     assert_eq!(
         late,
         CompletionEffect::Rejected {
@@ -825,13 +866,18 @@ pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Sto
     // The second attempt fails: the third is a retry, spent from the budget; the second was
     // not (it followed a lost attempt). Stats count each kind once.
     let failed_at = later + secs(2);
-    complete(store, report(second, 6, AttemptOutcome::Failed), failed_at).await;
+    complete(
+        store,
+        report_as("w2", second, 6, AttemptOutcome::Failed),
+        failed_at,
+    )
+    .await;
     let (r, _) = run(store, fired.run_id).await;
     assert_eq!((r.state, r.failures), (RunState::Queued, 1));
     let third = start(store, fired.run_id, "w2", 7, r.ready_at).await;
     complete(
         store,
-        report(third, 7, AttemptOutcome::Succeeded),
+        report_as("w2", third, 7, AttemptOutcome::Succeeded),
         r.ready_at,
     )
     .await;
@@ -1012,7 +1058,8 @@ pub async fn output_is_capped_and_read_from_offsets(store: &dyn Store) {
     let j = put(store, "out", every_second(serde_json::json!({}))).await;
     let fired = fire_one(store, fire(j.id, t0() + secs(1))).await;
     let attempt = start(store, fired.run_id, "w", 11, t0() + secs(1)).await;
-    let append = |bytes: &'static [u8], token: i64| store.append_output(attempt, token, bytes, 10);
+    let append =
+        |bytes: &'static [u8], token: i64| store.append_output(attempt, token, "w", bytes, 10);
     assert_eq!(
         append(b"hello ", 11).await.unwrap(),
         AppendOutcome::Accepted {
@@ -1192,7 +1239,7 @@ pub async fn retention_deletes_only_finished_runs(store: &dyn Store) {
     let done = fire_one(store, fire(j.id, t0() + secs(1))).await;
     let attempt = start(store, done.run_id, "w", 1, t0() + secs(1)).await;
     store
-        .append_output(attempt, 1, b"some output", 1024)
+        .append_output(attempt, 1, "w", b"some output", 1024)
         .await
         .unwrap();
     complete(
@@ -1286,7 +1333,7 @@ pub async fn racing_writers_decide_once(store: &dyn Store) {
     assert_eq!(started.len(), 1, "one attempt for a queued run");
     let (_, attempts) = run(store, run_id).await;
     assert_eq!(attempts.len(), 1);
-    let (attempt, token) = (attempts[0].id, attempts[0].token);
+    let (attempt, token, holder) = (attempts[0].id, attempts[0].token, &attempts[0].worker_id);
 
     // A manual run beside it, and a scheduled run waiting behind both.
     let mut manual = fire(j.id, now + Span::milliseconds(500));
@@ -1298,8 +1345,13 @@ pub async fn racing_writers_decide_once(store: &dyn Store) {
 
     // The same report twice at once, and the other active run's report beside them.
     let done = now + secs(2);
-    let twice = [report(attempt, token, AttemptOutcome::Succeeded)];
-    let other = [report(manual_attempt, 3, AttemptOutcome::Succeeded)];
+    let twice = [report_as(holder, attempt, token, AttemptOutcome::Succeeded)];
+    let other = [report_as(
+        "w3",
+        manual_attempt,
+        3,
+        AttemptOutcome::Succeeded,
+    )];
     let (c1, c2, c3) = tokio::join!(
         store.complete_attempts(&twice, done),
         store.complete_attempts(&twice, done),
@@ -1349,7 +1401,7 @@ pub async fn racing_writers_decide_once(store: &dyn Store) {
         let token = 100 + round;
         let attempt = start(store, active.run_id, "w1", token, at).await;
         let next = [fire(j.id, at + secs(1))];
-        let ends = [report(attempt, token, AttemptOutcome::Succeeded)];
+        let ends = [report_as("w1", attempt, token, AttemptOutcome::Succeeded)];
         let (fired, completed) = tokio::join!(
             store.record_fires(&next, at + secs(1)),
             store.complete_attempts(&ends, at + secs(1)),
@@ -1431,5 +1483,477 @@ async fn scheduled_in_pages(
         if done {
             return all;
         }
+    }
+}
+
+fn grant(role: Role, namespaces: &[&str]) -> Grant {
+    Grant {
+        role,
+        namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+        shell: false,
+        labels: None,
+    }
+}
+
+fn new_token(name: &str, grant: Grant) -> NewToken {
+    NewToken {
+        name: name.to_string(),
+        grant,
+        // Stands in for the SHA-256 hex of a secret: unique per name.
+        hash: format!("hash-of-{name}"),
+        expires_at: None,
+    }
+}
+
+async fn token_named(store: &dyn Store, name: &str) -> Option<TokenRecord> {
+    store
+        .token_by_hash(&format!("hash-of-{name}"))
+        .await
+        .expect("token_by_hash")
+}
+
+pub async fn tokens_are_found_by_hash_listed_by_name_and_revoked(store: &dyn Store) {
+    let label = |text: &str| LabelRule::try_from(text.to_string()).expect("label rule");
+    let mut editor = grant(Role::Editor, &["team-a", "team-b"]);
+    editor.shell = true;
+    let mut worker = grant(Role::Worker, &["team-a"]);
+    worker.labels = Some(vec![label("pool=general"), label("zone=*")]);
+    let mut expiring = new_token("ci-deploy", editor.clone());
+    expiring.expires_at = Some(t0() + Span::days(30));
+    let mut expired = new_token("old", grant(Role::Viewer, &["*"]));
+    expired.expires_at = Some(t0() - Span::days(1));
+    let wanted = [
+        expiring,
+        new_token("worker-eu", worker.clone()),
+        new_token("admin", grant(Role::Admin, &["*"])),
+        // Upper case sorts first, by byte, on every store.
+        new_token("Zed", grant(Role::Viewer, &["team-b"])),
+        expired,
+    ];
+    let mut created = Vec::new();
+    for token in &wanted {
+        let record = store.create_token(token, t0()).await.unwrap();
+        assert_eq!(record.name, token.name);
+        assert_eq!(record.grant, token.grant, "the grant round-trips");
+        assert_eq!(record.created_at, t0());
+        assert_eq!(record.expires_at, token.expires_at);
+        assert_eq!(record.last_used_at, None);
+        created.push(record);
+    }
+    let mut ids: Vec<i64> = created.iter().map(|t| t.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), created.len(), "one id per token");
+
+    // Found by hash, exactly, expired or not; the store does not judge expiry.
+    for record in &created {
+        assert_eq!(
+            token_named(store, &record.name).await.as_ref(),
+            Some(record)
+        );
+    }
+    assert_eq!(store.token_by_hash("hash-of-").await.unwrap(), None);
+    assert_eq!(store.token_by_hash("HASH-OF-ADMIN").await.unwrap(), None);
+    let old = token_named(store, "old").await.unwrap();
+    assert!(old.expired(t0()));
+    assert_eq!(old.grant.labels, None);
+    let eu = token_named(store, "worker-eu").await.unwrap();
+    assert_eq!(eu.grant.labels, worker.labels);
+    assert!(token_named(store, "ci-deploy").await.unwrap().grant.shell);
+
+    let names: Vec<String> = store
+        .list_tokens()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["Zed", "admin", "ci-deploy", "old", "worker-eu"]);
+
+    // A taken name is a conflict, and nothing of the second token is kept.
+    let mut again = new_token("admin", grant(Role::Viewer, &["team-a"]));
+    again.hash = "another-secret".into();
+    let err = store.create_token(&again, t0()).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Conflict(m) if m.contains("admin")),
+        "{err:?}"
+    );
+    assert_eq!(store.token_by_hash("another-secret").await.unwrap(), None);
+    assert_eq!(
+        token_named(store, "admin").await.unwrap().grant.role,
+        Role::Admin
+    );
+    // Two creates of one name at once: one token.
+    let (one, two) = (
+        new_token("racer", grant(Role::Viewer, &["*"])),
+        NewToken {
+            hash: "racer-2".into(),
+            ..new_token("racer", grant(Role::Editor, &["*"]))
+        },
+    );
+    let (a, b) = tokio::join!(
+        store.create_token(&one, t0()),
+        store.create_token(&two, t0())
+    );
+    assert!(a.is_ok() != b.is_ok(), "{a:?} {b:?}");
+    assert!(matches!(a.err().or(b.err()), Some(StoreError::Conflict(_))));
+
+    // Revoked: gone from lookups and the list; the record deleted is returned once.
+    let revoked = store.revoke_token("ci-deploy").await.unwrap();
+    assert_eq!(revoked.as_ref(), Some(&created[0]));
+    assert_eq!(token_named(store, "ci-deploy").await, None);
+    assert_eq!(store.revoke_token("ci-deploy").await.unwrap(), None);
+    assert_eq!(store.revoke_token("never-was").await.unwrap(), None);
+    let left: Vec<String> = store
+        .list_tokens()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(left, ["Zed", "admin", "old", "racer", "worker-eu"]);
+    // A token of a revoked token's name is a new token, with an id never used before (workers
+    // keep the id of the token they registered with).
+    let highest = store
+        .list_tokens()
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .max()
+        .unwrap();
+    store.revoke_token("racer").await.unwrap().unwrap();
+    let renewed = store
+        .create_token(&new_token("ci-deploy", editor), t0() + secs(1))
+        .await
+        .unwrap();
+    assert!(renewed.id > highest, "{} after {highest}", renewed.id);
+    assert_eq!(renewed.created_at, t0() + secs(1));
+}
+
+pub async fn token_use_is_recorded_and_never_goes_back(store: &dyn Store) {
+    let a = store
+        .create_token(&new_token("a", grant(Role::Viewer, &["*"])), t0())
+        .await
+        .unwrap();
+    let b = store
+        .create_token(&new_token("b", grant(Role::Viewer, &["*"])), t0())
+        .await
+        .unwrap();
+    let used =
+        |name: &'static str| async move { token_named(store, name).await.unwrap().last_used_at };
+    store.touch_tokens(&[]).await.unwrap();
+    store
+        .touch_tokens(&[(a.id, t0() + secs(10))])
+        .await
+        .unwrap();
+    assert_eq!(used("a").await, Some(t0() + secs(10)));
+    assert_eq!(used("b").await, None, "only the tokens named");
+    // An earlier instant (a node whose batch was slower) is ignored.
+    store.touch_tokens(&[(a.id, t0() + secs(5))]).await.unwrap();
+    assert_eq!(used("a").await, Some(t0() + secs(10)));
+    // Later wins, within one batch too; unknown ids are ignored.
+    store
+        .touch_tokens(&[
+            (a.id, t0() + secs(30)),
+            (b.id, t0() + secs(7)),
+            (a.id, t0() + secs(20)),
+            (a.id.max(b.id) + 1000, t0() + secs(40)),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(used("a").await, Some(t0() + secs(30)));
+    assert_eq!(used("b").await, Some(t0() + secs(7)));
+    let listed: Vec<Option<Instant>> = store
+        .list_tokens()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.last_used_at)
+        .collect();
+    assert_eq!(listed, [Some(t0() + secs(30)), Some(t0() + secs(7))]);
+}
+
+fn entry(at: i64, actor: &str, action: &str, namespace: Option<&str>, object: &str) -> AuditEntry {
+    AuditEntry {
+        at: t0() + secs(at),
+        actor: actor.to_string(),
+        actor_id: None,
+        peer: None,
+        action: action.to_string(),
+        namespace: namespace.map(str::to_string),
+        object: Some(object.to_string()),
+        before: None,
+        after: None,
+    }
+}
+
+async fn audit_page(store: &dyn Store, query: AuditQuery) -> Vec<AuditRecord> {
+    let page = store.list_audit(&query).await.expect("list_audit");
+    assert_eq!(page.next_cursor, None, "one page");
+    page.items
+}
+
+pub async fn audit_entries_list_newest_first_and_filter(store: &dyn Store) {
+    let mut token = entry(1, "admin", "token.create", None, "ci");
+    token.actor_id = Some(1);
+    token.after = Some(serde_json::json!({"role": "editor", "namespaces": ["a"]}));
+    let mut put_a = entry(2, "ci", "job.put", Some("a"), "nightly");
+    put_a.actor_id = Some(2);
+    put_a.peer = Some("10.0.0.7:51234".into());
+    put_a.after = Some(serde_json::json!({"schedule": {"cron": "0 3 * * *"}, "env": {"K": "***"}}));
+    let mut put_b = entry(3, "ci", "job.put", Some("b"), "nightly");
+    put_b.before = Some(serde_json::json!({"priority": 1}));
+    put_b.after = Some(serde_json::json!({"priority": 2}));
+    let cancel = entry(4, "ops", "run.cancel", Some("a"), "17");
+    let mut refused = entry(5, "anonymous", "auth.failed", None, "x");
+    refused.object = None;
+    refused.peer = Some("[::1]:4000".into());
+    let entries = vec![token, put_a, put_b, cancel, refused];
+    store.append_audit(&[]).await.unwrap();
+    store.append_audit(&entries).await.unwrap();
+
+    let all = audit_page(store, AuditQuery::default()).await;
+    let got: Vec<AuditEntry> = all.iter().map(|r| r.entry.clone()).collect();
+    let newest_first: Vec<AuditEntry> = entries.iter().rev().cloned().collect();
+    assert_eq!(got, newest_first, "every field round-trips, newest first");
+    assert!(all.windows(2).all(|w| w[0].id > w[1].id), "ids descend");
+
+    // Which entries (by their `at` second) a query returns.
+    let seconds = |query: AuditQuery| async move {
+        audit_page(store, query)
+            .await
+            .iter()
+            .map(|r| (r.entry.at - t0()).num_seconds())
+            .collect::<Vec<_>>()
+    };
+    let visible = |names: &[&str]| Some(names.iter().map(|n| n.to_string()).collect());
+    let q = AuditQuery::default;
+    assert_eq!(
+        seconds(AuditQuery {
+            visible: visible(&["a"]),
+            ..q()
+        })
+        .await,
+        [4, 2]
+    );
+    assert_eq!(
+        seconds(AuditQuery {
+            visible: visible(&["a", "b"]),
+            ..q()
+        })
+        .await,
+        [4, 3, 2],
+        "entries without a namespace are hidden from a namespace view"
+    );
+    assert!(seconds(AuditQuery {
+        visible: visible(&[]),
+        ..q()
+    })
+    .await
+    .is_empty());
+    assert!(seconds(AuditQuery {
+        visible: visible(&["c"]),
+        ..q()
+    })
+    .await
+    .is_empty());
+    let namespace = |n: &str| Some(n.to_string());
+    assert_eq!(
+        seconds(AuditQuery {
+            namespace: namespace("a"),
+            ..q()
+        })
+        .await,
+        [4, 2]
+    );
+    assert_eq!(
+        seconds(AuditQuery {
+            object: namespace("nightly"),
+            ..q()
+        })
+        .await,
+        [3, 2]
+    );
+    assert_eq!(
+        seconds(AuditQuery {
+            object: namespace("night"),
+            ..q()
+        })
+        .await,
+        [0i64; 0],
+        "exact"
+    );
+    assert_eq!(
+        seconds(AuditQuery {
+            actor: namespace("ci"),
+            ..q()
+        })
+        .await,
+        [3, 2]
+    );
+    assert_eq!(
+        seconds(AuditQuery {
+            since: Some(t0() + secs(3)),
+            ..q()
+        })
+        .await,
+        [5, 4, 3],
+        "at or after"
+    );
+    assert_eq!(
+        seconds(AuditQuery {
+            visible: visible(&["b"]),
+            actor: namespace("ci"),
+            ..q()
+        })
+        .await,
+        [3]
+    );
+    assert!(seconds(AuditQuery {
+        visible: visible(&["b"]),
+        namespace: namespace("a"),
+        ..q()
+    })
+    .await
+    .is_empty());
+    assert_eq!(
+        seconds(AuditQuery {
+            namespace: namespace("a"),
+            actor: namespace("ops"),
+            object: namespace("17"),
+            since: Some(t0() + secs(4)),
+            ..q()
+        })
+        .await,
+        [4]
+    );
+}
+
+pub async fn audit_pages_reach_each_entry_once(store: &dyn Store) {
+    let entries: Vec<AuditEntry> = (1..=25)
+        .map(|i| {
+            let ns = if i % 2 == 0 { "even" } else { "odd" };
+            entry(i, "ci", "job.put", Some(ns), &format!("job-{i}"))
+        })
+        .collect();
+    // Appended in two calls: ids keep rising across them.
+    store.append_audit(&entries[..10]).await.unwrap();
+    store.append_audit(&entries[10..]).await.unwrap();
+    let walk = |query: AuditQuery| async move {
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = store
+                .list_audit(&AuditQuery {
+                    limit: 7,
+                    cursor: cursor.clone(),
+                    ..query.clone()
+                })
+                .await
+                .unwrap();
+            assert!(page.items.len() <= 7);
+            seen.extend(page.items.iter().map(|r| (r.entry.at - t0()).num_seconds()));
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        seen
+    };
+    let all = walk(AuditQuery::default()).await;
+    assert_eq!(all, (1..=25).rev().collect::<Vec<_>>());
+    let even = walk(AuditQuery {
+        visible: Some(vec!["even".into()]),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(even, (1..=12).rev().map(|i| i * 2).collect::<Vec<_>>());
+    // Exactly a page's worth: no cursor for an empty page after it.
+    let page = store
+        .list_audit(&AuditQuery {
+            limit: 25,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!((page.items.len(), page.next_cursor), (25, None));
+
+    for bad in ["not-a-cursor", "t.1.61", "m.x.1"] {
+        let err = store
+            .list_audit(&AuditQuery {
+                cursor: Some(bad.into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::InvalidCursor(_)),
+            "{bad}: {err:?}"
+        );
+    }
+}
+
+pub async fn audit_retention_deletes_the_oldest_first(store: &dyn Store) {
+    let entries: Vec<AuditEntry> = (1..=10)
+        .map(|i| entry(i, "ci", "job.put", Some("a"), "j"))
+        .collect();
+    store.append_audit(&entries).await.unwrap();
+    let cut = t0() + secs(6);
+    assert_eq!(store.delete_audit_before(t0(), 100).await.unwrap(), 0);
+    assert_eq!(store.delete_audit_before(cut, 3).await.unwrap(), 3);
+    let kept = |items: Vec<AuditRecord>| -> Vec<i64> {
+        items
+            .iter()
+            .map(|r| (r.entry.at - t0()).num_seconds())
+            .collect()
+    };
+    assert_eq!(
+        kept(audit_page(store, AuditQuery::default()).await),
+        [10, 9, 8, 7, 6, 5, 4],
+        "the oldest went first"
+    );
+    assert_eq!(store.delete_audit_before(cut, 100).await.unwrap(), 2);
+    assert_eq!(store.delete_audit_before(cut, 100).await.unwrap(), 0);
+    assert_eq!(
+        kept(audit_page(store, AuditQuery::default()).await),
+        [10, 9, 8, 7, 6],
+        "an entry at the cut is kept"
+    );
+}
+
+pub async fn workers_keep_their_namespaces_and_token(store: &dyn Store) {
+    let now = t0() + secs(1);
+    let registered = [
+        NewWorker {
+            id: "w-all".into(),
+            name: "anywhere".into(),
+            labels: BTreeMap::new(),
+            slots: 2,
+            namespaces: vec!["*".into()],
+            token_id: None,
+        },
+        NewWorker {
+            id: "w-ab".into(),
+            name: "team workers".into(),
+            labels: [("pool".to_string(), "general".to_string())].into(),
+            slots: 8,
+            namespaces: vec!["team-a".into(), "team-b".into()],
+            token_id: Some(42),
+        },
+    ];
+    for w in &registered {
+        store.register_worker(w, now).await.unwrap();
+    }
+    let listed = store.list_workers(10, None).await.unwrap().items;
+    assert_eq!(listed.len(), 2);
+    for w in &registered {
+        let got = store.get_worker(&w.id).await.unwrap().expect("registered");
+        assert_eq!(
+            (&got.namespaces, got.token_id, &got.labels, got.slots),
+            (&w.namespaces, w.token_id, &w.labels, w.slots)
+        );
+        let in_list = listed.iter().find(|l| l.id == w.id).expect("listed");
+        assert_eq!(in_list, &got);
     }
 }

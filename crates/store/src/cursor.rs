@@ -116,6 +116,16 @@ pub fn after_run(run: &RunRecord) -> Cursor {
     }
 }
 
+/// Where the next page of the audit trail (newest first, by id) starts after `record`. The
+/// position is the id alone; the entry's instant rides along as the key only so that an audit
+/// cursor has the shape of the other instant-keyed cursors.
+pub fn after_audit(record: &sked_core::records::AuditRecord) -> Cursor {
+    Cursor {
+        key: CursorKey::Micros(micros(record.entry.at)),
+        id: record.id,
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

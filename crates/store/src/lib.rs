@@ -16,10 +16,12 @@ pub mod shared;
 pub mod sqlite;
 
 use async_trait::async_trait;
+use sked_core::auth::{Grant, TokenRecord};
 use sked_core::job::Routing;
 use sked_core::job::{JobState, ValidJob};
 use sked_core::records::{
-    AttemptRecord, JobRecord, JobStats, NodeRecord, RunRecord, ScheduledJob, WorkerRecord,
+    AttemptRecord, AuditEntry, AuditRecord, JobRecord, JobStats, NodeRecord, RunRecord,
+    ScheduledJob, WorkerRecord,
 };
 use sked_core::run::{AttemptOutcome, RunState, SkipReason, Trigger};
 use sked_core::target::TargetSpec;
@@ -190,6 +192,37 @@ pub struct NewWorker {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub slots: u32,
+    /// The namespaces whose runs it may take (`["*"]`: all).
+    pub namespaces: Vec<String>,
+    /// The token it registered with; `None` on an open development server.
+    pub token_id: Option<i64>,
+}
+
+/// A token to keep: what it grants, and the hash of its secret. The secret itself is never
+/// stored; a request's token is found by hashing it the same way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewToken {
+    pub name: String,
+    pub grant: Grant,
+    /// SHA-256 of the secret, lowercase hex.
+    pub hash: String,
+    pub expires_at: Option<Instant>,
+}
+
+/// A page request over the audit trail, newest entry first.
+#[derive(Debug, Clone, Default)]
+pub struct AuditQuery {
+    /// The caller's view: only entries of these namespaces (entries without a namespace, such
+    /// as token changes, are then left out). `None`: every entry.
+    pub visible: Option<Vec<String>>,
+    pub namespace: Option<String>,
+    pub object: Option<String>,
+    /// The actor's token name.
+    pub actor: Option<String>,
+    /// Only entries at or after this instant.
+    pub since: Option<Instant>,
+    pub limit: u32,
+    pub cursor: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -218,6 +251,8 @@ pub struct ReapOutcome {
 pub struct AttemptReport {
     pub attempt_id: i64,
     pub token: i64,
+    /// The worker reporting: a report about another worker's attempt is refused.
+    pub worker_id: String,
     pub outcome: AttemptOutcome,
     pub exit_code: Option<i32>,
     pub http_status: Option<u16>,
@@ -368,11 +403,13 @@ pub trait Store: Send + Sync + 'static {
 
     // --- output -------------------------------------------------------------------------------
 
-    /// Appends output of a running attempt, keeping at most `cap` bytes per attempt.
+    /// Appends output of a running attempt held by `worker_id` under `token`, keeping at most
+    /// `cap` bytes per attempt.
     async fn append_output(
         &self,
         attempt_id: i64,
         token: i64,
+        worker_id: &str,
         bytes: &[u8],
         cap: u64,
     ) -> Result<AppendOutcome>;
@@ -427,9 +464,29 @@ pub trait Store: Send + Sync + 'static {
     /// Changes other server nodes commit from now on; `None` for a store only one node uses.
     async fn subscribe(&self) -> Result<Option<StoreEvents>>;
 
+    // --- tokens and the audit trail -----------------------------------------------------------
+
+    /// Keeps a new token. A token of the same name is a [`StoreError::Conflict`].
+    async fn create_token(&self, token: &NewToken, now: Instant) -> Result<TokenRecord>;
+    /// The token whose secret hashes to `hash`, expired or not.
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>>;
+    /// Every token, by name.
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>>;
+    /// Deletes the token named `name` and returns it; nothing it authenticated before is
+    /// undone.
+    async fn revoke_token(&self, name: &str) -> Result<Option<TokenRecord>>;
+    /// Records when tokens were last used; an earlier instant than the one kept is ignored.
+    async fn touch_tokens(&self, used: &[(i64, Instant)]) -> Result<()>;
+    /// Appends entries to the audit trail, in one transaction.
+    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<()>;
+    /// A page of the audit trail, newest first.
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>>;
+
     // --- maintenance --------------------------------------------------------------------------
 
     /// Deletes finished runs (and their attempts and output) that ended before `before`.
     /// Returns how many runs were deleted.
     async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64>;
+    /// Deletes up to `limit` audit entries recorded before `before`, and says how many.
+    async fn delete_audit_before(&self, before: Instant, limit: u32) -> Result<u64>;
 }

@@ -1,12 +1,13 @@
 //! What every store decides or decodes the same way, whatever its SQL: the fencing verdict on a
 //! worker's report, the reason shown on a run that did not succeed, a job's firing state after
-//! a put, job statistics from the ledger's figures, and stored values read back into sked's
-//! types.
+//! a put, job statistics from the ledger's figures, and stored values (instants, state names,
+//! the JSON of definitions, grants and audit entries) written and read back into sked's types.
 //!
 //! Plain functions over plain values: no SQL, no IO. A rule written here holds for SQLite and
 //! PostgreSQL alike.
 
 use crate::{AttemptReport, CompletionEffect, StoreError};
+use sked_core::auth::{LabelRule, Role};
 use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
 use sked_core::policy::MisfirePolicy;
 use sked_core::records::{JobRecord, JobStats, RunRecord, ScheduledJob};
@@ -23,18 +24,19 @@ pub struct ReportedAttempt {
     pub run_id: i64,
     pub job_id: i64,
     pub token: i64,
+    pub worker_id: String,
     pub attempt_state: String,
     pub run_state: String,
     pub failures: u32,
     pub cancel_requested: bool,
 }
 
-/// Admits a report, or says why it is refused: the attempt is unknown, it no longer holds its
-/// run's lease (`fenced`: another token, lost with its worker, or the run moved on), or it was
-/// reported already.
+/// Admits a report, or says why it is refused: the attempt is unknown, it is another worker's
+/// (`another_worker`), it no longer holds its run's lease (`fenced`: another token, lost with
+/// its worker, or the run moved on), or it was reported already.
 pub fn admit_report(
     found: Option<ReportedAttempt>,
-    report_token: i64,
+    report: &AttemptReport,
 ) -> Result<ReportedAttempt, CompletionEffect> {
     let refuse = |reason: &str| {
         Err(CompletionEffect::Rejected {
@@ -44,7 +46,10 @@ pub fn admit_report(
     let Some(attempt) = found else {
         return refuse("unknown_attempt");
     };
-    if attempt.token != report_token || attempt.attempt_state == AttemptState::Lost.as_str() {
+    if attempt.worker_id != report.worker_id {
+        return refuse("another_worker");
+    }
+    if attempt.token != report.token || attempt.attempt_state == AttemptState::Lost.as_str() {
         return refuse("fenced");
     }
     // Before the run's state: a report sent again (its first answer was lost with a server
@@ -190,6 +195,63 @@ pub fn spec(text: &str) -> Result<JobSpec, StoreError> {
         .map_err(|e| StoreError::Corrupt(format!("a stored job definition does not parse: {e}")))
 }
 
+/// A value as the JSON text a column keeps (namespace lists, label rules, audit snapshots).
+pub fn to_json<T: serde::Serialize + ?Sized>(what: &str, value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::Database(format!("cannot encode {what}: {e}")))
+}
+
+/// A grant's namespaces and label rules as the `tokens` table keeps them: JSON arrays, the
+/// rules NULL when the token restricts no labels.
+pub fn grant_columns(
+    grant: &sked_core::auth::Grant,
+) -> Result<(String, Option<String>), StoreError> {
+    let namespaces = to_json("token namespaces", &grant.namespaces)?;
+    let labels = grant
+        .labels
+        .as_ref()
+        .map(|rules| to_json("token label rules", rules))
+        .transpose()?;
+    Ok((namespaces, labels))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("stored {what} do not parse: {e}")))
+}
+
+pub fn role(text: &str) -> Result<Role, StoreError> {
+    named("token role", text, Role::parse)
+}
+
+/// A JSON array of namespace names (a token's or a worker's; `["*"]` for all).
+pub fn namespaces(what: &str, text: &str) -> Result<Vec<String>, StoreError> {
+    from_json(what, text)
+}
+
+/// A worker token's label rules, a JSON array of `key=value`/`key=*` strings; NULL when its
+/// workers may claim any label.
+pub fn label_rules(text: Option<&str>) -> Result<Option<Vec<LabelRule>>, StoreError> {
+    text.map(|t| from_json("token label rules", t)).transpose()
+}
+
+/// An audit entry's before or after snapshot.
+pub fn snapshot(text: Option<&str>) -> Result<Option<serde_json::Value>, StoreError> {
+    text.map(|t| from_json("audit snapshots", t)).transpose()
+}
+
+/// The last instant each token was used, one per token in ascending id order: the order
+/// PostgreSQL locks token rows in, and no point writing an earlier instant of a token the same
+/// batch also saw later.
+pub fn latest_use(used: &[(i64, Instant)]) -> Vec<(i64, Instant)> {
+    let mut latest: BTreeMap<i64, Instant> = BTreeMap::new();
+    for &(id, at) in used {
+        let kept = latest.entry(id).or_insert(at);
+        *kept = (*kept).max(at);
+    }
+    latest.into_iter().collect()
+}
+
 /// The fields of a stored definition the firing loop reads. The rest of the text is skipped
 /// without being built, which is most of the cost of loading a million schedules.
 #[derive(serde::Deserialize)]
@@ -233,12 +295,22 @@ mod tests {
             run_id: 1,
             job_id: 1,
             token,
+            worker_id: "w".into(),
             attempt_state: attempt_state.into(),
             run_state: run_state.into(),
             failures: 0,
             cancel_requested: false,
         };
-        let reason = |found, token| match admit_report(found, token) {
+        let report = |token| AttemptReport {
+            attempt_id: 1,
+            token,
+            worker_id: "w".into(),
+            outcome: sked_core::AttemptOutcome::Succeeded,
+            exit_code: None,
+            http_status: None,
+            error: None,
+        };
+        let reason = |found, token| match admit_report(found, &report(token)) {
             Ok(_) => None,
             Err(CompletionEffect::Rejected { reason }) => Some(reason),
             Err(other) => panic!("{other:?}"),

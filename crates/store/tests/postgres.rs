@@ -164,8 +164,8 @@ async fn nodes_connecting_at_once_migrate_once() {
         .await;
     assert_eq!(
         tables.get::<_, i64>(0),
-        9,
-        "sked_schema, the five ledger tables and the three cluster tables, once"
+        11,
+        "sked_schema, the five ledger tables, the three cluster tables, tokens and audit, once"
     );
     // Both nodes see one database.
     let now = chrono::Utc::now();
@@ -217,6 +217,41 @@ async fn a_newer_schema_is_refused() {
         matches!(&err, StoreError::Open(m) if m.contains("newer than this sked knows")),
         "{err}"
     );
+}
+
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test]
+async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
+    let url = database_url();
+    let schema = Schema::create(&url).await;
+    PgStore::connect(&schema.url()).await.unwrap();
+    // Back to what version 2 left: no tokens, no audit trail, workers without namespaces.
+    admin(&schema.url())
+        .await
+        .batch_execute(
+            "DROP TABLE tokens; DROP TABLE audit; \
+             ALTER TABLE workers DROP COLUMN namespaces, DROP COLUMN token_id; \
+             UPDATE sked_schema SET version = 2; \
+             INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
+             alive) VALUES ('w', 'w', '{}', 1, 0, 0, true)",
+        )
+        .await
+        .unwrap();
+    let store = PgStore::connect(&schema.url()).await.unwrap();
+    let version = schema
+        .query_one("SELECT version FROM sked_schema WHERE id = 1")
+        .await;
+    assert_eq!(version.get::<_, i32>(0), 3);
+    let w = store
+        .get_worker("w")
+        .await
+        .unwrap()
+        .expect("the worker is kept");
+    assert_eq!((w.namespaces, w.token_id), (vec!["*".to_string()], None));
+    assert!(store.list_tokens().await.unwrap().is_empty());
 }
 
 #[cfg_attr(

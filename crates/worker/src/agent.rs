@@ -566,7 +566,10 @@ impl Agent {
             if chunk.is_empty() {
                 return Flush::Done;
             }
-            let path = format!("/api/v1/attempts/{attempt_id}/log?token={token}");
+            let path = format!(
+                "/api/v1/attempts/{attempt_id}/log?token={token}&worker={}",
+                segment(&self.worker_id())
+            );
             let result = self
                 .client
                 .post_bytes(&path, chunk.clone(), self.config.request_timeout)

@@ -68,7 +68,17 @@ pub(crate) struct ProtocolClient {
 
 impl ProtocolClient {
     pub(crate) fn new(config: &WorkerConfig) -> Result<Self, WorkerError> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &config.token {
+            let mut value =
+                reqwest::header::HeaderValue::from_str(&token.bearer()).map_err(|_| {
+                    WorkerError::Config("the token holds characters a header cannot".into())
+                })?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .connect_timeout(config.connect_timeout)
             .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
             .user_agent(concat!("sked-worker/", env!("CARGO_PKG_VERSION")))

@@ -24,6 +24,9 @@ pub struct WorkerConfig {
     pub labels: BTreeMap<String, String>,
     /// Attempts executed at once.
     pub slots: u32,
+    /// The token sent with every request (a `worker` token; `None` for an open development
+    /// server). Its namespaces and label rules bound what this worker may claim.
+    pub token: Option<sked_core::auth::Secret>,
     /// How long a lease request may wait on the server for work (long poll).
     pub lease_wait: Duration,
     /// Timeout of every protocol request except the lease long poll (which gets `lease_wait`
@@ -62,6 +65,7 @@ impl Default for WorkerConfig {
             name: "worker".to_string(),
             labels: BTreeMap::new(),
             slots: 8,
+            token: None,
             lease_wait: Duration::from_secs(20),
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),

@@ -2,6 +2,8 @@
 
 use super::extract::{Path, Query};
 use super::{body, parse_json, ApiError, Namespace};
+use crate::audit::{self, Change};
+use crate::auth::Caller;
 use crate::firing::queued_run;
 use crate::AppState;
 use axum::body::Bytes;
@@ -16,6 +18,7 @@ use sked_core::job::{JobSpec, JobState};
 use sked_core::records::{JobRecord, RunRecord};
 use sked_core::run::{RunState, Trigger};
 use sked_core::schedule::{Schedule, ScheduleSpec};
+use sked_core::target::TargetSpec;
 use sked_core::Instant;
 use sked_store::{Fire, JobQuery, JobSort, Page, PutMode, PutOutcome, RunQuery};
 use std::collections::BTreeMap;
@@ -67,6 +70,7 @@ fn change_name(outcome: PutOutcome) -> &'static str {
 
 async fn store_job(
     state: &AppState,
+    caller: &Caller,
     namespace: &str,
     name_from_path: Option<&str>,
     bytes: &[u8],
@@ -75,9 +79,22 @@ async fn store_job(
     let spec: JobSpec = parse_json(bytes)?;
     let now = Utc::now();
     let job = spec.validate(name_from_path, now)?;
+    caller.may_define(matches!(job.spec.target, TargetSpec::Shell(_)))?;
+    let before = match mode {
+        PutMode::Upsert => state.store.get_job(namespace, &job.name).await?,
+        PutMode::CreateOnly => None,
+    };
     let (outcome, record) = state.store.put_job(namespace, &job, mode, now).await?;
     if outcome != PutOutcome::Unchanged {
         state.firing.reload(record.id);
+        let change = Change {
+            action: "job.put",
+            namespace: Some(namespace),
+            object: Some(record.name.clone()),
+            before: before.map(|b| definition(&b.spec)),
+            after: Some(definition(&record.spec)),
+        };
+        audit::record(state, caller, change).await;
     }
     let status = if outcome == PutOutcome::Created {
         StatusCode::CREATED
@@ -88,15 +105,22 @@ async fn store_job(
     Ok((status, headers, Json(JobView::from(record))).into_response())
 }
 
+/// A definition as the audit trail keeps it (secrets are redacted when it is recorded).
+fn definition(spec: &JobSpec) -> serde_json::Value {
+    serde_json::to_value(spec).unwrap_or(serde_json::Value::Null)
+}
+
 pub async fn put(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(ns): Query<Namespace>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let namespace = ns.checked()?;
+    let namespace = ns.checked(&caller)?;
     store_job(
         &state,
+        &caller,
         &namespace,
         Some(&name),
         &body(raw)?,
@@ -107,11 +131,20 @@ pub async fn put(
 
 pub async fn create(
     State(state): State<AppState>,
+    caller: Caller,
     Query(ns): Query<Namespace>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let namespace = ns.checked()?;
-    store_job(&state, &namespace, None, &body(raw)?, PutMode::CreateOnly).await
+    let namespace = ns.checked(&caller)?;
+    store_job(
+        &state,
+        &caller,
+        &namespace,
+        None,
+        &body(raw)?,
+        PutMode::CreateOnly,
+    )
+    .await
 }
 
 #[derive(Debug, Deserialize)]
@@ -134,12 +167,13 @@ pub struct JobPage {
 
 pub async fn list(
     State(state): State<AppState>,
+    caller: Caller,
     Query(p): Query<ListParams>,
 ) -> Result<Json<JobPage>, ApiError> {
     let namespace = Namespace {
         namespace: p.namespace,
     }
-    .checked()?;
+    .checked(&caller)?;
     let job_state = match p.state.as_deref() {
         None => None,
         Some(s) => Some(JobState::parse(s).ok_or_else(|| {
@@ -204,10 +238,11 @@ async fn find(state: &AppState, namespace: &str, name: &str) -> Result<JobRecord
 
 pub async fn get(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(ns): Query<Namespace>,
 ) -> Result<Json<JobView>, ApiError> {
-    let namespace = ns.checked()?;
+    let namespace = ns.checked(&caller)?;
     let job = find(&state, &namespace, &name).await?;
     let stats = state.store.job_stats(&namespace, &name).await?;
     let mut view = JobView::from(job);
@@ -220,57 +255,79 @@ pub async fn get(
 
 pub async fn delete(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(ns): Query<Namespace>,
 ) -> Result<Json<JobView>, ApiError> {
-    let namespace = ns.checked()?;
+    let namespace = ns.checked(&caller)?;
     let job = state
         .store
         .delete_job(&namespace, &name, Utc::now())
         .await?
         .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))?;
     state.firing.reload(job.id);
+    let change = Change {
+        action: "job.delete",
+        namespace: Some(&namespace),
+        object: Some(name),
+        before: Some(definition(&job.spec)),
+        after: None,
+    };
+    audit::record(&state, &caller, change).await;
     Ok(Json(JobView::from(job)))
 }
 
 async fn set_paused(
     state: &AppState,
-    namespace: &str,
-    name: &str,
+    caller: &Caller,
+    ns: Namespace,
+    name: String,
     paused: bool,
 ) -> Result<Json<JobView>, ApiError> {
+    let namespace = ns.checked(caller)?;
     let job = state
         .store
-        .set_paused(namespace, name, paused, Utc::now())
+        .set_paused(&namespace, &name, paused, Utc::now())
         .await?
         .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))?;
     state.firing.reload(job.id);
+    let change = Change {
+        action: if paused { "job.pause" } else { "job.resume" },
+        namespace: Some(&namespace),
+        object: Some(name),
+        before: None,
+        after: None,
+    };
+    audit::record(state, caller, change).await;
     Ok(Json(JobView::from(job)))
 }
 
 pub async fn pause(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(ns): Query<Namespace>,
 ) -> Result<Json<JobView>, ApiError> {
-    set_paused(&state, &ns.checked()?, &name, true).await
+    set_paused(&state, &caller, ns, name, true).await
 }
 
 pub async fn resume(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(ns): Query<Namespace>,
 ) -> Result<Json<JobView>, ApiError> {
-    set_paused(&state, &ns.checked()?, &name, false).await
+    set_paused(&state, &caller, ns, name, false).await
 }
 
 /// Runs the job now. The run's instant is the moment of the request.
 pub async fn trigger(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(ns): Query<Namespace>,
 ) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
-    let namespace = ns.checked()?;
+    let namespace = ns.checked(&caller)?;
     let job = find(&state, &namespace, &name).await?;
     let mut instant = sked_core::ledger_instant(Utc::now());
     // Two triggers within the same microsecond are two runs: move the second one on.
@@ -306,6 +363,14 @@ pub async fn trigger(
                 .get_run(run.run_id)
                 .await?
                 .ok_or_else(|| ApiError::not_found(format!("run {}", run.run_id)))?;
+            let change = Change {
+                action: "job.trigger",
+                namespace: Some(&namespace),
+                object: Some(name.clone()),
+                before: None,
+                after: Some(serde_json::json!({"run_id": record.id})),
+            };
+            audit::record(&state, &caller, change).await;
             return Ok((StatusCode::CREATED, Json(record)));
         }
         instant += chrono::Duration::microseconds(1);
@@ -340,13 +405,14 @@ fn check_count(count: Option<usize>) -> Result<usize, ApiError> {
 /// The job's next fire times, from the instant it owes next.
 pub async fn preview(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(p): Query<PreviewParams>,
 ) -> Result<Json<Preview>, ApiError> {
     let namespace = Namespace {
         namespace: p.namespace,
     }
-    .checked()?;
+    .checked(&caller)?;
     let count = check_count(p.count)?;
     let job = find(&state, &namespace, &name).await?;
     let schedule = Schedule::compile(job.spec.schedule.as_ref(), job.schedule_epoch)?;
@@ -410,13 +476,14 @@ pub fn parse_run_state(state: Option<&str>) -> Result<Option<RunState>, ApiError
 
 pub async fn runs(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(p): Query<RunsParams>,
 ) -> Result<Json<RunPage>, ApiError> {
     let namespace = Namespace {
         namespace: p.namespace,
     }
-    .checked()?;
+    .checked(&caller)?;
     let query = RunQuery {
         namespace,
         job: Some(name),
@@ -433,10 +500,11 @@ pub async fn runs(
 
 pub async fn stats(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(ns): Query<Namespace>,
 ) -> Result<Json<sked_core::records::JobStats>, ApiError> {
-    let namespace = ns.checked()?;
+    let namespace = ns.checked(&caller)?;
     let stats = state.store.job_stats(&namespace, &name).await?;
     stats
         .map(Json)

@@ -1,9 +1,13 @@
-//! The HTTP API under `/api/v1`: jobs, runs, workers (including the worker protocol), the
-//! cluster's nodes, plus health, readiness, metrics and the OpenAPI document.
+//! The HTTP API under `/api/v1`: jobs, runs, workers (including the worker protocol), tokens,
+//! the audit trail, the cluster's nodes, plus health, readiness, metrics and the OpenAPI
+//! document.
 //!
-//! Handlers parse and validate, call the store, and tell the firing loop or the dispatcher what
-//! changed. They hold no state of their own.
+//! [`route_table`] is the one place routes are registered, each with the permission it needs;
+//! its guard finds the caller before the handler runs. Handlers parse and validate, check the
+//! caller's namespaces, call the store, record changes in the audit trail, and tell the firing
+//! loop or the dispatcher what changed. They hold no state of their own.
 
+mod audit;
 mod cluster;
 mod error;
 mod extract;
@@ -11,66 +15,245 @@ mod jobs;
 mod openapi;
 mod runs;
 mod strict;
+mod tokens;
 mod workers;
 
 pub use error::ApiError;
 
+use crate::auth::Authenticator;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{Method, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use sked_core::auth::Permission;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// Largest job definition or protocol message accepted.
 pub const MAX_BODY: usize = 1024 * 1024;
 /// Largest output chunk a worker may send at once.
 pub const MAX_OUTPUT_CHUNK: usize = 8 * 1024 * 1024;
 
-pub fn router(state: AppState) -> Router {
-    let api = Router::new()
-        .route("/jobs", get(jobs::list).post(jobs::create))
-        .route(
-            "/jobs/{name}",
-            get(jobs::get).put(jobs::put).delete(jobs::delete),
+/// One route of the API and who may call it. Every route is registered from [`route_table`],
+/// so none can be served without a permission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub method: Method,
+    /// The full path as the router matches it, e.g. `/api/v1/jobs/{name}`.
+    pub path: &'static str,
+    pub permission: Permission,
+}
+
+/// The API: every route with its permission and its handler.
+fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
+    use Permission::{Admin, Authenticated, Open, Read, Worker, Write};
+    let route = |method: Method, path: &'static str, permission, handler| {
+        (
+            Route {
+                method,
+                path,
+                permission,
+            },
+            handler,
         )
-        .route("/jobs/{name}/trigger", post(jobs::trigger))
-        .route("/jobs/{name}/pause", post(jobs::pause))
-        .route("/jobs/{name}/resume", post(jobs::resume))
-        .route("/jobs/{name}/preview", get(jobs::preview))
-        .route("/jobs/{name}/runs", get(jobs::runs))
-        .route("/jobs/{name}/stats", get(jobs::stats))
-        .route("/schedules/preview", post(jobs::preview_schedule))
-        .route("/runs", get(runs::list))
-        .route("/runs/{id}", get(runs::get))
-        .route("/runs/{id}/log", get(runs::log))
-        .route("/runs/{id}/cancel", post(runs::cancel))
-        .route("/workers", get(workers::list).post(workers::register))
-        .route("/workers/{id}/heartbeat", post(workers::heartbeat))
-        .route("/workers/{id}/lease", post(workers::lease))
-        .route("/workers/{id}/complete", post(workers::complete))
-        .route(
-            "/attempts/{id}/log",
+    };
+    vec![
+        route(Method::GET, "/api/v1/jobs", Read, get(jobs::list)),
+        route(Method::POST, "/api/v1/jobs", Write, post(jobs::create)),
+        route(Method::GET, "/api/v1/jobs/{name}", Read, get(jobs::get)),
+        route(Method::PUT, "/api/v1/jobs/{name}", Write, put(jobs::put)),
+        route(
+            Method::DELETE,
+            "/api/v1/jobs/{name}",
+            Write,
+            delete(jobs::delete),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/jobs/{name}/trigger",
+            Write,
+            post(jobs::trigger),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/jobs/{name}/pause",
+            Write,
+            post(jobs::pause),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/jobs/{name}/resume",
+            Write,
+            post(jobs::resume),
+        ),
+        route(
+            Method::GET,
+            "/api/v1/jobs/{name}/preview",
+            Read,
+            get(jobs::preview),
+        ),
+        route(
+            Method::GET,
+            "/api/v1/jobs/{name}/runs",
+            Read,
+            get(jobs::runs),
+        ),
+        route(
+            Method::GET,
+            "/api/v1/jobs/{name}/stats",
+            Read,
+            get(jobs::stats),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/schedules/preview",
+            Read,
+            post(jobs::preview_schedule),
+        ),
+        route(Method::GET, "/api/v1/runs", Read, get(runs::list)),
+        route(Method::GET, "/api/v1/runs/{id}", Read, get(runs::get)),
+        route(Method::GET, "/api/v1/runs/{id}/log", Read, get(runs::log)),
+        route(
+            Method::POST,
+            "/api/v1/runs/{id}/cancel",
+            Write,
+            post(runs::cancel),
+        ),
+        route(Method::GET, "/api/v1/workers", Read, get(workers::list)),
+        route(
+            Method::POST,
+            "/api/v1/workers",
+            Worker,
+            post(workers::register),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/workers/{id}/heartbeat",
+            Worker,
+            post(workers::heartbeat),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/workers/{id}/lease",
+            Worker,
+            post(workers::lease),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/workers/{id}/complete",
+            Worker,
+            post(workers::complete),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/attempts/{id}/log",
+            Worker,
             post(workers::append_output).layer(DefaultBodyLimit::max(MAX_OUTPUT_CHUNK)),
-        )
-        .route("/cluster", get(cluster::view))
-        .route("/openapi.json", get(openapi::document))
-        .method_not_allowed_fallback(method_not_allowed)
-        .fallback(no_such_endpoint);
-    Router::new()
-        .nest("/api/v1", api)
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        ),
+        route(Method::GET, "/api/v1/tokens", Admin, get(tokens::list)),
+        route(Method::POST, "/api/v1/tokens", Admin, post(tokens::create)),
+        route(
+            Method::DELETE,
+            "/api/v1/tokens/{name}",
+            Admin,
+            delete(tokens::revoke),
+        ),
+        route(Method::GET, "/api/v1/audit", Read, get(audit::list)),
+        route(Method::GET, "/api/v1/cluster", Read, get(cluster::view)),
+        route(
+            Method::GET,
+            "/api/v1/openapi.json",
+            Authenticated,
+            get(openapi::document),
+        ),
+        route(Method::GET, "/healthz", Open, get(|| async { "ok" })),
+        route(Method::GET, "/readyz", Open, get(readyz)),
+        route(Method::GET, "/metrics", Open, get(metrics)),
+    ]
+}
+
+/// Every route the API serves, with its permission: for tests and the documentation.
+pub fn routes() -> Vec<Route> {
+    route_table().into_iter().map(|(route, _)| route).collect()
+}
+
+pub fn router(state: AppState) -> Router {
+    let mut router = Router::new();
+    for (route, handler) in route_table() {
+        let guard = Guard {
+            auth: state.auth.clone(),
+            permission: route.permission,
+        };
+        router = router.route(
+            route.path,
+            handler.route_layer(axum::middleware::from_fn_with_state(guard, authorize)),
+        );
+    }
+    router
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(no_such_endpoint)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn(refuse_declared_oversize))
         .with_state(state)
+}
+
+/// What a route's guard checks.
+#[derive(Clone)]
+struct Guard {
+    auth: Arc<Authenticator>,
+    permission: Permission,
+}
+
+/// Finds the caller, checks the route's permission, and hands the caller to the handler.
+/// Runs before the handler reads the body, so a refused upload is never read.
+async fn authorize(
+    State(guard): State<Guard>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if guard.permission == Permission::Open {
+        return next.run(request).await;
+    }
+    let peer = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    let authorization = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let caller = match guard
+        .auth
+        .caller(authorization, peer, chrono::Utc::now())
+        .await
+    {
+        Ok(caller) => caller,
+        Err(refusal) => {
+            guard.auth.failed(
+                peer,
+                request.method(),
+                request.uri().path(),
+                &refusal.message,
+            );
+            let mut response = refusal.into_response();
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+            return response;
+        }
+    };
+    if let Err(denied) = caller.permits(guard.permission) {
+        return ApiError::from(denied).into_response();
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
 }
 
 /// A path no route serves, inside `/api/v1` or not.
@@ -120,9 +303,11 @@ fn default_namespace() -> String {
 }
 
 impl Namespace {
-    pub fn checked(self) -> Result<String, ApiError> {
+    /// The namespace, if it is a valid name and `caller` sees it.
+    pub fn checked(self, caller: &sked_core::auth::Grant) -> Result<String, ApiError> {
         sked_core::job::validate_name("namespace", &self.namespace)
             .map_err(|e| ApiError::invalid("namespace", e.message))?;
+        caller.enter(&self.namespace)?;
         Ok(self.namespace)
     }
 }

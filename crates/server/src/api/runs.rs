@@ -3,6 +3,8 @@
 use super::extract::{Path, Query};
 use super::jobs::{check_limit, parse_run_state, RunPage};
 use super::{ApiError, Namespace};
+use crate::audit::{self, Change};
+use crate::auth::Caller;
 use crate::metrics::Metrics;
 use crate::AppState;
 use axum::body::{Body, Bytes};
@@ -28,13 +30,14 @@ pub struct ListParams {
 
 pub async fn list(
     State(state): State<AppState>,
+    caller: Caller,
     Query(p): Query<ListParams>,
 ) -> Result<Json<RunPage>, ApiError> {
     let query = RunQuery {
         namespace: Namespace {
             namespace: p.namespace,
         }
-        .checked()?,
+        .checked(&caller)?,
         job: p.job.filter(|j| !j.is_empty()),
         state: parse_run_state(p.state.as_deref())?,
         limit: check_limit(p.limit)?,
@@ -56,19 +59,28 @@ pub struct RunView {
     pub attempt_history: Vec<AttemptRecord>,
 }
 
-async fn find(state: &AppState, id: i64) -> Result<(RunRecord, Vec<AttemptRecord>), ApiError> {
-    state
+/// The run with its attempts; a run of a namespace `caller` does not see does not exist.
+async fn find(
+    state: &AppState,
+    caller: &Caller,
+    id: i64,
+) -> Result<(RunRecord, Vec<AttemptRecord>), ApiError> {
+    let what = format!("run {id}");
+    let (run, attempts) = state
         .store
         .get_run(id)
         .await?
-        .ok_or_else(|| ApiError::not_found(format!("run {id}")))
+        .ok_or_else(|| ApiError::not_found(&what))?;
+    caller.reach(&run.namespace, &what)?;
+    Ok((run, attempts))
 }
 
 pub async fn get(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<i64>,
 ) -> Result<Json<RunView>, ApiError> {
-    let (run, attempts) = find(&state, id).await?;
+    let (run, attempts) = find(&state, &caller, id).await?;
     Ok(Json(RunView {
         lateness_ms: run.lateness_ms(),
         run,
@@ -85,8 +97,11 @@ pub struct CancelView {
 
 pub async fn cancel(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<i64>,
 ) -> Result<Json<CancelView>, ApiError> {
+    // The namespace is checked before anything changes.
+    find(&state, &caller, id).await?;
     let outcome = state
         .store
         .cancel_run(id, Utc::now())
@@ -104,6 +119,14 @@ pub async fn cancel(
         CancelOutcome::Requested(run) => ("requested", run),
         CancelOutcome::AlreadyFinished(run) => ("already_finished", run),
     };
+    let change = Change {
+        action: "run.cancel",
+        namespace: Some(&run.namespace),
+        object: Some(id.to_string()),
+        before: None,
+        after: Some(serde_json::json!({"cancel": cancel, "job": run.job})),
+    };
+    audit::record(&state, &caller, change).await;
     Ok(Json(CancelView { cancel, run }))
 }
 
@@ -123,10 +146,11 @@ const FOLLOW_RETRY_AFTER: Duration = Duration::from_secs(5);
 /// has ended and all its output is sent.
 pub async fn log(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<i64>,
     Query(p): Query<LogParams>,
 ) -> Result<Response, ApiError> {
-    let (run, attempts) = find(&state, id).await?;
+    let (run, attempts) = find(&state, &caller, id).await?;
     let pick = |attempts: &[AttemptRecord]| match p.attempt {
         Some(n) => attempts.iter().find(|a| a.number == n).map(|a| a.id),
         None => attempts.last().map(|a| a.id),

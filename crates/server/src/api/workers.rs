@@ -4,6 +4,7 @@
 use super::extract::{Path, Query};
 use super::jobs::check_limit;
 use super::{body, body_within, parse_json, ApiError, MAX_OUTPUT_CHUNK};
+use crate::auth::Caller;
 use crate::dispatch::KnownWorker;
 use crate::metrics::Metrics;
 use crate::AppState;
@@ -37,15 +38,21 @@ pub struct WorkerListParams {
     cursor: Option<String>,
 }
 
-/// Registered workers in id order, a page at a time.
+/// Registered workers in id order, a page at a time: those that may run jobs of a namespace
+/// the caller sees (a page may hold fewer than `limit` for a token of few namespaces).
 pub async fn list(
     State(state): State<AppState>,
+    caller: Caller,
     Query(p): Query<WorkerListParams>,
 ) -> Result<Json<WorkerList>, ApiError> {
     let limit = check_limit(p.limit)?;
     let page = state.store.list_workers(limit, p.cursor.as_deref()).await?;
     Ok(Json(WorkerList {
-        workers: page.items,
+        workers: page
+            .items
+            .into_iter()
+            .filter(|w| caller.sees_any(&w.namespaces))
+            .collect(),
         next_cursor: page.next_cursor,
     }))
 }
@@ -64,9 +71,11 @@ const MAX_RUNNING_REPORTED: usize = MAX_SLOTS as usize;
 
 pub async fn register(
     State(state): State<AppState>,
+    caller: Caller,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
     let req: RegisterRequest = parse_json(&body(raw)?)?;
+    caller.may_claim(&req.labels)?;
     if req.slots == 0 || req.slots > MAX_SLOTS {
         return Err(ApiError::invalid(
             "slots",
@@ -81,11 +90,14 @@ pub async fn register(
         sanitize(&req.name),
         rand::thread_rng().gen::<u64>()
     );
+    let namespaces = caller.worker_namespaces();
     let worker = NewWorker {
         id: id.clone(),
         name: req.name,
         labels: req.labels.clone(),
         slots: req.slots,
+        namespaces: namespaces.clone(),
+        token_id: caller.token_id,
     };
     state.store.register_worker(&worker, Utc::now()).await?;
     state.dispatcher.remember_worker(
@@ -94,9 +106,15 @@ pub async fn register(
             labels: req.labels,
             slots: req.slots,
             warm_keys: Vec::new(),
+            namespaces,
+            token_id: caller.token_id,
         },
     );
-    tracing::info!("worker {id} registered with {} slots", req.slots);
+    tracing::info!(
+        "worker {id} registered with {} slots by token {}",
+        req.slots,
+        caller.name
+    );
     Ok((
         StatusCode::CREATED,
         Json(RegisterResponse {
@@ -121,10 +139,12 @@ fn lease_until(state: &AppState) -> sked_core::Instant {
 
 pub async fn heartbeat(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let req: HeartbeatRequest = parse_json(&body(raw)?)?;
+    owned_worker(&state, &caller, &id).await?;
     if req.running.len() > MAX_RUNNING_REPORTED {
         return Err(ApiError::invalid(
             "running",
@@ -181,18 +201,39 @@ async fn known_worker(state: &AppState, id: &str) -> Result<KnownWorker, ApiErro
         labels: record.labels,
         slots: record.slots,
         warm_keys: Vec::new(),
+        namespaces: record.namespaces,
+        token_id: record.token_id,
     };
     state.dispatcher.remember_worker(id, worker.clone());
     Ok(worker)
 }
 
+/// The worker `id`, if `caller` is the token it registered with: no other token, an admin's
+/// included, speaks for it.
+async fn owned_worker(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<KnownWorker, ApiError> {
+    let worker = known_worker(state, id).await?;
+    if worker.token_id != caller.token_id {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("worker {id} was registered with another token"),
+        ));
+    }
+    Ok(worker)
+}
+
 pub async fn lease(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<LeaseResponse>, ApiError> {
     let req: LeaseRequest = parse_json(&body(raw)?)?;
-    let worker = known_worker(&state, &id).await?;
+    let worker = owned_worker(&state, &caller, &id).await?;
     let free = req.max.min(worker.slots);
     if free == 0 {
         return Ok(Json(LeaseResponse {
@@ -205,6 +246,7 @@ pub async fn lease(
         slots: worker.slots,
         running: worker.slots - free,
         warm_keys: worker.warm_keys,
+        namespaces: worker.namespaces,
     };
     let wait = Duration::from_millis(req.wait_ms).min(state.config.max_lease_wait);
     let handout = state.dispatcher.poll(load, wait).await;
@@ -262,17 +304,19 @@ pub async fn lease(
 /// at the next sweep), and their runs are queued again without spending a retry.
 pub async fn complete(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CompleteResponse>, ApiError> {
     let req: CompleteRequest = parse_json(&body(raw)?)?;
-    known_worker(&state, &id).await?;
+    owned_worker(&state, &caller, &id).await?;
     let reports: Vec<AttemptReport> = req
         .completions
         .iter()
         .map(|c| AttemptReport {
             attempt_id: c.attempt_id,
             token: c.token,
+            worker_id: id.clone(),
             outcome: c.outcome,
             exit_code: c.exit_code,
             http_status: c.http_status,
@@ -326,8 +370,11 @@ pub async fn complete(
 }
 
 #[derive(Debug, Deserialize)]
-pub struct TokenParam {
+pub struct OutputParams {
+    /// The attempt's fencing token.
     token: i64,
+    /// The worker that holds the attempt.
+    worker: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -336,16 +383,19 @@ pub struct AppendView {
     pub truncated: bool,
 }
 
+/// Output of a running attempt, from the worker that holds it under its own token.
 pub async fn append_output(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<i64>,
-    Query(p): Query<TokenParam>,
+    Query(p): Query<OutputParams>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AppendView>, ApiError> {
+    owned_worker(&state, &caller, &p.worker).await?;
     let bytes = body_within(raw, MAX_OUTPUT_CHUNK)?;
     match state
         .store
-        .append_output(id, p.token, &bytes, state.config.output_cap)
+        .append_output(id, p.token, &p.worker, &bytes, state.config.output_cap)
         .await?
     {
         AppendOutcome::Accepted { kept, truncated } => Ok(Json(AppendView { kept, truncated })),

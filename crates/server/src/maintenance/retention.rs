@@ -1,10 +1,12 @@
 //! Retention: deletes finished runs, with their attempts and output, once they are older than
-//! the configured retention, and workers declared dead once they have been silent for the
-//! worker retention. Active runs and live workers are never touched.
+//! the configured retention, workers declared dead once they have been silent for the worker
+//! retention, and audit entries older than the audit retention. Active runs and live workers
+//! are never touched.
 
 use crate::metrics::Metrics;
 use crate::AppState;
 use chrono::Utc;
+use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -23,6 +25,9 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
                 delete_old(&state, retention).await;
             }
             delete_dead_workers(&state).await;
+            if let Some(retention) = state.config.audit_retention {
+                delete_old_audit(&state, retention).await;
+            }
         },
     )
     .await;
@@ -31,31 +36,45 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
 async fn delete_dead_workers(state: &AppState) {
     let retention = chrono::Duration::from_std(state.config.worker_retention).unwrap_or_default();
     let before = Utc::now() - retention;
-    loop {
-        match state.store.delete_dead_workers(before, BATCH).await {
-            Ok(deleted) if deleted < u64::from(BATCH) => return,
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!("retention of dead workers: {e}");
-                return;
-            }
-        }
-    }
+    in_batches("dead workers", || {
+        state.store.delete_dead_workers(before, BATCH)
+    })
+    .await;
+}
+
+async fn delete_old_audit(state: &AppState, retention: Duration) {
+    let before = Utc::now() - chrono::Duration::from_std(retention).unwrap_or_default();
+    in_batches("the audit trail", || {
+        state.store.delete_audit_before(before, BATCH)
+    })
+    .await;
 }
 
 async fn delete_old(state: &AppState, retention: Duration) {
     let before = Utc::now() - chrono::Duration::from_std(retention).unwrap_or_default();
+    let deleted = in_batches("runs", || state.store.delete_finished_runs(before, BATCH)).await;
+    Metrics::add(&state.metrics.runs_deleted, deleted);
+}
+
+/// Calls `delete` until it deletes less than a whole batch (or fails); returns how many rows
+/// went.
+async fn in_batches<F, Fut>(what: &str, mut delete: F) -> u64
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = sked_store::Result<u64>>,
+{
+    let mut total = 0;
     loop {
-        match state.store.delete_finished_runs(before, BATCH).await {
+        match delete().await {
             Ok(deleted) => {
-                Metrics::add(&state.metrics.runs_deleted, deleted);
+                total += deleted;
                 if deleted < u64::from(BATCH) {
-                    return;
+                    return total;
                 }
             }
             Err(e) => {
-                tracing::error!("retention: {e}");
-                return;
+                tracing::error!("retention of {what}: {e}");
+                return total;
             }
         }
     }

@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
+/// The admin token of every server these tests start; their client sends it.
+pub const ADMIN_TOKEN: &str = "sked_server-test-admin-token-0123456789";
+
 /// Longest any one request may take.
 pub const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 
@@ -34,6 +37,9 @@ impl Server {
             retention: None,
             ..config
         };
+        sked_server::auth::ensure_admin_token(store.as_ref(), ADMIN_TOKEN, chrono::Utc::now())
+            .await
+            .unwrap();
         let listener = sked_server::bind(&config).await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -46,7 +52,13 @@ impl Server {
             }
         });
         // A fresh connection for every request: a refused upload leaves its connection unusable.
+        let mut admin = reqwest::header::HeaderMap::new();
+        admin.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {ADMIN_TOKEN}").parse().unwrap(),
+        );
         let http = reqwest::Client::builder()
+            .default_headers(admin)
             .timeout(REQUEST_LIMIT)
             .pool_max_idle_per_host(0)
             .build()

@@ -15,6 +15,57 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sked");
 
+/// The admin token of every deployment these tests start: servers read it from
+/// [`admin_token_file`], clients and workers get it as `SKED_TOKEN`.
+pub const ADMIN_TOKEN: &str = "sked_black-box-test-admin-token-0123456789";
+
+/// A file holding [`ADMIN_TOKEN`], mode 0600, written once per test process.
+pub fn admin_token_file() -> &'static Path {
+    static FILE: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = FILE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("admin.token");
+        std::fs::write(&path, ADMIN_TOKEN).expect("write the admin token");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod the admin token");
+        dir
+    });
+    // Leaked with the process: every server of the test process reads it.
+    Box::leak(dir.path().join("admin.token").into_boxed_path())
+}
+
+/// `sked` with what every process of a test deployment is given: the admin token file for
+/// servers, the admin token for clients and workers.
+pub fn sked_command() -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .env("SKED_ADMIN_TOKEN_FILE", admin_token_file())
+        .env("SKED_TOKEN", ADMIN_TOKEN);
+    command
+}
+
+/// An HTTP client that sends the admin token, and drops idle connections before the
+/// server's header timeout closes them.
+pub fn http_client() -> reqwest::Client {
+    client_with_token(Some(ADMIN_TOKEN))
+}
+
+/// An HTTP client that sends `token` (none: no `Authorization` header).
+pub fn client_with_token(token: Option<&str>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().expect("a header value");
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
 /// Short heartbeats so that worker failure is detected within seconds.
 pub const FAST_HEARTBEATS: &[&str] =
     &["--heartbeat-interval", "300ms", "--heartbeat-timeout", "2s"];
@@ -34,7 +85,7 @@ impl Proc {
     pub fn spawn(name: &str, args: &[&str], log: &Path) -> Proc {
         let out = std::fs::File::create(log).expect("log file");
         let err = out.try_clone().expect("log file");
-        let child = Command::new(BIN)
+        let child = sked_command()
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -93,12 +144,7 @@ impl Sked {
         Sked {
             dir: tempfile::tempdir().expect("tempdir"),
             port: free_port(),
-            // Idle connections are dropped before the server's header timeout closes them.
-            http: reqwest::Client::builder()
-                .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
-                .timeout(Duration::from_secs(30))
-                .build()
-                .expect("client"),
+            http: http_client(),
             server: None,
             workers: Vec::new(),
         }

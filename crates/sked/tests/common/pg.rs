@@ -103,11 +103,7 @@ pub fn tail(log: &Path, lines: usize) -> String {
 }
 
 pub fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("client")
+    super::http_client()
 }
 
 /// One `sked server` process on the test database. Each start is a new node id.

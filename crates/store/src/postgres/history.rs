@@ -139,26 +139,28 @@ pub async fn append_output(
     tx: &Tx<'_>,
     attempt_id: i64,
     token: i64,
+    worker_id: &str,
     bytes: &[u8],
     cap: u64,
 ) -> PgResult<AppendOutcome> {
     // The attempt's row is locked: appends of one attempt take turns, each at the end.
     let stmt = tx
         .prepare_cached(
-            "SELECT token, state, output_bytes, output_truncated FROM attempts WHERE id = $1 \
-             FOR UPDATE",
+            "SELECT token, state, output_bytes, output_truncated, worker_id FROM attempts \
+             WHERE id = $1 FOR UPDATE",
         )
         .await?;
     let Some(row) = tx.query_opt(&stmt, &[&attempt_id]).await? else {
         return Ok(AppendOutcome::Rejected);
     };
-    let (held, state, stored, truncated): (i64, &str, i64, bool) = (
+    let (held, state, stored, truncated, holder): (i64, &str, i64, bool, &str) = (
         row.try_get(0)?,
         row.try_get(1)?,
         row.try_get(2)?,
         row.try_get(3)?,
+        row.try_get(4)?,
     );
-    if held != token || state != "running" {
+    if held != token || state != "running" || holder != worker_id {
         return Ok(AppendOutcome::Rejected);
     }
     let stored = u64::try_from(stored)

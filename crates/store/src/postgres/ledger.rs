@@ -469,7 +469,7 @@ async fn complete_one(
     let stmt = tx
         .prepare_cached(
             "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
-             r.cancel_requested FROM attempts a JOIN runs r ON r.id = a.run_id \
+             r.cancel_requested, a.worker_id FROM attempts a JOIN runs r ON r.id = a.run_id \
              WHERE a.id = $1",
         )
         .await?;
@@ -483,9 +483,10 @@ async fn complete_one(
             run_state: r.try_get(4)?,
             failures: rows::count("failures", r.try_get::<_, i32>(5)?)?,
             cancel_requested: r.try_get(6)?,
+            worker_id: r.try_get(7)?,
         }),
     };
-    let attempt = match crate::shared::admit_report(found, report.token) {
+    let attempt = match crate::shared::admit_report(found, report) {
         Ok(attempt) => attempt,
         Err(refused) => return Ok(refused),
     };

@@ -18,6 +18,7 @@
 //! Each submodule holds the queries of one part of the trait as plain async functions over a
 //! transaction, mirroring the SQLite implementation file by file.
 
+mod audit;
 mod cluster;
 mod events;
 mod history;
@@ -25,6 +26,7 @@ mod jobs;
 mod ledger;
 mod rows;
 mod schema;
+mod tokens;
 mod workers;
 
 use crate::*;
@@ -404,11 +406,12 @@ impl Store for PgStore {
         &self,
         attempt_id: i64,
         token: i64,
+        worker_id: &str,
         bytes: &[u8],
         cap: u64,
     ) -> Result<AppendOutcome> {
         transact!(self, write, |tx| history::append_output(
-            &tx, attempt_id, token, bytes, cap
+            &tx, attempt_id, token, worker_id, bytes, cap
         )
         .await?)
     }
@@ -472,6 +475,45 @@ impl Store for PgStore {
             &tx, before, limit
         )
         .await?)
+    }
+
+    async fn delete_audit_before(&self, before: Instant, limit: u32) -> Result<u64> {
+        transact!(self, write, |tx| audit::delete_before(&tx, before, limit)
+            .await?)
+    }
+
+    async fn create_token(&self, token: &NewToken, now: Instant) -> Result<TokenRecord> {
+        transact!(self, write, |tx| tokens::create(&tx, token, now).await?)
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        transact!(self, read, |tx| tokens::by_hash(&tx, hash).await?)
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>> {
+        transact!(self, read, |tx| tokens::list(&tx).await?)
+    }
+
+    async fn revoke_token(&self, name: &str) -> Result<Option<TokenRecord>> {
+        transact!(self, write, |tx| tokens::revoke(&tx, name).await?)
+    }
+
+    async fn touch_tokens(&self, used: &[(i64, Instant)]) -> Result<()> {
+        if used.is_empty() {
+            return Ok(());
+        }
+        transact!(self, write, |tx| tokens::touch(&tx, used).await?)
+    }
+
+    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        transact!(self, write, |tx| audit::append(&tx, entries).await?)
+    }
+
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        transact!(self, read, |tx| audit::list(&tx, query).await?)
     }
 
     async fn renew_membership(

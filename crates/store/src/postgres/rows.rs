@@ -2,11 +2,15 @@
 //! The column lists and their order are SQLite's (`sqlite/rows.rs`).
 
 use super::PgResult;
+use crate::shared;
 pub use crate::shared::{
     attempt_state, instant, job_state, micros, opt_instant, run_state, skip_reason, spec, trigger,
 };
 use crate::StoreError;
-use sked_core::records::{AttemptRecord, JobRecord, RunRecord, WorkerRecord};
+use sked_core::auth::{Grant, TokenRecord};
+use sked_core::records::{
+    AttemptRecord, AuditEntry, AuditRecord, JobRecord, RunRecord, WorkerRecord,
+};
 use tokio_postgres::Row;
 
 /// A stored count (attempts, slots, ...) as the record's unsigned number.
@@ -105,7 +109,8 @@ pub fn attempt(row: &Row) -> PgResult<AttemptRecord> {
 
 pub const WORKER_COLUMNS: &str = "w.id, w.name, w.labels, w.slots, w.registered_at, \
      w.last_heartbeat_at, w.alive, \
-     (SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'running')";
+     (SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'running'), \
+     w.namespaces, w.token_id";
 
 pub fn worker(row: &Row) -> PgResult<WorkerRecord> {
     let labels: &str = row.try_get(2)?;
@@ -119,5 +124,46 @@ pub fn worker(row: &Row) -> PgResult<WorkerRecord> {
         last_heartbeat_at: instant(row.try_get(5)?)?,
         alive: row.try_get(6)?,
         running: count("running attempts", row.try_get::<_, i64>(7)?)?,
+        namespaces: shared::namespaces("worker namespaces", row.try_get(8)?)?,
+        token_id: row.try_get(9)?,
+    })
+}
+
+pub const TOKEN_COLUMNS: &str =
+    "id, name, role, namespaces, shell, labels, created_at, expires_at, last_used_at";
+
+pub fn token(row: &Row) -> PgResult<TokenRecord> {
+    Ok(TokenRecord {
+        id: row.try_get(0)?,
+        name: row.try_get(1)?,
+        grant: Grant {
+            role: shared::role(row.try_get(2)?)?,
+            namespaces: shared::namespaces("token namespaces", row.try_get(3)?)?,
+            shell: row.try_get(4)?,
+            labels: shared::label_rules(row.try_get(5)?)?,
+        },
+        created_at: instant(row.try_get(6)?)?,
+        expires_at: opt_instant(row.try_get(7)?)?,
+        last_used_at: opt_instant(row.try_get(8)?)?,
+    })
+}
+
+pub const AUDIT_COLUMNS: &str =
+    "id, at, actor, actor_id, peer, action, namespace, object, before, after";
+
+pub fn audit(row: &Row) -> PgResult<AuditRecord> {
+    Ok(AuditRecord {
+        id: row.try_get(0)?,
+        entry: AuditEntry {
+            at: instant(row.try_get(1)?)?,
+            actor: row.try_get(2)?,
+            actor_id: row.try_get(3)?,
+            peer: row.try_get(4)?,
+            action: row.try_get(5)?,
+            namespace: row.try_get(6)?,
+            object: row.try_get(7)?,
+            before: shared::snapshot(row.try_get(8)?)?,
+            after: shared::snapshot(row.try_get(9)?)?,
+        },
     })
 }

@@ -125,6 +125,52 @@ CREATE TABLE duty_leases (
     expires_at BIGINT NOT NULL
 );
 "#,
+    r#"
+-- Version 3: API tokens, the audit trail, and what a worker may run (SQLite's version 2).
+-- Tokens are found by the SHA-256 of their secret (lowercase hex); the secret is never kept.
+-- An identity id is never handed out again, so a worker registered with a revoked token
+-- (`workers.token_id`) is never taken for a newer token's.
+CREATE TABLE tokens (
+    id           BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name         TEXT    COLLATE "C" NOT NULL,
+    role         TEXT    NOT NULL,
+    -- JSON array of namespace names, or ["*"].
+    namespaces   TEXT    NOT NULL,
+    shell        BOOLEAN NOT NULL,
+    -- JSON array of "key=value" / "key=*" rules; NULL: any label.
+    labels       TEXT,
+    hash         TEXT    NOT NULL,
+    created_at   BIGINT  NOT NULL,
+    expires_at   BIGINT,
+    last_used_at BIGINT,
+    CONSTRAINT tokens_name_key UNIQUE (name),
+    CONSTRAINT tokens_hash_key UNIQUE (hash)
+);
+
+-- Read newest first (by id), often of one namespace; trimmed oldest first (by `at`).
+-- `before` and `after` are JSON snapshots of the object, kept as text like every JSON here.
+CREATE TABLE audit (
+    id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at        BIGINT NOT NULL,
+    actor     TEXT   NOT NULL,
+    actor_id  BIGINT,
+    peer      TEXT,
+    action    TEXT   NOT NULL,
+    namespace TEXT,
+    object    TEXT,
+    before    TEXT,
+    after     TEXT
+);
+CREATE INDEX audit_by_namespace ON audit (namespace, id);
+CREATE INDEX audit_by_at ON audit (at, id);
+
+-- Workers registered before tokens existed run every namespace, as they did. No foreign key to
+-- `tokens`: revoking a token leaves its workers' rows alone (the server decides what they may
+-- still do).
+ALTER TABLE workers
+    ADD COLUMN namespaces TEXT NOT NULL DEFAULT '["*"]',
+    ADD COLUMN token_id   BIGINT;
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

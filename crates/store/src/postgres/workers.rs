@@ -11,10 +11,11 @@ use std::collections::HashMap;
 pub async fn register(tx: &Tx<'_>, worker: &NewWorker, now: Instant) -> PgResult<()> {
     let labels = serde_json::to_string(&worker.labels)
         .map_err(|e| StoreError::Database(format!("cannot encode labels: {e}")))?;
+    let namespaces = crate::shared::to_json("worker namespaces", &worker.namespaces)?;
     let stmt = tx
         .prepare_cached(
             "INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
-             alive) VALUES ($1, $2, $3, $4, $5, $5, true)",
+             alive, namespaces, token_id) VALUES ($1, $2, $3, $4, $5, $5, true, $6, $7)",
         )
         .await?;
     tx.execute(
@@ -25,6 +26,8 @@ pub async fn register(tx: &Tx<'_>, worker: &NewWorker, now: Instant) -> PgResult
             &labels,
             &i64::from(worker.slots),
             &micros(now),
+            &namespaces,
+            &worker.token_id,
         ],
     )
     .await?;

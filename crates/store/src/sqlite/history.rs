@@ -138,21 +138,23 @@ pub fn append_output(
     tx: &Transaction<'_>,
     attempt_id: i64,
     token: i64,
+    worker_id: &str,
     bytes: &[u8],
     cap: u64,
 ) -> Result<AppendOutcome> {
-    let found: Option<(i64, String, i64, bool)> = tx
+    let found: Option<(i64, String, i64, bool, String)> = tx
         .prepare_cached(
-            "SELECT token, state, output_bytes, output_truncated FROM attempts WHERE id = ?1",
+            "SELECT token, state, output_bytes, output_truncated, worker_id FROM attempts \
+             WHERE id = ?1",
         )?
         .query_row(params![attempt_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })
         .optional()?;
-    let Some((held, state, stored, truncated)) = found else {
+    let Some((held, state, stored, truncated, holder)) = found else {
         return Ok(AppendOutcome::Rejected);
     };
-    if held != token || state != "running" {
+    if held != token || state != "running" || holder != worker_id {
         return Ok(AppendOutcome::Rejected);
     }
     let stored = stored as u64;

@@ -345,7 +345,8 @@ pub fn complete_attempts(
         let found = tx
             .prepare_cached(
                 "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
-                 r.cancel_requested FROM attempts a JOIN runs r ON r.id = a.run_id WHERE a.id = ?1",
+                 r.cancel_requested, a.worker_id FROM attempts a JOIN runs r ON r.id = a.run_id \
+                 WHERE a.id = ?1",
             )?
             .query_row(params![report.attempt_id], |r| {
                 Ok(ReportedAttempt {
@@ -356,10 +357,11 @@ pub fn complete_attempts(
                     run_state: r.get(4)?,
                     failures: r.get(5)?,
                     cancel_requested: r.get(6)?,
+                    worker_id: r.get(7)?,
                 })
             })
             .optional()?;
-        let attempt = match crate::shared::admit_report(found, report.token) {
+        let attempt = match crate::shared::admit_report(found, report) {
             Ok(attempt) => attempt,
             Err(refused) => {
                 effects.push(refused);

@@ -13,11 +13,13 @@
 //! The blocking calls run on tokio's blocking pool. Each submodule holds the queries of one
 //! part of the trait as plain functions over a connection or transaction.
 
+mod audit;
 mod history;
 mod jobs;
 mod ledger;
 mod rows;
 mod schema;
+mod tokens;
 mod workers;
 
 use crate::*;
@@ -483,11 +485,13 @@ impl Store for SqliteStore {
         &self,
         attempt_id: i64,
         token: i64,
+        worker_id: &str,
         bytes: &[u8],
         cap: u64,
     ) -> Result<AppendOutcome> {
         let bytes = bytes.to_vec();
-        self.write(move |tx| history::append_output(tx, attempt_id, token, &bytes, cap))
+        let worker_id = worker_id.to_string();
+        self.write(move |tx| history::append_output(tx, attempt_id, token, &worker_id, &bytes, cap))
             .await
     }
 
@@ -541,6 +545,51 @@ impl Store for SqliteStore {
     async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64> {
         self.write(move |tx| history::delete_finished_runs(tx, before, limit))
             .await
+    }
+
+    async fn delete_audit_before(&self, before: Instant, limit: u32) -> Result<u64> {
+        self.write(move |tx| audit::delete_before(tx, before, limit))
+            .await
+    }
+
+    async fn create_token(&self, token: &NewToken, now: Instant) -> Result<TokenRecord> {
+        let token = token.clone();
+        self.write(move |tx| tokens::create(tx, &token, now)).await
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        let hash = hash.to_string();
+        self.read(move |tx| tokens::by_hash(tx, &hash)).await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>> {
+        self.read(tokens::list).await
+    }
+
+    async fn revoke_token(&self, name: &str) -> Result<Option<TokenRecord>> {
+        let name = name.to_string();
+        self.write(move |tx| tokens::revoke(tx, &name)).await
+    }
+
+    async fn touch_tokens(&self, used: &[(i64, Instant)]) -> Result<()> {
+        if used.is_empty() {
+            return Ok(());
+        }
+        let used = used.to_vec();
+        self.write(move |tx| tokens::touch(tx, &used)).await
+    }
+
+    async fn append_audit(&self, entries: &[AuditEntry]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let entries = entries.to_vec();
+        self.write(move |tx| audit::append(tx, &entries)).await
+    }
+
+    async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>> {
+        let query = query.clone();
+        self.read(move |tx| audit::list(tx, &query)).await
     }
 
     async fn renew_membership(

@@ -1,11 +1,15 @@
 //! Reading rows back into records, and the conversions between sked's values and SQLite's.
 
+use crate::shared;
 pub use crate::shared::{
     attempt_state, instant, job_state, micros, opt_instant, run_state, skip_reason, spec, trigger,
 };
 use crate::StoreError;
 use rusqlite::Row;
-use sked_core::records::{AttemptRecord, JobRecord, RunRecord, WorkerRecord};
+use sked_core::auth::{Grant, TokenRecord};
+use sked_core::records::{
+    AttemptRecord, AuditEntry, AuditRecord, JobRecord, RunRecord, WorkerRecord,
+};
 
 pub const JOB_COLUMNS: &str =
     "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at";
@@ -76,7 +80,8 @@ pub fn attempt(row: &Row<'_>) -> Result<AttemptRecord, StoreError> {
 
 pub const WORKER_COLUMNS: &str = "w.id, w.name, w.labels, w.slots, w.registered_at, \
      w.last_heartbeat_at, w.alive, \
-     (SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'running')";
+     (SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'running'), \
+     w.namespaces, w.token_id";
 
 pub fn worker(row: &Row<'_>) -> Result<WorkerRecord, StoreError> {
     let labels: String = row.get(2)?;
@@ -90,5 +95,46 @@ pub fn worker(row: &Row<'_>) -> Result<WorkerRecord, StoreError> {
         last_heartbeat_at: instant(row.get(5)?)?,
         alive: row.get(6)?,
         running: row.get(7)?,
+        namespaces: shared::namespaces("worker namespaces", &row.get::<_, String>(8)?)?,
+        token_id: row.get(9)?,
+    })
+}
+
+pub const TOKEN_COLUMNS: &str =
+    "id, name, role, namespaces, shell, labels, created_at, expires_at, last_used_at";
+
+pub fn token(row: &Row<'_>) -> Result<TokenRecord, StoreError> {
+    Ok(TokenRecord {
+        id: row.get(0)?,
+        name: row.get(1)?,
+        grant: Grant {
+            role: shared::role(&row.get::<_, String>(2)?)?,
+            namespaces: shared::namespaces("token namespaces", &row.get::<_, String>(3)?)?,
+            shell: row.get(4)?,
+            labels: shared::label_rules(row.get::<_, Option<String>>(5)?.as_deref())?,
+        },
+        created_at: instant(row.get(6)?)?,
+        expires_at: opt_instant(row.get(7)?)?,
+        last_used_at: opt_instant(row.get(8)?)?,
+    })
+}
+
+pub const AUDIT_COLUMNS: &str =
+    "id, at, actor, actor_id, peer, action, namespace, object, before, after";
+
+pub fn audit(row: &Row<'_>) -> Result<AuditRecord, StoreError> {
+    Ok(AuditRecord {
+        id: row.get(0)?,
+        entry: AuditEntry {
+            at: instant(row.get(1)?)?,
+            actor: row.get(2)?,
+            actor_id: row.get(3)?,
+            peer: row.get(4)?,
+            action: row.get(5)?,
+            namespace: row.get(6)?,
+            object: row.get(7)?,
+            before: shared::snapshot(row.get::<_, Option<String>>(8)?.as_deref())?,
+            after: shared::snapshot(row.get::<_, Option<String>>(9)?.as_deref())?,
+        },
     })
 }

@@ -6,7 +6,8 @@
 use rusqlite::Connection;
 
 /// Each entry moves the schema one version up. Never edit a released entry: append a new one.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 -- AUTOINCREMENT everywhere: an id is never handed out twice, so a recreated job never meets
 -- the ledger rows of a deleted one, and a run or attempt id always means one thing.
 CREATE TABLE jobs (
@@ -97,7 +98,51 @@ CREATE TABLE workers (
     last_heartbeat_at INTEGER NOT NULL,
     alive             INTEGER NOT NULL
 );
-"#];
+"#,
+    r#"
+-- Version 2: API tokens, the audit trail, and what a worker may run.
+-- Tokens are found by the SHA-256 of their secret (lowercase hex); the secret is never kept.
+-- AUTOINCREMENT: a revoked token's id is never handed to a new token, so a worker registered
+-- with the old one (`workers.token_id`) is never taken for the new one's.
+CREATE TABLE tokens (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    name         TEXT    NOT NULL UNIQUE,
+    role         TEXT    NOT NULL,
+    -- JSON array of namespace names, or ["*"].
+    namespaces   TEXT    NOT NULL,
+    shell        INTEGER NOT NULL,
+    -- JSON array of "key=value" / "key=*" rules; NULL: any label.
+    labels       TEXT,
+    hash         TEXT    NOT NULL UNIQUE,
+    created_at   INTEGER NOT NULL,
+    expires_at   INTEGER,
+    last_used_at INTEGER
+);
+
+-- Read newest first (by id), often of one namespace; trimmed oldest first (by `at`).
+-- `before` and `after` are JSON snapshots of the object.
+CREATE TABLE audit (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    at        INTEGER NOT NULL,
+    actor     TEXT    NOT NULL,
+    actor_id  INTEGER,
+    peer      TEXT,
+    action    TEXT    NOT NULL,
+    namespace TEXT,
+    object    TEXT,
+    before    TEXT,
+    after     TEXT
+);
+CREATE INDEX audit_by_namespace ON audit (namespace, id);
+CREATE INDEX audit_by_at ON audit (at, id);
+
+-- Workers registered before tokens existed run every namespace, as they did. No foreign key to
+-- `tokens`: revoking a token leaves its workers' rows alone (the server decides what they may
+-- still do).
+ALTER TABLE workers ADD COLUMN namespaces TEXT NOT NULL DEFAULT '["*"]';
+ALTER TABLE workers ADD COLUMN token_id INTEGER;
+"#,
+];
 
 /// Brings the schema to the newest version, one transaction per migration.
 pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
@@ -114,4 +159,41 @@ pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
 /// The newest schema version this build knows.
 pub fn latest_version() -> usize {
     MIGRATIONS.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_1_store_upgrades_and_its_workers_run_every_namespace() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        conn.execute(
+            "INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
+             alive) VALUES ('w', 'w', '{}', 1, 0, 0, 1)",
+            [],
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let version: usize = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, latest_version());
+        let (namespaces, token_id): (String, Option<i64>) = conn
+            .query_row(
+                "SELECT namespaces, token_id FROM workers WHERE id = 'w'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((namespaces.as_str(), token_id), (r#"["*"]"#, None));
+        for table in ["tokens", "audit"] {
+            let count: i64 = conn
+                .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(count, 0, "{table}");
+        }
+    }
 }

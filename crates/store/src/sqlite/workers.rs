@@ -10,16 +10,19 @@ use sked_core::Instant;
 pub fn register(tx: &Transaction<'_>, worker: &NewWorker, now: Instant) -> Result<()> {
     let labels = serde_json::to_string(&worker.labels)
         .map_err(|e| StoreError::Database(format!("cannot encode labels: {e}")))?;
+    let namespaces = crate::shared::to_json("worker namespaces", &worker.namespaces)?;
     tx.prepare_cached(
-        "INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, alive) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?5, 1)",
+        "INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, alive, \
+         namespaces, token_id) VALUES (?1, ?2, ?3, ?4, ?5, ?5, 1, ?6, ?7)",
     )?
     .execute(params![
         worker.id,
         worker.name,
         labels,
         worker.slots,
-        micros(now)
+        micros(now),
+        namespaces,
+        worker.token_id,
     ])?;
     Ok(())
 }

@@ -1,0 +1,861 @@
+//! Identity and tenancy, black-box: a real `sked server` refuses every route but health without
+//! a token, each role reaches exactly the routes of its permission, namespaces are walls (404
+//! for another namespace's runs), shell targets need the shell flag, a worker speaks only for
+//! itself and claims only the labels and namespaces its token allows, tokens expire and are
+//! revoked at once, changes land in the audit trail without secrets, and `sked dev` is open
+//! only on loopback.
+
+mod common;
+
+use common::pg::{self, Logs, Node, Schema};
+use common::{client_with_token, free_port, shell, sked_command, Sked, ADMIN_TOKEN};
+use reqwest::Method;
+use serde_json::{json, Value};
+use sked_core::auth::{Permission, Role};
+use std::time::{Duration, Instant};
+
+/// Creates a token through the API with the admin token; returns its secret.
+async fn token(sked: &Sked, name: &str, grant: Value) -> String {
+    let mut body = grant;
+    body["name"] = json!(name);
+    let (status, created) = sked.post("/tokens", body).await;
+    assert_eq!(status, 201, "{created}");
+    created["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no token in {created}"))
+        .to_string()
+}
+
+/// A client that sends a new token of `grant`.
+async fn client_for(sked: &Sked, name: &str, grant: Value) -> reqwest::Client {
+    client_with_token(Some(&token(sked, name, grant).await))
+}
+
+/// Sends `method path` with `body` as `client`; returns the status and the JSON answer.
+async fn call(
+    client: &reqwest::Client,
+    method: Method,
+    url: String,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = client.request(method.clone(), &url);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// A route's path with its parameters filled with values that name nothing.
+fn filled(path: &str) -> String {
+    path.replace("{name}", "nothing-here")
+        .replace("{id}", "999999")
+}
+
+#[tokio::test]
+async fn every_route_but_health_needs_a_valid_token() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let anonymous = client_with_token(None);
+    let forged = client_with_token(Some("sked_not-a-token-this-server-issued-000"));
+    let routes = sked_server::api::routes();
+    assert!(routes.len() >= 30, "the route table lists every route");
+    for route in routes {
+        let url = format!("{}{}", sked.base(), filled(route.path));
+        for (who, client) in [("no token", &anonymous), ("a forged token", &forged)] {
+            let (status, answer) = call(client, route.method.clone(), url.clone(), None).await;
+            if route.permission == Permission::Open {
+                assert_ne!(status, 401, "{} {} is open", route.method, route.path);
+            } else {
+                assert_eq!(
+                    status, 401,
+                    "{} {} with {who}: {answer}",
+                    route.method, route.path
+                );
+                assert_eq!(answer["error"]["code"], "unauthorized", "{answer}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn each_role_reaches_exactly_the_routes_of_its_permission() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let mut clients = Vec::new();
+    for role in Role::ALL {
+        let secret = token(
+            &sked,
+            &format!("matrix-{role}"),
+            json!({"role": role.as_str(), "namespaces": ["*"]}),
+        )
+        .await;
+        clients.push((role, client_with_token(Some(&secret))));
+    }
+    let mut checked = 0;
+    for route in sked_server::api::routes() {
+        // Revoking the tokens under test would end the test; following a log holds it open.
+        if route.path == "/api/v1/tokens/{name}" || route.path.ends_with("/log") {
+            continue;
+        }
+        for (role, client) in &clients {
+            let url = format!("{}{}", sked.base(), filled(route.path));
+            let (status, answer) = call(client, route.method.clone(), url, None).await;
+            let what = format!(
+                "{role} token, {} {}: {status} {answer}",
+                route.method, route.path
+            );
+            if role.allows(route.permission) {
+                assert!(status != 401 && status != 403, "allowed: {what}");
+            } else {
+                assert_eq!(status, 403, "refused: {what}");
+                assert_eq!(answer["error"]["code"], "forbidden", "{what}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 100, "{checked} route and role pairs");
+}
+
+#[tokio::test]
+async fn namespaces_are_walls_and_viewers_only_read() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let editor_a = client_for(
+        &sked,
+        "editor-a",
+        json!({"role": "editor", "namespaces": ["a"]}),
+    )
+    .await;
+    let viewer_b = client_for(
+        &sked,
+        "viewer-b",
+        json!({"role": "viewer", "namespaces": ["b"]}),
+    )
+    .await;
+    // A run in namespace b, waiting: no worker runs it.
+    let url = |path: &str| sked.url(path);
+    let (status, job) = call(
+        &sked.http,
+        Method::PUT,
+        url("/jobs/secret-job?namespace=b"),
+        Some(json!({"target": shell("echo b")})),
+    )
+    .await;
+    assert_eq!(status, 201, "{job}");
+    let (status, run) = call(
+        &sked.http,
+        Method::POST,
+        url("/jobs/secret-job/trigger?namespace=b"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().expect("run id");
+
+    // Editor of a: b's run does not exist for it, by id, log or cancel.
+    for (method, path) in [
+        (Method::GET, format!("/runs/{id}")),
+        (Method::GET, format!("/runs/{id}/log")),
+        (Method::POST, format!("/runs/{id}/cancel")),
+    ] {
+        let (status, answer) = call(&editor_a, method.clone(), url(&path), None).await;
+        assert_eq!(status, 404, "{method} {path}: {answer}");
+        assert_eq!(answer["error"]["code"], "not_found");
+    }
+    // Naming b is refused; a's own namespace is open to it.
+    for (method, path) in [
+        (Method::GET, "/jobs?namespace=b"),
+        (Method::GET, "/runs?namespace=b"),
+        (Method::GET, "/jobs/secret-job?namespace=b"),
+        (Method::POST, "/jobs/secret-job/trigger?namespace=b"),
+        (Method::DELETE, "/jobs/secret-job?namespace=b"),
+        (Method::GET, "/audit?namespace=b"),
+    ] {
+        let (status, answer) = call(&editor_a, method.clone(), url(path), None).await;
+        assert_eq!(status, 403, "{method} {path}: {answer}");
+    }
+    let (status, page) = call(&editor_a, Method::GET, url("/jobs?namespace=a"), None).await;
+    assert_eq!((status, page["jobs"].clone()), (200, json!([])));
+
+    // Viewer of b: reads b, changes nothing.
+    let (status, answer) = call(&viewer_b, Method::GET, url(&format!("/runs/{id}")), None).await;
+    assert_eq!(status, 200, "{answer}");
+    for (method, path) in [
+        (Method::POST, format!("/runs/{id}/cancel")),
+        (
+            Method::POST,
+            "/jobs/secret-job/trigger?namespace=b".to_string(),
+        ),
+        (Method::DELETE, "/jobs/secret-job?namespace=b".to_string()),
+        (
+            Method::POST,
+            "/jobs/secret-job/pause?namespace=b".to_string(),
+        ),
+    ] {
+        let (status, answer) = call(&viewer_b, method.clone(), url(&path), None).await;
+        assert_eq!(status, 403, "{method} {path}: {answer}");
+    }
+    let (status, answer) = call(
+        &viewer_b,
+        Method::PUT,
+        url("/jobs/other?namespace=b"),
+        Some(json!({"target": {"http": {"url": "http://127.0.0.1:9/"}}})),
+    )
+    .await;
+    assert_eq!(status, 403, "{answer}");
+    // Nothing the refused calls named changed.
+    assert_eq!(sked.run(id).await["state"], "queued");
+}
+
+#[tokio::test]
+async fn shell_targets_need_a_token_with_the_shell_flag() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let plain = client_for(
+        &sked,
+        "plain",
+        json!({"role": "editor", "namespaces": ["ops"]}),
+    )
+    .await;
+    let shell_editor = client_for(
+        &sked,
+        "shell",
+        json!({"role": "editor", "namespaces": ["ops"], "shell": true}),
+    )
+    .await;
+    let url = sked.url("/jobs/cleanup?namespace=ops");
+    let command = json!({"target": shell("rm -rf /tmp/x")});
+    let (status, answer) = call(&plain, Method::PUT, url.clone(), Some(command.clone())).await;
+    assert_eq!(status, 403, "{answer}");
+    assert!(answer["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("shell"));
+    let (status, answer) = call(
+        &plain,
+        Method::POST,
+        sked.url("/jobs?namespace=ops"),
+        Some(json!({"name": "c2", "target": shell("id")})),
+    )
+    .await;
+    assert_eq!(status, 403, "POST /jobs too: {answer}");
+    let (status, _) = call(&sked.http, Method::GET, url.clone(), None).await;
+    assert_eq!(status, 404, "nothing was written");
+    let http = json!({"target": {"http": {"url": "http://127.0.0.1:9/"}}});
+    let (status, answer) = call(&plain, Method::PUT, url.clone(), Some(http)).await;
+    assert_eq!(status, 201, "an HTTP target needs no shell flag: {answer}");
+    // Nor may it turn an existing job into a shell job.
+    let (status, answer) = call(&plain, Method::PUT, url.clone(), Some(command.clone())).await;
+    assert_eq!(status, 403, "{answer}");
+    let (status, answer) = call(&shell_editor, Method::PUT, url, Some(command)).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// A worker as an attacker would drive one: the protocol by hand.
+struct HandWorker {
+    http: reqwest::Client,
+    base: String,
+    id: String,
+}
+
+impl HandWorker {
+    async fn register(
+        sked: &Sked,
+        secret: &str,
+        labels: Value,
+    ) -> Result<HandWorker, (u16, Value)> {
+        let http = client_with_token(Some(secret));
+        let body = json!({"name": "hand", "labels": labels, "slots": 4});
+        let (status, answer) = call(&http, Method::POST, sked.url("/workers"), Some(body)).await;
+        if status != 201 {
+            return Err((status, answer));
+        }
+        Ok(HandWorker {
+            http,
+            base: sked.url(""),
+            id: answer["worker_id"].as_str().expect("worker id").to_string(),
+        })
+    }
+
+    /// Leases with a short wait; returns the attempts handed out.
+    async fn lease(&self, as_worker: &str) -> (u16, Value) {
+        let url = format!("{}/workers/{as_worker}/lease", self.base);
+        call(
+            &self.http,
+            Method::POST,
+            url,
+            Some(json!({"max": 4, "wait_ms": 1500})),
+        )
+        .await
+    }
+}
+
+#[tokio::test]
+async fn a_worker_speaks_only_for_itself_under_its_own_token() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let w1 = token(&sked, "w1", json!({"role": "worker", "namespaces": ["*"]})).await;
+    let w2 = token(&sked, "w2", json!({"role": "worker", "namespaces": ["*"]})).await;
+    let honest = HandWorker::register(&sked, &w1, json!({}))
+        .await
+        .expect("register");
+    let rogue = HandWorker::register(&sked, &w2, json!({}))
+        .await
+        .expect("register");
+
+    assert_eq!(
+        sked.put_job("slow", json!({"target": shell("sleep 30")}))
+            .await
+            .0,
+        201
+    );
+    let (_, run) = sked.post("/jobs/slow/trigger", json!(null)).await;
+    let run_id = run["id"].as_i64().expect("run id");
+    let (status, lease) = honest.lease(&honest.id).await;
+    assert_eq!(status, 200, "{lease}");
+    let attempt = lease["attempts"][0].clone();
+    assert_eq!(attempt["run_id"], run_id, "{lease}");
+    let (attempt_id, fencing) = (attempt["attempt_id"].clone(), attempt["token"].clone());
+
+    // The rogue knows the honest worker's id and even the attempt's fencing token.
+    let forged = json!({"completions": [{"attempt_id": attempt_id, "token": fencing, "outcome": "failed", "error": "forged"}]});
+    let as_honest = |what: &str| format!("{}/workers/{}/{what}", sked.url(""), honest.id);
+    for (what, body) in [
+        ("complete", forged.clone()),
+        ("heartbeat", json!({"running": []})),
+        ("lease", json!({"max": 1, "wait_ms": 0})),
+    ] {
+        let (status, answer) = call(&rogue.http, Method::POST, as_honest(what), Some(body)).await;
+        assert_eq!(status, 403, "{what} for another token's worker: {answer}");
+    }
+    let log_url = format!(
+        "{}/attempts/{attempt_id}/log?token={fencing}&worker={}",
+        sked.url(""),
+        honest.id
+    );
+    let response = rogue
+        .http
+        .post(&log_url)
+        .body("forged output")
+        .send()
+        .await
+        .expect("log");
+    assert_eq!(
+        response.status().as_u16(),
+        403,
+        "output for another token's worker"
+    );
+    // Through its own worker id, the forged report is not accepted either.
+    let (status, answer) = call(
+        &rogue.http,
+        Method::POST,
+        format!("{}/workers/{}/complete", sked.url(""), rogue.id),
+        Some(forged),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["results"][0]["accepted"], false, "{answer}");
+    let run = sked.run(run_id).await;
+    assert_eq!(
+        run["state"], "running",
+        "nothing the rogue sent changed the run: {run}"
+    );
+
+    // The worker that holds the attempt reports it.
+    let done = json!({"completions": [{"attempt_id": attempt_id, "token": fencing, "outcome": "succeeded", "exit_code": 0}]});
+    let (status, answer) = call(
+        &honest.http,
+        Method::POST,
+        as_honest("complete"),
+        Some(done),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["results"][0]["accepted"].clone()),
+        (200, json!(true)),
+        "{answer}"
+    );
+    assert_eq!(sked.run(run_id).await["state"], "succeeded");
+}
+
+#[tokio::test]
+async fn a_worker_token_bounds_the_labels_and_namespaces_its_workers_claim() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let general = token(
+        &sked,
+        "general-pool",
+        json!({"role": "worker", "namespaces": ["team-a"], "labels": ["pool=general", "zone=*"]}),
+    )
+    .await;
+    let refused = HandWorker::register(&sked, &general, json!({"pool": "secure"})).await;
+    let Err((status, answer)) = refused else {
+        panic!("a rogue claimed pool=secure");
+    };
+    assert_eq!(status, 403, "{answer}");
+    assert!(HandWorker::register(&sked, &general, json!({"gpu": "yes"}))
+        .await
+        .is_err());
+    let worker = HandWorker::register(&sked, &general, json!({"pool": "general", "zone": "eu"}))
+        .await
+        .expect("allowed labels");
+
+    // Team b's run waits for a worker that may serve team b; team a's is handed out.
+    let target = json!({"target": shell("true")});
+    for ns in ["team-b", "team-a"] {
+        let url = sked.url(&format!("/jobs/j?namespace={ns}"));
+        let (status, answer) = call(&sked.http, Method::PUT, url, Some(target.clone())).await;
+        assert_eq!(status, 201, "{answer}");
+        let url = sked.url(&format!("/jobs/j/trigger?namespace={ns}"));
+        assert_eq!(call(&sked.http, Method::POST, url, None).await.0, 201);
+    }
+    let mut leased = Vec::new();
+    for _ in 0..2 {
+        let (status, lease) = worker.lease(&worker.id).await;
+        assert_eq!(status, 200, "{lease}");
+        leased.extend(lease["attempts"].as_array().cloned().unwrap_or_default());
+    }
+    let namespaces: Vec<&str> = leased
+        .iter()
+        .filter_map(|a| a["namespace"].as_str())
+        .collect();
+    assert_eq!(namespaces, ["team-a"], "{leased:?}");
+    // And team b's viewers do not see the worker.
+    let viewer = client_for(
+        &sked,
+        "viewer-b",
+        json!({"role": "viewer", "namespaces": ["team-b"]}),
+    )
+    .await;
+    let (_, list) = call(&viewer, Method::GET, sked.url("/workers"), None).await;
+    assert_eq!(list["workers"], json!([]), "{list}");
+    let (_, list) = call(&sked.http, Method::GET, sked.url("/workers"), None).await;
+    assert_eq!(
+        list["workers"][0]["namespaces"],
+        json!(["team-a"]),
+        "{list}"
+    );
+}
+
+#[tokio::test]
+async fn tokens_expire_are_revoked_at_once_and_record_their_last_use() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let brief = client_for(
+        &sked,
+        "brief",
+        json!({"role": "viewer", "namespaces": ["*"], "expires": "1s"}),
+    )
+    .await;
+    let viewer_secret = token(
+        &sked,
+        "reader",
+        json!({"role": "viewer", "namespaces": ["*"]}),
+    )
+    .await;
+    let reader = client_with_token(Some(&viewer_secret));
+    assert_eq!(
+        call(&brief, Method::GET, sked.url("/jobs"), None).await.0,
+        200
+    );
+    assert_eq!(
+        call(&reader, Method::GET, sked.url("/jobs"), None).await.0,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (status, answer) = call(&brief, Method::GET, sked.url("/jobs"), None).await;
+    assert_eq!(status, 401, "{answer}");
+    assert!(answer["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("expired"));
+
+    let (_, list) = sked.get("/tokens").await;
+    let reader_row = list["tokens"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["name"] == "reader").cloned())
+        .expect("the reader token is listed");
+    assert!(reader_row["last_used_at"].is_string(), "{reader_row}");
+    assert!(
+        !list.to_string().contains(&viewer_secret),
+        "a secret is never listed"
+    );
+
+    let (status, answer) = call(&sked.http, Method::DELETE, sked.url("/tokens/reader"), None).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, _) = call(&reader, Method::GET, sked.url("/jobs"), None).await;
+    assert_eq!(
+        status, 401,
+        "a revoked token is refused at once by the node that revoked it"
+    );
+}
+
+#[tokio::test]
+async fn changes_are_audited_with_who_and_from_where_but_no_secret() {
+    const SECRET: &str = "hunter2-never-shown";
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let editor_secret = token(
+        &sked,
+        "auditor-editor",
+        json!({"role": "editor", "namespaces": ["default"], "shell": true}),
+    )
+    .await;
+    let editor = client_with_token(Some(&editor_secret));
+    let with_secret = |command: &str| json!({"target": {"shell": {"command": command, "env": {"DB_PASSWORD": SECRET}}}});
+    let job = with_secret("sleep 30");
+    let url = |p: &str| sked.url(p);
+    assert_eq!(
+        call(&editor, Method::PUT, url("/jobs/backup"), Some(job))
+            .await
+            .0,
+        201
+    );
+    let changed = with_secret("sleep 31");
+    assert_eq!(
+        call(&editor, Method::PUT, url("/jobs/backup"), Some(changed))
+            .await
+            .0,
+        200
+    );
+    for action in ["pause", "resume"] {
+        let path = format!("/jobs/backup/{action}");
+        assert_eq!(call(&editor, Method::POST, url(&path), None).await.0, 200);
+    }
+    let (_, run) = call(&editor, Method::POST, url("/jobs/backup/trigger"), None).await;
+    let run_id = run["id"].as_i64().expect("run id");
+    let cancel = format!("/runs/{run_id}/cancel");
+    assert_eq!(call(&editor, Method::POST, url(&cancel), None).await.0, 200);
+    assert_eq!(
+        call(&editor, Method::DELETE, url("/jobs/backup"), None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        call(
+            &sked.http,
+            Method::DELETE,
+            url("/tokens/auditor-editor"),
+            None
+        )
+        .await
+        .0,
+        200
+    );
+    let guess = client_with_token(Some("sked_a-guess-at-a-token-000000000000"));
+    assert_eq!(call(&guess, Method::GET, url("/jobs"), None).await.0, 401);
+
+    let (status, page) = sked.get("/audit?limit=100").await;
+    assert_eq!(status, 200, "{page}");
+    let entries = page["entries"].as_array().cloned().unwrap_or_default();
+    let actions: Vec<&str> = entries
+        .iter()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    for expected in [
+        "token.create",
+        "job.put",
+        "job.pause",
+        "job.resume",
+        "job.trigger",
+        "run.cancel",
+        "job.delete",
+        "token.revoke",
+        "auth.failed",
+    ] {
+        assert!(actions.contains(&expected), "{expected} in {actions:?}");
+    }
+    let put = entries
+        .iter()
+        .find(|e| e["action"] == "job.put" && e["before"].is_object())
+        .expect("the second put, with its before");
+    assert_eq!(put["actor"], "auditor-editor");
+    assert!(put["actor_id"].is_i64());
+    assert!(
+        put["peer"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("127.0.0.1:")),
+        "{put}"
+    );
+    assert_eq!(put["namespace"], "default");
+    assert_eq!(put["object"], "backup");
+    assert_eq!(put["before"]["target"]["shell"]["command"], "sleep 30");
+    assert_eq!(put["after"]["target"]["shell"]["command"], "sleep 31");
+    assert_eq!(
+        put["after"]["target"]["shell"]["env"]["DB_PASSWORD"],
+        "(redacted)"
+    );
+    // Newest first.
+    assert_eq!(actions[0], "auth.failed", "{actions:?}");
+
+    let text = page.to_string();
+    assert!(
+        !text.contains(SECRET),
+        "an env value reached the audit trail"
+    );
+    assert!(!text.contains(&editor_secret) && !text.contains(ADMIN_TOKEN));
+    sked.server
+        .as_mut()
+        .expect("server")
+        .stop(Duration::from_secs(10));
+    let log = std::fs::read_dir(sked.dir.path())
+        .expect("logs")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .collect::<String>();
+    for secret in [SECRET, editor_secret.as_str(), ADMIN_TOKEN] {
+        assert!(!log.contains(secret), "a secret reached a log line");
+    }
+}
+
+#[tokio::test]
+async fn a_new_server_writes_its_admin_token_privately_and_never_logs_it() {
+    let mut sked = Sked::new();
+    let file = sked.dir.path().join("fresh").join("admin.token");
+    let file_arg = file.to_str().expect("utf-8").to_string();
+    sked.start_server(&["--admin-token-file", &file_arg]).await;
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file)
+        .expect("the token file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let secret = std::fs::read_to_string(&file)
+        .expect("read")
+        .trim()
+        .to_string();
+    assert!(secret.len() >= 40, "256 random bits: {}", secret.len());
+    let admin = client_with_token(Some(&secret));
+    assert_eq!(
+        call(&admin, Method::GET, sked.url("/tokens"), None).await.0,
+        200
+    );
+    // Started again, it reads the same file.
+    sked.server
+        .as_mut()
+        .expect("server")
+        .stop(Duration::from_secs(10));
+    sked.start_server(&["--admin-token-file", &file_arg]).await;
+    assert_eq!(std::fs::read_to_string(&file).expect("read").trim(), secret);
+    assert_eq!(
+        call(&admin, Method::GET, sked.url("/tokens"), None).await.0,
+        200
+    );
+    sked.server
+        .as_mut()
+        .expect("server")
+        .stop(Duration::from_secs(10));
+    let logs = std::fs::read_dir(sked.dir.path())
+        .expect("logs")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter(|text| text.contains("admin token"))
+        .collect::<String>();
+    assert!(logs.contains(&file_arg), "the path is logged: {logs}");
+    assert!(!logs.contains(&secret), "the token is not");
+}
+
+#[tokio::test]
+async fn the_cli_creates_lists_and_revokes_tokens() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let cli = |args: &[&str]| {
+        let out = sked_command()
+            .args(args)
+            .env("SKED_SERVER", sked.base())
+            .output()
+            .expect("run sked");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), text, err)
+    };
+    let (ok, out, err) = cli(&[
+        "token",
+        "create",
+        "--name",
+        "deploy",
+        "--role",
+        "editor",
+        "--namespace",
+        "a,b",
+        "--shell",
+        "--expires",
+        "30d",
+    ]);
+    assert!(ok, "{out}{err}");
+    let secret = out
+        .lines()
+        .last()
+        .expect("the secret is the last line")
+        .trim();
+    assert!(secret.starts_with("sked_"), "{out}");
+    let deploy = client_with_token(Some(secret));
+    assert_eq!(
+        call(&deploy, Method::GET, sked.url("/jobs?namespace=b"), None)
+            .await
+            .0,
+        200
+    );
+    let (ok, out, _) = cli(&["token", "list"]);
+    assert!(ok && out.contains("deploy") && out.contains("a,b"), "{out}");
+    assert!(!out.contains(secret));
+    let (ok, out, err) = cli(&["token", "revoke", "deploy"]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        call(&deploy, Method::GET, sked.url("/jobs"), None).await.0,
+        401
+    );
+    let (ok, out, _) = cli(&["audit", "--all"]);
+    assert!(
+        ok && out.contains("token.revoke") && out.contains("deploy"),
+        "{out}"
+    );
+    // Without a token the CLI says what to do.
+    let out = std::process::Command::new(common::BIN)
+        .args(["job", "list"])
+        .env("SKED_SERVER", sked.base())
+        .env_remove("SKED_TOKEN")
+        .output()
+        .expect("run sked");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("SKED_TOKEN"), "{err}");
+}
+
+#[tokio::test]
+async fn sked_dev_is_open_only_on_loopback() {
+    // Open on a non-loopback address: refused before anything starts.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let listen = format!("0.0.0.0:{}", free_port());
+    let out = sked_command()
+        .args(["dev", "--listen", &listen, "--data-dir"])
+        .arg(dir.path().join("data"))
+        .output()
+        .expect("run sked dev");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "sked dev started open on {listen}");
+    assert!(
+        err.contains("refusing to start open") && err.contains("--require-token"),
+        "{err}"
+    );
+    assert!(!dir.path().join("data").exists(), "nothing was written");
+
+    // On loopback it is open, and says so first.
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let anonymous = client_with_token(None);
+    assert_eq!(
+        call(&anonymous, Method::GET, sked.url("/jobs"), None)
+            .await
+            .0,
+        200
+    );
+    // With --require-token it is not.
+    let mut closed = Sked::new();
+    closed.start_dev(&["--require-token"]).await;
+    assert_eq!(
+        call(&anonymous, Method::GET, closed.url("/jobs"), None)
+            .await
+            .0,
+        401
+    );
+    // Its own worker runs jobs with the admin token.
+    assert_eq!(
+        closed
+            .put_job("hello", json!({"target": shell("echo hi")}))
+            .await
+            .0,
+        201
+    );
+    let (_, run) = closed.post("/jobs/hello/trigger", json!(null)).await;
+    let run = closed
+        .wait_finished(run["id"].as_i64().expect("run id"), Duration::from_secs(20))
+        .await;
+    assert_eq!(run["state"], "succeeded", "{run}");
+    for (deployment, open) in [(&sked, true), (&closed, false)] {
+        let first = std::fs::read_dir(deployment.dir.path())
+            .expect("logs")
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+            .find_map(|text| {
+                text.lines()
+                    .find(|l| l.contains("sked dev listening"))
+                    .map(str::to_string)
+            })
+            .expect("the first line");
+        assert_eq!(first.contains("open: no token needed"), open, "{first}");
+    }
+}
+
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test]
+async fn a_token_revoked_on_one_node_is_refused_by_every_node_within_a_second() {
+    let schema = Schema::create().await;
+    let logs = Logs::new();
+    let http = pg::http_client();
+    let mut a = Node::spawn(&logs, "node-a", free_port(), &schema.url);
+    let mut b = Node::spawn(&logs, "node-b", free_port(), &schema.url);
+    a.ready(&http, Duration::from_secs(30)).await;
+    b.ready(&http, Duration::from_secs(30)).await;
+    let (status, created) = call(
+        &http,
+        Method::POST,
+        format!("{}/api/v1/tokens", a.base()),
+        Some(json!({"name": "roaming", "role": "viewer", "namespaces": ["*"]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let viewer = client_with_token(created["token"].as_str());
+    let on_b = format!("{}/api/v1/jobs", b.base());
+    assert_eq!(
+        call(&viewer, Method::GET, on_b.clone(), None).await.0,
+        200,
+        "B knows a token made on A"
+    );
+    let (status, _) = call(
+        &http,
+        Method::DELETE,
+        format!("{}/api/v1/tokens/roaming", a.base()),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let revoked = Instant::now();
+    loop {
+        let (status, _) = call(&viewer, Method::GET, on_b.clone(), None).await;
+        if status == 401 {
+            break;
+        }
+        assert!(
+            revoked.elapsed() < Duration::from_millis(1500),
+            "node B still takes the revoked token"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "node B refused the revoked token after {:?}",
+        revoked.elapsed()
+    );
+    // Audit entries written on either node are read on both.
+    let (_, page) = call(
+        &http,
+        Method::GET,
+        format!("{}/api/v1/audit?object=roaming", b.base()),
+        None,
+    )
+    .await;
+    let actions: Vec<&str> = page["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    assert_eq!(actions, ["token.revoke", "token.create"], "{page}");
+    drop((a, b));
+    schema.drop_schema().await;
+}
