@@ -130,6 +130,8 @@ pub async fn start(store: Arc<dyn Store>, place: Place, nodes: usize) -> Result<
             node_name: format!("bench{i}"),
             ..ServerConfig::default()
         };
+        sked_server::auth::ensure_admin_token(store.as_ref(), ADMIN_TOKEN, chrono::Utc::now())
+            .await?;
         let listener = sked_server::bind(&config).await?;
         running
             .bases
@@ -235,10 +237,34 @@ impl Running {
 /// The HTTP client of the benchmarks' own requests, dropping idle connections before the
 /// server closes them (`CLIENT_IDLE_TIMEOUT`).
 pub fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    client_builder()
         .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
         .build()
         .unwrap_or_default()
+}
+
+/// The admin token of every deployment the benchmarks start: in-process servers get it in
+/// their store, `sked` processes through [`admin_token_file`] and `SKED_TOKEN`.
+pub const ADMIN_TOKEN: &str = "sked_benchmark-admin-token-0123456789abcdef";
+
+/// A file holding [`ADMIN_TOKEN`] (mode 0600), written once per benchmark run.
+pub fn admin_token_file() -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::temp_dir().join(format!("sked-bench-{}.token", std::process::id()));
+    if !path.exists() {
+        std::fs::write(&path, ADMIN_TOKEN)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(path)
+}
+
+/// A client builder whose requests carry the admin token.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Ok(value) = format!("Bearer {ADMIN_TOKEN}").parse() {
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    reqwest::Client::builder().default_headers(headers)
 }
 
 pub fn metric(text: &str, name: &str) -> Option<f64> {

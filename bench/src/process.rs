@@ -44,6 +44,8 @@ pub fn spawn(bin: &Path, args: &[&str], log: &Path) -> Result<Child> {
     let err = out.try_clone()?;
     Command::new(bin)
         .args(args)
+        .env("SKED_ADMIN_TOKEN_FILE", crate::harness::admin_token_file()?)
+        .env("SKED_TOKEN", crate::harness::ADMIN_TOKEN)
         .env("RUST_LOG", "info")
         // Plain text, so the logs can be searched for errors afterwards.
         .env("NO_COLOR", "1")

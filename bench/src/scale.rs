@@ -321,7 +321,7 @@ impl Server {
         )?;
         let pid = child.id().context("the server exited at once")?;
         let base = format!("http://{listen}");
-        let http = reqwest::Client::builder()
+        let http = crate::harness::client_builder()
             .timeout(Span::from_secs(2))
             .build()?;
         let mut listening = None;
@@ -411,7 +411,7 @@ async fn measure(
     server: &Server,
 ) -> Result<(Value, Value, DateTime<Utc>, DateTime<Utc>)> {
     let start = server.figures().await?;
-    let http = reqwest::Client::builder()
+    let http = crate::harness::client_builder()
         .timeout(Span::from_secs(10))
         .build()?;
     let seconds = Span::from_secs(options.seconds);

@@ -203,7 +203,7 @@ async fn measure(
     log: &std::path::Path,
 ) -> Result<Window> {
     let pid = worker.id().context("the worker exited at once")?;
-    let http = reqwest::Client::builder()
+    let http = crate::harness::client_builder()
         .timeout(Span::from_secs(10))
         .build()?;
     let deadline = Clock::now() + REGISTER_LIMIT;

@@ -116,7 +116,7 @@ async fn measure(
     let Place::Schema { url, .. } = place else {
         bail!("the takeover benchmark runs on PostgreSQL only");
     };
-    let http = reqwest::Client::builder()
+    let http = crate::harness::client_builder()
         .timeout(Span::from_secs(10))
         .build()?;
     let mut nodes = Vec::new();
