@@ -128,6 +128,12 @@ pub async fn start(store: Arc<dyn Store>, place: Place, nodes: usize) -> Result<
             listen: "127.0.0.1:0".to_string(),
             retention: None,
             node_name: format!("bench{i}"),
+            secret_key: Some(sked_server::secrets::SecretKey::from_base64(SECRET_KEY)?),
+            // The benchmarks measure the scheduler, not the per-token request limit.
+            rate_limit: sked_server::rate::RateLimit {
+                per_second: 0,
+                burst: 0,
+            },
             ..ServerConfig::default()
         };
         sked_server::auth::ensure_admin_token(store.as_ref(), ADMIN_TOKEN, chrono::Utc::now())
@@ -247,12 +253,15 @@ pub fn http_client() -> reqwest::Client {
 /// their store, `sked` processes through [`admin_token_file`] and `SKED_TOKEN`.
 pub const ADMIN_TOKEN: &str = "sked_benchmark-admin-token-0123456789abcdef";
 
-/// A file holding [`ADMIN_TOKEN`] (mode 0600), written once per benchmark run.
-pub fn admin_token_file() -> Result<std::path::PathBuf> {
+/// The key that seals secrets, shared by every node a benchmark starts.
+pub const SECRET_KEY: &str = "c2tlZC1iZW5jaG1hcmstc2VjcmV0LWtleS0wMTIzNDU=";
+
+/// A file of this benchmark run holding `content` (mode 0600), written once.
+pub fn private_file(name: &str, content: &str) -> Result<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    let path = std::env::temp_dir().join(format!("sked-bench-{}.token", std::process::id()));
+    let path = std::env::temp_dir().join(format!("sked-bench-{}-{name}", std::process::id()));
     if !path.exists() {
-        std::fs::write(&path, ADMIN_TOKEN)?;
+        std::fs::write(&path, content)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     }
     Ok(path)

@@ -44,8 +44,16 @@ pub fn spawn(bin: &Path, args: &[&str], log: &Path) -> Result<Child> {
     let err = out.try_clone()?;
     Command::new(bin)
         .args(args)
-        .env("SKED_ADMIN_TOKEN_FILE", crate::harness::admin_token_file()?)
+        .env(
+            "SKED_ADMIN_TOKEN_FILE",
+            crate::harness::private_file("admin.token", crate::harness::ADMIN_TOKEN)?,
+        )
+        .env(
+            "SKED_SECRET_KEY_FILE",
+            crate::harness::private_file("secret.key", crate::harness::SECRET_KEY)?,
+        )
         .env("SKED_TOKEN", crate::harness::ADMIN_TOKEN)
+        .env("SKED_RATE_LIMIT", "0")
         .env("RUST_LOG", "info")
         // Plain text, so the logs can be searched for errors afterwards.
         .env("NO_COLOR", "1")

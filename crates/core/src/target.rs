@@ -22,7 +22,7 @@ pub struct ShellTarget {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, TargetValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
 }
@@ -37,13 +37,90 @@ pub struct HttpTarget {
     pub method: String,
     pub url: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, TargetValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub expected_status: Vec<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<HumanDuration>,
+}
+
+/// An env variable's or a header's value: text, or a secret. A secret is given in clear once,
+/// `{"secret": "..."}`; the server seals it before it is stored (`{"sealed": "..."}`, encrypted
+/// with the server's key), shows only the sealed form, and opens it only in the attempt it
+/// hands to a worker. A sealed value sent back unchanged keeps its secret.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TargetValue {
+    Plain(String),
+    Secret(SecretText),
+    Sealed(SealedText),
+}
+
+/// A secret in clear, as a definition gives it: never stored, never shown.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretText {
+    pub secret: String,
+}
+
+/// A secret encrypted with the server's key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SealedText {
+    pub sealed: String,
+}
+
+impl TargetValue {
+    /// The text a worker uses: plain values only (the server opens secrets before an attempt
+    /// leaves it).
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            TargetValue::Plain(text) => Some(text),
+            TargetValue::Secret(_) | TargetValue::Sealed(_) => None,
+        }
+    }
+
+    /// The clear text that validation checks: plain values and secrets given in clear.
+    fn clear(&self) -> Option<&str> {
+        match self {
+            TargetValue::Plain(text) => Some(text),
+            TargetValue::Secret(s) => Some(&s.secret),
+            TargetValue::Sealed(_) => None,
+        }
+    }
+}
+
+impl From<&str> for TargetValue {
+    fn from(text: &str) -> TargetValue {
+        TargetValue::Plain(text.to_string())
+    }
+}
+
+/// A secret's text never reaches a log line through `Debug`.
+impl std::fmt::Debug for TargetValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TargetValue::Plain(text) => write!(f, "{text:?}"),
+            TargetValue::Secret(_) => f.write_str("Secret(..)"),
+            TargetValue::Sealed(_) => f.write_str("Sealed(..)"),
+        }
+    }
+}
+
+/// `values` as the text a process or a request is given; the name of one that is not plain
+/// (a secret the server did not open) otherwise.
+pub fn plain_values(values: &BTreeMap<String, TargetValue>) -> Result<Vec<(&str, &str)>, &str> {
+    values
+        .iter()
+        .map(|(name, value)| {
+            value
+                .text()
+                .map(|text| (name.as_str(), text))
+                .ok_or(name.as_str())
+        })
+        .collect()
 }
 
 fn default_method() -> String {
@@ -98,6 +175,14 @@ fn is_header_name(name: &str) -> bool {
 }
 
 impl TargetSpec {
+    /// Every env and header value: where secrets are.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = (&String, &mut TargetValue)> {
+        match self {
+            TargetSpec::Shell(shell) => shell.env.iter_mut(),
+            TargetSpec::Http(http) => http.headers.iter_mut(),
+        }
+    }
+
     /// Checks what serde cannot: non-empty commands without NUL bytes, URLs a client can
     /// request, header names and values HTTP can carry, methods.
     pub fn validate(&mut self) -> Result<(), SpecError> {
@@ -122,7 +207,9 @@ impl TargetSpec {
                             "variable names must be non-empty and contain no '=' or NUL",
                         ));
                     }
-                    no_nul(&field, value)?;
+                    if let Some(text) = value.clear() {
+                        no_nul(&field, text)?;
+                    }
                 }
             }
             TargetSpec::Http(http) => {
@@ -144,7 +231,10 @@ impl TargetSpec {
                             ),
                         ));
                     }
-                    if value.chars().any(|c| c.is_control() && c != '\t') {
+                    if value
+                        .clear()
+                        .is_some_and(|text| text.chars().any(|c| c.is_control() && c != '\t'))
+                    {
                         return Err(SpecError::new(
                             format!("target.http.headers.{name}"),
                             "must not contain control characters such as CR, LF or NUL",

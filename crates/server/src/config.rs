@@ -2,6 +2,8 @@
 
 use crate::auth::AuthMode;
 use crate::http::ConnectionLimits;
+use crate::rate::RateLimit;
+use crate::secrets::SecretKey;
 use sked_core::policy::BacklogLimits;
 use std::time::Duration;
 
@@ -40,6 +42,11 @@ pub struct ServerConfig {
     pub auth: AuthMode,
     /// Audit entries older than this are deleted; `None` keeps them forever.
     pub audit_retention: Option<Duration>,
+    /// Seals secrets in job definitions; without it a definition with a secret is refused.
+    pub secret_key: Option<SecretKey>,
+    /// Requests per second per token on the API (the worker protocol is not counted); zero
+    /// per second turns it off.
+    pub rate_limit: RateLimit,
 }
 
 impl Default for ServerConfig {
@@ -60,6 +67,8 @@ impl Default for ServerConfig {
             worker_retention: Duration::from_secs(24 * 3600),
             auth: AuthMode::Tokens,
             audit_retention: Some(Duration::from_secs(365 * 24 * 3600)),
+            secret_key: None,
+            rate_limit: RateLimit::default(),
         }
     }
 }

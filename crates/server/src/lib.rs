@@ -18,6 +18,8 @@ pub mod http;
 pub mod maintenance;
 pub mod membership;
 pub mod metrics;
+pub mod rate;
+pub mod secrets;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -64,6 +66,8 @@ pub struct AppState {
     pub maintenance: watch::Receiver<bool>,
     /// Finds the caller behind each request.
     pub auth: Arc<auth::Authenticator>,
+    /// How often each token may call the API; `None`: no limit.
+    pub rate: Option<Arc<rate::RequestRate>>,
 }
 
 /// Resolves once shutdown was signalled (or its sender is gone).
@@ -146,6 +150,7 @@ pub async fn serve(
         node: node.clone(),
         maintenance: maintenance_rx,
         auth: Arc::new(auth::Authenticator::new(config.auth, store.clone())),
+        rate: rate::RequestRate::new(config.rate_limit).map(Arc::new),
     };
 
     let mut duties = tokio::task::JoinSet::new();

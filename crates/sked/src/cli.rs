@@ -167,6 +167,15 @@ pub struct ServerArgs {
     /// there (mode 0600). Default: admin.token in the data directory.
     #[arg(long, env = "SKED_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// File of the key that seals secrets in job definitions (32 random bytes in base64):
+    /// read when it exists, otherwise generated there (mode 0600). Every node of a cluster
+    /// needs the same key. Default: secret.key in the data directory.
+    #[arg(long, env = "SKED_SECRET_KEY_FILE")]
+    pub secret_key_file: Option<PathBuf>,
+    /// Requests per second each token may send to the API, in bursts of twice that (the worker
+    /// protocol is not counted); past it the answer is 429 with Retry-After. 0 turns it off.
+    #[arg(long, env = "SKED_RATE_LIMIT", default_value_t = 100)]
+    pub rate_limit: u32,
     /// Audit entries older than this are deleted ("0s" keeps them forever).
     #[arg(long, env = "SKED_AUDIT_RETENTION", default_value = "365days")]
     pub audit_retention: HumanDuration,

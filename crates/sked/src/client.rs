@@ -7,6 +7,9 @@ use serde_json::Value;
 use sked_core::auth::Secret;
 use std::io::Write;
 
+/// How many times a request refused for the token's request rate is sent.
+const RATE_LIMIT_TRIES: u32 = 5;
+
 pub struct Client {
     http: reqwest::Client,
     base: String,
@@ -62,18 +65,36 @@ impl Client {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> Result<Response> {
-        let mut req = self.http.request(method, self.url(path));
-        if let Some(namespace) = namespace {
-            req = req.query(&[("namespace", namespace)]);
-        }
-        let mut req = req.query(query);
-        if let Some(body) = body {
-            req = req.json(body);
-        }
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the sked server at {}", self.base))?;
+        let mut attempts = 0;
+        let resp = loop {
+            let mut req = self.http.request(method.clone(), self.url(path));
+            if let Some(namespace) = namespace {
+                req = req.query(&[("namespace", namespace)]);
+            }
+            let mut req = req.query(query);
+            if let Some(body) = body {
+                req = req.json(body);
+            }
+            let resp = req
+                .send()
+                .await
+                .with_context(|| format!("cannot reach the sked server at {}", self.base))?;
+            // Over the token's request rate: wait as told and send it again, a few times.
+            attempts += 1;
+            let wait = resp
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            match wait {
+                Some(seconds)
+                    if resp.status() == reqwest::StatusCode::TOO_MANY_REQUESTS
+                        && attempts < RATE_LIMIT_TRIES =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_secs(seconds.clamp(1, 10))).await;
+                }
+                _ => break resp,
+            }
+        };
         if resp.status().is_success() {
             return Ok(resp);
         }

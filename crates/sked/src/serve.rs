@@ -8,6 +8,8 @@ use sked_core::auth::Secret;
 use sked_core::policy::BacklogLimits;
 use sked_server::auth::{ensure_admin_token, generate_secret, AuthMode, MIN_SECRET_LEN};
 use sked_server::http::ConnectionLimits;
+use sked_server::rate::RateLimit;
+use sked_server::secrets::SecretKey;
 use sked_server::ServerConfig;
 use sked_store::{PgStore, SqliteStore, Store};
 use std::collections::BTreeMap;
@@ -125,29 +127,29 @@ fn admin_token_path(args: &ServerArgs) -> PathBuf {
         .unwrap_or_else(|| args.store.data_dir.join(ADMIN_TOKEN_FILE))
 }
 
+/// The secret key file: `--secret-key-file`, or `secret.key` in the data directory.
+fn secret_key_path(args: &ServerArgs) -> PathBuf {
+    args.secret_key_file
+        .clone()
+        .unwrap_or_else(|| args.store.data_dir.join(SECRET_KEY_FILE))
+}
+
 const ADMIN_TOKEN_FILE: &str = "admin.token";
+const SECRET_KEY_FILE: &str = "secret.key";
 
 /// The admin token: the file's content when it exists, else a new token written there with
 /// mode 0600 (only the path is logged, never the token). It is then made an admin token in the
 /// store.
 async fn bootstrap_admin(args: &ServerArgs, store: &dyn Store) -> Result<Secret> {
     let path = admin_token_path(args);
-    let secret = match read_admin_token(&path).await? {
-        Some(secret) => secret,
-        None => {
-            let secret = generate_secret();
-            if write_private(&path, &secret)? {
-                tracing::info!("a new admin token was written to {}", path.display());
-                secret
-            } else {
-                // Another process starting beside this one (a node of the same host) wrote it
-                // first: use that one.
-                read_admin_token(&path)
-                    .await?
-                    .with_context(|| format!("{} appeared but holds no token", path.display()))?
-            }
-        }
-    };
+    let secret = private_file(&path, "admin token", generate_secret).await?;
+    if secret.len() < MIN_SECRET_LEN {
+        bail!(
+            "the admin token in {} is shorter than {MIN_SECRET_LEN} characters; delete the \
+             file to have a new one generated",
+            path.display()
+        );
+    }
     let name = ensure_admin_token(store, &secret, Utc::now())
         .await
         .context("cannot record the admin token in the store")?;
@@ -155,32 +157,54 @@ async fn bootstrap_admin(args: &ServerArgs, store: &dyn Store) -> Result<Secret>
     Ok(Secret::new(secret))
 }
 
-/// The admin token file's token; `None` when there is no file. A file being written by another
-/// process (empty for a moment) is waited for, briefly.
-async fn read_admin_token(path: &Path) -> Result<Option<String>> {
+/// The key that seals secrets in job definitions: the file's content when it exists, else a
+/// new key written there with mode 0600. Every node of a cluster needs the same one.
+async fn secret_key(args: &ServerArgs) -> Result<SecretKey> {
+    let path = secret_key_path(args);
+    let text = private_file(&path, "secret key", SecretKey::generate).await?;
+    let key = SecretKey::from_base64(&text)
+        .with_context(|| format!("the secret key in {}", path.display()))?;
+    tracing::info!(
+        "secrets are sealed with key {} from {}",
+        key.id(),
+        path.display()
+    );
+    Ok(key)
+}
+
+/// A private file's content, trimmed: read when the file exists, else `generate`d and written
+/// with mode 0600. The file is never overwritten; one another process is writing at the same
+/// moment (nodes starting together) is waited for, briefly.
+async fn private_file(path: &Path, what: &str, generate: impl Fn() -> String) -> Result<String> {
+    if let Some(text) = read_private(path, what).await? {
+        return Ok(text);
+    }
+    let text = generate();
+    if write_private(path, &text)? {
+        tracing::info!("a new {what} was written to {}", path.display());
+        return Ok(text);
+    }
+    read_private(path, what)
+        .await?
+        .with_context(|| format!("{} appeared but holds no {what}", path.display()))
+}
+
+/// The file's content, trimmed; `None` when there is no file.
+async fn read_private(path: &Path, what: &str) -> Result<Option<String>> {
     for _ in 0..50 {
         let text = match std::fs::read_to_string(path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("cannot read the admin token {}", path.display()))
+                return Err(e).with_context(|| format!("cannot read the {what} {}", path.display()))
             }
         };
-        let secret = text.trim();
-        if secret.len() >= MIN_SECRET_LEN {
-            return Ok(Some(secret.to_string()));
-        }
-        if !secret.is_empty() {
-            bail!(
-                "the admin token in {} is shorter than {MIN_SECRET_LEN} characters; delete \
-                 the file to have a new one generated",
-                path.display()
-            );
+        if !text.trim().is_empty() {
+            return Ok(Some(text.trim().to_string()));
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    bail!("the admin token file {} is empty", path.display())
+    bail!("the {what} file {} is empty", path.display())
 }
 
 /// Writes a new file only its owner may read. An existing file is never overwritten: `false`
@@ -235,12 +259,16 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
         },
         audit_retention: Some(args.audit_retention.0).filter(|r| !r.is_zero()),
         auth: AuthMode::Tokens,
+        rate_limit: RateLimit {
+            per_second: args.rate_limit,
+            burst: args.rate_limit.saturating_mul(2),
+        },
         ..ServerConfig::default()
     })
 }
 
 pub async fn server(args: ServerArgs) -> Result<()> {
-    let config = server_config(&args)?;
+    let mut config = server_config(&args)?;
     let opened = open_store(&args).await?;
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
@@ -249,6 +277,7 @@ pub async fn server(args: ServerArgs) -> Result<()> {
         opened.place
     );
     bootstrap_admin(&args, opened.store.as_ref()).await?;
+    config.secret_key = Some(secret_key(&args).await?);
     sked_server::serve(config, opened.store.clone(), listener, shutdown_signal()).await?;
     Ok(())
 }
@@ -283,6 +312,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
         );
     }
     let admin = bootstrap_admin(&args.server, opened.store.as_ref()).await?;
+    config.secret_key = Some(secret_key(&args.server).await?);
     let (server_stop, server_stopped) = watch::channel(false);
     let (worker_stop, worker_stopped) = watch::channel(false);
     let mut server = tokio::spawn(sked_server::serve(

@@ -859,3 +859,155 @@ async fn a_token_revoked_on_one_node_is_refused_by_every_node_within_a_second() 
     drop((a, b));
     schema.drop_schema().await;
 }
+
+/// The first 16 hex digits of `text`'s SHA-256, as `sha256sum` prints them.
+fn sha256_prefix(text: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sha256sum");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("sha256sum output");
+    String::from_utf8_lossy(&out.stdout)[..16].to_string()
+}
+
+#[tokio::test]
+async fn a_secret_is_sealed_at_rest_never_shown_and_opened_only_for_the_run() {
+    const SECRET: &str = "correct-horse-battery-staple-7f3a";
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    // The job proves it received the secret without printing it.
+    let check = format!(
+        "test \"$(printf %s \"$DB_PASSWORD\" | sha256sum | cut -c1-16)\" = {} && echo opened",
+        sha256_prefix(SECRET)
+    );
+    let job = json!({"target": {"shell": {"command": check, "env": {"DB_PASSWORD": {"secret": SECRET}, "LEVEL": "full"}}}});
+    let (status, created) = sked.put_job("uses-secret", job).await;
+    assert_eq!(status, 201, "{created}");
+    let env = &created["target"]["shell"]["env"];
+    assert_eq!(env["LEVEL"], "full");
+    let sealed = env["DB_PASSWORD"]["sealed"]
+        .as_str()
+        .expect("a sealed value")
+        .to_string();
+    assert!(sealed.starts_with("v1:"), "{sealed}");
+
+    let (_, run) = sked.post("/jobs/uses-secret/trigger", json!(null)).await;
+    let id = run["id"].as_i64().expect("run id");
+    let run = sked.wait_finished(id, Duration::from_secs(20)).await;
+    assert_eq!(run["state"], "succeeded", "{run}");
+    let log = sked
+        .http
+        .get(sked.url(&format!("/runs/{id}/log")))
+        .send()
+        .await
+        .expect("log")
+        .text()
+        .await
+        .expect("log text");
+    assert_eq!(log, "opened\n");
+
+    // Sent back as it was read, the definition keeps its secret.
+    let (_, read) = sked.get("/jobs/uses-secret").await;
+    let again = json!({"target": read["target"].clone()});
+    let (status, answer) = sked.put_job("uses-secret", again).await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, run) = sked.post("/jobs/uses-secret/trigger", json!(null)).await;
+    let run = sked
+        .wait_finished(run["id"].as_i64().expect("run id"), Duration::from_secs(20))
+        .await;
+    assert_eq!(
+        run["state"], "succeeded",
+        "the re-sent sealed value still opens: {run}"
+    );
+
+    // A made-up sealed value is refused, naming the field.
+    let forged = json!({"target": {"shell": {"command": "true", "env": {"X": {"sealed": "v1:00000000:AAAA"}}}}});
+    let (status, answer) = sked.put_job("forged", forged).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["field"], "target.shell.env.X", "{answer}");
+
+    // Nowhere to be read: not in any answer, not in the store's files, not in a log line.
+    let mut answers = String::new();
+    for path in ["/jobs/uses-secret", "/jobs", "/runs", "/audit?limit=100"] {
+        answers.push_str(&sked.get(path).await.1.to_string());
+    }
+    assert!(!answers.contains(SECRET), "an answer holds the secret");
+    sked.server
+        .as_mut()
+        .expect("dev")
+        .stop(Duration::from_secs(10));
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(sked.data_dir())
+        .expect("data dir")
+        .flatten()
+    {
+        files.extend(std::fs::read(entry.path()).unwrap_or_default());
+    }
+    for entry in std::fs::read_dir(sked.dir.path()).expect("logs").flatten() {
+        files.extend(std::fs::read(entry.path()).unwrap_or_default());
+    }
+    let needle = SECRET.as_bytes();
+    assert!(
+        !files.windows(needle.len()).any(|w| w == needle),
+        "the secret is in a file of the data directory or a log"
+    );
+}
+
+#[tokio::test]
+async fn a_token_past_its_request_rate_is_told_to_wait_and_workers_are_not_counted() {
+    let mut sked = Sked::new();
+    sked.start_server(&["--rate-limit", "5"]).await;
+    let reader = client_for(
+        &sked,
+        "busy",
+        json!({"role": "viewer", "namespaces": ["*"]}),
+    )
+    .await;
+    let other = client_for(
+        &sked,
+        "calm",
+        json!({"role": "viewer", "namespaces": ["*"]}),
+    )
+    .await;
+    let mut refused = None;
+    for _ in 0..30 {
+        let response = reader.get(sked.url("/jobs")).send().await.expect("GET");
+        if response.status().as_u16() == 429 {
+            refused = Some(response);
+            break;
+        }
+    }
+    let refused = refused.expect("a burst of 30 requests at 5/s is refused");
+    let retry_after = refused.headers().get("retry-after").cloned();
+    let body: Value = refused.json().await.expect("JSON");
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+    assert_eq!(
+        retry_after.as_ref().and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let (status, _) = call(&other, Method::GET, sked.url("/jobs"), None).await;
+    assert_eq!(status, 200, "another token is not held up");
+    // A worker's protocol calls are not counted.
+    let worker = token(&sked, "w", json!({"role": "worker", "namespaces": ["*"]})).await;
+    let hand = HandWorker::register(&sked, &worker, json!({}))
+        .await
+        .expect("register");
+    for _ in 0..30 {
+        let url = format!("{}/workers/{}/heartbeat", sked.url(""), hand.id);
+        let (status, answer) =
+            call(&hand.http, Method::POST, url, Some(json!({"running": []}))).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    // After the wait, the token is served again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, _) = call(&reader, Method::GET, sked.url("/jobs"), None).await;
+    assert_eq!(status, 200);
+}

@@ -143,10 +143,9 @@ async fn method_headers_and_body_are_sent() {
     let base = server().await;
     let mut t = target(format!("{base}/echo"));
     t.method = "post".to_string();
-    t.headers.insert("X-Custom".to_string(), "yes".to_string());
+    t.headers.insert("X-Custom".to_string(), "yes".into());
     // The run's own headers win over the job's.
-    t.headers
-        .insert("X-Sked-Run-Id".to_string(), "7".to_string());
+    t.headers.insert("X-Sked-Run-Id".to_string(), "7".into());
     t.body = Some("payload".to_string());
     let (result, text) = run(&t, &ExecOptions::default()).await;
     assert_eq!(result.outcome, AttemptOutcome::Succeeded);
@@ -242,7 +241,7 @@ async fn an_unreachable_url_fails() {
 async fn a_bad_header_fails_without_sending() {
     let base = server().await;
     let mut t = target(format!("{base}/ok"));
-    t.headers.insert("bad header".to_string(), "x".to_string());
+    t.headers.insert("bad header".to_string(), "x".into());
     let (result, _) = run(&t, &ExecOptions::default()).await;
     assert_eq!(result.outcome, AttemptOutcome::Failed);
     assert!(result

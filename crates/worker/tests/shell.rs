@@ -108,11 +108,9 @@ async fn killed_by_a_signal_fails_without_exit_code() {
 async fn the_job_sees_its_run_and_its_env() {
     let mut target =
         sh("echo \"$SKED_RUN_ID|$SKED_ATTEMPT|$SKED_SCHEDULED_FOR|$SKED_JOB|$LEVEL\"; pwd");
-    target.env.insert("LEVEL".to_string(), "full".to_string());
+    target.env.insert("LEVEL".to_string(), "full".into());
     // The job cannot pretend to be another run.
-    target
-        .env
-        .insert("SKED_RUN_ID".to_string(), "7".to_string());
+    target.env.insert("SKED_RUN_ID".to_string(), "7".into());
     target.cwd = Some("/".to_string());
     let (result, text) = run(&target, &options(None)).await;
     assert_eq!(result.outcome, AttemptOutcome::Succeeded);
@@ -120,6 +118,26 @@ async fn the_job_sees_its_run_and_its_env() {
         text, "42|3|2026-01-02T03:04:05Z|nightly-report|full\n/\n",
         "{text:?}"
     );
+}
+
+#[tokio::test]
+async fn a_secret_the_server_did_not_open_fails_the_attempt_by_name() {
+    let mut target = sh("echo ran");
+    let sealed = sked_core::target::SealedText {
+        sealed: "v1:00000000:AAAA".to_string(),
+    };
+    target.env.insert(
+        "DB_PASSWORD".to_string(),
+        sked_core::target::TargetValue::Sealed(sealed),
+    );
+    let (result, text) = run(&target, &options(None)).await;
+    assert_eq!(result.outcome, AttemptOutcome::Failed);
+    let error = result.error.unwrap_or_default();
+    assert!(
+        error.contains("DB_PASSWORD") && error.contains("--secret-key-file"),
+        "{error}"
+    );
+    assert!(!text.contains("ran"), "the command did not run: {text:?}");
 }
 
 #[tokio::test]

@@ -59,6 +59,20 @@ impl From<SpecError> for ApiError {
     }
 }
 
+impl From<crate::secrets::SecretError> for ApiError {
+    fn from(e: crate::secrets::SecretError) -> Self {
+        use crate::secrets::SecretError;
+        let field = match &e {
+            SecretError::OtherKey { field, .. }
+            | SecretError::NotSealed { field }
+            | SecretError::TooLong { field }
+            | SecretError::NoKey { field } => field.clone(),
+            SecretError::BadKey(_) => "secret".to_string(),
+        };
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_job", e.to_string()).with_field(field)
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {

@@ -5,6 +5,7 @@ use super::{body, parse_json, ApiError, Namespace};
 use crate::audit::{self, Change};
 use crate::auth::Caller;
 use crate::firing::queued_run;
+use crate::secrets::seal_target;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -78,8 +79,9 @@ async fn store_job(
 ) -> Result<Response, ApiError> {
     let spec: JobSpec = parse_json(bytes)?;
     let now = Utc::now();
-    let job = spec.validate(name_from_path, now)?;
+    let mut job = spec.validate(name_from_path, now)?;
     caller.may_define(matches!(job.spec.target, TargetSpec::Shell(_)))?;
+    seal_target(state.config.secret_key.as_ref(), &mut job.spec.target)?;
     let before = match mode {
         PutMode::Upsert => state.store.get_job(namespace, &job.name).await?,
         PutMode::CreateOnly => None,

@@ -21,6 +21,7 @@ mod workers;
 pub use error::ApiError;
 
 use crate::auth::Authenticator;
+use crate::rate::RequestRate;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -189,6 +190,10 @@ pub fn router(state: AppState) -> Router {
         let guard = Guard {
             auth: state.auth.clone(),
             permission: route.permission,
+            rate: state
+                .rate
+                .clone()
+                .filter(|_| route.permission != Permission::Worker),
         };
         router = router.route(
             route.path,
@@ -208,6 +213,8 @@ pub fn router(state: AppState) -> Router {
 struct Guard {
     auth: Arc<Authenticator>,
     permission: Permission,
+    /// Counts the caller's requests on this route; `None` for routes not counted.
+    rate: Option<Arc<RequestRate>>,
 }
 
 /// Finds the caller, checks the route's permission, and hands the caller to the handler.
@@ -251,6 +258,18 @@ async fn authorize(
     };
     if let Err(denied) = caller.permits(guard.permission) {
         return ApiError::from(denied).into_response();
+    }
+    if let Some(Err(wait)) = guard.rate.as_ref().map(|rate| rate.check(caller.token_id)) {
+        return ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "this token sent more requests than the server allows per second; wait {} ms",
+                wait.as_millis().max(1)
+            ),
+        )
+        .retry_after(wait)
+        .into_response();
     }
     request.extensions_mut().insert(caller);
     next.run(request).await

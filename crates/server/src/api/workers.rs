@@ -7,6 +7,7 @@ use super::{body, body_within, parse_json, ApiError, MAX_OUTPUT_CHUNK};
 use crate::auth::Caller;
 use crate::dispatch::KnownWorker;
 use crate::metrics::Metrics;
+use crate::secrets::open_target;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -281,6 +282,12 @@ pub async fn lease(
     for ((run, start), started) in runs.into_iter().zip(starts).zip(started) {
         // `None`: cancelled or deleted while it waited; there is nothing to run.
         let Some(started) = started else { continue };
+        // Secrets are opened here, for this attempt only; one that cannot be opened stays
+        // sealed and the worker fails the attempt naming it.
+        let mut target = run.target;
+        if let Err(e) = open_target(state.config.secret_key.as_ref(), &mut target) {
+            tracing::error!("run {} of job {}: {e}", run.run_id, run.job);
+        }
         attempts.push(LeasedAttempt {
             attempt_id: started.attempt_id,
             token: start.token,
@@ -289,7 +296,7 @@ pub async fn lease(
             namespace: run.namespace,
             job: run.job,
             scheduled_for: run.scheduled_for,
-            target: run.target,
+            target,
             timeout_ms: run.timeout.map(|t| t.as_millis() as u64),
         });
     }

@@ -35,6 +35,16 @@ impl Server {
         let config = ServerConfig {
             listen: "127.0.0.1:0".to_string(),
             retention: None,
+            rate_limit: sked_server::rate::RateLimit {
+                per_second: 0,
+                burst: 0,
+            },
+            secret_key: config.secret_key.clone().or_else(|| {
+                sked_server::secrets::SecretKey::from_base64(
+                    &sked_server::secrets::SecretKey::generate(),
+                )
+                .ok()
+            }),
             ..config
         };
         sked_server::auth::ensure_admin_token(store.as_ref(), ADMIN_TOKEN, chrono::Utc::now())

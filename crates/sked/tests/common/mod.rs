@@ -19,29 +19,37 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_sked");
 /// [`admin_token_file`], clients and workers get it as `SKED_TOKEN`.
 pub const ADMIN_TOKEN: &str = "sked_black-box-test-admin-token-0123456789";
 
-/// A file holding [`ADMIN_TOKEN`], mode 0600, written once per test process.
-pub fn admin_token_file() -> &'static Path {
-    static FILE: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    let dir = FILE.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("admin.token");
-        std::fs::write(&path, ADMIN_TOKEN).expect("write the admin token");
+/// The secret key every server of a test process shares, as the nodes of a cluster must.
+pub const SECRET_KEY: &str = "c2tlZC1ibGFjay1ib3gtdGVzdHMtc2VjcmV0LWtleSE=";
+
+/// The files every server of the test process reads: the admin token ([`ADMIN_TOKEN`]) and
+/// the secret key ([`SECRET_KEY`]), mode 0600, written once.
+fn private_files() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .expect("chmod the admin token");
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, content) in [("admin.token", ADMIN_TOKEN), ("secret.key", SECRET_KEY)] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, content).expect("write a private file");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod a private file");
+        }
         dir
-    });
-    // Leaked with the process: every server of the test process reads it.
-    Box::leak(dir.path().join("admin.token").into_boxed_path())
+    })
+    .path()
 }
 
-/// `sked` with what every process of a test deployment is given: the admin token file for
-/// servers, the admin token for clients and workers.
+/// `sked` with what every process of a test deployment is given: the admin token and secret
+/// key files for servers, the admin token for clients and workers.
 pub fn sked_command() -> Command {
     let mut command = Command::new(BIN);
     command
-        .env("SKED_ADMIN_TOKEN_FILE", admin_token_file())
-        .env("SKED_TOKEN", ADMIN_TOKEN);
+        .env("SKED_ADMIN_TOKEN_FILE", private_files().join("admin.token"))
+        .env("SKED_SECRET_KEY_FILE", private_files().join("secret.key"))
+        .env("SKED_TOKEN", ADMIN_TOKEN)
+        // Tests drive the API far faster than a person; the limit has a test of its own.
+        .env("SKED_RATE_LIMIT", "0");
     command
 }
 

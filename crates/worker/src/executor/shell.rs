@@ -41,7 +41,18 @@ pub async fn run(
     mut stop: StopSignal,
     output: &OutputBuffer,
 ) -> ExecResult {
-    let mut child = match command(target, info, options).spawn() {
+    let env = match sked_core::target::plain_values(&target.env) {
+        Ok(env) => env,
+        Err(name) => {
+            let message = format!(
+                "env {name} is a secret the server did not open (is every server node given \
+                 the same --secret-key-file?)"
+            );
+            output.write(format!("[sked-worker: {message}]\n").as_bytes());
+            return ExecResult::failed(message);
+        }
+    };
+    let mut child = match command(target, &env, info, options).spawn() {
         Ok(child) => child,
         Err(e) => {
             let message = format!("cannot start {:?}: {e}", target.command);
@@ -120,7 +131,12 @@ enum End {
     Stopped,
 }
 
-fn command(target: &ShellTarget, info: &RunInfo, options: &ExecOptions) -> Command {
+fn command(
+    target: &ShellTarget,
+    env: &[(&str, &str)],
+    info: &RunInfo,
+    options: &ExecOptions,
+) -> Command {
     let (program, args) = if target.args.is_empty() {
         ("/bin/sh", vec!["-c".to_string(), target.command.clone()])
     } else {
@@ -148,7 +164,7 @@ fn command(target: &ShellTarget, info: &RunInfo, options: &ExecOptions) -> Comma
         }
     };
     // The job's own variables first: the SKED_* ones describe the run and win.
-    cmd.envs(&target.env)
+    cmd.envs(env.iter().copied())
         .env(ENV_RUN_ID, info.run_id.to_string())
         .env(ENV_ATTEMPT, info.attempt.to_string())
         .env(ENV_SCHEDULED_FOR, info.scheduled_for_rfc3339())

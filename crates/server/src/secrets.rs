@@ -1,0 +1,265 @@
+//! Secrets in job definitions: sealed (AES-256-GCM) with the server's key before a definition
+//! is stored, and opened only in the attempt handed to a worker. What a secret is and where it
+//! may appear is `sked_core::target`'s; this module only encrypts and decrypts.
+//!
+//! A sealed value reads `v1:<key id>:<base64 of nonce and ciphertext>`; the key id (the first
+//! 8 hex digits of the key's SHA-256) says which key sealed it, so a node given another key
+//! says so instead of failing obscurely.
+
+use aes_gcm::aead::{Aead, KeyInit};
+use aes_gcm::{Aes256Gcm, Nonce};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use sha2::{Digest, Sha256};
+use sked_core::target::{SealedText, TargetSpec, TargetValue};
+use std::sync::Arc;
+
+const VERSION: &str = "v1";
+const NONCE_LEN: usize = 12;
+/// Longest secret accepted, in bytes: env values and headers are small.
+pub const MAX_SECRET_LEN: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SecretError {
+    #[error("the secret key must be 32 bytes in base64 ({0})")]
+    BadKey(String),
+    #[error("{field} was sealed by another server's key ({found}; this server's is {ours}): give every node the same --secret-key-file, or send the secret again as {{\"secret\": ...}}")]
+    OtherKey {
+        field: String,
+        found: String,
+        ours: String,
+    },
+    #[error("{field} is not a sealed value this server made")]
+    NotSealed { field: String },
+    #[error("{field} is longer than {MAX_SECRET_LEN} bytes")]
+    TooLong { field: String },
+    #[error("{field} is a secret, and this server has no secret key")]
+    NoKey { field: String },
+}
+
+/// The server's key for secrets. `Debug` shows only its id.
+#[derive(Clone)]
+pub struct SecretKey {
+    cipher: Arc<Aes256Gcm>,
+    id: String,
+}
+
+impl std::fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SecretKey({})", self.id)
+    }
+}
+
+impl SecretKey {
+    /// A key from its file's text: 32 bytes in base64.
+    pub fn from_base64(text: &str) -> Result<SecretKey, SecretError> {
+        let bytes = STANDARD
+            .decode(text.trim())
+            .map_err(|e| SecretError::BadKey(e.to_string()))?;
+        if bytes.len() != 32 {
+            return Err(SecretError::BadKey(format!("{} bytes", bytes.len())));
+        }
+        let cipher =
+            Aes256Gcm::new_from_slice(&bytes).map_err(|e| SecretError::BadKey(e.to_string()))?;
+        let digest = Sha256::digest(&bytes);
+        let id = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        Ok(SecretKey {
+            cipher: Arc::new(cipher),
+            id,
+        })
+    }
+
+    /// A new key's file text: 32 random bytes in base64.
+    pub fn generate() -> String {
+        STANDARD.encode(rand::random::<[u8; 32]>())
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn seal(&self, clear: &str) -> String {
+        let nonce_bytes: [u8; NONCE_LEN] = rand::random();
+        // Encrypting into a Vec cannot fail for inputs this size (far under GCM's limit).
+        let ciphertext = self
+            .cipher
+            .encrypt(Nonce::from_slice(&nonce_bytes), clear.as_bytes())
+            .unwrap_or_default();
+        let mut sealed = nonce_bytes.to_vec();
+        sealed.extend(ciphertext);
+        format!("{VERSION}:{}:{}", self.id, STANDARD.encode(sealed))
+    }
+
+    fn open(&self, field: &str, sealed: &str) -> Result<String, SecretError> {
+        let not_sealed = || SecretError::NotSealed {
+            field: field.to_string(),
+        };
+        let mut parts = sealed.splitn(3, ':');
+        let (Some(VERSION), Some(id), Some(body)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(not_sealed());
+        };
+        if id != self.id {
+            return Err(SecretError::OtherKey {
+                field: field.to_string(),
+                found: id.to_string(),
+                ours: self.id.clone(),
+            });
+        }
+        let bytes = STANDARD.decode(body).map_err(|_| not_sealed())?;
+        if bytes.len() < NONCE_LEN {
+            return Err(not_sealed());
+        }
+        let (nonce, ciphertext) = bytes.split_at(NONCE_LEN);
+        let clear = self
+            .cipher
+            .decrypt(Nonce::from_slice(nonce), ciphertext)
+            .map_err(|_| not_sealed())?;
+        String::from_utf8(clear).map_err(|_| not_sealed())
+    }
+}
+
+/// Where a target's values are, for error messages (`target.shell.env.DB_PASSWORD`).
+fn values_field(target: &TargetSpec) -> &'static str {
+    match target {
+        TargetSpec::Shell(_) => "target.shell.env",
+        TargetSpec::Http(_) => "target.http.headers",
+    }
+}
+
+/// Seals every secret given in clear; checks that every sealed value is this key's. Before a
+/// definition is stored.
+pub fn seal_target(key: Option<&SecretKey>, target: &mut TargetSpec) -> Result<(), SecretError> {
+    let place = values_field(target);
+    for (name, value) in target.values_mut() {
+        let field = format!("{place}.{name}");
+        let needed = |field: &str| {
+            key.ok_or_else(|| SecretError::NoKey {
+                field: field.to_string(),
+            })
+        };
+        let sealed = match &*value {
+            TargetValue::Plain(_) => continue,
+            TargetValue::Secret(secret) if secret.secret.len() > MAX_SECRET_LEN => {
+                return Err(SecretError::TooLong { field })
+            }
+            TargetValue::Secret(secret) => needed(&field)?.seal(&secret.secret),
+            TargetValue::Sealed(sealed) => {
+                needed(&field)?.open(&field, &sealed.sealed)?;
+                continue;
+            }
+        };
+        *value = TargetValue::Sealed(SealedText { sealed });
+    }
+    Ok(())
+}
+
+/// Opens every sealed value, for the attempt handed to a worker. A value that cannot be opened
+/// stays sealed (the worker then fails the attempt, naming it), and the first error is
+/// returned.
+pub fn open_target(key: Option<&SecretKey>, target: &mut TargetSpec) -> Result<(), SecretError> {
+    let place = values_field(target);
+    let mut first_error = None;
+    for (name, value) in target.values_mut() {
+        let TargetValue::Sealed(sealed) = value else {
+            continue;
+        };
+        let field = format!("{place}.{name}");
+        let opened = match key {
+            Some(key) => key.open(&field, &sealed.sealed),
+            None => Err(SecretError::NoKey { field }),
+        };
+        match opened {
+            Ok(clear) => *value = TargetValue::Plain(clear),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sked_core::target::SecretText;
+
+    fn key() -> SecretKey {
+        SecretKey::from_base64(&SecretKey::generate()).unwrap()
+    }
+
+    fn shell_with(value: TargetValue) -> TargetSpec {
+        serde_json::from_value(serde_json::json!({"shell": {"command": "true"}}))
+            .map(|mut t: TargetSpec| {
+                if let TargetSpec::Shell(s) = &mut t {
+                    s.env.insert("PASSWORD".into(), value);
+                }
+                t
+            })
+            .unwrap()
+    }
+
+    fn secret(text: &str) -> TargetValue {
+        TargetValue::Secret(SecretText {
+            secret: text.into(),
+        })
+    }
+
+    #[test]
+    fn a_secret_is_sealed_for_the_store_and_opened_for_the_worker() {
+        let key = key();
+        let mut target = shell_with(secret("hunter2"));
+        seal_target(Some(&key), &mut target).unwrap();
+        let stored = serde_json::to_string(&target).unwrap();
+        assert!(!stored.contains("hunter2"), "{stored}");
+        assert!(stored.contains(&format!("v1:{}:", key.id())), "{stored}");
+        // Sent back unchanged, a sealed value is accepted and stays what it was.
+        let mut again = target.clone();
+        seal_target(Some(&key), &mut again).unwrap();
+        assert_eq!(again, target);
+        open_target(Some(&key), &mut target).unwrap();
+        assert_eq!(target, shell_with("hunter2".into()));
+    }
+
+    #[test]
+    fn two_seals_of_one_secret_differ() {
+        let key = key();
+        assert_ne!(key.seal("x"), key.seal("x"));
+    }
+
+    #[test]
+    fn another_key_a_forgery_or_no_key_is_refused_by_name() {
+        let (ours, theirs) = (key(), key());
+        let mut target = shell_with(secret("hunter2"));
+        seal_target(Some(&theirs), &mut target).unwrap();
+        let mut sent = target.clone();
+        assert!(matches!(
+            seal_target(Some(&ours), &mut sent),
+            Err(SecretError::OtherKey { .. })
+        ));
+        assert!(open_target(Some(&ours), &mut sent).is_err());
+        assert_eq!(sent, target, "what cannot be opened stays sealed");
+
+        let forged = format!("v1:{}:{}", ours.id(), STANDARD.encode([0u8; 40]));
+        let mut target = shell_with(TargetValue::Sealed(SealedText { sealed: forged }));
+        assert_eq!(
+            seal_target(Some(&ours), &mut target),
+            Err(SecretError::NotSealed {
+                field: "target.shell.env.PASSWORD".into()
+            })
+        );
+        let mut target = shell_with(secret("x"));
+        assert!(matches!(
+            seal_target(None, &mut target),
+            Err(SecretError::NoKey { .. })
+        ));
+    }
+
+    #[test]
+    fn a_key_is_32_bytes_of_base64() {
+        assert!(SecretKey::from_base64("not base64!").is_err());
+        assert!(SecretKey::from_base64(&STANDARD.encode([1u8; 16])).is_err());
+        let key = key();
+        assert_eq!(format!("{key:?}"), format!("SecretKey({})", key.id()));
+    }
+}
