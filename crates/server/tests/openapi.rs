@@ -13,7 +13,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 const DOCUMENT: &str = include_str!("../src/api/openapi.json");
-const ROUTER_SOURCE: &str = include_str!("../src/api/mod.rs");
 
 const METHODS: &[&str] = &[
     "get", "put", "post", "delete", "patch", "head", "options", "trace",
@@ -44,148 +43,23 @@ fn documented_routes(doc: &Value) -> BTreeMap<String, BTreeSet<String>> {
         .collect()
 }
 
-// --- the routes `router()` registers, read from its source -------------------------------------
-
-/// The source without line comments, so that a route mentioned in a comment is not a route.
-fn code_only(source: &str) -> String {
-    source
-        .lines()
-        .filter(|line| !line.trim_start().starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// Reads a Rust string literal starting at `at` (on the opening quote); returns it and the index
-/// after the closing quote.
-fn string_literal(s: &[u8], at: usize) -> (String, usize) {
-    assert_eq!(s[at], b'"', "expected a string literal");
-    let mut i = at + 1;
-    let mut out = Vec::new();
-    while s[i] != b'"' {
-        if s[i] == b'\\' {
-            i += 1;
-        }
-        out.push(s[i]);
-        i += 1;
-    }
-    (String::from_utf8(out).unwrap(), i + 1)
-}
-
-/// The index just past the parenthesis that closes the one opened before `at`.
-fn closing_paren(s: &[u8], mut at: usize) -> usize {
-    let mut depth = 1;
-    while depth > 0 {
-        match s[at] {
-            b'"' => {
-                at = string_literal(s, at).1;
-                continue;
-            }
-            b'(' => depth += 1,
-            b')' => depth -= 1,
-            _ => {}
-        }
-        at += 1;
-    }
-    at
-}
-
-/// Method-router constructors in a `.route(path, ...)` argument: `get(` and friends, but not a
-/// handler named `jobs::get`.
-fn methods_in(arg: &str) -> BTreeSet<String> {
-    let bytes = arg.as_bytes();
-    let mut found = BTreeSet::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'"' {
-            i = string_literal(bytes, i).1;
-            continue;
-        }
-        if bytes[i].is_ascii_alphabetic() || bytes[i] == b'_' {
-            let start = i;
-            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
-                i += 1;
-            }
-            let word = &arg[start..i];
-            let qualified = arg[..start].ends_with("::");
-            if !qualified && bytes.get(i) == Some(&b'(') && METHODS.contains(&word) {
-                found.insert(word.to_string());
-            }
-            continue;
-        }
-        i += 1;
-    }
-    found
-}
-
-/// `.route("...", get(..).post(..))` calls in one builder chain.
-fn routes_in(chain: &str, prefix: &str, out: &mut BTreeMap<String, BTreeSet<String>>) -> usize {
-    let bytes = chain.as_bytes();
-    let mut count = 0;
-    let mut from = 0;
-    while let Some(found) = chain[from..].find(".route(") {
-        let open = from + found + ".route(".len();
-        let mut at = open;
-        while bytes[at].is_ascii_whitespace() {
-            at += 1;
-        }
-        let (path, after_path) = string_literal(bytes, at);
-        let close = closing_paren(bytes, open);
-        let methods = methods_in(&chain[after_path..close - 1]);
-        assert!(
-            !methods.is_empty(),
-            "could not tell the methods of route {path:?}; teach this test how it is registered"
-        );
-        let full = format!("{prefix}{path}");
-        assert!(
-            out.insert(full.clone(), methods).is_none(),
-            "route {full} registered twice"
-        );
-        count += 1;
-        from = close;
-    }
-    count
-}
+// --- the routes the router serves, from its route table ----------------------------------------
 
 /// Every route `api::router` registers, with its methods, as the server serves them.
 fn registered_routes() -> BTreeMap<String, BTreeSet<String>> {
-    let source = code_only(ROUTER_SOURCE);
-    let start = source
-        .find("pub fn router(")
-        .expect("api/mod.rs has `pub fn router(`");
-    let body = &source[start..];
-    let end = body.find("\n}\n").expect("the end of fn router");
-    let body = &body[..end];
-    assert_eq!(
-        source.matches(".route(").count(),
-        body.matches(".route(").count(),
-        "routes are registered outside fn router; teach this test where"
-    );
-    assert!(
-        !body.contains(".merge(") && body.matches(".nest(").count() == 1,
-        "router() is built differently than this test knows (one nest, no merge)"
-    );
-    let api_start = body.find("let api = ").expect("`let api = ` in router()");
-    let api_end = api_start + body[api_start..].find(";\n").expect("end of `let api`");
-    let api_chain = &body[api_start..api_end];
-    let root_chain = &body[api_end..];
-    let nest = root_chain.find(".nest(").expect("the api router is nested");
-    let (prefix, _) = string_literal(
-        root_chain.as_bytes(),
-        nest + ".nest(".len() + root_chain[nest + ".nest(".len()..].find('"').unwrap(),
-    );
-    assert!(
-        root_chain[nest..]
-            .trim_start_matches(".nest(")
-            .contains("api)"),
-        "the nested router is `api`"
-    );
-    let mut routes = BTreeMap::new();
-    let n = routes_in(api_chain, &prefix, &mut routes) + routes_in(root_chain, "", &mut routes);
-    assert_eq!(n, body.matches(".route(").count(), "every .route( was read");
-    assert!(
-        n >= 20,
-        "only {n} routes read from router(): the parser is broken"
-    );
+    let mut routes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for route in sked_server::api::routes() {
+        let method = route.method.as_str().to_lowercase();
+        assert!(
+            routes
+                .entry(route.path.to_string())
+                .or_default()
+                .insert(method),
+            "{} {} registered twice",
+            route.method,
+            route.path
+        );
+    }
     routes
 }
 
@@ -232,6 +106,20 @@ fn the_document_is_well_formed() {
             pointer(&doc, reference).is_some(),
             "{reference} does not resolve"
         );
+    }
+    // Security schemes are used by name in security requirements, not by reference.
+    let mut requirements = vec![&doc["security"]];
+    for item in doc["paths"].as_object().unwrap().values() {
+        requirements.extend(item.as_object().unwrap().values().map(|op| &op["security"]));
+    }
+    for requirement in requirements.iter().filter_map(|r| r.as_array()).flatten() {
+        for scheme in requirement
+            .as_object()
+            .expect("a security requirement")
+            .keys()
+        {
+            refs.push(format!("#/components/securitySchemes/{scheme}"));
+        }
     }
     // Nothing in components is left unused (a sign of a schema that drifted away).
     let used: BTreeSet<&str> = refs.iter().map(String::as_str).collect();
@@ -289,6 +177,38 @@ fn the_document_is_well_formed() {
                 }
             }
             assert_eq!(in_path, placeholders, "{method} {path}: path parameters");
+        }
+    }
+}
+
+/// What the route table says of who may call a route is what the document says: open routes
+/// need no token, every other one answers 401 without one and 403 outside its role.
+#[test]
+fn the_document_states_each_routes_permission() {
+    use sked_core::auth::Permission;
+    let doc = document();
+    assert!(doc["security"][0]["bearer"].is_array(), "tokens by default");
+    for route in sked_server::api::routes() {
+        let method = route.method.as_str().to_lowercase();
+        let op = &doc["paths"][route.path][&method];
+        let responses = op["responses"].as_object().expect("responses");
+        let what = format!("{} {}", route.method, route.path);
+        match route.permission {
+            Permission::Open => {
+                assert_eq!(op["security"], json!([]), "{what} is open");
+                assert!(!responses.contains_key("401"), "{what}");
+            }
+            Permission::Authenticated => assert!(responses.contains_key("401"), "{what}"),
+            _ => {
+                assert!(responses.contains_key("401"), "{what} documents 401");
+                assert!(responses.contains_key("403"), "{what} documents 403");
+            }
+        }
+        if !matches!(route.permission, Permission::Open | Permission::Worker) {
+            assert!(
+                responses.contains_key("429"),
+                "{what} documents the rate limit"
+            );
         }
     }
 }
@@ -627,6 +547,36 @@ impl Client<'_> {
         answer.body
     }
 
+    /// Sends `method path` with `token` instead of the admin token (none: no header).
+    async fn call_as(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Answer {
+        let (_, op) = self.operation(method, path);
+        let method_name = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+        let client = reqwest::Client::new();
+        let mut request = client.request(method_name, format!("{}{path}", self.server.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response.bytes().await.unwrap().to_vec();
+        let body = self.conforms(op, method, path, status, &headers, &bytes);
+        Answer {
+            status,
+            body,
+            headers,
+        }
+    }
+
     /// Sends raw bytes (attempt output, or a body too large).
     async fn raw(&self, method: &str, path: &str, bytes: Vec<u8>) -> Answer {
         self.send(method, path, Some(("application/octet-stream", bytes)))
@@ -792,10 +742,74 @@ async fn real_answers_fit_the_documented_statuses_and_schemas() {
         let run_id = worker_protocol(&api).await;
         runs(&api, run_id).await;
         refusals(&api).await;
+        identity(&api).await;
         server.stop().await;
     })
     .await
     .expect("the test took too long");
+}
+
+/// Tokens, the audit trail, and the refusals of a missing token, a forged one and a role
+/// that does not reach a route.
+async fn identity(api: &Client<'_>) {
+    let request =
+        json!({"name": "reader", "role": "viewer", "namespaces": ["default"], "expires": "30d"});
+    let created = api
+        .call("post", "/api/v1/tokens", Some(request.clone()))
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let secret = created.body["token"].as_str().unwrap().to_string();
+    assert_eq!(
+        api.call("post", "/api/v1/tokens", Some(request))
+            .await
+            .status,
+        409
+    );
+    let listed = api.call("get", "/api/v1/tokens", None).await;
+    assert_eq!(listed.status, 200);
+    assert!(!listed.body.to_string().contains(&secret));
+
+    let viewer = Some(secret.as_str());
+    let read = api.call_as(viewer, "get", "/api/v1/jobs", None).await;
+    assert_eq!(read.status, 200);
+    let job = json!({"target": {"http": {"url": "http://127.0.0.1:9/"}}});
+    let refused = api
+        .call_as(viewer, "put", "/api/v1/jobs/x", Some(job))
+        .await;
+    assert_eq!(refused.status, 403);
+    let elsewhere = api
+        .call_as(viewer, "get", "/api/v1/jobs?namespace=other", None)
+        .await;
+    assert_eq!(elsewhere.status, 403);
+    let tokens = api.call_as(viewer, "get", "/api/v1/tokens", None).await;
+    assert_eq!(tokens.status, 403);
+    for token in [None, Some("sked_forged-token-000000000000000000")] {
+        let answer = api.call_as(token, "get", "/api/v1/runs", None).await;
+        assert_eq!(answer.status, 401);
+        assert_eq!(answer.headers["www-authenticate"], "Bearer");
+    }
+
+    let audit = api.call("get", "/api/v1/audit?limit=5", None).await;
+    assert_eq!(audit.status, 200);
+    assert!(!audit.body["entries"].as_array().unwrap().is_empty());
+    let since = api
+        .call("get", "/api/v1/audit?since=not-an-instant", None)
+        .await;
+    assert_eq!(since.status, 400);
+    let revoked = api.call("delete", "/api/v1/tokens/reader", None).await;
+    assert_eq!(revoked.status, 200);
+    assert_eq!(
+        api.call("delete", "/api/v1/tokens/reader", None)
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        api.call_as(viewer, "get", "/api/v1/jobs", None)
+            .await
+            .status,
+        401
+    );
 }
 
 /// Defining, listing, reading, previewing, pausing and deleting jobs.
@@ -1021,10 +1035,13 @@ async fn worker_protocol(api: &Client<'_>) -> i64 {
         .await;
     assert_eq!(unknown.status, 410);
 
-    let output = format!("/api/v1/attempts/{attempt}/log?token={token}");
+    let output = format!("/api/v1/attempts/{attempt}/log?token={token}&worker={worker}");
     let kept = api.raw("post", &output, b"hello\n".to_vec()).await;
     assert_eq!((kept.status, &kept.body["kept"]), (200, &json!(6)));
-    let output = format!("/api/v1/attempts/{attempt}/log?token={}", token ^ 1);
+    let output = format!(
+        "/api/v1/attempts/{attempt}/log?token={}&worker={worker}",
+        token ^ 1
+    );
     let fenced = api.raw("post", &output, b"x".to_vec()).await;
     assert_eq!(
         (fenced.status, &fenced.body["error"]["code"]),
