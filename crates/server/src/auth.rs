@@ -51,8 +51,8 @@ pub fn hash_secret(secret: &str) -> String {
 }
 
 /// A looked-up token is trusted this long before the store is asked again: a revoked token is
-/// refused on every node within it.
-pub const TOKEN_CACHE_TTL: Duration = Duration::from_secs(1);
+/// refused on every node within it (well within the second the contract promises).
+pub const TOKEN_CACHE_TTL: Duration = Duration::from_millis(500);
 /// Most secrets remembered at once; past it the memory is cleared (a flood of made-up tokens
 /// must not grow it).
 const TOKEN_CACHE_SIZE: usize = 10_000;

@@ -832,7 +832,7 @@ async fn a_token_revoked_on_one_node_is_refused_by_every_node_within_a_second() 
             break;
         }
         assert!(
-            revoked.elapsed() < Duration::from_millis(1500),
+            revoked.elapsed() < Duration::from_secs(1),
             "node B still takes the revoked token"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
