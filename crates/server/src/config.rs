@@ -1,7 +1,7 @@
 //! Server settings, with the defaults a single node wants.
 
 use crate::auth::AuthMode;
-use crate::http::ConnectionLimits;
+use crate::http::{ConnectionLimits, Tls};
 use crate::rate::RateLimit;
 use crate::secrets::SecretKey;
 use sked_core::policy::BacklogLimits;
@@ -44,6 +44,8 @@ pub struct ServerConfig {
     pub audit_retention: Option<Duration>,
     /// Seals secrets in job definitions; without it a definition with a secret is refused.
     pub secret_key: Option<SecretKey>,
+    /// HTTPS with this certificate; plain HTTP when `None`.
+    pub tls: Option<Tls>,
     /// Requests per second per token on the API (the worker protocol is not counted); zero
     /// per second turns it off.
     pub rate_limit: RateLimit,
@@ -69,6 +71,7 @@ impl Default for ServerConfig {
             audit_retention: Some(Duration::from_secs(365 * 24 * 3600)),
             secret_key: None,
             rate_limit: RateLimit::default(),
+            tls: None,
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The HTTP listener: accepts connections up to a bound and serves each with hyper, under a
-//! timeout for reading a request's headers, and ends them gracefully at shutdown. It owns
-//! connections only; what a request does is the router's (`api`).
+//! The HTTP listener: accepts connections up to a bound, speaks TLS on them when given a
+//! certificate, serves each with hyper under a timeout for reading a request's headers, and
+//! ends them gracefully at shutdown. It owns connections only; what a request does is the
+//! router's (`api`).
 //!
 //! hyper starts the header timeout when a connection opens and again each time it falls idle
 //! after a response, so the one timeout closes both a client that trickles its headers
@@ -31,6 +32,61 @@ pub struct ConnectionLimits {
     pub shutdown_grace: Duration,
 }
 
+/// A certificate chain and its key, for HTTPS.
+#[derive(Clone)]
+pub struct Tls {
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tls(..)")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read the certificate {path}: {why}")]
+    Certificate { path: String, why: String },
+    #[error("cannot read the private key {path}: {why}")]
+    Key { path: String, why: String },
+    #[error("the certificate and key do not make a TLS configuration: {0}")]
+    Config(String),
+}
+
+impl Tls {
+    /// From PEM files: the certificate chain (leaf first) and its private key.
+    pub fn from_pem_files(cert: &std::path::Path, key: &std::path::Path) -> Result<Tls, TlsError> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let certificate_error = |why: String| TlsError::Certificate {
+            path: cert.display().to_string(),
+            why,
+        };
+        let chain = CertificateDer::pem_file_iter(cert)
+            .map_err(|e| certificate_error(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| certificate_error(e.to_string()))?;
+        if chain.is_empty() {
+            return Err(certificate_error("it holds no certificate".into()));
+        }
+        let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
+            path: key.display().to_string(),
+            why: e.to_string(),
+        })?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        Ok(Tls {
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        })
+    }
+}
+
 impl Default for ConnectionLimits {
     fn default() -> Self {
         ConnectionLimits {
@@ -47,6 +103,7 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
+    tls: Option<Tls>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
@@ -76,22 +133,24 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let mut builder = hyper::server::conn::http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout);
-        // Each request carries its peer's address, for the audit trail.
         let app = app.clone();
-        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer));
-            let mut app = app.clone();
-            async move { app.call(request).await }
-        });
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
+        let watcher = graceful.watcher();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            // A connection's errors (a reset, a header timeout) concern that client only.
-            let _ = connection.await;
+            // A connection's errors (a reset, a header timeout, a failed handshake) concern
+            // that client only.
+            match tls {
+                None => serve_connection(stream, peer, app, limits, watcher).await,
+                Some(tls) => {
+                    // The handshake is bounded like the headers that would follow it.
+                    let handshake = tls.acceptor.accept(stream);
+                    if let Ok(Ok(stream)) =
+                        tokio::time::timeout(limits.header_read_timeout, handshake).await
+                    {
+                        serve_connection(stream, peer, app, limits, watcher).await;
+                    }
+                }
+            }
             drop(permit);
         });
     }
@@ -106,4 +165,28 @@ pub async fn serve(
         );
     }
     Ok(())
+}
+
+/// Serves one connection's requests with hyper until it closes or shutdown ends it.
+async fn serve_connection<S>(
+    stream: S,
+    peer: std::net::SocketAddr,
+    app: Router,
+    limits: ConnectionLimits,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    // Each request carries its peer's address, for the audit trail.
+    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let mut app = app.clone();
+        async move { app.call(request).await }
+    });
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    let _ = watcher.watch(connection).await;
 }

@@ -192,7 +192,13 @@ pub async fn serve(
     ));
 
     let app = api::router(state);
-    let http = http::serve(listener, app, config.connections, stop_rx.clone());
+    let http = http::serve(
+        listener,
+        app,
+        config.connections,
+        config.tls.clone(),
+        stop_rx.clone(),
+    );
     let outcome = supervise(http, shutdown, &mut duties, &stop_tx).await;
     // The HTTP server only ends on shutdown or failure; either way the duties stop too.
     duties.abort_all();

@@ -167,6 +167,12 @@ pub struct ServerArgs {
     /// there (mode 0600). Default: admin.token in the data directory.
     #[arg(long, env = "SKED_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first); needs --tls-key.
+    #[arg(long, env = "SKED_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "SKED_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// File of the key that seals secrets in job definitions (32 random bytes in base64):
     /// read when it exists, otherwise generated there (mode 0600). Every node of a cluster
     /// needs the same key. Default: secret.key in the data directory.
@@ -236,6 +242,9 @@ pub struct WorkerArgs {
     /// File holding the worker token; wins over --token.
     #[arg(long, env = "SKED_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// Certificates (PEM) to trust for https:// servers besides the public roots.
+    #[arg(long, env = "SKED_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -264,6 +273,9 @@ pub struct ClientArgs {
     /// environment).
     #[arg(long, env = "SKED_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
+    /// Certificates (PEM) to trust for an https:// server besides the public roots.
+    #[arg(long, env = "SKED_CA_FILE", global = true)]
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

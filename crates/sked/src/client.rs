@@ -27,7 +27,17 @@ impl Client {
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(path) = &args.ca_file {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("cannot read the CA file {}", path.display()))?;
+            for certificate in reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("{} holds no PEM certificates", path.display()))?
+            {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let http = builder
             .default_headers(headers)
             .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
             .build()

@@ -7,7 +7,7 @@ use chrono::Utc;
 use sked_core::auth::Secret;
 use sked_core::policy::BacklogLimits;
 use sked_server::auth::{ensure_admin_token, generate_secret, AuthMode, MIN_SECRET_LEN};
-use sked_server::http::ConnectionLimits;
+use sked_server::http::{ConnectionLimits, Tls};
 use sked_server::rate::RateLimit;
 use sked_server::secrets::SecretKey;
 use sked_server::ServerConfig;
@@ -258,6 +258,10 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
             per_namespace: args.max_queued_per_namespace,
         },
         audit_retention: Some(args.audit_retention.0).filter(|r| !r.is_zero()),
+        tls: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(Tls::from_pem_files(cert, key)?),
+            _ => None,
+        },
         auth: AuthMode::Tokens,
         rate_limit: RateLimit {
             per_second: args.rate_limit,
@@ -273,7 +277,8 @@ pub async fn server(args: ServerArgs) -> Result<()> {
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
     println!(
-        "sked server listening on http://{addr} (data in {}; every request needs a token)",
+        "sked server listening on {}://{addr} (data in {}; every request needs a token)",
+        scheme(&args),
         opened.place
     );
     bootstrap_admin(&args, opened.store.as_ref()).await?;
@@ -299,14 +304,16 @@ pub async fn dev(args: DevArgs) -> Result<()> {
     if open {
         config.auth = AuthMode::Open;
         println!(
-            "sked dev listening on http://{addr} (data in {}; open: no token needed on this \
+            "sked dev listening on {}://{addr} (data in {}; open: no token needed on this \
              loopback address)",
+            scheme(&args.server),
             opened.place
         );
     } else {
         println!(
-            "sked dev listening on http://{addr} (data in {}; every request needs a token, \
+            "sked dev listening on {}://{addr} (data in {}; every request needs a token, \
              the admin token is in {})",
+            scheme(&args.server),
             opened.place,
             admin_token_path(&args.server).display()
         );
@@ -322,11 +329,17 @@ pub async fn dev(args: DevArgs) -> Result<()> {
         stopped(server_stopped),
     ));
     let worker_config = sked_worker::WorkerConfig {
-        servers: vec![format!("http://{addr}")],
+        servers: vec![format!("{}://{addr}", scheme(&args.server))],
         name: "dev".to_string(),
         labels: BTreeMap::new(),
         slots: args.slots,
         token: (!open).then_some(admin),
+        // Over TLS, the in-process worker trusts the server's own chain.
+        trusted_certificates: match &args.server.tls_cert {
+            Some(path) => std::fs::read(path)
+                .with_context(|| format!("cannot read the certificate {}", path.display()))?,
+            None => Vec::new(),
+        },
         supervisor: Some(SELF_EXE.into()),
         ..sked_worker::WorkerConfig::default()
     };
@@ -391,11 +404,25 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         labels,
         slots: args.slots,
         token,
+        trusted_certificates: match &args.ca_file {
+            Some(path) => std::fs::read(path)
+                .with_context(|| format!("cannot read the CA file {}", path.display()))?,
+            None => Vec::new(),
+        },
         supervisor: Some(SELF_EXE.into()),
         ..sked_worker::WorkerConfig::default()
     };
     sked_worker::run(config, shutdown_signal()).await?;
     Ok(())
+}
+
+/// `https` when the server has a certificate.
+fn scheme(args: &ServerArgs) -> &'static str {
+    if args.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    }
 }
 
 fn host_name() -> String {

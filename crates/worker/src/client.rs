@@ -77,7 +77,15 @@ impl ProtocolClient {
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if !config.trusted_certificates.is_empty() {
+            let certificates = reqwest::Certificate::from_pem_bundle(&config.trusted_certificates)
+                .map_err(|e| WorkerError::Config(format!("the trusted certificates: {e}")))?;
+            for certificate in certificates {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let http = builder
             .default_headers(headers)
             .connect_timeout(config.connect_timeout)
             .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)

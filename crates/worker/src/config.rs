@@ -27,6 +27,9 @@ pub struct WorkerConfig {
     /// The token sent with every request (a `worker` token; `None` for an open development
     /// server). Its namespaces and label rules bound what this worker may claim.
     pub token: Option<sked_core::auth::Secret>,
+    /// Certificates (PEM) trusted for HTTPS servers besides the public roots: the CA of a
+    /// server started with its own certificate.
+    pub trusted_certificates: Vec<u8>,
     /// How long a lease request may wait on the server for work (long poll).
     pub lease_wait: Duration,
     /// Timeout of every protocol request except the lease long poll (which gets `lease_wait`
@@ -66,6 +69,7 @@ impl Default for WorkerConfig {
             labels: BTreeMap::new(),
             slots: 8,
             token: None,
+            trusted_certificates: Vec::new(),
             lease_wait: Duration::from_secs(20),
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(3),

@@ -1,0 +1,223 @@
+//! HTTPS, black-box: a `sked server` started with a certificate serves the API and the worker
+//! protocol over TLS only; a worker and the CLI given the CA reach it, a client without it is
+//! refused at the handshake, and a plain-HTTP request gets no answer.
+
+mod common;
+
+use common::{free_port, shell, sked_command, Proc, ADMIN_TOKEN};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A throwaway CA and a certificate it signed for 127.0.0.1, made with `openssl`.
+fn certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=sked test CA",
+        ],
+    ]
+    .concat());
+    run(&[
+        &["req"][..],
+        &ec,
+        &[
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    ]
+    .concat());
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("ext");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    ]);
+}
+
+fn client(ca: Option<&Path>) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .default_headers(
+            [(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {ADMIN_TOKEN}").parse().expect("header"),
+            )]
+            .into_iter()
+            .collect(),
+        );
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).expect("ca.pem");
+        builder = builder.add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("pem"));
+    }
+    builder.build().expect("client")
+}
+
+#[tokio::test]
+async fn server_worker_and_cli_speak_tls_on_loopback() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    certificates(dir.path());
+    let port = free_port();
+    let base = format!("https://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let data = dir.path().join("data");
+    let (cert, key, ca) = (
+        dir.path().join("server.pem"),
+        dir.path().join("server.key"),
+        dir.path().join("ca.pem"),
+    );
+    let args = [
+        "server",
+        "--listen",
+        &listen,
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+        "--tls-cert",
+        cert.to_str().expect("utf-8"),
+        "--tls-key",
+        key.to_str().expect("utf-8"),
+        "--heartbeat-interval",
+        "300ms",
+    ];
+    let _server = Proc::spawn("server", &args, &dir.path().join("server.log"));
+    let https = client(Some(&ca));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = https.get(format!("{base}/readyz")).send().await {
+            if r.status().is_success() {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the TLS server did not become ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Without the CA the handshake fails; plain HTTP on the TLS port gets no answer.
+    assert!(client(None)
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .is_err());
+    let plain = client(None)
+        .get(format!("http://{listen}/readyz"))
+        .send()
+        .await;
+    assert!(plain.map(|r| !r.status().is_success()).unwrap_or(true));
+
+    let ca_arg = ca.to_str().expect("utf-8");
+    let _worker = Proc::spawn(
+        "worker",
+        &[
+            "worker",
+            "--server",
+            &base,
+            "--ca-file",
+            ca_arg,
+            "--name",
+            "tls-worker",
+        ],
+        &dir.path().join("worker.log"),
+    );
+    let put = https
+        .put(format!("{base}/api/v1/jobs/over-tls"))
+        .json(&json!({"target": shell("echo secure")}))
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(put.status().as_u16(), 201);
+    let run: Value = https
+        .post(format!("{base}/api/v1/jobs/over-tls/trigger"))
+        .send()
+        .await
+        .expect("trigger")
+        .json()
+        .await
+        .expect("run");
+    let id = run["id"].as_i64().expect("run id");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let state = loop {
+        let run: Value = https
+            .get(format!("{base}/api/v1/runs/{id}"))
+            .send()
+            .await
+            .expect("GET run")
+            .json()
+            .await
+            .expect("run");
+        if run["state"] == "succeeded" || Instant::now() > deadline {
+            break run["state"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(state, "succeeded", "the worker ran the job over TLS");
+
+    let out = sked_command()
+        .args([
+            "run",
+            "logs",
+            &id.to_string(),
+            "--server",
+            &base,
+            "--ca-file",
+            ca_arg,
+        ])
+        .output()
+        .expect("sked run logs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "secure\n");
+}
