@@ -194,6 +194,10 @@ pub struct DevArgs {
     /// Slots of the in-process worker.
     #[arg(long, default_value_t = 8)]
     pub slots: u32,
+    /// With --tls-cert: the certificates (PEM) the in-process worker trusts; default: the
+    /// --tls-cert file itself, which must then hold the chain up to its CA.
+    #[arg(long, env = "SKED_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
     /// Require a token on every request, as `sked server` does. Without it `sked dev` is open
     /// to anyone who reaches it, so it listens on loopback addresses only.
     #[arg(long)]

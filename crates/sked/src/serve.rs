@@ -334,11 +334,11 @@ pub async fn dev(args: DevArgs) -> Result<()> {
         labels: BTreeMap::new(),
         slots: args.slots,
         token: (!open).then_some(admin),
-        // Over TLS, the in-process worker trusts the server's own chain.
-        trusted_certificates: match &args.server.tls_cert {
-            Some(path) => std::fs::read(path)
-                .with_context(|| format!("cannot read the certificate {}", path.display()))?,
-            None => Vec::new(),
+        // Over TLS, the in-process worker trusts --ca-file, or the server's own chain.
+        trusted_certificates: match args.ca_file.as_ref().or(args.server.tls_cert.as_ref()) {
+            Some(path) if args.server.tls_cert.is_some() => std::fs::read(path)
+                .with_context(|| format!("cannot read the certificates {}", path.display()))?,
+            _ => Vec::new(),
         },
         supervisor: Some(SELF_EXE.into()),
         ..sked_worker::WorkerConfig::default()

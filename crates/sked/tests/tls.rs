@@ -221,3 +221,77 @@ async fn server_worker_and_cli_speak_tls_on_loopback() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "secure\n");
 }
+
+#[tokio::test]
+async fn sked_dev_over_tls_runs_its_jobs_with_its_own_worker() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    certificates(dir.path());
+    let port = free_port();
+    let base = format!("https://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let data = dir.path().join("data");
+    let path = |name: &str| dir.path().join(name).to_str().expect("utf-8").to_string();
+    let args = [
+        "dev",
+        "--listen",
+        &listen,
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+        "--tls-cert",
+        &path("server.pem"),
+        "--tls-key",
+        &path("server.key"),
+        "--ca-file",
+        &path("ca.pem"),
+    ];
+    let _dev = Proc::spawn("dev", &args, &dir.path().join("dev.log"));
+    let https = client(Some(&dir.path().join("ca.pem")));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !https
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "sked dev over TLS did not become ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let put = https
+        .put(format!("{base}/api/v1/jobs/hello"))
+        .json(&json!({"target": shell("echo hi")}))
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(put.status().as_u16(), 201);
+    let run: Value = https
+        .post(format!("{base}/api/v1/jobs/hello/trigger"))
+        .send()
+        .await
+        .expect("trigger")
+        .json()
+        .await
+        .expect("run");
+    let id = run["id"].as_i64().expect("run id");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let run: Value = https
+            .get(format!("{base}/api/v1/runs/{id}"))
+            .send()
+            .await
+            .expect("GET run")
+            .json()
+            .await
+            .expect("run");
+        if run["state"] == "succeeded" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the in-process worker did not run it: {run}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
