@@ -313,8 +313,9 @@ async fn every_documented_route_is_served_and_the_document_is_served_as_is() {
 
 // --- real answers against the documented schemas -----------------------------------------------
 
-/// A small JSON Schema checker for the keywords the document uses. `strict` also rejects object
-/// fields a schema does not declare, so an undocumented field in an answer is caught.
+/// A small JSON Schema checker for the keywords the document uses (not `pattern`: there is no
+/// regex engine here). `strict` also rejects object fields a schema does not declare, so an
+/// undocumented field in an answer is caught.
 struct Checker<'a> {
     doc: &'a Value,
 }
@@ -423,6 +424,15 @@ impl<'a> Checker<'a> {
                 errs.push(format!("{at}: {n} is above the maximum"));
             }
         }
+        if let Some(s) = value.as_str() {
+            let length = s.chars().count() as u64;
+            if schema["minLength"].as_u64().is_some_and(|min| length < min) {
+                errs.push(format!("{at}: {s:?} is shorter than minLength"));
+            }
+            if schema["maxLength"].as_u64().is_some_and(|max| length > max) {
+                errs.push(format!("{at}: {s:?} is longer than maxLength"));
+            }
+        }
         if let (Some(s), Some("date-time")) = (value.as_str(), schema["format"].as_str()) {
             if chrono::DateTime::parse_from_rfc3339(s).is_err() {
                 errs.push(format!("{at}: {s:?} is not an RFC 3339 date-time"));
@@ -434,6 +444,12 @@ impl<'a> Checker<'a> {
                 .is_some_and(|max| items.len() as u64 > max)
             {
                 errs.push(format!("{at}: more than maxItems"));
+            }
+            if schema["minItems"]
+                .as_u64()
+                .is_some_and(|min| (items.len() as u64) < min)
+            {
+                errs.push(format!("{at}: fewer than minItems"));
             }
             if let Some(item_schema) = schema.get("items") {
                 for (i, item) in items.iter().enumerate() {
@@ -555,12 +571,30 @@ impl Client<'_> {
         path: &str,
         body: Option<Value>,
     ) -> Answer {
+        let authorization = token.map(|t| format!("Bearer {t}"));
+        self.call_with(authorization.as_deref(), method, path, body)
+            .await
+    }
+
+    /// Sends `method path` with this `Authorization` header instead of the admin token's (none:
+    /// no header), from a client of its own: the harness's sends the admin token with every
+    /// request.
+    async fn call_with(
+        &self,
+        authorization: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Answer {
         let (_, op) = self.operation(method, path);
         let method_name = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-        let client = reqwest::Client::new();
+        let client = reqwest::Client::builder()
+            .timeout(common::REQUEST_LIMIT)
+            .build()
+            .unwrap();
         let mut request = client.request(method_name, format!("{}{path}", self.server.base));
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
+        if let Some(authorization) = authorization {
+            request = request.header("authorization", authorization);
         }
         if let Some(body) = body {
             request = request.json(&body);
@@ -743,6 +777,10 @@ async fn real_answers_fit_the_documented_statuses_and_schemas() {
         runs(&api, run_id).await;
         refusals(&api).await;
         identity(&api).await;
+        token_requests(&api).await;
+        worker_tokens(&api).await;
+        hidden_namespaces(&api, run_id).await;
+        audit_trail(&api).await;
         server.stop().await;
     })
     .await
@@ -810,6 +848,243 @@ async fn identity(api: &Client<'_>) {
             .status,
         401
     );
+}
+
+/// Creates a token through the API and returns its secret.
+async fn token(api: &Client<'_>, request: Value) -> String {
+    let created = api.call("post", "/api/v1/tokens", Some(request)).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    created.body["token"].as_str().unwrap().to_string()
+}
+
+/// Token requests the document refuses are refused, each naming its field; optional fields
+/// sent as `null` are taken, and absent fields stay absent in the answer.
+async fn token_requests(api: &Client<'_>) {
+    let base = json!({"name": "doc-token", "role": "viewer", "namespaces": ["default"]});
+    let with = |key: &str, value: Value| {
+        let mut body = base.clone();
+        body[key] = value;
+        body
+    };
+    for (body, field) in [
+        (with("name", json!("n".repeat(65))), "name"),
+        (with("role", json!("root")), "role"),
+        (with("namespaces", json!([])), "namespaces"),
+        (with("labels", json!(["pool=a"])), "labels"),
+        (with("shell", Value::Null), "shell"),
+        (with("expires", json!(30)), "expires"),
+        (with("scope", json!("all")), "scope"),
+    ] {
+        let refused = api.call_invalid("post", "/api/v1/tokens", body).await;
+        assert_eq!(refused["error"]["field"], field, "{refused}");
+    }
+    // What the document's patterns refuse (this checker has no regex engine to tell), and an
+    // expiry that is no duration (which a schema cannot tell): 400 too.
+    let worker = json!({"name": "doc-token", "role": "worker", "namespaces": ["*"]});
+    let with_worker = |key: &str, value: Value| {
+        let mut body = worker.clone();
+        body[key] = value;
+        body
+    };
+    for (body, field) in [
+        (with("name", json!("a name")), "name"),
+        (with("namespaces", json!([".hidden"])), "namespaces"),
+        (with_worker("labels", json!(["pool"])), "labels"),
+        (with_worker("labels", json!(["=a"])), "labels"),
+        (with_worker("expires", json!("soon")), "expires"),
+    ] {
+        let bytes = ("application/json", serde_json::to_vec(&body).unwrap());
+        let refused = api.send("post", "/api/v1/tokens", Some(bytes)).await;
+        assert_eq!(
+            (refused.status, &refused.body["error"]["field"]),
+            (400, &json!(field)),
+            "{body}"
+        );
+    }
+
+    let mut nulls = worker;
+    nulls["labels"] = Value::Null;
+    nulls["expires"] = Value::Null;
+    let created = api.call("post", "/api/v1/tokens", Some(nulls)).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let record = created.body.as_object().unwrap();
+    for absent in ["labels", "expires_at", "last_used_at"] {
+        assert!(!record.contains_key(absent), "{absent} in {}", created.body);
+    }
+    assert_eq!(record["shell"], json!(false));
+
+    // An expired token is refused like an unknown one.
+    let brief = token(
+        api,
+        json!({"name": "doc-brief", "role": "viewer", "namespaces": ["*"], "expires": "1ms"}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let expired = api.call_as(Some(&brief), "get", "/api/v1/jobs", None).await;
+    assert_eq!(expired.status, 401);
+    assert_eq!(expired.headers["www-authenticate"], "Bearer");
+    let malformed = api
+        .call_with(Some("Basic dXNlcjpwYXNz"), "get", "/api/v1/jobs", None)
+        .await;
+    assert_eq!(malformed.status, 401);
+}
+
+/// A worker token: label rules bound what its workers claim, and only the token a worker
+/// registered with speaks for it.
+async fn worker_tokens(api: &Client<'_>) {
+    let request = json!({
+        "name": "doc-workers", "role": "worker", "namespaces": ["default"],
+        "labels": ["zone=eu", "pool=*"],
+    });
+    let created = api.call("post", "/api/v1/tokens", Some(request)).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    assert_eq!(created.body["labels"], json!(["zone=eu", "pool=*"]));
+    let token_id = created.body["id"].clone();
+    let secret = created.body["token"].as_str().unwrap().to_string();
+    let own = Some(secret.as_str());
+
+    let claim = json!({"name": "doc-token-worker", "labels": {"zone": "us"}, "slots": 1});
+    let refused = api
+        .call_as(own, "post", "/api/v1/workers", Some(claim))
+        .await;
+    assert_eq!(
+        (refused.status, &refused.body["error"]["code"]),
+        (403, &json!("forbidden"))
+    );
+    let claim =
+        json!({"name": "doc-token-worker", "labels": {"zone": "eu", "pool": "gpu"}, "slots": 1});
+    let registered = api
+        .call_as(own, "post", "/api/v1/workers", Some(claim))
+        .await;
+    assert_eq!(registered.status, 201, "{}", registered.body);
+    let id = registered.body["worker_id"].as_str().unwrap().to_string();
+    let hello = json!({"name": "doc-admin-worker", "slots": 1});
+    let registered = api.call("post", "/api/v1/workers", Some(hello)).await;
+    let admins = registered.body["worker_id"].as_str().unwrap().to_string();
+
+    let beat = format!("/api/v1/workers/{id}/heartbeat");
+    let answer = api.call_as(own, "post", &beat, Some(json!({}))).await;
+    assert_eq!(answer.status, 200);
+    // Not even an admin speaks for another token's worker, nor it for the admin's.
+    let answer = api.call("post", &beat, Some(json!({}))).await;
+    assert_eq!(answer.status, 403);
+    let ask = json!({"max": 1, "wait_ms": 0});
+    let lease = format!("/api/v1/workers/{id}/lease");
+    assert_eq!(
+        api.call("post", &lease, Some(ask.clone())).await.status,
+        403
+    );
+    let complete = format!("/api/v1/workers/{id}/complete");
+    let none = json!({"completions": []});
+    assert_eq!(api.call("post", &complete, Some(none)).await.status, 403);
+    let output = format!("/api/v1/attempts/1/log?token=1&worker={id}");
+    assert_eq!(api.raw("post", &output, b"x".to_vec()).await.status, 403);
+    let lease = format!("/api/v1/workers/{admins}/lease");
+    let answer = api.call_as(own, "post", &lease, Some(ask)).await;
+    assert_eq!(answer.status, 403);
+    // A worker token reads nothing.
+    let jobs = api.call_as(own, "get", "/api/v1/jobs", None).await;
+    assert_eq!(jobs.status, 403);
+
+    let workers = api.call("get", "/api/v1/workers?limit=1000", None).await;
+    let listed = workers.body["workers"].as_array().unwrap();
+    let mine = listed.iter().find(|w| w["id"] == json!(id)).unwrap();
+    assert_eq!(
+        (&mine["namespaces"], &mine["token_id"]),
+        (&json!(["default"]), &token_id)
+    );
+    let admins = listed.iter().find(|w| w["id"] == json!(admins)).unwrap();
+    assert_eq!(admins["namespaces"], json!(["*"]));
+}
+
+/// A token of another namespace: runs of `default` do not exist for it, naming `default` is
+/// forbidden, and it defines shell targets only with `shell`.
+async fn hidden_namespaces(api: &Client<'_>, run_id: i64) {
+    let request = json!({"name": "doc-elsewhere", "role": "editor", "namespaces": ["other"]});
+    let secret = token(api, request).await;
+    let other = Some(secret.as_str());
+    let missing = api.call_as(other, "get", "/api/v1/runs/999999", None).await;
+    assert_eq!(missing.status, 404);
+    for (method, path) in [
+        ("get", format!("/api/v1/runs/{run_id}")),
+        ("get", format!("/api/v1/runs/{run_id}/log")),
+        ("post", format!("/api/v1/runs/{run_id}/cancel")),
+    ] {
+        let hidden = api.call_as(other, method, &path, None).await;
+        assert_eq!(hidden.status, 404, "{method} {path}");
+        assert_eq!(
+            hidden.body["error"]["message"],
+            json!(format!("run {run_id} does not exist")),
+            "{method} {path}: as if there were no such run"
+        );
+    }
+    let named = api
+        .call_as(other, "get", "/api/v1/runs?namespace=default", None)
+        .await;
+    assert_eq!(named.status, 403);
+
+    let shell = json!({"target": {"shell": {"command": "true"}}});
+    let refused = api
+        .call_as(
+            other,
+            "put",
+            "/api/v1/jobs/e-job?namespace=other",
+            Some(shell),
+        )
+        .await;
+    assert_eq!(refused.status, 403);
+    let http = json!({"target": {"http": {"url": "http://127.0.0.1:9/"}}});
+    let put = api
+        .call_as(
+            other,
+            "put",
+            "/api/v1/jobs/e-job?namespace=other",
+            Some(http),
+        )
+        .await;
+    assert_eq!(put.status, 201);
+
+    // Its audit trail is its namespace's.
+    let audit = api.call_as(other, "get", "/api/v1/audit", None).await;
+    assert_eq!(audit.status, 200);
+    let entries = audit.body["entries"].as_array().unwrap();
+    assert!(!entries.is_empty());
+    assert!(
+        entries.iter().all(|e| e["namespace"] == "other"),
+        "{entries:#?}"
+    );
+    let elsewhere = api
+        .call_as(other, "get", "/api/v1/audit?namespace=default", None)
+        .await;
+    assert_eq!(elsewhere.status, 403);
+}
+
+/// The audit trail a page at a time, filtered, and its refusals.
+async fn audit_trail(api: &Client<'_>) {
+    let first = api.call("get", "/api/v1/audit?limit=1", None).await;
+    let newest = first.body["entries"][0]["id"].as_i64().unwrap();
+    let cursor = first.body["next_cursor"].as_str().expect("a second page");
+    let path = format!("/api/v1/audit?limit=1&cursor={cursor}");
+    let second = api.call("get", &path, None).await;
+    assert!(second.body["entries"][0]["id"].as_i64().unwrap() < newest);
+
+    let path = "/api/v1/audit?namespace=other&object=e-job&actor=doc-elsewhere\
+                &since=2026-01-01T00:00:00Z&limit=1000";
+    let filtered = api.call("get", path, None).await;
+    let entries = filtered.body["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{entries:#?}");
+    assert_eq!(entries[0]["action"], "job.put");
+    assert_eq!(filtered.body["next_cursor"], Value::Null);
+    let tokens = api
+        .call("get", "/api/v1/audit?object=doc-workers", None)
+        .await;
+    assert_eq!(tokens.body["entries"][0]["action"], "token.create");
+    assert!(tokens.body["entries"][0].get("namespace").is_none());
+
+    for bad in ["limit=0", "limit=1001", "cursor=zzz", "since=yesterday"] {
+        let answer = api.call("get", &format!("/api/v1/audit?{bad}"), None).await;
+        assert_eq!(answer.status, 400, "{bad}");
+    }
 }
 
 /// Defining, listing, reading, previewing, pausing and deleting jobs.
