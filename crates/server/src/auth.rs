@@ -162,7 +162,7 @@ impl Authenticator {
             .ok()
             .and_then(|h| h.strip_prefix("Bearer "))
             .map(str::trim)
-            .filter(|s| !s.is_empty() && s.len() <= 256)
+            .filter(|s| !s.is_empty() && s.len() <= MAX_SECRET_LEN)
             .ok_or_else(|| unauthorized("the Authorization header is not `Bearer <token>`"))?;
         let token = self
             .lookup(&hash_secret(secret))
@@ -299,6 +299,8 @@ pub async fn ensure_admin_token(
 /// Shortest secret accepted from an admin token file: a token is a password that cannot be
 /// rate-limited away, so it must be long.
 pub const MIN_SECRET_LEN: usize = 24;
+/// Longest secret a request may carry.
+pub const MAX_SECRET_LEN: usize = 256;
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,9 @@ use anyhow::{bail, Context, Result};
 use chrono::Utc;
 use sked_core::auth::Secret;
 use sked_core::policy::BacklogLimits;
-use sked_server::auth::{ensure_admin_token, generate_secret, AuthMode, MIN_SECRET_LEN};
+use sked_server::auth::{
+    ensure_admin_token, generate_secret, AuthMode, MAX_SECRET_LEN, MIN_SECRET_LEN,
+};
 use sked_server::http::{ConnectionLimits, Tls};
 use sked_server::rate::RateLimit;
 use sked_server::secrets::SecretKey;
@@ -143,6 +145,13 @@ const SECRET_KEY_FILE: &str = "secret.key";
 async fn bootstrap_admin(args: &ServerArgs, store: &dyn Store) -> Result<Secret> {
     let path = admin_token_path(args);
     let secret = private_file(&path, "admin token", generate_secret).await?;
+    if secret.len() > MAX_SECRET_LEN {
+        bail!(
+            "the admin token in {} is longer than {MAX_SECRET_LEN} characters, more than a \
+             request may carry",
+            path.display()
+        );
+    }
     if secret.len() < MIN_SECRET_LEN {
         bail!(
             "the admin token in {} is shorter than {MIN_SECRET_LEN} characters; delete the \

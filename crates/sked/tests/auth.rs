@@ -593,6 +593,20 @@ async fn changes_are_audited_with_who_and_from_where_but_no_secret() {
     );
     // Newest first.
     assert_eq!(actions[0], "auth.failed", "{actions:?}");
+    // A viewer of every namespace reads the namespaces' entries, not the admin's.
+    let everywhere = client_for(
+        &sked,
+        "all-viewer",
+        json!({"role": "viewer", "namespaces": ["*"]}),
+    )
+    .await;
+    let (_, seen) = call(&everywhere, Method::GET, url("/audit?limit=100"), None).await;
+    let seen = seen["entries"].as_array().cloned().unwrap_or_default();
+    assert!(seen.iter().any(|e| e["action"] == "job.put"));
+    assert!(
+        seen.iter().all(|e| e["namespace"].is_string()),
+        "token changes and failed logins are for admins: {seen:?}"
+    );
 
     let text = page.to_string();
     assert!(

@@ -87,6 +87,9 @@ pub async fn create(
     let now = Utc::now();
     let expires_at = match expires {
         None => None,
+        Some(d) if d.0.is_zero() => {
+            return Err(ApiError::invalid("expires", "must be longer than 0s"))
+        }
         Some(d) => Some(
             now.checked_add_signed(d.as_chrono())
                 .ok_or_else(|| ApiError::invalid("expires", "is too far in the future"))?,
