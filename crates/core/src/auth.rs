@@ -313,18 +313,10 @@ impl TokenRecord {
     }
 }
 
-/// A token name: what audit entries and `sked token revoke` call it.
+/// A token name: what audit entries and `sked token revoke` call it, and a path segment
+/// (`/tokens/{name}`), so the rule of job and namespace names (no `.` or `..`).
 pub fn validate_token_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > 64 {
-        return Err("must be 1 to 64 characters".into());
-    }
-    if !name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    {
-        return Err("may hold only letters, digits, '-', '_' and '.'".into());
-    }
-    Ok(())
+    crate::job::validate_name("name", name).map_err(|e| e.message)
 }
 
 /// Checks a grant as a token is created: a known namespace list, label rules only on worker
@@ -466,5 +458,9 @@ mod tests {
         assert!(validate_token_name("ci-deploy").is_ok());
         assert!(validate_token_name("").is_err());
         assert!(validate_token_name("a b").is_err());
+        assert!(
+            validate_token_name("..").is_err(),
+            "a path segment of its own"
+        );
     }
 }
