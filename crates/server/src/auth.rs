@@ -290,8 +290,16 @@ pub async fn ensure_admin_token(
         expires_at: None,
     };
     match store.create_token(&token, now).await {
-        // Another node of the cluster, started with the same file, made it first.
-        Ok(_) | Err(StoreError::Conflict(_)) => Ok(name),
+        Ok(_) => Ok(name),
+        // Another node of the cluster, started with the same file, made it first; anything
+        // else holding the name (a token made by hand, another secret with the same hash
+        // prefix) leaves this secret without its token, which must not pass silently.
+        Err(StoreError::Conflict(_)) if store.token_by_hash(&token.hash).await?.is_some() => {
+            Ok(name)
+        }
+        Err(StoreError::Conflict(_)) => Err(StoreError::Conflict(format!(
+            "token {name:?}, with another secret; revoke it so this admin token can take the name"
+        ))),
         Err(e) => Err(e),
     }
 }
@@ -305,6 +313,31 @@ pub const MAX_SECRET_LEN: usize = 256;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_admin_token_whose_name_another_secret_holds_is_refused_not_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sked_store::SqliteStore::open(&dir.path().join("sked.db")).unwrap();
+        let now = chrono::Utc::now();
+        let secret = generate_secret();
+        let name = ensure_admin_token(&store, &secret, now).await.unwrap();
+        assert_eq!(
+            ensure_admin_token(&store, &secret, now).await.unwrap(),
+            name
+        );
+        store.revoke_token(&name).await.unwrap();
+        let squatter = NewToken {
+            name: name.clone(),
+            grant: Grant::open(),
+            hash: hash_secret("another secret"),
+            expires_at: None,
+        };
+        store.create_token(&squatter, now).await.unwrap();
+        assert!(matches!(
+            ensure_admin_token(&store, &secret, now).await,
+            Err(StoreError::Conflict(_))
+        ));
+    }
 
     #[test]
     fn secrets_are_long_random_and_hash_to_hex() {
