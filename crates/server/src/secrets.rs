@@ -78,16 +78,19 @@ impl SecretKey {
         &self.id
     }
 
-    fn seal(&self, clear: &str) -> String {
+    /// Fails only past GCM's input limit, far above [`MAX_SECRET_LEN`]; never stores a value
+    /// that would not open.
+    fn seal(&self, field: &str, clear: &str) -> Result<String, SecretError> {
         let nonce_bytes: [u8; NONCE_LEN] = rand::random();
-        // Encrypting into a Vec cannot fail for inputs this size (far under GCM's limit).
         let ciphertext = self
             .cipher
             .encrypt(Nonce::from_slice(&nonce_bytes), clear.as_bytes())
-            .unwrap_or_default();
+            .map_err(|_| SecretError::TooLong {
+                field: field.to_string(),
+            })?;
         let mut sealed = nonce_bytes.to_vec();
         sealed.extend(ciphertext);
-        format!("{VERSION}:{}:{}", self.id, STANDARD.encode(sealed))
+        Ok(format!("{VERSION}:{}:{}", self.id, STANDARD.encode(sealed)))
     }
 
     fn open(&self, field: &str, sealed: &str) -> Result<String, SecretError> {
@@ -143,7 +146,7 @@ pub fn seal_target(key: Option<&SecretKey>, target: &mut TargetSpec) -> Result<(
             TargetValue::Secret(secret) if secret.secret.len() > MAX_SECRET_LEN => {
                 return Err(SecretError::TooLong { field })
             }
-            TargetValue::Secret(secret) => needed(&field)?.seal(&secret.secret),
+            TargetValue::Secret(secret) => needed(&field)?.seal(&field, &secret.secret)?,
             TargetValue::Sealed(sealed) => {
                 needed(&field)?.open(&field, &sealed.sealed)?;
                 continue;
@@ -224,7 +227,7 @@ mod tests {
     #[test]
     fn two_seals_of_one_secret_differ() {
         let key = key();
-        assert_ne!(key.seal("x"), key.seal("x"));
+        assert_ne!(key.seal("f", "x"), key.seal("f", "x"));
     }
 
     #[test]
