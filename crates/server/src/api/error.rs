@@ -117,15 +117,19 @@ impl IntoResponse for ApiError {
 /// a store that fails every request (a full disk, a damaged file) must not flood the log.
 fn log_store_error(error: &StoreError) {
     static THROTTLE: Mutex<Throttle> = Mutex::new(Throttle::new(Duration::from_secs(1)));
-    let admitted = THROTTLE
+    log_throttled(&THROTTLE, format_args!("store: {error}"));
+}
+
+/// Logs `message` as an error when `throttle` lets it through, saying how many were held back
+/// since the last one: for failures that may repeat on every request.
+pub(crate) fn log_throttled(throttle: &Mutex<Throttle>, message: std::fmt::Arguments<'_>) {
+    let admitted = throttle
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .admit(std::time::Instant::now());
     match admitted {
-        Some(0) => tracing::error!("store: {error}"),
-        Some(held_back) => {
-            tracing::error!("store: {error} ({held_back} more store errors since the last report)")
-        }
+        Some(0) => tracing::error!("{message}"),
+        Some(held_back) => tracing::error!("{message} ({held_back} more since the last report)"),
         None => {}
     }
 }

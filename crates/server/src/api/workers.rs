@@ -1,6 +1,7 @@
 //! `/api/v1/workers` and `/api/v1/attempts`: the worker protocol (register, heartbeat, lease,
 //! output, complete) and the list of workers. Message types are in `sked_core::protocol`.
 
+use super::error::log_throttled;
 use super::extract::{Path, Query};
 use super::jobs::check_limit;
 use super::{body, body_within, parse_json, ApiError, MAX_OUTPUT_CHUNK};
@@ -24,7 +25,9 @@ use sked_core::protocol::{
 };
 use sked_core::records::WorkerRecord;
 use sked_core::run::RunState;
+use sked_core::throttle::Throttle;
 use sked_store::{AppendOutcome, AttemptReport, AttemptStart, CompletionEffect, NewWorker};
+use std::sync::Mutex;
 use std::time::Duration;
 
 #[derive(Debug, Serialize)]
@@ -286,7 +289,10 @@ pub async fn lease(
         // sealed and the worker fails the attempt naming it.
         let mut target = run.target;
         if let Err(e) = open_target(state.config.secret_key.as_ref(), &mut target) {
-            tracing::error!("run {} of job {}: {e}", run.run_id, run.job);
+            // A node given the wrong key meets this on every run of such a job.
+            static UNOPENED: Mutex<Throttle> = Mutex::new(Throttle::new(Duration::from_secs(1)));
+            let (run_id, job) = (run.run_id, &run.job);
+            log_throttled(&UNOPENED, format_args!("run {run_id} of job {job}: {e}"));
         }
         attempts.push(LeasedAttempt {
             attempt_id: started.attempt_id,
