@@ -3,7 +3,7 @@
 
 use super::extract::Query;
 use super::jobs::check_limit;
-use super::ApiError;
+use super::{ApiError, Namespace};
 use crate::auth::Caller;
 use crate::AppState;
 use axum::extract::State;
@@ -35,12 +35,11 @@ pub async fn list(
     caller: Caller,
     Query(p): Query<AuditParams>,
 ) -> Result<Json<AuditPage>, ApiError> {
-    let namespace = p.namespace.filter(|n| !n.is_empty());
-    if let Some(namespace) = &namespace {
-        sked_core::job::validate_name("namespace", namespace)
-            .map_err(|e| ApiError::invalid("namespace", e.message))?;
-        caller.enter(namespace)?;
-    }
+    let namespace = p
+        .namespace
+        .filter(|n| !n.is_empty())
+        .map(|namespace| Namespace { namespace }.checked(&caller))
+        .transpose()?;
     let query = AuditQuery {
         visible: (!caller.all_namespaces()).then(|| caller.namespaces.clone()),
         namespace,
