@@ -29,8 +29,7 @@ impl Client {
         }
         let mut builder = reqwest::Client::builder();
         if let Some(path) = &args.ca_file {
-            let pem = std::fs::read(path)
-                .with_context(|| format!("cannot read the CA file {}", path.display()))?;
+            let pem = crate::serve::read_certificates(path)?;
             for certificate in reqwest::Certificate::from_pem_bundle(&pem)
                 .with_context(|| format!("{} holds no PEM certificates", path.display()))?
             {

@@ -234,9 +234,11 @@ fn write_private(path: &Path, content: &str) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
         Err(e) => return Err(e).with_context(|| format!("cannot create {}", path.display())),
     };
-    writeln!(file, "{content}")
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    if let Err(e) = writeln!(file, "{content}").and_then(|()| file.sync_all()) {
+        // Leave no empty or partial file for the next start to trip over.
+        let _ = std::fs::remove_file(path);
+        return Err(e).with_context(|| format!("cannot write {}", path.display()));
+    }
     Ok(true)
 }
 
@@ -345,8 +347,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
         token: (!open).then_some(admin),
         // Over TLS, the in-process worker trusts --ca-file, or the server's own chain.
         trusted_certificates: match args.ca_file.as_ref().or(args.server.tls_cert.as_ref()) {
-            Some(path) if args.server.tls_cert.is_some() => std::fs::read(path)
-                .with_context(|| format!("cannot read the certificates {}", path.display()))?,
+            Some(path) if args.server.tls_cert.is_some() => read_certificates(path)?,
             _ => Vec::new(),
         },
         supervisor: Some(SELF_EXE.into()),
@@ -395,10 +396,14 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
     }
     let name = args.name.clone().unwrap_or_else(host_name);
     let token = match &args.token_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the token file {}", path.display()))?,
-        ),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the token file {}", path.display()))?;
+            if text.trim().is_empty() {
+                bail!("the token file {} is empty", path.display());
+            }
+            Some(text)
+        }
         None => args.token.clone(),
     }
     .map(|t| Secret::new(t.trim()))
@@ -414,8 +419,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         slots: args.slots,
         token,
         trusted_certificates: match &args.ca_file {
-            Some(path) => std::fs::read(path)
-                .with_context(|| format!("cannot read the CA file {}", path.display()))?,
+            Some(path) => read_certificates(path)?,
             None => Vec::new(),
         },
         supervisor: Some(SELF_EXE.into()),
@@ -423,6 +427,11 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
     };
     sked_worker::run(config, shutdown_signal()).await?;
     Ok(())
+}
+
+/// The PEM certificates of a `--ca-file` (or a certificate chain) to trust.
+pub fn read_certificates(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read the certificates {}", path.display()))
 }
 
 /// `https` when the server has a certificate.
