@@ -728,6 +728,16 @@ async fn the_cli_creates_lists_and_revokes_tokens() {
         ok && out.contains("token.revoke") && out.contains("deploy"),
         "{out}"
     );
+    // An empty token file is an error of its own, not a worker with no token.
+    let empty = sked.dir.path().join("empty.token");
+    std::fs::write(&empty, "\n").expect("write");
+    let out = sked_command()
+        .args(["worker", "--server", &sked.base(), "--token-file"])
+        .arg(&empty)
+        .output()
+        .expect("run sked worker");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is empty"), "{err}");
     // Without a token the CLI says what to do.
     let out = std::process::Command::new(common::BIN)
         .args(["job", "list"])

@@ -101,6 +101,60 @@ fn client(ca: Option<&Path>) -> reqwest::Client {
     builder.build().expect("client")
 }
 
+/// Waits until the server at `base` answers `/readyz` over HTTPS.
+async fn wait_ready(https: &reqwest::Client, base: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !https
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "{base} did not become ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Defines job `name` running `command`, triggers it, and waits until its run succeeds (a
+/// worker ran it over TLS); returns the run's id.
+async fn run_to_success(https: &reqwest::Client, base: &str, name: &str, command: &str) -> i64 {
+    let put = https
+        .put(format!("{base}/api/v1/jobs/{name}"))
+        .json(&json!({"target": shell(command)}))
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(put.status().as_u16(), 201);
+    let run: Value = https
+        .post(format!("{base}/api/v1/jobs/{name}/trigger"))
+        .send()
+        .await
+        .expect("trigger")
+        .json()
+        .await
+        .expect("run");
+    let id = run["id"].as_i64().expect("run id");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let run: Value = https
+            .get(format!("{base}/api/v1/runs/{id}"))
+            .send()
+            .await
+            .expect("GET run")
+            .json()
+            .await
+            .expect("run");
+        if run["state"] == "succeeded" {
+            return id;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not run {name} over TLS: {run}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn server_worker_and_cli_speak_tls_on_loopback() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -129,19 +183,7 @@ async fn server_worker_and_cli_speak_tls_on_loopback() {
     ];
     let _server = Proc::spawn("server", &args, &dir.path().join("server.log"));
     let https = client(Some(&ca));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = https.get(format!("{base}/readyz")).send().await {
-            if r.status().is_success() {
-                break;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the TLS server did not become ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_ready(&https, &base).await;
 
     // Without the CA the handshake fails; plain HTTP on the TLS port gets no answer.
     assert!(client(None)
@@ -169,38 +211,7 @@ async fn server_worker_and_cli_speak_tls_on_loopback() {
         ],
         &dir.path().join("worker.log"),
     );
-    let put = https
-        .put(format!("{base}/api/v1/jobs/over-tls"))
-        .json(&json!({"target": shell("echo secure")}))
-        .send()
-        .await
-        .expect("PUT");
-    assert_eq!(put.status().as_u16(), 201);
-    let run: Value = https
-        .post(format!("{base}/api/v1/jobs/over-tls/trigger"))
-        .send()
-        .await
-        .expect("trigger")
-        .json()
-        .await
-        .expect("run");
-    let id = run["id"].as_i64().expect("run id");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let state = loop {
-        let run: Value = https
-            .get(format!("{base}/api/v1/runs/{id}"))
-            .send()
-            .await
-            .expect("GET run")
-            .json()
-            .await
-            .expect("run");
-        if run["state"] == "succeeded" || Instant::now() > deadline {
-            break run["state"].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(state, "succeeded", "the worker ran the job over TLS");
+    let id = run_to_success(&https, &base, "over-tls", "echo secure").await;
 
     let out = sked_command()
         .args([
@@ -246,52 +257,6 @@ async fn sked_dev_over_tls_runs_its_jobs_with_its_own_worker() {
     ];
     let _dev = Proc::spawn("dev", &args, &dir.path().join("dev.log"));
     let https = client(Some(&dir.path().join("ca.pem")));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !https
-        .get(format!("{base}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(
-            Instant::now() < deadline,
-            "sked dev over TLS did not become ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let put = https
-        .put(format!("{base}/api/v1/jobs/hello"))
-        .json(&json!({"target": shell("echo hi")}))
-        .send()
-        .await
-        .expect("PUT");
-    assert_eq!(put.status().as_u16(), 201);
-    let run: Value = https
-        .post(format!("{base}/api/v1/jobs/hello/trigger"))
-        .send()
-        .await
-        .expect("trigger")
-        .json()
-        .await
-        .expect("run");
-    let id = run["id"].as_i64().expect("run id");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let run: Value = https
-            .get(format!("{base}/api/v1/runs/{id}"))
-            .send()
-            .await
-            .expect("GET run")
-            .json()
-            .await
-            .expect("run");
-        if run["state"] == "succeeded" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the in-process worker did not run it: {run}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_ready(&https, &base).await;
+    run_to_success(&https, &base, "hello", "echo hi").await;
 }
