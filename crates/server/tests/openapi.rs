@@ -867,7 +867,7 @@ async fn token_requests(api: &Client<'_>) {
         body
     };
     for (body, field) in [
-        (with("name", json!("n".repeat(65))), "name"),
+        (with("name", json!("n".repeat(129))), "name"),
         (with("role", json!("root")), "role"),
         (with("namespaces", json!([])), "namespaces"),
         (with("labels", json!(["pool=a"])), "labels"),
