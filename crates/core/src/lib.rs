@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod duration;
 pub mod error;
 pub mod job;
+pub mod namespace;
 pub mod policy;
 pub mod protocol;
 pub mod records;

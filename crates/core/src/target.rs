@@ -49,13 +49,16 @@ pub struct HttpTarget {
 /// An env variable's or a header's value: text, or a secret. A secret is given in clear once,
 /// `{"secret": "..."}`; the server seals it before it is stored (`{"sealed": "..."}`, encrypted
 /// with the server's key), shows only the sealed form, and opens it only in the attempt it
-/// hands to a worker. A sealed value sent back unchanged keeps its secret.
+/// hands to a worker. A sealed value sent back unchanged keeps its secret. A reference,
+/// `{"secret_ref": "db-password"}`, names a secret of the job's namespace
+/// (`/api/v1/secrets`), read when an attempt is handed out, so rotating it changes no job.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum TargetValue {
     Plain(String),
     Secret(SecretText),
     Sealed(SealedText),
+    SecretRef(SecretRef),
 }
 
 /// A secret in clear, as a definition gives it: never stored, never shown.
@@ -63,6 +66,13 @@ pub enum TargetValue {
 #[serde(deny_unknown_fields)]
 pub struct SecretText {
     pub secret: String,
+}
+
+/// The name of a secret of the job's namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    pub secret_ref: String,
 }
 
 /// A secret encrypted with the server's key.
@@ -78,7 +88,7 @@ impl TargetValue {
     pub fn text(&self) -> Option<&str> {
         match self {
             TargetValue::Plain(text) => Some(text),
-            TargetValue::Secret(_) | TargetValue::Sealed(_) => None,
+            TargetValue::Secret(_) | TargetValue::Sealed(_) | TargetValue::SecretRef(_) => None,
         }
     }
 
@@ -87,7 +97,7 @@ impl TargetValue {
         match self {
             TargetValue::Plain(text) => Some(text),
             TargetValue::Secret(s) => Some(&s.secret),
-            TargetValue::Sealed(_) => None,
+            TargetValue::Sealed(_) | TargetValue::SecretRef(_) => None,
         }
     }
 }
@@ -105,6 +115,7 @@ impl std::fmt::Debug for TargetValue {
             TargetValue::Plain(text) => write!(f, "{text:?}"),
             TargetValue::Secret(_) => f.write_str("Secret(..)"),
             TargetValue::Sealed(_) => f.write_str("Sealed(..)"),
+            TargetValue::SecretRef(r) => write!(f, "SecretRef({:?})", r.secret_ref),
         }
     }
 }
@@ -175,6 +186,27 @@ fn is_header_name(name: &str) -> bool {
 }
 
 impl TargetSpec {
+    /// Where this target's env or header values are, for error messages
+    /// (`target.shell.env.DB_PASSWORD`).
+    pub fn values_field(&self) -> &'static str {
+        match self {
+            TargetSpec::Shell(_) => "target.shell.env",
+            TargetSpec::Http(_) => "target.http.headers",
+        }
+    }
+
+    /// The names of the namespace secrets this target refers to.
+    pub fn secret_refs(&self) -> impl Iterator<Item = &str> {
+        let values = match self {
+            TargetSpec::Shell(shell) => shell.env.values(),
+            TargetSpec::Http(http) => http.headers.values(),
+        };
+        values.filter_map(|value| match value {
+            TargetValue::SecretRef(r) => Some(r.secret_ref.as_str()),
+            _ => None,
+        })
+    }
+
     /// Every env and header value: where secrets are.
     pub fn values_mut(&mut self) -> impl Iterator<Item = (&String, &mut TargetValue)> {
         match self {
@@ -186,6 +218,12 @@ impl TargetSpec {
     /// Checks what serde cannot: non-empty commands without NUL bytes, URLs a client can
     /// request, header names and values HTTP can carry, methods.
     pub fn validate(&mut self) -> Result<(), SpecError> {
+        let place = self.values_field();
+        for (name, value) in self.values_mut() {
+            if let TargetValue::SecretRef(r) = value {
+                crate::job::validate_name(&format!("{place}.{name}.secret_ref"), &r.secret_ref)?;
+            }
+        }
         match self {
             TargetSpec::Shell(shell) => {
                 if shell.command.trim().is_empty() {

@@ -63,6 +63,9 @@ macro_rules! store_contract_tests {
             audit_pages_reach_each_entry_once,
             audit_retention_deletes_the_oldest_first,
             workers_keep_their_namespaces_and_token,
+            namespace_settings_are_kept_listed_and_forgotten,
+            namespace_settings_refuse_jobs_inside_the_write,
+            namespace_secrets_are_kept_sealed_and_listed_without_values,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -1956,4 +1959,236 @@ pub async fn workers_keep_their_namespaces_and_token(store: &dyn Store) {
         let in_list = listed.iter().find(|l| l.id == w.id).expect("listed");
         assert_eq!(in_list, &got);
     }
+}
+
+// --- namespaces and their secrets -------------------------------------------------------------
+
+fn settings(json: serde_json::Value) -> NamespaceSpec {
+    serde_json::from_value(json).expect("contract namespace settings")
+}
+
+pub async fn namespace_settings_are_kept_listed_and_forgotten(store: &dyn Store) {
+    assert_eq!(store.get_namespace("team-a").await.unwrap(), None);
+    let capped = settings(serde_json::json!({"max_jobs": 10, "max_queued_runs": 50}));
+    let (before, first) = store.put_namespace("team-a", &capped, t0()).await.unwrap();
+    assert_eq!(before, None);
+    assert_eq!((first.name.as_str(), &first.spec), ("team-a", &capped));
+    assert_eq!((first.created_at, first.updated_at), (t0(), t0()));
+
+    let strict = settings(serde_json::json!({"allow_shell": false}));
+    let (before, second) = store
+        .put_namespace("team-a", &strict, t0() + secs(5))
+        .await
+        .unwrap();
+    assert_eq!(before.as_ref(), Some(&first));
+    assert_eq!(second.spec, strict);
+    assert_eq!(
+        (second.created_at, second.updated_at),
+        (t0(), t0() + secs(5))
+    );
+    assert_eq!(
+        store.get_namespace("team-a").await.unwrap(),
+        Some(second.clone())
+    );
+
+    store
+        .put_namespace("Billing", &NamespaceSpec::default(), t0())
+        .await
+        .unwrap();
+    let names: Vec<String> = store
+        .list_namespaces()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, ["Billing", "team-a"]);
+
+    assert_eq!(
+        store.delete_namespace("team-a").await.unwrap(),
+        Some(second)
+    );
+    assert_eq!(store.delete_namespace("team-a").await.unwrap(), None);
+    assert_eq!(store.get_namespace("team-a").await.unwrap(), None);
+}
+
+async fn put_in(
+    store: &dyn Store,
+    namespace: &str,
+    name: &str,
+    target: serde_json::Value,
+) -> Result<PutOutcome> {
+    let json = serde_json::json!({"schedule": {"every": "1s"}, "target": target});
+    store
+        .put_job(namespace, &job(name, json, t0()), PutMode::Upsert, t0())
+        .await
+        .map(|(outcome, _)| outcome)
+}
+
+pub async fn namespace_settings_refuse_jobs_inside_the_write(store: &dyn Store) {
+    let shell = serde_json::json!({"shell": {"command": "true"}});
+    let http = serde_json::json!({"http": {"url": "https://example.com/"}});
+
+    // A cap on jobs stops creations, not updates, and a refused write leaves nothing behind.
+    store
+        .put_namespace(
+            "capped",
+            &settings(serde_json::json!({"max_jobs": 2})),
+            t0(),
+        )
+        .await
+        .unwrap();
+    put_in(store, "capped", "one", http.clone()).await.unwrap();
+    put_in(store, "capped", "two", http.clone()).await.unwrap();
+    let err = put_in(store, "capped", "three", http.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Refused(NamespaceRefusal::TooManyJobs { max: 2, .. })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(store.get_job("capped", "three").await.unwrap(), None);
+    assert_eq!(
+        put_in(store, "capped", "two", shell.clone()).await.unwrap(),
+        PutOutcome::Updated
+    );
+    // Other namespaces are not counted against it.
+    put_in(store, "elsewhere", "three", http.clone())
+        .await
+        .unwrap();
+
+    // Two creates racing for the last place: one wins.
+    store
+        .put_namespace("race", &settings(serde_json::json!({"max_jobs": 1})), t0())
+        .await
+        .unwrap();
+    let (a, b) = tokio::join!(
+        put_in(store, "race", "a", http.clone()),
+        put_in(store, "race", "b", http.clone())
+    );
+    assert!(a.is_ok() != b.is_ok(), "{a:?} {b:?}");
+
+    // Forbidding shell targets waits until the namespace has no shell job, and then refuses
+    // new ones.
+    let no_shell = settings(serde_json::json!({"allow_shell": false}));
+    let err = store
+        .put_namespace("capped", &no_shell, t0())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Refused(NamespaceRefusal::ShellJobsExist { jobs, .. }) if jobs == &["two"]),
+        "{err:?}"
+    );
+    assert_eq!(
+        store
+            .get_namespace("capped")
+            .await
+            .unwrap()
+            .unwrap()
+            .spec
+            .max_jobs,
+        Some(2)
+    );
+    put_in(store, "capped", "two", http.clone()).await.unwrap();
+    store
+        .put_namespace("capped", &no_shell, t0())
+        .await
+        .unwrap();
+    let err = put_in(store, "capped", "two", shell.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Refused(NamespaceRefusal::ShellForbidden { .. })
+        ),
+        "{err:?}"
+    );
+    put_in(store, "elsewhere", "four", shell).await.unwrap();
+}
+
+pub async fn namespace_secrets_are_kept_sealed_and_listed_without_values(store: &dyn Store) {
+    let (created, first) = store
+        .put_secret("team-a", "db-password", "v1:sealed-1", t0())
+        .await
+        .unwrap();
+    assert!(created);
+    assert_eq!(
+        (
+            first.namespace.as_str(),
+            first.name.as_str(),
+            first.created_at
+        ),
+        ("team-a", "db-password", t0())
+    );
+    let (created, again) = store
+        .put_secret("team-a", "db-password", "v1:sealed-2", t0() + secs(1))
+        .await
+        .unwrap();
+    assert!(!created);
+    assert_eq!((again.created_at, again.updated_at), (t0(), t0() + secs(1)));
+    store
+        .put_secret("team-a", "api-key", "v1:sealed-3", t0())
+        .await
+        .unwrap();
+    store
+        .put_secret("team-b", "db-password", "v1:sealed-b", t0())
+        .await
+        .unwrap();
+
+    let listed: Vec<String> = store
+        .list_secrets("team-a")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(listed, ["api-key", "db-password"]);
+
+    let key = |ns: &str, name: &str| (ns.to_string(), name.to_string());
+    let found = store
+        .sealed_secrets(&[
+            key("team-a", "db-password"),
+            key("team-b", "db-password"),
+            key("team-a", "missing"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 2);
+    assert_eq!(found[&key("team-a", "db-password")], "v1:sealed-2");
+    assert_eq!(found[&key("team-b", "db-password")], "v1:sealed-b");
+    assert!(store.sealed_secrets(&[]).await.unwrap().is_empty());
+
+    assert_eq!(
+        store.delete_secret("team-a", "db-password").await.unwrap(),
+        Some(again)
+    );
+    assert_eq!(
+        store.delete_secret("team-a", "db-password").await.unwrap(),
+        None
+    );
+    assert_eq!(store.list_secrets("team-a").await.unwrap().len(), 1);
+
+    // A namespace keeps at most so many secrets; replacing one of them is still possible.
+    for i in 0..sked_core::namespace::MAX_SECRETS_PER_NAMESPACE {
+        store
+            .put_secret("full", &format!("s{i}"), "v1:x", t0())
+            .await
+            .unwrap();
+    }
+    let err = store
+        .put_secret("full", "one-more", "v1:x", t0())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Refused(NamespaceRefusal::TooManySecrets { .. })
+        ),
+        "{err:?}"
+    );
+    store.put_secret("full", "s0", "v1:y", t0()).await.unwrap();
 }

@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use sked_core::auth::{Grant, TokenRecord};
 use sked_core::job::Routing;
 use sked_core::job::{JobState, ValidJob};
+use sked_core::namespace::{NamespaceRecord, NamespaceRefusal, NamespaceSpec, SecretRecord};
 use sked_core::records::{
     AttemptRecord, AuditEntry, AuditRecord, JobRecord, JobStats, NodeRecord, RunRecord,
     ScheduledJob, WorkerRecord,
@@ -47,6 +48,9 @@ pub enum StoreError {
     /// A page cursor that no page of this store handed out.
     #[error("{0:?} is not a cursor this listing handed out")]
     InvalidCursor(String),
+    /// A namespace's settings refuse the change (nothing was written).
+    #[error(transparent)]
+    Refused(#[from] NamespaceRefusal),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -329,6 +333,9 @@ pub enum StoreEvent {
     Resync,
 }
 
+/// A namespace secret: `(namespace, name)`.
+pub type SecretName = (String, String);
+
 /// Changes committed by other server nodes, in commit order.
 pub type StoreEvents = tokio::sync::mpsc::UnboundedReceiver<StoreEvent>;
 
@@ -481,6 +488,40 @@ pub trait Store: Send + Sync + 'static {
     async fn append_audit(&self, entries: &[AuditEntry]) -> Result<()>;
     /// A page of the audit trail, newest first.
     async fn list_audit(&self, query: &AuditQuery) -> Result<Page<AuditRecord>>;
+
+    // --- namespaces and their secrets ---------------------------------------------------------
+
+    /// The settings of namespace `name`, if an administrator set any.
+    async fn get_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>>;
+    /// Every namespace with settings, by name.
+    async fn list_namespaces(&self) -> Result<Vec<NamespaceRecord>>;
+    /// Sets a namespace's settings and returns the previous ones with the new. Refused
+    /// ([`StoreError::Refused`]) while forbidding shell targets would leave shell jobs there,
+    /// and past [`sked_core::namespace::MAX_CONFIGURED_NAMESPACES`].
+    async fn put_namespace(
+        &self,
+        name: &str,
+        spec: &NamespaceSpec,
+        now: Instant,
+    ) -> Result<(Option<NamespaceRecord>, NamespaceRecord)>;
+    /// Forgets a namespace's settings (its jobs stay, under the defaults).
+    async fn delete_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>>;
+    /// Keeps a secret's sealed value (the server seals it; the store never sees it in clear).
+    /// Returns whether it was created, and its record. Refused past
+    /// [`sked_core::namespace::MAX_SECRETS_PER_NAMESPACE`] secrets in the namespace.
+    async fn put_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        sealed: &str,
+        now: Instant,
+    ) -> Result<(bool, SecretRecord)>;
+    /// The secrets of a namespace, by name, without their values.
+    async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>>;
+    async fn delete_secret(&self, namespace: &str, name: &str) -> Result<Option<SecretRecord>>;
+    /// The sealed values of the secrets `(namespace, name)` that exist, for the attempts being
+    /// handed out.
+    async fn sealed_secrets(&self, wanted: &[SecretName]) -> Result<BTreeMap<SecretName, String>>;
 
     // --- maintenance --------------------------------------------------------------------------
 

@@ -236,6 +236,32 @@ pub fn label_rules(text: Option<&str>) -> Result<Option<Vec<LabelRule>>, StoreEr
 }
 
 /// An audit entry's before or after snapshot.
+pub fn namespace_spec(text: &str) -> Result<sked_core::namespace::NamespaceSpec, StoreError> {
+    from_json("namespace settings", text)
+}
+
+/// The first few names of a namespace's shell jobs, found among `(name, spec)` rows whose spec
+/// text mentions a shell target: enough to say which ones stand in the way.
+pub fn shell_jobs(
+    rows: impl IntoIterator<Item = (String, String)>,
+) -> Result<Vec<String>, StoreError> {
+    const SHOWN: usize = 5;
+    let mut names = Vec::new();
+    for (name, text) in rows {
+        if matches!(spec(&text)?.target, sked_core::TargetSpec::Shell(_)) {
+            names.push(name);
+            if names.len() == SHOWN {
+                break;
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// The pattern that finds, among stored definitions, the ones that may have a shell target
+/// (each candidate is then parsed): how serde writes the target's tag.
+pub const SHELL_TARGET_PATTERN: &str = r#"%"target":{"shell":%"#;
+
 pub fn snapshot(text: Option<&str>) -> Result<Option<serde_json::Value>, StoreError> {
     text.map(|t| from_json("audit snapshots", t)).transpose()
 }

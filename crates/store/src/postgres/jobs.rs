@@ -94,6 +94,7 @@ pub async fn put(
                 return Ok((PutOutcome::Unchanged, old.clone()));
             }
         }
+        super::namespaces::admit(tx, namespace, &job.spec.target, existing.is_none()).await?;
         let firing = crate::shared::firing_after_put(existing.as_ref(), job, now)?;
         let (spec, retry) = spec_json(&job.spec)?;
         let description = job.spec.description.as_deref().unwrap_or("");

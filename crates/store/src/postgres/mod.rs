@@ -24,6 +24,7 @@ mod events;
 mod history;
 mod jobs;
 mod ledger;
+mod namespaces;
 mod rows;
 mod schema;
 mod tokens;
@@ -480,6 +481,60 @@ impl Store for PgStore {
     async fn delete_audit_before(&self, before: Instant, limit: u32) -> Result<u64> {
         transact!(self, write, |tx| audit::delete_before(&tx, before, limit)
             .await?)
+    }
+
+    async fn get_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>> {
+        transact!(self, read, |tx| namespaces::get(&tx, name).await?)
+    }
+
+    async fn list_namespaces(&self) -> Result<Vec<NamespaceRecord>> {
+        transact!(self, read, |tx| namespaces::list(&tx).await?)
+    }
+
+    async fn put_namespace(
+        &self,
+        name: &str,
+        spec: &NamespaceSpec,
+        now: Instant,
+    ) -> Result<(Option<NamespaceRecord>, NamespaceRecord)> {
+        transact!(self, write, |tx| namespaces::put(&tx, name, spec, now)
+            .await?)
+    }
+
+    async fn delete_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>> {
+        transact!(self, write, |tx| namespaces::delete(&tx, name).await?)
+    }
+
+    async fn put_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        sealed: &str,
+        now: Instant,
+    ) -> Result<(bool, SecretRecord)> {
+        transact!(self, write, |tx| namespaces::put_secret(
+            &tx, namespace, name, sealed, now
+        )
+        .await?)
+    }
+
+    async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>> {
+        transact!(self, read, |tx| namespaces::list_secrets(&tx, namespace)
+            .await?)
+    }
+
+    async fn delete_secret(&self, namespace: &str, name: &str) -> Result<Option<SecretRecord>> {
+        transact!(self, write, |tx| namespaces::delete_secret(
+            &tx, namespace, name
+        )
+        .await?)
+    }
+
+    async fn sealed_secrets(&self, wanted: &[SecretName]) -> Result<BTreeMap<SecretName, String>> {
+        if wanted.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        transact!(self, read, |tx| namespaces::sealed(&tx, wanted).await?)
     }
 
     async fn create_token(&self, token: &NewToken, now: Instant) -> Result<TokenRecord> {

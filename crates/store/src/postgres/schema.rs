@@ -171,6 +171,26 @@ ALTER TABLE workers
     ADD COLUMN namespaces TEXT NOT NULL DEFAULT '["*"]',
     ADD COLUMN token_id   BIGINT;
 "#,
+    r#"
+-- Version 4: namespace settings and namespace secrets (SQLite's version 3).
+-- A namespace has a row only once an administrator sets something; `spec` is its JSON.
+CREATE TABLE namespaces (
+    name       TEXT   COLLATE "C" PRIMARY KEY,
+    spec       TEXT   NOT NULL,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL
+);
+
+-- `sealed` is the value encrypted with the server's key; the store never holds it in clear.
+CREATE TABLE secrets (
+    namespace  TEXT   COLLATE "C" NOT NULL,
+    name       TEXT   COLLATE "C" NOT NULL,
+    sealed     TEXT   NOT NULL,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL,
+    PRIMARY KEY (namespace, name)
+);
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

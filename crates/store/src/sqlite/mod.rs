@@ -17,6 +17,7 @@ mod audit;
 mod history;
 mod jobs;
 mod ledger;
+mod namespaces;
 mod rows;
 mod schema;
 mod tokens;
@@ -550,6 +551,64 @@ impl Store for SqliteStore {
     async fn delete_audit_before(&self, before: Instant, limit: u32) -> Result<u64> {
         self.write(move |tx| audit::delete_before(tx, before, limit))
             .await
+    }
+
+    async fn get_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>> {
+        let name = name.to_string();
+        self.read(move |tx| namespaces::get(tx, &name)).await
+    }
+
+    async fn list_namespaces(&self) -> Result<Vec<NamespaceRecord>> {
+        self.read(namespaces::list).await
+    }
+
+    async fn put_namespace(
+        &self,
+        name: &str,
+        spec: &NamespaceSpec,
+        now: Instant,
+    ) -> Result<(Option<NamespaceRecord>, NamespaceRecord)> {
+        let (name, spec) = (name.to_string(), spec.clone());
+        self.write(move |tx| namespaces::put(tx, &name, &spec, now))
+            .await
+    }
+
+    async fn delete_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>> {
+        let name = name.to_string();
+        self.write(move |tx| namespaces::delete(tx, &name)).await
+    }
+
+    async fn put_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        sealed: &str,
+        now: Instant,
+    ) -> Result<(bool, SecretRecord)> {
+        let (namespace, name, sealed) =
+            (namespace.to_string(), name.to_string(), sealed.to_string());
+        self.write(move |tx| namespaces::put_secret(tx, &namespace, &name, &sealed, now))
+            .await
+    }
+
+    async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>> {
+        let namespace = namespace.to_string();
+        self.read(move |tx| namespaces::list_secrets(tx, &namespace))
+            .await
+    }
+
+    async fn delete_secret(&self, namespace: &str, name: &str) -> Result<Option<SecretRecord>> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.write(move |tx| namespaces::delete_secret(tx, &namespace, &name))
+            .await
+    }
+
+    async fn sealed_secrets(&self, wanted: &[SecretName]) -> Result<BTreeMap<SecretName, String>> {
+        if wanted.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let wanted = wanted.to_vec();
+        self.read(move |tx| namespaces::sealed(tx, &wanted)).await
     }
 
     async fn create_token(&self, token: &NewToken, now: Instant) -> Result<TokenRecord> {

@@ -142,6 +142,26 @@ CREATE INDEX audit_by_at ON audit (at, id);
 ALTER TABLE workers ADD COLUMN namespaces TEXT NOT NULL DEFAULT '["*"]';
 ALTER TABLE workers ADD COLUMN token_id INTEGER;
 "#,
+    r#"
+-- Version 3: namespace settings and namespace secrets.
+-- A namespace has a row only once an administrator sets something; `spec` is its JSON.
+CREATE TABLE namespaces (
+    name       TEXT    PRIMARY KEY,
+    spec       TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+
+-- `sealed` is the value encrypted with the server's key; the store never holds it in clear.
+CREATE TABLE secrets (
+    namespace  TEXT    NOT NULL,
+    name       TEXT    NOT NULL,
+    sealed     TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.

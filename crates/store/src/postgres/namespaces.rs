@@ -1,0 +1,250 @@
+//! Namespace settings and namespace secrets.
+//!
+//! Owns the `namespaces` and `secrets` tables. Reads `jobs` only to count a namespace's jobs and
+//! find its shell jobs, for the rules of `sked_core::namespace`, which `jobs::put` and [`put`]
+//! apply inside their transactions. Secrets arrive sealed; this module never sees a value in
+//! clear.
+//!
+//! A namespace's rules are checked under a transaction-level advisory lock on its name
+//! ([`lock`]), taken by a settings change and by every job write that could break them (a
+//! create, a shell target): under READ COMMITTED, row locks alone would let two creates both
+//! count one job under the cap, or a shell job commit beside the change that forbids it. The
+//! advisory lock is outside the row lock order of `mod.rs`: it is taken after the job's row
+//! and never held while waiting for another row.
+
+use super::rows::{instant, micros};
+use super::{PgResult, Tx};
+use crate::shared::{namespace_spec, shell_jobs, to_json, SHELL_TARGET_PATTERN};
+use crate::{SecretName, StoreError};
+use sked_core::namespace::{
+    admit_job, admit_settings, NamespaceRecord, NamespaceRefusal, NamespaceSpec, SecretRecord,
+    MAX_CONFIGURED_NAMESPACES, MAX_SECRETS_PER_NAMESPACE,
+};
+use sked_core::{Instant, TargetSpec};
+use std::collections::BTreeMap;
+use tokio_postgres::Row;
+
+const NAMESPACE_COLUMNS: &str = "name, spec, created_at, updated_at";
+
+fn namespace(row: &Row) -> PgResult<NamespaceRecord> {
+    Ok(NamespaceRecord {
+        name: row.try_get(0)?,
+        spec: namespace_spec(row.try_get(1)?)?,
+        created_at: instant(row.try_get(2)?)?,
+        updated_at: instant(row.try_get(3)?)?,
+    })
+}
+
+/// Serializes, until the transaction ends, every change that namespace `name`'s rules judge.
+async fn lock(tx: &Tx<'_>, name: &str) -> PgResult<()> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT pg_advisory_xact_lock(hashtextextended('sked.namespace/' || $1, 0))",
+        )
+        .await?;
+    tx.execute(&stmt, &[&name]).await?;
+    Ok(())
+}
+
+async fn count(tx: &Tx<'_>, sql: &str, namespace: &str) -> PgResult<u64> {
+    let stmt = tx.prepare_cached(sql).await?;
+    let held: i64 = tx.query_one(&stmt, &[&namespace]).await?.try_get(0)?;
+    Ok(held.max(0) as u64)
+}
+
+pub async fn get(tx: &Tx<'_>, name: &str) -> PgResult<Option<NamespaceRecord>> {
+    let sql = format!("SELECT {NAMESPACE_COLUMNS} FROM namespaces WHERE name = $1");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query_opt(&stmt, &[&name])
+        .await?
+        .as_ref()
+        .map(namespace)
+        .transpose()
+}
+
+pub async fn list(tx: &Tx<'_>) -> PgResult<Vec<NamespaceRecord>> {
+    let sql = format!("SELECT {NAMESPACE_COLUMNS} FROM namespaces ORDER BY name");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query(&stmt, &[]).await?.iter().map(namespace).collect()
+}
+
+pub async fn put(
+    tx: &Tx<'_>,
+    name: &str,
+    spec: &NamespaceSpec,
+    now: Instant,
+) -> PgResult<(Option<NamespaceRecord>, NamespaceRecord)> {
+    lock(tx, name).await?;
+    let before = get(tx, name).await?;
+    if before.is_none() {
+        let stmt = tx.prepare_cached("SELECT count(*) FROM namespaces").await?;
+        let held: i64 = tx.query_one(&stmt, &[]).await?.try_get(0)?;
+        if held.max(0) as u64 >= MAX_CONFIGURED_NAMESPACES {
+            return Err(StoreError::from(NamespaceRefusal::TooManyNamespaces {
+                max: MAX_CONFIGURED_NAMESPACES,
+            })
+            .into());
+        }
+    }
+    if !spec.allow_shell {
+        let stmt = tx
+            .prepare_cached(
+                "SELECT name, spec FROM jobs WHERE namespace = $1 AND spec LIKE $2 ORDER BY name",
+            )
+            .await?;
+        let rows = tx
+            .query(&stmt, &[&name, &SHELL_TARGET_PATTERN])
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<PgResult<Vec<(String, String)>>>()?;
+        admit_settings(name, spec, &shell_jobs(rows)?).map_err(StoreError::from)?;
+    }
+    let sql = format!(
+        "INSERT INTO namespaces (name, spec, created_at, updated_at) VALUES ($1, $2, $3, $3) \
+         ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at \
+         RETURNING {NAMESPACE_COLUMNS}"
+    );
+    let stmt = tx.prepare_cached(&sql).await?;
+    let text = to_json("namespace settings", spec)?;
+    let row = tx.query_one(&stmt, &[&name, &text, &micros(now)]).await?;
+    Ok((before, namespace(&row)?))
+}
+
+pub async fn delete(tx: &Tx<'_>, name: &str) -> PgResult<Option<NamespaceRecord>> {
+    let sql = format!("DELETE FROM namespaces WHERE name = $1 RETURNING {NAMESPACE_COLUMNS}");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query_opt(&stmt, &[&name])
+        .await?
+        .as_ref()
+        .map(namespace)
+        .transpose()
+}
+
+/// Refuses a job write that namespace's settings do not allow; `creating` says it adds a job.
+/// Called with the job's row locked.
+pub async fn admit(
+    tx: &Tx<'_>,
+    namespace: &str,
+    target: &TargetSpec,
+    creating: bool,
+) -> PgResult<()> {
+    // An update of a job without a shell target can break no rule: it takes no lock.
+    if !creating && !matches!(target, TargetSpec::Shell(_)) {
+        return Ok(());
+    }
+    lock(tx, namespace).await?;
+    let Some(settings) = get(tx, namespace).await?.map(|r| r.spec) else {
+        return Ok(());
+    };
+    let held = match settings.max_jobs {
+        Some(_) if creating => {
+            count(
+                tx,
+                "SELECT count(*) FROM jobs WHERE namespace = $1",
+                namespace,
+            )
+            .await?
+        }
+        _ => 0,
+    };
+    admit_job(namespace, &settings, target, held, creating).map_err(StoreError::from)?;
+    Ok(())
+}
+
+const SECRET_COLUMNS: &str = "namespace, name, created_at, updated_at";
+
+fn secret(row: &Row) -> PgResult<SecretRecord> {
+    Ok(SecretRecord {
+        namespace: row.try_get(0)?,
+        name: row.try_get(1)?,
+        created_at: instant(row.try_get(2)?)?,
+        updated_at: instant(row.try_get(3)?)?,
+    })
+}
+
+pub async fn put_secret(
+    tx: &Tx<'_>,
+    namespace: &str,
+    name: &str,
+    sealed: &str,
+    now: Instant,
+) -> PgResult<(bool, SecretRecord)> {
+    lock(tx, namespace).await?;
+    let stmt = tx
+        .prepare_cached("SELECT 1 FROM secrets WHERE namespace = $1 AND name = $2")
+        .await?;
+    let exists = tx.query_opt(&stmt, &[&namespace, &name]).await?.is_some();
+    if !exists {
+        let held = count(
+            tx,
+            "SELECT count(*) FROM secrets WHERE namespace = $1",
+            namespace,
+        )
+        .await?;
+        if held >= MAX_SECRETS_PER_NAMESPACE {
+            return Err(StoreError::from(NamespaceRefusal::TooManySecrets {
+                namespace: namespace.to_string(),
+                max: MAX_SECRETS_PER_NAMESPACE,
+            })
+            .into());
+        }
+    }
+    let sql = format!(
+        "INSERT INTO secrets (namespace, name, sealed, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $4) \
+         ON CONFLICT (namespace, name) DO UPDATE \
+         SET sealed = excluded.sealed, updated_at = excluded.updated_at \
+         RETURNING {SECRET_COLUMNS}"
+    );
+    let stmt = tx.prepare_cached(&sql).await?;
+    let row = tx
+        .query_one(&stmt, &[&namespace, &name, &sealed, &micros(now)])
+        .await?;
+    Ok((!exists, secret(&row)?))
+}
+
+pub async fn list_secrets(tx: &Tx<'_>, namespace: &str) -> PgResult<Vec<SecretRecord>> {
+    let sql = format!("SELECT {SECRET_COLUMNS} FROM secrets WHERE namespace = $1 ORDER BY name");
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query(&stmt, &[&namespace])
+        .await?
+        .iter()
+        .map(secret)
+        .collect()
+}
+
+pub async fn delete_secret(
+    tx: &Tx<'_>,
+    namespace: &str,
+    name: &str,
+) -> PgResult<Option<SecretRecord>> {
+    let sql = format!(
+        "DELETE FROM secrets WHERE namespace = $1 AND name = $2 RETURNING {SECRET_COLUMNS}"
+    );
+    let stmt = tx.prepare_cached(&sql).await?;
+    tx.query_opt(&stmt, &[&namespace, &name])
+        .await?
+        .as_ref()
+        .map(secret)
+        .transpose()
+}
+
+pub async fn sealed(tx: &Tx<'_>, wanted: &[SecretName]) -> PgResult<BTreeMap<SecretName, String>> {
+    let (namespaces, names): (Vec<&str>, Vec<&str>) = wanted
+        .iter()
+        .map(|(namespace, name)| (namespace.as_str(), name.as_str()))
+        .unzip();
+    let stmt = tx
+        .prepare_cached(
+            "SELECT s.namespace, s.name, s.sealed FROM secrets s \
+             JOIN unnest($1::text[], $2::text[]) AS w (namespace, name) \
+             ON s.namespace = w.namespace AND s.name = w.name",
+        )
+        .await?;
+    let mut found = BTreeMap::new();
+    for row in tx.query(&stmt, &[&namespaces, &names]).await? {
+        found.insert((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?);
+    }
+    Ok(found)
+}
