@@ -120,16 +120,24 @@ impl std::fmt::Debug for TargetValue {
     }
 }
 
-/// `values` as the text a process or a request is given; the name of one that is not plain
-/// (a secret the server did not open) otherwise.
-pub fn plain_values(values: &BTreeMap<String, TargetValue>) -> Result<Vec<(&str, &str)>, &str> {
+/// `values` as the text a process or a request is given; otherwise the name of one that is not
+/// plain (a secret the server did not open) and why it could not be.
+pub fn plain_values(
+    values: &BTreeMap<String, TargetValue>,
+) -> Result<Vec<(&str, &str)>, (&str, &'static str)> {
     values
         .iter()
-        .map(|(name, value)| {
-            value
-                .text()
-                .map(|text| (name.as_str(), text))
-                .ok_or(name.as_str())
+        .map(|(name, value)| match value {
+            TargetValue::Plain(text) => Ok((name.as_str(), text.as_str())),
+            TargetValue::SecretRef(_) => Err((
+                name.as_str(),
+                "refers to a secret its namespace does not have (sked secret set)",
+            )),
+            TargetValue::Secret(_) | TargetValue::Sealed(_) => Err((
+                name.as_str(),
+                "is a secret the server did not open (is every server node given the same \
+                 --secret-key-file?)",
+            )),
         })
         .collect()
 }

@@ -37,6 +37,8 @@ struct State {
     /// weighs a new instant against.
     per_job: HashMap<i64, JobBacklog>,
     per_namespace: HashMap<String, u64>,
+    /// Namespaces with a cap of their own on queued runs (`max_queued_runs`).
+    namespace_caps: HashMap<String, u64>,
     /// Open long polls, by worker id.
     polls: HashMap<String, Poll>,
     turn: u64,
@@ -55,6 +57,14 @@ pub struct KnownWorker {
     pub namespaces: Vec<String>,
     /// The token it registered with: the only one that may speak for it.
     pub token_id: Option<i64>,
+}
+
+/// Runs queued here for one job and its namespace, and the namespace's own cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Backlog {
+    pub job: u64,
+    pub namespace: u64,
+    pub namespace_cap: Option<u64>,
 }
 
 /// How many runs of one job are queued here.
@@ -189,22 +199,29 @@ impl Dispatcher {
         self.enqueue(runs);
     }
 
-    /// How many runs of job `job_id`, and of its namespace, wait here now. A job with none
-    /// waiting is not placed in a namespace, so it counts none there either: admission is
-    /// exact per job, and per namespace lets each job past the cap by one run at most.
-    pub fn backlog(&self, job_id: i64) -> (u64, u64) {
+    /// How many runs of job `job_id`, and of its namespace, wait here now, with the
+    /// namespace's own cap if it has one. A job with none waiting is not placed in a
+    /// namespace, so it counts none there either: admission is exact per job, and per
+    /// namespace lets each job past the cap by one run at most.
+    pub fn backlog(&self, job_id: i64) -> Backlog {
         let state = self.lock();
         match state.per_job.get(&job_id) {
-            None => (0, 0),
-            Some(job) => (
-                job.queued,
-                state
+            None => Backlog::default(),
+            Some(job) => Backlog {
+                job: job.queued,
+                namespace: state
                     .per_namespace
                     .get(&job.namespace)
                     .copied()
                     .unwrap_or(0),
-            ),
+                namespace_cap: state.namespace_caps.get(&job.namespace).copied(),
+            },
         }
+    }
+
+    /// Replaces the namespaces' own caps on queued runs.
+    pub fn set_namespace_caps(&self, caps: HashMap<String, u64>) {
+        self.lock().namespace_caps = caps;
     }
 
     /// Forgets runs that are no longer queued (started or cancelled through another node).

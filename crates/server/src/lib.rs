@@ -18,6 +18,7 @@ pub mod http;
 pub mod maintenance;
 pub mod membership;
 pub mod metrics;
+pub mod namespaces;
 pub mod rate;
 pub mod secrets;
 
@@ -181,6 +182,10 @@ pub async fn serve(
     duties.spawn(duty(
         "dispatch",
         dispatcher.clone().run(store.clone(), stop_rx.clone()),
+    ));
+    duties.spawn(duty(
+        "namespace settings",
+        namespaces::run(state.clone(), stop_rx.clone()),
     ));
     duties.spawn(duty(
         "reaper",

@@ -1,6 +1,7 @@
-//! Secrets in job definitions: sealed (AES-256-GCM) with the server's key before a definition
-//! is stored, and opened only in the attempt handed to a worker. What a secret is and where it
-//! may appear is `sked_core::target`'s; this module only encrypts and decrypts.
+//! Secrets in job definitions and namespace secrets: sealed (AES-256-GCM) with the server's key
+//! before a definition or a secret is stored, and opened only in the attempt handed to a
+//! worker. What a secret is and where it may appear is `sked_core::target`'s; this module only
+//! encrypts and decrypts.
 //!
 //! A sealed value reads `v1:<key id>:<base64 of nonce and ciphertext>`; the key id (the first
 //! 8 hex digits of the key's SHA-256) says which key sealed it, so a node given another key
@@ -12,6 +13,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 use sked_core::target::{SealedText, TargetSpec, TargetValue};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 const VERSION: &str = "v1";
@@ -35,6 +37,10 @@ pub enum SecretError {
     TooLong { field: String },
     #[error("{field} is a secret, and this server has no secret key")]
     NoKey { field: String },
+    #[error(
+        "{field} refers to secret {name:?}, which its namespace does not have (sked secret set)"
+    )]
+    MissingRef { field: String, name: String },
 }
 
 /// The server's key for secrets. `Debug` shows only its id.
@@ -122,18 +128,10 @@ impl SecretKey {
     }
 }
 
-/// Where a target's values are, for error messages (`target.shell.env.DB_PASSWORD`).
-fn values_field(target: &TargetSpec) -> &'static str {
-    match target {
-        TargetSpec::Shell(_) => "target.shell.env",
-        TargetSpec::Http(_) => "target.http.headers",
-    }
-}
-
 /// Seals every secret given in clear; checks that every sealed value is this key's. Before a
 /// definition is stored.
 pub fn seal_target(key: Option<&SecretKey>, target: &mut TargetSpec) -> Result<(), SecretError> {
-    let place = values_field(target);
+    let place = target.values_field();
     for (name, value) in target.values_mut() {
         let field = format!("{place}.{name}");
         let needed = |field: &str| {
@@ -142,7 +140,7 @@ pub fn seal_target(key: Option<&SecretKey>, target: &mut TargetSpec) -> Result<(
             })
         };
         let sealed = match &*value {
-            TargetValue::Plain(_) => continue,
+            TargetValue::Plain(_) | TargetValue::SecretRef(_) => continue,
             TargetValue::Secret(secret) if secret.secret.len() > MAX_SECRET_LEN => {
                 return Err(SecretError::TooLong { field })
             }
@@ -157,19 +155,51 @@ pub fn seal_target(key: Option<&SecretKey>, target: &mut TargetSpec) -> Result<(
     Ok(())
 }
 
-/// Opens every sealed value, for the attempt handed to a worker. A value that cannot be opened
-/// stays sealed (the worker then fails the attempt, naming it), and the first error is
-/// returned.
-pub fn open_target(key: Option<&SecretKey>, target: &mut TargetSpec) -> Result<(), SecretError> {
-    let place = values_field(target);
+/// Seals a namespace secret's value (`field` names it in errors).
+pub fn seal_value(
+    key: Option<&SecretKey>,
+    field: &str,
+    clear: &str,
+) -> Result<String, SecretError> {
+    let field = field.to_string();
+    if clear.len() > MAX_SECRET_LEN {
+        return Err(SecretError::TooLong { field });
+    }
+    match key {
+        Some(key) => key.seal(&field, clear),
+        None => Err(SecretError::NoKey { field }),
+    }
+}
+
+/// Opens every sealed value and every reference to a namespace secret (`refs`: the sealed
+/// values of the namespace's secrets, by name), for the attempt handed to a worker. A value
+/// that cannot be opened stays as it was (the worker then fails the attempt, naming it), and
+/// the first error is returned.
+pub fn open_target(
+    key: Option<&SecretKey>,
+    target: &mut TargetSpec,
+    refs: &BTreeMap<&str, &str>,
+) -> Result<(), SecretError> {
+    let place = target.values_field();
     let mut first_error = None;
     for (name, value) in target.values_mut() {
-        let TargetValue::Sealed(sealed) = value else {
-            continue;
-        };
         let field = format!("{place}.{name}");
+        let sealed = match value {
+            TargetValue::Sealed(sealed) => sealed.sealed.as_str(),
+            TargetValue::SecretRef(r) => match refs.get(r.secret_ref.as_str()) {
+                Some(sealed) => sealed,
+                None => {
+                    first_error.get_or_insert(SecretError::MissingRef {
+                        field,
+                        name: r.secret_ref.clone(),
+                    });
+                    continue;
+                }
+            },
+            TargetValue::Plain(_) | TargetValue::Secret(_) => continue,
+        };
         let opened = match key {
-            Some(key) => key.open(&field, &sealed.sealed),
+            Some(key) => key.open(&field, sealed),
             None => Err(SecretError::NoKey { field }),
         };
         match opened {
@@ -220,7 +250,7 @@ mod tests {
         let mut again = target.clone();
         seal_target(Some(&key), &mut again).unwrap();
         assert_eq!(again, target);
-        open_target(Some(&key), &mut target).unwrap();
+        open_target(Some(&key), &mut target, &BTreeMap::new()).unwrap();
         assert_eq!(target, shell_with("hunter2".into()));
     }
 
@@ -240,7 +270,7 @@ mod tests {
             seal_target(Some(&ours), &mut sent),
             Err(SecretError::OtherKey { .. })
         ));
-        assert!(open_target(Some(&ours), &mut sent).is_err());
+        assert!(open_target(Some(&ours), &mut sent, &BTreeMap::new()).is_err());
         assert_eq!(sent, target, "what cannot be opened stays sealed");
 
         let forged = format!("v1:{}:{}", ours.id(), STANDARD.encode([0u8; 40]));
@@ -264,5 +294,30 @@ mod tests {
         assert!(SecretKey::from_base64(&STANDARD.encode([1u8; 16])).is_err());
         let key = key();
         assert_eq!(format!("{key:?}"), format!("SecretKey({})", key.id()));
+    }
+
+    #[test]
+    fn a_reference_opens_to_its_namespace_secret_or_stays_a_reference() {
+        let key = key();
+        let reference = TargetValue::SecretRef(sked_core::target::SecretRef {
+            secret_ref: "db-password".into(),
+        });
+        let sealed = seal_value(Some(&key), "secret db-password", "hunter2").unwrap();
+        assert!(!sealed.contains("hunter2"));
+        let mut target = shell_with(reference.clone());
+        let refs = BTreeMap::from([("db-password", sealed.as_str())]);
+        open_target(Some(&key), &mut target, &refs).unwrap();
+        assert_eq!(target, shell_with(TargetValue::Plain("hunter2".into())));
+
+        let mut missing = shell_with(reference.clone());
+        let err = open_target(Some(&key), &mut missing, &BTreeMap::new()).unwrap_err();
+        assert!(matches!(&err, SecretError::MissingRef { name, .. } if name == "db-password"));
+        assert_eq!(missing, shell_with(reference));
+        assert!(seal_value(None, "secret x", "y").is_err());
+        let long = "x".repeat(MAX_SECRET_LEN + 1);
+        assert!(matches!(
+            seal_value(Some(&key), "secret x", &long),
+            Err(SecretError::TooLong { .. })
+        ));
     }
 }

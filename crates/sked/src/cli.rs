@@ -1,7 +1,7 @@
 //! The command line: every subcommand and flag, and which module carries it out.
 
 use crate::{apply, client, serve};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use sked_core::HumanDuration;
 use std::path::PathBuf;
@@ -35,6 +35,59 @@ pub enum Command {
     Token(TokenCommand),
     /// Who changed what: the audit trail, newest first.
     Audit(AuditArgs),
+    /// What a namespace allows: shell targets, caps on jobs and queued runs (admin).
+    #[command(subcommand)]
+    Namespace(NamespaceCommand),
+    /// A namespace's secrets, which job definitions name with `{"secret_ref": NAME}`.
+    #[command(subcommand)]
+    Secret(SecretCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NamespaceCommand {
+    /// The settings of `--namespace` (defaults when none were set).
+    Show(ClientArgs),
+    /// Every namespace with settings.
+    List(ClientArgs),
+    /// Changes the settings of `--namespace`; what is not given stays as it is.
+    Set {
+        /// Whether its jobs may have shell targets.
+        #[arg(long, value_parser = ["allow", "forbid"])]
+        shell: Option<String>,
+        /// The most jobs it may hold, or `none`.
+        #[arg(long)]
+        max_jobs: Option<String>,
+        /// The most of its runs that may wait for a worker at once, or `none` (the server's
+        /// `--max-queued-per-namespace`).
+        #[arg(long)]
+        max_queued_runs: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Forgets the settings of `--namespace`: its jobs stay, under the defaults.
+    Reset(ClientArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SecretCommand {
+    /// Sets a secret of `--namespace` to the value read from standard input (or `--from-file`),
+    /// so it appears in no command line or shell history. One trailing newline is dropped.
+    Set {
+        name: String,
+        /// Read the value from this file instead of standard input.
+        #[arg(long)]
+        from_file: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// The secrets of `--namespace`: names and times, never values.
+    List(ClientArgs),
+    /// Deletes a secret; jobs that name it fail their attempts until it is set again.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -409,6 +462,81 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Store(StoreCommand::Check { data_dir }) => serve::check_store(&data_dir),
         Command::Token(cmd) => token(cmd).await,
         Command::Audit(args) => client::Client::new(&args.client)?.audit(&args).await,
+        Command::Namespace(cmd) => namespace(cmd).await,
+        Command::Secret(cmd) => secret(cmd).await,
+    }
+}
+
+/// A cap as the API takes it: a number, or `none` for null.
+fn cap(flag: &str, text: &str) -> Result<serde_json::Value> {
+    if text == "none" {
+        return Ok(serde_json::Value::Null);
+    }
+    let n: u64 = text
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--{flag} takes a number or `none`, not {text:?}"))?;
+    Ok(n.into())
+}
+
+async fn namespace(cmd: NamespaceCommand) -> Result<()> {
+    match cmd {
+        NamespaceCommand::Show(client) => client::Client::new(&client)?.namespace_show().await,
+        NamespaceCommand::List(client) => client::Client::new(&client)?.namespace_list().await,
+        NamespaceCommand::Set {
+            shell,
+            max_jobs,
+            max_queued_runs,
+            client,
+        } => {
+            let mut changes = serde_json::Map::new();
+            if let Some(shell) = shell {
+                changes.insert("allow_shell".into(), (shell == "allow").into());
+            }
+            if let Some(text) = max_jobs {
+                changes.insert("max_jobs".into(), cap("max-jobs", &text)?);
+            }
+            if let Some(text) = max_queued_runs {
+                changes.insert("max_queued_runs".into(), cap("max-queued-runs", &text)?);
+            }
+            client::Client::new(&client)?.namespace_set(changes).await
+        }
+        NamespaceCommand::Reset(client) => client::Client::new(&client)?.namespace_reset().await,
+    }
+}
+
+async fn secret(cmd: SecretCommand) -> Result<()> {
+    match cmd {
+        SecretCommand::Set {
+            name,
+            from_file,
+            client,
+        } => {
+            // The server takes at most 64 KiB; reading stops a little past that.
+            const READ_LIMIT: u64 = 128 * 1024;
+            let mut value = match &from_file {
+                Some(path) => std::fs::File::open(path)
+                    .and_then(|f| std::io::read_to_string(std::io::Read::take(f, READ_LIMIT)))
+                    .with_context(|| format!("cannot read {}", path.display()))?,
+                None => {
+                    let stdin = std::io::Read::take(std::io::stdin(), READ_LIMIT);
+                    std::io::read_to_string(stdin)
+                        .context("cannot read the secret from standard input")?
+                }
+            };
+            if value.ends_with('\n') {
+                value.pop();
+                if value.ends_with('\r') {
+                    value.pop();
+                }
+            }
+            client::Client::new(&client)?
+                .secret_set(&name, &value)
+                .await
+        }
+        SecretCommand::List(client) => client::Client::new(&client)?.secret_list().await,
+        SecretCommand::Delete { name, client } => {
+            client::Client::new(&client)?.secret_delete(&name).await
+        }
     }
 }
 

@@ -393,6 +393,144 @@ impl Client {
         Ok(())
     }
 
+    fn namespace_path(&self) -> String {
+        format!("/namespaces/{}", self.namespace)
+    }
+
+    fn print_namespace(&self, value: &Value) -> Result<()> {
+        if self.json {
+            return Self::print_json(value);
+        }
+        let cap = |v: &Value| match v {
+            Value::Null => "none".to_string(),
+            other => text(other),
+        };
+        println!("namespace       {}", text(&value["name"]));
+        let shell = if value["allow_shell"].as_bool() == Some(false) {
+            "forbidden"
+        } else {
+            "allowed"
+        };
+        println!("shell targets   {shell}");
+        println!("max jobs        {}", cap(&value["max_jobs"]));
+        println!("max queued runs {}", cap(&value["max_queued_runs"]));
+        if value["configured"].as_bool() == Some(false) {
+            println!("(the defaults: nothing was set)");
+        }
+        Ok(())
+    }
+
+    pub async fn namespace_show(&self) -> Result<()> {
+        let value = self.get_json(&self.namespace_path(), &[]).await?;
+        self.print_namespace(&value)
+    }
+
+    pub async fn namespace_list(&self) -> Result<()> {
+        let value = self.get_json("/namespaces", &[]).await?;
+        if self.json {
+            return Self::print_json(&value["namespaces"]);
+        }
+        let table: Vec<Vec<String>> = value["namespaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|n| {
+                let cap = |v: &Value| if v.is_null() { "-".into() } else { text(v) };
+                vec![
+                    text(&n["name"]),
+                    if n["allow_shell"].as_bool() == Some(false) {
+                        "forbidden".into()
+                    } else {
+                        "allowed".into()
+                    },
+                    cap(&n["max_jobs"]),
+                    cap(&n["max_queued_runs"]),
+                    text(&n["updated_at"]),
+                ]
+            })
+            .collect();
+        print_table(
+            &["NAME", "SHELL", "MAX JOBS", "MAX QUEUED", "UPDATED"],
+            &table,
+        );
+        Ok(())
+    }
+
+    /// Reads the settings, applies `changes`, and writes them back whole.
+    pub async fn namespace_set(&self, changes: serde_json::Map<String, Value>) -> Result<()> {
+        let current = self.get_json(&self.namespace_path(), &[]).await?;
+        let mut settings = serde_json::Map::new();
+        for field in ["allow_shell", "max_jobs", "max_queued_runs"] {
+            let value = changes.get(field).unwrap_or(&current[field]);
+            if !value.is_null() {
+                settings.insert(field.to_string(), value.clone());
+            }
+        }
+        let resp = self
+            .send(
+                Method::PUT,
+                &self.namespace_path(),
+                &[],
+                Some(&Value::Object(settings)),
+            )
+            .await?;
+        let value: Value = resp.json().await?;
+        self.print_namespace(&value)
+    }
+
+    pub async fn namespace_reset(&self) -> Result<()> {
+        self.send(Method::DELETE, &self.namespace_path(), &[], None)
+            .await?;
+        println!(
+            "namespace {}: settings forgotten, the defaults apply",
+            self.namespace
+        );
+        Ok(())
+    }
+
+    pub async fn secret_set(&self, name: &str, value: &str) -> Result<()> {
+        let body = serde_json::json!({ "value": value });
+        let resp = self
+            .send(Method::PUT, &format!("/secrets/{name}"), &[], Some(&body))
+            .await?;
+        let created = resp.status() == reqwest::StatusCode::CREATED;
+        let record: Value = resp.json().await?;
+        if self.json {
+            return Self::print_json(&record);
+        }
+        let what = if created { "created" } else { "updated" };
+        println!("secret {name} in namespace {} {what}", self.namespace);
+        Ok(())
+    }
+
+    pub async fn secret_list(&self) -> Result<()> {
+        let value = self.get_json("/secrets", &[]).await?;
+        if self.json {
+            return Self::print_json(&value["secrets"]);
+        }
+        let table: Vec<Vec<String>> = value["secrets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                vec![
+                    text(&s["name"]),
+                    text(&s["created_at"]),
+                    text(&s["updated_at"]),
+                ]
+            })
+            .collect();
+        print_table(&["NAME", "CREATED", "UPDATED"], &table);
+        Ok(())
+    }
+
+    pub async fn secret_delete(&self, name: &str) -> Result<()> {
+        self.send(Method::DELETE, &format!("/secrets/{name}"), &[], None)
+            .await?;
+        println!("secret {name} in namespace {} deleted", self.namespace);
+        Ok(())
+    }
+
     pub async fn audit(&self, args: &crate::cli::AuditArgs) -> Result<()> {
         let mut query = vec![("limit", args.limit.to_string())];
         query.extend(args.object.clone().map(|o| ("object", o)));

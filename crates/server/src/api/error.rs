@@ -3,6 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use sked_core::namespace::NamespaceRefusal;
 use sked_core::throttle::Throttle;
 use sked_core::SpecError;
 use sked_store::StoreError;
@@ -66,10 +67,33 @@ impl From<crate::secrets::SecretError> for ApiError {
             SecretError::OtherKey { field, .. }
             | SecretError::NotSealed { field }
             | SecretError::TooLong { field }
-            | SecretError::NoKey { field } => field.clone(),
+            | SecretError::NoKey { field }
+            | SecretError::MissingRef { field, .. } => field.clone(),
             SecretError::BadKey(_) => "secret".to_string(),
         };
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_job", e.to_string()).with_field(field)
+    }
+}
+
+/// A namespace's settings refuse the change: shell targets are a permission (403), caps and
+/// jobs in the way are the namespace's state (409).
+impl From<NamespaceRefusal> for ApiError {
+    fn from(refusal: NamespaceRefusal) -> Self {
+        let message = refusal.to_string();
+        match refusal {
+            NamespaceRefusal::ShellForbidden { .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, "shell_forbidden", message)
+                    .with_field("target.shell")
+            }
+            NamespaceRefusal::TooManyJobs { .. }
+            | NamespaceRefusal::TooManySecrets { .. }
+            | NamespaceRefusal::TooManyNamespaces { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "limit_reached", message)
+            }
+            NamespaceRefusal::ShellJobsExist { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "conflict", message).with_field("allow_shell")
+            }
+        }
     }
 }
 
@@ -81,6 +105,7 @@ impl From<StoreError> for ApiError {
                 "conflict",
                 format!("{what} already exists; use PUT to replace it"),
             ),
+            StoreError::Refused(refusal) => refusal.into(),
             StoreError::InvalidCursor(cursor) => ApiError::invalid(
                 "cursor",
                 format!("{cursor:?} is not a cursor this listing handed out"),

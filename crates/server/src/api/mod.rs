@@ -12,8 +12,10 @@ mod cluster;
 mod error;
 mod extract;
 mod jobs;
+mod namespaces;
 mod openapi;
 mod runs;
+mod secrets;
 mod strict;
 mod tokens;
 mod workers;
@@ -164,6 +166,43 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             "/api/v1/tokens/{name}",
             Admin,
             delete(tokens::revoke),
+        ),
+        route(
+            Method::GET,
+            "/api/v1/namespaces",
+            Read,
+            get(namespaces::list),
+        ),
+        route(
+            Method::GET,
+            "/api/v1/namespaces/{name}",
+            Read,
+            get(namespaces::get),
+        ),
+        route(
+            Method::PUT,
+            "/api/v1/namespaces/{name}",
+            Admin,
+            put(namespaces::put),
+        ),
+        route(
+            Method::DELETE,
+            "/api/v1/namespaces/{name}",
+            Admin,
+            delete(namespaces::delete),
+        ),
+        route(Method::GET, "/api/v1/secrets", Read, get(secrets::list)),
+        route(
+            Method::PUT,
+            "/api/v1/secrets/{name}",
+            Write,
+            put(secrets::put),
+        ),
+        route(
+            Method::DELETE,
+            "/api/v1/secrets/{name}",
+            Write,
+            delete(secrets::delete),
         ),
         route(Method::GET, "/api/v1/audit", Read, get(audit::list)),
         route(Method::GET, "/api/v1/cluster", Read, get(cluster::view)),

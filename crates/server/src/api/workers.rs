@@ -26,7 +26,10 @@ use sked_core::protocol::{
 use sked_core::records::WorkerRecord;
 use sked_core::run::RunState;
 use sked_core::throttle::Throttle;
-use sked_store::{AppendOutcome, AttemptReport, AttemptStart, CompletionEffect, NewWorker};
+use sked_store::{
+    AppendOutcome, AttemptReport, AttemptStart, CompletionEffect, NewWorker, QueuedRun, SecretName,
+};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -259,6 +262,8 @@ pub async fn lease(
             attempts: Vec::new(),
         }));
     }
+    // Read before the attempts start: if the store cannot answer, the runs go back in line.
+    let namespace_secrets = referenced_secrets(&state, handout.runs()).await?;
     let now = Utc::now();
     let expires = lease_until(&state);
     let starts: Vec<AttemptStart> = {
@@ -288,7 +293,12 @@ pub async fn lease(
         // Secrets are opened here, for this attempt only; one that cannot be opened stays
         // sealed and the worker fails the attempt naming it.
         let mut target = run.target;
-        if let Err(e) = open_target(state.config.secret_key.as_ref(), &mut target) {
+        let refs: BTreeMap<&str, &str> = namespace_secrets
+            .iter()
+            .filter(|((namespace, _), _)| *namespace == run.namespace)
+            .map(|((_, name), sealed)| (name.as_str(), sealed.as_str()))
+            .collect();
+        if let Err(e) = open_target(state.config.secret_key.as_ref(), &mut target, &refs) {
             // A node given the wrong key meets this on every run of such a job.
             static UNOPENED: Mutex<Throttle> = Mutex::new(Throttle::new(Duration::from_secs(1)));
             let (run_id, job) = (run.run_id, &run.job);
@@ -308,6 +318,23 @@ pub async fn lease(
     }
     Metrics::add(&state.metrics.attempts_started, attempts.len() as u64);
     Ok(Json(LeaseResponse { attempts }))
+}
+
+/// The sealed values of the namespace secrets that `runs` refer to.
+async fn referenced_secrets(
+    state: &AppState,
+    runs: &[QueuedRun],
+) -> Result<BTreeMap<SecretName, String>, ApiError> {
+    let wanted: BTreeSet<SecretName> = runs
+        .iter()
+        .flat_map(|run| {
+            run.target
+                .secret_refs()
+                .map(|name| (run.namespace.clone(), name.to_string()))
+        })
+        .collect();
+    let wanted: Vec<SecretName> = wanted.into_iter().collect();
+    Ok(state.store.sealed_secrets(&wanted).await?)
 }
 
 /// Completions are fenced by each attempt's token; the worker must also still be known, as for

@@ -326,8 +326,12 @@ impl FiringLoop {
                 let skip = if slot.paused {
                     Some(SkipReason::Paused)
                 } else {
-                    let (job, namespace) = self.dispatcher.backlog(slot.job_id);
-                    admission::admit(job, namespace, self.backlog)
+                    let backlog = self.dispatcher.backlog(slot.job_id);
+                    let limits = BacklogLimits {
+                        per_namespace: backlog.namespace_cap.unwrap_or(self.backlog.per_namespace),
+                        ..self.backlog
+                    };
+                    admission::admit(backlog.job, backlog.namespace, limits)
                 };
                 if skip == Some(SkipReason::Backlog) {
                     Metrics::add(&self.metrics.fires_skipped_backlog, 1);

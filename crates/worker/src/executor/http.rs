@@ -78,12 +78,8 @@ fn build(
     let url = Url::parse(target.url.trim())
         .map_err(|e| format!("{:?} is not a valid URL: {e}", target.url))?;
     let mut headers = HeaderMap::new();
-    let plain = sked_core::target::plain_values(&target.headers).map_err(|name| {
-        format!(
-            "header {name} is a secret the server did not open (is every server node given the \
-             same --secret-key-file?)"
-        )
-    })?;
+    let plain = sked_core::target::plain_values(&target.headers)
+        .map_err(|(name, why)| format!("header {name} {why}"))?;
     for (name, value) in plain {
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| format!("{name:?} is not a valid header name"))?;

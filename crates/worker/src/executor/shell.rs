@@ -43,11 +43,8 @@ pub async fn run(
 ) -> ExecResult {
     let env = match sked_core::target::plain_values(&target.env) {
         Ok(env) => env,
-        Err(name) => {
-            let message = format!(
-                "env {name} is a secret the server did not open (is every server node given \
-                 the same --secret-key-file?)"
-            );
+        Err((name, why)) => {
+            let message = format!("env {name} {why}");
             output.write(format!("[sked-worker: {message}]\n").as_bytes());
             return ExecResult::failed(message);
         }

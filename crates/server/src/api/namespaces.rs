@@ -1,0 +1,146 @@
+//! `/api/v1/namespaces`: what an administrator allows in each namespace (shell targets, a cap on
+//! its jobs and on its queued runs). Any token reads the namespaces it sees; only an admin
+//! changes them (the route table says so). A namespace without settings has the defaults.
+
+use super::extract::Path;
+use super::{body, parse_json, ApiError};
+use crate::audit::{self, Change};
+use crate::auth::Caller;
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::Utc;
+use serde::Serialize;
+use sked_core::job::validate_name;
+use sked_core::namespace::{NamespaceRecord, NamespaceSpec};
+use sked_core::Instant;
+
+/// A namespace's settings; `configured` is false (and the times absent) for one that has only
+/// the defaults.
+#[derive(Debug, Serialize)]
+pub struct NamespaceView {
+    pub name: String,
+    #[serde(flatten)]
+    pub spec: NamespaceSpec,
+    pub configured: bool,
+    pub created_at: Option<Instant>,
+    pub updated_at: Option<Instant>,
+}
+
+impl From<NamespaceRecord> for NamespaceView {
+    fn from(record: NamespaceRecord) -> Self {
+        NamespaceView {
+            name: record.name,
+            spec: record.spec,
+            configured: true,
+            created_at: Some(record.created_at),
+            updated_at: Some(record.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct NamespaceList {
+    pub namespaces: Vec<NamespaceView>,
+}
+
+/// The namespace named in the path, if it is a valid name the caller sees.
+fn entered(caller: &Caller, name: &str) -> Result<(), ApiError> {
+    validate_name("name", name).map_err(|e| ApiError::invalid("name", e.message))?;
+    caller.enter(name)?;
+    Ok(())
+}
+
+/// The configured namespaces the caller sees, by name.
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<NamespaceList>, ApiError> {
+    let namespaces = state
+        .store
+        .list_namespaces()
+        .await?
+        .into_iter()
+        .filter(|n| caller.sees(&n.name))
+        .map(NamespaceView::from)
+        .collect();
+    Ok(Json(NamespaceList { namespaces }))
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<NamespaceView>, ApiError> {
+    entered(&caller, &name)?;
+    let view = match state.store.get_namespace(&name).await? {
+        Some(record) => record.into(),
+        None => NamespaceView {
+            name,
+            spec: NamespaceSpec::default(),
+            configured: false,
+            created_at: None,
+            updated_at: None,
+        },
+    };
+    Ok(Json(view))
+}
+
+pub async fn put(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<NamespaceView>), ApiError> {
+    entered(&caller, &name)?;
+    let spec: NamespaceSpec = parse_json(&body(raw)?)?;
+    spec.validate()
+        .map_err(|e| ApiError::invalid(&e.field, e.message))?;
+    let (before, after) = state.store.put_namespace(&name, &spec, Utc::now()).await?;
+    crate::namespaces::refresh_now(&state).await;
+    let status = if before.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let change = Change {
+        action: "namespace.put",
+        namespace: Some(&name),
+        object: Some(name.clone()),
+        before: before.map(|b| snapshot(&b.spec)),
+        after: Some(snapshot(&after.spec)),
+    };
+    audit::record(&state, &caller, change).await;
+    Ok((status, Json(after.into())))
+}
+
+/// Forgets a namespace's settings: its jobs stay, under the defaults.
+pub async fn delete(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<NamespaceView>, ApiError> {
+    entered(&caller, &name)?;
+    let deleted = state
+        .store
+        .delete_namespace(&name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("settings of namespace {name:?}")))?;
+    crate::namespaces::refresh_now(&state).await;
+    let change = Change {
+        action: "namespace.delete",
+        namespace: Some(&name),
+        object: Some(name.clone()),
+        before: Some(snapshot(&deleted.spec)),
+        after: None,
+    };
+    audit::record(&state, &caller, change).await;
+    Ok(Json(deleted.into()))
+}
+
+fn snapshot(spec: &NamespaceSpec) -> serde_json::Value {
+    serde_json::to_value(spec).unwrap_or(serde_json::Value::Null)
+}

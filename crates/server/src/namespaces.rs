@@ -1,0 +1,44 @@
+//! This node's copy of the namespace settings the hot path reads: each namespace's own cap on
+//! queued runs, which admission weighs every instant against. Read at start, again every
+//! [`REFRESH`] (so a change made through another node applies here within it) and at once
+//! after a change through this node. The store holds the settings; this is only a copy.
+//!
+//! The other settings (shell targets, the job cap) are applied by the store inside each job
+//! write and need no copy.
+
+use crate::{stopped, AppState};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How long a change made through another node may take to apply here.
+pub const REFRESH: Duration = Duration::from_secs(2);
+
+async fn refresh(state: &AppState) -> Result<(), sked_store::StoreError> {
+    let caps: HashMap<String, u64> = state
+        .store
+        .list_namespaces()
+        .await?
+        .into_iter()
+        .filter_map(|n| n.spec.max_queued_runs.map(|cap| (n.name, cap)))
+        .collect();
+    state.dispatcher.set_namespace_caps(caps);
+    Ok(())
+}
+
+/// After a change through this node: a failure is left to the next periodic read.
+pub async fn refresh_now(state: &AppState) {
+    if let Err(e) = refresh(state).await {
+        tracing::warn!("cannot read namespace settings (read again within {REFRESH:?}): {e}");
+    }
+}
+
+pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        refresh_now(&state).await;
+        tokio::select! {
+            _ = stopped(&mut shutdown) => return,
+            _ = tokio::time::sleep(REFRESH) => {}
+        }
+    }
+}
