@@ -8,47 +8,13 @@
 mod common;
 
 use common::pg::{self, Logs, Node, Schema};
-use common::{client_with_token, free_port, shell, sked_command, Sked, ADMIN_TOKEN};
+use common::{
+    call, client_for, client_with_token, free_port, shell, sked_command, token, Sked, ADMIN_TOKEN,
+};
 use reqwest::Method;
 use serde_json::{json, Value};
 use sked_core::auth::{Permission, Role};
 use std::time::{Duration, Instant};
-
-/// Creates a token through the API with the admin token; returns its secret.
-async fn token(sked: &Sked, name: &str, grant: Value) -> String {
-    let mut body = grant;
-    body["name"] = json!(name);
-    let (status, created) = sked.post("/tokens", body).await;
-    assert_eq!(status, 201, "{created}");
-    created["token"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no token in {created}"))
-        .to_string()
-}
-
-/// A client that sends a new token of `grant`.
-async fn client_for(sked: &Sked, name: &str, grant: Value) -> reqwest::Client {
-    client_with_token(Some(&token(sked, name, grant).await))
-}
-
-/// Sends `method path` with `body` as `client`; returns the status and the JSON answer.
-async fn call(
-    client: &reqwest::Client,
-    method: Method,
-    url: String,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = client.request(method.clone(), &url);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
 
 /// A route's path with its parameters filled with values that name nothing.
 fn filled(path: &str) -> String {

@@ -5,14 +5,14 @@
 
 mod common;
 
-use common::{client_with_token, shell, sked_command, Sked};
+use common::{client_for, client_with_token, shell, sked_command, Sked};
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::process::Stdio;
 use std::time::Duration;
 
-/// Sends `method path` (under `/api/v1`) with `body` as `client`; the status and JSON answer.
+/// Sends `method path` (under `/api/v1`) with `body` as `client`.
 async fn call(
     sked: &Sked,
     client: &reqwest::Client,
@@ -20,24 +20,7 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut request = client.request(method.clone(), sked.url(path));
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
-/// A client with a new token of `grant`, created with the admin token.
-async fn client_for(sked: &Sked, name: &str, mut grant: Value) -> reqwest::Client {
-    grant["name"] = json!(name);
-    let (status, created) = sked.post("/tokens", grant).await;
-    assert_eq!(status, 201, "{created}");
-    client_with_token(created["token"].as_str())
+    common::call(client, method, sked.url(path), body).await
 }
 
 fn http_target() -> Value {

@@ -59,6 +59,43 @@ pub fn http_client() -> reqwest::Client {
     client_with_token(Some(ADMIN_TOKEN))
 }
 
+/// Sends `method url` with `body` as `client`; returns the status and the JSON answer (null
+/// when there is none).
+pub async fn call(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: String,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = client.request(method.clone(), &url);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Creates a token of `grant` through the API with the admin token; returns its secret.
+pub async fn token(sked: &Sked, name: &str, grant: Value) -> String {
+    let mut body = grant;
+    body["name"] = json!(name);
+    let (status, created) = sked.post("/tokens", body).await;
+    assert_eq!(status, 201, "{created}");
+    created["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no token in {created}"))
+        .to_string()
+}
+
+/// A client that sends a new token of `grant`.
+pub async fn client_for(sked: &Sked, name: &str, grant: Value) -> reqwest::Client {
+    client_with_token(Some(&token(sked, name, grant).await))
+}
+
 /// An HTTP client that sends `token` (none: no `Authorization` header).
 pub fn client_with_token(token: Option<&str>) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
