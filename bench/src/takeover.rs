@@ -339,6 +339,9 @@ fn spawn_server(start: &Start<'_>, node: &Node) -> Result<Child> {
             start.url,
             "--node-lease",
             start.node_lease,
+            // The jobs' HTTP target is a sink on this machine's loopback address.
+            "--http-target-allow",
+            "127.0.0.1",
         ],
         &node.log,
     )

@@ -10,6 +10,7 @@ pub mod auth;
 pub mod cluster;
 pub mod dispatch;
 pub mod duration;
+pub mod egress;
 pub mod error;
 pub mod job;
 pub mod namespace;

@@ -6,6 +6,7 @@
 //! /api/v1/workers/{id}/complete` reports a batch of results. Every report about an attempt
 //! carries its fencing token; a report whose attempt lost its lease is rejected.
 
+use crate::egress::EgressPolicy;
 use crate::run::AttemptOutcome;
 use crate::target::TargetSpec;
 use crate::Instant;
@@ -47,6 +48,10 @@ pub struct RegisterResponse {
     pub heartbeat_interval_ms: u64,
     /// Silence longer than this and the worker is declared dead.
     pub heartbeat_timeout_ms: u64,
+    /// What HTTP targets may reach: the worker checks every request against it after DNS
+    /// resolution. A server that sends none (older than the setting) restricts nothing.
+    #[serde(default)]
+    pub http_target_policy: EgressPolicy,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

@@ -4,6 +4,7 @@ use crate::auth::AuthMode;
 use crate::http::{ConnectionLimits, Tls};
 use crate::rate::RateLimit;
 use crate::secrets::SecretKey;
+use sked_core::egress::EgressPolicy;
 use sked_core::policy::BacklogLimits;
 use std::time::Duration;
 
@@ -49,6 +50,10 @@ pub struct ServerConfig {
     /// Requests per second per token on the API (the worker protocol is not counted); zero
     /// per second turns it off.
     pub rate_limit: RateLimit,
+    /// What HTTP targets may reach. Workers enforce it, each with the policy it got when it
+    /// registered; definitions whose URL it refuses by itself are refused at write time. The
+    /// default restricts nothing; `sked server` refuses internal addresses unless allowed.
+    pub http_target_policy: EgressPolicy,
 }
 
 impl Default for ServerConfig {
@@ -72,6 +77,7 @@ impl Default for ServerConfig {
             secret_key: None,
             rate_limit: RateLimit::default(),
             tls: None,
+            http_target_policy: EgressPolicy::default(),
         }
     }
 }

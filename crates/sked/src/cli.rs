@@ -3,6 +3,7 @@
 use crate::{apply, client, serve};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use sked_core::egress::EgressRule;
 use sked_core::HumanDuration;
 use std::path::PathBuf;
 
@@ -238,6 +239,27 @@ pub struct ServerArgs {
     /// Audit entries older than this are deleted ("0s" keeps them forever).
     #[arg(long, env = "SKED_AUDIT_RETENTION", default_value = "365days")]
     pub audit_retention: HumanDuration,
+    /// Let HTTP targets reach this network or host: `10.0.0.0/8`, `::1/128`, an address,
+    /// `api.example.com`, `*.example.com` or `*`. Repeatable, or comma-separated. The most
+    /// specific matching rule wins and a deny wins a tie; an allow also lets an internal
+    /// address through (docs/SECURITY.md).
+    #[arg(
+        long,
+        env = "SKED_HTTP_TARGET_ALLOW",
+        value_delimiter = ',',
+        value_name = "RULE"
+    )]
+    pub http_target_allow: Vec<EgressRule>,
+    /// Keep HTTP targets off this network or host (the same rules as --http-target-allow).
+    /// `sked server` also keeps them off internal addresses (loopback, private, link-local,
+    /// ...) that no rule allows; `sked dev` does not.
+    #[arg(
+        long,
+        env = "SKED_HTTP_TARGET_DENY",
+        value_delimiter = ',',
+        value_name = "RULE"
+    )]
+    pub http_target_deny: Vec<EgressRule>,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@ use crate::cli::{DevArgs, ServerArgs, WorkerArgs};
 use anyhow::{bail, Context, Result};
 use chrono::Utc;
 use sked_core::auth::Secret;
+use sked_core::egress::EgressPolicy;
 use sked_core::policy::BacklogLimits;
 use sked_server::auth::{
     ensure_admin_token, generate_secret, AuthMode, MAX_SECRET_LEN, MIN_SECRET_LEN,
@@ -242,7 +243,9 @@ fn write_private(path: &Path, content: &str) -> Result<bool> {
     Ok(true)
 }
 
-fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
+/// `internal_allowed`: whether HTTP targets may reach internal addresses no rule names, which
+/// `sked dev` (a laptop's own services) allows and `sked server` does not.
+fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConfig> {
     if args.header_read_timeout.0 < std::time::Duration::from_millis(100) {
         bail!("--header-read-timeout must be at least 100ms");
     }
@@ -278,12 +281,17 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
             per_second: args.rate_limit,
             burst: args.rate_limit.saturating_mul(2),
         },
+        http_target_policy: EgressPolicy {
+            allow: args.http_target_allow.clone(),
+            deny: args.http_target_deny.clone(),
+            internal_allowed,
+        },
         ..ServerConfig::default()
     })
 }
 
 pub async fn server(args: ServerArgs) -> Result<()> {
-    let mut config = server_config(&args)?;
+    let mut config = server_config(&args, false)?;
     let opened = open_store(&args).await?;
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
@@ -292,6 +300,7 @@ pub async fn server(args: ServerArgs) -> Result<()> {
         scheme(&args),
         opened.place
     );
+    tracing::info!("HTTP targets: {}", config.http_target_policy.summary());
     bootstrap_admin(&args, opened.store.as_ref()).await?;
     config.secret_key = Some(secret_key(&args).await?);
     sked_server::serve(config, opened.store.clone(), listener, shutdown_signal()).await?;
@@ -299,7 +308,7 @@ pub async fn server(args: ServerArgs) -> Result<()> {
 }
 
 pub async fn dev(args: DevArgs) -> Result<()> {
-    let mut config = server_config(&args.server)?;
+    let mut config = server_config(&args.server, true)?;
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
     let open = !args.require_token;
@@ -329,6 +338,11 @@ pub async fn dev(args: DevArgs) -> Result<()> {
             admin_token_path(&args.server).display()
         );
     }
+    tracing::info!(
+        "HTTP targets: {} (sked dev's default; sked server refuses internal addresses no \
+         --http-target-allow names)",
+        config.http_target_policy.summary()
+    );
     let admin = bootstrap_admin(&args.server, opened.store.as_ref()).await?;
     config.secret_key = Some(secret_key(&args.server).await?);
     let (server_stop, server_stopped) = watch::channel(false);

@@ -181,7 +181,9 @@ async fn namespaces_are_walls_and_viewers_only_read() {
 #[tokio::test]
 async fn shell_targets_need_a_token_with_the_shell_flag() {
     let mut sked = Sked::new();
-    sked.start_server(&[]).await;
+    // The HTTP job below names a loopback address, which `sked server` refuses by default.
+    sked.start_server(&["--http-target-allow", "127.0.0.1"])
+        .await;
     let plain = client_for(
         &sked,
         "plain",

@@ -21,7 +21,9 @@ fn sked_cli(sked: &Sked, args: &[&str]) -> (bool, String, String) {
 #[tokio::test]
 async fn apply_reports_created_updated_and_unchanged() {
     let mut sked = Sked::new();
-    sked.start_server(&[]).await;
+    // `ping` below names a loopback address, which `sked server` refuses by default.
+    sked.start_server(&["--http-target-allow", "127.0.0.1"])
+        .await;
     let file = sked.dir.path().join("jobs.yaml");
     let v1 = "
 jobs:

@@ -5,10 +5,12 @@
 //! `sked_core::protocol` and its HTTP statuses.
 
 use crate::client::{segment, CallError, ProtocolClient};
+use crate::egress::{SharedPolicy, TargetClient};
 use crate::executor::{self, stop_channel, ExecOptions, ExecResult, StopHandle};
 use crate::output::OutputBuffer;
-use crate::{WorkerConfig, WorkerError};
+use crate::{error_chain, WorkerConfig, WorkerError};
 use rand::Rng;
+use sked_core::egress::EgressPolicy;
 use sked_core::protocol::{
     CompleteRequest, CompleteResponse, Completion, HeartbeatRequest, HeartbeatResponse,
     LeaseRequest, LeaseResponse, LeasedAttempt, RegisterRequest, RegisterResponse,
@@ -43,10 +45,9 @@ pub async fn run(
 ) -> Result<(), WorkerError> {
     let config = config.validated()?;
     let client = ProtocolClient::new(&config)?;
-    let exec_http = reqwest::Client::builder()
-        .user_agent(concat!("sked-worker/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(WorkerError::HttpClient)?;
+    // Replaced by the server's policy at registration, before any attempt runs.
+    let http_policy = SharedPolicy::new(EgressPolicy::default());
+    let exec_http = TargetClient::new(http_policy.clone()).map_err(WorkerError::HttpClient)?;
     let (stopping_tx, stopping) = watch::channel(false);
     let shutdown_task = tokio::spawn(async move {
         shutdown.await;
@@ -60,14 +61,14 @@ pub async fn run(
 async fn serve(
     config: WorkerConfig,
     client: ProtocolClient,
-    exec_http: reqwest::Client,
+    exec_http: TargetClient,
     stopping: watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let agent = Arc::new(Agent {
         config,
         client,
-        exec_http,
+        exec_http: Mutex::new(exec_http),
         session: watch::channel(Session::default()).0,
         register_lock: tokio::sync::Mutex::new(()),
         attempts: Mutex::new(HashMap::new()),
@@ -79,10 +80,11 @@ async fn serve(
         return Ok(());
     };
     tracing::info!(
-        "registered with {} as worker {} ({} slots)",
+        "registered with {} as worker {} ({} slots; HTTP targets: {})",
         agent.client.current(),
         session.worker_id,
-        agent.config.slots
+        agent.config.slots,
+        agent.exec_client().policy().current().summary()
     );
     agent.session.send_replace(session);
 
@@ -166,7 +168,9 @@ enum Flush {
 struct Agent {
     config: WorkerConfig,
     client: ProtocolClient,
-    exec_http: reqwest::Client,
+    /// HTTP targets' client, rebuilt when a registration brings another policy; its
+    /// [`SharedPolicy`] is the one in force.
+    exec_http: Mutex<TargetClient>,
     session: watch::Sender<Session>,
     /// One registration at a time.
     register_lock: tokio::sync::Mutex<()>,
@@ -181,6 +185,38 @@ impl Agent {
         self.attempts
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn exec_client(&self) -> TargetClient {
+        self.exec_http
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Puts the HTTP target policy a server sent at registration in force. Re-registration
+    /// after a failover may bring another one (nodes configured apart); a new client then
+    /// drops the connections pooled under the old one.
+    fn adopt_http_policy(&self, policy: EgressPolicy) {
+        let client = self.exec_client();
+        if !client.policy().replace(policy) {
+            return;
+        }
+        tracing::info!("HTTP targets: {}", client.policy().current().summary());
+        match TargetClient::new(client.policy().clone()) {
+            Ok(fresh) => {
+                *self
+                    .exec_http
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = fresh;
+            }
+            // The old client reads the same cell, so the new policy applies to it as well.
+            Err(e) => tracing::warn!(
+                "cannot build a new client for HTTP targets ({}); the previous one enforces \
+                 the new policy but keeps its pooled connections",
+                error_chain(&e)
+            ),
+        }
     }
 
     fn executing(&self) -> usize {
@@ -236,6 +272,7 @@ impl Agent {
             };
             match result {
                 Ok(answer) => {
+                    self.adopt_http_policy(answer.http_target_policy);
                     let interval = Duration::from_millis(answer.heartbeat_interval_ms);
                     let interval = if interval.is_zero() {
                         FALLBACK_HEARTBEAT
@@ -356,7 +393,7 @@ impl Agent {
         let agent = self.clone();
         tokio::spawn(async move {
             let (attempt_id, token) = (leased.attempt_id, leased.token);
-            let http = agent.exec_http.clone();
+            let http = agent.exec_client();
             let out = output.clone();
             let execution = tokio::spawn(async move {
                 executor::execute(&leased, &http, &options, signal, &out).await

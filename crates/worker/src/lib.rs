@@ -4,11 +4,13 @@
 //!
 //! This file only wires the modules together and exports the public API: [`WorkerConfig`],
 //! [`WorkerError`], [`run`], and the [`executor`] module (usable on its own, e.g. in tests).
-//! The worker speaks nothing but the HTTP protocol of `sked_core::protocol`.
+//! The worker speaks nothing but the HTTP protocol of `sked_core::protocol`; [`egress`] keeps
+//! HTTP targets to what the server's policy allows.
 
 mod agent;
 mod client;
 mod config;
+pub mod egress;
 mod error;
 pub mod executor;
 pub mod output;

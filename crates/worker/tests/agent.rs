@@ -10,12 +10,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::Utc;
+use sked_core::egress::EgressPolicy;
 use sked_core::protocol::{
     CompleteRequest, CompleteResponse, Completion, CompletionResult, HeartbeatRequest,
     HeartbeatResponse, LeaseRequest, LeaseResponse, LeasedAttempt, RegisterRequest,
     RegisterResponse,
 };
-use sked_core::target::ShellTarget;
+use sked_core::target::{HttpTarget, ShellTarget};
 use sked_core::{AttemptOutcome, TargetSpec};
 use sked_worker::{WorkerConfig, WorkerError};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -43,6 +44,8 @@ struct Fake {
     forget_when_running: Option<i64>,
     /// Answer this many completion requests with 503.
     failing_completes: u32,
+    /// Handed to each worker that registers.
+    http_target_policy: EgressPolicy,
 }
 
 type Shared = Arc<Mutex<Fake>>;
@@ -89,6 +92,7 @@ async fn register(State(node): State<Node>, Json(req): Json<RegisterRequest>) ->
         worker_id: id,
         heartbeat_interval_ms: 100,
         heartbeat_timeout_ms: 1000,
+        http_target_policy: fake.http_target_policy.clone(),
     };
     (StatusCode::CREATED, Json(answer)).into_response()
 }
@@ -574,4 +578,52 @@ async fn after_a_failover_the_worker_goes_back_to_its_first_server_once_ready() 
         "no re-registration on the way back"
     );
     assert!(worker.stop().await.is_ok());
+}
+
+/// The HTTP target policy comes with each registration: a worker the server forgot registers
+/// again and works under the policy it gets then.
+#[tokio::test]
+async fn http_targets_follow_the_policy_of_the_latest_registration() {
+    let (fake, url) = fake_server().await;
+    let http_attempt = |attempt_id: i64| LeasedAttempt {
+        target: TargetSpec::Http(HttpTarget {
+            method: "GET".to_string(),
+            url: format!("{url}/readyz"),
+            headers: BTreeMap::new(),
+            body: None,
+            expected_status: Vec::new(),
+            timeout: None,
+        }),
+        ..shell_attempt(attempt_id, "true", None)
+    };
+    lock(&fake).queue.push(http_attempt(1));
+    let worker = start(config(vec![url.clone()], 1));
+    wait_until(&fake, "the first completion arrives", |f| {
+        !f.completions.is_empty()
+    })
+    .await;
+    {
+        let mut f = lock(&fake);
+        assert_eq!(f.completions[0].outcome, AttemptOutcome::Succeeded);
+        f.http_target_policy = EgressPolicy {
+            internal_allowed: false,
+            ..EgressPolicy::default()
+        };
+        f.known.clear();
+        f.queue.push(http_attempt(2));
+    }
+    wait_until(&fake, "the second completion arrives", |f| {
+        f.completions.len() == 2
+    })
+    .await;
+    let second = lock(&fake).completions[1].clone();
+    assert_eq!(second.attempt_id, 2);
+    assert_eq!(second.outcome, AttemptOutcome::Failed);
+    let error = second.error.unwrap_or_default();
+    assert!(
+        error.starts_with("refused by the HTTP target policy: 127.0.0.1 is a loopback address"),
+        "{error}"
+    );
+    assert!(lock(&fake).registrations >= 2);
+    worker.stop().await.expect("a clean stop");
 }

@@ -1,15 +1,21 @@
-//! The HTTP executor against a local axum server: expected statuses, headers, body, timeouts.
+//! The HTTP executor against a local axum server: expected statuses, headers, body, timeouts,
+//! and the HTTP target policy (refusals before any connection, after resolution, on redirects).
 
 use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::Redirect;
 use axum::routing::{any, get};
 use axum::Router;
 use chrono::{TimeZone, Utc};
+use sked_core::egress::EgressPolicy;
 use sked_core::target::HttpTarget;
 use sked_core::{AttemptOutcome, HumanDuration};
+use sked_worker::egress::{SharedPolicy, TargetClient};
 use sked_worker::executor::{http, stop_channel, ExecOptions, ExecResult, RunInfo};
 use sked_worker::output::OutputBuffer;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 async fn server() -> String {
@@ -88,13 +94,25 @@ fn info() -> RunInfo {
     }
 }
 
+/// A client under the policy that restricts nothing.
+fn open_client() -> TargetClient {
+    TargetClient::new(SharedPolicy::new(EgressPolicy::default())).expect("an HTTP client")
+}
+
 async fn run(target: &HttpTarget, options: &ExecOptions) -> (ExecResult, String) {
-    let client = reqwest::Client::new();
+    run_with(&open_client(), target, options).await
+}
+
+async fn run_with(
+    client: &TargetClient,
+    target: &HttpTarget,
+    options: &ExecOptions,
+) -> (ExecResult, String) {
     let (_stop, signal) = stop_channel();
     let output = OutputBuffer::new(1 << 20);
     let result = tokio::time::timeout(
         Duration::from_secs(10),
-        http::run(&client, target, &info(), options, signal, &output),
+        http::run(client, target, &info(), options, signal, &output),
     )
     .await
     .expect("the executor ends in bounded time");
@@ -190,7 +208,7 @@ async fn the_targets_own_timeout_applies_when_shorter() {
 #[tokio::test]
 async fn a_stop_cancels_the_request() {
     let base = server().await;
-    let client = reqwest::Client::new();
+    let client = open_client();
     let (stop, signal) = stop_channel();
     let output = OutputBuffer::new(1 << 20);
     let t = target(format!("{base}/slow"));
@@ -247,4 +265,205 @@ async fn a_bad_header_fails_without_sending() {
     assert!(result
         .error
         .is_some_and(|e| e.contains("not a valid header name")));
+}
+
+// --- the HTTP target policy ---------------------------------------------------------------
+
+/// A server that counts the requests it gets, with redirects to wherever a test says.
+async fn counting_server() -> (u16, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let app = Router::new()
+        .route("/ok", get(|| async { "hello" }))
+        .route(
+            "/redirect/{*to}",
+            get(|Path(to): Path<String>| async move { Redirect::temporary(&format!("http://{to}")) }),
+        )
+        .route(
+            "/hop/{n}",
+            get(|Path(n): Path<u32>| async move { Redirect::temporary(&format!("/hop/{}", n + 1)) }),
+        )
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                next.run(request)
+            },
+        ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a local port");
+    let port = listener.local_addr().expect("local address").port();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (port, hits)
+}
+
+fn client_under(allow: &[&str], deny: &[&str], internal_allowed: bool) -> TargetClient {
+    let rules = |texts: &[&str]| {
+        texts
+            .iter()
+            .map(|t| t.parse().expect("a rule"))
+            .collect::<Vec<_>>()
+    };
+    let policy = EgressPolicy {
+        allow: rules(allow),
+        deny: rules(deny),
+        internal_allowed,
+    };
+    TargetClient::new(SharedPolicy::new(policy)).expect("an HTTP client")
+}
+
+fn error_of(result: &ExecResult) -> &str {
+    result.error.as_deref().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_internal_address_is_refused_without_a_connection() {
+    let (port, hits) = counting_server().await;
+    let client = client_under(&[], &[], false);
+    for url in [
+        format!("http://127.0.0.1:{port}/ok"),
+        format!("http://localhost:{port}/ok"),
+        format!("http://[::ffff:127.0.0.1]:{port}/ok"),
+    ] {
+        let (result, log) = run_with(&client, &target(url.clone()), &ExecOptions::default()).await;
+        assert_eq!(result.outcome, AttemptOutcome::Failed, "{url}: {log}");
+        assert_eq!(result.http_status, None);
+        let error = error_of(&result);
+        assert!(
+            error.starts_with("refused by the HTTP target policy: ")
+                && error.contains("is a loopback address; allow it with --http-target-allow"),
+            "{url}: {error}"
+        );
+        assert!(log.contains("refused by the HTTP target policy"), "{log}");
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "no request reached the server"
+    );
+}
+
+#[tokio::test]
+async fn allowed_networks_and_hosts_are_reached() {
+    let (port, hits) = counting_server().await;
+    let by_address = client_under(&["127.0.0.1/32"], &[], false);
+    let (result, log) = run_with(
+        &by_address,
+        &target(format!("http://127.0.0.1:{port}/ok")),
+        &ExecOptions::default(),
+    )
+    .await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded, "{log}");
+    // The host named by an allow rule may be internal, whatever it resolves to.
+    let by_name = client_under(&["localhost"], &[], false);
+    let (result, log) = run_with(
+        &by_name,
+        &target(format!("http://localhost:{port}/ok")),
+        &ExecOptions::default(),
+    )
+    .await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded, "{log}");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn an_address_deny_beats_an_allowed_host() {
+    let (port, hits) = counting_server().await;
+    let client = client_under(&["localhost"], &["127.0.0.0/8", "::1"], true);
+    let (result, log) = run_with(
+        &client,
+        &target(format!("http://localhost:{port}/ok")),
+        &ExecOptions::default(),
+    )
+    .await;
+    assert_eq!(result.outcome, AttemptOutcome::Failed, "{log}");
+    assert!(
+        error_of(&result).contains("(the address of localhost) is denied by the rule"),
+        "{result:?}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn every_redirect_hop_is_judged() {
+    let (port, hits) = counting_server().await;
+    let client = client_under(&["127.0.0.1/32"], &["localhost"], false);
+    // Allowed address -> denied name.
+    let (result, log) = run_with(
+        &client,
+        &target(format!(
+            "http://127.0.0.1:{port}/redirect/localhost:{port}/ok"
+        )),
+        &ExecOptions::default(),
+    )
+    .await;
+    assert_eq!(result.outcome, AttemptOutcome::Failed, "{log}");
+    assert_eq!(
+        error_of(&result),
+        format!(
+            "refused by the HTTP target policy: host localhost is denied by the rule localhost \
+             (redirected from http://127.0.0.1:{port}/redirect/localhost:{port}/ok)"
+        )
+    );
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        1,
+        "only the first hop was sent"
+    );
+    // Allowed address -> an internal IP literal no resolver sees.
+    let (result, _) = run_with(
+        &client,
+        &target(format!(
+            "http://127.0.0.1:{port}/redirect/169.254.169.254/latest/meta-data/"
+        )),
+        &ExecOptions::default(),
+    )
+    .await;
+    assert!(
+        error_of(&result).contains("169.254.169.254 is a link-local address"),
+        "{result:?}"
+    );
+    // reqwest's limit of 10 redirects still holds.
+    let before = hits.load(Ordering::SeqCst);
+    let (result, _) = run_with(
+        &client,
+        &target(format!("http://127.0.0.1:{port}/hop/0")),
+        &ExecOptions::default(),
+    )
+    .await;
+    assert_eq!(result.outcome, AttemptOutcome::Failed);
+    assert!(error_of(&result).contains("redirect"), "{result:?}");
+    assert_eq!(hits.load(Ordering::SeqCst) - before, 11);
+}
+
+/// A worker that registers again may get another policy: the client's resolver reads it at
+/// once, and a new client (which the worker builds) drops connections pooled under the old one.
+#[tokio::test]
+async fn a_new_policy_applies_at_once() {
+    let (port, hits) = counting_server().await;
+    let (other_port, other_hits) = counting_server().await;
+    let client = open_client();
+    let url = format!("http://localhost:{port}/ok");
+    let (result, log) = run_with(&client, &target(url.clone()), &ExecOptions::default()).await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded, "{log}");
+    let restricted = EgressPolicy {
+        internal_allowed: false,
+        ..EgressPolicy::default()
+    };
+    assert!(client.policy().replace(restricted.clone()));
+    assert!(!client.policy().replace(restricted), "no change");
+    let (result, log) = run_with(
+        &client,
+        &target(format!("http://localhost:{other_port}/ok")),
+        &ExecOptions::default(),
+    )
+    .await;
+    assert_eq!(result.outcome, AttemptOutcome::Failed, "{log}");
+    let fresh = TargetClient::new(client.policy().clone()).expect("an HTTP client");
+    let (result, log) = run_with(&fresh, &target(url), &ExecOptions::default()).await;
+    assert_eq!(result.outcome, AttemptOutcome::Failed, "{log}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(other_hits.load(Ordering::SeqCst), 0);
 }

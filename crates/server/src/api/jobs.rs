@@ -15,12 +15,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
+use sked_core::egress::EgressPolicy;
 use sked_core::job::{JobSpec, JobState};
 use sked_core::records::{JobRecord, RunRecord};
 use sked_core::run::{RunState, Trigger};
 use sked_core::schedule::{Schedule, ScheduleSpec};
 use sked_core::target::TargetSpec;
-use sked_core::Instant;
+use sked_core::{Instant, SpecError};
 use sked_store::{Fire, JobQuery, JobSort, Page, PutMode, PutOutcome, RunQuery};
 use std::collections::BTreeMap;
 
@@ -80,6 +81,9 @@ async fn store_job(
     let spec: JobSpec = parse_json(bytes)?;
     let now = Utc::now();
     let mut job = spec.validate(name_from_path, now)?;
+    if let TargetSpec::Http(http) = &job.spec.target {
+        refused_url(&state.config.http_target_policy, &http.url)?;
+    }
     caller.may_define(matches!(job.spec.target, TargetSpec::Shell(_)))?;
     seal_target(state.config.secret_key.as_ref(), &mut job.spec.target)?;
     let before = match mode {
@@ -105,6 +109,21 @@ async fn store_job(
     };
     let headers = [(CHANGE_HEADER, change_name(outcome))];
     Ok((status, headers, Json(JobView::from(record))).into_response())
+}
+
+/// Early feedback on a URL the HTTP target policy refuses by itself: a denied host, or an IP
+/// literal the policy refuses. A name's addresses are judged by the worker that resolves it.
+fn refused_url(policy: &EgressPolicy, text: &str) -> Result<(), SpecError> {
+    // `validate` has checked that it parses.
+    let Ok(url) = url::Url::parse(text.trim()) else {
+        return Ok(());
+    };
+    policy.check_url(&url).map_err(|refusal| {
+        SpecError::new(
+            "target.http.url",
+            format!("refused by the HTTP target policy: {refusal}"),
+        )
+    })
 }
 
 /// A definition as the audit trail keeps it (secrets are redacted when it is recorded).

@@ -128,6 +128,7 @@ pub async fn register(
             worker_id: id,
             heartbeat_interval_ms: state.config.heartbeat_interval.as_millis() as u64,
             heartbeat_timeout_ms: state.config.heartbeat_timeout.as_millis() as u64,
+            http_target_policy: state.config.http_target_policy.clone(),
         }),
     ))
 }

@@ -128,6 +128,9 @@ impl Node {
             url,
             "--node-lease",
             NODE_LEASE,
+            // The tests' HTTP targets are sinks on this machine's loopback address.
+            "--http-target-allow",
+            "127.0.0.1",
         ];
         args.extend_from_slice(FAST_HEARTBEATS);
         let log = logs.file(label);

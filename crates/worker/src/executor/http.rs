@@ -1,9 +1,12 @@
 //! The HTTP executor: sends an `HttpTarget`'s request with the run's `X-Sked-*` headers,
 //! judges the status against `expected_status` (any 2xx by default), and writes the start of
 //! the response body (capped) to the output. Owns one request's lifetime, bounded by the
-//! attempt's timeout and its stop signal; it must not speak the worker protocol.
+//! attempt's timeout and its stop signal; it must not speak the worker protocol. What the
+//! request may reach is the [`TargetClient`]'s to enforce; a refusal ends the attempt `failed`
+//! saying why.
 
 use super::{expire, human, ExecOptions, ExecResult, RunInfo, StopSignal};
+use crate::egress::{refusal_behind, TargetClient};
 use crate::error_chain;
 use crate::output::OutputBuffer;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -15,7 +18,7 @@ use std::time::Duration;
 
 /// Sends the request and returns how the attempt ended.
 pub async fn run(
-    client: &reqwest::Client,
+    client: &TargetClient,
     target: &HttpTarget,
     info: &RunInfo,
     options: &ExecOptions,
@@ -43,7 +46,7 @@ pub async fn run(
                 ..ExecResult::failed(format!("unexpected HTTP status {status}"))
             },
             Err(e) => {
-                let message = format!("request failed: {}", error_chain(&e));
+                let message = failure(&e);
                 output.write(format!("[sked-worker: {message}]\n").as_bytes());
                 ExecResult::failed(message)
             }
@@ -60,6 +63,19 @@ pub async fn run(
     }
 }
 
+/// Why the request failed; a refusal of the HTTP target policy in its own words.
+fn failure(e: &reqwest::Error) -> String {
+    match refusal_behind(e) {
+        // The URL a redirect error carries is the one that answered with the redirect.
+        Some(refused) if e.is_redirect() => match e.url() {
+            Some(url) => format!("{refused} (redirected from {url})"),
+            None => refused.to_string(),
+        },
+        Some(refused) => refused.to_string(),
+        None => format!("request failed: {}", error_chain(e)),
+    }
+}
+
 /// The tighter of two optional limits.
 fn shorter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
@@ -69,7 +85,7 @@ fn shorter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 }
 
 fn build(
-    client: &reqwest::Client,
+    client: &TargetClient,
     target: &HttpTarget,
     info: &RunInfo,
 ) -> Result<RequestBuilder, String> {
@@ -77,6 +93,9 @@ fn build(
         .map_err(|_| format!("{:?} is not an HTTP method", target.method))?;
     let url = Url::parse(target.url.trim())
         .map_err(|e| format!("{:?} is not a valid URL: {e}", target.url))?;
+    client
+        .permits(&url)
+        .map_err(|refused| refused.to_string())?;
     let mut headers = HeaderMap::new();
     let plain = sked_core::target::plain_values(&target.headers)
         .map_err(|(name, why)| format!("header {name} {why}"))?;
@@ -101,7 +120,7 @@ fn build(
             .map_err(|_| format!("{name:?} is not a valid header name"))?;
         headers.insert(name, value);
     }
-    let mut request = client.request(method, url).headers(headers);
+    let mut request = client.http().request(method, url).headers(headers);
     if let Some(body) = &target.body {
         request = request.body(body.clone());
     }

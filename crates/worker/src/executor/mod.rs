@@ -7,6 +7,7 @@ pub mod http;
 pub mod shell;
 pub mod supervisor;
 
+use crate::egress::TargetClient;
 use crate::output::OutputBuffer;
 use chrono::SecondsFormat;
 use sked_core::protocol::{Completion, LeasedAttempt};
@@ -142,7 +143,7 @@ impl StopSignal {
 /// Executes a leased attempt with the executor for its target.
 pub async fn execute(
     attempt: &LeasedAttempt,
-    http_client: &reqwest::Client,
+    http_client: &TargetClient,
     options: &ExecOptions,
     stop: StopSignal,
     output: &OutputBuffer,
