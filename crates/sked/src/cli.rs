@@ -74,6 +74,7 @@ pub enum SecretCommand {
     /// Sets a secret of `--namespace` to the value read from standard input (or `--from-file`),
     /// so it appears in no command line or shell history. One trailing newline is dropped.
     Set {
+        /// The secret's name, as jobs give it in `secret_ref`.
         name: String,
         /// Read the value from this file instead of standard input.
         #[arg(long)]
@@ -85,6 +86,7 @@ pub enum SecretCommand {
     List(ClientArgs),
     /// Deletes a secret; jobs that name it fail their attempts until it is set again.
     Delete {
+        /// The secret's name.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
