@@ -519,8 +519,16 @@ async fn changes_are_audited_with_who_and_from_where_but_no_secret() {
     let guess = client_with_token(Some("sked_a-guess-at-a-token-000000000000"));
     assert_eq!(call(&guess, Method::GET, url("/jobs"), None).await.0, 401);
 
-    let (status, page) = sked.get("/audit?limit=100").await;
-    assert_eq!(status, 200, "{page}");
+    // A refused authentication is recorded beside the 401, not before it: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let page = loop {
+        let (status, page) = sked.get("/audit?limit=100").await;
+        assert_eq!(status, 200, "{page}");
+        if page["entries"][0]["action"] == "auth.failed" || Instant::now() > deadline {
+            break page;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let entries = page["entries"].as_array().cloned().unwrap_or_default();
     let actions: Vec<&str> = entries
         .iter()
