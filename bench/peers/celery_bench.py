@@ -1,5 +1,6 @@
 """Celery peer of sked-bench: Celery beat and Celery workers on Redis (broker and result
-backend), measured in the scenarios of sked-bench and reported with the same JSON keys.
+backend), measured in the scenarios of sked-bench and reported with the same JSON keys; and
+Celery beat publishing to RabbitMQ (the `publish` scenario).
 
 This file is both the benchmark driver (run it as a script) and the Celery application that
 the worker and beat processes it starts import (`celery -A celery_bench`): the tasks, the
@@ -12,9 +13,12 @@ Scenarios (see README.md beside this file for how each maps to sked's):
       [--producer beat|direct]                  producer calling apply_async (--producer direct)
   burst --runs N                                N tasks published at one instant
   shell --seconds S                             shell process starts per second on one worker
+  publish --schedules N --every 5 --seconds S   beat with N entries, each every 5 s, publishing
+                                                to RabbitMQ; a consumer counts what arrives
 
 Everything lives in one Redis database (--redis-url, db 15 by default), flushed with FLUSHDB at
-the start of every run; nothing else of the Redis server is touched.
+the start of every run; nothing else of the Redis server is touched. `publish` does not use
+Redis at all: it runs in a RabbitMQ vhost of its own, created for the run and deleted after it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from celery import Celery
 from celery.beat import BeatLazyFunc, PersistentScheduler, Scheduler
@@ -40,12 +45,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (shared code of the peer benchmarks, beside this file)
 
 REDIS_URL = os.environ.get("PEERBENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+# The processes this script starts for `publish` (beat) get the RabbitMQ vhost of the run as
+# their broker and no result backend; every other scenario uses Redis for both.
+BROKER_URL = os.environ.get("PEERBENCH_BROKER_URL", REDIS_URL)
+BACKEND_URL = os.environ.get("PEERBENCH_BACKEND_URL", REDIS_URL)
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 QUEUE = "peerbench"
 NOOP = "peerbench.noop"
 SHELL = "peerbench.shell"
 META_PATTERN = "celery-task-meta-*"
+# The header that carries a beat entry's name in `publish` (Celery 5.7's beat adds only
+# `celery_beat_task: True`, not the entry's name).
+ENTRY_HEADER = "peerbench_entry"
 
-app = Celery("peerbench", broker=REDIS_URL, backend=REDIS_URL)
+app = Celery("peerbench", broker=BROKER_URL, backend=BACKEND_URL)
 app.conf.update(
     task_default_queue=QUEUE,
     task_serializer="json",
@@ -57,6 +70,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=int(os.environ.get("PEERBENCH_PREFETCH", "4")),
     worker_hijack_root_logger=False,
+    broker_transport_options=json.loads(os.environ.get("PEERBENCH_BROKER_OPTIONS", "{}")),
 )
 
 
@@ -139,23 +153,35 @@ class GridSchedule(schedule):
 
 def _beat_schedule_from_env() -> dict:
     """The beat entries described by PEERBENCH_BEAT (set only in the beat process):
-    {"entries": N, "period": P, "base": T, "spread": bool}. With spread, entry i is anchored at
-    base + i·P/N; without, every entry at base."""
+    {"entries": N, "period": P, "base": T, "spread": bool, "carry_due": bool}. With spread,
+    entry i is anchored at base + i·P/N; without, every entry at base. With carry_due (the
+    default) each message carries the grid instant it serves (a BeatLazyFunc in its kwargs);
+    without, the message is stock: no kwargs, and the entry's name in the ENTRY_HEADER header
+    (a static option of the entry, nothing evaluated per publish)."""
     spec = os.environ.get("PEERBENCH_BEAT")
     if not spec:
         return {}
     spec = json.loads(spec)
     n, period, base = int(spec["entries"]), float(spec["period"]), float(spec["base"])
+    carry_due = spec.get("carry_due", True)
     entries = {}
     for i in range(n):
         anchor = base + (i * period / n if spec["spread"] else 0.0)
         grid = GridSchedule(period, anchor)
-        entries[f"e{i:07d}"] = {
-            "task": NOOP,
-            "schedule": grid,
-            "kwargs": {"due": BeatLazyFunc(grid.due_now)},
-            "options": {"queue": QUEUE},
-        }
+        name = f"e{i:07d}"
+        if carry_due:
+            entries[name] = {
+                "task": NOOP,
+                "schedule": grid,
+                "kwargs": {"due": BeatLazyFunc(grid.due_now)},
+                "options": {"queue": QUEUE},
+            }
+        else:
+            entries[name] = {
+                "task": NOOP,
+                "schedule": grid,
+                "options": {"queue": QUEUE, "headers": {ENTRY_HEADER: name}},
+            }
     return entries
 
 
@@ -236,8 +262,12 @@ class Run:
         self.dir = Path(tempfile.mkdtemp(prefix="peerbench-celery-"))
         self.workers: list = []
         self.beat = None
-        self.redis = _redis_client(args.redis_url)
-        self.redis.flushdb()  # this database only (db 15 by default), never FLUSHALL
+        self.consumer = None
+        self.vhost = None
+        self.redis = None
+        if args.scenario != "publish":  # publish runs in a RabbitMQ vhost and needs no Redis
+            self.redis = _redis_client(args.redis_url)
+            self.redis.flushdb()  # this database only (db 15 by default), never FLUSHALL
 
     def env(self, **extra) -> dict:
         env = dict(os.environ)
@@ -270,15 +300,16 @@ class Run:
                 return
         raise RuntimeError(f"celery workers not answering a ping after 60 s:\n{common.tail(self.dir / 'worker0.log')}")
 
-    def start_beat(self, entries: int, period: float, base: float, spread: bool) -> float:
-        """Start beat with `entries` grid entries; returns the time its schedule was set up."""
+    def start_beat(self, entries: int, period: float, base: float, spread: bool,
+                   carry_due: bool = True, **extra_env) -> float:
+        """Start beat with `entries` grid entries; returns the time its schedule was set up.
+        With carry_due False (publish) the messages are stock and beat records nothing."""
         self.records = self.dir / "published.txt"
         ready = self.dir / "beat-ready"
-        env = self.env(
-            PEERBENCH_BEAT=json.dumps({"entries": entries, "period": period, "base": base, "spread": spread}),
-            PEERBENCH_RECORDS=str(self.records),
-            PEERBENCH_READY=str(ready),
-        )
+        spec = {"entries": entries, "period": period, "base": base, "spread": spread, "carry_due": carry_due}
+        env = self.env(PEERBENCH_BEAT=json.dumps(spec), PEERBENCH_READY=str(ready), **extra_env)
+        if carry_due:
+            env["PEERBENCH_RECORDS"] = str(self.records)
         cmd = [
             sys.executable, "-m", "celery", "-A", "celery_bench", "beat",
             "--scheduler", SCHEDULERS[self.args.beat_scheduler],
@@ -305,6 +336,87 @@ class Run:
             common.stop_process(w, grace=10)
         self.workers = []
 
+    # RabbitMQ (publish): a vhost of the run's own, so that runs never mix; deleted in close.
+
+    def rabbitmqctl(self, *args):
+        done = subprocess.run([self.args.rabbitmqctl, *args], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed ({done.returncode}):\n"
+                               f"{done.stderr or done.stdout}")
+        return done.stdout
+
+    def create_vhost(self) -> str:
+        """Create the vhost `peerbench-PID-EPOCH`, give the URL's user all rights on it, and
+        return the URL of the vhost."""
+        parts = urlsplit(self.args.amqp_url)
+        name = f"peerbench-{os.getpid()}-{int(time.time())}"
+        self.rabbitmqctl("add_vhost", name)
+        self.vhost = name
+        self.rabbitmqctl("set_permissions", "-p", name, unquote(parts.username or "guest"), ".*", ".*", ".*")
+        return urlunsplit((parts.scheme, parts.netloc, "/" + quote(name, safe=""), "", ""))
+
+    def delete_vhost(self):
+        if self.vhost is not None:
+            try:
+                self.rabbitmqctl("delete_vhost", self.vhost)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+                print(f"warning: vhost {self.vhost} not deleted: {exc}", file=sys.stderr)
+            self.vhost = None
+
+    def start_consumer(self, url: str) -> None:
+        """Start amqp_consumer.py on QUEUE of the vhost and wait until it consumes."""
+        self.consumer_out = self.dir / "received.txt"
+        self.consumer_stop = self.dir / "consumer-stop"
+        ready = self.dir / "consumer-ready"
+        cmd = [
+            sys.executable, str(common.HERE / "amqp_consumer.py"), "--url", url, "--queue", QUEUE,
+            "--exchange", QUEUE, "--key-header", ENTRY_HEADER, "--out", str(self.consumer_out),
+            "--ready", str(ready), "--stop-file", str(self.consumer_stop),
+        ]
+        log = self.dir / "consumer.log"
+        self.consumer = common.start_process(cmd, env=self.env(), cwd=self.dir, log_path=log)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.consumer.poll() is not None:
+                raise RuntimeError(f"the AMQP consumer exited:\n{common.tail(log)}")
+            if ready.exists():
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"the AMQP consumer not consuming after 30 s:\n{common.tail(log)}")
+
+    def stop_consumer(self) -> dict:
+        """Tell the consumer to stop, wait for it to write what it received; returns its
+        counters (its lines are read by `received`)."""
+        if self.consumer is None:
+            return {}
+        self.consumer_stop.write_text("stop")
+        try:
+            self.consumer.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        common.stop_process(self.consumer, grace=5)
+        self.consumer = None
+        stats = {}
+        if self.consumer_out.exists():
+            with open(self.consumer_out) as f:
+                for line in f:
+                    if line.startswith("# stats "):
+                        stats = json.loads(line[len("# stats "):])
+        return stats
+
+    def received(self):
+        """(entry index, received) of every message the consumer took, in arrival order;
+        messages without the entry header are left out (counted by the consumer)."""
+        out = []
+        with open(self.consumer_out) as f:
+            for line in f:
+                if line.startswith("#"):
+                    continue
+                name, at = line.split()
+                if name.startswith("e"):
+                    out.append((int(name[1:]), float(at)))
+        return out
+
     def published(self):
         """(entry index, due, published) of every message beat published."""
         out = []
@@ -318,7 +430,12 @@ class Run:
     def close(self):
         self.stop_beat()
         self.stop_workers()
-        self.redis.flushdb()  # leave the database as empty as it was found
+        if self.consumer is not None:
+            common.stop_process(self.consumer, grace=5)
+            self.consumer = None
+        self.delete_vhost()
+        if self.redis is not None:
+            self.redis.flushdb()  # leave the database as empty as it was found
         if not self.args.keep:
             shutil.rmtree(self.dir)
         else:
@@ -354,18 +471,38 @@ def read_results(r) -> list:
     return out
 
 
-def versions(r) -> dict:
+def versions(r, rabbitmq=None) -> dict:
     import celery
     import kombu
     import redis
 
-    return {
+    out = {
         "celery": celery.__version__,
         "kombu": kombu.__version__,
         "redis_py": redis.__version__,
-        "redis_server": r.info("server").get("redis_version"),
+        "redis_server": r.info("server").get("redis_version") if r is not None else None,
         "python": platform.python_version(),
     }
+    if rabbitmq is not None:
+        import amqp
+        import pika
+
+        out.pop("redis_py")
+        out.pop("redis_server")
+        out.update({"amqp": amqp.__version__, "pika": pika.__version__, "rabbitmq_server": rabbitmq})
+    return out
+
+
+def peak_rss_bytes(pid: int):
+    """The peak resident set size of a live process (VmHWM), in bytes; None if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def worker_config(a) -> dict:
@@ -626,6 +763,151 @@ def shell_starts(a, run: Run) -> dict:
     }
 
 
+def publish(a, run: Run) -> dict:
+    """Beat with N entries every P seconds publishing to RabbitMQ; no worker; a consumer in a
+    process of its own records (entry, receipt time) of every message.
+
+    The due instant. Beat's messages carry no instant (stock messages: no kwargs; only the entry's
+    name, in a static header), so it is derived from the schedule: entry i is a GridSchedule
+    with anchor_i = base + i*P/N (spread, the default) or base (--aligned), due at
+    anchor_i + k*P. Beat publishes an entry when it finds it due and never catches up, so a
+    message serves the latest instant of its entry at or before the moment beat published it;
+    the receipt follows the publish by the broker's transit only (the consumer's backlog is
+    reported, and is 0 when this holds), so that instant is
+        served = anchor_i + floor((received - anchor_i) / P) * P.
+    The count check is on served instants: each instant of the window owed by an entry was
+    published exactly once, never (missed: beat skipped it), or more than once (duplicated).
+    Measured from `served`, the lag could never reach P, however far behind beat is: it would
+    hide what matters. So `lag_ms` is taken from the instant at which the entry fell due and
+    was still unserved, which is beat's own due time: the first instant after the one its
+    previous message served (for its first message of the run: the first instant after beat had
+    set its schedule up, which is no earlier than the entry's creation, so never overstates
+    the lag). When beat keeps up both are the same instant; when it falls behind, `lag_ms`
+    grows with the instants it skipped. `lag_from_served_instant_ms` is the other one.
+    """
+    n, period, seconds = a.schedules, parse_every(a.every), a.seconds
+    spread = not a.aligned
+    url = run.create_vhost()
+    run.start_consumer(url)
+    options = {"confirm_publish": True} if a.confirm_publish else {}
+    base = time.time()
+    ready_at = run.start_beat(
+        n, period, base, spread=spread, carry_due=False,
+        PEERBENCH_BROKER_URL=url, PEERBENCH_BACKEND_URL="disabled",
+        PEERBENCH_BROKER_OPTIONS=json.dumps(options),
+    )
+    beat_pid = run.beat.pid
+    frm = ready_at + a.warmup
+    to = frm + seconds
+    common.sleep_until(to + a.grace)
+    beat_rss = peak_rss_bytes(beat_pid)
+    run.stop_beat()
+    time.sleep(1.0)  # what beat published last reaches the consumer
+    consumer = run.stop_consumer()
+    received = run.received()
+
+    def anchor(i: int) -> float:
+        return base + (i * period / n if spread else 0.0)
+
+    def grid_floor(i: int, t: float) -> int:
+        # the k of the last instant anchor_i + k*P at or before t (1e-6: float noise at an instant)
+        return math.floor((t - anchor(i)) / period + 1e-6)
+
+    # Instants owed by the window [frm, to): entry i owes k in [k_lo, k_hi).
+    owed = 0
+    k_range = []
+    for i in range(n):
+        k_lo = math.ceil((frm - anchor(i)) / period - 1e-6)
+        k_hi = math.ceil((to - anchor(i)) / period - 1e-6)
+        k_range.append((k_lo, k_hi))
+        owed += max(k_hi - k_lo, 0)
+
+    served_counts: dict = {}
+    lag, lag_served = [], []
+    first_due_k = {}  # entry -> k of the instant it next falls due (beat's due time)
+    k_ready = {}
+    unexpected = 0
+    received_in_window = 0
+    for i, at in received:
+        if not 0 <= i < n:
+            unexpected += 1
+            continue
+        if frm <= at < to:
+            received_in_window += 1
+        k = grid_floor(i, at)
+        if i not in first_due_k:
+            if i not in k_ready:
+                k_ready[i] = grid_floor(i, ready_at) + 1
+            due_k = min(k_ready[i], k)
+        else:
+            due_k = min(first_due_k[i], k)
+        first_due_k[i] = k + 1
+        k_lo, k_hi = k_range[i]
+        if not k_lo <= k < k_hi:
+            continue  # an instant of the warm-up or after the window
+        served_counts[(i, k)] = served_counts.get((i, k), 0) + 1
+        lag.append(at - (anchor(i) + due_k * period))
+        lag_served.append(at - (anchor(i) + k * period))
+    published_once = sum(1 for c in served_counts.values() if c == 1)
+    duplicated = sum(1 for c in served_counts.values() if c > 1)
+    in_window = sum(served_counts.values())
+    lp = common.ms_percentiles(lag)
+    lp.pop("count")
+    sp = common.ms_percentiles(lag_served)
+    sp.pop("count")
+    layout = (f"anchors spread evenly over the {period:g} s period (entry i at base + i*{period:g}/{n} s)"
+              if spread else "all entries on the same instants")
+    return {
+        "scenario": "publish",
+        "peer": "celery",
+        "variant": f"beat ({a.beat_scheduler} scheduler) -> RabbitMQ"
+                   + (" (publisher confirms)" if a.confirm_publish else ""),
+        "schedules": n,
+        "every": a.every,
+        "window_seconds": seconds,
+        "warmup_seconds": a.warmup,
+        "messages_offered_per_second": n / period,
+        "messages_expected": owed,
+        "messages_expected_nominal": n * seconds / period,
+        "messages_in_window": in_window,
+        "messages_per_second": in_window / seconds,
+        "received_in_window_per_second": received_in_window / seconds,
+        "instants_published_once": published_once,
+        "instants_missed": owed - len(served_counts),
+        "instants_duplicated": duplicated,
+        "messages_unexpected": unexpected + consumer.get("without_key", 0),
+        "lag_ms": lp,
+        "lag_from_served_instant_ms": sp,
+        "beat_peak_rss_bytes": beat_rss,
+        "beat_peak_rss_mb": round(beat_rss / 2**20, 1) if beat_rss else None,
+        "received_total": len(received),
+        "consumer_backlog_max": consumer.get("backlog_max"),
+        "left_in_queue": consumer.get("left_in_queue"),
+        "start_to_ready_seconds": round(ready_at - base, 3),
+        "rabbitmq": {"vhost": "a vhost of the run's own, deleted after it", "queue": QUEUE,
+                     "confirm_publish": a.confirm_publish},
+        "notes": (
+            f"celery beat ({a.beat_scheduler} scheduler, log level WARNING, no result backend) with "
+            f"{n} entries each every {period:g} s on a fixed grid (GridSchedule), {layout}; the "
+            f"task messages go to RabbitMQ (durable queue '{QUEUE}' in a vhost of the run's own"
+            + (", publisher confirms on: each publish waits for the broker's ack" if a.confirm_publish
+               else ", Celery's default: no publisher confirms")
+            + f"). No worker: a pika consumer in its own process records (entry, receipt time) of "
+            f"every message. Window of {seconds} s starting {a.warmup:g} s after beat had set up its "
+            f"schedule (the warm-up is not counted); beat stopped {a.grace:g} s after the window. "
+            f"An instant a message served = the last instant of its entry at or before its receipt "
+            f"(anchor + k*{period:g} s; beat never catches up, so it serves the latest instant at "
+            f"its publish). messages_per_second = messages serving the window's instants / "
+            f"{seconds} s; instants_published_once/missed/duplicated count the window's owed "
+            f"instants. lag_ms = the instant the entry fell due and was unserved (the first "
+            f"instant after its previous message's, or after beat's start) -> receipt by the "
+            f"consumer (sked's figure stops at the broker's confirm, which the receipt follows or "
+            f"precedes by about the broker's transit); lag_from_served_instant_ms = served "
+            f"instant -> receipt, below {period:g} s by construction. Beat's peak RSS is VmHWM."
+        ),
+    }
+
+
 def main(argv=None) -> int:
     common.exit_cleanly_on_signals()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -654,6 +936,18 @@ def main(argv=None) -> int:
     b.add_argument("--timeout", type=float, default=120.0)
     s = sub.add_parser("shell")
     s.add_argument("--seconds", type=int, default=10)
+    pb = sub.add_parser("publish", help="beat publishing to RabbitMQ, counted by a consumer")
+    pb.add_argument("--schedules", type=int, default=40000)
+    pb.add_argument("--every", default="5s")
+    pb.add_argument("--seconds", type=int, default=600, help="the measured window, after the warm-up")
+    pb.add_argument("--warmup", type=float, default=10.0,
+                    help="seconds after beat set its schedule up that are not measured (default 10: two periods of 5 s)")
+    pb.add_argument("--grace", type=float, default=2.0, help="seconds after the window before beat is stopped")
+    pb.add_argument("--aligned", action="store_true", help="every entry on the same instants (default: spread over the period)")
+    pb.add_argument("--no-confirm-publish", dest="confirm_publish", action="store_false",
+                    help="Celery's default publishing, without publisher confirms")
+    pb.add_argument("--amqp-url", default=AMQP_URL, help="the broker; the run's vhost replaces its path")
+    pb.add_argument("--rabbitmqctl", default="rabbitmqctl", help="creates and deletes the run's vhost")
     a = parser.parse_args(argv)
     # The worker setup that gave Celery its best no-op throughput on 2 cores (see README.md):
     # two solo workers; a shell run starts processes, so there one prefork worker of two.
@@ -665,8 +959,10 @@ def main(argv=None) -> int:
 
     run = Run(a)
     try:
-        figures = {"firing": firing, "e2e": e2e, "burst": burst, "shell": shell_starts}[a.scenario](a, run)
-        figures["versions"] = versions(run.redis)
+        figures = {"firing": firing, "e2e": e2e, "burst": burst, "shell": shell_starts,
+                   "publish": publish}[a.scenario](a, run)
+        rabbitmq = run.rabbitmqctl("version").strip() if a.scenario == "publish" else None
+        figures["versions"] = versions(run.redis, rabbitmq)
         figures["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
     finally:
         run.close()

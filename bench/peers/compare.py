@@ -8,10 +8,13 @@ sked is better (throughput: sked / peer; latency: peer / sked).
     python3 bench/peers/compare.py --scenario firing --schedules 1000 --seconds 60 --peers celery,apscheduler
     python3 bench/peers/compare.py --scenario e2e --schedules 2000 --seconds 20
     python3 bench/peers/compare.py --scenario burst --runs 10000
+    python3 bench/peers/compare.py --scenario publish --schedules 40000 --every 5 --seconds 600 --peers celery-beat
     python3 bench/peers/compare.py --all
 
-Needs target/release/sked-bench (`cargo build --release -p sked-bench`, or --sked-bench PATH)
-and the peers' environment (`bench/peers/setup.sh`). Runs only with the standard library; the
+Needs target/release/sked-bench (`cargo build --release -p sked-bench`, or --sked-bench PATH;
+not with --peers-only, which runs the peers alone) and the peers' environment
+(`bench/peers/setup.sh`). A scenario the sked-bench at hand does not have is reported as "not
+run" for sked and the peers still run. Runs only with the standard library; the
 peers run in target/peers-venv. Every run is bounded in time: one that overruns is stopped
 (SIGTERM to its process group, SIGKILL 30 s later) and reported as not finished.
 """
@@ -37,7 +40,7 @@ RESULTS = ROOT / "bench" / "results" / "peers"
 
 # Peer variants, the group each belongs to, and the scenarios each applies to.
 VARIANTS = {
-    "celery-beat": ("celery", {"firing", "e2e"}),
+    "celery-beat": ("celery", {"firing", "e2e", "publish"}),
     "celery-direct": ("celery", {"e2e", "burst", "shell"}),
     "apscheduler-memory": ("apscheduler", {"firing", "e2e", "burst"}),
     "apscheduler-sqlite": ("apscheduler", {"firing", "e2e", "burst"}),
@@ -89,6 +92,17 @@ FIGURES = {
     "shell": [
         Figure("process starts/s", [("starts_per_second",), ("process_starts_per_second",)], "higher", "/s"),
     ],
+    # The keys sked-bench's publish is to print too (bench/peers/README.md, "publish").
+    "publish": [
+        Figure("messages/s (confirmed / received)", ("messages_per_second",), "higher", "/s"),
+        Figure("instants published exactly once", ("instants_published_once",), "higher", "count"),
+        Figure("instants missed", ("instants_missed",), "lower", "count"),
+        Figure("instants duplicated", ("instants_duplicated",), "lower", "count"),
+        Figure("lag p50", ("lag_ms", "p50"), "lower", "ms"),
+        Figure("lag p99", ("lag_ms", "p99"), "lower", "ms"),
+        Figure("lag max", ("lag_ms", "max"), "lower", "ms"),
+        Figure("peak RSS", [("peak_rss_mb",), ("beat_peak_rss_mb",)], "lower", "MB"),
+    ],
 }
 
 
@@ -107,10 +121,10 @@ def die(msg: str) -> None:
     sys.exit(2)
 
 
-def check_setup(sked_bench: Path) -> Path:
-    if not sked_bench.is_file() or not sked_bench.stat().st_mode & 0o111:
+def check_setup(sked_bench: Optional[Path]) -> Path:
+    if sked_bench is not None and (not sked_bench.is_file() or not sked_bench.stat().st_mode & 0o111):
         die(f"{sked_bench} is missing: build it with `cargo build --release -p sked-bench` "
-            f"(or give --sked-bench PATH)")
+            f"(or give --sked-bench PATH, or run the peers alone with --peers-only)")
     python = common.VENV / "bin" / "python"
     if not python.exists() or not (common.VENV / ".requirements.sha256").exists():
         die(f"the peers' environment {common.VENV} is missing: run bench/peers/setup.sh")
@@ -168,6 +182,8 @@ def scenario_args(scenario: str, p: dict) -> list:
         return ["--schedules", p["schedules"], "--every", p["every"], "--seconds", p["seconds"]]
     if scenario == "burst":
         return ["--runs", p["runs"]]
+    if scenario == "publish":
+        return ["--schedules", p["schedules"], "--every", p["every"], "--seconds", p["seconds"]]
     return ["--seconds", p["seconds"]]
 
 
@@ -178,19 +194,25 @@ def timeout_for(scenario: str, p: dict) -> float:
         return p["seconds"] + 120 + p["schedules"] / 200
     if scenario == "burst":
         return 300 + p["runs"] / 100
+    if scenario == "publish":
+        # the warm-up, beat's start-up (60 s + 2 ms an entry at most) and the vhost's set-up
+        return p["seconds"] + 240 + p["schedules"] / 200
     return p["seconds"] + 120
 
 
 def run_scenario(scenario: str, p: dict, variants: list, a, python: Path, caps: dict, stamp: str) -> list:
     tag = {"firing": f"{p.get('schedules')}", "e2e": f"{p.get('schedules')}",
-           "burst": f"{p.get('runs')}", "shell": f"{p.get('seconds')}s"}[scenario]
+           "burst": f"{p.get('runs')}", "shell": f"{p.get('seconds')}s",
+           "publish": f"{p.get('schedules')}"}[scenario]
     base = f"{stamp}-{scenario}-{tag}"
     args = scenario_args(scenario, p)
     limit = timeout_for(scenario, p)
     outcomes = []
 
     worker = a.worker and scenario == "firing"
-    if scenario not in caps["commands"]:
+    if a.peers_only:
+        outcomes.append(Outcome("sked", status="not run", detail="--peers-only"))
+    elif scenario not in caps["commands"]:
         outcomes.append(Outcome("sked", status="not run", detail=f"this sked-bench has no `{scenario}` scenario"))
     else:
         cmd = [a.sked_bench]
@@ -241,17 +263,22 @@ def fmt(value, unit: str, expected=None) -> str:
         return f"{value / 1000:.2f} s" if value >= 999.5 else f"{value:.2f} ms" if value < 100 else f"{value:.0f} ms"
     if unit == "/s":
         return f"{value:,.1f}/s" if value < 100 else f"{value:,.0f}/s"
+    if unit == "MB":
+        return f"{value:,.1f} MB"
     if unit == "count" and expected:
         return f"{value:,} of {expected:,} ({100.0 * value / expected:.1f}%)"
     return f"{value:,}"
 
 
 def expected(figures: Optional[dict], scenario: str):
-    """What a count figure is out of: the owed fires (firing) or the offered runs (e2e)."""
+    """What a count figure is out of: the owed fires (firing), the offered runs (e2e) or the
+    owed instants (publish)."""
     if not figures:
         return None
     if scenario == "firing":
         return figures.get("fires_expected")
+    if scenario == "publish":
+        return figures.get("messages_expected")
     if scenario == "e2e":
         every = str(figures.get("every", "1s"))
         seconds = float(every[:-1]) if every.endswith("s") and not every.endswith("ms") else None
@@ -321,7 +348,7 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="the default suite (about 12 minutes)")
     parser.add_argument("--schedules", type=int)
     parser.add_argument("--seconds", type=int)
-    parser.add_argument("--every", default="1s")
+    parser.add_argument("--every", help="e2e: default 1s; publish: default 5s")
     parser.add_argument("--runs", type=int, default=10000)
     parser.add_argument("--peers", default="celery,apscheduler",
                         help="groups (celery, apscheduler) or variants (" + ", ".join(VARIANTS) + ")")
@@ -329,25 +356,32 @@ def main() -> int:
                         help="firing: run workers too and compare started lateness (sked-bench --worker)")
     parser.add_argument("--sked-bench", type=Path, default=ROOT / "target" / "release" / "sked-bench")
     parser.add_argument("--database-url", help="passed to sked-bench (PostgreSQL instead of SQLite)")
+    parser.add_argument("--peers-only", action="store_true",
+                        help="run the peers alone (no sked-bench needed); sked's column reads 'not run'")
     a = parser.parse_args()
     if not a.all and not a.scenario:
         parser.error("give --scenario or --all")
 
-    python = check_setup(a.sked_bench)
-    caps = sked_capabilities(a.sked_bench)
+    python = check_setup(None if a.peers_only else a.sked_bench)
+    caps = {"commands": set(), "firing_worker": False} if a.peers_only else sked_capabilities(a.sked_bench)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
 
+    if a.every and re.fullmatch(r"[0-9]+(\.[0-9]+)?", a.every):
+        a.every += "s"  # `--every 5` means 5 s, as sked-bench spells it
     if a.all:
         plan = SUITE
         a.worker = caps["firing_worker"]  # started lateness on both sides, or on neither
     else:
-        defaults = {"firing": (10000, 70), "e2e": (2000, 20), "burst": (None, None), "shell": (None, 10)}
+        defaults = {"firing": (10000, 70), "e2e": (2000, 20), "burst": (None, None), "shell": (None, 10),
+                    "publish": (40000, 600)}
         sched, secs = defaults[a.scenario]
         p = {"firing": lambda: {"schedules": a.schedules or sched, "seconds": a.seconds or secs},
-             "e2e": lambda: {"schedules": a.schedules or sched, "every": a.every, "seconds": a.seconds or secs},
+             "e2e": lambda: {"schedules": a.schedules or sched, "every": a.every or "1s", "seconds": a.seconds or secs},
              "burst": lambda: {"runs": a.runs},
-             "shell": lambda: {"seconds": a.seconds or secs}}[a.scenario]()
+             "shell": lambda: {"seconds": a.seconds or secs},
+             "publish": lambda: {"schedules": a.schedules or sched, "every": a.every or "5s",
+                                 "seconds": a.seconds or secs}}[a.scenario]()
         plan = [(a.scenario, p)]
 
     tables = []

@@ -29,9 +29,9 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs"
 "$venv/bin/python" - <<'PY'
-import apscheduler, celery, kombu, redis, sqlalchemy
+import apscheduler, celery, kombu, pika, redis, sqlalchemy
 print(f"celery {celery.__version__}, kombu {kombu.__version__}, redis-py {redis.__version__}, "
-      f"APScheduler {apscheduler.__version__}, SQLAlchemy {sqlalchemy.__version__}")
+      f"APScheduler {apscheduler.__version__}, SQLAlchemy {sqlalchemy.__version__}, pika {pika.__version__}")
 PY
 echo "$want" > "$stamp"
 echo "peers venv ready: $venv"
