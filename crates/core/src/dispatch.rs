@@ -33,6 +33,8 @@ pub struct WorkerLoad {
     pub warm_keys: Vec<String>,
     /// The namespaces whose runs its token lets it take (`["*"]`: all).
     pub namespaces: Vec<String>,
+    /// The server's own publisher, which takes broker targets and nothing else.
+    pub publisher: bool,
 }
 
 impl WorkerLoad {
@@ -48,12 +50,15 @@ pub struct Demand<'a> {
     pub labels: &'a BTreeMap<String, String>,
     pub strategy: Strategy,
     pub affinity_key: Option<&'a str>,
+    /// A broker target: only a publisher takes it, and a publisher takes nothing else.
+    pub publishes: bool,
 }
 
-/// A worker may take the run: its token serves the run's namespace, it carries every label
-/// asked for, and it has a free slot.
+/// A worker may take the run: it executes that kind of target, its token serves the run's
+/// namespace, it carries every label asked for, and it has a free slot.
 pub fn eligible(demand: &Demand<'_>, worker: &WorkerLoad) -> bool {
     worker.free_slots() > 0
+        && worker.publisher == demand.publishes
         && crate::auth::worker_serves(&worker.namespaces, demand.namespace)
         && demand
             .labels
@@ -158,6 +163,7 @@ mod tests {
             running,
             warm_keys: vec![],
             namespaces: vec!["*".to_string()],
+            publisher: false,
         }
     }
 
@@ -167,7 +173,26 @@ mod tests {
             labels,
             strategy,
             affinity_key: Some("customer-7"),
+            publishes: false,
         }
+    }
+
+    #[test]
+    fn broker_targets_go_to_the_publisher_and_only_there() {
+        let any = BTreeMap::new();
+        let mut publisher = worker("publisher", 100, 0, "x");
+        publisher.publisher = true;
+        let workers = vec![worker("a", 8, 0, "x"), publisher];
+        let broker = Demand {
+            publishes: true,
+            ..demand(&any, Strategy::LeastLoaded)
+        };
+        assert_eq!(select(&broker, &workers, 0, 0), Some(1));
+        assert_eq!(
+            select(&demand(&any, Strategy::LeastLoaded), &workers, 0, 0),
+            Some(0)
+        );
+        assert_eq!(select(&broker, &workers[..1], 0, 0), None);
     }
 
     #[test]

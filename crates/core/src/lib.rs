@@ -16,6 +16,7 @@ pub mod job;
 pub mod namespace;
 pub mod policy;
 pub mod protocol;
+pub mod publish;
 pub mod records;
 pub mod run;
 pub mod schedule;

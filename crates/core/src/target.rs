@@ -2,15 +2,20 @@
 
 use crate::duration::HumanDuration;
 use crate::error::SpecError;
+use crate::publish::{AmqpTarget, Destination, NatsTarget, RedisStreamTarget};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Exactly one kind of target; JSON `{"shell": {...}}` or `{"http": {...}}`.
+/// Exactly one kind of target; JSON `{"shell": {...}}`, `{"http": {...}}`, or a broker's,
+/// `{"amqp": {...}}`, `{"nats": {...}}`, `{"redis_stream": {...}}` (`crate::publish`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum TargetSpec {
     Shell(ShellTarget),
     Http(HttpTarget),
+    Amqp(AmqpTarget),
+    Nats(NatsTarget),
+    RedisStream(RedisStreamTarget),
 }
 
 /// A process. With `args` empty, `command` is run by `/bin/sh -c`; otherwise `command` is the
@@ -200,26 +205,75 @@ impl TargetSpec {
         match self {
             TargetSpec::Shell(_) => "target.shell.env",
             TargetSpec::Http(_) => "target.http.headers",
+            TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => "target",
+        }
+    }
+
+    /// The env or header values that may hold secrets; broker targets have none.
+    fn values(&self) -> Option<&BTreeMap<String, TargetValue>> {
+        match self {
+            TargetSpec::Shell(shell) => Some(&shell.env),
+            TargetSpec::Http(http) => Some(&http.headers),
+            TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => None,
         }
     }
 
     /// The names of the namespace secrets this target refers to.
     pub fn secret_refs(&self) -> impl Iterator<Item = &str> {
-        let values = match self {
-            TargetSpec::Shell(shell) => shell.env.values(),
-            TargetSpec::Http(http) => http.headers.values(),
-        };
-        values.filter_map(|value| match value {
-            TargetValue::SecretRef(r) => Some(r.secret_ref.as_str()),
-            _ => None,
-        })
+        self.values()
+            .into_iter()
+            .flat_map(BTreeMap::values)
+            .filter_map(|value| match value {
+                TargetValue::SecretRef(r) => Some(r.secret_ref.as_str()),
+                _ => None,
+            })
     }
 
     /// Every env and header value: where secrets are.
     pub fn values_mut(&mut self) -> impl Iterator<Item = (&String, &mut TargetValue)> {
+        let values = match self {
+            TargetSpec::Shell(shell) => Some(&mut shell.env),
+            TargetSpec::Http(http) => Some(&mut http.headers),
+            TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => None,
+        };
+        values.into_iter().flat_map(|v| v.iter_mut())
+    }
+
+    /// The kind of broker connection a broker target publishes through.
+    pub fn broker_kind(&self) -> Option<crate::publish::BrokerKind> {
+        use crate::publish::BrokerKind;
         match self {
-            TargetSpec::Shell(shell) => shell.env.iter_mut(),
-            TargetSpec::Http(http) => http.headers.iter_mut(),
+            TargetSpec::Shell(_) | TargetSpec::Http(_) => None,
+            TargetSpec::Amqp(_) => Some(BrokerKind::Amqp),
+            TargetSpec::Nats(_) => Some(BrokerKind::Nats),
+            TargetSpec::RedisStream(_) => Some(BrokerKind::Redis),
+        }
+    }
+
+    /// Whether the server publishes this target to a broker (no worker runs it).
+    pub fn publishes(&self) -> bool {
+        self.destination().is_some()
+    }
+
+    /// Where a broker target publishes, for the operator's allowances.
+    pub fn destination(&self) -> Option<Destination<'_>> {
+        match self {
+            TargetSpec::Shell(_) | TargetSpec::Http(_) => None,
+            TargetSpec::Amqp(t) => Some(Destination {
+                connection: &t.connection,
+                field: "target.amqp.exchange",
+                name: &t.exchange,
+            }),
+            TargetSpec::Nats(t) => Some(Destination {
+                connection: &t.connection,
+                field: "target.nats.subject",
+                name: &t.subject,
+            }),
+            TargetSpec::RedisStream(t) => Some(Destination {
+                connection: &t.connection,
+                field: "target.redis_stream.stream",
+                name: &t.stream,
+            }),
         }
     }
 
@@ -306,6 +360,9 @@ impl TargetSpec {
                     }
                 }
             }
+            TargetSpec::Amqp(amqp) => amqp.validate()?,
+            TargetSpec::Nats(nats) => nats.validate()?,
+            TargetSpec::RedisStream(redis) => redis.validate()?,
         }
         Ok(())
     }

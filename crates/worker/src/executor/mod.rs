@@ -154,6 +154,13 @@ pub async fn execute(
         TargetSpec::Http(target) => {
             http::run(http_client, target, &info, options, stop, output).await
         }
+        // The dispatcher hands broker targets to the server's publisher only; a server that
+        // handed one out anyway gets a failure that says so, not a silent success.
+        TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => {
+            ExecResult::failed(
+                "broker targets are published by the server, not run by a worker".to_string(),
+            )
+        }
     }
 }
 
