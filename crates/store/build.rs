@@ -1,14 +1,29 @@
-//! Decides at build time whether a package's PostgreSQL tests run (this one's, and the `sked`
-//! binary's, which names this file as its build script): with
-//! `SKED_TEST_DATABASE_URL` set (or under CI, where its absence must fail loudly) they are
-//! compiled as ordinary tests; without it they are reported as `ignored`, never as passed.
+//! Decides at build time whether a package's tests that need a real service run (this one's,
+//! and the `sked` binary's, which names this file as its build script): PostgreSQL with
+//! `SKED_TEST_DATABASE_URL` set, the brokers (RabbitMQ, NATS, Redis) with
+//! `SKED_TEST_AMQP_URL`, `SKED_TEST_NATS_URL` and `SKED_TEST_REDIS_URL` set; under CI, where
+//! their absence must fail loudly, always. Otherwise they are reported as `ignored`, never as
+//! passed.
+
+fn set(var: &str) -> bool {
+    println!("cargo::rerun-if-env-changed={var}");
+    std::env::var(var).is_ok_and(|u| !u.trim().is_empty())
+}
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(sked_pg_tests)");
-    println!("cargo::rerun-if-env-changed=SKED_TEST_DATABASE_URL");
+    println!("cargo::rustc-check-cfg=cfg(sked_broker_tests)");
     println!("cargo::rerun-if-env-changed=CI");
-    let url_set = std::env::var("SKED_TEST_DATABASE_URL").is_ok_and(|u| !u.trim().is_empty());
-    if url_set || std::env::var_os("CI").is_some() {
+    let ci = std::env::var_os("CI").is_some();
+    if set("SKED_TEST_DATABASE_URL") || ci {
         println!("cargo::rustc-cfg=sked_pg_tests");
+    }
+    let brokers = [
+        "SKED_TEST_AMQP_URL",
+        "SKED_TEST_NATS_URL",
+        "SKED_TEST_REDIS_URL",
+    ];
+    if brokers.iter().all(|var| set(var)) || ci {
+        println!("cargo::rustc-cfg=sked_broker_tests");
     }
 }

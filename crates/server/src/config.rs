@@ -6,6 +6,7 @@ use crate::rate::RateLimit;
 use crate::secrets::SecretKey;
 use sked_core::egress::EgressPolicy;
 use sked_core::policy::BacklogLimits;
+use sked_core::publish::{BrokerAllowance, BrokerConnection};
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -54,6 +55,12 @@ pub struct ServerConfig {
     /// registered; definitions whose URL it refuses by itself are refused at write time. The
     /// default restricts nothing; `sked server` refuses internal addresses unless allowed.
     pub http_target_policy: EgressPolicy,
+    /// Broker connections that broker targets name (`--broker NAME=URL`); this node publishes
+    /// their messages itself.
+    pub brokers: Vec<BrokerConnection>,
+    /// Which namespaces may publish through which connection, under which prefix
+    /// (`--broker-allow`); a connection none names is open to every namespace.
+    pub broker_allowances: Vec<BrokerAllowance>,
 }
 
 impl Default for ServerConfig {
@@ -78,6 +85,8 @@ impl Default for ServerConfig {
             rate_limit: RateLimit::default(),
             tls: None,
             http_target_policy: EgressPolicy::default(),
+            brokers: Vec::new(),
+            broker_allowances: Vec::new(),
         }
     }
 }

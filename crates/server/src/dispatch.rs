@@ -310,6 +310,7 @@ impl Dispatcher {
                     labels: &run.routing.labels,
                     strategy: run.routing.strategy,
                     affinity_key: run.routing.affinity_key.as_deref(),
+                    publishes: run.target.publishes(),
                 }
             })
             .collect();
@@ -464,6 +465,7 @@ mod tests {
             running: 0,
             warm_keys: Vec::new(),
             namespaces: vec!["*".into()],
+            publisher: false,
         }
     }
 

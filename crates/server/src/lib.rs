@@ -7,6 +7,7 @@
 //! them and carries the results between them.
 
 pub mod api;
+pub mod attempts;
 pub mod audit;
 pub mod auth;
 pub mod changes;
@@ -19,6 +20,7 @@ pub mod maintenance;
 pub mod membership;
 pub mod metrics;
 pub mod namespaces;
+pub mod publish;
 pub mod rate;
 pub mod secrets;
 
@@ -182,6 +184,10 @@ pub async fn serve(
     duties.spawn(duty(
         "dispatch",
         dispatcher.clone().run(store.clone(), stop_rx.clone()),
+    ));
+    duties.spawn(duty(
+        "publisher",
+        publish::run(state.clone(), stop_rx.clone()),
     ));
     duties.spawn(duty(
         "namespace settings",

@@ -10,6 +10,9 @@ pub struct Metrics {
     pub fires_skipped_backlog: AtomicU64,
     pub fire_batches: AtomicU64,
     pub attempts_started: AtomicU64,
+    /// Broker targets: messages the broker confirmed, and publishes that failed.
+    pub messages_published: AtomicU64,
+    pub messages_failed: AtomicU64,
     pub completions_accepted: AtomicU64,
     pub completions_rejected: AtomicU64,
     pub attempts_lost: AtomicU64,
@@ -42,7 +45,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every counter.
     pub fn render(&self) -> String {
-        let rows: [(&str, &str, &str, &AtomicU64); 15] = [
+        let rows: [(&str, &str, &str, &AtomicU64); 17] = [
             (
                 "sked_fires_total",
                 "counter",
@@ -78,6 +81,18 @@ impl Metrics {
                 "counter",
                 "Attempts handed to workers.",
                 &self.attempts_started,
+            ),
+            (
+                "sked_messages_published_total",
+                "counter",
+                "Messages of broker targets the broker confirmed.",
+                &self.messages_published,
+            ),
+            (
+                "sked_messages_failed_total",
+                "counter",
+                "Publishes of broker targets that failed or timed out.",
+                &self.messages_failed,
             ),
             (
                 "sked_completions_accepted_total",

@@ -262,6 +262,27 @@ pub struct ServerArgs {
         value_name = "RULE"
     )]
     pub http_target_deny: Vec<EgressRule>,
+    /// A broker connection that broker targets name: `NAME=amqp://user:pass@host:5672/vhost`,
+    /// `NAME=nats://host:4222` or `NAME=redis://host:6379`. Repeatable. Job definitions name
+    /// the connection, never the URL; this server publishes their messages.
+    #[arg(
+        long = "broker",
+        env = "SKED_BROKERS",
+        value_delimiter = ' ',
+        value_name = "NAME=URL",
+        hide_env_values = true
+    )]
+    pub brokers: Vec<sked_core::publish::BrokerConnection>,
+    /// Namespace NS may publish through connection CONN only to exchanges, subjects and stream
+    /// keys beginning with PREFIX: `NS=CONN:PREFIX`. Repeatable. Once a connection is named
+    /// here, only the namespaces named may use it.
+    #[arg(
+        long = "broker-allow",
+        env = "SKED_BROKER_ALLOW",
+        value_delimiter = ',',
+        value_name = "NS=CONN:PREFIX"
+    )]
+    pub broker_allow: Vec<sked_core::publish::BrokerAllowance>,
 }
 
 #[derive(Debug, Args)]

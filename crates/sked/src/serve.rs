@@ -281,6 +281,8 @@ fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConf
             per_second: args.rate_limit,
             burst: args.rate_limit.saturating_mul(2),
         },
+        brokers: args.brokers.clone(),
+        broker_allowances: args.broker_allow.clone(),
         http_target_policy: EgressPolicy {
             allow: args.http_target_allow.clone(),
             deny: args.http_target_deny.clone(),

@@ -84,6 +84,12 @@ async fn store_job(
     if let TargetSpec::Http(http) = &job.spec.target {
         refused_url(&state.config.http_target_policy, &http.url)?;
     }
+    sked_core::publish::check_destination(
+        &job.spec.target,
+        namespace,
+        &state.config.brokers,
+        &state.config.broker_allowances,
+    )?;
     caller.may_define(matches!(job.spec.target, TargetSpec::Shell(_)))?;
     seal_target(state.config.secret_key.as_ref(), &mut job.spec.target)?;
     let before = match mode {

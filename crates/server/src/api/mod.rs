@@ -9,7 +9,7 @@
 
 mod audit;
 mod cluster;
-mod error;
+pub(crate) mod error;
 mod extract;
 mod jobs;
 mod namespaces;

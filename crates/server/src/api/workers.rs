@@ -1,14 +1,11 @@
 //! `/api/v1/workers` and `/api/v1/attempts`: the worker protocol (register, heartbeat, lease,
 //! output, complete) and the list of workers. Message types are in `sked_core::protocol`.
 
-use super::error::log_throttled;
 use super::extract::{Path, Query};
 use super::jobs::check_limit;
 use super::{body, body_within, parse_json, ApiError, MAX_OUTPUT_CHUNK};
 use crate::auth::Caller;
 use crate::dispatch::KnownWorker;
-use crate::metrics::Metrics;
-use crate::secrets::open_target;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -20,17 +17,11 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use sked_core::dispatch::WorkerLoad;
 use sked_core::protocol::{
-    CompleteRequest, CompleteResponse, CompletionResult, HeartbeatRequest, HeartbeatResponse,
-    LeaseRequest, LeaseResponse, LeasedAttempt, RegisterRequest, RegisterResponse,
+    CompleteRequest, CompleteResponse, HeartbeatRequest, HeartbeatResponse, LeaseRequest,
+    LeaseResponse, RegisterRequest, RegisterResponse,
 };
 use sked_core::records::WorkerRecord;
-use sked_core::run::RunState;
-use sked_core::throttle::Throttle;
-use sked_store::{
-    AppendOutcome, AttemptReport, AttemptStart, CompletionEffect, NewWorker, QueuedRun, SecretName,
-};
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use sked_store::{AppendOutcome, AttemptReport, NewWorker};
 use std::time::Duration;
 
 #[derive(Debug, Serialize)]
@@ -141,10 +132,6 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
-fn lease_until(state: &AppState) -> sked_core::Instant {
-    Utc::now() + chrono::Duration::from_std(state.config.heartbeat_timeout).unwrap_or_default()
-}
-
 pub async fn heartbeat(
     State(state): State<AppState>,
     caller: Caller,
@@ -175,7 +162,7 @@ pub async fn heartbeat(
             &id,
             &req.running,
             now,
-            lease_until(&state),
+            crate::attempts::lease_until(&state),
             forgotten_before,
         )
         .await?;
@@ -255,6 +242,7 @@ pub async fn lease(
         running: worker.slots - free,
         warm_keys: worker.warm_keys,
         namespaces: worker.namespaces,
+        publisher: false,
     };
     let wait = Duration::from_millis(req.wait_ms).min(state.config.max_lease_wait);
     let handout = state.dispatcher.poll(load, wait).await;
@@ -263,79 +251,8 @@ pub async fn lease(
             attempts: Vec::new(),
         }));
     }
-    // Read before the attempts start: if the store cannot answer, the runs go back in line.
-    let namespace_secrets = referenced_secrets(&state, handout.runs()).await?;
-    let now = Utc::now();
-    let expires = lease_until(&state);
-    let starts: Vec<AttemptStart> = {
-        let mut rng = rand::thread_rng();
-        handout
-            .runs()
-            .iter()
-            .map(|run| AttemptStart {
-                run_id: run.run_id,
-                worker_id: id.clone(),
-                token: rng.gen_range(1..i64::MAX),
-                lease_expires_at: expires,
-            })
-            .collect()
-    };
-    // Dropped before this (the request went away, or starting failed), the handout puts its
-    // runs back in line.
-    let started = state.health.report(
-        "attempt start",
-        state.store.start_attempts(&starts, now).await,
-    )?;
-    let runs = handout.started();
-    let mut attempts = Vec::with_capacity(runs.len());
-    for ((run, start), started) in runs.into_iter().zip(starts).zip(started) {
-        // `None`: cancelled or deleted while it waited; there is nothing to run.
-        let Some(started) = started else { continue };
-        // Secrets are opened here, for this attempt only; one that cannot be opened stays
-        // sealed and the worker fails the attempt naming it.
-        let mut target = run.target;
-        let refs: BTreeMap<&str, &str> = namespace_secrets
-            .iter()
-            .filter(|((namespace, _), _)| *namespace == run.namespace)
-            .map(|((_, name), sealed)| (name.as_str(), sealed.as_str()))
-            .collect();
-        if let Err(e) = open_target(state.config.secret_key.as_ref(), &mut target, &refs) {
-            // A node given the wrong key meets this on every run of such a job.
-            static UNOPENED: Mutex<Throttle> = Mutex::new(Throttle::new(Duration::from_secs(1)));
-            let (run_id, job) = (run.run_id, &run.job);
-            log_throttled(&UNOPENED, format_args!("run {run_id} of job {job}: {e}"));
-        }
-        attempts.push(LeasedAttempt {
-            attempt_id: started.attempt_id,
-            token: start.token,
-            run_id: run.run_id,
-            attempt: started.number,
-            namespace: run.namespace,
-            job: run.job,
-            scheduled_for: run.scheduled_for,
-            target,
-            timeout_ms: run.timeout.map(|t| t.as_millis() as u64),
-        });
-    }
-    Metrics::add(&state.metrics.attempts_started, attempts.len() as u64);
+    let attempts = crate::attempts::start(&state, &id, handout).await?;
     Ok(Json(LeaseResponse { attempts }))
-}
-
-/// The sealed values of the namespace secrets that `runs` refer to.
-async fn referenced_secrets(
-    state: &AppState,
-    runs: &[QueuedRun],
-) -> Result<BTreeMap<SecretName, String>, ApiError> {
-    let wanted: BTreeSet<SecretName> = runs
-        .iter()
-        .flat_map(|run| {
-            run.target
-                .secret_refs()
-                .map(|name| (run.namespace.clone(), name.to_string()))
-        })
-        .collect();
-    let wanted: Vec<SecretName> = wanted.into_iter().collect();
-    Ok(state.store.sealed_secrets(&wanted).await?)
 }
 
 /// Completions are fenced by each attempt's token; the worker must also still be known, as for
@@ -364,49 +281,7 @@ pub async fn complete(
             error: c.error.as_ref().map(|e| e.chars().take(4096).collect()),
         })
         .collect();
-    let effects = state.health.report(
-        "completion",
-        state.store.complete_attempts(&reports, Utc::now()).await,
-    )?;
-    let mut requeued = Vec::new();
-    let mut retries = 0;
-    let mut results = Vec::with_capacity(effects.len());
-    for (report, effect) in reports.iter().zip(effects) {
-        results.push(match effect {
-            CompletionEffect::Accepted {
-                requeued: ids,
-                run_state,
-                ..
-            } => {
-                if run_state == RunState::Queued {
-                    retries += 1;
-                }
-                requeued.extend(ids);
-                CompletionResult {
-                    attempt_id: report.attempt_id,
-                    accepted: true,
-                    reason: None,
-                }
-            }
-            CompletionEffect::Rejected { reason } => CompletionResult {
-                attempt_id: report.attempt_id,
-                accepted: false,
-                reason: Some(reason),
-            },
-        });
-    }
-    let accepted = results.iter().filter(|r| r.accepted).count() as u64;
-    Metrics::add(&state.metrics.completions_accepted, accepted);
-    Metrics::add(&state.metrics.retries, retries);
-    Metrics::add(
-        &state.metrics.completions_rejected,
-        results.len() as u64 - accepted,
-    );
-    if !requeued.is_empty() {
-        state
-            .dispatcher
-            .enqueue(state.store.queued_runs(Some(&requeued)).await?);
-    }
+    let results = crate::attempts::complete(&state, &reports).await?;
     Ok(Json(CompleteResponse { results }))
 }
 

@@ -1,0 +1,159 @@
+//! Starting the attempts of a dispatcher handout and recording their outcomes: what the worker
+//! protocol's lease and complete do for an external worker, and what the server's publisher
+//! does for itself. One path, so an attempt is fenced, counted and re-queued the same way
+//! whoever executes it.
+
+use crate::api::error::log_throttled;
+use crate::api::ApiError;
+use crate::dispatch::Handout;
+use crate::metrics::Metrics;
+use crate::secrets::open_target;
+use crate::AppState;
+use chrono::Utc;
+use rand::Rng;
+use sked_core::protocol::{CompletionResult, LeasedAttempt};
+use sked_core::run::RunState;
+use sked_core::throttle::Throttle;
+use sked_store::{AttemptReport, AttemptStart, CompletionEffect, QueuedRun, SecretName};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// When a lease handed out now expires unless a heartbeat extends it.
+pub fn lease_until(state: &AppState) -> sked_core::Instant {
+    Utc::now() + chrono::Duration::from_std(state.config.heartbeat_timeout).unwrap_or_default()
+}
+
+/// Starts an attempt of every run of `handout` for `worker_id`, and returns those that started
+/// (a run cancelled or deleted while it waited has none), their secrets opened.
+pub async fn start(
+    state: &AppState,
+    worker_id: &str,
+    handout: Handout<'_>,
+) -> Result<Vec<LeasedAttempt>, ApiError> {
+    // Read before the attempts start: if the store cannot answer, the runs go back in line.
+    let namespace_secrets = referenced_secrets(state, handout.runs()).await?;
+    let now = Utc::now();
+    let expires = lease_until(state);
+    let starts: Vec<AttemptStart> = {
+        let mut rng = rand::thread_rng();
+        handout
+            .runs()
+            .iter()
+            .map(|run| AttemptStart {
+                run_id: run.run_id,
+                worker_id: worker_id.to_string(),
+                token: rng.gen_range(1..i64::MAX),
+                lease_expires_at: expires,
+            })
+            .collect()
+    };
+    // Dropped before this (the request went away, or starting failed), the handout puts its
+    // runs back in line.
+    let started = state.health.report(
+        "attempt start",
+        state.store.start_attempts(&starts, now).await,
+    )?;
+    let runs = handout.started();
+    let mut attempts = Vec::with_capacity(runs.len());
+    for ((run, start), started) in runs.into_iter().zip(starts).zip(started) {
+        // `None`: cancelled or deleted while it waited; there is nothing to run.
+        let Some(started) = started else { continue };
+        // Secrets are opened here, for this attempt only; one that cannot be opened stays
+        // sealed and the worker fails the attempt naming it.
+        let mut target = run.target;
+        let refs: BTreeMap<&str, &str> = namespace_secrets
+            .iter()
+            .filter(|((namespace, _), _)| *namespace == run.namespace)
+            .map(|((_, name), sealed)| (name.as_str(), sealed.as_str()))
+            .collect();
+        if let Err(e) = open_target(state.config.secret_key.as_ref(), &mut target, &refs) {
+            // A node given the wrong key meets this on every run of such a job.
+            static UNOPENED: Mutex<Throttle> = Mutex::new(Throttle::new(Duration::from_secs(1)));
+            let (run_id, job) = (run.run_id, &run.job);
+            log_throttled(&UNOPENED, format_args!("run {run_id} of job {job}: {e}"));
+        }
+        attempts.push(LeasedAttempt {
+            attempt_id: started.attempt_id,
+            token: start.token,
+            run_id: run.run_id,
+            attempt: started.number,
+            namespace: run.namespace,
+            job: run.job,
+            scheduled_for: run.scheduled_for,
+            target,
+            timeout_ms: run.timeout.map(|t| t.as_millis() as u64),
+        });
+    }
+    Metrics::add(&state.metrics.attempts_started, attempts.len() as u64);
+    Ok(attempts)
+}
+
+/// The sealed values of the namespace secrets that `runs` refer to.
+async fn referenced_secrets(
+    state: &AppState,
+    runs: &[QueuedRun],
+) -> Result<BTreeMap<SecretName, String>, ApiError> {
+    let wanted: BTreeSet<SecretName> = runs
+        .iter()
+        .flat_map(|run| {
+            run.target
+                .secret_refs()
+                .map(|name| (run.namespace.clone(), name.to_string()))
+        })
+        .collect();
+    let wanted: Vec<SecretName> = wanted.into_iter().collect();
+    Ok(state.store.sealed_secrets(&wanted).await?)
+}
+
+/// Records the outcome of attempts (fenced by each one's token and worker), counts them, and
+/// hands runs queued again (retries, released waiting runs) back to the dispatcher.
+pub async fn complete(
+    state: &AppState,
+    reports: &[AttemptReport],
+) -> Result<Vec<CompletionResult>, ApiError> {
+    let effects = state.health.report(
+        "completion",
+        state.store.complete_attempts(reports, Utc::now()).await,
+    )?;
+    let mut requeued = Vec::new();
+    let mut retries = 0;
+    let mut results = Vec::with_capacity(effects.len());
+    for (report, effect) in reports.iter().zip(effects) {
+        results.push(match effect {
+            CompletionEffect::Accepted {
+                requeued: ids,
+                run_state,
+                ..
+            } => {
+                if run_state == RunState::Queued {
+                    retries += 1;
+                }
+                requeued.extend(ids);
+                CompletionResult {
+                    attempt_id: report.attempt_id,
+                    accepted: true,
+                    reason: None,
+                }
+            }
+            CompletionEffect::Rejected { reason } => CompletionResult {
+                attempt_id: report.attempt_id,
+                accepted: false,
+                reason: Some(reason),
+            },
+        });
+    }
+    let accepted = results.iter().filter(|r| r.accepted).count() as u64;
+    Metrics::add(&state.metrics.completions_accepted, accepted);
+    Metrics::add(&state.metrics.retries, retries);
+    Metrics::add(
+        &state.metrics.completions_rejected,
+        results.len() as u64 - accepted,
+    );
+    if !requeued.is_empty() {
+        state
+            .dispatcher
+            .enqueue(state.store.queued_runs(Some(&requeued)).await?);
+    }
+    Ok(results)
+}

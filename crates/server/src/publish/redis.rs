@@ -1,0 +1,64 @@
+//! Redis Streams: one managed connection per broker connection (it reconnects by itself),
+//! opened on first use. A publish is one `XADD`; the entry id Redis answers is the success.
+
+use super::PublishError;
+use redis::aio::ConnectionManager;
+use sked_core::publish::{render, render_payload, RedisStreamTarget, RunContext};
+use tokio::sync::Mutex;
+
+pub struct Redis {
+    url: String,
+    connection: Mutex<Option<ConnectionManager>>,
+}
+
+impl Redis {
+    pub fn new(url: &str) -> Redis {
+        Redis {
+            url: url.to_string(),
+            connection: Mutex::new(None),
+        }
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, PublishError> {
+        let mut connection = self.connection.lock().await;
+        if let Some(open) = &*connection {
+            return Ok(open.clone());
+        }
+        let client = redis::Client::open(self.url.as_str())
+            .map_err(|e| PublishError::Unreachable(format!("bad connection: {e}")))?;
+        let open = ConnectionManager::new(client)
+            .await
+            .map_err(|e| PublishError::Unreachable(format!("cannot connect: {e}")))?;
+        *connection = Some(open.clone());
+        Ok(open)
+    }
+
+    pub async fn publish(
+        &self,
+        target: &RedisStreamTarget,
+        run: &RunContext<'_>,
+    ) -> Result<(), PublishError> {
+        let stream = render(&target.stream, run);
+        let mut command = redis::cmd("XADD");
+        command.arg(&stream);
+        if let Some(maxlen) = target.maxlen {
+            command.arg("MAXLEN").arg("~").arg(maxlen);
+        }
+        command.arg("*");
+        for (name, value) in run.envelope() {
+            command.arg(name).arg(value);
+        }
+        for (name, value) in &target.fields {
+            command.arg(name).arg(value);
+        }
+        if let Some(payload) = &target.payload {
+            command.arg("payload").arg(render_payload(payload, run));
+        }
+        let mut connection = self.connection().await?;
+        let _id: String = command
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| PublishError::Unreachable(format!("XADD {stream:?} failed: {e}")))?;
+        Ok(())
+    }
+}

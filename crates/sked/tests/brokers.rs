@@ -1,0 +1,509 @@
+//! Broker targets, black-box, against the real RabbitMQ, NATS JetStream and Redis: a `sked
+//! server` with `--broker` connections and no worker publishes each instant of a job itself;
+//! every message carries the envelope, and there is exactly one confirmed message per
+//! succeeded run. An unroutable message fails its attempt and the retry policy applies; an
+//! unreachable broker fails attempts without holding up firing; a definition that names a URL,
+//! an unknown connection, or a destination outside its namespace's allowance is refused.
+//!
+//! Each test uses its own exchange and queue, stream, or key, named at random. The brokers are
+//! found through `SKED_TEST_AMQP_URL`, `SKED_TEST_NATS_URL` and `SKED_TEST_REDIS_URL`; without
+//! them these tests are reported as ignored (under CI they run, and fail loudly).
+
+mod common;
+
+use common::{free_port, Sked};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+fn service(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: the broker tests need the real service (see .ci/run)")
+    })
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}{:08x}", rand::random::<u32>())
+}
+
+/// Runs of `job` once at least `n` have finished, waiting up to 20 s.
+async fn finished_runs(sked: &Sked, job: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let runs: Vec<Value> = sked
+            .runs(job)
+            .await
+            .into_iter()
+            .filter(|r| r["finished_at"].is_string())
+            .collect();
+        if runs.len() >= n || Instant::now() > deadline {
+            return runs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every envelope header with its value, as text.
+fn envelope_of(headers: &BTreeMap<String, String>) -> (String, String, String) {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} header in {headers:?}"))
+    };
+    assert_eq!(get("sked-namespace"), "default");
+    let key = get("sked-idempotency-key");
+    assert_eq!(
+        key,
+        format!("default/{}/{}", get("sked-job"), get("sked-scheduled-for")),
+        "{headers:?}"
+    );
+    assert!(get("sked-attempt").parse::<u32>().is_ok(), "{headers:?}");
+    (get("sked-run-id"), get("sked-scheduled-for"), key)
+}
+
+/// Exactly one message per succeeded run, each naming its run and instant.
+fn one_message_per_succeeded_run(runs: &[Value], messages: &[BTreeMap<String, String>]) {
+    let succeeded: HashSet<(String, String)> = runs
+        .iter()
+        .filter(|r| r["state"] == "succeeded")
+        .map(|r| {
+            let at = r["scheduled_for"].as_str().unwrap_or_default();
+            let at = chrono::DateTime::parse_from_rfc3339(at)
+                .map(|t| {
+                    t.with_timezone(&chrono::Utc)
+                        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                })
+                .unwrap_or_default();
+            (r["id"].to_string(), at)
+        })
+        .collect();
+    assert!(succeeded.len() >= 2, "{runs:?}");
+    let mut keys = HashSet::new();
+    let mut published = HashSet::new();
+    for headers in messages {
+        let (run_id, at, key) = envelope_of(headers);
+        assert!(keys.insert(key.clone()), "a second message for {key}");
+        published.insert((run_id, at));
+    }
+    assert!(
+        succeeded.is_subset(&published),
+        "succeeded runs without a message: {:?}",
+        succeeded.difference(&published).collect::<Vec<_>>()
+    );
+}
+
+async fn put(sked: &Sked, name: &str, job: Value) -> (u16, Value) {
+    sked.put_job(name, job).await
+}
+
+mod amqp {
+    use super::*;
+    use lapin::options::{
+        BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+        QueueDeclareOptions, QueueDeleteOptions,
+    };
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+    async fn channel() -> (Connection, Channel) {
+        let url = service("SKED_TEST_AMQP_URL");
+        let connection = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ");
+        let channel = connection.create_channel().await.expect("channel");
+        (connection, channel)
+    }
+
+    /// A direct exchange with one queue bound by `routing_key`.
+    async fn topology(channel: &Channel, exchange: &str, queue: &str, routing_key: &str) {
+        channel
+            .exchange_declare(
+                exchange.into(),
+                ExchangeKind::Direct,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("exchange");
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("queue");
+        channel
+            .queue_bind(
+                queue.into(),
+                exchange.into(),
+                routing_key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind");
+    }
+
+    async fn remove(channel: &Channel, exchange: &str, queue: &str) {
+        channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await
+            .expect("queue delete");
+        channel
+            .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+            .await
+            .expect("exchange delete");
+    }
+
+    async fn drain(channel: &Channel, queue: &str) -> Vec<(BTreeMap<String, String>, Vec<u8>)> {
+        let mut messages = Vec::new();
+        let options = BasicGetOptions { no_ack: true };
+        while let Some(message) = channel
+            .basic_get(queue.into(), options)
+            .await
+            .expect("basic_get")
+        {
+            let delivery = &message.delivery;
+            let mut headers = BTreeMap::new();
+            if let Some(table) = delivery.properties.headers() {
+                for (name, value) in table.inner() {
+                    if let AMQPValue::LongString(text) = value {
+                        headers.insert(name.to_string(), text.to_string());
+                    }
+                }
+            }
+            messages.push((headers, delivery.data.clone()));
+        }
+        messages
+    }
+
+    #[cfg_attr(
+        not(sked_broker_tests),
+        ignore = "needs SKED_TEST_AMQP_URL and the other brokers"
+    )]
+    #[tokio::test]
+    async fn each_instant_is_published_once_with_its_envelope_and_confirmed() {
+        let (_connection, channel) = channel().await;
+        let (exchange, queue) = (unique("sked-test-x-"), unique("sked-test-q-"));
+        topology(&channel, &exchange, &queue, "jobs").await;
+        let mut sked = Sked::new();
+        let broker = format!("main={}", service("SKED_TEST_AMQP_URL"));
+        sked.start_server(&["--broker", &broker]).await;
+
+        let job = json!({
+            "schedule": {"every": "1s"},
+            "target": {"amqp": {
+                "connection": "main", "exchange": exchange, "routing_key": "jobs",
+                "payload": {"run": "{{run_id}}", "at": "{{scheduled_for}}"},
+                "headers": {"team": "billing"}
+            }}
+        });
+        let (status, answer) = put(&sked, "tick", job).await;
+        assert_eq!(status, 201, "{answer}");
+        let runs = finished_runs(&sked, "tick", 3).await;
+        let (_, paused) = sked.post("/jobs/tick/pause", json!(null)).await;
+        assert_eq!(paused["state"], "paused", "{paused}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let runs: Vec<Value> = sked
+            .runs("tick")
+            .await
+            .into_iter()
+            .filter(|r| runs.iter().any(|f| f["id"] == r["id"]) || r["finished_at"].is_string())
+            .collect();
+
+        let messages = drain(&channel, &queue).await;
+        for (headers, body) in &messages {
+            assert_eq!(headers.get("team").map(String::as_str), Some("billing"));
+            let body: Value = serde_json::from_slice(body).expect("a JSON payload");
+            assert_eq!(
+                body["run"].as_str(),
+                headers.get("sked-run-id").map(String::as_str)
+            );
+            assert_eq!(
+                body["at"].as_str(),
+                headers.get("sked-scheduled-for").map(String::as_str)
+            );
+        }
+        let headers: Vec<BTreeMap<String, String>> = messages.into_iter().map(|(h, _)| h).collect();
+        one_message_per_succeeded_run(&runs, &headers);
+        let metrics = sked.metrics().await;
+        assert!(
+            common::metric(&metrics, "sked_messages_published_total") >= 2,
+            "{metrics}"
+        );
+
+        remove(&channel, &exchange, &queue).await;
+    }
+
+    #[cfg_attr(
+        not(sked_broker_tests),
+        ignore = "needs SKED_TEST_AMQP_URL and the other brokers"
+    )]
+    #[tokio::test]
+    async fn an_unroutable_message_fails_its_attempt_and_the_retry_policy_applies() {
+        let (_connection, channel) = channel().await;
+        let (exchange, queue) = (unique("sked-test-x-"), unique("sked-test-q-"));
+        topology(&channel, &exchange, &queue, "bound").await;
+        let mut sked = Sked::new();
+        let broker = format!("main={}", service("SKED_TEST_AMQP_URL"));
+        sked.start_server(&["--broker", &broker]).await;
+        let job = json!({
+            "retry": {"max_attempts": 2, "backoff": {"initial": "100ms"}},
+            "target": {"amqp": {"connection": "main", "exchange": exchange, "routing_key": "nobody-listens"}}
+        });
+        assert_eq!(put(&sked, "lost", job).await.0, 201);
+        let (_, run) = sked.post("/jobs/lost/trigger", json!(null)).await;
+        let run = sked
+            .wait_finished(run["id"].as_i64().expect("run id"), Duration::from_secs(20))
+            .await;
+        assert_eq!(run["state"], "failed", "{run}");
+        assert_eq!(run["attempts"], 2, "{run}");
+        let error = run["error"].as_str().unwrap_or_default();
+        assert!(error.contains("could not route"), "{run}");
+        assert!(drain(&channel, &queue).await.is_empty());
+        remove(&channel, &exchange, &queue).await;
+    }
+}
+
+mod nats {
+    use super::*;
+    use async_nats::jetstream::{self, stream};
+    use futures_util::StreamExt;
+
+    #[cfg_attr(
+        not(sked_broker_tests),
+        ignore = "needs SKED_TEST_NATS_URL and the other brokers"
+    )]
+    #[tokio::test]
+    async fn each_instant_is_acked_by_the_stream_once_with_its_message_id() {
+        let client = async_nats::connect(service("SKED_TEST_NATS_URL"))
+            .await
+            .expect("NATS");
+        let js = jetstream::new(client);
+        let name = unique("SKEDTEST");
+        let subject = format!("{}.jobs", name.to_lowercase());
+        let stream = js
+            .create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{}.>", name.to_lowercase())],
+                ..Default::default()
+            })
+            .await
+            .expect("stream");
+        let mut sked = Sked::new();
+        let broker = format!("events={}", service("SKED_TEST_NATS_URL"));
+        sked.start_server(&["--broker", &broker]).await;
+        let job = json!({
+            "schedule": {"every": "1s"},
+            "target": {"nats": {"connection": "events", "subject": subject, "payload": "tick {{run_id}}"}}
+        });
+        assert_eq!(put(&sked, "tick", job).await.0, 201);
+        finished_runs(&sked, "tick", 3).await;
+        sked.post("/jobs/tick/pause", json!(null)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let runs: Vec<Value> = sked.runs("tick").await;
+
+        let consumer = stream
+            .create_consumer(jetstream::consumer::pull::Config::default())
+            .await
+            .expect("consumer");
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await
+            .expect("fetch");
+        let mut messages = Vec::new();
+        while let Some(Ok(message)) = batch.next().await {
+            let mut headers = BTreeMap::new();
+            if let Some(map) = &message.headers {
+                for (name, values) in map.iter() {
+                    if let Some(value) = values.first() {
+                        headers.insert(name.to_string(), value.to_string());
+                    }
+                }
+            }
+            assert_eq!(
+                headers.get("Nats-Msg-Id"),
+                headers.get("sked-idempotency-key"),
+                "{headers:?}"
+            );
+            let body = String::from_utf8_lossy(&message.payload).into_owned();
+            assert_eq!(
+                Some(body.as_str()),
+                headers
+                    .get("sked-run-id")
+                    .map(|id| format!("tick {id}"))
+                    .as_deref()
+            );
+            messages.push(headers);
+        }
+        one_message_per_succeeded_run(&runs, &messages);
+        js.delete_stream(&name).await.expect("delete stream");
+    }
+}
+
+mod redis_stream {
+    use super::*;
+
+    #[cfg_attr(
+        not(sked_broker_tests),
+        ignore = "needs SKED_TEST_REDIS_URL and the other brokers"
+    )]
+    #[tokio::test]
+    async fn each_instant_is_one_stream_entry_with_the_envelope_as_fields() {
+        let url = service("SKED_TEST_REDIS_URL");
+        let client = redis::Client::open(url.as_str()).expect("Redis URL");
+        let mut redis = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("Redis");
+        let key = unique("skedtest:");
+        let mut sked = Sked::new();
+        let broker = format!("cache={url}");
+        sked.start_server(&["--broker", &broker]).await;
+        let job = json!({
+            "schedule": {"every": "1s"},
+            "target": {"redis_stream": {"connection": "cache", "stream": key, "maxlen": 1000, "fields": {"kind": "report"}}}
+        });
+        assert_eq!(put(&sked, "tick", job).await.0, 201);
+        finished_runs(&sked, "tick", 3).await;
+        sked.post("/jobs/tick/pause", json!(null)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let runs: Vec<Value> = sked.runs("tick").await;
+
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut redis)
+            .await
+            .expect("XRANGE");
+        let messages: Vec<BTreeMap<String, String>> = entries
+            .into_iter()
+            .map(|(_, fields)| fields.into_iter().collect())
+            .collect();
+        for fields in &messages {
+            assert_eq!(fields.get("kind").map(String::as_str), Some("report"));
+        }
+        one_message_per_succeeded_run(&runs, &messages);
+        let _: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .expect("DEL");
+    }
+}
+
+/// Needs no broker: nothing listens on the port.
+#[tokio::test]
+async fn an_unreachable_broker_fails_attempts_and_never_holds_up_firing() {
+    let mut sked = Sked::new();
+    let broker = format!("down=amqp://guest:guest@127.0.0.1:{}/%2f", free_port());
+    sked.start_server(&["--broker", &broker]).await;
+    let job = json!({
+        "schedule": {"every": "200ms"},
+        "timeout": "2s",
+        "target": {"amqp": {"connection": "down", "exchange": "x", "routing_key": "k"}}
+    });
+    assert_eq!(put(&sked, "blocked", job).await.0, 201);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let runs = sked.runs("blocked").await;
+    assert!(
+        runs.len() >= 10,
+        "instants keep being recorded: {}",
+        runs.len()
+    );
+    let failed: Vec<&Value> = runs.iter().filter(|r| r["state"] == "failed").collect();
+    assert!(!failed.is_empty(), "{runs:?}");
+    let error = failed[0]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("connection down") && error.contains("cannot connect"),
+        "{error}"
+    );
+    assert!(
+        !runs.iter().any(|r| r["state"] == "succeeded"),
+        "nothing is recorded as published that no broker confirmed"
+    );
+}
+
+/// Needs no broker: refused before anything is published.
+#[tokio::test]
+async fn definitions_name_known_connections_within_their_allowance() {
+    let mut sked = Sked::new();
+    sked.start_server(&[
+        "--broker",
+        "main=amqp://guest:guest@127.0.0.1:5672/%2f",
+        "--broker",
+        "events=nats://127.0.0.1:4222",
+        "--broker-allow",
+        "billing=main:billing.",
+    ])
+    .await;
+    let amqp = |connection: &str, exchange: &str| json!({"target": {"amqp": {"connection": connection, "exchange": exchange}}});
+    let cases = [
+        (
+            "default",
+            amqp("amqp://guest:secret@rabbit/", "x"),
+            "target.amqp.connection",
+            "not a URL",
+        ),
+        (
+            "default",
+            amqp("nowhere", "x"),
+            "target.amqp.connection",
+            "no broker connection named",
+        ),
+        (
+            "default",
+            amqp("events", "x"),
+            "target.amqp.connection",
+            "is a nats connection",
+        ),
+        (
+            "default",
+            amqp("main", "billing.jobs"),
+            "target.amqp.exchange",
+            "may not publish",
+        ),
+        (
+            "billing",
+            amqp("main", "ops.jobs"),
+            "target.amqp.exchange",
+            "beginning with",
+        ),
+    ];
+    for (namespace, job, field, says) in cases {
+        let url = sked.url(&format!("/jobs/j?namespace={namespace}"));
+        let response = sked.http.put(url).json(&job).send().await.expect("PUT");
+        let status = response.status().as_u16();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, 400, "{job}: {answer}");
+        assert_eq!(answer["error"]["field"], field, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{message}");
+        assert!(
+            !message.contains("secret"),
+            "a URL's password in an answer: {message}"
+        );
+    }
+    let url = sked.url("/jobs/j?namespace=billing");
+    let ok = sked
+        .http
+        .put(url)
+        .json(&amqp("main", "billing.jobs"))
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(ok.status().as_u16(), 201);
+    let (status, _) = put(
+        &sked,
+        "k",
+        json!({"target": {"nats": {"connection": "events", "subject": "a.b"}}}),
+    )
+    .await;
+    assert_eq!(status, 201, "a connection no allowance names is open");
+}
