@@ -109,6 +109,16 @@ pub async fn store_with_jobs(
 /// connection of its own to the same schema, as separate hosts would. Returns once every node
 /// is ready and, with several, once the partitions are balanced between them.
 pub async fn start(store: Arc<dyn Store>, place: Place, nodes: usize) -> Result<Running> {
+    start_with(store, place, nodes, Vec::new()).await
+}
+
+/// [`start`], with broker connections for broker targets.
+pub async fn start_with(
+    store: Arc<dyn Store>,
+    place: Place,
+    nodes: usize,
+    brokers: Vec<sked_core::publish::BrokerConnection>,
+) -> Result<Running> {
     let mut stores = vec![store];
     if nodes > 1 {
         let Place::Schema { url, .. } = &place else {
@@ -134,6 +144,7 @@ pub async fn start(store: Arc<dyn Store>, place: Place, nodes: usize) -> Result<
                 per_second: 0,
                 burst: 0,
             },
+            brokers: brokers.clone(),
             ..ServerConfig::default()
         };
         sked_server::auth::ensure_admin_token(store.as_ref(), ADMIN_TOKEN, chrono::Utc::now())

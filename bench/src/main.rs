@@ -16,6 +16,9 @@
 //!   process; start-up time, resident memory, API latency under load, firing lateness.
 //! - `takeover`: three `sked server` processes on PostgreSQL, one killed at a time; how long
 //!   until its partitions are taken over, and whether any instant was lost or doubled.
+//! - `publish`: N schedules publishing to RabbitMQ (40,000 every 5 s by default), published by
+//!   the server with confirms and counted back by a consumer; messages per second, lag, the
+//!   count check (one message per succeeded run, none twice), peak memory.
 //!
 //! `firing`, `e2e`, `burst` and `shell` start the real server in this process on a fresh store:
 //! SQLite in a temporary directory, or PostgreSQL with `--database-url`, where `--nodes N`
@@ -29,6 +32,7 @@ mod harness;
 mod noop;
 mod overload;
 mod process;
+mod publish;
 mod scale;
 mod shell;
 mod takeover;
@@ -53,6 +57,20 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Scenario {
+    /// N schedules each publishing a message to RabbitMQ every `--every`, published by the
+    /// server with confirms and counted back by a consumer: messages per second, lag, the
+    /// count check, peak memory.
+    Publish {
+        #[arg(long, default_value_t = 40_000)]
+        schedules: usize,
+        #[arg(long, default_value = "5s")]
+        every: String,
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+        /// The RabbitMQ to publish to (a new exchange and queue, removed afterwards).
+        #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+        broker_url: String,
+    },
     /// Firing lateness with N schedules each firing every `--every`, anchors spread over it.
     Firing {
         #[arg(long, default_value_t = 10_000)]
@@ -301,6 +319,12 @@ fn main() -> Result<()> {
                 seconds,
                 slots,
             } => overload::run(database_url, &rates, seconds, slots).await,
+            Scenario::Publish {
+                schedules,
+                every,
+                seconds,
+                broker_url,
+            } => publish::run(database_url, &broker_url, schedules, &every, seconds).await,
             Scenario::E2e {
                 schedules,
                 every,
