@@ -9,7 +9,8 @@ mod common;
 
 use common::pg::{self, Logs, Node, Schema};
 use common::{
-    call, client_for, client_with_token, free_port, shell, sked_command, token, Sked, ADMIN_TOKEN,
+    call, client_for, client_with_token, free_port, sha256_prefix, shell, sked_command, token,
+    Sked, ADMIN_TOKEN,
 };
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -858,24 +859,6 @@ async fn a_token_revoked_on_one_node_is_refused_by_every_node_within_a_second() 
     assert_eq!(actions, ["token.revoke", "token.create"], "{page}");
     drop((a, b));
     schema.drop_schema().await;
-}
-
-/// The first 16 hex digits of `text`'s SHA-256, as `sha256sum` prints them.
-fn sha256_prefix(text: &str) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("sha256sum");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("sha256sum output");
-    String::from_utf8_lossy(&out.stdout)[..16].to_string()
 }
 
 #[tokio::test]

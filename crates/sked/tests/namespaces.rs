@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{client_for, client_with_token, shell, sked_command, Sked};
+use common::{client_for, client_with_token, sha256_prefix, shell, sked_command, Sked};
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -232,20 +232,6 @@ async fn a_namespace_cap_on_queued_runs_turns_further_instants_into_backlog_skip
     assert_eq!(queued, 3, "{runs:?}");
     assert!(backlog >= 5, "{backlog} backlog skips of {}", runs.len());
     assert_eq!(queued + backlog, runs.len());
-}
-
-fn sha256_prefix(text: &str) -> String {
-    use std::process::Command;
-    let mut child = Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("sha256sum");
-    if let Some(mut input) = child.stdin.take() {
-        input.write_all(text.as_bytes()).expect("stdin");
-    }
-    let out = child.wait_with_output().expect("sha256sum output");
-    String::from_utf8_lossy(&out.stdout)[..16].to_string()
 }
 
 #[tokio::test]

@@ -96,6 +96,24 @@ pub async fn client_for(sked: &Sked, name: &str, grant: Value) -> reqwest::Clien
     client_with_token(Some(&token(sked, name, grant).await))
 }
 
+/// The first 16 hex digits of `text`'s SHA-256, as `sha256sum` prints them.
+pub fn sha256_prefix(text: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sha256sum");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("sha256sum output");
+    String::from_utf8_lossy(&out.stdout)[..16].to_string()
+}
+
 /// An HTTP client that sends `token` (none: no `Authorization` header).
 pub fn client_with_token(token: Option<&str>) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
