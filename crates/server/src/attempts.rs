@@ -24,6 +24,14 @@ pub fn lease_until(state: &AppState) -> sked_core::Instant {
     Utc::now() + chrono::Duration::from_std(state.config.heartbeat_timeout).unwrap_or_default()
 }
 
+/// Attempts started before this that a heartbeat does not list never reached their worker: a
+/// lease answer goes out within milliseconds, and a heartbeat interval plus a second leaves room
+/// for the heartbeat that crossed it and for clocks of different nodes.
+pub fn forgotten_before(state: &AppState, now: sked_core::Instant) -> sked_core::Instant {
+    now - chrono::Duration::from_std(state.config.heartbeat_interval).unwrap_or_default()
+        - chrono::Duration::seconds(1)
+}
+
 /// Starts an attempt of every run of `handout` for `worker_id`, and returns those that started
 /// (a run cancelled or deleted while it waited has none), their secrets opened.
 pub async fn start(

@@ -150,12 +150,7 @@ pub async fn heartbeat(
         ));
     }
     let now = Utc::now();
-    // An attempt started this long ago that the worker does not report never reached it: a
-    // lease answer goes out within milliseconds, and a heartbeat interval plus a second
-    // leaves room for the heartbeat that crossed it and for clocks of different nodes.
-    let forgotten_before = now
-        - chrono::Duration::from_std(state.config.heartbeat_interval).unwrap_or_default()
-        - chrono::Duration::seconds(1);
+    let forgotten_before = crate::attempts::forgotten_before(&state, now);
     let outcome = state
         .store
         .heartbeat(

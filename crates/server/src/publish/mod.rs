@@ -286,9 +286,7 @@ async fn beat(
         .chain(unreported.iter().map(|r| r.attempt_id))
         .collect();
     let now = Utc::now();
-    let forgotten_before = now
-        - chrono::Duration::from_std(state.config.heartbeat_interval).unwrap_or_default()
-        - chrono::Duration::seconds(1);
+    let forgotten_before = attempts::forgotten_before(state, now);
     match state
         .store
         .heartbeat(
