@@ -71,8 +71,14 @@ async fn many_workers_are_paged_and_bogus_ids_cost_nothing() {
     let (status, runs) = sked.get("/runs?limit=10").await;
     assert_eq!(status, 200, "{runs}");
 
-    // A heartbeat lists at most as many running attempts as a worker can have slots.
-    let id = registered.iter().next().expect("a worker").clone();
+    // A heartbeat lists at most as many running attempts as a worker can have slots. (A worker
+    // registered now: those above have been silent for longer than the heartbeat timeout on a
+    // busy machine, and are dead.)
+    let (status, answer) = sked
+        .post("/workers", json!({"name": "beating", "slots": 1}))
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    let id = answer["worker_id"].as_str().expect("an id").to_string();
     let running: Vec<i64> = (1..=10_001).collect();
     let (status, refused) = sked
         .post(
