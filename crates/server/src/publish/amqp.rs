@@ -50,6 +50,11 @@ impl Amqp {
         Ok(channel)
     }
 
+    /// Whether the broker is reachable: the open channel still works, or a new one opens.
+    pub async fn probe(&self) -> Result<(), PublishError> {
+        self.channel().await.map(|_| ())
+    }
+
     /// Forgets the channel, so the next publish opens a new one.
     async fn reset(&self) {
         *self.open.lock().await = None;

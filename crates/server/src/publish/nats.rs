@@ -11,7 +11,7 @@ use tokio::sync::Mutex;
 
 pub struct Nats {
     url: String,
-    context: Mutex<Option<jetstream::Context>>,
+    context: Mutex<Option<(async_nats::Client, jetstream::Context)>>,
 }
 
 impl Nats {
@@ -22,7 +22,7 @@ impl Nats {
         }
     }
 
-    async fn context(&self) -> Result<jetstream::Context, PublishError> {
+    async fn context(&self) -> Result<(async_nats::Client, jetstream::Context), PublishError> {
         let mut context = self.context.lock().await;
         if let Some(open) = &*context {
             return Ok(open.clone());
@@ -30,9 +30,20 @@ impl Nats {
         let client = async_nats::connect(&self.url)
             .await
             .map_err(|e| PublishError::Unreachable(format!("cannot connect: {e}")))?;
-        let open = jetstream::new(client);
+        let open = (client.clone(), jetstream::new(client));
         *context = Some(open.clone());
         Ok(open)
+    }
+
+    /// Whether the server is reachable: the client (which reconnects by itself) is connected.
+    pub async fn probe(&self) -> Result<(), PublishError> {
+        let (client, _) = self.context().await?;
+        match client.connection_state() {
+            async_nats::connection::State::Connected => Ok(()),
+            state => Err(PublishError::Unreachable(format!(
+                "the client is {state} (reconnecting)"
+            ))),
+        }
     }
 
     pub async fn publish(
@@ -49,7 +60,7 @@ impl Nats {
             headers.insert(name.as_str(), value.as_str());
         }
         headers.insert(HEADER_NATS_MSG_ID, run.idempotency_key().as_str());
-        let context = self.context().await?;
+        let (_, context) = self.context().await?;
         let ack = context
             .publish_with_headers(
                 subject.clone(),

@@ -33,6 +33,16 @@ impl Redis {
         Ok(open)
     }
 
+    /// Whether the server answers a `PING`.
+    pub async fn probe(&self) -> Result<(), PublishError> {
+        let mut connection = self.connection().await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut connection)
+            .await
+            .map(|_| ())
+            .map_err(|e| PublishError::Unreachable(format!("PING failed: {e}")))
+    }
+
     pub async fn publish(
         &self,
         target: &RedisStreamTarget,
