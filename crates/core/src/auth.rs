@@ -63,7 +63,8 @@ impl fmt::Display for Role {
 /// table), so no route is reachable without a decision about who may call it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Permission {
-    /// No token: health, readiness and metrics.
+    /// No token: health, readiness and metrics; and a consumer's completion report, whose
+    /// body carries its run's completion token instead.
     Open,
     /// Any valid token, whatever its role (the API document).
     Authenticated,

@@ -29,6 +29,9 @@ pub const HEADER_SCHEDULED_FOR: &str = "sked-scheduled-for";
 pub const HEADER_IDEMPOTENCY_KEY: &str = "sked-idempotency-key";
 /// JetStream drops a second message with the same id within its duplicate window.
 pub const HEADER_NATS_MSG_ID: &str = "Nats-Msg-Id";
+/// Where and with what a consumer reports the outcome of a run that awaits completion.
+pub const HEADER_COMPLETE_URL: &str = "sked-complete-url";
+pub const HEADER_COMPLETE_TOKEN: &str = "sked-complete-token";
 
 /// RabbitMQ (AMQP 0-9-1): published with the mandatory flag, under publisher confirms.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +50,9 @@ pub struct AmqpTarget {
     /// Delivery mode 2: the broker writes it to disk. Default true.
     #[serde(default = "yes")]
     pub persistent: bool,
+    /// The run stays `running` after the confirm until a consumer reports its outcome.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub await_completion: bool,
 }
 
 /// NATS JetStream: the attempt succeeds on the stream's ack.
@@ -59,6 +65,9 @@ pub struct NatsTarget {
     pub payload: Payload,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
+    /// The run stays `running` after the ack until a consumer reports its outcome.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub await_completion: bool,
 }
 
 /// Redis Streams: `XADD stream [MAXLEN ~ n] * field value ...`.
@@ -75,10 +84,17 @@ pub struct RedisStreamTarget {
     /// Trims the stream to about this many entries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maxlen: Option<u64>,
+    /// The run stays `running` after the `XADD` until a consumer reports its outcome.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub await_completion: bool,
 }
 
 fn yes() -> bool {
     true
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A message body: a JSON value, sent as JSON, or a string, sent as it is. `{{scheduled_for}}`,
@@ -106,6 +122,16 @@ pub struct RunContext<'a> {
     pub run_id: i64,
     pub attempt: u32,
     pub scheduled_for: Instant,
+    /// For a run that awaits completion: where its consumer reports, and the attempt's token.
+    pub completion: Option<CompletionAddress<'a>>,
+}
+
+/// Where the consumer of a run that awaits completion reports its outcome
+/// (`POST url {"token": ..., "outcome": ...}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompletionAddress<'a> {
+    pub url: &'a str,
+    pub token: &'a str,
 }
 
 impl RunContext<'_> {
@@ -125,16 +151,22 @@ impl RunContext<'_> {
         )
     }
 
-    /// The envelope's headers (Redis: fields), in a fixed order.
+    /// The envelope's headers (Redis: fields), in a fixed order; the completion address
+    /// last, for a run that awaits completion.
     pub fn envelope(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut envelope = vec![
             (HEADER_NAMESPACE, self.namespace.to_string()),
             (HEADER_JOB, self.job.to_string()),
             (HEADER_RUN_ID, self.run_id.to_string()),
             (HEADER_ATTEMPT, self.attempt.to_string()),
             (HEADER_SCHEDULED_FOR, self.scheduled_for_text()),
             (HEADER_IDEMPOTENCY_KEY, self.idempotency_key()),
-        ]
+        ];
+        if let Some(completion) = &self.completion {
+            envelope.push((HEADER_COMPLETE_URL, completion.url.to_string()));
+            envelope.push((HEADER_COMPLETE_TOKEN, completion.token.to_string()));
+        }
+        envelope
     }
 }
 
@@ -161,6 +193,8 @@ pub struct Destination<'a> {
     pub connection: &'a str,
     pub field: &'static str,
     pub name: &'a str,
+    /// Whether the run waits for its consumer's report after the broker confirmed.
+    pub await_completion: bool,
 }
 
 /// A connection name: like a job's name, and never a URL.
@@ -500,6 +534,7 @@ mod tests {
                 .with_ymd_and_hms(2026, 11, 25, 9, 30, 0)
                 .single()
                 .unwrap_or_default(),
+            completion: None,
         }
     }
 
@@ -538,6 +573,28 @@ mod tests {
                 "sked-idempotency-key"
             ]
         );
+        let awaiting = RunContext {
+            completion: Some(CompletionAddress {
+                url: "https://sked.example/api/v1/runs/42/complete",
+                token: "t0k3n",
+            }),
+            ..run()
+        };
+        let envelope = awaiting.envelope();
+        assert_eq!(
+            &envelope[6..],
+            [
+                (
+                    HEADER_COMPLETE_URL,
+                    awaiting
+                        .completion
+                        .as_ref()
+                        .map(|c| c.url.to_string())
+                        .unwrap_or_default()
+                ),
+                (HEADER_COMPLETE_TOKEN, "t0k3n".to_string()),
+            ]
+        );
     }
 
     #[test]
@@ -549,6 +606,7 @@ mod tests {
             payload: Payload::default(),
             headers: BTreeMap::new(),
             persistent: true,
+            await_completion: false,
         };
         assert_eq!(
             target.validate().unwrap_err().field,
@@ -563,6 +621,7 @@ mod tests {
             subject: "jobs.*".into(),
             payload: Payload::default(),
             headers: BTreeMap::new(),
+            await_completion: false,
         };
         assert_eq!(nats.validate().unwrap_err().field, "target.nats.subject");
     }
@@ -605,6 +664,7 @@ mod tests {
             connection,
             field: "target.amqp.exchange",
             name,
+            await_completion: false,
         };
         assert_eq!(
             allowed(&allowances, "billing", &to("main", "billing.jobs")),

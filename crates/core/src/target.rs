@@ -263,16 +263,19 @@ impl TargetSpec {
                 connection: &t.connection,
                 field: "target.amqp.exchange",
                 name: &t.exchange,
+                await_completion: t.await_completion,
             }),
             TargetSpec::Nats(t) => Some(Destination {
                 connection: &t.connection,
                 field: "target.nats.subject",
                 name: &t.subject,
+                await_completion: t.await_completion,
             }),
             TargetSpec::RedisStream(t) => Some(Destination {
                 connection: &t.connection,
                 field: "target.redis_stream.stream",
                 name: &t.stream,
+                await_completion: t.await_completion,
             }),
         }
     }

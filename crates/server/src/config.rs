@@ -61,6 +61,9 @@ pub struct ServerConfig {
     /// Which namespaces may publish through which connection, under which prefix
     /// (`--broker-allow`); a connection none names is open to every namespace.
     pub broker_allowances: Vec<BrokerAllowance>,
+    /// The URL clients reach this node at (`--public-url`), for addresses the node hands out:
+    /// where a consumer reports a completion. `None`: the address it listens on.
+    pub public_url: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +90,7 @@ impl Default for ServerConfig {
             http_target_policy: EgressPolicy::default(),
             brokers: Vec::new(),
             broker_allowances: Vec::new(),
+            public_url: None,
         }
     }
 }

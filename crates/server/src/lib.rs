@@ -11,6 +11,7 @@ pub mod attempts;
 pub mod audit;
 pub mod auth;
 pub mod changes;
+pub mod completion;
 pub mod config;
 pub mod dispatch;
 pub mod firing;
@@ -59,6 +60,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// Whether the store commits: `/readyz` is 503 while writes fail.
     pub health: Arc<health::StoreHealth>,
+    /// Whether each broker connection works, for `/readyz` and `/metrics`.
+    pub brokers: Arc<publish::BrokerHealth>,
     /// Permits for log follows, at most `config.max_log_follows` at once.
     pub follows: Arc<tokio::sync::Semaphore>,
     /// Set once the firing loop has loaded the schedules of its first partitions.
@@ -71,6 +74,26 @@ pub struct AppState {
     pub auth: Arc<auth::Authenticator>,
     /// How often each token may call the API; `None`: no limit.
     pub rate: Option<Arc<rate::RequestRate>>,
+    /// Makes and checks the tokens consumers report completions with.
+    pub completion: Arc<completion::CompletionKey>,
+}
+
+impl AppState {
+    /// The address clients reach this node at: `--public-url`, or else the address it
+    /// listens on.
+    pub fn public_url(&self) -> String {
+        match &self.config.public_url {
+            Some(url) => url.trim_end_matches('/').to_string(),
+            None => {
+                let scheme = if self.config.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                format!("{scheme}://{}", self.node.address)
+            }
+        }
+    }
 }
 
 /// Resolves once shutdown was signalled (or its sender is gone).
@@ -148,12 +171,14 @@ pub async fn serve(
         dispatcher: dispatcher.clone(),
         metrics: metrics.clone(),
         health,
+        brokers: Arc::new(publish::BrokerHealth::new(&config.brokers)),
         follows: Arc::new(tokio::sync::Semaphore::new(config.max_log_follows)),
         ready: ready_rx,
         node: node.clone(),
         maintenance: maintenance_rx,
         auth: Arc::new(auth::Authenticator::new(config.auth, store.clone())),
         rate: rate::RequestRate::new(config.rate_limit).map(Arc::new),
+        completion: Arc::new(completion::CompletionKey::new(config.secret_key.as_ref())),
     };
 
     let mut duties = tokio::task::JoinSet::new();

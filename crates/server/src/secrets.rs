@@ -48,6 +48,8 @@ pub enum SecretError {
 pub struct SecretKey {
     cipher: Arc<Aes256Gcm>,
     id: String,
+    /// A key of its own for completion tokens, derived from this one (`crate::completion`).
+    completion: [u8; 32],
 }
 
 impl std::fmt::Debug for SecretKey {
@@ -69,9 +71,15 @@ impl SecretKey {
             Aes256Gcm::new_from_slice(&bytes).map_err(|e| SecretError::BadKey(e.to_string()))?;
         let digest = Sha256::digest(&bytes);
         let id = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        let completion = Sha256::new()
+            .chain_update(b"sked completion tokens v1\0")
+            .chain_update(&bytes)
+            .finalize()
+            .into();
         Ok(SecretKey {
             cipher: Arc::new(cipher),
             id,
+            completion,
         })
     }
 
@@ -82,6 +90,11 @@ impl SecretKey {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The key completion tokens are made with: every node with this secret key has it.
+    pub fn completion_key(&self) -> [u8; 32] {
+        self.completion
     }
 
     /// Fails only past GCM's input limit, far above [`MAX_SECRET_LEN`]; never stores a value

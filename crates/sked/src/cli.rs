@@ -229,6 +229,11 @@ pub struct ServerArgs {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, env = "SKED_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// The URL clients reach this node at (behind a proxy or a load balancer), for addresses
+    /// it hands out: where a broker target's consumer reports a completion. Default: the
+    /// address it listens on.
+    #[arg(long, env = "SKED_PUBLIC_URL", value_parser = parse_public_url)]
+    pub public_url: Option<String>,
     /// File of the key that seals secrets in job definitions (32 random bytes in base64):
     /// read when it exists, otherwise generated there (mode 0600). Every node of a cluster
     /// needs the same key. Default: secret.key in the data directory.
@@ -685,9 +690,24 @@ async fn run_cmd(cmd: RunCommand) -> Result<()> {
     }
 }
 
+/// `--public-url`: an http(s) URL without credentials, query or fragment.
+fn parse_public_url(text: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("give an http:// or https:// URL with a host".to_string());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("a public URL carries no credentials".to_string());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("a public URL has no query or fragment".to_string());
+    }
+    Ok(text.trim_end_matches('/').to_string())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Cli;
+    use super::{parse_public_url, Cli};
     use clap::CommandFactory;
 
     /// Every subcommand and every argument a user can type says what it is for in `--help`.
@@ -714,5 +734,22 @@ mod tests {
         let mut missing = Vec::new();
         walk(&Cli::command(), "sked", &mut missing);
         assert!(missing.is_empty(), "no help line: {missing:#?}");
+    }
+
+    #[test]
+    fn a_public_url_is_http_with_a_host_and_nothing_secret() {
+        assert_eq!(
+            parse_public_url("https://sked.example.com/"),
+            Ok("https://sked.example.com".to_string())
+        );
+        assert!(parse_public_url("http://10.0.0.5:8080").is_ok());
+        for bad in [
+            "sked.example.com",
+            "ftp://sked.example.com",
+            "https://user:pass@sked.example.com",
+            "https://sked.example.com/?a=1",
+        ] {
+            assert!(parse_public_url(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -283,6 +283,7 @@ fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConf
         },
         brokers: args.brokers.clone(),
         broker_allowances: args.broker_allow.clone(),
+        public_url: args.public_url.clone(),
         http_target_policy: EgressPolicy {
             allow: args.http_target_allow.clone(),
             deny: args.http_target_deny.clone(),

@@ -396,6 +396,213 @@ mod redis_stream {
             .await
             .expect("DEL");
     }
+
+    /// The stream entry of run `run_id`, once there is one.
+    async fn entry_of(
+        redis: &mut redis::aio::MultiplexedConnection,
+        key: &str,
+        run_id: i64,
+    ) -> BTreeMap<String, String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+                .arg(key)
+                .arg("-")
+                .arg("+")
+                .query_async(redis)
+                .await
+                .expect("XRANGE");
+            let found = entries
+                .into_iter()
+                .map(|(_, fields)| fields.into_iter().collect::<BTreeMap<_, _>>())
+                .find(|f| f.get("sked-run-id") == Some(&run_id.to_string()));
+            if let Some(fields) = found {
+                return fields;
+            }
+            assert!(Instant::now() < deadline, "no entry for run {run_id}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A consumer's report, sent as a consumer would: no API token, only the run's own.
+    async fn report(url: &str, body: Value) -> (u16, Value) {
+        let resp = crate::common::client_with_token(None)
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .expect("POST complete");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    #[cfg_attr(
+        not(sked_broker_tests),
+        ignore = "needs SKED_TEST_REDIS_URL and the other brokers"
+    )]
+    #[tokio::test]
+    async fn a_run_that_awaits_completion_ends_with_its_consumers_report_or_its_timeout() {
+        let url = service("SKED_TEST_REDIS_URL");
+        let client = redis::Client::open(url.as_str()).expect("Redis URL");
+        let mut redis = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("Redis");
+        let key = unique("skedtest:");
+        let mut sked = Sked::new();
+        sked.start_server(&["--broker", &format!("cache={url}")])
+            .await;
+        let job = json!({
+            "timeout": "3s",
+            "target": {"redis_stream": {"connection": "cache", "stream": key, "await_completion": true}}
+        });
+        assert_eq!(put(&sked, "handoff", job).await.0, 201);
+        let trigger = || async {
+            let (status, run) = sked.post("/jobs/handoff/trigger", json!(null)).await;
+            assert_eq!(status, 201, "{run}");
+            run["id"].as_i64().expect("a run id")
+        };
+
+        // Confirmed by the broker, the run waits for its consumer.
+        let a = trigger().await;
+        let fields = entry_of(&mut redis, &key, a).await;
+        let complete_url = fields.get("sked-complete-url").cloned().unwrap_or_default();
+        let token = fields
+            .get("sked-complete-token")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            complete_url,
+            format!("{}/api/v1/runs/{a}/complete", sked.base())
+        );
+        assert!(token.len() >= 40, "{fields:?}");
+        assert_eq!(sked.run(a).await["state"], "running");
+
+        // A wrong token, a forged one, a bad outcome: refused, nothing changes.
+        let (status, body) = report(
+            &complete_url,
+            json!({"token": "c1.forged", "outcome": "succeeded"}),
+        )
+        .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (403, Some("bad_completion_token")),
+            "{body}"
+        );
+        let (status, _) = report(
+            &complete_url,
+            json!({"token": token, "outcome": "cancelled"}),
+        )
+        .await;
+        assert_eq!(status, 400);
+        let (status, _) = report(
+            &complete_url,
+            json!({"token": token, "outcome": "succeeded", "extra": 1}),
+        )
+        .await;
+        assert_eq!(status, 400);
+        let (status, _) = report(
+            &format!("{}/api/v1/runs/999999/complete", sked.base()),
+            json!({"token": token, "outcome": "succeeded"}),
+        )
+        .await;
+        assert_eq!(status, 404);
+        assert_eq!(sked.run(a).await["state"], "running");
+
+        // Another run's token opens nothing here.
+        let b = trigger().await;
+        let b_fields = entry_of(&mut redis, &key, b).await;
+        let b_token = b_fields
+            .get("sked-complete-token")
+            .cloned()
+            .unwrap_or_default();
+        assert_ne!(b_token, token);
+        let (status, _) = report(
+            &complete_url,
+            json!({"token": b_token, "outcome": "succeeded"}),
+        )
+        .await;
+        assert_eq!(status, 403);
+
+        // The right token records the outcome once; its message is the attempt's output.
+        let (status, run) = report(
+            &complete_url,
+            json!({"token": token, "outcome": "succeeded", "message": "loaded 42 rows"}),
+        )
+        .await;
+        assert_eq!(
+            (status, run["state"].as_str()),
+            (200, Some("succeeded")),
+            "{run}"
+        );
+        let (status, body) =
+            report(&complete_url, json!({"token": token, "outcome": "failed"})).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (409, Some("already_completed")),
+            "{body}"
+        );
+        assert_eq!(sked.run(a).await["state"], "succeeded");
+        let log = sked
+            .http
+            .get(sked.url(&format!("/runs/{a}/log")))
+            .send()
+            .await
+            .expect("log")
+            .text()
+            .await
+            .unwrap_or_default();
+        assert!(log.contains("loaded 42 rows"), "{log}");
+
+        // Nobody reports run b: its timeout ends it, and its token is spent.
+        let b_run = sked.wait_finished(b, Duration::from_secs(20)).await;
+        assert_eq!(b_run["state"], "timed_out", "{b_run}");
+        let error = b_run["error"].as_str().unwrap_or_default();
+        assert!(error.contains("no consumer reported"), "{error}");
+        let b_url = b_fields
+            .get("sked-complete-url")
+            .cloned()
+            .unwrap_or_default();
+        let (status, _) = report(&b_url, json!({"token": b_token, "outcome": "succeeded"})).await;
+        assert_eq!(status, 409);
+
+        // A consumer's failure fails the run with its message.
+        let c = trigger().await;
+        let c_fields = entry_of(&mut redis, &key, c).await;
+        let c_url = c_fields
+            .get("sked-complete-url")
+            .cloned()
+            .unwrap_or_default();
+        let c_token = c_fields
+            .get("sked-complete-token")
+            .cloned()
+            .unwrap_or_default();
+        let (status, run) = report(
+            &c_url,
+            json!({"token": c_token, "outcome": "failed", "message": "the file was empty"}),
+        )
+        .await;
+        assert_eq!(
+            (status, run["state"].as_str()),
+            (200, Some("failed")),
+            "{run}"
+        );
+        assert_eq!(run["error"], "the file was empty");
+
+        // The token appears in no log line of the server.
+        let logs: String = std::fs::read_dir(sked.dir.path())
+            .expect("test dir")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect();
+        assert!(!logs.contains(&token) && !logs.contains(&c_token));
+        let _: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .expect("DEL");
+    }
 }
 
 /// Needs no broker: nothing listens on the port.

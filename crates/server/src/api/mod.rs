@@ -128,6 +128,13 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             Write,
             post(runs::cancel),
         ),
+        // The body carries the run's completion token instead of an API token.
+        route(
+            Method::POST,
+            "/api/v1/runs/{id}/complete",
+            Open,
+            post(runs::complete),
+        ),
         route(Method::GET, "/api/v1/workers", Read, get(workers::list)),
         route(
             Method::POST,
@@ -328,24 +335,33 @@ async fn method_not_allowed(method: Method) -> ApiError {
     )
 }
 
-/// Ready once the first schedules are loaded, and while the store commits.
+/// Ready once the first schedules are loaded, and while the store commits. Each broker
+/// connection's state follows, one per line: a broker outage degrades the node without
+/// making it unready, since no other node would reach that broker better and everything
+/// else it does goes on (`sked_broker_up` is the signal to alert on).
 async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
-    if !*state.ready.borrow() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "loading schedules".into());
+    let (status, mut body) = if !*state.ready.borrow() {
+        (StatusCode::SERVICE_UNAVAILABLE, "loading schedules".into())
+    } else {
+        match state.health.failure() {
+            None => (StatusCode::OK, "ready".to_string()),
+            Some(failure) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the store cannot commit: {failure}"),
+            ),
+        }
+    };
+    for line in state.brokers.lines() {
+        body.push('\n');
+        body.push_str(&line);
     }
-    match state.health.failure() {
-        None => (StatusCode::OK, "ready".into()),
-        Some(failure) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the store cannot commit: {failure}"),
-        ),
-    }
+    (status, body)
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     (
         [("content-type", "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        state.metrics.render() + &state.brokers.render_metrics(),
     )
 }
 

@@ -1,4 +1,5 @@
-//! `/api/v1/runs`: the ledger — list, read with attempts, captured output, cancel.
+//! `/api/v1/runs`: the ledger — list, read with attempts, captured output, cancel, and a
+//! consumer's completion report.
 
 use super::extract::{Path, Query};
 use super::jobs::{check_limit, parse_run_state, RunPage};
@@ -86,6 +87,29 @@ pub async fn get(
         run,
         attempt_history: attempts,
     }))
+}
+
+/// A consumer reports the outcome of a run that awaits completion. No API token: the body
+/// carries the run's completion token, which only the message of its attempt held
+/// (`crate::completion`). Answers with the run as it is afterwards.
+pub async fn complete(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+    raw: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<RunRecord>, ApiError> {
+    let report: crate::completion::CompletionReport = super::parse_json(&super::body(raw)?)?;
+    let (run, attempts) = state
+        .store
+        .get_run(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("run {id}")))?;
+    crate::completion::record(&state, &run, &attempts, report).await?;
+    let (run, _) = state
+        .store
+        .get_run(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("run {id}")))?;
+    Ok(Json(run))
 }
 
 #[derive(Debug, Serialize)]

@@ -10,19 +10,28 @@
 //! firing loop: instants are still recorded, and each attempt fails (bounded by the job's
 //! timeout, or [`DEFAULT_TIMEOUT`]) and is retried by the job's policy.
 //!
+//! A target with `await_completion` carries a completion address and token in its envelope
+//! (`crate::completion`); once confirmed, its attempt stays running, held and heartbeated
+//! here, until the consumer's report ends it (on any node) or its timeout does
+//! ([`DEFAULT_AWAIT_TIMEOUT`] without one). A cancel reaches such a run when its lease runs
+//! out: this node stops holding an attempt the store asks it to stop.
+//!
 //! One module per broker (`amqp.rs`, `nats.rs`, `redis.rs`) owns its connection and its
 //! publish; this module owns the loop and touches no broker API.
 
 mod amqp;
+mod health;
 mod nats;
 mod redis;
 
+pub use health::BrokerHealth;
+
 use crate::metrics::Metrics;
-use crate::{attempts, stopped, AppState};
+use crate::{attempts, completion, stopped, AppState};
 use chrono::Utc;
 use sked_core::dispatch::WorkerLoad;
 use sked_core::protocol::LeasedAttempt;
-use sked_core::publish::{BrokerConnection, BrokerKind, RunContext};
+use sked_core::publish::{BrokerConnection, BrokerKind, CompletionAddress, RunContext};
 use sked_core::run::AttemptOutcome;
 use sked_core::TargetSpec;
 use sked_store::{AttemptReport, NewWorker};
@@ -36,8 +45,13 @@ use tokio::task::JoinSet;
 const SLOTS: u32 = 4096;
 /// How long a publish may wait for its broker when the job sets no `timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a run that awaits completion waits for its consumer (from the start of the
+/// publish) when the job sets no `timeout`.
+pub const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// How long one poll of the dispatcher waits for runs.
 const POLL_WAIT: Duration = Duration::from_secs(1);
+/// How long a probe of a connection may take before it counts as down.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a message was not confirmed.
 #[derive(Debug, thiserror::Error)]
@@ -56,11 +70,14 @@ enum Broker {
     Redis(redis::Redis),
 }
 
-/// This node's connections, by name.
-struct Brokers(HashMap<String, Broker>);
+/// This node's connections, by name, and what it learns of their health.
+struct Brokers {
+    links: HashMap<String, Broker>,
+    health: Arc<BrokerHealth>,
+}
 
 impl Brokers {
-    fn new(connections: &[BrokerConnection]) -> Brokers {
+    fn new(connections: &[BrokerConnection], health: Arc<BrokerHealth>) -> Brokers {
         let brokers = connections
             .iter()
             .map(|c| {
@@ -72,7 +89,41 @@ impl Brokers {
                 (c.name.clone(), broker)
             })
             .collect();
-        Brokers(brokers)
+        Brokers {
+            links: brokers,
+            health,
+        }
+    }
+
+    /// Records how a publish or probe through connection `name` went.
+    fn note(&self, name: &str, result: &Result<(), PublishError>) {
+        match result {
+            // A broker that refused a message answered: the connection works.
+            Ok(()) | Err(PublishError::Refused(_)) => self.health.reached(name),
+            Err(PublishError::Unreachable(why)) => self.health.unreachable(name, why),
+        }
+    }
+
+    /// Checks every connection once (opening those not open yet), so an outage shows in
+    /// `/readyz` and `/metrics` before a job needs the broker, and its end without one.
+    async fn probe(&self) {
+        for (name, broker) in &self.links {
+            let probing = async {
+                match broker {
+                    Broker::Amqp(b) => b.probe().await,
+                    Broker::Nats(b) => b.probe().await,
+                    Broker::Redis(b) => b.probe().await,
+                }
+            };
+            let probed = tokio::time::timeout(PROBE_TIMEOUT, probing)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(PublishError::Unreachable(format!(
+                        "no answer within {PROBE_TIMEOUT:?}"
+                    )))
+                });
+            self.note(name, &probed);
+        }
     }
 
     async fn publish(&self, target: &TargetSpec, run: &RunContext<'_>) -> Result<(), String> {
@@ -80,7 +131,7 @@ impl Brokers {
             .destination()
             .ok_or("not a broker target: a worker runs it")?;
         let name = destination.connection;
-        let broker = self.0.get(name).ok_or_else(|| {
+        let broker = self.links.get(name).ok_or_else(|| {
             format!("this server has no broker connection named {name:?} (sked server --broker)")
         })?;
         let published = match (broker, target) {
@@ -93,8 +144,21 @@ impl Brokers {
                 ))
             }
         };
+        self.note(name, &published);
         published.map_err(|e| format!("connection {name}: {e}"))
     }
+}
+
+/// How a publish went: an outcome to record, or a message confirmed whose run now waits for
+/// its consumer's report until `deadline`.
+enum Published {
+    Report(AttemptReport),
+    Awaiting {
+        attempt_id: i64,
+        token: i64,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    },
 }
 
 /// Publishes one attempt's message and says how it went.
@@ -102,20 +166,38 @@ async fn publish_one(
     brokers: Arc<Brokers>,
     attempt: LeasedAttempt,
     worker_id: String,
-) -> AttemptReport {
+    completion: Option<(String, String)>,
+) -> Published {
+    let started = tokio::time::Instant::now();
     let run = RunContext {
         namespace: &attempt.namespace,
         job: &attempt.job,
         run_id: attempt.run_id,
         attempt: attempt.attempt,
         scheduled_for: attempt.scheduled_for,
+        completion: completion
+            .as_ref()
+            .map(|(url, token)| CompletionAddress { url, token }),
     };
+    let awaits = completion.is_some();
     let timeout = attempt
         .timeout_ms
         .map(Duration::from_millis)
-        .unwrap_or(DEFAULT_TIMEOUT);
+        .unwrap_or(if awaits {
+            DEFAULT_AWAIT_TIMEOUT
+        } else {
+            DEFAULT_TIMEOUT
+        });
     let (outcome, error) =
         match tokio::time::timeout(timeout, brokers.publish(&attempt.target, &run)).await {
+            Ok(Ok(())) if awaits => {
+                return Published::Awaiting {
+                    attempt_id: attempt.attempt_id,
+                    token: attempt.token,
+                    deadline: started + timeout,
+                    timeout,
+                }
+            }
             Ok(Ok(())) => (AttemptOutcome::Succeeded, None),
             Ok(Err(why)) => (AttemptOutcome::Failed, Some(why)),
             Err(_) => (
@@ -123,7 +205,7 @@ async fn publish_one(
                 Some(format!("no confirm from the broker within {timeout:?}")),
             ),
         };
-    AttemptReport {
+    Published::Report(AttemptReport {
         attempt_id: attempt.attempt_id,
         token: attempt.token,
         worker_id,
@@ -131,7 +213,7 @@ async fn publish_one(
         exit_code: None,
         http_status: None,
         error,
-    }
+    })
 }
 
 /// Registers the publisher as a worker of this node; retried until it works or shutdown.
@@ -166,12 +248,20 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     for connection in &state.config.brokers {
         tracing::info!("broker connection {}", connection.display());
     }
-    let brokers = Arc::new(Brokers::new(&state.config.brokers));
+    let brokers = Arc::new(Brokers::new(&state.config.brokers, state.brokers.clone()));
+    tokio::spawn(probe(
+        brokers.clone(),
+        state.config.heartbeat_interval,
+        shutdown.clone(),
+    ));
     let Some(mut id) = register(&state, &mut shutdown).await else {
         return;
     };
-    let mut publishing: JoinSet<AttemptReport> = JoinSet::new();
+    let mut publishing: JoinSet<Published> = JoinSet::new();
+    // Attempts being published, and those whose message was confirmed and whose consumer has
+    // not reported yet: this node holds both, and heartbeats them.
     let mut running: HashSet<i64> = HashSet::new();
+    let mut awaiting: HashMap<i64, Awaiting> = HashMap::new();
     // Reports the store has not taken yet (it failed); sent again at the next heartbeat.
     let mut unreported: Vec<AttemptReport> = Vec::new();
     let mut heartbeat = tokio::time::interval(state.config.heartbeat_interval);
@@ -196,7 +286,18 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                     Ok(started) => {
                         for attempt in started {
                             running.insert(attempt.attempt_id);
-                            publishing.spawn(publish_one(brokers.clone(), attempt, id.clone()));
+                            let completion = awaits_completion(&attempt).then(|| {
+                                (
+                                    completion::url(&state, attempt.run_id),
+                                    state.completion.token(attempt.attempt_id, attempt.token),
+                                )
+                            });
+                            publishing.spawn(publish_one(
+                                brokers.clone(),
+                                attempt,
+                                id.clone(),
+                                completion,
+                            ));
                         }
                     }
                     Err(e) => tracing::warn!("the publisher cannot start attempts: {}", e.message),
@@ -207,42 +308,120 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                 let mut next = Some(done);
                 while let Some(done) = next {
                     match done {
-                        Ok(report) => reports.push(report),
+                        Ok(Published::Report(report)) => {
+                            running.remove(&report.attempt_id);
+                            reports.push(report);
+                        }
+                        Ok(Published::Awaiting { attempt_id, token, deadline, timeout }) => {
+                            running.remove(&attempt_id);
+                            Metrics::add(&state.metrics.messages_published, 1);
+                            awaiting.insert(attempt_id, Awaiting { token, deadline, timeout });
+                        }
                         Err(e) => tracing::error!("a publish task ended abnormally: {e}"),
                     }
                     next = publishing.try_join_next();
-                }
-                for report in &reports {
-                    running.remove(&report.attempt_id);
                 }
                 count(&state, &reports);
                 unreported.extend(reports);
                 report(&state, &mut unreported).await;
             }
             _ = heartbeat.tick() => {
+                unreported.extend(overdue(&mut awaiting, &id));
                 report(&state, &mut unreported).await;
-                if !beat(&state, &id, &running, &unreported).await {
-                    // Declared dead (this node stalled past the heartbeat timeout): its
-                    // attempts were taken back; start again under a new id.
-                    running.clear();
-                    unreported.clear();
-                    publishing.abort_all();
-                    match register(&state, &mut shutdown).await {
-                        Some(new_id) => id = new_id,
-                        None => break,
+                let held: Vec<i64> = running
+                    .iter()
+                    .chain(awaiting.keys())
+                    .copied()
+                    .chain(unreported.iter().map(|r| r.attempt_id))
+                    .collect();
+                match beat(&state, &id, &held).await {
+                    Some(stop) => {
+                        // An awaiting attempt the store no longer has running was reported
+                        // by its consumer (or cancelled): it is no longer this node's.
+                        for attempt_id in stop {
+                            awaiting.remove(&attempt_id);
+                        }
+                    }
+                    None => {
+                        // Declared dead (this node stalled past the heartbeat timeout): its
+                        // attempts were taken back; start again under a new id.
+                        running.clear();
+                        awaiting.clear();
+                        unreported.clear();
+                        publishing.abort_all();
+                        match register(&state, &mut shutdown).await {
+                            Some(new_id) => id = new_id,
+                            None => break,
+                        }
                     }
                 }
             }
         }
     }
     // On shutdown, messages already handed to a broker get a bounded time to be confirmed.
+    // Runs awaiting their consumers stay running: once this node's heartbeats stop, they are
+    // taken back and published again (their consumers' reports of the old attempt are
+    // refused).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while let Ok(Some(done)) = tokio::time::timeout_at(deadline, publishing.join_next()).await {
-        if let Ok(report) = done {
+        if let Ok(Published::Report(report)) = done {
             unreported.push(report);
         }
     }
     report(&state, &mut unreported).await;
+}
+
+/// A run whose message was confirmed, waiting for its consumer's report.
+struct Awaiting {
+    token: i64,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+}
+
+/// Whether the attempt's run stays running after the confirm, until its consumer reports.
+fn awaits_completion(attempt: &LeasedAttempt) -> bool {
+    attempt
+        .target
+        .destination()
+        .is_some_and(|d| d.await_completion)
+}
+
+/// Times out the awaiting runs whose consumer did not report in time.
+fn overdue(awaiting: &mut HashMap<i64, Awaiting>, worker_id: &str) -> Vec<AttemptReport> {
+    let now = tokio::time::Instant::now();
+    let late: Vec<i64> = awaiting
+        .iter()
+        .filter(|(_, a)| a.deadline <= now)
+        .map(|(id, _)| *id)
+        .collect();
+    late.into_iter()
+        .filter_map(|attempt_id| {
+            let a = awaiting.remove(&attempt_id)?;
+            Some(AttemptReport {
+                attempt_id,
+                token: a.token,
+                worker_id: worker_id.to_string(),
+                outcome: AttemptOutcome::TimedOut,
+                exit_code: None,
+                http_status: None,
+                error: Some(format!(
+                    "published, but no consumer reported an outcome within {:?}",
+                    a.timeout
+                )),
+            })
+        })
+        .collect()
+}
+
+/// Probes the connections every `every` until shutdown.
+async fn probe(brokers: Arc<Brokers>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = stopped(&mut shutdown) => return,
+            _ = tick.tick() => brokers.probe().await,
+        }
+    }
 }
 
 fn count(state: &AppState, reports: &[AttemptReport]) {
@@ -272,36 +451,26 @@ async fn report(state: &AppState, unreported: &mut Vec<AttemptReport>) {
     }
 }
 
-/// Heartbeats the publisher's attempts (those published and not yet recorded are still its
-/// own); false when the store no longer knows it.
-async fn beat(
-    state: &AppState,
-    id: &str,
-    running: &HashSet<i64>,
-    unreported: &[AttemptReport],
-) -> bool {
-    let held: Vec<i64> = running
-        .iter()
-        .copied()
-        .chain(unreported.iter().map(|r| r.attempt_id))
-        .collect();
+/// Heartbeats the attempts the publisher holds; the attempts among them the store no longer
+/// has running, or `None` when it no longer knows the publisher.
+async fn beat(state: &AppState, id: &str, held: &[i64]) -> Option<Vec<i64>> {
     let now = Utc::now();
     let forgotten_before = attempts::forgotten_before(state, now);
     match state
         .store
         .heartbeat(
             id,
-            &held,
+            held,
             now,
             attempts::lease_until(state),
             forgotten_before,
         )
         .await
     {
-        Ok(outcome) => outcome.known,
+        Ok(outcome) => outcome.known.then_some(outcome.stop),
         Err(e) => {
             tracing::warn!("the publisher cannot heartbeat: {e}");
-            true
+            Some(Vec::new())
         }
     }
 }

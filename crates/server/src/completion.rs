@@ -1,0 +1,213 @@
+//! Completion by the consumer. A broker target with `await_completion` keeps its run
+//! `running` after the broker confirmed the message, until the consumer reports the outcome
+//! with the address and token the message carries (`POST /api/v1/runs/{id}/complete`), or the
+//! job's `timeout` passes. This module owns those tokens and the consumer's report; the
+//! publisher hands tokens out (`crate::publish`), the API takes reports (`crate::api::runs`).
+//!
+//! A token is an HMAC-SHA256 of one attempt (its id and fencing token) under a key derived
+//! from the secret key. Any node with the same secret key checks a token another node issued,
+//! nothing is stored, and a token opens only its own attempt, and only while that attempt
+//! runs: once the run ends, or a later attempt took it over, the token is refused.
+
+use crate::api::ApiError;
+use crate::secrets::SecretKey;
+use crate::{attempts, AppState};
+use axum::http::StatusCode;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use hmac::{Hmac, KeyInit, Mac};
+use serde::Deserialize;
+use sked_core::records::{AttemptRecord, RunRecord};
+use sked_core::run::{AttemptOutcome, AttemptState};
+use sked_store::AttemptReport;
+
+type HmacSha256 = Hmac<sha2::Sha256>;
+
+/// Tokens start with this, so a token of another kind or version is told apart.
+const VERSION: &str = "c1.";
+/// Longest `message` a consumer may send; it is kept in the attempt's output or error.
+pub const MAX_MESSAGE_LEN: usize = 4096;
+/// Longest `token` taken: a real one is 46 characters.
+const MAX_TOKEN_LEN: usize = 128;
+
+/// The key completion tokens are made and checked with.
+pub struct CompletionKey([u8; 32]);
+
+impl CompletionKey {
+    /// Derived from the secret key, so every node of a cluster agrees; without one (an
+    /// embedded deployment started without a key), a key of this process's own.
+    pub fn new(secret: Option<&SecretKey>) -> CompletionKey {
+        CompletionKey(secret.map_or_else(rand::random, SecretKey::completion_key))
+    }
+
+    fn mac(&self, attempt_id: i64, fencing_token: i64) -> HmacSha256 {
+        // HMAC takes a key of any length: this cannot fail.
+        let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        mac.update(format!("{attempt_id}:{fencing_token}").as_bytes());
+        mac
+    }
+
+    /// The token of one attempt.
+    pub fn token(&self, attempt_id: i64, fencing_token: i64) -> String {
+        let tag = self.mac(attempt_id, fencing_token).finalize().into_bytes();
+        format!("{VERSION}{}", URL_SAFE_NO_PAD.encode(tag))
+    }
+
+    /// Whether `given` is the token of this attempt (compared in constant time).
+    pub fn check(&self, attempt_id: i64, fencing_token: i64, given: &str) -> bool {
+        let Some(encoded) = given.strip_prefix(VERSION) else {
+            return false;
+        };
+        let Ok(tag) = URL_SAFE_NO_PAD.decode(encoded) else {
+            return false;
+        };
+        self.mac(attempt_id, fencing_token)
+            .verify_slice(&tag)
+            .is_ok()
+    }
+}
+
+/// What a consumer sends.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionReport {
+    pub token: String,
+    /// `succeeded` or `failed`.
+    pub outcome: AttemptOutcome,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// `{public url}/api/v1/runs/{id}/complete`: where the consumer of run `run_id` reports.
+pub fn url(state: &AppState, run_id: i64) -> String {
+    format!("{}/api/v1/runs/{run_id}/complete", state.public_url())
+}
+
+/// Records a consumer's report about run `run` (whose attempts are `attempts`) once: the
+/// token must be that of the run's latest attempt, which must still be running.
+pub async fn record(
+    state: &AppState,
+    run: &RunRecord,
+    attempts: &[AttemptRecord],
+    report: CompletionReport,
+) -> Result<(), ApiError> {
+    let refused = || {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "bad_completion_token",
+            format!("this is not the completion token of run {}", run.id),
+        )
+    };
+    if report.token.len() > MAX_TOKEN_LEN {
+        return Err(refused());
+    }
+    if !matches!(
+        report.outcome,
+        AttemptOutcome::Succeeded | AttemptOutcome::Failed
+    ) {
+        return Err(ApiError::invalid(
+            "outcome",
+            "a consumer reports succeeded or failed",
+        ));
+    }
+    if report.message.as_ref().map_or(0, String::len) > MAX_MESSAGE_LEN {
+        return Err(ApiError::invalid(
+            "message",
+            format!("at most {MAX_MESSAGE_LEN} bytes"),
+        ));
+    }
+    // Only the latest attempt may be running; an earlier attempt's token is refused like any
+    // other wrong token.
+    let latest = attempts
+        .iter()
+        .max_by_key(|a| a.number)
+        .filter(|a| state.completion.check(a.id, a.token, &report.token))
+        .ok_or_else(refused)?;
+    if latest.state != AttemptState::Running {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_completed",
+            format!(
+                "attempt {} of run {} is no longer waiting for its outcome",
+                latest.number, run.id
+            ),
+        ));
+    }
+    if let (AttemptOutcome::Succeeded, Some(message)) = (report.outcome, &report.message) {
+        // The attempt's output is what its consumer said; a failure's message is its error.
+        let line = format!("{message}\n");
+        state
+            .store
+            .append_output(
+                latest.id,
+                latest.token,
+                &latest.worker_id,
+                line.as_bytes(),
+                state.config.output_cap,
+            )
+            .await?;
+    }
+    let error = match report.outcome {
+        AttemptOutcome::Succeeded => None,
+        _ => Some(
+            report
+                .message
+                .unwrap_or_else(|| "the consumer reported a failure".to_string()),
+        ),
+    };
+    let reports = [AttemptReport {
+        attempt_id: latest.id,
+        token: latest.token,
+        worker_id: latest.worker_id.clone(),
+        outcome: report.outcome,
+        exit_code: None,
+        http_status: None,
+        error,
+    }];
+    let results = attempts::complete(state, &reports).await?;
+    match results.first() {
+        Some(result) if result.accepted => Ok(()),
+        // Another report got there first (two consumers, or the timeout).
+        _ => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_completed",
+            format!("run {} is no longer waiting for its outcome", run.id),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_opens_only_its_own_attempt() {
+        let key = CompletionKey([7; 32]);
+        let token = key.token(41, 9001);
+        assert!(token.starts_with(VERSION) && token.len() < MAX_TOKEN_LEN);
+        assert!(key.check(41, 9001, &token));
+        assert!(!key.check(42, 9001, &token), "another attempt");
+        assert!(!key.check(41, 9002, &token), "the same run taken over");
+        assert!(
+            !CompletionKey([8; 32]).check(41, 9001, &token),
+            "another key"
+        );
+        let mut forged = token.clone();
+        forged.pop();
+        forged.push(if token.ends_with('A') { 'B' } else { 'A' });
+        assert!(!key.check(41, 9001, &forged));
+        assert!(!key.check(41, 9001, ""));
+        assert!(!key.check(41, 9001, token.trim_start_matches(VERSION)));
+    }
+
+    #[test]
+    fn nodes_with_one_secret_key_agree_on_tokens() {
+        let text = SecretKey::generate();
+        let a = SecretKey::from_base64(&text).expect("a key");
+        let b = SecretKey::from_base64(&text).expect("a key");
+        let token = CompletionKey::new(Some(&a)).token(1, 2);
+        assert!(CompletionKey::new(Some(&b)).check(1, 2, &token));
+        assert!(!CompletionKey::new(None).check(1, 2, &token));
+    }
+}
