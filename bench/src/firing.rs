@@ -6,15 +6,14 @@
 //! so the firing happens beside dispatch and completion, and the time from each instant to its
 //! attempt's start is reported too.
 
-use crate::harness::{cluster, ms, start, store_with_jobs};
+use crate::harness::{cluster, ms, period_us, start, store_with_jobs};
 use crate::noop;
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 use sked_core::job::JobSpec;
 use sked_core::run::RunState;
 use sked_core::stats::percentiles;
-use sked_core::HumanDuration;
 use std::collections::HashMap;
 use std::time::Instant as Clock;
 
@@ -39,15 +38,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         seconds,
         worker_slots,
     } = options;
-    let period_us = every
-        .parse::<HumanDuration>()
-        .map_err(|e| anyhow::anyhow!("--every {every}: {e}"))?
-        .as_chrono()
-        .num_microseconds()
-        .context("--every is too long")?;
-    if period_us <= 0 || schedules == 0 {
-        bail!("--every and --schedules must be above zero");
-    }
+    let period_us = period_us(every, schedules)?;
     let base = Utc::now();
     let step_us = period_us / schedules as i64;
     let jobs = (0..schedules).map(move |i| {

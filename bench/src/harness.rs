@@ -412,3 +412,17 @@ pub fn ms(d: chrono::Duration) -> f64 {
 pub fn in_window(t: Instant, from: Instant, to: Instant) -> bool {
     t >= from && t < to
 }
+
+/// The period of `--every` in microseconds, checked along with `--schedules`.
+pub fn period_us(every: &str, schedules: usize) -> Result<i64> {
+    let period_us = every
+        .parse::<sked_core::duration::HumanDuration>()
+        .map_err(|e| anyhow::anyhow!("--every {every}: {e}"))?
+        .as_chrono()
+        .num_microseconds()
+        .context("--every is too long")?;
+    if period_us <= 0 || schedules == 0 {
+        bail!("--every and --schedules must be above zero");
+    }
+    Ok(period_us)
+}

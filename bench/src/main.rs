@@ -16,13 +16,14 @@
 //!   process; start-up time, resident memory, API latency under load, firing lateness.
 //! - `takeover`: three `sked server` processes on PostgreSQL, one killed at a time; how long
 //!   until its partitions are taken over, and whether any instant was lost or doubled.
-//! - `publish`: N schedules publishing to RabbitMQ (40,000 every 5 s by default), published by
-//!   the server with confirms and counted back by a consumer; messages per second, lag, the
-//!   count check (one message per succeeded run, none twice), peak memory.
+//! - `publish`: N schedules publishing to RabbitMQ, NATS JetStream or Redis Streams (40,000
+//!   every 5 s by default), published by the server with confirms and counted back by a
+//!   consumer; messages per second, lag, the count check (one message per succeeded run, none
+//!   twice), peak memory.
 //!
 //! `firing`, `e2e`, `burst` and `shell` start the real server in this process on a fresh store:
 //! SQLite in a temporary directory, or PostgreSQL with `--database-url`, where `--nodes N`
-//! (`firing`, `e2e`) starts N nodes sharing it. `shell`, `scale` and `takeover` also run the
+//! (`firing`, `e2e`, `publish`) starts N nodes sharing it. `shell`, `scale` and `takeover` also run the
 //! `sked` binary (the one next to this benchmark, or `--sked-bin`).
 
 mod burst;
@@ -57,7 +58,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Scenario {
-    /// N schedules each publishing a message to RabbitMQ every `--every`, published by the
+    /// N schedules each publishing a message to a broker every `--every`, published by the
     /// server with confirms and counted back by a consumer: messages per second, lag, the
     /// count check, peak memory.
     Publish {
@@ -67,9 +68,17 @@ enum Scenario {
         every: String,
         #[arg(long, default_value_t = 600)]
         seconds: u64,
-        /// The RabbitMQ to publish to (a new exchange and queue, removed afterwards).
+        /// The broker to publish to: amqp://, nats:// or redis:// (a new exchange and queue,
+        /// stream, or key, removed afterwards).
         #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
         broker_url: String,
+        /// Server nodes sharing the store (above 1 needs --database-url).
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+        /// Give every schedule the same anchor, so all N instants of a period fall due at once
+        /// (by default the anchors are spread evenly over the period).
+        #[arg(long)]
+        aligned: bool,
     },
     /// Firing lateness with N schedules each firing every `--every`, anchors spread over it.
     Firing {
@@ -324,7 +333,21 @@ fn main() -> Result<()> {
                 every,
                 seconds,
                 broker_url,
-            } => publish::run(database_url, &broker_url, schedules, &every, seconds).await,
+                nodes,
+                aligned,
+            } => {
+                check_nodes(nodes, database_url)?;
+                publish::run(publish::Options {
+                    database_url,
+                    broker_url: &broker_url,
+                    schedules,
+                    every: &every,
+                    seconds,
+                    nodes,
+                    aligned,
+                })
+                .await
+            }
             Scenario::E2e {
                 schedules,
                 every,

@@ -1,15 +1,20 @@
-//! The headline scenario of broker targets: N schedules each publishing a message to RabbitMQ
-//! every `--every` (40,000 every 5 s is 8,000 messages a second). The server publishes them
-//! itself with publisher confirms; a consumer in this process reads them back from a queue
-//! bound to the benchmark's own exchange.
+//! The headline scenario of broker targets: N schedules each publishing a message every
+//! `--every` (40,000 every 5 s is 8,000 messages a second) to RabbitMQ, NATS JetStream or Redis
+//! Streams, whichever `--broker-url` names. The server publishes them itself and waits for
+//! each broker's confirm (an AMQP publisher confirm, a JetStream ack, an `XADD` entry id); a
+//! consumer in this process reads them back from the benchmark's own queue, stream or key.
+//!
+//! The schedules' anchors are spread evenly over the period, so N/period instants fall due
+//! each second, as in the seed's figure; `--aligned` gives them all one anchor instead, the
+//! worst case, where every instant of a period falls due at once.
 //!
 //! It reports messages confirmed per second, the time from each instant to its run recorded as
 //! succeeded (which comes after the broker's confirm, so it bounds the publish lag from above),
 //! the count check — every run due in the window that succeeded has exactly one message, and no
 //! message arrived twice — and the process's peak resident memory (server and consumer).
 
-use crate::harness::{ms, start_with, store_with_jobs};
-use anyhow::{bail, Context, Result};
+use crate::harness::{ms, period_us, start_with, store_with_jobs};
+use anyhow::{Context, Result};
 use chrono::{Duration, Utc};
 use futures_util::StreamExt;
 use lapin::options::{
@@ -26,29 +31,77 @@ use sked_core::stats::percentiles;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-pub async fn run(
-    database_url: Option<&str>,
-    broker_url: &str,
-    schedules: usize,
-    every: &str,
-    seconds: u64,
-) -> Result<Value> {
-    let connection: BrokerConnection = format!("bench={broker_url}")
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!(e))?;
-    if connection.kind != BrokerKind::Amqp {
-        bail!("the publish scenario measures RabbitMQ: give an amqp:// --broker-url");
+/// Messages received, by run id: a count above one is a duplicate.
+type Received = Arc<Mutex<HashMap<i64, u32>>>;
+
+/// `XREAD`'s answer: per stream, its entries, each an id and its fields.
+type StreamEntries = Vec<(String, Vec<(String, Vec<(String, String)>)>)>;
+
+fn count(received: &Received, run_id: Option<i64>) {
+    if let Some(id) = run_id {
+        *received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_default() += 1;
     }
-    // One name for the exchange and the queue bound to it.
-    let exchange = format!("sked-bench-{:08x}", rand::random::<u32>());
-    let queue = exchange.clone();
-    let consumer_connection = Connection::connect(broker_url, ConnectionProperties::default())
+}
+
+pub struct Options<'a> {
+    pub database_url: Option<&'a str>,
+    pub broker_url: &'a str,
+    pub schedules: usize,
+    pub every: &'a str,
+    pub seconds: u64,
+    pub nodes: usize,
+    pub aligned: bool,
+}
+
+/// The benchmark's own destination on the broker and the consumer counting what reaches it.
+struct Destination {
+    /// The `target` of every benchmark job.
+    target: Value,
+    consuming: tokio::task::JoinHandle<()>,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    Amqp(lapin::Channel, String),
+    Nats(async_nats::jetstream::Context, String),
+    Redis(redis::aio::MultiplexedConnection, String),
+}
+
+impl Cleanup {
+    async fn run(self) -> Result<()> {
+        match self {
+            Cleanup::Amqp(channel, name) => {
+                channel
+                    .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                    .await?;
+                channel
+                    .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+                    .await?;
+            }
+            Cleanup::Nats(js, name) => {
+                js.delete_stream(&name).await?;
+            }
+            Cleanup::Redis(mut redis, key) => {
+                let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut redis).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An exchange with a queue bound to it, and a consumer on the queue.
+async fn amqp(url: &str, name: &str, received: Received) -> Result<Destination> {
+    let connection = Connection::connect(url, ConnectionProperties::default())
         .await
         .context("cannot reach RabbitMQ")?;
-    let channel = consumer_connection.create_channel().await?;
+    let channel = connection.create_channel().await?;
     channel
         .exchange_declare(
-            exchange.as_str().into(),
+            name.into(),
             ExchangeKind::Direct,
             ExchangeDeclareOptions::default(),
             FieldTable::default(),
@@ -56,39 +109,23 @@ pub async fn run(
         .await?;
     channel
         .queue_declare(
-            queue.as_str().into(),
+            name.into(),
             QueueDeclareOptions::default(),
             FieldTable::default(),
         )
         .await?;
     channel
         .queue_bind(
-            queue.as_str().into(),
-            exchange.as_str().into(),
+            name.into(),
+            name.into(),
             "tick".into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )
         .await?;
-
-    let jobs = (0..schedules).map(|i| {
-        let spec: JobSpec = serde_json::from_value(json!({
-            "schedule": {"every": every},
-            "target": {"amqp": {
-                "connection": "bench", "exchange": exchange, "routing_key": "tick",
-                "payload": {"job": "{{job}}", "at": "{{scheduled_for}}"}, "persistent": false
-            }},
-        }))
-        .expect("a valid benchmark job");
-        (format!("publish-{i:07}"), spec)
-    });
-    let (store, place) = store_with_jobs(database_url, jobs).await?;
-
-    // Messages received, by run id: a count above one is a duplicate.
-    let received: Arc<Mutex<HashMap<i64, u32>>> = Arc::default();
     let mut consumer = channel
         .basic_consume(
-            queue.as_str().into(),
+            name.into(),
             "sked-bench".into(),
             BasicConsumeOptions {
                 no_ack: true,
@@ -97,8 +134,9 @@ pub async fn run(
             FieldTable::default(),
         )
         .await?;
-    let counting = received.clone();
     let consuming = tokio::spawn(async move {
+        // The connection lives as long as the consumer.
+        let _connection = connection;
         while let Some(Ok(delivery)) = consumer.next().await {
             let run_id = delivery
                 .properties
@@ -109,17 +147,151 @@ pub async fn run(
                     AMQPValue::LongString(text) => text.to_string().parse::<i64>().ok(),
                     _ => None,
                 });
-            if let Some(id) = run_id {
-                *counting
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .entry(id)
-                    .or_default() += 1;
+            count(&received, run_id);
+        }
+    });
+    Ok(Destination {
+        target: json!({"amqp": {
+            "connection": "bench", "exchange": name, "routing_key": "tick",
+            "payload": {"job": "{{job}}", "at": "{{scheduled_for}}"}, "persistent": false
+        }}),
+        consuming,
+        cleanup: Cleanup::Amqp(channel, name.to_string()),
+    })
+}
+
+/// A stream (file storage) on the subject `<name>.tick`, and an ordered consumer of it.
+async fn nats(url: &str, name: &str, received: Received) -> Result<Destination> {
+    use async_nats::jetstream::{consumer, stream};
+    let client = async_nats::connect(url)
+        .await
+        .context("cannot reach NATS")?;
+    let js = async_nats::jetstream::new(client);
+    let stream_name = name.to_uppercase().replace('-', "_");
+    let created = js
+        .create_stream(stream::Config {
+            name: stream_name.clone(),
+            subjects: vec![format!("{name}.>")],
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot create stream {stream_name}: {e}"))?;
+    let consumer = created
+        .create_consumer(consumer::pull::OrderedConfig::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot create a consumer: {e}"))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot consume: {e}"))?;
+    let consuming = tokio::spawn(async move {
+        while let Some(Ok(message)) = messages.next().await {
+            let run_id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("sked-run-id"))
+                .and_then(|v| v.as_str().parse::<i64>().ok());
+            count(&received, run_id);
+        }
+    });
+    Ok(Destination {
+        target: json!({"nats": {
+            "connection": "bench", "subject": format!("{name}.tick"),
+            "payload": {"job": "{{job}}", "at": "{{scheduled_for}}"}
+        }}),
+        consuming,
+        cleanup: Cleanup::Nats(js, stream_name),
+    })
+}
+
+/// A stream key, read with `XREAD BLOCK` as entries arrive.
+async fn redis_stream(url: &str, name: &str, received: Received) -> Result<Destination> {
+    let client = redis::Client::open(url).context("a bad Redis URL")?;
+    let redis = client
+        .get_multiplexed_async_connection()
+        .await
+        .context("cannot reach Redis")?;
+    let key = format!("{name}:tick");
+    let mut reader = client.get_multiplexed_async_connection().await?;
+    let read_key = key.clone();
+    let consuming = tokio::spawn(async move {
+        let mut last = "0-0".to_string();
+        loop {
+            let reply: redis::RedisResult<Option<StreamEntries>> = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(10_000)
+                .arg("BLOCK")
+                .arg(1000)
+                .arg("STREAMS")
+                .arg(&read_key)
+                .arg(&last)
+                .query_async(&mut reader)
+                .await;
+            let Ok(reply) = reply else { return };
+            for (_, entries) in reply.unwrap_or_default() {
+                for (id, fields) in entries {
+                    let run_id = fields
+                        .iter()
+                        .find(|(name, _)| name == "sked-run-id")
+                        .and_then(|(_, v)| v.parse::<i64>().ok());
+                    count(&received, run_id);
+                    last = id;
+                }
             }
         }
     });
+    Ok(Destination {
+        target: json!({"redis_stream": {
+            "connection": "bench", "stream": key, "fields": {"job": "{{job}}"}
+        }}),
+        consuming,
+        cleanup: Cleanup::Redis(redis, key),
+    })
+}
 
-    let mut server = start_with(store.clone(), place, 1, vec![connection]).await?;
+pub async fn run(options: Options<'_>) -> Result<Value> {
+    let Options {
+        database_url,
+        broker_url,
+        schedules,
+        every,
+        seconds,
+        nodes,
+        aligned,
+    } = options;
+    let connection: BrokerConnection = format!("bench={broker_url}")
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!(e))?;
+    // One name for the exchange and its queue, the stream, or the key.
+    let name = format!("sked-bench-{:08x}", rand::random::<u32>());
+    let received: Received = Arc::default();
+    let destination = match connection.kind {
+        BrokerKind::Amqp => amqp(broker_url, &name, received.clone()).await?,
+        BrokerKind::Nats => nats(broker_url, &name, received.clone()).await?,
+        BrokerKind::Redis => redis_stream(broker_url, &name, received.clone()).await?,
+    };
+
+    let period_us = period_us(every, schedules)?;
+    let step_us = if aligned {
+        0
+    } else {
+        period_us / schedules as i64
+    };
+    let base = Utc::now();
+    let target = destination.target.clone();
+    let jobs = (0..schedules).map(move |i| {
+        let anchor = base + Duration::microseconds(step_us * i as i64);
+        let spec: JobSpec = serde_json::from_value(json!({
+            "schedule": {"every": every, "anchor": anchor.to_rfc3339()},
+            "target": target,
+        }))
+        .expect("a valid benchmark job");
+        (format!("publish-{i:07}"), spec)
+    });
+    let (store, place) = store_with_jobs(database_url, jobs).await?;
+
+    let mut server = start_with(store.clone(), place, nodes, vec![connection.clone()]).await?;
     let store_name = server.store_name();
     let from = Utc::now() + Duration::seconds(2);
     let to = from + Duration::seconds(seconds as i64);
@@ -142,14 +314,9 @@ pub async fn run(
     server.stop().await;
     let window = server.finish_with_runs(store.as_ref(), from, to).await?;
     // Messages still on their way to the consumer arrive within a moment.
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    consuming.abort();
-    channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await?;
-    channel
-        .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-        .await?;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    destination.consuming.abort();
+    destination.cleanup.run().await?;
 
     let received = received.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let succeeded: Vec<_> = window
@@ -173,10 +340,12 @@ pub async fn run(
     let expected = window.len();
     Ok(json!({
         "scenario": "publish",
-        "broker": "rabbitmq",
+        "broker": connection.kind.target_name(),
         "store": store_name,
+        "nodes": nodes,
         "schedules": schedules,
         "every": every,
+        "anchors": if aligned { "aligned" } else { "spread" },
         "window_seconds": seconds,
         "messages_expected": expected,
         "succeeded_in_window": succeeded.len(),
