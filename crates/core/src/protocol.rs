@@ -101,6 +101,29 @@ pub struct LeasedAttempt {
     pub target: TargetSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// For a target that awaits completion (an HTTP target with `callback`, a broker target
+    /// with `await_completion`): where the outcome is reported, and with what.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion: Option<CompletionAddress>,
+}
+
+/// How long a run that awaits completion waits for its report, from the start of the attempt,
+/// when its job sets no `timeout`.
+pub const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Where the outcome of a run that awaits completion is reported: `POST url` with
+/// `{"token": ..., "outcome": ...}`. The token is a credential: `Debug` leaves it out.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionAddress {
+    pub url: String,
+    pub token: String,
+}
+
+impl std::fmt::Debug for CompletionAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CompletionAddress({}, token: [hidden])", self.url)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,6 +8,7 @@
 //! which connection under which prefix ([`BrokerAllowance`]).
 
 use crate::error::SpecError;
+use crate::protocol::CompletionAddress;
 use crate::Instant;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -123,15 +124,7 @@ pub struct RunContext<'a> {
     pub attempt: u32,
     pub scheduled_for: Instant,
     /// For a run that awaits completion: where its consumer reports, and the attempt's token.
-    pub completion: Option<CompletionAddress<'a>>,
-}
-
-/// Where the consumer of a run that awaits completion reports its outcome
-/// (`POST url {"token": ..., "outcome": ...}`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompletionAddress<'a> {
-    pub url: &'a str,
-    pub token: &'a str,
+    pub completion: Option<&'a CompletionAddress>,
 }
 
 impl RunContext<'_> {
@@ -573,28 +566,22 @@ mod tests {
                 "sked-idempotency-key"
             ]
         );
+        let address = CompletionAddress {
+            url: "https://sked.example/api/v1/runs/42/complete".into(),
+            token: "t0k3n".into(),
+        };
         let awaiting = RunContext {
-            completion: Some(CompletionAddress {
-                url: "https://sked.example/api/v1/runs/42/complete",
-                token: "t0k3n",
-            }),
+            completion: Some(&address),
             ..run()
         };
-        let envelope = awaiting.envelope();
         assert_eq!(
-            &envelope[6..],
+            &awaiting.envelope()[6..],
             [
-                (
-                    HEADER_COMPLETE_URL,
-                    awaiting
-                        .completion
-                        .as_ref()
-                        .map(|c| c.url.to_string())
-                        .unwrap_or_default()
-                ),
+                (HEADER_COMPLETE_URL, address.url.clone()),
                 (HEADER_COMPLETE_TOKEN, "t0k3n".to_string()),
             ]
         );
+        assert!(!format!("{address:?}").contains("t0k3n"));
     }
 
     #[test]

@@ -49,6 +49,15 @@ pub struct HttpTarget {
     pub expected_status: Vec<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<HumanDuration>,
+    /// The endpoint starts long work and reports its outcome later to the address the request
+    /// carries (`sked-complete-url`, `sked-complete-token`): the run stays `running` after
+    /// the response until then, or until the job's `timeout`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub callback: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// An env variable's or a header's value: text, or a secret. A secret is given in clear once,
@@ -253,6 +262,15 @@ impl TargetSpec {
     /// Whether the server publishes this target to a broker (no worker runs it).
     pub fn publishes(&self) -> bool {
         self.destination().is_some()
+    }
+
+    /// Whether a run of this target ends with a report from elsewhere (an HTTP endpoint's
+    /// callback, a broker message's consumer) rather than when the request or publish did.
+    pub fn awaits_completion(&self) -> bool {
+        match self {
+            TargetSpec::Http(t) => t.callback,
+            _ => self.destination().is_some_and(|d| d.await_completion),
+        }
     }
 
     /// Where a broker target publishes, for the operator's allowances.

@@ -81,7 +81,11 @@ pub async fn start(
             let (run_id, job) = (run.run_id, &run.job);
             log_throttled(&UNOPENED, format_args!("run {run_id} of job {job}: {e}"));
         }
+        let completion = target.awaits_completion().then(|| {
+            crate::completion::address(state, run.run_id, started.attempt_id, start.token)
+        });
         attempts.push(LeasedAttempt {
+            completion,
             attempt_id: started.attempt_id,
             token: start.token,
             run_id: run.run_id,

@@ -1,8 +1,9 @@
 //! Completion by the consumer. A broker target with `await_completion` keeps its run
-//! `running` after the broker confirmed the message, until the consumer reports the outcome
-//! with the address and token the message carries (`POST /api/v1/runs/{id}/complete`), or the
-//! job's `timeout` passes. This module owns those tokens and the consumer's report; the
-//! publisher hands tokens out (`crate::publish`), the API takes reports (`crate::api::runs`).
+//! `running` after the broker confirmed the message, and an HTTP target with `callback` after
+//! the endpoint answered, until whoever does the work reports the outcome with the address and
+//! token the message or request carries (`POST /api/v1/runs/{id}/complete`), or the job's
+//! `timeout` passes. This module owns those tokens and the reports; a lease hands tokens out
+//! (`crate::attempts`), the API takes reports (`crate::api::runs`).
 //!
 //! A token is an HMAC-SHA256 of one attempt (its id and fencing token) under a key derived
 //! from the secret key. Any node with the same secret key checks a token another node issued,
@@ -17,6 +18,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use hmac::{Hmac, KeyInit, Mac};
 use serde::Deserialize;
+use sked_core::protocol::CompletionAddress;
 use sked_core::records::{AttemptRecord, RunRecord};
 use sked_core::run::{AttemptOutcome, AttemptState};
 use sked_store::AttemptReport;
@@ -79,9 +81,18 @@ pub struct CompletionReport {
     pub message: Option<String>,
 }
 
-/// `{public url}/api/v1/runs/{id}/complete`: where the consumer of run `run_id` reports.
-pub fn url(state: &AppState, run_id: i64) -> String {
-    format!("{}/api/v1/runs/{run_id}/complete", state.public_url())
+/// Where and with what the outcome of an attempt of run `run_id` is reported:
+/// `{public url}/api/v1/runs/{id}/complete` and the attempt's token.
+pub fn address(
+    state: &AppState,
+    run_id: i64,
+    attempt_id: i64,
+    fencing_token: i64,
+) -> CompletionAddress {
+    CompletionAddress {
+        url: format!("{}/api/v1/runs/{run_id}/complete", state.public_url()),
+        token: state.completion.token(attempt_id, fencing_token),
+    }
 }
 
 /// Records a consumer's report about run `run` (whose attempts are `attempts`) once: the

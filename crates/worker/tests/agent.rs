@@ -264,6 +264,7 @@ fn shell_attempt(attempt_id: i64, command: &str, timeout_ms: Option<u64>) -> Lea
             cwd: None,
         }),
         timeout_ms,
+        completion: None,
     }
 }
 
@@ -593,6 +594,7 @@ async fn http_targets_follow_the_policy_of_the_latest_registration() {
             body: None,
             expected_status: Vec::new(),
             timeout: None,
+            callback: false,
         }),
         ..shell_attempt(attempt_id, "true", None)
     };

@@ -79,6 +79,7 @@ fn target(url: String) -> HttpTarget {
         body: None,
         expected_status: Vec::new(),
         timeout: None,
+        callback: false,
     }
 }
 
@@ -91,6 +92,7 @@ fn info() -> RunInfo {
             .single()
             .expect("valid instant"),
         job: "ping".to_string(),
+        completion: None,
     }
 }
 

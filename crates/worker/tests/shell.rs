@@ -18,6 +18,7 @@ fn info() -> RunInfo {
             .single()
             .expect("valid instant"),
         job: "nightly-report".to_string(),
+        completion: None,
     }
 }
 

@@ -13,7 +13,7 @@
 //! A target with `await_completion` carries a completion address and token in its envelope
 //! (`crate::completion`); once confirmed, its attempt stays running, held and heartbeated
 //! here, until the consumer's report ends it (on any node) or its timeout does
-//! ([`DEFAULT_AWAIT_TIMEOUT`] without one). A cancel reaches such a run when its lease runs
+//! (`DEFAULT_AWAIT_TIMEOUT` without one). A cancel reaches such a run when its lease runs
 //! out: this node stops holding an attempt the store asks it to stop.
 //!
 //! One module per broker (`amqp.rs`, `nats.rs`, `redis.rs`) owns its connection and its
@@ -27,11 +27,11 @@ mod redis;
 pub use health::BrokerHealth;
 
 use crate::metrics::Metrics;
-use crate::{attempts, completion, stopped, AppState};
+use crate::{attempts, stopped, AppState};
 use chrono::Utc;
 use sked_core::dispatch::WorkerLoad;
-use sked_core::protocol::LeasedAttempt;
-use sked_core::publish::{BrokerConnection, BrokerKind, CompletionAddress, RunContext};
+use sked_core::protocol::{LeasedAttempt, DEFAULT_AWAIT_TIMEOUT};
+use sked_core::publish::{BrokerConnection, BrokerKind, RunContext};
 use sked_core::run::AttemptOutcome;
 use sked_core::TargetSpec;
 use sked_store::{AttemptReport, NewWorker};
@@ -45,9 +45,7 @@ use tokio::task::JoinSet;
 const SLOTS: u32 = 4096;
 /// How long a publish may wait for its broker when the job sets no `timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a run that awaits completion waits for its consumer (from the start of the
-/// publish) when the job sets no `timeout`.
-pub const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// How long one poll of the dispatcher waits for runs.
 const POLL_WAIT: Duration = Duration::from_secs(1);
 /// How long a probe of a connection may take before it counts as down.
@@ -166,7 +164,6 @@ async fn publish_one(
     brokers: Arc<Brokers>,
     attempt: LeasedAttempt,
     worker_id: String,
-    completion: Option<(String, String)>,
 ) -> Published {
     let started = tokio::time::Instant::now();
     let run = RunContext {
@@ -175,11 +172,9 @@ async fn publish_one(
         run_id: attempt.run_id,
         attempt: attempt.attempt,
         scheduled_for: attempt.scheduled_for,
-        completion: completion
-            .as_ref()
-            .map(|(url, token)| CompletionAddress { url, token }),
+        completion: attempt.completion.as_ref(),
     };
-    let awaits = completion.is_some();
+    let awaits = attempt.completion.is_some();
     let timeout = attempt
         .timeout_ms
         .map(Duration::from_millis)
@@ -286,18 +281,7 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                     Ok(started) => {
                         for attempt in started {
                             running.insert(attempt.attempt_id);
-                            let completion = awaits_completion(&attempt).then(|| {
-                                (
-                                    completion::url(&state, attempt.run_id),
-                                    state.completion.token(attempt.attempt_id, attempt.token),
-                                )
-                            });
-                            publishing.spawn(publish_one(
-                                brokers.clone(),
-                                attempt,
-                                id.clone(),
-                                completion,
-                            ));
+                            publishing.spawn(publish_one(brokers.clone(), attempt, id.clone()));
                         }
                     }
                     Err(e) => tracing::warn!("the publisher cannot start attempts: {}", e.message),
@@ -376,14 +360,6 @@ struct Awaiting {
     token: i64,
     deadline: tokio::time::Instant,
     timeout: Duration,
-}
-
-/// Whether the attempt's run stays running after the confirm, until its consumer reports.
-fn awaits_completion(attempt: &LeasedAttempt) -> bool {
-    attempt
-        .target
-        .destination()
-        .is_some_and(|d| d.await_completion)
 }
 
 /// Times out the awaiting runs whose consumer did not report in time.

@@ -1,7 +1,9 @@
 //! The HTTP executor: sends an `HttpTarget`'s request with the run's `X-Sked-*` headers,
 //! judges the status against `expected_status` (any 2xx by default), and writes the start of
 //! the response body (capped) to the output. Owns one request's lifetime, bounded by the
-//! attempt's timeout and its stop signal; it must not speak the worker protocol. What the
+//! attempt's timeout and its stop signal; it must not speak the worker protocol. With
+//! `callback`, a success only means the endpoint took the work: the attempt then waits for
+//! the endpoint's report to reach the server, which ends it. What the
 //! request may reach is the [`TargetClient`]'s to enforce; a refusal ends the attempt `failed`
 //! saying why.
 
@@ -11,7 +13,10 @@ use crate::error_chain;
 use crate::output::OutputBuffer;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, RequestBuilder, Url};
-use sked_core::protocol::{HEADER_ATTEMPT, HEADER_JOB, HEADER_RUN_ID, HEADER_SCHEDULED_FOR};
+use sked_core::protocol::{
+    DEFAULT_AWAIT_TIMEOUT, HEADER_ATTEMPT, HEADER_JOB, HEADER_RUN_ID, HEADER_SCHEDULED_FOR,
+};
+use sked_core::publish::{HEADER_COMPLETE_TOKEN, HEADER_COMPLETE_URL};
 use sked_core::target::HttpTarget;
 use sked_core::AttemptOutcome;
 use std::time::Duration;
@@ -32,9 +37,13 @@ pub async fn run(
             return ExecResult::failed(message);
         }
     };
+    let started = tokio::time::Instant::now();
     let limit = shorter(options.timeout, target.timeout.map(|t| t.0));
     tokio::select! {
         result = exchange(request, options.http_body_cap, output) => match result {
+            Ok(status) if target.status_is_expected(status) && target.callback => {
+                await_callback(status, options, started, stop, output).await
+            }
             Ok(status) if target.status_is_expected(status) => ExecResult {
                 outcome: AttemptOutcome::Succeeded,
                 exit_code: None,
@@ -60,6 +69,37 @@ pub async fn run(
             output.write(b"\n[sked-worker: stopped]\n");
             ExecResult::ended(AttemptOutcome::Cancelled, "stopped by the worker")
         }
+    }
+}
+
+/// The endpoint took the work and reports its outcome to the run's completion address: the
+/// attempt stays running, holding its slot, until the server asks the worker to stop it (the
+/// report came, and the run is no longer this attempt's) or the job's timeout passes.
+async fn await_callback(
+    status: u16,
+    options: &ExecOptions,
+    started: tokio::time::Instant,
+    mut stop: StopSignal,
+    output: &OutputBuffer,
+) -> ExecResult {
+    output.write(
+        format!("[sked-worker: HTTP {status}; waiting for the endpoint's report]\n").as_bytes(),
+    );
+    let limit = options.timeout.unwrap_or(DEFAULT_AWAIT_TIMEOUT);
+    tokio::select! {
+        () = tokio::time::sleep_until(started + limit) => ExecResult {
+            http_status: Some(status),
+            ..ExecResult::ended(
+                AttemptOutcome::TimedOut,
+                format!("HTTP {status}, but no report of the outcome within {}", human(limit)),
+            )
+        },
+        // The report is recorded by the server; what this says is refused there unless the
+        // run was cancelled instead.
+        () = stop.requested() => ExecResult {
+            http_status: Some(status),
+            ..ExecResult::ended(AttemptOutcome::Cancelled, "stopped while waiting for the report")
+        },
     }
 }
 
@@ -107,12 +147,16 @@ fn build(
         headers.append(name, value);
     }
     // The run's own headers describe the run and win over the job's.
-    let ours = [
+    let mut ours = vec![
         (HEADER_RUN_ID, info.run_id.to_string()),
         (HEADER_ATTEMPT, info.attempt.to_string()),
         (HEADER_SCHEDULED_FOR, info.scheduled_for_rfc3339()),
         (HEADER_JOB, info.job.clone()),
     ];
+    if let Some(completion) = info.completion.as_ref().filter(|_| target.callback) {
+        ours.push((HEADER_COMPLETE_URL, completion.url.clone()));
+        ours.push((HEADER_COMPLETE_TOKEN, completion.token.clone()));
+    }
     for (name, value) in ours {
         let value = HeaderValue::from_str(&value)
             .map_err(|_| format!("{value:?} cannot be sent in header {name}"))?;

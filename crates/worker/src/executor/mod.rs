@@ -10,7 +10,7 @@ pub mod supervisor;
 use crate::egress::TargetClient;
 use crate::output::OutputBuffer;
 use chrono::SecondsFormat;
-use sked_core::protocol::{Completion, LeasedAttempt};
+use sked_core::protocol::{Completion, CompletionAddress, LeasedAttempt};
 use sked_core::{AttemptOutcome, Instant, TargetSpec};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -23,6 +23,8 @@ pub struct RunInfo {
     pub attempt: u32,
     pub scheduled_for: Instant,
     pub job: String,
+    /// Where an HTTP target with `callback` has its endpoint report the outcome.
+    pub completion: Option<CompletionAddress>,
 }
 
 impl RunInfo {
@@ -32,6 +34,7 @@ impl RunInfo {
             attempt: attempt.attempt,
             scheduled_for: attempt.scheduled_for,
             job: attempt.job.clone(),
+            completion: attempt.completion.clone(),
         }
     }
 
