@@ -10,8 +10,11 @@
 //! them these tests are reported as ignored (under CI they run, and fail loudly).
 
 mod common;
+#[path = "common/brokers.rs"]
+mod private_brokers;
 
-use common::{free_port, Sked};
+use common::{free_port, report_completion as report, Sked};
+use private_brokers::redis_messages;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -375,17 +378,7 @@ mod redis_stream {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let runs: Vec<Value> = sked.runs("tick").await;
 
-        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-            .arg(&key)
-            .arg("-")
-            .arg("+")
-            .query_async(&mut redis)
-            .await
-            .expect("XRANGE");
-        let messages: Vec<BTreeMap<String, String>> = entries
-            .into_iter()
-            .map(|(_, fields)| fields.into_iter().collect())
-            .collect();
+        let messages = redis_messages(&url, &key).await;
         for fields in &messages {
             assert_eq!(fields.get("kind").map(String::as_str), Some("report"));
         }
@@ -398,23 +391,12 @@ mod redis_stream {
     }
 
     /// The stream entry of run `run_id`, once there is one.
-    async fn entry_of(
-        redis: &mut redis::aio::MultiplexedConnection,
-        key: &str,
-        run_id: i64,
-    ) -> BTreeMap<String, String> {
+    async fn entry_of(url: &str, key: &str, run_id: i64) -> BTreeMap<String, String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-                .arg(key)
-                .arg("-")
-                .arg("+")
-                .query_async(redis)
+            let found = redis_messages(url, key)
                 .await
-                .expect("XRANGE");
-            let found = entries
                 .into_iter()
-                .map(|(_, fields)| fields.into_iter().collect::<BTreeMap<_, _>>())
                 .find(|f| f.get("sked-run-id") == Some(&run_id.to_string()));
             if let Some(fields) = found {
                 return fields;
@@ -422,18 +404,6 @@ mod redis_stream {
             assert!(Instant::now() < deadline, "no entry for run {run_id}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-
-    /// A consumer's report, sent as a consumer would: no API token, only the run's own.
-    async fn report(url: &str, body: Value) -> (u16, Value) {
-        let resp = crate::common::client_with_token(None)
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .expect("POST complete");
-        let status = resp.status().as_u16();
-        (status, resp.json().await.unwrap_or(Value::Null))
     }
 
     #[cfg_attr(
@@ -465,7 +435,7 @@ mod redis_stream {
 
         // Confirmed by the broker, the run waits for its consumer.
         let a = trigger().await;
-        let fields = entry_of(&mut redis, &key, a).await;
+        let fields = entry_of(&url, &key, a).await;
         let complete_url = fields.get("sked-complete-url").cloned().unwrap_or_default();
         let token = fields
             .get("sked-complete-token")
@@ -511,7 +481,7 @@ mod redis_stream {
 
         // Another run's token opens nothing here.
         let b = trigger().await;
-        let b_fields = entry_of(&mut redis, &key, b).await;
+        let b_fields = entry_of(&url, &key, b).await;
         let b_token = b_fields
             .get("sked-complete-token")
             .cloned()
@@ -568,7 +538,7 @@ mod redis_stream {
 
         // A consumer's failure fails the run with its message.
         let c = trigger().await;
-        let c_fields = entry_of(&mut redis, &key, c).await;
+        let c_fields = entry_of(&url, &key, c).await;
         let c_url = c_fields
             .get("sked-complete-url")
             .cloned()

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{client_with_token, Sked};
+use common::{report_completion as report, Sked};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -42,18 +42,6 @@ async fn trigger(sked: &Sked) -> i64 {
     let (status, run) = sked.post("/jobs/export/trigger", json!(null)).await;
     assert_eq!(status, 201, "{run}");
     run["id"].as_i64().expect("a run id")
-}
-
-/// The endpoint's report, sent as the endpoint would: with no API token.
-async fn report(url: &str, body: Value) -> (u16, Value) {
-    let resp = client_with_token(None)
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .expect("POST complete");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
 }
 
 #[tokio::test]

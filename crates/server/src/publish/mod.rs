@@ -36,18 +36,25 @@ use sked_core::run::AttemptOutcome;
 use sked_core::TargetSpec;
 use sked_store::{AttemptReport, NewWorker};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 /// Messages being published at once by one node.
 const SLOTS: u32 = 4096;
+/// Runs one node holds while they wait for their consumers' reports; past it, further runs
+/// that await completion stay queued until some end (each is listed in every heartbeat).
+const MAX_AWAITING: usize = 10_000;
 /// How long a publish may wait for its broker when the job sets no `timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long one poll of the dispatcher waits for runs.
 const POLL_WAIT: Duration = Duration::from_secs(1);
+/// How long runs and outcomes are gathered into one ledger write when they come one by one.
+const LINGER: Duration = Duration::from_millis(10);
+/// A handout at least this large is followed by the next poll at once.
+const FULL_HANDOUT: usize = 256;
 /// How long a probe of a connection may take before it counts as down.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -175,29 +182,31 @@ async fn publish_one(
         completion: attempt.completion.as_ref(),
     };
     let awaits = attempt.completion.is_some();
-    let timeout = attempt
-        .timeout_ms
-        .map(Duration::from_millis)
-        .unwrap_or(if awaits {
-            DEFAULT_AWAIT_TIMEOUT
-        } else {
-            DEFAULT_TIMEOUT
-        });
+    let job_timeout = attempt.timeout_ms.map(Duration::from_millis);
+    let publish_limit = match (awaits, job_timeout) {
+        (false, limit) => limit.unwrap_or(DEFAULT_TIMEOUT),
+        // The job's timeout bounds the whole wait for the consumer; the publish part of it is
+        // no longer than any publish.
+        (true, limit) => limit.map_or(DEFAULT_TIMEOUT, |t| t.min(DEFAULT_TIMEOUT)),
+    };
     let (outcome, error) =
-        match tokio::time::timeout(timeout, brokers.publish(&attempt.target, &run)).await {
+        match tokio::time::timeout(publish_limit, brokers.publish(&attempt.target, &run)).await {
             Ok(Ok(())) if awaits => {
+                let timeout = job_timeout.unwrap_or(DEFAULT_AWAIT_TIMEOUT);
                 return Published::Awaiting {
                     attempt_id: attempt.attempt_id,
                     token: attempt.token,
                     deadline: started + timeout,
                     timeout,
-                }
+                };
             }
             Ok(Ok(())) => (AttemptOutcome::Succeeded, None),
             Ok(Err(why)) => (AttemptOutcome::Failed, Some(why)),
             Err(_) => (
                 AttemptOutcome::TimedOut,
-                Some(format!("no confirm from the broker within {timeout:?}")),
+                Some(format!(
+                    "no confirm from the broker within {publish_limit:?}"
+                )),
             ),
         };
     Published::Report(AttemptReport {
@@ -257,8 +266,18 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     // not reported yet: this node holds both, and heartbeats them.
     let mut running: HashSet<i64> = HashSet::new();
     let mut awaiting: HashMap<i64, Awaiting> = HashMap::new();
-    // Reports the store has not taken yet (it failed); sent again at the next heartbeat.
-    let mut unreported: Vec<AttemptReport> = Vec::new();
+    // Outcomes go to the store in batches of their own, so recording them never holds up
+    // taking and publishing runs; until recorded, they are held (and heartbeated) too.
+    let recording = Arc::new(Mutex::new(HashSet::new()));
+    let (outcomes, reports) = mpsc::unbounded_channel();
+    let recorder = tokio::spawn(record(state.clone(), reports, recording.clone()));
+    let send = |report: AttemptReport| {
+        lock(&recording).insert(report.attempt_id);
+        let _ = outcomes.send(report);
+    };
+    // After a small handout, the next poll waits a moment, so runs falling due one by one are
+    // started (a ledger write) in batches rather than each alone.
+    let mut linger: Option<tokio::time::Instant> = None;
     let mut heartbeat = tokio::time::interval(state.config.heartbeat_interval);
     loop {
         let load = WorkerLoad {
@@ -270,12 +289,17 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
             namespaces: vec![sked_core::auth::ALL_NAMESPACES.to_string()],
             publisher: true,
         };
-        let free = load.free_slots() > 0;
+        let free = load.free_slots() > 0 && awaiting.len() < MAX_AWAITING && linger.is_none();
         tokio::select! {
             _ = stopped(&mut shutdown) => break,
+            () = sleep_until(linger), if linger.is_some() => linger = None,
             handout = state.dispatcher.poll(load, POLL_WAIT), if free => {
-                if handout.runs().is_empty() {
+                let taken = handout.runs().len();
+                if taken == 0 {
                     continue;
+                }
+                if taken < FULL_HANDOUT {
+                    linger = Some(tokio::time::Instant::now() + LINGER);
                 }
                 match attempts::start(&state, &id, handout).await {
                     Ok(started) => {
@@ -288,13 +312,13 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                 }
             }
             Some(done) = publishing.join_next() => {
-                let mut reports = Vec::new();
                 let mut next = Some(done);
                 while let Some(done) = next {
                     match done {
                         Ok(Published::Report(report)) => {
                             running.remove(&report.attempt_id);
-                            reports.push(report);
+                            count(&state, &report);
+                            send(report);
                         }
                         Ok(Published::Awaiting { attempt_id, token, deadline, timeout }) => {
                             running.remove(&attempt_id);
@@ -305,18 +329,16 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                     }
                     next = publishing.try_join_next();
                 }
-                count(&state, &reports);
-                unreported.extend(reports);
-                report(&state, &mut unreported).await;
             }
             _ = heartbeat.tick() => {
-                unreported.extend(overdue(&mut awaiting, &id));
-                report(&state, &mut unreported).await;
+                for report in overdue(&mut awaiting, &id) {
+                    send(report);
+                }
                 let held: Vec<i64> = running
                     .iter()
                     .chain(awaiting.keys())
+                    .chain(lock(&recording).iter())
                     .copied()
-                    .chain(unreported.iter().map(|r| r.attempt_id))
                     .collect();
                 match beat(&state, &id, &held).await {
                     Some(stop) => {
@@ -328,10 +350,10 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                     }
                     None => {
                         // Declared dead (this node stalled past the heartbeat timeout): its
-                        // attempts were taken back; start again under a new id.
+                        // attempts were taken back, and outcomes still to record will be
+                        // refused; start again under a new id.
                         running.clear();
                         awaiting.clear();
-                        unreported.clear();
                         publishing.abort_all();
                         match register(&state, &mut shutdown).await {
                             Some(new_id) => id = new_id,
@@ -342,17 +364,74 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
             }
         }
     }
-    // On shutdown, messages already handed to a broker get a bounded time to be confirmed.
-    // Runs awaiting their consumers stay running: once this node's heartbeats stop, they are
-    // taken back and published again (their consumers' reports of the old attempt are
-    // refused).
+    // On shutdown, messages already handed to a broker get a bounded time to be confirmed,
+    // and their outcomes to be recorded. Runs awaiting their consumers stay running: once this
+    // node's heartbeats stop, they are taken back and published again (their consumers'
+    // reports of the old attempt are refused).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while let Ok(Some(done)) = tokio::time::timeout_at(deadline, publishing.join_next()).await {
         if let Ok(Published::Report(report)) = done {
-            unreported.push(report);
+            count(&state, &report);
+            send(report);
         }
     }
-    report(&state, &mut unreported).await;
+    drop(outcomes);
+    let _ = tokio::time::timeout_at(deadline + Duration::from_secs(5), recorder).await;
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn sleep_until(until: Option<tokio::time::Instant>) {
+    match until {
+        Some(until) => tokio::time::sleep_until(until).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Records outcomes in batches: whatever arrived within [`LINGER`] of the first, up to
+/// [`SLOTS`]; a batch the store did not take is sent again. Ends once the sender is gone and
+/// everything is recorded (or the store keeps failing past the caller's bound).
+async fn record(
+    state: AppState,
+    mut reports: mpsc::UnboundedReceiver<AttemptReport>,
+    recording: Arc<Mutex<HashSet<i64>>>,
+) {
+    let mut batch: Vec<AttemptReport> = Vec::new();
+    let mut open = true;
+    while open || !batch.is_empty() {
+        if batch.is_empty() {
+            match reports.recv().await {
+                Some(report) => batch.push(report),
+                None => return,
+            }
+        }
+        let until = tokio::time::Instant::now() + LINGER;
+        while open && batch.len() < SLOTS as usize {
+            match tokio::time::timeout_at(until, reports.recv()).await {
+                Ok(Some(report)) => batch.push(report),
+                Ok(None) => open = false,
+                Err(_) => break,
+            }
+        }
+        match attempts::complete(&state, &batch).await {
+            Ok(_) => {
+                let mut held = lock(&recording);
+                for report in batch.drain(..) {
+                    held.remove(&report.attempt_id);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "cannot record {} publish outcomes yet: {}",
+                    batch.len(),
+                    e.message
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
 }
 
 /// A run whose message was confirmed, waiting for its consumer's report.
@@ -400,31 +479,13 @@ async fn probe(brokers: Arc<Brokers>, every: Duration, mut shutdown: watch::Rece
     }
 }
 
-fn count(state: &AppState, reports: &[AttemptReport]) {
-    let confirmed = reports
-        .iter()
-        .filter(|r| r.outcome == AttemptOutcome::Succeeded)
-        .count() as u64;
-    Metrics::add(&state.metrics.messages_published, confirmed);
-    Metrics::add(
-        &state.metrics.messages_failed,
-        reports.len() as u64 - confirmed,
-    );
-}
-
-/// Sends the reports the store has not taken; keeps them on failure.
-async fn report(state: &AppState, unreported: &mut Vec<AttemptReport>) {
-    if unreported.is_empty() {
-        return;
-    }
-    match attempts::complete(state, unreported).await {
-        Ok(_) => unreported.clear(),
-        Err(e) => tracing::warn!(
-            "cannot record {} publish outcomes yet: {}",
-            unreported.len(),
-            e.message
-        ),
-    }
+fn count(state: &AppState, report: &AttemptReport) {
+    let counter = if report.outcome == AttemptOutcome::Succeeded {
+        &state.metrics.messages_published
+    } else {
+        &state.metrics.messages_failed
+    };
+    Metrics::add(counter, 1);
 }
 
 /// Heartbeats the attempts the publisher holds; the attempts among them the store no longer

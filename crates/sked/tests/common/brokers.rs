@@ -6,6 +6,7 @@
 //!
 //! Also: reading back every message of a destination as its header map, and the ledger check
 //! that ties messages to runs.
+#![allow(dead_code)]
 
 use crate::common::free_port;
 use futures_util::StreamExt;
