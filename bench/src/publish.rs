@@ -218,18 +218,27 @@ async fn redis_stream(url: &str, name: &str, received: Received) -> Result<Desti
     let consuming = tokio::spawn(async move {
         let mut last = "0-0".to_string();
         loop {
+            // A block shorter than the client's response timeout (500 ms), so an empty wait
+            // is an empty answer rather than an error.
             let reply: redis::RedisResult<Option<StreamEntries>> = redis::cmd("XREAD")
                 .arg("COUNT")
                 .arg(10_000)
                 .arg("BLOCK")
-                .arg(1000)
+                .arg(200)
                 .arg("STREAMS")
                 .arg(&read_key)
                 .arg(&last)
                 .query_async(&mut reader)
                 .await;
-            let Ok(reply) = reply else { return };
-            for (_, entries) in reply.unwrap_or_default() {
+            let entries = match reply {
+                Ok(reply) => reply.unwrap_or_default(),
+                Err(e) => {
+                    eprintln!("XREAD failed, reading on: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            for (_, entries) in entries {
                 for (id, fields) in entries {
                     let run_id = fields
                         .iter()
