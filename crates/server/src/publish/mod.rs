@@ -272,8 +272,14 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     let (outcomes, reports) = mpsc::unbounded_channel();
     let recorder = tokio::spawn(record(state.clone(), reports, recording.clone()));
     let send = |report: AttemptReport| {
-        lock(&recording).insert(report.attempt_id);
-        let _ = outcomes.send(report);
+        let attempt_id = report.attempt_id;
+        lock(&recording).insert(attempt_id);
+        if outcomes.send(report).is_err() {
+            // The recorder is gone (it panicked): no longer holding the attempt lets its lease
+            // run out, and the reaper queues its run again, rather than keep it running forever.
+            lock(&recording).remove(&attempt_id);
+            tracing::error!("the publisher cannot record the outcome of attempt {attempt_id}");
+        }
     };
     // After a small handout, the next poll waits a moment, so runs falling due one by one are
     // started (a ledger write) in batches rather than each alone.
