@@ -358,13 +358,7 @@ mod redis_stream {
     )]
     #[tokio::test]
     async fn each_instant_is_one_stream_entry_with_the_envelope_as_fields() {
-        let url = service("SKED_TEST_REDIS_URL");
-        let client = redis::Client::open(url.as_str()).expect("Redis URL");
-        let mut redis = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("Redis");
-        let key = unique("skedtest:");
+        let (url, key) = (service("SKED_TEST_REDIS_URL"), unique("skedtest:"));
         let mut sked = Sked::new();
         let broker = format!("cache={url}");
         sked.start_server(&["--broker", &broker]).await;
@@ -383,8 +377,18 @@ mod redis_stream {
             assert_eq!(fields.get("kind").map(String::as_str), Some("report"));
         }
         one_message_per_succeeded_run(&runs, &messages);
+        delete(&url, &key).await;
+    }
+
+    /// Removes the test's stream.
+    async fn delete(url: &str, key: &str) {
+        let client = redis::Client::open(url).expect("Redis URL");
+        let mut redis = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("Redis");
         let _: i64 = redis::cmd("DEL")
-            .arg(&key)
+            .arg(key)
             .query_async(&mut redis)
             .await
             .expect("DEL");
@@ -412,13 +416,7 @@ mod redis_stream {
     )]
     #[tokio::test]
     async fn a_run_that_awaits_completion_ends_with_its_consumers_report_or_its_timeout() {
-        let url = service("SKED_TEST_REDIS_URL");
-        let client = redis::Client::open(url.as_str()).expect("Redis URL");
-        let mut redis = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("Redis");
-        let key = unique("skedtest:");
+        let (url, key) = (service("SKED_TEST_REDIS_URL"), unique("skedtest:"));
         let mut sked = Sked::new();
         sked.start_server(&["--broker", &format!("cache={url}")])
             .await;
@@ -567,11 +565,7 @@ mod redis_stream {
             .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
             .collect();
         assert!(!logs.contains(&token) && !logs.contains(&c_token));
-        let _: i64 = redis::cmd("DEL")
-            .arg(&key)
-            .query_async(&mut redis)
-            .await
-            .expect("DEL");
+        delete(&url, &key).await;
     }
 }
 
