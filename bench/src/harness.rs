@@ -96,12 +96,23 @@ pub async fn store_with_jobs(
     database_url: Option<&str>,
     jobs: impl Iterator<Item = (String, JobSpec)>,
 ) -> Result<(Arc<dyn Store>, Place)> {
+    use futures_util::{StreamExt, TryStreamExt};
     let (store, place) = fresh_store(database_url).await?;
-    let now = Utc::now();
-    for (name, spec) in jobs {
-        let job = spec.validate(Some(&name), now).context("benchmark job")?;
-        store.put_job("default", &job, PutMode::Upsert, now).await?;
-    }
+    // Several writes at once: on PostgreSQL each is a round trip and a commit of its own, and
+    // a schedule whose store row is old when the node starts owes the instants it missed.
+    futures_util::stream::iter(jobs)
+        .map(|(name, spec)| {
+            let store = store.clone();
+            async move {
+                let now = Utc::now();
+                let job = spec.validate(Some(&name), now).context("benchmark job")?;
+                store.put_job("default", &job, PutMode::Upsert, now).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<()>()
+        .await?;
     Ok((store, place))
 }
 

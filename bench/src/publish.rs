@@ -298,9 +298,12 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         .expect("a valid benchmark job");
         (format!("publish-{i:07}"), spec)
     });
+    let creating = std::time::Instant::now();
     let (store, place) = store_with_jobs(database_url, jobs).await?;
-
+    let created_in = creating.elapsed();
+    let starting = std::time::Instant::now();
     let mut server = start_with(store.clone(), place, nodes, vec![connection.clone()]).await?;
+    let started_in = starting.elapsed();
     let store_name = server.store_name();
     let from = Utc::now() + Duration::seconds(2);
     let to = from + Duration::seconds(seconds as i64);
@@ -356,6 +359,8 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         "every": every,
         "anchors": if aligned { "aligned" } else { "spread" },
         "window_seconds": seconds,
+        "jobs_created_seconds": created_in.as_secs_f64(),
+        "nodes_ready_seconds": started_in.as_secs_f64(),
         "messages_expected": expected,
         "succeeded_in_window": succeeded.len(),
         "messages_per_second": (published_at_end - published_at_start) / seconds as f64,

@@ -2060,16 +2060,18 @@ pub async fn namespace_settings_refuse_jobs_inside_the_write(store: &dyn Store) 
         .await
         .unwrap();
 
-    // Two creates racing for the last place: one wins.
+    // Eight creates racing for the last three places: three win.
     store
-        .put_namespace("race", &settings(serde_json::json!({"max_jobs": 1})), t0())
+        .put_namespace("race", &settings(serde_json::json!({"max_jobs": 3})), t0())
         .await
         .unwrap();
-    let (a, b) = tokio::join!(
-        put_in(store, "race", "a", http.clone()),
-        put_in(store, "race", "b", http.clone())
-    );
-    assert!(a.is_ok() != b.is_ok(), "{a:?} {b:?}");
+    let names: Vec<String> = (0..8).map(|i| format!("racer-{i}")).collect();
+    let racing = names
+        .iter()
+        .map(|name| put_in(store, "race", name, http.clone()));
+    let outcomes = futures_util::future::join_all(racing).await;
+    let created = outcomes.iter().filter(|o| o.is_ok()).count();
+    assert_eq!(created, 3, "{outcomes:?}");
 
     // Forbidding shell targets waits until the namespace has no shell job, and then refuses
     // new ones.

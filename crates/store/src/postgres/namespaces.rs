@@ -5,12 +5,15 @@
 //! apply inside their transactions. Secrets arrive sealed; this module never sees a value in
 //! clear.
 //!
-//! A namespace's rules are checked under a transaction-level advisory lock on its name
-//! ([`lock`]), taken by a settings change and by every job write that could break them (a
-//! create, a shell target): under READ COMMITTED, row locks alone would let two creates both
-//! count one job under the cap, or a shell job commit beside the change that forbids it. The
-//! advisory lock is outside the row lock order of `mod.rs`: it is taken after the job's row
-//! and never held while waiting for another row.
+//! A namespace's rules are checked under transaction-level advisory locks on its name
+//! ([`lock`]): under READ COMMITTED, row locks alone would let two creates both count one job
+//! under the cap, or a shell job commit beside the change that forbids it. A settings change
+//! holds the namespace's `Rules` lock exclusively; a job write that could break a rule (a
+//! create, a shell target) holds it shared, so job writes do not queue behind each other, only
+//! behind a settings change; a create under a job cap also holds `JobCount` exclusively, so
+//! creates under a cap count one at a time; a new secret holds `SecretCount` the same way.
+//! Advisory locks are outside the row lock order of `mod.rs`: they are taken after the job's
+//! row, always in the order `Rules`, then a count, and never held while waiting for a row.
 
 use super::rows::{instant, micros};
 use super::{PgResult, Tx};
@@ -35,13 +38,27 @@ fn namespace(row: &Row) -> PgResult<NamespaceRecord> {
     })
 }
 
-/// Serializes, until the transaction ends, every change that namespace `name`'s rules judge.
-async fn lock(tx: &Tx<'_>, name: &str) -> PgResult<()> {
-    let stmt = tx
-        .prepare_cached(
-            "SELECT pg_advisory_xact_lock(hashtextextended('sked.namespace/' || $1, 0))",
-        )
-        .await?;
+/// The advisory locks of one namespace.
+#[derive(Clone, Copy)]
+enum Lock {
+    /// Its settings: exclusive to change them, shared to be judged by them.
+    Rules { exclusive: bool },
+    /// Its number of jobs, while a create under a cap counts them.
+    JobCount,
+    /// Its number of secrets, while a new secret counts them.
+    SecretCount,
+}
+
+/// Takes namespace `name`'s `kind` lock until the transaction ends.
+async fn lock(tx: &Tx<'_>, name: &str, kind: Lock) -> PgResult<()> {
+    let (function, key) = match kind {
+        Lock::Rules { exclusive: true } => ("pg_advisory_xact_lock", "sked.namespace/"),
+        Lock::Rules { exclusive: false } => ("pg_advisory_xact_lock_shared", "sked.namespace/"),
+        Lock::JobCount => ("pg_advisory_xact_lock", "sked.namespace-jobs/"),
+        Lock::SecretCount => ("pg_advisory_xact_lock", "sked.namespace-secrets/"),
+    };
+    let sql = format!("SELECT {function}(hashtextextended('{key}' || $1, 0))");
+    let stmt = tx.prepare_cached(&sql).await?;
     tx.execute(&stmt, &[&name]).await?;
     Ok(())
 }
@@ -74,7 +91,7 @@ pub async fn put(
     spec: &NamespaceSpec,
     now: Instant,
 ) -> PgResult<(Option<NamespaceRecord>, NamespaceRecord)> {
-    lock(tx, name).await?;
+    lock(tx, name, Lock::Rules { exclusive: true }).await?;
     let before = get(tx, name).await?;
     if before.is_none() {
         let stmt = tx.prepare_cached("SELECT count(*) FROM namespaces").await?;
@@ -133,12 +150,13 @@ pub async fn admit(
     if !creating && !matches!(target, TargetSpec::Shell(_)) {
         return Ok(());
     }
-    lock(tx, namespace).await?;
+    lock(tx, namespace, Lock::Rules { exclusive: false }).await?;
     let Some(settings) = get(tx, namespace).await?.map(|r| r.spec) else {
         return Ok(());
     };
     let held = match settings.max_jobs {
         Some(_) if creating => {
+            lock(tx, namespace, Lock::JobCount).await?;
             count(
                 tx,
                 "SELECT count(*) FROM jobs WHERE namespace = $1",
@@ -170,7 +188,7 @@ pub async fn put_secret(
     sealed: &str,
     now: Instant,
 ) -> PgResult<(bool, SecretRecord)> {
-    lock(tx, namespace).await?;
+    lock(tx, namespace, Lock::SecretCount).await?;
     let stmt = tx
         .prepare_cached("SELECT 1 FROM secrets WHERE namespace = $1 AND name = $2")
         .await?;
