@@ -35,6 +35,8 @@ pub struct WorkerLoad {
     pub namespaces: Vec<String>,
     /// The server's own publisher, which takes broker targets and nothing else.
     pub publisher: bool,
+    /// The broker connections a worker can publish through (`sked worker --broker`).
+    pub brokers: Vec<String>,
 }
 
 impl WorkerLoad {
@@ -50,20 +52,34 @@ pub struct Demand<'a> {
     pub labels: &'a BTreeMap<String, String>,
     pub strategy: Strategy,
     pub affinity_key: Option<&'a str>,
-    /// A broker target: only a publisher takes it, and a publisher takes nothing else.
-    pub publishes: bool,
+    /// A broker target's connection: see [`executes`] for who publishes it.
+    pub publishes_through: Option<&'a str>,
 }
 
 /// A worker may take the run: it executes that kind of target, its token serves the run's
 /// namespace, it carries every label asked for, and it has a free slot.
 pub fn eligible(demand: &Demand<'_>, worker: &WorkerLoad) -> bool {
     worker.free_slots() > 0
-        && worker.publisher == demand.publishes
+        && executes(demand, worker)
         && crate::auth::worker_serves(&worker.namespaces, demand.namespace)
         && demand
             .labels
             .iter()
             .all(|(k, v)| worker.labels.get(k) == Some(v))
+}
+
+/// Who executes which target. A server node's publisher takes broker targets and nothing
+/// else, those of jobs routed to no labels: the server publishes them without a worker hop. A
+/// worker takes every other target, and a broker target of a job routed by labels when it has
+/// the target's connection.
+pub fn executes(demand: &Demand<'_>, worker: &WorkerLoad) -> bool {
+    match demand.publishes_through {
+        None => !worker.publisher,
+        Some(_) if worker.publisher => demand.labels.is_empty(),
+        Some(connection) => {
+            !demand.labels.is_empty() && worker.brokers.iter().any(|b| b == connection)
+        }
+    }
 }
 
 /// Chooses among `workers` for one run. `turn` advances round-robin; `random` is any random u64.
@@ -164,6 +180,7 @@ mod tests {
             warm_keys: vec![],
             namespaces: vec!["*".to_string()],
             publisher: false,
+            brokers: vec![],
         }
     }
 
@@ -173,26 +190,50 @@ mod tests {
             labels,
             strategy,
             affinity_key: Some("customer-7"),
-            publishes: false,
+            publishes_through: None,
         }
     }
 
     #[test]
-    fn broker_targets_go_to_the_publisher_and_only_there() {
+    fn broker_targets_go_to_the_publisher_unless_routed_to_labelled_workers() {
         let any = BTreeMap::new();
         let mut publisher = worker("publisher", 100, 0, "x");
         publisher.publisher = true;
-        let workers = vec![worker("a", 8, 0, "x"), publisher];
+        let mut with_rabbit = worker("b", 8, 0, "eu");
+        with_rabbit.brokers = vec!["rabbit".to_string()];
+        let workers = vec![worker("a", 8, 0, "eu"), publisher, with_rabbit];
         let broker = Demand {
-            publishes: true,
+            publishes_through: Some("rabbit"),
             ..demand(&any, Strategy::LeastLoaded)
         };
+        // Routed to no labels: the server's publisher, even beside a worker with the connection.
         assert_eq!(select(&broker, &workers, 0, 0), Some(1));
         assert_eq!(
-            select(&demand(&any, Strategy::LeastLoaded), &workers, 0, 0),
+            select(&broker, &[workers[0].clone(), workers[2].clone()], 0, 0),
+            None
+        );
+        // Every other target: a worker, never the publisher.
+        assert_eq!(
+            select(&demand(&any, Strategy::LeastLoaded), &workers[..2], 0, 0),
             Some(0)
         );
-        assert_eq!(select(&broker, &workers[..1], 0, 0), None);
+        assert_eq!(
+            select(&demand(&any, Strategy::LeastLoaded), &workers[1..2], 0, 0),
+            None
+        );
+        // Routed by labels: only a worker carrying them and having the connection.
+        let eu: BTreeMap<String, String> = [("zone".to_string(), "eu".to_string())].into();
+        let routed = Demand {
+            publishes_through: Some("rabbit"),
+            ..demand(&eu, Strategy::LeastLoaded)
+        };
+        assert_eq!(select(&routed, &workers, 0, 0), Some(2));
+        assert_eq!(select(&routed, &workers[..2], 0, 0), None);
+        let elsewhere = Demand {
+            publishes_through: Some("nats"),
+            ..routed
+        };
+        assert_eq!(select(&elsewhere, &workers, 0, 0), None);
     }
 
     #[test]

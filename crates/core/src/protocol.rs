@@ -79,7 +79,14 @@ pub struct LeaseRequest {
     /// Hold the request this long when nothing is ready (long poll).
     #[serde(default)]
     pub wait_ms: u64,
+    /// The broker connections this worker can publish through (`sked worker --broker`): it
+    /// may then take broker targets of jobs routed to its labels. At most [`MAX_WORKER_BROKERS`].
+    #[serde(default)]
+    pub brokers: Vec<String>,
 }
+
+/// How many broker connections a worker may name in a lease request.
+pub const MAX_WORKER_BROKERS: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LeaseResponse {
@@ -110,6 +117,10 @@ pub struct LeasedAttempt {
 /// How long a run that awaits completion waits for its report, from the start of the attempt,
 /// when its job sets no `timeout`.
 pub const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// How long publishing a broker target's message may wait for the broker's confirm when its
+/// job sets no `timeout`.
+pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where the outcome of a run that awaits completion is reported: `POST url` with
 /// `{"token": ..., "outcome": ...}`. The token is a credential: `Debug` leaves it out.

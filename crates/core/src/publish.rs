@@ -397,10 +397,14 @@ impl std::str::FromStr for BrokerConnection {
 }
 
 /// Whether a broker target may be defined on this server: its connection exists and is of
-/// its kind, and its namespace's allowances let it publish there.
+/// its kind, and its namespace's allowances let it publish there. A job routed to labelled
+/// workers (`routed_to_workers`) is published by them, through their own connections
+/// (`sked worker --broker`): a name this server does not know is theirs, and their worker
+/// checks its kind when it publishes.
 pub fn check_destination(
     target: &crate::target::TargetSpec,
     namespace: &str,
+    routed_to_workers: bool,
     connections: &[BrokerConnection],
     allowances: &[BrokerAllowance],
 ) -> Result<(), SpecError> {
@@ -412,34 +416,39 @@ pub fn check_destination(
         "target.{}.connection",
         kind.map_or("broker", BrokerKind::target_name)
     );
-    let Some(connection) = connections
+    match connections
         .iter()
         .find(|c| c.name == destination.connection)
-    else {
-        let known: Vec<&str> = connections.iter().map(|c| c.name.as_str()).collect();
-        let known = if known.is_empty() {
-            "it has none (sked server --broker NAME=URL)".to_string()
-        } else {
-            format!("it has {}", known.join(", "))
-        };
-        return Err(SpecError::new(
-            field,
-            format!(
-                "this server has no broker connection named {:?}; {known}",
-                destination.connection
-            ),
-        ));
-    };
-    if Some(connection.kind) != kind {
-        return Err(SpecError::new(
-            field,
-            format!(
-                "connection {:?} is a {} connection, not for a {} target",
-                connection.name,
-                connection.kind.target_name(),
-                kind.map_or("broker", BrokerKind::target_name)
-            ),
-        ));
+    {
+        None if routed_to_workers => {}
+        None => {
+            let known: Vec<&str> = connections.iter().map(|c| c.name.as_str()).collect();
+            let known = if known.is_empty() {
+                "it has none (sked server --broker NAME=URL)".to_string()
+            } else {
+                format!("it has {}", known.join(", "))
+            };
+            return Err(SpecError::new(
+                field,
+                format!(
+                    "this server has no broker connection named {:?}; {known}; a job routed \
+                     to labelled workers (routing.labels) may name theirs (sked worker --broker)",
+                    destination.connection
+                ),
+            ));
+        }
+        Some(connection) if Some(connection.kind) != kind => {
+            return Err(SpecError::new(
+                field,
+                format!(
+                    "connection {:?} is a {} connection, not for a {} target",
+                    connection.name,
+                    connection.kind.target_name(),
+                    kind.map_or("broker", BrokerKind::target_name)
+                ),
+            ));
+        }
+        Some(_) => {}
     }
     allowed(allowances, namespace, &destination)
 }
@@ -629,16 +638,30 @@ mod tests {
             {"amqp": {"connection": "events", "exchange": "x"}}
         ))
         .unwrap();
-        let err =
-            check_destination(&target, "default", std::slice::from_ref(&nats), &[]).unwrap_err();
-        assert_eq!(err.field, "target.amqp.connection");
-        let err = check_destination(&target, "default", &[], &[]).unwrap_err();
+        let nats = std::slice::from_ref(&nats);
+        // A connection of another kind is refused, even for a job routed to workers.
+        for routed in [false, true] {
+            let err = check_destination(&target, "default", routed, nats, &[]).unwrap_err();
+            assert_eq!(err.field, "target.amqp.connection");
+        }
+        let err = check_destination(&target, "default", false, &[], &[]).unwrap_err();
         assert!(err.message.contains("has none"), "{err}");
+        // A name the server does not know is a labelled worker's, under the same allowances.
+        assert_eq!(
+            check_destination(&target, "default", true, &[], &[]),
+            Ok(())
+        );
+        let only_ops: Vec<BrokerAllowance> = vec!["ops=events:ops.".parse().unwrap()];
+        let err = check_destination(&target, "default", true, &[], &only_ops).unwrap_err();
+        assert!(err.message.contains("may not publish through"), "{err}");
         let target: crate::TargetSpec = serde_json::from_value(serde_json::json!(
             {"nats": {"connection": "events", "subject": "jobs.a"}}
         ))
         .unwrap();
-        assert_eq!(check_destination(&target, "default", &[nats], &[]), Ok(()));
+        assert_eq!(
+            check_destination(&target, "default", false, nats, &[]),
+            Ok(())
+        );
     }
 
     #[test]

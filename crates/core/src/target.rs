@@ -259,11 +259,6 @@ impl TargetSpec {
         }
     }
 
-    /// Whether the server publishes this target to a broker (no worker runs it).
-    pub fn publishes(&self) -> bool {
-        self.destination().is_some()
-    }
-
     /// Whether a run of this target ends with a report from elsewhere (an HTTP endpoint's
     /// callback, a broker message's consumer) rather than when the request or publish did.
     pub fn awaits_completion(&self) -> bool {

@@ -310,7 +310,7 @@ impl Dispatcher {
                     labels: &run.routing.labels,
                     strategy: run.routing.strategy,
                     affinity_key: run.routing.affinity_key.as_deref(),
-                    publishes: run.target.publishes(),
+                    publishes_through: run.target.destination().map(|d| d.connection),
                 }
             })
             .collect();
@@ -466,6 +466,7 @@ mod tests {
             warm_keys: Vec::new(),
             namespaces: vec!["*".into()],
             publisher: false,
+            brokers: Vec::new(),
         }
     }
 

@@ -352,6 +352,17 @@ pub struct WorkerArgs {
     /// Certificates (PEM) to trust for https:// servers besides the public roots.
     #[arg(long, env = "SKED_CA_FILE")]
     pub ca_file: Option<PathBuf>,
+    /// A broker connection this worker publishes through, as `sked server --broker`
+    /// (`NAME=amqp://...`, `nats://...`, `redis://...`). Repeatable. The worker then takes
+    /// broker targets of jobs routed to its labels that name the connection.
+    #[arg(
+        long = "broker",
+        env = "SKED_WORKER_BROKERS",
+        value_delimiter = ' ',
+        value_name = "NAME=URL",
+        hide_env_values = true
+    )]
+    pub brokers: Vec<sked_core::publish::BrokerConnection>,
 }
 
 #[derive(Debug, Args, Clone)]

@@ -434,6 +434,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         name,
         labels,
         slots: args.slots,
+        brokers: args.brokers.clone(),
         token,
         trusted_certificates: match &args.ca_file {
             Some(path) => read_certificates(path)?,

@@ -1,7 +1,8 @@
 //! Broker targets, black-box, against the real RabbitMQ, NATS JetStream and Redis: a `sked
 //! server` with `--broker` connections and no worker publishes each instant of a job itself;
 //! every message carries the envelope, and there is exactly one confirmed message per
-//! succeeded run. An unroutable message fails its attempt and the retry policy applies; an
+//! succeeded run; a job routed to labels is published by a worker carrying them and the
+//! connection. An unroutable message fails its attempt and the retry policy applies; an
 //! unreachable broker fails attempts without holding up firing; a definition that names a URL,
 //! an unknown connection, or a destination outside its namespace's allowance is refused.
 //!
@@ -266,6 +267,71 @@ mod amqp {
         let error = run["error"].as_str().unwrap_or_default();
         assert!(error.contains("could not route"), "{run}");
         assert!(drain(&channel, &queue).await.is_empty());
+        remove(&channel, &exchange, &queue).await;
+    }
+
+    #[cfg_attr(
+        not(sked_broker_tests),
+        ignore = "needs SKED_TEST_AMQP_URL and the other brokers"
+    )]
+    #[tokio::test]
+    async fn a_job_routed_to_labels_is_published_by_a_worker_with_them_and_the_connection() {
+        let (_connection, channel) = channel().await;
+        let (exchange, queue) = (unique("sked-test-x-"), unique("sked-test-q-"));
+        topology(&channel, &exchange, &queue, "jobs").await;
+        let url = service("SKED_TEST_AMQP_URL");
+        let main = format!("main={url}");
+        let mut sked = Sked::new();
+        sked.start_server(&["--broker", &main]).await;
+
+        // A connection the server lacks is refused unless the job is routed to workers.
+        let target = |connection: &str| json!({"amqp": {"connection": connection, "exchange": exchange, "routing_key": "jobs"}});
+        let (status, answer) = put(&sked, "unrouted", json!({"target": target("edge")})).await;
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(
+            answer["error"]["field"], "target.amqp.connection",
+            "{answer}"
+        );
+        let routed_edge =
+            json!({"target": target("edge"), "routing": {"labels": {"zone": "edge"}}});
+        assert_eq!(put(&sked, "routed-edge", routed_edge).await.0, 201);
+
+        // Routed to labels, a run waits for a worker that carries them and has the
+        // connection: not the server's publisher (which has it), not a worker without them.
+        let routed = json!({"target": target("main"), "routing": {"labels": {"zone": "edge"}}});
+        assert_eq!(put(&sked, "routed", routed).await.0, 201);
+        sked.start_worker_with("plain", 2, &["--broker", &main]);
+        sked.start_worker_with("edge-without", 2, &["--labels", "zone=edge"]);
+        let (_, run) = sked.post("/jobs/routed/trigger", json!(null)).await;
+        let id = run["id"].as_i64().expect("run id");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(sked.run(id).await["state"], "queued");
+        assert!(drain(&channel, &queue).await.is_empty());
+
+        sked.start_worker_with("edge", 2, &["--labels", "zone=edge", "--broker", &main]);
+        let run = sked.wait_finished(id, Duration::from_secs(20)).await;
+        assert_eq!(run["state"], "succeeded", "{run}");
+        let log = sked
+            .http
+            .get(sked.url(&format!("/runs/{id}/log")))
+            .send()
+            .await
+            .expect("log")
+            .text()
+            .await
+            .expect("log text");
+        assert!(log.contains("published through connection main"), "{log}");
+        let messages = drain(&channel, &queue).await;
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        let (run_id, _, key) = envelope_of(&messages[0].0);
+        assert_eq!(run_id, id.to_string());
+        assert!(key.starts_with("default/routed/"), "{key}");
+
+        // A connection no worker with the labels has: the run stays queued, never dropped.
+        let (_, run) = sked.post("/jobs/routed-edge/trigger", json!(null)).await;
+        let id = run["id"].as_i64().expect("run id");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(sked.run(id).await["state"], "queued");
         remove(&channel, &exchange, &queue).await;
     }
 }

@@ -10,6 +10,7 @@ use crate::executor::{self, stop_channel, ExecOptions, ExecResult, StopHandle};
 use crate::output::OutputBuffer;
 use crate::{error_chain, WorkerConfig, WorkerError};
 use rand::Rng;
+use sked_broker::Brokers;
 use sked_core::egress::EgressPolicy;
 use sked_core::protocol::{
     CompleteRequest, CompleteResponse, Completion, HeartbeatRequest, HeartbeatResponse,
@@ -65,10 +66,12 @@ async fn serve(
     stopping: watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+    let brokers = Arc::new(Brokers::new(&config.brokers));
     let agent = Arc::new(Agent {
         config,
         client,
         exec_http: Mutex::new(exec_http),
+        brokers,
         session: watch::channel(Session::default()).0,
         register_lock: tokio::sync::Mutex::new(()),
         attempts: Mutex::new(HashMap::new()),
@@ -86,6 +89,9 @@ async fn serve(
         agent.config.slots,
         agent.exec_client().policy().current().summary()
     );
+    for connection in &agent.config.brokers {
+        tracing::info!("broker connection {}", connection.display());
+    }
     agent.session.send_replace(session);
 
     let (done_tx, done) = watch::channel(false);
@@ -171,6 +177,8 @@ struct Agent {
     /// HTTP targets' client, rebuilt when a registration brings another policy; its
     /// [`SharedPolicy`] is the one in force.
     exec_http: Mutex<TargetClient>,
+    /// Broker targets' connections (`--broker`), opened on first use.
+    brokers: Arc<Brokers>,
     session: watch::Sender<Session>,
     /// One registration at a time.
     register_lock: tokio::sync::Mutex<()>,
@@ -393,10 +401,13 @@ impl Agent {
         let agent = self.clone();
         tokio::spawn(async move {
             let (attempt_id, token) = (leased.attempt_id, leased.token);
-            let http = agent.exec_client();
+            let targets = executor::Targets {
+                http: agent.exec_client(),
+                brokers: agent.brokers.clone(),
+            };
             let out = output.clone();
             let execution = tokio::spawn(async move {
-                executor::execute(&leased, &http, &options, signal, &out).await
+                executor::execute(&leased, &targets, &options, signal, &out).await
             });
             let result = match execution.await {
                 Ok(result) => result,
@@ -457,6 +468,7 @@ impl Agent {
             let request = LeaseRequest {
                 max: u32::try_from(free).unwrap_or(u32::MAX),
                 wait_ms: u64::try_from(self.config.lease_wait.as_millis()).unwrap_or(u64::MAX),
+                brokers: self.brokers.names(),
             };
             let asked = Instant::now();
             let path = format!("/api/v1/workers/{}/lease", segment(&worker_id));

@@ -2,6 +2,7 @@
 //! behaviour; the agent and the executors read these values.
 
 use crate::WorkerError;
+use sked_core::protocol::MAX_WORKER_BROKERS;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -24,6 +25,9 @@ pub struct WorkerConfig {
     pub labels: BTreeMap<String, String>,
     /// Attempts executed at once.
     pub slots: u32,
+    /// Broker connections this worker publishes through: it takes broker targets of jobs
+    /// routed to its labels that name one of them.
+    pub brokers: Vec<sked_core::publish::BrokerConnection>,
     /// The token sent with every request (a `worker` token; `None` for an open development
     /// server). Its namespaces and label rules bound what this worker may claim.
     pub token: Option<sked_core::auth::Secret>,
@@ -68,6 +72,7 @@ impl Default for WorkerConfig {
             name: "worker".to_string(),
             labels: BTreeMap::new(),
             slots: 8,
+            brokers: Vec::new(),
             token: None,
             trusted_certificates: Vec::new(),
             lease_wait: Duration::from_secs(20),
@@ -103,6 +108,14 @@ impl WorkerConfig {
         }
         if self.slots == 0 || self.slots > MAX_SLOTS {
             return invalid(format!("slots must be between 1 and {MAX_SLOTS}"));
+        }
+        if self.brokers.len() > MAX_WORKER_BROKERS {
+            return invalid(format!("at most {MAX_WORKER_BROKERS} broker connections"));
+        }
+        let mut names: Vec<&str> = self.brokers.iter().map(|b| b.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+            return invalid(format!("broker connection {:?} is given twice", twice[0]));
         }
         if self.name.is_empty() || self.name.len() > 256 {
             return invalid("the name must be 1 to 256 bytes".to_string());

@@ -87,6 +87,7 @@ async fn store_job(
     sked_core::publish::check_destination(
         &job.spec.target,
         namespace,
+        !job.spec.routing.labels.is_empty(),
         &state.config.brokers,
         &state.config.broker_allowances,
     )?;

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use sked_core::dispatch::WorkerLoad;
 use sked_core::protocol::{
     CompleteRequest, CompleteResponse, HeartbeatRequest, HeartbeatResponse, LeaseRequest,
-    LeaseResponse, RegisterRequest, RegisterResponse,
+    LeaseResponse, RegisterRequest, RegisterResponse, MAX_WORKER_BROKERS,
 };
 use sked_core::records::WorkerRecord;
 use sked_store::{AppendOutcome, AttemptReport, NewWorker};
@@ -223,6 +223,16 @@ pub async fn lease(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<LeaseResponse>, ApiError> {
     let req: LeaseRequest = parse_json(&body(raw)?)?;
+    if req.brokers.len() > MAX_WORKER_BROKERS {
+        return Err(ApiError::invalid(
+            "brokers",
+            format!("at most {MAX_WORKER_BROKERS} broker connections"),
+        ));
+    }
+    for name in &req.brokers {
+        sked_core::job::validate_name("brokers", name)
+            .map_err(|e| ApiError::invalid("brokers", e.message))?;
+    }
     let worker = owned_worker(&state, &caller, &id).await?;
     let free = req.max.min(worker.slots);
     if free == 0 {
@@ -238,6 +248,7 @@ pub async fn lease(
         warm_keys: worker.warm_keys,
         namespaces: worker.namespaces,
         publisher: false,
+        brokers: req.brokers,
     };
     let wait = Duration::from_millis(req.wait_ms).min(state.config.max_lease_wait);
     let handout = state.dispatcher.poll(load, wait).await;

@@ -1,14 +1,14 @@
 //! The server's publisher: this node executes broker targets itself, with no worker in
 //! between. It is a worker like any other to the rest of the server — registered in the store,
-//! heartbeating, taking runs from the dispatcher (broker targets only, and only it takes them:
-//! `sked_core::dispatch::eligible`), starting and completing attempts through
+//! heartbeating, taking runs from the dispatcher (broker targets of jobs routed to no labels,
+//! and nothing else: `sked_core::dispatch::executes`), starting and completing attempts through
 //! `crate::attempts` — so leases, fencing, retries and a dead node's re-queued runs work as
 //! they do for every worker.
 //!
 //! An attempt succeeds only when its broker confirmed the message (an AMQP ack with nothing
 //! returned, a JetStream ack, an `XADD` entry id). A broker that is down never holds up the
 //! firing loop: instants are still recorded, and each attempt fails (bounded by the job's
-//! timeout, or [`DEFAULT_TIMEOUT`]) and is retried by the job's policy.
+//! timeout, or [`DEFAULT_PUBLISH_TIMEOUT`]) and is retried by the job's policy.
 //!
 //! A target with `await_completion` carries a completion address and token in its envelope
 //! (`crate::completion`); once confirmed, its attempt stays running, held and heartbeated
@@ -16,22 +16,20 @@
 //! (`DEFAULT_AWAIT_TIMEOUT` without one). A cancel reaches such a run when its lease runs
 //! out: this node stops holding an attempt the store asks it to stop.
 //!
-//! One module per broker (`amqp.rs`, `nats.rs`, `redis.rs`) owns its connection and its
-//! publish; this module owns the loop and touches no broker API.
+//! The broker protocols are `sked_broker`'s; this module owns the loop, and what a publish's
+//! outcome means for the connection's health and for the run.
 
-mod amqp;
 mod health;
-mod nats;
-mod redis;
 
 pub use health::BrokerHealth;
 
 use crate::metrics::Metrics;
 use crate::{attempts, stopped, AppState};
 use chrono::Utc;
+use sked_broker::{Brokers, PublishError};
 use sked_core::dispatch::WorkerLoad;
-use sked_core::protocol::{LeasedAttempt, DEFAULT_AWAIT_TIMEOUT};
-use sked_core::publish::{BrokerConnection, BrokerKind, RunContext};
+use sked_core::protocol::{LeasedAttempt, DEFAULT_AWAIT_TIMEOUT, DEFAULT_PUBLISH_TIMEOUT};
+use sked_core::publish::{BrokerConnection, RunContext};
 use sked_core::run::AttemptOutcome;
 use sked_core::TargetSpec;
 use sked_store::{AttemptReport, NewWorker};
@@ -46,8 +44,6 @@ const SLOTS: u32 = 4096;
 /// Runs one node holds while they wait for their consumers' reports; past it, further runs
 /// that await completion stay queued until some end (each is listed in every heartbeat).
 const MAX_AWAITING: usize = 10_000;
-/// How long a publish may wait for its broker when the job sets no `timeout`.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long one poll of the dispatcher waits for runs.
 const POLL_WAIT: Duration = Duration::from_secs(1);
@@ -58,44 +54,16 @@ const FULL_HANDOUT: usize = 256;
 /// How long a probe of a connection may take before it counts as down.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Why a message was not confirmed.
-#[derive(Debug, thiserror::Error)]
-pub enum PublishError {
-    /// The broker could not be reached, or the connection broke.
-    #[error("{0}")]
-    Unreachable(String),
-    /// The broker answered and did not take the message (unroutable, nack, no stream).
-    #[error("{0}")]
-    Refused(String),
-}
-
-enum Broker {
-    Amqp(amqp::Amqp),
-    Nats(nats::Nats),
-    Redis(redis::Redis),
-}
-
-/// This node's connections, by name, and what it learns of their health.
-struct Brokers {
-    links: HashMap<String, Broker>,
+/// This node's connections, and what it learns of their health.
+struct Connections {
+    brokers: Brokers,
     health: Arc<BrokerHealth>,
 }
 
-impl Brokers {
-    fn new(connections: &[BrokerConnection], health: Arc<BrokerHealth>) -> Brokers {
-        let brokers = connections
-            .iter()
-            .map(|c| {
-                let broker = match c.kind {
-                    BrokerKind::Amqp => Broker::Amqp(amqp::Amqp::new(&c.url)),
-                    BrokerKind::Nats => Broker::Nats(nats::Nats::new(&c.url)),
-                    BrokerKind::Redis => Broker::Redis(redis::Redis::new(&c.url)),
-                };
-                (c.name.clone(), broker)
-            })
-            .collect();
-        Brokers {
-            links: brokers,
+impl Connections {
+    fn new(connections: &[BrokerConnection], health: Arc<BrokerHealth>) -> Connections {
+        Connections {
+            brokers: Brokers::new(connections),
             health,
         }
     }
@@ -106,51 +74,35 @@ impl Brokers {
             // A broker that refused a message answered: the connection works.
             Ok(()) | Err(PublishError::Refused(_)) => self.health.reached(name),
             Err(PublishError::Unreachable(why)) => self.health.unreachable(name, why),
+            // Not this connection's doing: the target named one of another kind.
+            Err(PublishError::NoConnection(_)) => {}
         }
     }
 
     /// Checks every connection once (opening those not open yet), so an outage shows in
     /// `/readyz` and `/metrics` before a job needs the broker, and its end without one.
     async fn probe(&self) {
-        for (name, broker) in &self.links {
-            let probing = async {
-                match broker {
-                    Broker::Amqp(b) => b.probe().await,
-                    Broker::Nats(b) => b.probe().await,
-                    Broker::Redis(b) => b.probe().await,
-                }
-            };
-            let probed = tokio::time::timeout(PROBE_TIMEOUT, probing)
+        for name in self.brokers.names() {
+            let probed = tokio::time::timeout(PROBE_TIMEOUT, self.brokers.probe(&name))
                 .await
                 .unwrap_or_else(|_| {
                     Err(PublishError::Unreachable(format!(
                         "no answer within {PROBE_TIMEOUT:?}"
                     )))
                 });
-            self.note(name, &probed);
+            self.note(&name, &probed);
         }
     }
 
     async fn publish(&self, target: &TargetSpec, run: &RunContext<'_>) -> Result<(), String> {
-        let destination = target
-            .destination()
-            .ok_or("not a broker target: a worker runs it")?;
-        let name = destination.connection;
-        let broker = self.links.get(name).ok_or_else(|| {
-            format!("this server has no broker connection named {name:?} (sked server --broker)")
-        })?;
-        let published = match (broker, target) {
-            (Broker::Amqp(b), TargetSpec::Amqp(t)) => b.publish(t, run).await,
-            (Broker::Nats(b), TargetSpec::Nats(t)) => b.publish(t, run).await,
-            (Broker::Redis(b), TargetSpec::RedisStream(t)) => b.publish(t, run).await,
-            _ => {
-                return Err(format!(
-                    "connection {name:?} is of another kind than the target"
-                ))
+        let published = self.brokers.publish(target, run).await;
+        match target.destination() {
+            Some(destination) => {
+                self.note(destination.connection, &published);
+                published.map_err(|e| format!("connection {}: {e}", destination.connection))
             }
-        };
-        self.note(name, &published);
-        published.map_err(|e| format!("connection {name}: {e}"))
+            None => published.map_err(|e| e.to_string()),
+        }
     }
 }
 
@@ -168,7 +120,7 @@ enum Published {
 
 /// Publishes one attempt's message and says how it went.
 async fn publish_one(
-    brokers: Arc<Brokers>,
+    brokers: Arc<Connections>,
     attempt: LeasedAttempt,
     worker_id: String,
 ) -> Published {
@@ -184,10 +136,10 @@ async fn publish_one(
     let awaits = attempt.completion.is_some();
     let job_timeout = attempt.timeout_ms.map(Duration::from_millis);
     let publish_limit = match (awaits, job_timeout) {
-        (false, limit) => limit.unwrap_or(DEFAULT_TIMEOUT),
+        (false, limit) => limit.unwrap_or(DEFAULT_PUBLISH_TIMEOUT),
         // The job's timeout bounds the whole wait for the consumer; the publish part of it is
         // no longer than any publish.
-        (true, limit) => limit.map_or(DEFAULT_TIMEOUT, |t| t.min(DEFAULT_TIMEOUT)),
+        (true, limit) => limit.map_or(DEFAULT_PUBLISH_TIMEOUT, |t| t.min(DEFAULT_PUBLISH_TIMEOUT)),
     };
     let (outcome, error) =
         match tokio::time::timeout(publish_limit, brokers.publish(&attempt.target, &run)).await {
@@ -252,7 +204,10 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     for connection in &state.config.brokers {
         tracing::info!("broker connection {}", connection.display());
     }
-    let brokers = Arc::new(Brokers::new(&state.config.brokers, state.brokers.clone()));
+    let brokers = Arc::new(Connections::new(
+        &state.config.brokers,
+        state.brokers.clone(),
+    ));
     tokio::spawn(probe(
         brokers.clone(),
         state.config.heartbeat_interval,
@@ -294,6 +249,7 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
             warm_keys: Vec::new(),
             namespaces: vec![sked_core::auth::ALL_NAMESPACES.to_string()],
             publisher: true,
+            brokers: Vec::new(),
         };
         let free = load.free_slots() > 0 && awaiting.len() < MAX_AWAITING && linger.is_none();
         tokio::select! {
@@ -475,7 +431,7 @@ fn overdue(awaiting: &mut HashMap<i64, Awaiting>, worker_id: &str) -> Vec<Attemp
 }
 
 /// Probes the connections every `every` until shutdown.
-async fn probe(brokers: Arc<Brokers>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+async fn probe(brokers: Arc<Connections>, every: Duration, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(every);
     loop {
         tokio::select! {

@@ -290,11 +290,17 @@ impl Sked {
 
     /// Starts a `sked worker` process against this server.
     pub fn start_worker(&mut self, name: &str, slots: u32) -> usize {
+        self.start_worker_with(name, slots, &[])
+    }
+
+    /// [`Sked::start_worker`] with more arguments (labels, broker connections).
+    pub fn start_worker_with(&mut self, name: &str, slots: u32, extra: &[&str]) -> usize {
         let base = self.base();
         let slots = slots.to_string();
-        let args = [
+        let mut args = vec![
             "worker", "--server", &base, "--slots", &slots, "--name", name,
         ];
+        args.extend_from_slice(extra);
         let log = self.log(&format!("worker-{name}"));
         self.workers.push(Proc::spawn(name, &args, &log));
         self.workers.len() - 1

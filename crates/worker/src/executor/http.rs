@@ -7,15 +7,13 @@
 //! request may reach is the [`TargetClient`]'s to enforce; a refusal ends the attempt `failed`
 //! saying why.
 
-use super::{expire, human, ExecOptions, ExecResult, RunInfo, StopSignal};
+use super::{await_report, expire, human, ExecOptions, ExecResult, RunInfo, StopSignal};
 use crate::egress::{refusal_behind, TargetClient};
 use crate::error_chain;
 use crate::output::OutputBuffer;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, RequestBuilder, Url};
-use sked_core::protocol::{
-    DEFAULT_AWAIT_TIMEOUT, HEADER_ATTEMPT, HEADER_JOB, HEADER_RUN_ID, HEADER_SCHEDULED_FOR,
-};
+use sked_core::protocol::{HEADER_ATTEMPT, HEADER_JOB, HEADER_RUN_ID, HEADER_SCHEDULED_FOR};
 use sked_core::publish::{HEADER_COMPLETE_TOKEN, HEADER_COMPLETE_URL};
 use sked_core::target::HttpTarget;
 use sked_core::AttemptOutcome;
@@ -42,7 +40,11 @@ pub async fn run(
     tokio::select! {
         result = exchange(request, options.http_body_cap, output) => match result {
             Ok(status) if target.status_is_expected(status) && target.callback => {
-                await_callback(status, options, started, stop, output).await
+                let waiting = format!("HTTP {status}");
+                ExecResult {
+                    http_status: Some(status),
+                    ..await_report(&waiting, options, started, stop, output).await
+                }
             }
             Ok(status) if target.status_is_expected(status) => ExecResult {
                 outcome: AttemptOutcome::Succeeded,
@@ -69,37 +71,6 @@ pub async fn run(
             output.write(b"\n[sked-worker: stopped]\n");
             ExecResult::ended(AttemptOutcome::Cancelled, "stopped by the worker")
         }
-    }
-}
-
-/// The endpoint took the work and reports its outcome to the run's completion address: the
-/// attempt stays running, holding its slot, until the server asks the worker to stop it (the
-/// report came, and the run is no longer this attempt's) or the job's timeout passes.
-async fn await_callback(
-    status: u16,
-    options: &ExecOptions,
-    started: tokio::time::Instant,
-    mut stop: StopSignal,
-    output: &OutputBuffer,
-) -> ExecResult {
-    output.write(
-        format!("[sked-worker: HTTP {status}; waiting for the endpoint's report]\n").as_bytes(),
-    );
-    let limit = options.timeout.unwrap_or(DEFAULT_AWAIT_TIMEOUT);
-    tokio::select! {
-        () = tokio::time::sleep_until(started + limit) => ExecResult {
-            http_status: Some(status),
-            ..ExecResult::ended(
-                AttemptOutcome::TimedOut,
-                format!("HTTP {status}, but no report of the outcome within {}", human(limit)),
-            )
-        },
-        // The report is recorded by the server; what this says is refused there unless the
-        // run was cancelled instead.
-        () = stop.requested() => ExecResult {
-            http_status: Some(status),
-            ..ExecResult::ended(AttemptOutcome::Cancelled, "stopped while waiting for the report")
-        },
     }
 }
 

@@ -3,6 +3,7 @@
 //! executor for a target. Executors must not speak the worker protocol nor touch the agent's
 //! bookkeeping: they write output to an [`OutputBuffer`] and return an [`ExecResult`].
 
+pub mod broker;
 pub mod http;
 pub mod shell;
 pub mod supervisor;
@@ -10,8 +11,10 @@ pub mod supervisor;
 use crate::egress::TargetClient;
 use crate::output::OutputBuffer;
 use chrono::SecondsFormat;
-use sked_core::protocol::{Completion, CompletionAddress, LeasedAttempt};
+use sked_broker::Brokers;
+use sked_core::protocol::{Completion, CompletionAddress, LeasedAttempt, DEFAULT_AWAIT_TIMEOUT};
 use sked_core::{AttemptOutcome, Instant, TargetSpec};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -143,10 +146,18 @@ impl StopSignal {
     }
 }
 
+/// What executors reach targets with: the HTTP client (under the server's HTTP target policy)
+/// and this worker's broker connections.
+#[derive(Clone)]
+pub struct Targets {
+    pub http: TargetClient,
+    pub brokers: Arc<Brokers>,
+}
+
 /// Executes a leased attempt with the executor for its target.
 pub async fn execute(
     attempt: &LeasedAttempt,
-    http_client: &TargetClient,
+    targets: &Targets,
     options: &ExecOptions,
     stop: StopSignal,
     output: &OutputBuffer,
@@ -155,14 +166,36 @@ pub async fn execute(
     match &attempt.target {
         TargetSpec::Shell(target) => shell::run(target, &info, options, stop, output).await,
         TargetSpec::Http(target) => {
-            http::run(http_client, target, &info, options, stop, output).await
+            http::run(&targets.http, target, &info, options, stop, output).await
         }
-        // The dispatcher hands broker targets to the server's publisher only; a server that
-        // handed one out anyway gets a failure that says so, not a silent success.
         TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => {
-            ExecResult::failed(
-                "broker targets are published by the server, not run by a worker".to_string(),
-            )
+            broker::run(&targets.brokers, attempt, options, stop, output).await
+        }
+    }
+}
+
+/// The target took the work and its consumer or endpoint reports the outcome to the run's
+/// completion address: the attempt stays running, holding its slot, until the server asks the
+/// worker to stop it (the report came, and the run is no longer this attempt's) or the job's
+/// timeout, counted from `started`, passes. `taken` says how the target took it.
+pub(crate) async fn await_report(
+    taken: &str,
+    options: &ExecOptions,
+    started: tokio::time::Instant,
+    mut stop: StopSignal,
+    output: &OutputBuffer,
+) -> ExecResult {
+    output.write(format!("[sked-worker: {taken}; waiting for the report]\n").as_bytes());
+    let limit = options.timeout.unwrap_or(DEFAULT_AWAIT_TIMEOUT);
+    tokio::select! {
+        () = tokio::time::sleep_until(started + limit) => ExecResult::ended(
+            AttemptOutcome::TimedOut,
+            format!("{taken}, but no report of the outcome within {}", human(limit)),
+        ),
+        // The report is recorded by the server; what this says is refused there unless the
+        // run was cancelled instead.
+        () = stop.requested() => {
+            ExecResult::ended(AttemptOutcome::Cancelled, "stopped while waiting for the report")
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Redis Streams: one managed connection per broker connection (it reconnects by itself),
 //! opened on first use. A publish is one `XADD`; the entry id Redis answers is the success.
 
-use super::PublishError;
+use crate::PublishError;
 use redis::aio::ConnectionManager;
 use sked_core::publish::{render, render_payload, RedisStreamTarget, RunContext};
 use tokio::sync::Mutex;

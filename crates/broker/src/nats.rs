@@ -3,7 +3,7 @@
 //! idempotency key, so JetStream drops a second publish of the same run within its duplicate
 //! window and acks it as a duplicate.
 
-use super::PublishError;
+use crate::PublishError;
 use async_nats::jetstream;
 use async_nats::HeaderMap;
 use sked_core::publish::{render, render_payload, NatsTarget, RunContext, HEADER_NATS_MSG_ID};

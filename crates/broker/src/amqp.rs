@@ -2,7 +2,7 @@
 //! use and again after it breaks. A publish is mandatory and waits for the broker's confirm:
 //! an ack with nothing returned is the only success.
 
-use super::PublishError;
+use crate::PublishError;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Confirmation;

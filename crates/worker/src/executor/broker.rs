@@ -1,0 +1,81 @@
+//! The broker executor: publishes a broker target's message through this worker's connection
+//! of that name (`sked worker --broker`) and succeeds only on the broker's confirm, as the
+//! server's publisher does for jobs routed to no labels. With `await_completion`, the
+//! confirmed message's consumer reports the outcome and the attempt waits for it. Owns one
+//! publish's lifetime, bounded by the attempt's timeout and its stop signal; the broker
+//! protocols are `sked_broker`'s.
+
+use super::{await_report, expire, human, ExecOptions, ExecResult, StopSignal};
+use crate::output::OutputBuffer;
+use sked_broker::Brokers;
+use sked_core::protocol::{LeasedAttempt, DEFAULT_PUBLISH_TIMEOUT};
+use sked_core::publish::RunContext;
+use sked_core::AttemptOutcome;
+
+/// Publishes the attempt's message and returns how the attempt ended.
+pub async fn run(
+    brokers: &Brokers,
+    attempt: &LeasedAttempt,
+    options: &ExecOptions,
+    mut stop: StopSignal,
+    output: &OutputBuffer,
+) -> ExecResult {
+    let started = tokio::time::Instant::now();
+    let run = RunContext {
+        namespace: &attempt.namespace,
+        job: &attempt.job,
+        run_id: attempt.run_id,
+        attempt: attempt.attempt,
+        scheduled_for: attempt.scheduled_for,
+        completion: attempt.completion.as_ref(),
+    };
+    let connection = attempt
+        .target
+        .destination()
+        .map_or("", |d| d.connection)
+        .to_string();
+    // The job's timeout bounds the whole wait for a consumer; the publish part of it is no
+    // longer than any publish.
+    let limit = match options.timeout {
+        Some(t) if attempt.completion.is_some() => t.min(DEFAULT_PUBLISH_TIMEOUT),
+        Some(t) => t,
+        None => DEFAULT_PUBLISH_TIMEOUT,
+    };
+    let published = tokio::select! {
+        published = brokers.publish(&attempt.target, &run) => published,
+        () = expire(Some(limit)) => {
+            let limit = human(limit);
+            output.write(format!("[sked-worker: no confirm within {limit}]\n").as_bytes());
+            return ExecResult::ended(
+                AttemptOutcome::TimedOut,
+                format!("no confirm from the broker within {limit}"),
+            );
+        }
+        () = stop.requested() => {
+            output.write(b"[sked-worker: stopped]\n");
+            return ExecResult::ended(AttemptOutcome::Cancelled, "stopped by the worker");
+        }
+    };
+    match published {
+        Ok(()) if attempt.completion.is_some() => {
+            let taken = format!("published through connection {connection}");
+            await_report(&taken, options, started, stop, output).await
+        }
+        Ok(()) => {
+            output.write(
+                format!("[sked-worker: published through connection {connection}]\n").as_bytes(),
+            );
+            ExecResult {
+                outcome: AttemptOutcome::Succeeded,
+                exit_code: None,
+                http_status: None,
+                error: None,
+            }
+        }
+        Err(e) => {
+            let message = format!("connection {connection}: {e}");
+            output.write(format!("[sked-worker: {message}]\n").as_bytes());
+            ExecResult::failed(message)
+        }
+    }
+}
