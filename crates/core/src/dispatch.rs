@@ -70,14 +70,15 @@ pub fn eligible(demand: &Demand<'_>, worker: &WorkerLoad) -> bool {
 
 /// Who executes which target. A server node's publisher takes broker targets and nothing
 /// else, those of jobs routed to no labels: the server publishes them without a worker hop. A
-/// worker takes every other target, and a broker target of a job routed by labels when it has
-/// the target's connection.
+/// worker takes every other target, and a broker target of a job routed to labels. Either
+/// takes a broker target only when it has the target's connection; a run whose connection
+/// nobody has stays queued.
 pub fn executes(demand: &Demand<'_>, worker: &WorkerLoad) -> bool {
     match demand.publishes_through {
         None => !worker.publisher,
-        Some(_) if worker.publisher => demand.labels.is_empty(),
         Some(connection) => {
-            !demand.labels.is_empty() && worker.brokers.iter().any(|b| b == connection)
+            worker.publisher == demand.labels.is_empty()
+                && worker.brokers.iter().any(|b| b == connection)
         }
     }
 }
@@ -199,6 +200,7 @@ mod tests {
         let any = BTreeMap::new();
         let mut publisher = worker("publisher", 100, 0, "x");
         publisher.publisher = true;
+        publisher.brokers = vec!["rabbit".to_string()];
         let mut with_rabbit = worker("b", 8, 0, "eu");
         with_rabbit.brokers = vec!["rabbit".to_string()];
         let workers = vec![worker("a", 8, 0, "eu"), publisher, with_rabbit];
@@ -212,6 +214,12 @@ mod tests {
             select(&broker, &[workers[0].clone(), workers[2].clone()], 0, 0),
             None
         );
+        // ... which has the connection: a run whose connection nobody has stays queued.
+        let elsewhere = Demand {
+            publishes_through: Some("nats"),
+            ..broker
+        };
+        assert_eq!(select(&elsewhere, &workers, 0, 0), None);
         // Every other target: a worker, never the publisher.
         assert_eq!(
             select(&demand(&any, Strategy::LeastLoaded), &workers[..2], 0, 0),

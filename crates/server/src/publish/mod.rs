@@ -240,6 +240,7 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     // started (a ledger write) in batches rather than each alone.
     let mut linger: Option<tokio::time::Instant> = None;
     let mut heartbeat = tokio::time::interval(state.config.heartbeat_interval);
+    let connections = brokers.brokers.names();
     loop {
         let load = WorkerLoad {
             id: id.clone(),
@@ -249,7 +250,7 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
             warm_keys: Vec::new(),
             namespaces: vec![sked_core::auth::ALL_NAMESPACES.to_string()],
             publisher: true,
-            brokers: Vec::new(),
+            brokers: connections.clone(),
         };
         let free = load.free_slots() > 0 && awaiting.len() < MAX_AWAITING && linger.is_none();
         tokio::select! {
