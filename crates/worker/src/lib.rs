@@ -1,11 +1,11 @@
 //! sked's worker agent: registers with a sked server, leases attempts, executes their targets
-//! (shell processes, HTTP requests, broker messages of jobs routed to it), streams their output and reports how they ended, failing
-//! over between the servers it is given.
+//! (shell processes, HTTP requests, broker messages of jobs routed to it), streams their
+//! output and reports how they ended, failing over between the servers it is given.
 //!
 //! This file only wires the modules together and exports the public API: [`WorkerConfig`],
 //! [`WorkerError`], [`run`], and the [`executor`] module (usable on its own, e.g. in tests).
-//! The worker speaks nothing but the HTTP protocol of `sked_core::protocol` to its servers; [`egress`] keeps
-//! HTTP targets to what the server's policy allows.
+//! The worker speaks nothing but the HTTP protocol of `sked_core::protocol` to its servers;
+//! [`egress`] keeps HTTP targets to what the server's policy allows.
 
 mod agent;
 mod client;
