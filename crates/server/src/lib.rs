@@ -76,6 +76,8 @@ pub struct AppState {
     pub rate: Option<Arc<rate::RequestRate>>,
     /// Makes and checks the tokens consumers report completions with.
     pub completion: Arc<completion::CompletionKey>,
+    /// Completion reports refused per peer, which bound what a peer with made-up tokens costs.
+    pub completion_refusals: Arc<rate::Refusals>,
 }
 
 impl AppState {
@@ -179,6 +181,7 @@ pub async fn serve(
         auth: Arc::new(auth::Authenticator::new(config.auth, store.clone())),
         rate: rate::RequestRate::new(config.rate_limit).map(Arc::new),
         completion: Arc::new(completion::CompletionKey::new(config.secret_key.as_ref())),
+        completion_refusals: Arc::new(rate::Refusals::new(rate::REFUSALS_PER_SECOND)),
     };
 
     let mut duties = tokio::task::JoinSet::new();

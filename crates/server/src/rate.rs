@@ -1,11 +1,15 @@
 //! How often a token may call the API: a token bucket per token (GCRA, by the governor crate),
 //! refused with 429 and `Retry-After` past it. The worker protocol is left out: a worker's calls
 //! are bounded by its slots and long polls, and refusing them would stall runs, not a client.
+//! And how often a peer may be refused on the route without a token ([`Refusals`]).
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Requests per second per token, and how many may come at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,9 +65,86 @@ impl RequestRate {
     }
 }
 
+/// Refused reports per peer address on a route anyone may call (a consumer's completion):
+/// past `limit` refusals within one second, the peer's further reports are answered 429
+/// before anything is read, until that second is over. So no one can make the server read its
+/// store at line rate with made-up tokens, while a consumer that reports correctly is never
+/// counted.
+pub struct Refusals {
+    limit: u32,
+    /// Each peer's current second: when it began, and the refusals in it.
+    seen: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+}
+
+/// Refused reports one peer may send in a second.
+pub const REFUSALS_PER_SECOND: u32 = 20;
+/// Peers remembered at once; past it, those whose second is over are forgotten first, and a
+/// new peer beyond it is not counted (the bound is on memory, not on the peers heard).
+const MAX_PEERS: usize = 10_000;
+const WINDOW: Duration = Duration::from_secs(1);
+
+impl Refusals {
+    pub fn new(limit: u32) -> Refusals {
+        Refusals {
+            limit,
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, (Instant, u32)>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `peer` may be heard at `now`: `Err(wait)` while it is over its refusals.
+    pub fn check(&self, peer: IpAddr, now: Instant) -> Result<(), Duration> {
+        match self.seen().get(&peer) {
+            Some((start, n)) if now.duration_since(*start) < WINDOW && *n >= self.limit => {
+                Err(WINDOW.saturating_sub(now.duration_since(*start)))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts one refused report of `peer` at `now`.
+    pub fn refused(&self, peer: IpAddr, now: Instant) {
+        let mut seen = self.seen();
+        if seen.len() >= MAX_PEERS && !seen.contains_key(&peer) {
+            seen.retain(|_, (start, _)| now.duration_since(*start) < WINDOW);
+            if seen.len() >= MAX_PEERS {
+                return;
+            }
+        }
+        let entry = seen.entry(peer).or_insert((now, 0));
+        if now.duration_since(entry.0) >= WINDOW {
+            *entry = (now, 0);
+        }
+        entry.1 = entry.1.saturating_add(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_over_its_refusals_waits_out_its_second_and_others_are_heard() {
+        let refusals = Refusals::new(3);
+        let t0 = Instant::now();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        for _ in 0..3 {
+            assert!(refusals.check(a, t0).is_ok());
+            refusals.refused(a, t0);
+        }
+        let later = t0 + Duration::from_millis(400);
+        assert_eq!(refusals.check(a, later), Err(Duration::from_millis(600)));
+        assert!(refusals.check(b, later).is_ok());
+        assert!(refusals.check(a, t0 + WINDOW).is_ok());
+        refusals.refused(a, t0 + WINDOW);
+        assert!(
+            refusals.check(a, t0 + WINDOW).is_ok(),
+            "a new second counts anew"
+        );
+    }
 
     #[test]
     fn a_token_gets_its_burst_then_waits_and_others_are_not_held_up() {

@@ -1,6 +1,7 @@
 //! An HTTP target with `callback`, black-box: the endpoint takes the work (202), the run stays
 //! `running` holding its worker's slot, and the endpoint's later report to the address the
-//! request carried ends it; without a report, the job's timeout does.
+//! request carried ends it; without a report, the job's timeout does. Reports with made-up
+//! tokens are refused, and an address that sends many is slowed down.
 
 mod common;
 
@@ -71,6 +72,27 @@ async fn an_http_callback_ends_its_run_when_the_endpoint_reports_or_at_the_timeo
     let run = sked.run(a).await;
     assert_eq!(run["state"], "running", "{run}");
     assert_eq!(run["attempt_history"][0]["http_status"], Value::Null);
+
+    // Made-up tokens and run ids are refused, and past 20 refusals in a second an address is
+    // answered 429 without being heard, until its second is over; nothing changes meanwhile.
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        let (url, token) = if i % 2 == 0 {
+            (complete_url.clone(), format!("c1.{i:064}"))
+        } else {
+            (
+                format!("{}/api/v1/runs/987654321/complete", sked.base()),
+                token.clone(),
+            )
+        };
+        let (status, _) = report(&url, json!({"token": token, "outcome": "failed"})).await;
+        statuses.push(status);
+    }
+    let refused = statuses.iter().filter(|s| **s == 403 || **s == 404).count();
+    let limited = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((refused, limited), (20, 10), "{statuses:?}");
+    assert_eq!(sked.run(a).await["state"], "running");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
 
     let (status, run) = report(
         &complete_url,

@@ -17,7 +17,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use sked_core::records::{AttemptRecord, RunRecord};
 use sked_store::{CancelOutcome, RunQuery};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Deserialize)]
 pub struct ListParams {
@@ -92,18 +92,40 @@ pub async fn get(
 /// A consumer reports the outcome of a run that awaits completion. No API token: the body
 /// carries the run's completion token, which only the message of its attempt held
 /// (`crate::completion`). Answers with the run as it is afterwards.
+///
+/// A peer whose reports were refused (no such run, a wrong token) more than
+/// [`REFUSALS_PER_SECOND`](crate::rate::REFUSALS_PER_SECOND) times in a second is answered 429
+/// before its next reports are read, until the second is over.
 pub async fn complete(
     State(state): State<AppState>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     Path(id): Path<i64>,
     raw: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<RunRecord>, ApiError> {
+    let peer = peer.map(|axum::Extension(info)| info.0.ip());
+    if let Some(Err(wait)) = peer.map(|p| state.completion_refusals.check(p, Instant::now())) {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many refused completion reports from this address; wait and send the right token",
+        )
+        .retry_after(wait));
+    }
     let report: crate::completion::CompletionReport = super::parse_json(&super::body(raw)?)?;
-    let (run, attempts) = state
-        .store
-        .get_run(id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("run {id}")))?;
-    crate::completion::record(&state, &run, &attempts, report).await?;
+    let recorded = match state.store.get_run(id).await? {
+        Some((run, attempts)) => crate::completion::record(&state, &run, &attempts, report).await,
+        None => Err(ApiError::not_found(format!("run {id}"))),
+    };
+    if let Err(refusal) = recorded {
+        let made_up = matches!(
+            refusal.status,
+            StatusCode::NOT_FOUND | StatusCode::FORBIDDEN
+        );
+        if let (true, Some(peer)) = (made_up, peer) {
+            state.completion_refusals.refused(peer, Instant::now());
+        }
+        return Err(refusal);
+    }
     let (run, _) = state
         .store
         .get_run(id)
