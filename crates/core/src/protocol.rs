@@ -114,6 +114,32 @@ pub struct LeasedAttempt {
     pub completion: Option<CompletionAddress>,
 }
 
+impl LeasedAttempt {
+    /// What a broker target's message says of its run.
+    pub fn run_context(&self) -> crate::publish::RunContext<'_> {
+        crate::publish::RunContext {
+            namespace: &self.namespace,
+            job: &self.job,
+            run_id: self.run_id,
+            attempt: self.attempt,
+            scheduled_for: self.scheduled_for,
+            completion: self.completion.as_ref(),
+        }
+    }
+
+    /// How long publishing a broker target's message may wait for the broker's confirm: the
+    /// job's timeout, or [`DEFAULT_PUBLISH_TIMEOUT`]. When the run awaits its consumer's
+    /// report the timeout bounds that whole wait, and the publish part of it is no longer
+    /// than any publish.
+    pub fn publish_limit(&self) -> Duration {
+        match self.timeout_ms.map(Duration::from_millis) {
+            Some(t) if self.completion.is_some() => t.min(DEFAULT_PUBLISH_TIMEOUT),
+            Some(t) => t,
+            None => DEFAULT_PUBLISH_TIMEOUT,
+        }
+    }
+}
+
 /// How long a run that awaits completion waits for its report, from the start of the attempt,
 /// when its job sets no `timeout`.
 pub const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);

@@ -886,15 +886,7 @@ async fn a_secret_is_sealed_at_rest_never_shown_and_opened_only_for_the_run() {
     let id = run["id"].as_i64().expect("run id");
     let run = sked.wait_finished(id, Duration::from_secs(20)).await;
     assert_eq!(run["state"], "succeeded", "{run}");
-    let log = sked
-        .http
-        .get(sked.url(&format!("/runs/{id}/log")))
-        .send()
-        .await
-        .expect("log")
-        .text()
-        .await
-        .expect("log text");
+    let log = sked.run_log(id).await;
     assert_eq!(log, "opened\n");
 
     // Sent back as it was read, the definition keeps its secret.

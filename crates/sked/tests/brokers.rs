@@ -311,15 +311,7 @@ mod amqp {
         sked.start_worker_with("edge", 2, &["--labels", "zone=edge", "--broker", &main]);
         let run = sked.wait_finished(id, Duration::from_secs(20)).await;
         assert_eq!(run["state"], "succeeded", "{run}");
-        let log = sked
-            .http
-            .get(sked.url(&format!("/runs/{id}/log")))
-            .send()
-            .await
-            .expect("log")
-            .text()
-            .await
-            .expect("log text");
+        let log = sked.run_log(id).await;
         assert!(log.contains("published through connection main"), "{log}");
         let messages = drain(&channel, &queue).await;
         assert_eq!(messages.len(), 1, "{messages:?}");
@@ -577,15 +569,7 @@ mod redis_stream {
             "{body}"
         );
         assert_eq!(sked.run(a).await["state"], "succeeded");
-        let log = sked
-            .http
-            .get(sked.url(&format!("/runs/{a}/log")))
-            .send()
-            .await
-            .expect("log")
-            .text()
-            .await
-            .unwrap_or_default();
+        let log = sked.run_log(a).await;
         assert!(log.contains("loaded 42 rows"), "{log}");
 
         // Nobody reports run b: its timeout ends it, and its token is spent.

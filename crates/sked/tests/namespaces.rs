@@ -270,15 +270,7 @@ async fn namespace_secrets_are_named_by_jobs_rotated_and_never_shown() {
             let (_, run) = sked.post(&path, json!(null)).await;
             let id = run["id"].as_i64().unwrap_or_else(|| panic!("{run}"));
             let run = sked.wait_finished(id, Duration::from_secs(20)).await;
-            let log = sked
-                .http
-                .get(sked.url(&format!("/runs/{id}/log")))
-                .send()
-                .await
-                .expect("log")
-                .text()
-                .await
-                .expect("log text");
+            let log = sked.run_log(id).await;
             (run, log)
         }
     };

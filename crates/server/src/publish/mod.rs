@@ -28,7 +28,7 @@ use crate::{attempts, stopped, AppState};
 use chrono::Utc;
 use sked_broker::{Brokers, PublishError};
 use sked_core::dispatch::WorkerLoad;
-use sked_core::protocol::{LeasedAttempt, DEFAULT_AWAIT_TIMEOUT, DEFAULT_PUBLISH_TIMEOUT};
+use sked_core::protocol::{LeasedAttempt, DEFAULT_AWAIT_TIMEOUT};
 use sked_core::publish::{BrokerConnection, RunContext};
 use sked_core::run::AttemptOutcome;
 use sked_core::TargetSpec;
@@ -125,22 +125,10 @@ async fn publish_one(
     worker_id: String,
 ) -> Published {
     let started = tokio::time::Instant::now();
-    let run = RunContext {
-        namespace: &attempt.namespace,
-        job: &attempt.job,
-        run_id: attempt.run_id,
-        attempt: attempt.attempt,
-        scheduled_for: attempt.scheduled_for,
-        completion: attempt.completion.as_ref(),
-    };
+    let run = attempt.run_context();
     let awaits = attempt.completion.is_some();
     let job_timeout = attempt.timeout_ms.map(Duration::from_millis);
-    let publish_limit = match (awaits, job_timeout) {
-        (false, limit) => limit.unwrap_or(DEFAULT_PUBLISH_TIMEOUT),
-        // The job's timeout bounds the whole wait for the consumer; the publish part of it is
-        // no longer than any publish.
-        (true, limit) => limit.map_or(DEFAULT_PUBLISH_TIMEOUT, |t| t.min(DEFAULT_PUBLISH_TIMEOUT)),
-    };
+    let publish_limit = attempt.publish_limit();
     let (outcome, error) =
         match tokio::time::timeout(publish_limit, brokers.publish(&attempt.target, &run)).await {
             Ok(Ok(())) if awaits => {

@@ -340,6 +340,18 @@ impl Sked {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
+    /// The output of run `id`, as `GET /runs/{id}/log` answers it.
+    pub async fn run_log(&self, id: i64) -> String {
+        self.http
+            .get(self.url(&format!("/runs/{id}/log")))
+            .send()
+            .await
+            .expect("log")
+            .text()
+            .await
+            .expect("log text")
+    }
+
     /// Every run of a job, oldest instant first.
     pub async fn runs(&self, job: &str) -> Vec<Value> {
         let mut all = Vec::new();

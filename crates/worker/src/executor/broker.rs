@@ -8,8 +8,7 @@
 use super::{await_report, expire, human, ExecOptions, ExecResult, StopSignal};
 use crate::output::OutputBuffer;
 use sked_broker::Brokers;
-use sked_core::protocol::{LeasedAttempt, DEFAULT_PUBLISH_TIMEOUT};
-use sked_core::publish::RunContext;
+use sked_core::protocol::LeasedAttempt;
 use sked_core::AttemptOutcome;
 
 /// Publishes the attempt's message and returns how the attempt ended.
@@ -21,26 +20,13 @@ pub async fn run(
     output: &OutputBuffer,
 ) -> ExecResult {
     let started = tokio::time::Instant::now();
-    let run = RunContext {
-        namespace: &attempt.namespace,
-        job: &attempt.job,
-        run_id: attempt.run_id,
-        attempt: attempt.attempt,
-        scheduled_for: attempt.scheduled_for,
-        completion: attempt.completion.as_ref(),
-    };
+    let run = attempt.run_context();
     let connection = attempt
         .target
         .destination()
         .map_or("", |d| d.connection)
         .to_string();
-    // The job's timeout bounds the whole wait for a consumer; the publish part of it is no
-    // longer than any publish.
-    let limit = match options.timeout {
-        Some(t) if attempt.completion.is_some() => t.min(DEFAULT_PUBLISH_TIMEOUT),
-        Some(t) => t,
-        None => DEFAULT_PUBLISH_TIMEOUT,
-    };
+    let limit = attempt.publish_limit();
     let published = tokio::select! {
         published = brokers.publish(&attempt.target, &run) => published,
         () = expire(Some(limit)) => {
