@@ -6,9 +6,9 @@ use crate::cursor::{self, page_size, Cursor};
 use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL, SKIP_REASONS_SQL};
 use crate::{AppendOutcome, Page, RunQuery, StoreError};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
-use sked_core::run::RunState;
 use sked_core::Instant;
 use std::collections::BTreeMap;
+use tokio_postgres::types::ToSql;
 
 /// Statistics look at this many of the job's newest runs for percentiles.
 pub const STATS_WINDOW: u32 = 10_000;
@@ -34,33 +34,41 @@ pub async fn get_run(
     Ok(Some((run, attempts)))
 }
 
+/// Only the filters asked for are written into the statement, so that its plan seeks the
+/// index with the cursor (a `$n IS NULL OR ...` condition would hide it from a generic plan,
+/// and each page would scan every newer run).
 pub async fn list_runs(tx: &Tx<'_>, query: &RunQuery) -> PgResult<Page<RunRecord>> {
     let limit = page_size(query.limit);
-    let (mut before, mut before_id) = (None::<i64>, 0i64);
+    let mut conditions = vec!["namespace = $1".to_string()];
+    let mut values: Vec<Box<dyn ToSql + Sync + Send>> = vec![Box::new(query.namespace.clone())];
+    if let Some(job) = &query.job {
+        values.push(Box::new(job.clone()));
+        conditions.push(format!("job = ${}", values.len()));
+    }
+    if let Some(state) = query.state {
+        values.push(Box::new(state.as_str()));
+        conditions.push(format!("state = ${}", values.len()));
+    }
     if let Some(raw) = &query.cursor {
         let cursor = Cursor::decode(raw)?;
-        before = Some(cursor.micros(raw)?);
-        before_id = cursor.id;
+        values.push(Box::new(cursor.micros(raw)?));
+        values.push(Box::new(cursor.id));
+        let n = values.len();
+        conditions.push(format!("(scheduled_for, id) < (${}, ${n})", n - 1));
     }
+    values.push(Box::new(i64::from(limit) + 1));
     let sql = format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 \
-         AND ($2::text IS NULL OR job = $2) AND ($3::text IS NULL OR state = $3) \
-         AND ($4::bigint IS NULL OR (scheduled_for, id) < ($4, $5)) \
-         ORDER BY scheduled_for DESC, id DESC LIMIT $6"
+        "SELECT {RUN_COLUMNS} FROM runs WHERE {} ORDER BY scheduled_for DESC, id DESC LIMIT ${}",
+        conditions.join(" AND "),
+        values.len()
     );
+    let params: Vec<&(dyn ToSql + Sync)> = values
+        .iter()
+        .map(|v| v.as_ref() as &(dyn ToSql + Sync))
+        .collect();
     let stmt = tx.prepare_cached(&sql).await?;
     let items = tx
-        .query(
-            &stmt,
-            &[
-                &query.namespace,
-                &query.job,
-                &query.state.map(RunState::as_str),
-                &before,
-                &before_id,
-                &(i64::from(limit) + 1),
-            ],
-        )
+        .query(&stmt, &params)
         .await?
         .iter()
         .map(rows::run)

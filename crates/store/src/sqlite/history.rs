@@ -4,9 +4,9 @@ use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
 use crate::cursor::{self, page_size, Cursor};
 use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL, SKIP_REASONS_SQL};
 use crate::{AppendOutcome, Page, Result, RunQuery};
-use rusqlite::{params, OptionalExtension, Transaction};
+use rusqlite::types::Value;
+use rusqlite::{params, params_from_iter, OptionalExtension, Transaction};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
-use sked_core::run::RunState;
 use sked_core::Instant;
 use std::collections::BTreeMap;
 
@@ -36,29 +36,34 @@ pub fn get_run(
     Ok(Some((run, attempts)))
 }
 
+/// Only the filters asked for are written into the statement, so that the cursor seeks the
+/// index (a `?n IS NULL OR ...` condition would hide it, and each page would scan every newer
+/// run: paging through a long history would take time quadratic in its length).
 pub fn list_runs(tx: &Transaction<'_>, query: &RunQuery) -> Result<Page<RunRecord>> {
     let limit = page_size(query.limit);
-    let (mut before, mut before_id) = (None, 0i64);
+    let mut conditions = vec!["namespace = ?"];
+    let mut values: Vec<Value> = vec![query.namespace.clone().into()];
+    if let Some(job) = &query.job {
+        conditions.push("job = ?");
+        values.push(job.clone().into());
+    }
+    if let Some(state) = query.state {
+        conditions.push("state = ?");
+        values.push(state.as_str().to_string().into());
+    }
     if let Some(raw) = &query.cursor {
         let cursor = Cursor::decode(raw)?;
-        before = Some(cursor.micros(raw)?);
-        before_id = cursor.id;
+        conditions.push("(scheduled_for, id) < (?, ?)");
+        values.push(cursor.micros(raw)?.into());
+        values.push(cursor.id.into());
     }
+    values.push((i64::from(limit) + 1).into());
     let sql = format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ?1 \
-         AND (?2 IS NULL OR job = ?2) AND (?3 IS NULL OR state = ?3) \
-         AND (?4 IS NULL OR (scheduled_for, id) < (?4, ?5)) \
-         ORDER BY scheduled_for DESC, id DESC LIMIT ?6"
+        "SELECT {RUN_COLUMNS} FROM runs WHERE {} ORDER BY scheduled_for DESC, id DESC LIMIT ?",
+        conditions.join(" AND ")
     );
     let mut stmt = tx.prepare_cached(&sql)?;
-    let mut rows = stmt.query(params![
-        query.namespace,
-        query.job,
-        query.state.map(RunState::as_str),
-        before,
-        before_id,
-        i64::from(limit) + 1,
-    ])?;
+    let mut rows = stmt.query(params_from_iter(values))?;
     let mut items = Vec::new();
     while let Some(row) = rows.next()? {
         items.push(rows::run(row)?);
