@@ -1,5 +1,6 @@
 //! Jobs: the definition users write, its validation, and the job's lifecycle state.
 
+use crate::dependency::DependencySpec;
 use crate::duration::HumanDuration;
 use crate::error::SpecError;
 use crate::policy::{MisfirePolicy, OverlapPolicy, RetryPolicy};
@@ -36,9 +37,14 @@ pub struct JobSpec {
     pub priority: i32,
     #[serde(default)]
     pub routing: Routing,
-    /// Dependencies on other jobs' runs; not accepted yet (reserved so definitions stay stable).
+    /// Other jobs' runs each run waits for (`crate::dependency`). A job with dependencies and
+    /// no schedule runs once per upstream run, at its instant.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub depends_on: Vec<serde_json::Value>,
+    pub depends_on: Vec<DependencySpec>,
+    /// How long a run waits for its dependencies before it is skipped
+    /// ([`crate::dependency::DEFAULT_DEPS_TIMEOUT`] when not given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deps_timeout: Option<HumanDuration>,
     #[serde(default)]
     pub paused: bool,
 }
@@ -153,18 +159,26 @@ impl JobSpec {
                 "label names must not be empty",
             ));
         }
-        if !self.depends_on.is_empty() {
-            return Err(SpecError::new(
-                "depends_on",
-                "dependencies between jobs are not supported yet",
-            ));
-        }
+        crate::dependency::validate(&name, &self.depends_on, self.deps_timeout)?;
         let schedule = Schedule::compile(self.schedule.as_ref(), epoch)?;
         Ok(ValidJob {
             name,
             spec: self,
             schedule,
         })
+    }
+}
+
+impl JobSpec {
+    /// How long a run of this job waits for its dependencies.
+    pub fn deps_timeout(&self) -> std::time::Duration {
+        self.deps_timeout
+            .map_or(crate::dependency::DEFAULT_DEPS_TIMEOUT, |t| t.0)
+    }
+
+    /// Whether the job's runs come from its upstreams' runs (dependencies, no schedule).
+    pub fn follows_upstreams(&self) -> bool {
+        self.schedule.is_none() && !self.depends_on.is_empty()
     }
 }
 

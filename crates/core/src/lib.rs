@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod dependency;
 pub mod dispatch;
 pub mod duration;
 pub mod egress;

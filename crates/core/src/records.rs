@@ -2,7 +2,7 @@
 
 use crate::job::{JobSpec, JobState};
 use crate::policy::MisfirePolicy;
-use crate::run::{AttemptState, RunState, SkipReason, Trigger};
+use crate::run::{AttemptState, RunState, SkipReason, Trigger, WaitReason};
 use crate::schedule::ScheduleSpec;
 use crate::stats::Percentiles;
 use crate::Instant;
@@ -67,6 +67,16 @@ pub struct RunRecord {
     pub state: RunState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skip_reason: Option<SkipReason>,
+    /// While `waiting`: what it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_reason: Option<WaitReason>,
+    /// While waiting for dependencies: each entry of the job's `depends_on` not met yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<String>,
+    /// While waiting for dependencies: when it ends `skipped` (`dependencies_timed_out`)
+    /// should they still be unmet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_until: Option<Instant>,
     pub priority: i32,
     /// Not handed to a worker before this (retry backoff, jitter).
     pub ready_at: Instant,

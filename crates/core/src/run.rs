@@ -32,7 +32,8 @@ macro_rules! string_enum {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
-    /// Held back: an earlier run of the job is still active (overlap `buffer_*`).
+    /// Held back: by its dependencies (`WaitReason::Dependencies`), or because an earlier run
+    /// of the job is still active (overlap `buffer_*`, `WaitReason::Overlap`).
     Waiting,
     /// Ready for a worker from `ready_at` on.
     Queued,
@@ -85,8 +86,10 @@ pub enum SkipReason {
     Overlap,
     Paused,
     Misfire,
+    /// An upstream run it waited for ended otherwise, and nothing else could meet the wait.
     UpstreamFailed,
-    DependencyTimeout,
+    /// Its dependencies were not met within the job's `deps_timeout`.
+    DependenciesTimedOut,
     /// Too many runs of the job, or of its namespace, were already waiting for a worker.
     Backlog,
 }
@@ -96,8 +99,23 @@ string_enum!(SkipReason {
     Paused => "paused",
     Misfire => "misfire",
     UpstreamFailed => "upstream_failed",
-    DependencyTimeout => "dependency_timeout",
+    DependenciesTimedOut => "dependencies_timed_out",
     Backlog => "backlog",
+});
+
+/// What a waiting run waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitReason {
+    /// Its job's `depends_on` is not met yet.
+    Dependencies,
+    /// An earlier run of its job is still active (overlap `buffer_one`, `buffer_all`).
+    Overlap,
+}
+
+string_enum!(WaitReason {
+    Dependencies => "dependencies",
+    Overlap => "overlap",
 });
 
 /// What made a run.
@@ -106,11 +124,15 @@ string_enum!(SkipReason {
 pub enum Trigger {
     Schedule,
     Manual,
+    /// An upstream run ended: the run of a job with `depends_on` and no schedule, at the
+    /// upstream run's instant.
+    Dependency,
 }
 
 string_enum!(Trigger {
     Schedule => "schedule",
     Manual => "manual",
+    Dependency => "dependency",
 });
 
 /// How an attempt ended, as its worker reports it.

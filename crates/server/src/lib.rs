@@ -226,6 +226,10 @@ pub async fn serve(
         maintenance::reaper::run(state.clone(), stop_rx.clone()),
     ));
     duties.spawn(duty(
+        "dependency timeouts",
+        maintenance::dependency_timeouts::run(state.clone(), stop_rx.clone()),
+    ));
+    duties.spawn(duty(
         "retention",
         maintenance::retention::run(state.clone(), stop_rx.clone()),
     ));

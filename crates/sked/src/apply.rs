@@ -1,7 +1,8 @@
 //! `sked job apply -f FILE`: many job definitions from one YAML or JSON file.
 //!
 //! The whole file is checked before anything is sent, so a file with one bad job changes
-//! nothing; then each job is PUT (idempotent) and what changed is reported.
+//! nothing; then each job is PUT (idempotent), upstreams before the jobs that depend on them,
+//! and what changed is reported.
 
 use crate::client::Client;
 use anyhow::{bail, Context, Result};
@@ -11,7 +12,8 @@ use sked_core::job::JobSpec;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-/// The jobs in a file: a list, a `{"jobs": [...]}` document, or a single job.
+/// The jobs in a file (a list, a `{"jobs": [...]}` document, or a single job), in the order
+/// to write them: each after the jobs of the file it depends on.
 pub fn parse_jobs(text: &str) -> Result<Vec<Value>> {
     // YAML is a superset of JSON, so one parser reads both.
     let doc: Value =
@@ -28,6 +30,7 @@ pub fn parse_jobs(text: &str) -> Result<Vec<Value>> {
         _ => bail!("expected a job, a list of jobs, or a document with a `jobs` list"),
     };
     let mut names = BTreeSet::new();
+    let mut upstreams = Vec::with_capacity(jobs.len());
     let mut errors = Vec::new();
     let now = chrono::Utc::now();
     for (i, job) in jobs.iter().enumerate() {
@@ -47,6 +50,10 @@ pub fn parse_jobs(text: &str) -> Result<Vec<Value>> {
                 if !names.insert(valid.name.clone()) {
                     errors.push(format!("{label}: the name appears twice in the file"));
                 }
+                upstreams.push((
+                    valid.name.clone(),
+                    sked_core::dependency::upstreams(&valid.spec.depends_on),
+                ));
             }
             Err(e) => errors.push(format!("{label}: {e}")),
         }
@@ -54,7 +61,13 @@ pub fn parse_jobs(text: &str) -> Result<Vec<Value>> {
     if !errors.is_empty() {
         bail!("nothing was applied:\n  {}", errors.join("\n  "));
     }
-    Ok(jobs)
+    match sked_core::dependency::write_order(&upstreams) {
+        Ok(order) => Ok(order.into_iter().map(|i| jobs[i].clone()).collect()),
+        Err(cycle) => bail!(
+            "nothing was applied: these jobs depend on each other in a cycle: {}",
+            cycle.join(", ")
+        ),
+    }
 }
 
 pub async fn apply(client: &Client, file: &Path) -> Result<()> {
@@ -101,6 +114,33 @@ mod tests {
         assert_eq!(parse_jobs(doc).unwrap().len(), 1);
         let single = r#"{"name": "a", "target": {"shell": {"command": "true"}}}"#;
         assert_eq!(parse_jobs(single).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn upstreams_are_applied_before_their_dependants() {
+        let yaml = "
+- name: load
+  target: {shell: {command: 'true'}}
+  depends_on: [{job: transform}]
+- name: transform
+  target: {shell: {command: 'true'}}
+  depends_on: [{job: extract}]
+- name: extract
+  schedule: {every: 1h}
+  target: {shell: {command: 'true'}}
+";
+        let names: Vec<String> = parse_jobs(yaml)
+            .unwrap()
+            .iter()
+            .map(|j| j["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names, ["extract", "transform", "load"]);
+        let cycle = "
+- {name: a, target: {shell: {command: 'true'}}, depends_on: [{job: b}]}
+- {name: b, target: {shell: {command: 'true'}}, depends_on: [{job: a}]}
+";
+        let err = parse_jobs(cycle).unwrap_err().to_string();
+        assert!(err.contains("cycle: a, b"), "{err}");
     }
 
     #[test]

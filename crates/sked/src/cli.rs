@@ -449,6 +449,9 @@ pub enum JobCommand {
     Delete {
         /// The job's name.
         name: String,
+        /// Delete it even if other jobs depend on it; they are paused.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -659,9 +662,11 @@ async fn job(cmd: JobCommand) -> Result<()> {
                 .job_action(&name, "resume")
                 .await
         }
-        JobCommand::Delete { name, client } => {
-            client::Client::new(&client)?.job_delete(&name).await
-        }
+        JobCommand::Delete {
+            name,
+            force,
+            client,
+        } => client::Client::new(&client)?.job_delete(&name, force).await,
         JobCommand::Preview {
             name,
             count,

@@ -196,10 +196,22 @@ impl Client {
         Ok(())
     }
 
-    pub async fn job_delete(&self, name: &str) -> Result<()> {
-        self.send(Method::DELETE, &format!("/jobs/{name}"), &[], None)
-            .await?;
+    pub async fn job_delete(&self, name: &str, force: bool) -> Result<()> {
+        let query = [("force", force.to_string())];
+        let deleted: Value = self
+            .send(Method::DELETE, &format!("/jobs/{name}"), &query, None)
+            .await?
+            .json()
+            .await
+            .context("the answer is not JSON")?;
         println!("job {name} deleted");
+        for dependant in deleted["paused_dependants"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            println!("job {} paused: it depended on {name}", text(dependant));
+        }
         Ok(())
     }
 

@@ -11,6 +11,7 @@ use chrono::{Duration as Span, TimeZone, Utc};
 use sked_core::auth::{LabelRule, Role};
 use sked_core::job::JobSpec;
 use sked_core::run::{AttemptOutcome, AttemptState};
+use sked_core::JobState;
 
 /// Generates one `#[tokio::test]` per contract check. `$open` is an async function returning
 /// `(store, guard)`: a fresh, empty store and whatever must live as long as it (a temporary
@@ -66,6 +67,15 @@ macro_rules! store_contract_tests {
             namespace_settings_are_kept_listed_and_forgotten,
             namespace_settings_refuse_jobs_inside_the_write,
             namespace_secrets_are_kept_sealed_and_listed_without_values,
+            dependencies_are_checked_when_written_and_deleted,
+            a_dependant_waits_and_is_released_by_its_upstreams_outcome,
+            a_window_counts_upstream_runs_around_the_instant,
+            a_pipeline_runs_at_its_upstreams_instants,
+            a_failed_upstream_skips_its_dependants_down_the_pipeline,
+            any_of_waits_until_every_alternative_failed,
+            dependency_waits_time_out,
+            manual_runs_ignore_dependencies,
+            racing_upstreams_create_one_dependant_run,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -1111,14 +1121,18 @@ pub async fn deleting_a_job_keeps_its_runs(store: &dyn Store) {
     start(store, running.run_id, "w", 1, t0() + secs(1)).await;
     let queued = fire_one(store, fire(j.id, t0() + secs(2))).await;
     let deleted = store
-        .delete_job("default", "gone", t0() + secs(3))
+        .delete_job("default", "gone", false, t0() + secs(3))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(deleted.id, j.id);
+    assert_eq!(deleted.job.id, j.id);
+    assert!(deleted.paused_dependants.is_empty());
     assert_eq!(store.get_job("default", "gone").await.unwrap(), None);
     assert_eq!(
-        store.delete_job("default", "gone", t0()).await.unwrap(),
+        store
+            .delete_job("default", "gone", false, t0())
+            .await
+            .unwrap(),
         None
     );
     assert_eq!(run(store, queued.run_id).await.0.state, RunState::Cancelled);
@@ -2193,4 +2207,441 @@ pub async fn namespace_secrets_are_kept_sealed_and_listed_without_values(store: 
         "{err:?}"
     );
     store.put_secret("full", "s0", "v1:y", t0()).await.unwrap();
+}
+
+// --- dependencies ------------------------------------------------------------------------
+
+/// A job without a schedule (a pipeline step), depending on `depends_on`.
+fn step(depends_on: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "target": {"shell": {"command": "true"}},
+        "depends_on": depends_on,
+    })
+}
+
+/// extract (every second) -> transform -> load (no schedule); returns extract.
+async fn pipeline(store: &dyn Store) -> JobRecord {
+    let extract = put(store, "extract", every_second(serde_json::json!({}))).await;
+    for (name, upstream) in [("transform", "extract"), ("load", "transform")] {
+        put(store, name, step(serde_json::json!([{ "job": upstream }]))).await;
+    }
+    extract
+}
+
+/// Starts the run and reports `outcome`; returns what the completion did.
+async fn finish(
+    store: &dyn Store,
+    run_id: i64,
+    outcome: AttemptOutcome,
+    now: Instant,
+) -> (RunState, Vec<i64>) {
+    let attempt = start(store, run_id, "w", 1, now).await;
+    match complete(store, report(attempt, 1, outcome), now).await {
+        CompletionEffect::Accepted {
+            run_state,
+            requeued,
+            ..
+        } => (run_state, requeued),
+        refused => panic!("the report was refused: {refused:?}"),
+    }
+}
+
+/// The runs of job `name`, oldest instant first.
+async fn runs_of(store: &dyn Store, name: &str) -> Vec<RunRecord> {
+    let mut runs = store
+        .list_runs(&RunQuery {
+            namespace: "default".into(),
+            job: Some(name.into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .items;
+    runs.reverse();
+    runs
+}
+
+pub async fn dependencies_are_checked_when_written_and_deleted(store: &dyn Store) {
+    let unknown = store
+        .put_job(
+            "default",
+            &job("load", step(serde_json::json!([{"job": "extract"}])), t0()),
+            PutMode::Upsert,
+            t0(),
+        )
+        .await
+        .unwrap_err();
+    let StoreError::Invalid(e) = unknown else {
+        panic!("an unknown upstream is refused: {unknown:?}")
+    };
+    assert_eq!(e.field, "depends_on[0].job");
+    assert!(store.get_job("default", "load").await.unwrap().is_none());
+
+    pipeline(store).await;
+    // extract waiting for load closes a cycle: refused, named, and nothing written.
+    let before = store.get_job("default", "extract").await.unwrap();
+    let cycle = store
+        .put_job(
+            "default",
+            &job(
+                "extract",
+                every_second(serde_json::json!({"depends_on": [{"job": "load"}]})),
+                t0(),
+            ),
+            PutMode::Upsert,
+            t0() + secs(1),
+        )
+        .await
+        .unwrap_err();
+    let StoreError::Invalid(e) = cycle else {
+        panic!("a cycle is refused: {cycle:?}")
+    };
+    assert_eq!(e.field, "depends_on[0].job");
+    assert!(
+        e.message
+            .contains("extract -> load -> transform -> extract"),
+        "{}",
+        e.message
+    );
+    assert_eq!(store.get_job("default", "extract").await.unwrap(), before);
+
+    // A job others depend on is deleted only with force, which pauses them.
+    let refused = store
+        .delete_job("default", "extract", false, t0() + secs(2))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, StoreError::DependedOn { dependants, .. } if dependants == &["transform"]),
+        "{refused:?}"
+    );
+    assert!(store.get_job("default", "extract").await.unwrap().is_some());
+    let deleted = store
+        .delete_job("default", "extract", true, t0() + secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(deleted.paused_dependants, ["transform"]);
+    let transform = store
+        .get_job("default", "transform")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(transform.state, JobState::Paused);
+    // Dropping a dependency lets the job be deleted after all.
+    put(store, "load", step(serde_json::json!([]))).await;
+    let deleted = store
+        .delete_job("default", "transform", false, t0() + secs(3))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(deleted.paused_dependants.is_empty());
+}
+
+pub async fn a_dependant_waits_and_is_released_by_its_upstreams_outcome(store: &dyn Store) {
+    let up = put(store, "up", every_second(serde_json::json!({}))).await;
+    let down = put(
+        store,
+        "down",
+        every_second(serde_json::json!({"depends_on": [{"job": "up"}]})),
+    )
+    .await;
+    let at = t0() + secs(1);
+    let up_run = fire_one(store, fire(up.id, at)).await;
+    let down_run = fire_one(store, fire(down.id, at)).await;
+    assert_eq!(down_run.state, RunState::Waiting);
+    let (waiting, _) = run(store, down_run.run_id).await;
+    assert_eq!(
+        waiting.waiting_reason,
+        Some(sked_core::run::WaitReason::Dependencies)
+    );
+    assert_eq!(
+        waiting.waiting_for,
+        ["up succeeded at 2026-03-01T12:00:01Z"]
+    );
+    assert!(waiting.waiting_until.is_some());
+    assert!(store
+        .queued_runs(Some(&[down_run.run_id]))
+        .await
+        .unwrap()
+        .is_empty());
+
+    let (state, requeued) = finish(store, up_run.run_id, AttemptOutcome::Succeeded, at).await;
+    assert_eq!(state, RunState::Succeeded);
+    assert_eq!(
+        requeued,
+        [down_run.run_id],
+        "released in the upstream's transaction"
+    );
+    let (released, _) = run(store, down_run.run_id).await;
+    assert_eq!(released.state, RunState::Queued);
+    assert_eq!(released.waiting_reason, None);
+    assert!(released.waiting_for.is_empty());
+    assert_eq!(
+        store
+            .queued_runs(Some(&[down_run.run_id]))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // The next instant finds its upstream succeeded already: queued at once.
+    let next = t0() + secs(2);
+    let up_next = fire_one(store, fire(up.id, next)).await;
+    finish(store, up_next.run_id, AttemptOutcome::Succeeded, next).await;
+    assert_eq!(
+        fire_one(store, fire(down.id, next)).await.state,
+        RunState::Queued
+    );
+}
+
+pub async fn a_window_counts_upstream_runs_around_the_instant(store: &dyn Store) {
+    let up = put(store, "hourly", every_second(serde_json::json!({}))).await;
+    put(
+        store,
+        "report",
+        every_second(serde_json::json!({
+            "depends_on": [{"job": "hourly", "window": {"before": "1h", "after": "10m"}}],
+        })),
+    )
+    .await;
+    let report = store.get_job("default", "report").await.unwrap().unwrap();
+    let at = t0() + Span::hours(3);
+    // Two hours before: outside the window.
+    let early = fire_one(store, fire(up.id, at - Span::hours(2))).await;
+    finish(
+        store,
+        early.run_id,
+        AttemptOutcome::Succeeded,
+        at - Span::hours(2),
+    )
+    .await;
+    let waiting = fire_one(store, fire(report.id, at)).await;
+    assert_eq!(waiting.state, RunState::Waiting);
+    // Five minutes after the instant: inside, so it releases the run.
+    let late = fire_one(store, fire(up.id, at + Span::minutes(5))).await;
+    let (_, requeued) = finish(
+        store,
+        late.run_id,
+        AttemptOutcome::Succeeded,
+        at + Span::minutes(5),
+    )
+    .await;
+    assert_eq!(requeued, [waiting.run_id]);
+    // An instant whose window already holds a success is queued at once.
+    let next = fire_one(store, fire(report.id, at + Span::minutes(30))).await;
+    assert_eq!(next.state, RunState::Queued);
+}
+
+pub async fn a_pipeline_runs_at_its_upstreams_instants(store: &dyn Store) {
+    let extract = put(store, "extract", every_second(serde_json::json!({}))).await;
+    let other = put(store, "other", every_second(serde_json::json!({}))).await;
+    put(
+        store,
+        "transform",
+        step(serde_json::json!([{"job": "extract"}])),
+    )
+    .await;
+    put(
+        store,
+        "load",
+        step(serde_json::json!([{"job": "transform"}, {"job": "other"}])),
+    )
+    .await;
+    let at = t0() + secs(1);
+    let e = fire_one(store, fire(extract.id, at)).await;
+    let o = fire_one(store, fire(other.id, at)).await;
+    let (_, requeued) = finish(store, e.run_id, AttemptOutcome::Succeeded, at).await;
+    let transform = runs_of(store, "transform").await;
+    assert_eq!(transform.len(), 1);
+    assert_eq!(
+        (
+            transform[0].scheduled_for,
+            transform[0].trigger,
+            transform[0].state
+        ),
+        (at, Trigger::Dependency, RunState::Queued)
+    );
+    assert_eq!(requeued, [transform[0].id]);
+    // Fan-in: load waits for both of its upstreams at the instant.
+    let (_, requeued) = finish(store, transform[0].id, AttemptOutcome::Succeeded, at).await;
+    assert!(requeued.is_empty());
+    let load = runs_of(store, "load").await;
+    assert_eq!(load.len(), 1);
+    assert_eq!(load[0].state, RunState::Waiting);
+    assert_eq!(
+        load[0].waiting_for,
+        ["other succeeded at 2026-03-01T12:00:01Z"]
+    );
+    let (_, requeued) = finish(store, o.run_id, AttemptOutcome::Succeeded, at).await;
+    assert_eq!(requeued, [load[0].id]);
+    assert_eq!(runs_of(store, "load").await.len(), 1, "one run per instant");
+}
+
+pub async fn a_failed_upstream_skips_its_dependants_down_the_pipeline(store: &dyn Store) {
+    let extract = pipeline(store).await;
+    // A scheduled dependant that waits for extract, and one that accepts any outcome.
+    let report = put(
+        store,
+        "report",
+        every_second(serde_json::json!({"depends_on": [{"job": "extract"}]})),
+    )
+    .await;
+    let audit = put(
+        store,
+        "audit",
+        every_second(serde_json::json!({"depends_on": [{"job": "extract", "state": "finished"}]})),
+    )
+    .await;
+    let at = t0() + secs(1);
+    let e = fire_one(store, fire(extract.id, at)).await;
+    let r = fire_one(store, fire(report.id, at)).await;
+    let a = fire_one(store, fire(audit.id, at)).await;
+    assert_eq!((r.state, a.state), (RunState::Waiting, RunState::Waiting));
+    let (state, requeued) = finish(store, e.run_id, AttemptOutcome::Failed, at).await;
+    assert_eq!(state, RunState::Failed);
+    assert_eq!(requeued, [a.run_id], "a wait for any outcome is released");
+    for name in ["transform", "load"] {
+        let runs = runs_of(store, name).await;
+        assert_eq!(runs.len(), 1, "{name}");
+        assert_eq!(
+            (runs[0].state, runs[0].skip_reason, runs[0].scheduled_for),
+            (RunState::Skipped, Some(SkipReason::UpstreamFailed), at),
+            "{name}"
+        );
+    }
+    let (skipped, _) = run(store, r.run_id).await;
+    assert_eq!(skipped.skip_reason, Some(SkipReason::UpstreamFailed));
+    let why = skipped.error.unwrap_or_default();
+    assert!(
+        why.contains(&format!("run {} ended failed", e.run_id)),
+        "{why}"
+    );
+}
+
+pub async fn any_of_waits_until_every_alternative_failed(store: &dyn Store) {
+    let a = put(store, "a", every_second(serde_json::json!({}))).await;
+    let b = put(store, "b", every_second(serde_json::json!({}))).await;
+    let d = put(
+        store,
+        "either",
+        every_second(serde_json::json!({"depends_on": [{"any_of": [{"job": "a"}, {"job": "b"}]}]})),
+    )
+    .await;
+    let at = t0() + secs(1);
+    let ra = fire_one(store, fire(a.id, at)).await;
+    let rb = fire_one(store, fire(b.id, at)).await;
+    let rd = fire_one(store, fire(d.id, at)).await;
+    assert_eq!(rd.state, RunState::Waiting);
+    finish(store, ra.run_id, AttemptOutcome::Failed, at).await;
+    assert_eq!(
+        run(store, rd.run_id).await.0.state,
+        RunState::Waiting,
+        "b may still succeed"
+    );
+    finish(store, rb.run_id, AttemptOutcome::TimedOut, at).await;
+    let (skipped, _) = run(store, rd.run_id).await;
+    assert_eq!(skipped.skip_reason, Some(SkipReason::UpstreamFailed));
+
+    // The next instant: one alternative succeeding is enough.
+    let next = t0() + secs(2);
+    let ra = fire_one(store, fire(a.id, next)).await;
+    let rd = fire_one(store, fire(d.id, next)).await;
+    let (_, requeued) = finish(store, ra.run_id, AttemptOutcome::Succeeded, next).await;
+    assert_eq!(requeued, [rd.run_id]);
+}
+
+pub async fn dependency_waits_time_out(store: &dyn Store) {
+    put(store, "up", every_second(serde_json::json!({}))).await;
+    let down = put(
+        store,
+        "down",
+        every_second(serde_json::json!({"depends_on": [{"job": "up"}], "deps_timeout": "1m"})),
+    )
+    .await;
+    let at = t0() + secs(1);
+    let waiting = fire_one(store, fire(down.id, at)).await;
+    assert_eq!(waiting.state, RunState::Waiting);
+    let early = store
+        .expire_dependency_waits(at + secs(30), 100)
+        .await
+        .unwrap();
+    assert!(early.skipped.is_empty());
+    let expired = store
+        .expire_dependency_waits(at + secs(61), 100)
+        .await
+        .unwrap();
+    assert_eq!(expired.skipped, [waiting.run_id]);
+    let (skipped, _) = run(store, waiting.run_id).await;
+    assert_eq!(skipped.state, RunState::Skipped);
+    assert_eq!(skipped.skip_reason, Some(SkipReason::DependenciesTimedOut));
+    let why = skipped.error.unwrap_or_default();
+    assert!(
+        why.contains("up succeeded at 2026-03-01T12:00:01Z"),
+        "{why}"
+    );
+    let again = store
+        .expire_dependency_waits(at + secs(120), 100)
+        .await
+        .unwrap();
+    assert!(again.skipped.is_empty(), "skipped once");
+}
+
+pub async fn manual_runs_ignore_dependencies(store: &dyn Store) {
+    put(store, "up", every_second(serde_json::json!({}))).await;
+    let down = put(
+        store,
+        "down",
+        every_second(serde_json::json!({"depends_on": [{"job": "up"}]})),
+    )
+    .await;
+    let manual = Fire {
+        trigger: Trigger::Manual,
+        ..fire(down.id, t0() + secs(1))
+    };
+    assert_eq!(fire_one(store, manual).await.state, RunState::Queued);
+}
+
+pub async fn racing_upstreams_create_one_dependant_run(store: &dyn Store) {
+    let a = put(store, "a", every_second(serde_json::json!({}))).await;
+    let b = put(store, "b", every_second(serde_json::json!({}))).await;
+    put(
+        store,
+        "both",
+        step(serde_json::json!([{"job": "a"}, {"job": "b"}])),
+    )
+    .await;
+    for i in 1..=5 {
+        let at = t0() + secs(i);
+        let ra = fire_one(store, fire(a.id, at)).await;
+        let rb = fire_one(store, fire(b.id, at)).await;
+        let aa = start(store, ra.run_id, "w", 1, at).await;
+        let ab = start(store, rb.run_id, "w", 1, at).await;
+        let (one, two) = (
+            [report(aa, 1, AttemptOutcome::Succeeded)],
+            [report(ab, 1, AttemptOutcome::Succeeded)],
+        );
+        let (x, y) = tokio::join!(
+            store.complete_attempts(&one, at),
+            store.complete_attempts(&two, at)
+        );
+        let released: Vec<i64> = x
+            .unwrap()
+            .into_iter()
+            .chain(y.unwrap())
+            .flat_map(|effect| match effect {
+                CompletionEffect::Accepted { requeued, .. } => requeued,
+                CompletionEffect::Rejected { reason } => panic!("refused: {reason}"),
+            })
+            .collect();
+        let runs: Vec<RunRecord> = runs_of(store, "both")
+            .await
+            .into_iter()
+            .filter(|r| r.scheduled_for == at)
+            .collect();
+        assert_eq!(runs.len(), 1, "one run at instant {i}");
+        assert_eq!(runs[0].state, RunState::Queued, "instant {i}");
+        assert_eq!(released, [runs[0].id], "released once, at instant {i}");
+    }
 }

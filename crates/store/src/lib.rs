@@ -51,6 +51,16 @@ pub enum StoreError {
     /// A namespace's settings refuse the change (nothing was written).
     #[error(transparent)]
     Refused(#[from] NamespaceRefusal),
+    /// A definition that only the store can refuse: it names an upstream job that does not
+    /// exist, or closes a cycle of dependencies (nothing was written).
+    #[error(transparent)]
+    Invalid(#[from] sked_core::SpecError),
+    /// A job that others depend on was to be deleted without `force` (nothing was written).
+    #[error("job {job:?} is depended on by {}", dependants.join(", "))]
+    DependedOn {
+        job: String,
+        dependants: Vec<String>,
+    },
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -157,6 +167,25 @@ pub struct FireOutcome {
     /// Running runs asked to stop by an overlap `cancel_running`; their workers are told on
     /// their next heartbeat.
     pub cancel_requested: Vec<i64>,
+    /// Runs of other jobs queued because of these instants: dependants whose wait a skipped
+    /// instant settled (`depends_on` with `state: finished`).
+    pub released: Vec<i64>,
+}
+
+/// A deleted job, and the jobs that depended on it, now paused (`force`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeletedJob {
+    pub job: JobRecord,
+    pub paused_dependants: Vec<String>,
+}
+
+/// What ending overdue dependency waits did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExpiredWaits {
+    /// Runs skipped with reason `dependencies_timed_out`.
+    pub skipped: Vec<i64>,
+    /// Runs of their dependants queued as a result (a wait for `finished` upstreams).
+    pub queued: Vec<i64>,
 }
 
 /// A queued run with what the dispatcher needs to hand it out.
@@ -270,8 +299,8 @@ pub enum CompletionEffect {
         run_id: i64,
         /// The run's state afterwards: terminal, or `Queued` for a retry.
         run_state: RunState,
-        /// Runs newly queued by this completion: the retry of this run, or a run of the same
-        /// job released from `waiting`.
+        /// Runs newly queued by this completion: the retry of this run, a run of the same
+        /// job released from `waiting`, or dependants' runs whose dependencies are now met.
         requeued: Vec<i64>,
     },
     /// Nothing was written: the attempt is unknown, already reported, or no longer holds the
@@ -356,13 +385,15 @@ pub trait Store: Send + Sync + 'static {
     async fn get_job_by_id(&self, id: i64) -> Result<Option<JobRecord>>;
     async fn list_jobs(&self, query: &JobQuery) -> Result<Page<JobRecord>>;
     /// Deletes a job. Its runs stay readable; its queued and waiting runs are cancelled and
-    /// its running ones asked to stop. Returns the deleted job.
+    /// its running ones asked to stop. A job others depend on is refused
+    /// ([`StoreError::DependedOn`]) unless `force`, which pauses them.
     async fn delete_job(
         &self,
         namespace: &str,
         name: &str,
+        force: bool,
         now: Instant,
-    ) -> Result<Option<JobRecord>>;
+    ) -> Result<Option<DeletedJob>>;
     /// Pauses or resumes. A completed job stays completed.
     async fn set_paused(
         &self,
@@ -395,8 +426,12 @@ pub trait Store: Send + Sync + 'static {
         starts: &[AttemptStart],
         now: Instant,
     ) -> Result<Vec<Option<StartedAttempt>>>;
+    /// Skips, with reason `dependencies_timed_out`, up to `limit` runs still waiting for their
+    /// dependencies past their job's `deps_timeout`, and settles their dependants.
+    async fn expire_dependency_waits(&self, now: Instant, limit: u32) -> Result<ExpiredWaits>;
     /// Records a batch of attempt results in one transaction, deciding retries by the job's
-    /// retry policy.
+    /// retry policy; a run that ends releases (or skips) its dependants' waiting runs in the
+    /// same transaction.
     async fn complete_attempts(
         &self,
         reports: &[AttemptReport],

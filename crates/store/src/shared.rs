@@ -11,7 +11,7 @@ use sked_core::auth::{LabelRule, Role};
 use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
 use sked_core::policy::MisfirePolicy;
 use sked_core::records::{JobRecord, JobStats, RunRecord, ScheduledJob};
-use sked_core::run::{AttemptOutcome, AttemptState, RunState};
+use sked_core::run::{AttemptOutcome, AttemptState, RunState, WaitReason};
 use sked_core::schedule::ScheduleSpec;
 use sked_core::stats::percentiles;
 use sked_core::Instant;
@@ -385,5 +385,134 @@ mod tests {
         assert_eq!((stats.runs, stats.succeeded, stats.failed), (6, 3, 3));
         assert_eq!((stats.retries, stats.lost), (4, 1));
         assert_eq!(stats.lateness_ms.max, 2.0);
+    }
+}
+
+/// `record` with what it waits for, from the `waiting_reason`, `waiting_for` (a JSON array of
+/// unmet dependencies) and `waiting_until` columns, shown only while the run is waiting. A
+/// waiting run without a reason was held back by overlap before dependencies existed.
+pub fn with_waiting(
+    mut record: RunRecord,
+    reason: Option<&str>,
+    waiting_for: Option<&str>,
+    until: Option<i64>,
+) -> Result<RunRecord, StoreError> {
+    if record.state != RunState::Waiting {
+        return Ok(record);
+    }
+    record.waiting_reason = Some(match reason {
+        Some(text) => named("wait reason", text, WaitReason::parse)?,
+        None => WaitReason::Overlap,
+    });
+    if let Some(text) = waiting_for {
+        record.waiting_for = serde_json::from_str(text)
+            .map_err(|e| StoreError::Corrupt(format!("a run's unmet dependencies: {e}")))?;
+    }
+    record.waiting_until = until.map(instant).transpose()?;
+    Ok(record)
+}
+
+/// A run that reached a terminal state in the current transaction: its dependants may move.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ended {
+    pub namespace: String,
+    pub job: String,
+    pub scheduled_for: Instant,
+    pub state: RunState,
+}
+
+/// What settling ended runs did beyond them.
+#[derive(Debug, Default)]
+pub struct Settled {
+    /// Dependant runs now queued, for the dispatcher.
+    pub queued: Vec<i64>,
+    /// Running runs an overlap `cancel_running` of a released run asked to stop.
+    pub cancel_requested: Vec<i64>,
+}
+
+/// The `waiting_for` and `waiting_until` columns of a run of `spec` that waits for its
+/// dependencies from `now`: the unmet entries as JSON, and the deadline.
+pub fn waiting_columns(
+    spec: &JobSpec,
+    missing: &[String],
+    now: Instant,
+) -> Result<(String, i64), StoreError> {
+    let timeout = chrono::Duration::from_std(spec.deps_timeout()).unwrap_or(chrono::Duration::MAX);
+    let until = now.checked_add_signed(timeout).unwrap_or(now);
+    Ok((to_json("unmet dependencies", missing)?, micros(until)))
+}
+
+/// The error recorded on a run skipped because its dependencies timed out, from its
+/// `waiting_for` column.
+pub fn timed_out_error(waiting_for: Option<&str>) -> Result<String, StoreError> {
+    let missing: Vec<String> = match waiting_for {
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| StoreError::Corrupt(format!("a run's unmet dependencies: {e}")))?,
+        None => Vec::new(),
+    };
+    Ok(if missing.is_empty() {
+        "its dependencies were not met in time".to_string()
+    } else {
+        format!(
+            "its dependencies were not met in time: {}",
+            missing.join("; ")
+        )
+    })
+}
+
+/// A run about to be written by the fire path: its state, and why it is skipped or what it
+/// waits for. The default is a queued run.
+#[derive(Debug, Default)]
+pub struct NewRun {
+    pub state: Option<RunState>,
+    pub skip: Option<sked_core::run::SkipReason>,
+    pub error: Option<String>,
+    /// Waiting for dependencies: the unmet ones (JSON) and the deadline.
+    pub dependencies: Option<(String, i64)>,
+}
+
+impl NewRun {
+    pub fn state(&self) -> RunState {
+        self.state.unwrap_or(RunState::Queued)
+    }
+
+    /// A run recorded skipped for `reason`.
+    pub fn skipped(reason: sked_core::run::SkipReason) -> NewRun {
+        NewRun {
+            state: Some(RunState::Skipped),
+            skip: Some(reason),
+            ..NewRun::default()
+        }
+    }
+
+    /// What a run of `spec` starts as by the verdict on its dependencies: `None` when they are
+    /// met (the overlap policy decides next), else waiting, or skipped for good.
+    pub fn by_dependencies(
+        verdict: sked_core::dependency::Verdict,
+        spec: &JobSpec,
+        now: Instant,
+    ) -> Result<Option<NewRun>, StoreError> {
+        use sked_core::dependency::Verdict;
+        Ok(match verdict {
+            Verdict::Ready => None,
+            Verdict::Waiting(missing) => Some(NewRun {
+                state: Some(RunState::Waiting),
+                dependencies: Some(waiting_columns(spec, &missing, now)?),
+                ..NewRun::default()
+            }),
+            Verdict::UpstreamFailed(why) => Some(NewRun {
+                error: Some(why),
+                ..NewRun::skipped(sked_core::run::SkipReason::UpstreamFailed)
+            }),
+        })
+    }
+
+    /// The `waiting_reason` column: dependencies, or overlap for any other wait.
+    pub fn waiting_reason(&self) -> Option<WaitReason> {
+        match (&self.dependencies, self.state()) {
+            (Some(_), _) => Some(WaitReason::Dependencies),
+            (None, RunState::Waiting) => Some(WaitReason::Overlap),
+            _ => None,
+        }
     }
 }

@@ -164,9 +164,9 @@ async fn nodes_connecting_at_once_migrate_once() {
         .await;
     assert_eq!(
         tables.get::<_, i64>(0),
-        13,
+        14,
         "sked_schema, the five ledger tables, the three cluster tables, tokens, audit, \
-         namespaces and secrets, once"
+         namespaces, secrets and job dependencies, once"
     );
     // Both nodes see one database.
     let now = chrono::Utc::now();
@@ -230,11 +230,14 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     let schema = Schema::create(&url).await;
     PgStore::connect(&schema.url()).await.unwrap();
     // Back to what version 2 left: no tokens, no audit trail, workers without namespaces, no
-    // namespace settings or secrets.
+    // namespace settings or secrets, no dependencies.
     admin(&schema.url())
         .await
         .batch_execute(
             "DROP TABLE tokens; DROP TABLE audit; DROP TABLE namespaces; DROP TABLE secrets; \
+             DROP TABLE job_dependencies; ALTER TABLE jobs DROP COLUMN has_dependencies; \
+             ALTER TABLE runs DROP COLUMN waiting_reason, DROP COLUMN waiting_for, \
+             DROP COLUMN waiting_until; \
              ALTER TABLE workers DROP COLUMN namespaces, DROP COLUMN token_id; \
              UPDATE sked_schema SET version = 2; \
              INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
@@ -246,7 +249,7 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     let version = schema
         .query_one("SELECT version FROM sked_schema WHERE id = 1")
         .await;
-    assert_eq!(version.get::<_, i32>(0), 4);
+    assert_eq!(version.get::<_, i32>(0), 5);
     let w = store
         .get_worker("w")
         .await

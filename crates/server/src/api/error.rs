@@ -106,6 +106,16 @@ impl From<StoreError> for ApiError {
                 format!("{what} already exists; use PUT to replace it"),
             ),
             StoreError::Refused(refusal) => refusal.into(),
+            StoreError::Invalid(e) => e.into(),
+            StoreError::DependedOn { job, dependants } => ApiError::new(
+                StatusCode::CONFLICT,
+                "depended_on",
+                format!(
+                    "job {job:?} is depended on by {}; delete it with force=true to delete it \
+                     and pause them",
+                    dependants.join(", ")
+                ),
+            ),
             StoreError::InvalidCursor(cursor) => ApiError::invalid(
                 "cursor",
                 format!("{cursor:?} is not a cursor this listing handed out"),

@@ -281,28 +281,65 @@ pub async fn get(
     Ok(Json(view))
 }
 
+#[derive(Debug, Deserialize)]
+pub struct DeleteParams {
+    #[serde(default = "super::default_namespace")]
+    namespace: String,
+    /// Delete a job others depend on, and pause them.
+    #[serde(default)]
+    force: bool,
+}
+
+/// A deleted job, with the jobs that depended on it, now paused.
+#[derive(Debug, Serialize)]
+pub struct DeletedView {
+    #[serde(flatten)]
+    pub job: JobView,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub paused_dependants: Vec<String>,
+}
+
 pub async fn delete(
     State(state): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
-    Query(ns): Query<Namespace>,
-) -> Result<Json<JobView>, ApiError> {
-    let namespace = ns.checked(&caller)?;
-    let job = state
+    Query(params): Query<DeleteParams>,
+) -> Result<Json<DeletedView>, ApiError> {
+    let namespace = Namespace {
+        namespace: params.namespace,
+    }
+    .checked(&caller)?;
+    let deleted = state
         .store
-        .delete_job(&namespace, &name, Utc::now())
+        .delete_job(&namespace, &name, params.force, Utc::now())
         .await?
         .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))?;
-    state.firing.reload(job.id);
+    state.firing.reload(deleted.job.id);
     let change = Change {
         action: "job.delete",
         namespace: Some(&namespace),
-        object: Some(name),
-        before: Some(definition(&job.spec)),
+        object: Some(name.clone()),
+        before: Some(definition(&deleted.job.spec)),
         after: None,
     };
     audit::record(&state, &caller, change).await;
-    Ok(Json(JobView::from(job)))
+    for dependant in &deleted.paused_dependants {
+        if let Ok(Some(job)) = state.store.get_job(&namespace, dependant).await {
+            state.firing.reload(job.id);
+        }
+        let change = Change {
+            action: "job.pause",
+            namespace: Some(&namespace),
+            object: Some(dependant.clone()),
+            before: None,
+            after: Some(serde_json::json!({"because_deleted": name})),
+        };
+        audit::record(&state, &caller, change).await;
+    }
+    Ok(Json(DeletedView {
+        job: JobView::from(deleted.job),
+        paused_dependants: deleted.paused_dependants,
+    }))
 }
 
 async fn set_paused(

@@ -388,6 +388,9 @@ impl FiringLoop {
                 _ => {}
             }
         }
+        // Dependants' runs that these instants released (a skipped upstream instant that
+        // a `finished` dependency accepts).
+        read_back.extend(outcome.released);
         Metrics::add(&self.metrics.fires, fires.len() as u64);
         Metrics::add(&self.metrics.fires_skipped, skipped);
         Metrics::add(&self.metrics.fire_batches, 1);

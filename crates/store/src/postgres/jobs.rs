@@ -6,7 +6,7 @@
 use super::rows::{self, micros, JOB_COLUMNS};
 use super::{PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
-use crate::{shared, JobQuery, JobSort, Page, PutMode, PutOutcome, StoreError};
+use crate::{shared, DeletedJob, JobQuery, JobSort, Page, PutMode, PutOutcome, StoreError};
 use sked_core::job::{JobSpec, JobState, ValidJob};
 use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::Instant;
@@ -95,6 +95,14 @@ pub async fn put(
             }
         }
         super::namespaces::admit(tx, namespace, &job.spec.target, existing.is_none()).await?;
+        let had_dependencies = existing
+            .as_ref()
+            .is_some_and(|old| !old.spec.depends_on.is_empty());
+        let has_dependencies = !job.spec.depends_on.is_empty();
+        if has_dependencies || had_dependencies {
+            super::namespaces::lock_dependencies(tx, namespace).await?;
+            super::dependencies::put_edges(tx, namespace, job).await?;
+        }
         let firing = crate::shared::firing_after_put(existing.as_ref(), job, now)?;
         let (spec, retry) = spec_json(&job.spec)?;
         let description = job.spec.description.as_deref().unwrap_or("");
@@ -108,8 +116,8 @@ pub async fn put(
                 let sql = format!(
                     "UPDATE jobs SET description = $2, spec = $3, overlap = $4, priority = $5, \
                      retry = $6, state = $7, next_fire_at = $8, fired_count = $9, \
-                     schedule_epoch = $10, updated_at = $11 WHERE id = $1 \
-                     RETURNING {JOB_COLUMNS}"
+                     schedule_epoch = $10, updated_at = $11, has_dependencies = $12 \
+                     WHERE id = $1 RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
                 let row = tx
@@ -127,6 +135,7 @@ pub async fn put(
                             &fired_count,
                             &epoch,
                             &micros(now),
+                            &has_dependencies,
                         ],
                     )
                     .await?;
@@ -136,7 +145,8 @@ pub async fn put(
                 let sql = format!(
                     "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, \
                      retry, state, next_fire_at, fired_count, schedule_epoch, created_at, \
-                     updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12) \
+                     updated_at, has_dependencies) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13) \
                      ON CONFLICT (namespace, name) DO NOTHING RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -156,6 +166,7 @@ pub async fn put(
                             &fired_count,
                             &epoch,
                             &micros(now),
+                            &has_dependencies,
                         ],
                     )
                     .await?;
@@ -240,28 +251,45 @@ pub async fn delete(
     tx: &Tx<'_>,
     namespace: &str,
     name: &str,
+    force: bool,
     now: Instant,
-) -> PgResult<Option<JobRecord>> {
+) -> PgResult<Option<DeletedJob>> {
+    // The job and everything downstream, locked together in id order.
+    let stmt = tx
+        .prepare_cached("SELECT id FROM jobs WHERE namespace = $1 AND name = $2")
+        .await?;
+    let Some(row) = tx.query_opt(&stmt, &[&namespace, &name]).await? else {
+        return Ok(None);
+    };
+    let id: i64 = row.try_get(0)?;
+    let below = super::dependencies::downstream(tx, &[id]).await?;
+    lock(tx, &below.iter().copied().chain([id]).collect::<Vec<_>>()).await?;
     let Some(job) = get_for_update(tx, namespace, name).await? else {
         return Ok(None);
     };
-    let stmt = tx
-        .prepare_cached(
-            "UPDATE runs SET state = 'cancelled', finished_at = $2, \
-             error = 'the job was deleted' \
-             WHERE job_id = $1 AND state IN ('queued', 'waiting')",
-        )
-        .await?;
-    tx.execute(&stmt, &[&job.id, &micros(now)]).await?;
-    let stmt = tx
-        .prepare_cached(
-            "UPDATE runs SET cancel_requested = true WHERE job_id = $1 AND state = 'running'",
-        )
-        .await?;
-    tx.execute(&stmt, &[&job.id]).await?;
+    super::namespaces::lock_dependencies(tx, namespace).await?;
+    let dependants = super::dependencies::dependants(tx, namespace, name).await?;
+    if !dependants.is_empty() && !force {
+        return Err(StoreError::DependedOn {
+            job: name.to_string(),
+            dependants,
+        }
+        .into());
+    }
+    for dependant in &dependants {
+        set_paused(tx, namespace, dependant, true, now).await?;
+    }
+    let mut ended = Vec::new();
+    super::ledger::cancel_active(tx, job.id, "the job was deleted", true, now, &mut ended).await?;
+    super::dependencies::remove_edges(tx, namespace, name).await?;
     let stmt = tx.prepare_cached("DELETE FROM jobs WHERE id = $1").await?;
     tx.execute(&stmt, &[&job.id]).await?;
-    Ok(Some(job))
+    // Its dependants, paused now, learn that the runs they waited for will not come.
+    super::dependencies::settle(tx, ended, now).await?;
+    Ok(Some(DeletedJob {
+        job,
+        paused_dependants: dependants,
+    }))
 }
 
 pub async fn set_paused(

@@ -7,18 +7,22 @@
 //! active (the overlap decision and the release of waiting runs read that count), the run's row
 //! for its state, the attempt's row for its lease.
 
+use super::dependencies::{self, downstream, settle};
 use super::jobs::{lock as lock_jobs, retry_policy};
 use super::rows::{self, micros, RUN_COLUMNS};
 use super::{PgResult, Tx};
-use crate::shared::ReportedAttempt;
+use crate::shared::{Ended, NewRun, ReportedAttempt};
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
     QueuedRun, ReapOutcome, StartedAttempt, StoreError,
 };
+use sked_core::job::JobSpec;
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
 use sked_core::policy::{OverlapPolicy, RetryPolicy};
 use sked_core::records::RunRecord;
-use sked_core::run::{after_attempt, AfterAttempt, AttemptOutcome, RunState, SkipReason, Trigger};
+use sked_core::run::{
+    after_attempt, AfterAttempt, AttemptOutcome, RunState, SkipReason, Trigger, WaitReason,
+};
 use sked_core::Instant;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -29,6 +33,8 @@ struct FiringJob {
     name: String,
     overlap: OverlapPolicy,
     priority: i32,
+    /// Its definition, read only for a job with dependencies (the verdict needs them).
+    spec: Option<JobSpec>,
 }
 
 fn sorted(ids: impl IntoIterator<Item = i64>) -> Vec<i64> {
@@ -40,8 +46,14 @@ fn sorted(ids: impl IntoIterator<Item = i64>) -> Vec<i64> {
 
 pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult<FireOutcome> {
     // Every job of the batch is locked up front, in id order: the overlap decision counts the
-    // job's active runs, and nothing else changes that count while the lock is held.
-    let jobs = firing_jobs(tx, &sorted(fires.iter().map(|f| f.job_id))).await?;
+    // job's active runs, and nothing else changes that count while the lock is held. So is
+    // every job downstream of them, whose waiting runs a skipped instant may move.
+    let ids = sorted(fires.iter().map(|f| f.job_id));
+    let below = downstream(tx, &ids).await?;
+    if !below.is_empty() {
+        lock_jobs(tx, &sorted(ids.iter().copied().chain(below))).await?;
+    }
+    let jobs = firing_jobs(tx, &ids).await?;
     // A job's instants depend on each other (overlap counts, the firing state's advance);
     // different jobs' do not.
     let keys: Vec<i64> = fires.iter().map(|f| f.job_id).collect();
@@ -52,10 +64,25 @@ pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult
     })
     .await?;
     let mut outcome = FireOutcome::default();
-    for (run, cancel_requested) in fired {
+    let mut ended = Vec::new();
+    for ((run, cancel_requested, cancelled), fire) in fired.into_iter().zip(fires) {
+        ended.extend(cancelled);
+        if run.inserted && run.state.is_terminal() {
+            if let Some(job) = jobs.get(&fire.job_id) {
+                ended.push(Ended {
+                    namespace: job.namespace.clone(),
+                    job: job.name.clone(),
+                    scheduled_for: fire.scheduled_for,
+                    state: run.state,
+                });
+            }
+        }
         outcome.runs.push(run);
         outcome.cancel_requested.extend(cancel_requested);
     }
+    let settled = settle(tx, ended, now).await?;
+    outcome.released = settled.queued;
+    outcome.cancel_requested.extend(settled.cancel_requested);
     Ok(outcome)
 }
 
@@ -93,15 +120,16 @@ where
 }
 
 /// Records one instant of `job` (`None`: the job is gone) and advances its firing state; also
-/// returns the running runs an overlap `cancel_running` asked to stop. The caller holds the
-/// job's lock.
+/// returns the running runs an overlap `cancel_running` asked to stop, and the runs it
+/// cancelled. The caller holds the job's lock.
 async fn fire_one(
     tx: &Tx<'_>,
     fire: &Fire,
     job: Option<&FiringJob>,
     now: Instant,
-) -> PgResult<(FiredRun, Vec<i64>)> {
+) -> PgResult<(FiredRun, Vec<i64>, Vec<Ended>)> {
     let mut cancel_requested = Vec::new();
+    let mut cancelled = Vec::new();
     let Some(job) = job else {
         // Deleted since the instant was computed: nothing is owed any more.
         let gone = FiredRun {
@@ -110,7 +138,7 @@ async fn fire_one(
             inserted: false,
             advanced: false,
         };
-        return Ok((gone, cancel_requested));
+        return Ok((gone, cancel_requested, cancelled));
     };
     let stmt = tx
         .prepare_cached("SELECT id, state FROM runs WHERE job_id = $1 AND scheduled_for = $2")
@@ -121,13 +149,18 @@ async fn fire_one(
     let (run_id, state, inserted) = match existing {
         Some(row) => (row.try_get(0)?, rows::run_state(row.try_get(1)?)?, false),
         None => {
-            let (state, reason) = decide_fire(tx, fire, job, now, &mut cancel_requested).await?;
+            let new =
+                decide_fire(tx, fire, job, now, &mut cancel_requested, &mut cancelled).await?;
+            let state = new.state();
             let finished = state.is_terminal().then(|| micros(now));
+            let waiting_reason = new.waiting_reason();
+            let (waiting_for, waiting_until) = new.dependencies.clone().unzip();
             let stmt = tx
                 .prepare_cached(
                     "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
-                     skip_reason, priority, ready_at, created_at, finished_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                     skip_reason, priority, ready_at, created_at, finished_at, error, \
+                     waiting_reason, waiting_for, waiting_until) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
                      ON CONFLICT (job_id, scheduled_for) DO NOTHING RETURNING id",
                 )
                 .await?;
@@ -141,11 +174,15 @@ async fn fire_one(
                         &micros(fire.scheduled_for),
                         &fire.trigger.as_str(),
                         &state.as_str(),
-                        &reason.map(SkipReason::as_str),
+                        &new.skip.map(SkipReason::as_str),
                         &job.priority,
                         &micros(fire.ready_at),
                         &micros(now),
                         &finished,
+                        &new.error,
+                        &waiting_reason.map(WaitReason::as_str),
+                        &waiting_for,
+                        &waiting_until,
                     ],
                 )
                 .await?;
@@ -196,7 +233,7 @@ async fn fire_one(
         inserted,
         advanced,
     };
-    Ok((run, cancel_requested))
+    Ok((run, cancel_requested, cancelled))
 }
 
 /// The jobs that still exist among `ids` (sorted), their rows locked.
@@ -207,7 +244,8 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
     }
     let stmt = tx
         .prepare_cached(
-            "SELECT id, namespace, name, overlap, priority FROM jobs WHERE id = ANY($1) \
+            "SELECT id, namespace, name, overlap, priority, \
+             CASE WHEN has_dependencies THEN spec END FROM jobs WHERE id = ANY($1) \
              ORDER BY id FOR UPDATE",
         )
         .await?;
@@ -222,68 +260,169 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
                 name: row.try_get(2)?,
                 overlap,
                 priority: row.try_get(4)?,
+                spec: row
+                    .try_get::<_, Option<&str>>(5)?
+                    .map(rows::spec)
+                    .transpose()?,
             },
         );
     }
     Ok(jobs)
 }
 
-/// The new run's state: skipped as the fire says, or by the job's overlap policy, whose
-/// `cancel_running` also ends the job's active runs here. The caller holds the job's lock.
+/// The new run's state: skipped as the fire says; else, for a scheduled instant, waiting
+/// while its dependencies are unmet (skipped when they never can be), then by the job's
+/// overlap policy, whose `cancel_running` also ends the job's active runs here. The caller
+/// holds the job's lock.
 async fn decide_fire(
     tx: &Tx<'_>,
     fire: &Fire,
     job: &FiringJob,
     now: Instant,
     cancel_requested: &mut Vec<i64>,
-) -> PgResult<(RunState, Option<SkipReason>)> {
+    cancelled: &mut Vec<Ended>,
+) -> PgResult<NewRun> {
     if let Some(reason) = fire.skip {
-        return Ok((RunState::Skipped, Some(reason)));
+        return Ok(NewRun::skipped(reason));
     }
-    // Manual runs are asked for explicitly; overlap rules apply to the schedule's instants.
-    if fire.trigger == Trigger::Manual || job.overlap == OverlapPolicy::Allow {
-        return Ok((RunState::Queued, None));
+    // Manual runs are asked for explicitly: neither dependencies nor overlap hold them back.
+    if fire.trigger == Trigger::Manual {
+        return Ok(NewRun::default());
     }
+    if let Some(spec) = &job.spec {
+        let verdict = dependencies::judge(tx, &job.namespace, spec, fire.scheduled_for).await?;
+        if let Some(new) = NewRun::by_dependencies(verdict, spec, now)? {
+            return Ok(new);
+        }
+    }
+    if job.overlap == OverlapPolicy::Allow {
+        return Ok(NewRun::default());
+    }
+    let admitted = admit_by_overlap(tx, fire.job_id, job.overlap, now, cancelled).await?;
+    cancel_requested.extend(admitted.cancel_requested);
+    Ok(NewRun {
+        state: Some(admitted.state),
+        skip: admitted.skip,
+        ..NewRun::default()
+    })
+}
+
+/// How the overlap policy admits a new run of a job.
+pub(super) struct Admitted {
+    pub state: RunState,
+    pub skip: Option<SkipReason>,
+    /// Running runs a `cancel_running` asked to stop.
+    pub cancel_requested: Vec<i64>,
+}
+
+/// The state a run of the job starts in by its overlap policy (not `allow`): queued, waiting
+/// behind an active run, or skipped; `cancel_running` ends the job's other runs that could
+/// start (added to `ended`) and asks its running ones to stop. Runs waiting for their
+/// dependencies are not active yet and are left alone. The caller holds the job's lock.
+pub(super) async fn admit_by_overlap(
+    tx: &Tx<'_>,
+    job_id: i64,
+    overlap: OverlapPolicy,
+    now: Instant,
+    ended: &mut Vec<Ended>,
+) -> PgResult<Admitted> {
     let stmt = tx
         .prepare_cached(
             "SELECT count(*) FILTER (WHERE state IN ('queued', 'running')), \
-                    count(*) FILTER (WHERE state = 'waiting') \
+                    count(*) FILTER (WHERE state = 'waiting' AND waiting_reason = 'overlap') \
              FROM runs WHERE job_id = $1 AND state IN ('waiting', 'queued', 'running')",
         )
         .await?;
-    let row = tx.query_one(&stmt, &[&fire.job_id]).await?;
+    let row = tx.query_one(&stmt, &[&job_id]).await?;
     let active = rows::count("active runs", row.try_get::<_, i64>(0)?)?;
     let waiting = rows::count("waiting runs", row.try_get::<_, i64>(1)?)?;
-    Ok(match decide(job.overlap, ActiveRuns { active, waiting }) {
-        OverlapDecision::Queue => (RunState::Queued, None),
-        OverlapDecision::Wait => (RunState::Waiting, None),
-        OverlapDecision::Skip => (RunState::Skipped, Some(SkipReason::Overlap)),
-        OverlapDecision::CancelActiveThenQueue => {
-            let stmt = tx
-                .prepare_cached(
-                    "UPDATE runs SET state = 'cancelled', finished_at = $2, \
-                     error = 'cancelled by a newer run (overlap cancel_running)' \
-                     WHERE job_id = $1 AND state IN ('queued', 'waiting')",
-                )
-                .await?;
-            tx.execute(&stmt, &[&fire.job_id, &micros(now)]).await?;
-            let stmt = tx
-                .prepare_cached(
-                    "UPDATE runs SET cancel_requested = true \
-                     WHERE job_id = $1 AND state = 'running' RETURNING id",
-                )
-                .await?;
-            let mut ids = tx
-                .query(&stmt, &[&fire.job_id])
-                .await?
-                .iter()
-                .map(|r| r.try_get::<_, i64>(0))
-                .collect::<Result<Vec<_>, _>>()?;
-            ids.sort_unstable();
-            cancel_requested.extend(ids);
-            (RunState::Queued, None)
+    let mut admitted = Admitted {
+        state: RunState::Queued,
+        skip: None,
+        cancel_requested: Vec::new(),
+    };
+    match decide(overlap, ActiveRuns { active, waiting }) {
+        OverlapDecision::Queue => {}
+        OverlapDecision::Wait => admitted.state = RunState::Waiting,
+        OverlapDecision::Skip => {
+            admitted.state = RunState::Skipped;
+            admitted.skip = Some(SkipReason::Overlap);
         }
-    })
+        OverlapDecision::CancelActiveThenQueue => {
+            let reason = "cancelled by a newer run (overlap cancel_running)";
+            admitted.cancel_requested =
+                cancel_active(tx, job_id, reason, false, now, ended).await?;
+        }
+    }
+    Ok(admitted)
+}
+
+/// Cancels the job's queued and waiting runs (those waiting for dependencies only with
+/// `with_dependency_waits`) and asks its running ones to stop; returns the running ones, and
+/// adds the cancelled ones to `ended`. The caller holds the job's lock.
+pub(super) async fn cancel_active(
+    tx: &Tx<'_>,
+    job_id: i64,
+    reason: &str,
+    with_dependency_waits: bool,
+    now: Instant,
+    ended: &mut Vec<Ended>,
+) -> PgResult<Vec<i64>> {
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE runs SET state = 'cancelled', finished_at = $2, error = $3 \
+             WHERE job_id = $1 AND state IN ('queued', 'waiting') \
+             AND ($4 OR waiting_reason IS DISTINCT FROM 'dependencies') \
+             RETURNING namespace, job, scheduled_for",
+        )
+        .await?;
+    let cancelled = tx
+        .query(
+            &stmt,
+            &[&job_id, &micros(now), &reason, &with_dependency_waits],
+        )
+        .await?;
+    for row in cancelled {
+        ended.push(Ended {
+            namespace: row.try_get(0)?,
+            job: row.try_get(1)?,
+            scheduled_for: rows::instant(row.try_get(2)?)?,
+            state: RunState::Cancelled,
+        });
+    }
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE runs SET cancel_requested = true \
+             WHERE job_id = $1 AND state = 'running' RETURNING id",
+        )
+        .await?;
+    let mut ids = tx
+        .query(&stmt, &[&job_id])
+        .await?
+        .iter()
+        .map(|r| r.try_get::<_, i64>(0))
+        .collect::<Result<Vec<_>, _>>()?;
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Ends a run that never started as skipped, for `reason`, saying why.
+pub(super) async fn skip_run(
+    tx: &Tx<'_>,
+    run_id: i64,
+    reason: SkipReason,
+    why: &str,
+    now: Instant,
+) -> PgResult<()> {
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE runs SET state = 'skipped', skip_reason = $2, error = $3, finished_at = $4 \
+             WHERE id = $1",
+        )
+        .await?;
+    tx.execute(&stmt, &[&run_id, &reason.as_str(), &why, &micros(now)])
+        .await?;
+    Ok(())
 }
 
 pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<QueuedRun>> {
@@ -441,8 +580,10 @@ pub async fn complete_attempts(
         job_of.insert(row.try_get(0)?, row.try_get(1)?);
     }
     let job_ids = sorted(job_of.values().copied());
+    // The jobs downstream are locked with them: a run that ends may release theirs.
+    let below = downstream(tx, &job_ids).await?;
     let mut policies: HashMap<i64, RetryPolicy> = HashMap::new();
-    for (job_id, retry) in lock_jobs(tx, &job_ids).await? {
+    for (job_id, retry) in lock_jobs(tx, &sorted(job_ids.iter().copied().chain(below))).await? {
         policies.insert(job_id, retry_policy(Some(&retry))?);
     }
     lock_attempts_and_runs(tx, &attempt_ids).await?;
@@ -545,8 +686,11 @@ async fn complete_one(
             (RunState::Queued, vec![attempt.run_id])
         }
         AfterAttempt::Finish(state) => {
-            finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now).await?;
-            (state, release_waiting(tx, attempt.job_id).await?)
+            let ended =
+                finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now).await?;
+            let mut released = release_waiting(tx, attempt.job_id).await?;
+            released.extend(settle(tx, vec![ended], now).await?.queued);
+            (state, released)
         }
     };
     Ok(CompletionEffect::Accepted {
@@ -572,6 +716,7 @@ async fn lock_attempts_and_runs(tx: &Tx<'_>, attempt_ids: &[i64]) -> PgResult<()
     Ok(())
 }
 
+/// Ends a run in `state`; the run as its dependants learn of it.
 async fn finish_run(
     tx: &Tx<'_>,
     run_id: i64,
@@ -579,25 +724,31 @@ async fn finish_run(
     failures: u32,
     error: Option<&str>,
     now: Instant,
-) -> PgResult<()> {
+) -> PgResult<Ended> {
     let stmt = tx
         .prepare_cached(
             "UPDATE runs SET state = $2, finished_at = $3, failures = $4, error = $5 \
-             WHERE id = $1",
+             WHERE id = $1 RETURNING namespace, job, scheduled_for",
         )
         .await?;
-    tx.execute(
-        &stmt,
-        &[
-            &run_id,
-            &state.as_str(),
-            &micros(now),
-            &rows::int("failures", failures)?,
-            &error,
-        ],
-    )
-    .await?;
-    Ok(())
+    let row = tx
+        .query_one(
+            &stmt,
+            &[
+                &run_id,
+                &state.as_str(),
+                &micros(now),
+                &rows::int("failures", failures)?,
+                &error,
+            ],
+        )
+        .await?;
+    Ok(Ended {
+        namespace: row.try_get(0)?,
+        job: row.try_get(1)?,
+        scheduled_for: rows::instant(row.try_get(2)?)?,
+        state,
+    })
 }
 
 /// Queues the oldest run of the job held back by overlap, once none of its runs is active.
@@ -605,9 +756,9 @@ async fn finish_run(
 async fn release_waiting(tx: &Tx<'_>, job_id: i64) -> PgResult<Vec<i64>> {
     let stmt = tx
         .prepare_cached(
-            "UPDATE runs SET state = 'queued' WHERE id = ( \
+            "UPDATE runs SET state = 'queued', waiting_reason = NULL WHERE id = ( \
                 SELECT id FROM runs WHERE job_id = $1 AND state = 'waiting' \
-                ORDER BY scheduled_for, id LIMIT 1) \
+                AND waiting_reason = 'overlap' ORDER BY scheduled_for, id LIMIT 1) \
              AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = $1 \
                              AND state IN ('queued', 'running')) \
              RETURNING id",
@@ -641,7 +792,9 @@ pub async fn cancel_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Opti
     let Some(row) = tx.query_opt(&stmt, &[&run_id]).await? else {
         return Ok(None);
     };
-    lock_jobs(tx, &[row.try_get(0)?]).await?;
+    let job_id: i64 = row.try_get(0)?;
+    let below = downstream(tx, &[job_id]).await?;
+    lock_jobs(tx, &sorted(below.into_iter().chain([job_id]))).await?;
     let Some(run) = get_run(tx, run_id, true).await? else {
         return Ok(None);
     };
@@ -655,7 +808,7 @@ pub async fn cancel_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Opti
             CancelOutcome::Requested(refetch(tx, run_id).await?)
         }
         RunState::Queued | RunState::Waiting => {
-            finish_run(
+            let ended = finish_run(
                 tx,
                 run_id,
                 RunState::Cancelled,
@@ -664,7 +817,8 @@ pub async fn cancel_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Opti
                 now,
             )
             .await?;
-            let released = release_waiting(tx, run.job_id).await?;
+            let mut released = release_waiting(tx, run.job_id).await?;
+            released.extend(settle(tx, vec![ended], now).await?.queued);
             CancelOutcome::Cancelled {
                 run: refetch(tx, run_id).await?,
                 released,
@@ -715,8 +869,10 @@ pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<
         job_ids.push(row.try_get::<_, i64>(1)?);
     }
     let attempt_ids = sorted(attempt_ids);
-    lock_jobs(tx, &job_ids).await?;
+    let below = downstream(tx, &job_ids).await?;
+    lock_jobs(tx, &sorted(job_ids.into_iter().chain(below))).await?;
     lock_attempts_and_runs(tx, &attempt_ids).await?;
+    let mut ended = Vec::new();
     let stmt = tx
         .prepare_cached(&format!(
             "SELECT a.id, a.run_id, r.job_id, r.cancel_requested, r.failures \
@@ -739,15 +895,17 @@ pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<
         tx.execute(&stmt, &[&attempt_id, &micros(now)]).await?;
         if cancel_requested {
             let failures = rows::count("failures", row.try_get::<_, i32>(4)?)?;
-            finish_run(
-                tx,
-                run_id,
-                RunState::Cancelled,
-                failures,
-                Some("cancelled; its worker was lost"),
-                now,
-            )
-            .await?;
+            ended.push(
+                finish_run(
+                    tx,
+                    run_id,
+                    RunState::Cancelled,
+                    failures,
+                    Some("cancelled; its worker was lost"),
+                    now,
+                )
+                .await?,
+            );
             outcome.cancelled.push(run_id);
             outcome.requeued.extend(release_waiting(tx, job_id).await?);
         } else {
@@ -759,5 +917,8 @@ pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<
             outcome.requeued.push(run_id);
         }
     }
+    outcome
+        .requeued
+        .extend(settle(tx, ended, now).await?.queued);
     Ok(outcome)
 }

@@ -20,6 +20,7 @@
 
 mod audit;
 mod cluster;
+mod dependencies;
 mod events;
 mod history;
 mod jobs;
@@ -274,14 +275,22 @@ impl Store for PgStore {
         &self,
         namespace: &str,
         name: &str,
+        force: bool,
         now: Instant,
-    ) -> Result<Option<JobRecord>> {
+    ) -> Result<Option<DeletedJob>> {
         transact!(self, write, |tx| {
-            let deleted = jobs::delete(&tx, namespace, name, now).await?;
-            if let Some(job) = &deleted {
+            let deleted = jobs::delete(&tx, namespace, name, force, now).await?;
+            if let Some(deleted) = &deleted {
                 self.channel
-                    .notify(&tx, Kind::JobChanged, &[job.id])
+                    .notify(&tx, Kind::JobChanged, &[deleted.job.id])
                     .await?;
+                for dependant in &deleted.paused_dependants {
+                    if let Some(job) = jobs::get(&tx, namespace, dependant).await? {
+                        self.channel
+                            .notify(&tx, Kind::JobChanged, &[job.id])
+                            .await?;
+                    }
+                }
             }
             deleted
         })
@@ -325,6 +334,7 @@ impl Store for PgStore {
                 .iter()
                 .filter(|r| r.inserted && r.state == RunState::Queued)
                 .map(|r| r.run_id)
+                .chain(outcome.released.iter().copied())
                 .collect();
             self.channel.notify(&tx, Kind::RunsQueued, &queued).await?;
             outcome
@@ -352,6 +362,19 @@ impl Store for PgStore {
                 .notify(&tx, Kind::RunsDequeued, &dequeued)
                 .await?;
             started
+        })
+    }
+
+    async fn expire_dependency_waits(&self, now: Instant, limit: u32) -> Result<ExpiredWaits> {
+        transact!(self, write, |tx| {
+            let (skipped, settled) = dependencies::expire_waits(&tx, now, limit).await?;
+            self.channel
+                .notify(&tx, Kind::RunsQueued, &settled.queued)
+                .await?;
+            ExpiredWaits {
+                skipped,
+                queued: settled.queued,
+            }
         })
     }
 

@@ -47,6 +47,8 @@ enum Lock {
     JobCount,
     /// Its number of secrets, while a new secret counts them.
     SecretCount,
+    /// The dependencies between its jobs, while a write checks or changes them.
+    Dependencies,
 }
 
 /// Takes namespace `name`'s `kind` lock until the transaction ends.
@@ -56,6 +58,7 @@ async fn lock(tx: &Tx<'_>, name: &str, kind: Lock) -> PgResult<()> {
         Lock::Rules { exclusive: false } => ("pg_advisory_xact_lock_shared", "sked.namespace/"),
         Lock::JobCount => ("pg_advisory_xact_lock", "sked.namespace-jobs/"),
         Lock::SecretCount => ("pg_advisory_xact_lock", "sked.namespace-secrets/"),
+        Lock::Dependencies => ("pg_advisory_xact_lock", "sked.namespace-dependencies/"),
     };
     let sql = format!("SELECT {function}(hashtextextended('{key}' || $1, 0))");
     let stmt = tx.prepare_cached(&sql).await?;
@@ -140,6 +143,13 @@ pub async fn delete(tx: &Tx<'_>, name: &str) -> PgResult<Option<NamespaceRecord>
 
 /// Refuses a job write that namespace's settings do not allow; `creating` says it adds a job.
 /// Called with the job's row locked.
+/// Holds the dependencies between namespace `name`'s jobs still until the transaction ends:
+/// two writes cannot close a cycle side by side, nor a job be deleted while a new dependant
+/// finds it.
+pub async fn lock_dependencies(tx: &Tx<'_>, name: &str) -> PgResult<()> {
+    lock(tx, name, Lock::Dependencies).await
+}
+
 pub async fn admit(
     tx: &Tx<'_>,
     namespace: &str,

@@ -51,11 +51,11 @@ pub fn job(row: &Row) -> PgResult<JobRecord> {
 
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
-     cancel_requested, error";
+     cancel_requested, error, waiting_reason, waiting_for, waiting_until";
 
 pub fn run(row: &Row) -> PgResult<RunRecord> {
     let skip_reason: Option<&str> = row.try_get(7)?;
-    Ok(RunRecord {
+    let record = RunRecord {
         id: row.try_get(0)?,
         namespace: row.try_get(1)?,
         job: row.try_get(2)?,
@@ -64,6 +64,9 @@ pub fn run(row: &Row) -> PgResult<RunRecord> {
         trigger: trigger(row.try_get(5)?)?,
         state: run_state(row.try_get(6)?)?,
         skip_reason: skip_reason.map(self::skip_reason).transpose()?,
+        waiting_reason: None,
+        waiting_for: Vec::new(),
+        waiting_until: None,
         priority: row.try_get(8)?,
         ready_at: instant(row.try_get(9)?)?,
         created_at: instant(row.try_get(10)?)?,
@@ -73,7 +76,13 @@ pub fn run(row: &Row) -> PgResult<RunRecord> {
         failures: count("failures", row.try_get::<_, i32>(14)?)?,
         cancel_requested: row.try_get(15)?,
         error: row.try_get(16)?,
-    })
+    };
+    Ok(crate::shared::with_waiting(
+        record,
+        row.try_get(17)?,
+        row.try_get(18)?,
+        row.try_get(19)?,
+    )?)
 }
 
 pub const ATTEMPT_COLUMNS: &str = "id, run_id, number, worker_id, token, state, started_at, \

@@ -191,6 +191,25 @@ CREATE TABLE secrets (
     PRIMARY KEY (namespace, name)
 );
 "#,
+    r#"
+-- Version 5 (SQLite's 4): dependencies between jobs.
+CREATE TABLE job_dependencies (
+    namespace TEXT NOT NULL,
+    job       TEXT COLLATE "C" NOT NULL,
+    upstream  TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (namespace, upstream, job)
+);
+CREATE INDEX job_dependencies_by_job ON job_dependencies (namespace, job);
+
+ALTER TABLE jobs ADD COLUMN has_dependencies BOOLEAN NOT NULL DEFAULT false;
+
+ALTER TABLE runs ADD COLUMN waiting_reason TEXT;
+ALTER TABLE runs ADD COLUMN waiting_for TEXT;
+ALTER TABLE runs ADD COLUMN waiting_until BIGINT;
+UPDATE runs SET waiting_reason = 'overlap' WHERE state = 'waiting';
+CREATE INDEX runs_waiting_dependencies ON runs (waiting_until)
+    WHERE state = 'waiting' AND waiting_reason = 'dependencies';
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

@@ -1,8 +1,9 @@
 //! Job definitions: create, replace, pause, delete, list, and the firing loop's view of them.
 
+use super::dependencies;
 use super::rows::{self, micros, JOB_COLUMNS};
 use crate::cursor::{self, page_size, Cursor};
-use crate::{shared, JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
+use crate::{shared, DeletedJob, JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::job::{JobSpec, JobState, ValidJob};
 use sked_core::records::{JobRecord, ScheduledJob};
@@ -50,6 +51,8 @@ pub fn put(
         }
     }
     super::namespaces::admit(tx, namespace, &job.spec.target, existing.is_none())?;
+    dependencies::put_edges(tx, namespace, job)?;
+    let has_dependencies = !job.spec.depends_on.is_empty();
     let firing = crate::shared::firing_after_put(existing.as_ref(), job, now)?;
     let (spec, retry) = spec_json(&job.spec)?;
     let description = job.spec.description.as_deref().unwrap_or("");
@@ -59,7 +62,7 @@ pub fn put(
             tx.prepare_cached(
                 "UPDATE jobs SET description = ?2, spec = ?3, overlap = ?4, priority = ?5, \
                  retry = ?6, state = ?7, next_fire_at = ?8, fired_count = ?9, \
-                 schedule_epoch = ?10, updated_at = ?11 WHERE id = ?1",
+                 schedule_epoch = ?10, updated_at = ?11, has_dependencies = ?12 WHERE id = ?1",
             )?
             .execute(params![
                 old.id,
@@ -73,14 +76,16 @@ pub fn put(
                 firing.fired_count as i64,
                 micros(firing.schedule_epoch),
                 micros(now),
+                has_dependencies,
             ])?;
             old.id
         }
         None => {
             tx.prepare_cached(
                 "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, retry, \
-                 state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12)",
+                 state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at, \
+                 has_dependencies) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13)",
             )?
             .execute(params![
                 namespace,
@@ -95,6 +100,7 @@ pub fn put(
                 firing.fired_count as i64,
                 micros(firing.schedule_epoch),
                 micros(now),
+                has_dependencies,
             ])?;
             tx.last_insert_rowid()
         }
@@ -169,15 +175,33 @@ pub fn delete(
     tx: &Transaction<'_>,
     namespace: &str,
     name: &str,
+    force: bool,
     now: Instant,
-) -> Result<Option<JobRecord>> {
+) -> Result<Option<DeletedJob>> {
     let Some(job) = get(tx, namespace, name)? else {
         return Ok(None);
     };
-    super::ledger::cancel_active(tx, job.id, "the job was deleted", now)?;
+    let dependants = dependencies::dependants(tx, namespace, name)?;
+    if !dependants.is_empty() && !force {
+        return Err(StoreError::DependedOn {
+            job: name.to_string(),
+            dependants,
+        });
+    }
+    for dependant in &dependants {
+        set_paused(tx, namespace, dependant, true, now)?;
+    }
+    let mut ended = Vec::new();
+    super::ledger::cancel_active(tx, job.id, "the job was deleted", true, now, &mut ended)?;
+    dependencies::remove_edges(tx, namespace, name)?;
     tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
         .execute(params![job.id])?;
-    Ok(Some(job))
+    // Its dependants, paused now, learn that the runs they waited for will not come.
+    dependencies::settle(tx, ended, now)?;
+    Ok(Some(DeletedJob {
+        job,
+        paused_dependants: dependants,
+    }))
 }
 
 pub fn set_paused(

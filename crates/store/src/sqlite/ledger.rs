@@ -2,17 +2,22 @@
 //! lost attempts taken back. Each public function runs inside the caller's transaction, so every
 //! decision (made by `sked-core`) commits together with its effects.
 
+use super::dependencies::{self, settle};
 use super::jobs::retry_policy;
 use super::rows::{self, micros, RUN_COLUMNS};
 use crate::shared::ReportedAttempt;
+use crate::shared::{Ended, NewRun};
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
     QueuedRun, ReapOutcome, Result, StartedAttempt,
 };
 use rusqlite::{params, OptionalExtension, Transaction};
+use sked_core::job::JobSpec;
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
 use sked_core::policy::{OverlapPolicy, RetryPolicy};
-use sked_core::run::{after_attempt, AfterAttempt, AttemptOutcome, RunState, SkipReason, Trigger};
+use sked_core::run::{
+    after_attempt, AfterAttempt, AttemptOutcome, RunState, SkipReason, Trigger, WaitReason,
+};
 use sked_core::Instant;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -22,20 +27,27 @@ use std::collections::HashMap;
 /// index only when the query provably implies its condition, and without one these statements
 /// walk every run the job ever had. `tests::job_scoped_statements_use_partial_indexes` holds
 /// them to it.
+/// Runs waiting for their dependencies are not active yet: overlap counts only those held back
+/// by overlap.
 pub(super) const COUNT_ACTIVE: &str = "SELECT coalesce(sum(state IN ('queued', 'running')), 0), \
-            coalesce(sum(state = 'waiting'), 0) \
+            coalesce(sum(state = 'waiting' AND waiting_reason = 'overlap'), 0) \
      FROM runs WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running')";
-/// `?3` is the reason recorded on the cancelled runs.
+/// `?3` is the reason recorded on the cancelled runs; `?4` whether runs waiting for their
+/// dependencies go too (a deleted job) or stay (an overlap `cancel_running`, which is about
+/// runs that could start).
 pub(super) const CANCEL_UNSTARTED: &str = "UPDATE runs SET state = 'cancelled', finished_at = ?2, \
      error = ?3 WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running') \
-     AND state IN ('queued', 'waiting')";
+     AND state IN ('queued', 'waiting') AND (?4 OR waiting_reason IS NOT 'dependencies') \
+     RETURNING namespace, job, scheduled_for";
 pub(super) const REQUEST_CANCEL_RUNNING: &str = "UPDATE runs SET cancel_requested = 1 \
      WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running') AND state = 'running' \
      RETURNING id";
-/// Queues the job's oldest waiting run, once none of its runs is queued or running.
-pub(super) const RELEASE_WAITING: &str = "UPDATE runs SET state = 'queued' WHERE id = ( \
+/// Queues the job's oldest run held back by overlap, once none of its runs is queued or
+/// running.
+pub(super) const RELEASE_WAITING: &str = "UPDATE runs SET state = 'queued', waiting_reason = NULL \
+     WHERE id = ( \
         SELECT id FROM runs WHERE job_id = ?1 AND state = 'waiting' \
-        ORDER BY scheduled_for, id LIMIT 1) \
+        AND waiting_reason = 'overlap' ORDER BY scheduled_for, id LIMIT 1) \
      AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = ?1 \
         AND state IN ('waiting', 'queued', 'running') AND state IN ('queued', 'running')) \
      RETURNING id";
@@ -47,16 +59,39 @@ const JOB_SCOPED: &[&str] = &[
     RELEASE_WAITING,
 ];
 
-/// Cancels the job's queued and waiting runs and asks its running ones to stop; returns the
-/// running ones.
+/// Cancels the job's queued and waiting runs (those waiting for dependencies only with
+/// `with_dependency_waits`) and asks its running ones to stop; returns the running ones, and
+/// adds the cancelled ones to `ended`.
 pub(super) fn cancel_active(
     tx: &Transaction<'_>,
     job_id: i64,
     reason: &str,
+    with_dependency_waits: bool,
     now: Instant,
+    ended: &mut Vec<Ended>,
 ) -> Result<Vec<i64>> {
-    tx.prepare_cached(CANCEL_UNSTARTED)?
-        .execute(params![job_id, micros(now), reason])?;
+    {
+        let mut stmt = tx.prepare_cached(CANCEL_UNSTARTED)?;
+        let cancelled = stmt.query_map(
+            params![job_id, micros(now), reason, with_dependency_waits],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            },
+        )?;
+        for run in cancelled {
+            let (namespace, job, instant) = run?;
+            ended.push(Ended {
+                namespace,
+                job,
+                scheduled_for: rows::instant(instant)?,
+                state: RunState::Cancelled,
+            });
+        }
+    }
     let mut stmt = tx.prepare_cached(REQUEST_CANCEL_RUNNING)?;
     let ids = stmt.query_map(params![job_id], |r| r.get::<_, i64>(0))?;
     Ok(ids.collect::<rusqlite::Result<_>>()?)
@@ -68,10 +103,13 @@ struct FiringJob {
     name: String,
     overlap: OverlapPolicy,
     priority: i32,
+    /// Its definition, read only for a job with dependencies (the verdict needs them).
+    spec: Option<JobSpec>,
 }
 
 pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
     let mut outcome = FireOutcome::default();
+    let mut ended: Vec<Ended> = Vec::new();
     let mut jobs: HashMap<i64, Option<FiringJob>> = HashMap::new();
     for fire in fires {
         let job = match jobs.entry(fire.job_id) {
@@ -93,7 +131,7 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
         // already. Any other is looked up first, since deciding it may cancel other runs.
         let decided_alone = fire.skip.is_some()
             || fire.trigger == Trigger::Manual
-            || job.overlap == OverlapPolicy::Allow;
+            || (job.overlap == OverlapPolicy::Allow && job.spec.is_none());
         let existing = if decided_alone {
             None
         } else {
@@ -102,9 +140,20 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
         let (run_id, state, inserted) = match existing {
             Some((id, state)) => (id, state, false),
             None => {
-                let (state, reason) = decide_fire(tx, fire, job, now, &mut outcome)?;
-                match insert_run(tx, fire, job, state, reason, now)? {
-                    Some(id) => (id, state, true),
+                let new = decide_fire(tx, fire, job, now, &mut outcome, &mut ended)?;
+                let state = new.state();
+                match insert_run(tx, fire, job, &new, now)? {
+                    Some(id) => {
+                        if state.is_terminal() {
+                            ended.push(Ended {
+                                namespace: job.namespace.clone(),
+                                job: job.name.clone(),
+                                scheduled_for: fire.scheduled_for,
+                                state,
+                            });
+                        }
+                        (id, state, true)
+                    }
                     None => {
                         let (id, state) = recorded_run(tx, fire)?.ok_or_else(|| {
                             crate::StoreError::Corrupt(format!(
@@ -144,6 +193,9 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
             advanced,
         });
     }
+    let settled = settle(tx, ended, now)?;
+    outcome.released = settled.queued;
+    outcome.cancel_requested.extend(settled.cancel_requested);
     Ok(outcome)
 }
 
@@ -165,16 +217,19 @@ fn insert_run(
     tx: &Transaction<'_>,
     fire: &Fire,
     job: &FiringJob,
-    state: RunState,
-    reason: Option<SkipReason>,
+    new: &NewRun,
     now: Instant,
 ) -> Result<Option<i64>> {
+    let state = new.state();
     let finished = state.is_terminal().then(|| micros(now));
+    let waiting_reason = new.waiting_reason();
+    let (waiting_for, waiting_until) = new.dependencies.clone().unzip();
     let written = tx
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
-             skip_reason, priority, ready_at, created_at, finished_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             skip_reason, priority, ready_at, created_at, finished_at, error, waiting_reason, \
+             waiting_for, waiting_until) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
              ON CONFLICT (job_id, scheduled_for) DO NOTHING",
         )?
         .execute(params![
@@ -184,65 +239,141 @@ fn insert_run(
             micros(fire.scheduled_for),
             fire.trigger.as_str(),
             state.as_str(),
-            reason.map(SkipReason::as_str),
+            new.skip.map(SkipReason::as_str),
             job.priority,
             micros(fire.ready_at),
             micros(now),
             finished,
+            new.error,
+            waiting_reason.map(WaitReason::as_str),
+            waiting_for,
+            waiting_until,
         ])?;
     Ok((written == 1).then(|| tx.last_insert_rowid()))
 }
 
 fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
-    let row: Option<(String, String, String, i32)> = tx
-        .prepare_cached("SELECT namespace, name, overlap, priority FROM jobs WHERE id = ?1")?
+    let row: Option<(String, String, String, i32, bool)> = tx
+        .prepare_cached(
+            "SELECT namespace, name, overlap, priority, has_dependencies FROM jobs WHERE id = ?1",
+        )?
         .query_row(params![job_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })
         .optional()?;
-    let Some((namespace, name, overlap, priority)) = row else {
+    let Some((namespace, name, overlap, priority, has_dependencies)) = row else {
         return Ok(None);
     };
     let overlap = OverlapPolicy::parse(&overlap)
         .ok_or_else(|| crate::StoreError::Corrupt(format!("unknown overlap policy {overlap:?}")))?;
+    let spec = if has_dependencies {
+        let text: String = tx
+            .prepare_cached("SELECT spec FROM jobs WHERE id = ?1")?
+            .query_row(params![job_id], |r| r.get(0))?;
+        Some(rows::spec(&text)?)
+    } else {
+        None
+    };
     Ok(Some(FiringJob {
         namespace,
         name,
         overlap,
         priority,
+        spec,
     }))
 }
 
-/// The new run's state: skipped as the fire says, or by the job's overlap policy, whose
-/// `cancel_running` also ends the job's active runs here.
+/// The new run's state: skipped as the fire says; else, for a scheduled instant, waiting
+/// while its dependencies are unmet (skipped when they never can be), then by the job's
+/// overlap policy, whose `cancel_running` also ends the job's active runs here.
 fn decide_fire(
     tx: &Transaction<'_>,
     fire: &Fire,
     job: &FiringJob,
     now: Instant,
     outcome: &mut FireOutcome,
-) -> Result<(RunState, Option<SkipReason>)> {
+    ended: &mut Vec<Ended>,
+) -> Result<NewRun> {
     if let Some(reason) = fire.skip {
-        return Ok((RunState::Skipped, Some(reason)));
+        return Ok(NewRun::skipped(reason));
     }
-    // Manual runs are asked for explicitly; overlap rules apply to the schedule's instants.
-    if fire.trigger == Trigger::Manual || job.overlap == OverlapPolicy::Allow {
-        return Ok((RunState::Queued, None));
+    // Manual runs are asked for explicitly: neither dependencies nor overlap hold them back.
+    if fire.trigger == Trigger::Manual {
+        return Ok(NewRun::default());
     }
+    if let Some(spec) = &job.spec {
+        let verdict = dependencies::judge(tx, &job.namespace, spec, fire.scheduled_for)?;
+        if let Some(new) = NewRun::by_dependencies(verdict, spec, now)? {
+            return Ok(new);
+        }
+    }
+    if job.overlap == OverlapPolicy::Allow {
+        return Ok(NewRun::default());
+    }
+    let admitted = admit_by_overlap(tx, fire.job_id, job.overlap, now, ended)?;
+    outcome.cancel_requested.extend(admitted.cancel_requested);
+    Ok(NewRun {
+        state: Some(admitted.state),
+        skip: admitted.skip,
+        ..NewRun::default()
+    })
+}
+
+/// How the overlap policy admits a new run of a job.
+pub(super) struct Admitted {
+    pub state: RunState,
+    pub skip: Option<SkipReason>,
+    /// Running runs a `cancel_running` asked to stop.
+    pub cancel_requested: Vec<i64>,
+}
+
+/// The state a run of the job starts in by its overlap policy (not `allow`): queued, waiting
+/// behind an active run, or skipped; `cancel_running` ends the job's other runs that could
+/// start (added to `ended`) and asks its running ones to stop.
+pub(super) fn admit_by_overlap(
+    tx: &Transaction<'_>,
+    job_id: i64,
+    overlap: OverlapPolicy,
+    now: Instant,
+    ended: &mut Vec<Ended>,
+) -> Result<Admitted> {
     let (active, waiting): (u32, u32) = tx
         .prepare_cached(COUNT_ACTIVE)?
-        .query_row(params![fire.job_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(match decide(job.overlap, ActiveRuns { active, waiting }) {
-        OverlapDecision::Queue => (RunState::Queued, None),
-        OverlapDecision::Wait => (RunState::Waiting, None),
-        OverlapDecision::Skip => (RunState::Skipped, Some(SkipReason::Overlap)),
+        .query_row(params![job_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let mut admitted = Admitted {
+        state: RunState::Queued,
+        skip: None,
+        cancel_requested: Vec::new(),
+    };
+    match decide(overlap, ActiveRuns { active, waiting }) {
+        OverlapDecision::Queue => {}
+        OverlapDecision::Wait => admitted.state = RunState::Waiting,
+        OverlapDecision::Skip => {
+            admitted.state = RunState::Skipped;
+            admitted.skip = Some(SkipReason::Overlap);
+        }
         OverlapDecision::CancelActiveThenQueue => {
             let reason = "cancelled by a newer run (overlap cancel_running)";
-            let running = cancel_active(tx, fire.job_id, reason, now)?;
-            outcome.cancel_requested.extend(running);
-            (RunState::Queued, None)
+            admitted.cancel_requested = cancel_active(tx, job_id, reason, false, now, ended)?;
         }
-    })
+    }
+    Ok(admitted)
+}
+
+/// Ends a run that never started as skipped, for `reason`, saying why.
+pub(super) fn skip_run(
+    tx: &Transaction<'_>,
+    run_id: i64,
+    reason: SkipReason,
+    why: &str,
+    now: Instant,
+) -> Result<()> {
+    tx.prepare_cached(
+        "UPDATE runs SET state = 'skipped', skip_reason = ?2, error = ?3, finished_at = ?4 \
+         WHERE id = ?1",
+    )?
+    .execute(params![run_id, reason.as_str(), why, micros(now)])?;
+    Ok(())
 }
 
 /// Every queued run with its job's definition; `state = 'queued'` is the `runs_queued` index's
@@ -409,8 +540,11 @@ pub fn complete_attempts(
                     (RunState::Queued, vec![attempt.run_id])
                 }
                 AfterAttempt::Finish(state) => {
-                    finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now)?;
-                    (state, release_waiting(tx, attempt.job_id)?)
+                    let ended =
+                        finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now)?;
+                    let mut released = release_waiting(tx, attempt.job_id)?;
+                    released.extend(settle(tx, vec![ended], now)?.queued);
+                    (state, released)
                 }
             };
         effects.push(CompletionEffect::Accepted {
@@ -422,6 +556,7 @@ pub fn complete_attempts(
     Ok(effects)
 }
 
+/// Ends a run in `state`; the run as its dependants learn of it.
 fn finish_run(
     tx: &Transaction<'_>,
     run_id: i64,
@@ -429,18 +564,22 @@ fn finish_run(
     failures: u32,
     error: Option<&str>,
     now: Instant,
-) -> Result<()> {
-    tx.prepare_cached(
-        "UPDATE runs SET state = ?2, finished_at = ?3, failures = ?4, error = ?5 WHERE id = ?1",
-    )?
-    .execute(params![
-        run_id,
-        state.as_str(),
-        micros(now),
-        failures,
-        error
-    ])?;
-    Ok(())
+) -> Result<Ended> {
+    let (namespace, job, instant): (String, String, i64) = tx
+        .prepare_cached(
+            "UPDATE runs SET state = ?2, finished_at = ?3, failures = ?4, error = ?5 \
+             WHERE id = ?1 RETURNING namespace, job, scheduled_for",
+        )?
+        .query_row(
+            params![run_id, state.as_str(), micros(now), failures, error],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
+    Ok(Ended {
+        namespace,
+        job,
+        scheduled_for: rows::instant(instant)?,
+        state,
+    })
 }
 
 /// Queues the oldest run of the job held back by overlap, once none of its runs is active.
@@ -475,7 +614,7 @@ pub fn cancel_run(
             CancelOutcome::Requested(refetch(tx, run_id)?)
         }
         RunState::Queued | RunState::Waiting => {
-            finish_run(
+            let ended = finish_run(
                 tx,
                 run_id,
                 RunState::Cancelled,
@@ -483,7 +622,8 @@ pub fn cancel_run(
                 Some("cancelled by a user"),
                 now,
             )?;
-            let released = release_waiting(tx, run.job_id)?;
+            let mut released = release_waiting(tx, run.job_id)?;
+            released.extend(settle(tx, vec![ended], now)?.queued);
             CancelOutcome::Cancelled {
                 run: refetch(tx, run_id)?,
                 released,
@@ -502,6 +642,7 @@ fn refetch(tx: &Transaction<'_>, run_id: i64) -> Result<sked_core::records::RunR
 
 pub fn reap(tx: &Transaction<'_>, silent_since: Instant, now: Instant) -> Result<ReapOutcome> {
     let mut outcome = ReapOutcome::default();
+    let mut ended = Vec::new();
     {
         let mut stmt = tx.prepare_cached(
             "UPDATE workers SET alive = 0 WHERE alive = 1 AND last_heartbeat_at < ?1 RETURNING id",
@@ -534,14 +675,14 @@ pub fn reap(tx: &Transaction<'_>, silent_since: Instant, now: Instant) -> Result
             let failures: u32 = tx
                 .prepare_cached("SELECT failures FROM runs WHERE id = ?1")?
                 .query_row(params![run_id], |r| r.get(0))?;
-            finish_run(
+            ended.push(finish_run(
                 tx,
                 run_id,
                 RunState::Cancelled,
                 failures,
                 Some("cancelled; its worker was lost"),
                 now,
-            )?;
+            )?);
             outcome.cancelled.push(run_id);
             outcome.requeued.extend(release_waiting(tx, job_id)?);
         } else {
@@ -551,6 +692,7 @@ pub fn reap(tx: &Transaction<'_>, silent_since: Instant, now: Instant) -> Result
             outcome.requeued.push(run_id);
         }
     }
+    outcome.requeued.extend(settle(tx, ended, now)?.queued);
     Ok(outcome)
 }
 

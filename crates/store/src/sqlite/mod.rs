@@ -14,6 +14,7 @@
 //! part of the trait as plain functions over a connection or transaction.
 
 mod audit;
+mod dependencies;
 mod history;
 mod jobs;
 mod ledger;
@@ -400,10 +401,11 @@ impl Store for SqliteStore {
         &self,
         namespace: &str,
         name: &str,
+        force: bool,
         now: Instant,
-    ) -> Result<Option<JobRecord>> {
+    ) -> Result<Option<DeletedJob>> {
         let (namespace, name) = (namespace.to_string(), name.to_string());
-        self.write(move |tx| jobs::delete(tx, &namespace, &name, now))
+        self.write(move |tx| jobs::delete(tx, &namespace, &name, force, now))
             .await
     }
 
@@ -450,6 +452,17 @@ impl Store for SqliteStore {
         let starts = starts.to_vec();
         self.write(move |tx| ledger::start_attempts(tx, &starts, now))
             .await
+    }
+
+    async fn expire_dependency_waits(&self, now: Instant, limit: u32) -> Result<ExpiredWaits> {
+        self.write(move |tx| {
+            let (skipped, settled) = dependencies::expire_waits(tx, now, limit)?;
+            Ok(ExpiredWaits {
+                skipped,
+                queued: settled.queued,
+            })
+        })
+        .await
     }
 
     async fn complete_attempts(

@@ -31,11 +31,11 @@ pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
 
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
-     cancel_requested, error";
+     cancel_requested, error, waiting_reason, waiting_for, waiting_until";
 
 pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let skip_reason: Option<String> = row.get(7)?;
-    Ok(RunRecord {
+    let record = RunRecord {
         id: row.get(0)?,
         namespace: row.get(1)?,
         job: row.get(2)?,
@@ -44,6 +44,9 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         trigger: trigger(&row.get::<_, String>(5)?)?,
         state: run_state(&row.get::<_, String>(6)?)?,
         skip_reason: skip_reason.as_deref().map(self::skip_reason).transpose()?,
+        waiting_reason: None,
+        waiting_for: Vec::new(),
+        waiting_until: None,
         priority: row.get(8)?,
         ready_at: instant(row.get(9)?)?,
         created_at: instant(row.get(10)?)?,
@@ -53,7 +56,13 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         failures: row.get(14)?,
         cancel_requested: row.get(15)?,
         error: row.get(16)?,
-    })
+    };
+    crate::shared::with_waiting(
+        record,
+        row.get::<_, Option<String>>(17)?.as_deref(),
+        row.get::<_, Option<String>>(18)?.as_deref(),
+        row.get(19)?,
+    )
 }
 
 pub const ATTEMPT_COLUMNS: &str = "id, run_id, number, worker_id, token, state, started_at, \

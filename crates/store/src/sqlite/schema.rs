@@ -162,6 +162,31 @@ CREATE TABLE secrets (
     PRIMARY KEY (namespace, name)
 ) WITHOUT ROWID;
 "#,
+    r#"
+-- Version 4: dependencies between jobs.
+-- One row per (dependant, upstream) pair of a namespace, by name: read by upstream when a run
+-- ends (who may be released), by dependant when a definition changes.
+CREATE TABLE job_dependencies (
+    namespace TEXT NOT NULL,
+    job       TEXT NOT NULL,
+    upstream  TEXT NOT NULL,
+    PRIMARY KEY (namespace, upstream, job)
+) WITHOUT ROWID;
+CREATE INDEX job_dependencies_by_job ON job_dependencies (namespace, job);
+
+-- Copied out of `spec`: the fire path reads the definition only for jobs that have some.
+ALTER TABLE jobs ADD COLUMN has_dependencies INTEGER NOT NULL DEFAULT 0;
+
+-- What a waiting run waits for ('dependencies' or 'overlap'); for dependencies, the unmet
+-- entries (a JSON array) and when it gives up. Runs waiting before this version waited on
+-- overlap.
+ALTER TABLE runs ADD COLUMN waiting_reason TEXT;
+ALTER TABLE runs ADD COLUMN waiting_for TEXT;
+ALTER TABLE runs ADD COLUMN waiting_until INTEGER;
+UPDATE runs SET waiting_reason = 'overlap' WHERE state = 'waiting';
+CREATE INDEX runs_waiting_dependencies ON runs (waiting_until)
+    WHERE state = 'waiting' AND waiting_reason = 'dependencies';
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
@@ -196,7 +221,18 @@ mod tests {
             [],
         )
         .unwrap();
+        // A run held back by overlap before dependencies existed.
+        conn.execute(
+            "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, priority, \
+             ready_at, created_at) VALUES (1, 'default', 'j', 0, 'schedule', 'waiting', 0, 0, 0)",
+            [],
+        )
+        .unwrap();
         migrate(&mut conn).unwrap();
+        let reason: String = conn
+            .query_row("SELECT waiting_reason FROM runs", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(reason, "overlap", "it still waits on overlap");
         let version: usize = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();

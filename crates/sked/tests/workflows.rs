@@ -1,0 +1,184 @@
+//! Jobs that wait for other jobs, through the real binary: a pipeline carries one instant from
+//! step to step, a waiting run says what it waits for and gives up after its timeout, and bad
+//! dependencies are refused with the field that is wrong.
+
+mod common;
+
+use common::{instant, shell, Sked};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// The step of a pipeline: no schedule, waits for `upstream`, prints its instant.
+fn step(upstream: &str) -> Value {
+    json!({
+        "target": shell("echo at=$SKED_SCHEDULED_FOR"),
+        "depends_on": [{"job": upstream}],
+    })
+}
+
+#[tokio::test]
+async fn a_pipeline_carries_each_instant_through_its_steps() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let extract =
+        json!({"schedule": {"every": "1s"}, "target": shell("echo at=$SKED_SCHEDULED_FOR")});
+    assert_eq!(sked.put_job("extract", extract).await.0, 201);
+    assert_eq!(sked.put_job("transform", step("extract")).await.0, 201);
+    assert_eq!(sked.put_job("load", step("transform")).await.0, 201);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (status, _) = sked.post("/jobs/extract/pause", json!({})).await;
+    assert_eq!(status, 200);
+    let extracted: Vec<Value> = sked
+        .wait_runs("extract", 3, Duration::from_secs(20))
+        .await
+        .into_iter()
+        .filter(|r| r["state"] == "succeeded")
+        .collect();
+    assert!(extracted.len() >= 3, "{extracted:?}");
+    let loaded = sked
+        .wait_runs("load", extracted.len(), Duration::from_secs(20))
+        .await;
+    let transformed = sked.runs("transform").await;
+    assert_eq!(transformed.len(), extracted.len(), "{transformed:?}");
+    assert_eq!(loaded.len(), extracted.len(), "{loaded:?}");
+    for ((e, t), l) in extracted.iter().zip(&transformed).zip(&loaded) {
+        // One logical instant flows through the pipeline, each step after the one before.
+        assert_eq!(e["scheduled_for"], t["scheduled_for"]);
+        assert_eq!(t["scheduled_for"], l["scheduled_for"]);
+        for (upstream, run) in [(e, t), (t, l)] {
+            assert_eq!(run["state"], "succeeded", "{run}");
+            assert_eq!(run["trigger"], "dependency", "{run}");
+            assert!(
+                instant(&run["started_at"]) >= instant(&upstream["finished_at"]),
+                "{run} started before {upstream} ended"
+            );
+        }
+        let log = sked.run_log(l["id"].as_i64().unwrap()).await;
+        let at = instant(&e["scheduled_for"]);
+        assert!(
+            log.contains(&at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)[..19]),
+            "load's SKED_SCHEDULED_FOR is extract's instant {at}: {log}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_waiting_run_says_what_it_waits_for_and_gives_up_in_time() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    // `gate` runs only when triggered; `report` waits up to 3 s for a gate run in the hour
+    // before its instant.
+    assert_eq!(
+        sked.put_job("gate", json!({"target": shell("true")}))
+            .await
+            .0,
+        201
+    );
+    let report = json!({
+        "schedule": {"every": "1s"},
+        "target": shell("true"),
+        "depends_on": [{"job": "gate", "window": {"before": "1h"}}],
+        "deps_timeout": "3s",
+    });
+    let (status, body) = sked.put_job("report", report).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["deps_timeout"], "3s");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let first = sked.runs("report").await.into_iter().next().expect("a run");
+    let run = sked.run(first["id"].as_i64().unwrap()).await;
+    assert_eq!(run["state"], "waiting", "{run}");
+    assert_eq!(run["waiting_reason"], "dependencies", "{run}");
+    let missing = run["waiting_for"][0].as_str().unwrap_or_default();
+    assert!(missing.starts_with("gate succeeded between "), "{run}");
+    assert!(run["waiting_until"].is_string(), "{run}");
+
+    let skipped = sked
+        .wait_finished(first["id"].as_i64().unwrap(), Duration::from_secs(10))
+        .await;
+    assert_eq!(skipped["state"], "skipped", "{skipped}");
+    assert_eq!(
+        skipped["skip_reason"], "dependencies_timed_out",
+        "{skipped}"
+    );
+
+    // A gate run releases every waiting report whose window holds it, and later ones start.
+    let (status, gate) = sked.post("/jobs/gate/trigger", json!({})).await;
+    assert_eq!(status, 201, "{gate}");
+    let gate = sked
+        .wait_finished(gate["id"].as_i64().unwrap(), Duration::from_secs(10))
+        .await;
+    assert_eq!(gate["state"], "succeeded");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    sked.post("/jobs/report/pause", json!({})).await;
+    let runs = sked.wait_runs("report", 1, Duration::from_secs(20)).await;
+    let after_gate: Vec<&Value> = runs
+        .iter()
+        .filter(|r| instant(&r["scheduled_for"]) > instant(&gate["scheduled_for"]))
+        .filter(|r| r["skip_reason"] != "paused")
+        .collect();
+    assert!(!after_gate.is_empty(), "{runs:?}");
+    for run in after_gate {
+        assert_eq!(run["state"], "succeeded", "{run}");
+    }
+}
+
+#[tokio::test]
+async fn bad_dependencies_are_refused_naming_the_field() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let (status, body) = sked.put_job("load", step("extract")).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["field"], "depends_on[0].job", "{body}");
+    let (status, body) = sked.put_job("load", step("load")).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["field"], "depends_on[0].job", "{body}");
+
+    assert_eq!(
+        sked.put_job("extract", json!({"target": shell("true")}))
+            .await
+            .0,
+        201
+    );
+    assert_eq!(sked.put_job("transform", step("extract")).await.0, 201);
+    assert_eq!(sked.put_job("load", step("transform")).await.0, 201);
+    let (status, body) = sked.put_job("extract", step("load")).await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("extract -> load -> transform -> extract"),
+        "{body}"
+    );
+    let (status, body) = sked
+        .put_job(
+            "report",
+            json!({"target": shell("true"), "depends_on": [{"job": "load", "window": {"before": "40d"}}]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["field"], "depends_on[0].window.before");
+
+    let delete = |force: bool| {
+        let url = sked.url(&format!("/jobs/transform?force={force}"));
+        let http = sked.http.clone();
+        async move {
+            let resp = http.delete(url).send().await.expect("DELETE");
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, body) = delete(false).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "depended_on", "{body}");
+    let (status, body) = delete(true).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["paused_dependants"], json!(["load"]));
+    let (_, load) = sked.get("/jobs/load").await;
+    assert_eq!(load["state"], "paused", "{load}");
+    let (_, audit) = sked.get("/audit?object=load").await;
+    assert!(
+        audit["entries"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["action"] == "job.pause")),
+        "{audit}"
+    );
+}

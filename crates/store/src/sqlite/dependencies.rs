@@ -1,0 +1,372 @@
+//! Dependencies in the ledger: the edges between jobs kept beside their definitions, the
+//! verdict on a run that waits for its upstreams (`sked_core::dependency`), and what follows
+//! when a run ends — its dependants' runs created, released or skipped — inside the
+//! transaction that ended it, so that no dependant misses its release.
+
+use super::ledger::{admit_by_overlap, skip_run};
+use super::rows::{self, micros};
+use crate::shared::{timed_out_error, Ended, Settled};
+use crate::Result;
+use rusqlite::{params, OptionalExtension, Transaction};
+use sked_core::dependency::{self, Verdict};
+use sked_core::job::{JobSpec, ValidJob};
+use sked_core::policy::OverlapPolicy;
+use sked_core::run::{RunState, SkipReason, Trigger};
+use sked_core::{Instant, SpecError};
+use std::collections::BTreeSet;
+
+/// Keeps the job's edges in step with its definition: every upstream must exist in the
+/// namespace, and none may (transitively) wait for this job.
+pub(super) fn put_edges(tx: &Transaction<'_>, namespace: &str, job: &ValidJob) -> Result<()> {
+    let depends_on = &job.spec.depends_on;
+    let upstreams = dependency::upstreams(depends_on);
+    let mut exists = tx.prepare_cached("SELECT 1 FROM jobs WHERE namespace = ?1 AND name = ?2")?;
+    for upstream in &upstreams {
+        if !exists.exists(params![namespace, upstream])? {
+            return Err(SpecError::new(
+                dependency::field_naming(depends_on, upstream),
+                format!("there is no job {upstream:?} in namespace {namespace:?}"),
+            )
+            .into());
+        }
+    }
+    let mut upstreams_of = tx.prepare_cached(
+        "SELECT upstream FROM job_dependencies WHERE namespace = ?1 AND job = ?2",
+    )?;
+    let cycle = dependency::find_cycle(&job.name, &upstreams, |name| {
+        upstreams_of
+            .query_map(params![namespace, name], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<BTreeSet<String>>>()
+    })?;
+    if let Some(cycle) = cycle {
+        let first = cycle.get(1).map(String::as_str).unwrap_or_default();
+        return Err(SpecError::new(
+            dependency::field_naming(depends_on, first),
+            format!(
+                "a cycle of dependencies: {} (each waits for the next)",
+                cycle.join(" -> ")
+            ),
+        )
+        .into());
+    }
+    tx.prepare_cached("DELETE FROM job_dependencies WHERE namespace = ?1 AND job = ?2")?
+        .execute(params![namespace, job.name])?;
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO job_dependencies (namespace, job, upstream) VALUES (?1, ?2, ?3)",
+    )?;
+    for upstream in &upstreams {
+        insert.execute(params![namespace, job.name, upstream])?;
+    }
+    Ok(())
+}
+
+/// The names of the jobs that depend on `upstream`.
+pub(super) fn dependants(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    upstream: &str,
+) -> Result<Vec<String>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT job FROM job_dependencies WHERE namespace = ?1 AND upstream = ?2 ORDER BY job",
+    )?;
+    let names = stmt.query_map(params![namespace, upstream], |r| r.get(0))?;
+    Ok(names.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Forgets what a deleted job depended on (what depends on it stays, by name: a job created
+/// again under that name is its dependants' upstream again).
+pub(super) fn remove_edges(tx: &Transaction<'_>, namespace: &str, job: &str) -> Result<()> {
+    tx.prepare_cached("DELETE FROM job_dependencies WHERE namespace = ?1 AND job = ?2")?
+        .execute(params![namespace, job])?;
+    Ok(())
+}
+
+/// The verdict on a run at `instant` of a job of `namespace` whose definition is `spec`.
+pub(super) fn judge(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    spec: &JobSpec,
+    instant: Instant,
+) -> Result<Verdict> {
+    dependency::verdict(&spec.depends_on, instant, |requirement, (from, to)| {
+        upstream_runs(tx, namespace, requirement, from, to)
+    })
+}
+
+/// What the upstream's runs inside `[from, to]` did; its runs are found by name, so those of
+/// a job deleted and created again count.
+fn upstream_runs(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    requirement: &dependency::Requirement<'_>,
+    from: Instant,
+    to: Instant,
+) -> Result<dependency::UpstreamRuns> {
+    let mut runs = dependency::UpstreamRuns::default();
+    let mut stmt = tx.prepare_cached(
+        "SELECT id, state, scheduled_for FROM runs WHERE namespace = ?1 AND job = ?2 \
+         AND scheduled_for >= ?3 AND scheduled_for <= ?4",
+    )?;
+    let mut found = stmt.query(params![
+        namespace,
+        requirement.job,
+        micros(from),
+        micros(to)
+    ])?;
+    let mut latest: Option<i64> = None;
+    while let Some(row) = found.next()? {
+        let state = rows::run_state(&row.get::<_, String>(1)?)?;
+        if requirement.state.accepts(state) {
+            runs.satisfied = true;
+            return Ok(runs);
+        }
+        if state.is_terminal() {
+            runs.ended_otherwise.get_or_insert((row.get(0)?, state));
+        } else {
+            runs.pending = true;
+        }
+        latest = latest.max(Some(row.get(2)?));
+    }
+    if !runs.pending {
+        let next: Option<Option<i64>> = tx
+            .prepare_cached("SELECT next_fire_at FROM jobs WHERE namespace = ?1 AND name = ?2")?
+            .query_row(params![namespace, requirement.job], |r| r.get(0))
+            .optional()?;
+        runs.pending = dependency::owes_instant(next.flatten(), latest, micros(to));
+    }
+    Ok(runs)
+}
+
+/// A job that depends on a job whose run just ended.
+struct Dependant {
+    id: i64,
+    name: String,
+    spec: JobSpec,
+    priority: i32,
+}
+
+fn dependant_jobs(tx: &Transaction<'_>, namespace: &str, upstream: &str) -> Result<Vec<Dependant>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT j.id, j.name, j.spec, j.priority FROM job_dependencies e \
+         JOIN jobs j ON j.namespace = e.namespace AND j.name = e.job \
+         WHERE e.namespace = ?1 AND e.upstream = ?2",
+    )?;
+    let mut found = stmt.query(params![namespace, upstream])?;
+    let mut jobs = Vec::new();
+    while let Some(row) = found.next()? {
+        jobs.push(Dependant {
+            id: row.get(0)?,
+            name: row.get(1)?,
+            spec: rows::spec(&row.get::<_, String>(2)?)?,
+            priority: row.get(3)?,
+        });
+    }
+    Ok(jobs)
+}
+
+/// Moves the dependants of the runs in `ended`, and of every run that ends because of them
+/// (a skip cascades down a pipeline): a job without a schedule gets its run at the upstream
+/// run's instant; every waiting run whose window holds that instant is judged again, and is
+/// released (then subject to its job's overlap policy), skipped (`upstream_failed`), or left
+/// waiting with what it still misses.
+pub(super) fn settle(tx: &Transaction<'_>, mut ended: Vec<Ended>, now: Instant) -> Result<Settled> {
+    let mut settled = Settled::default();
+    while let Some(run) = ended.pop() {
+        for dependant in dependant_jobs(tx, &run.namespace, &run.job)? {
+            let Some((from, to)) = dependency::dependant_instants(
+                &dependant.spec.depends_on,
+                &run.job,
+                run.scheduled_for,
+            ) else {
+                continue;
+            };
+            if dependant.spec.follows_upstreams() {
+                follow(tx, &run, &dependant, now, &mut ended)?;
+            }
+            let waiting: Vec<(i64, i64)> = {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT id, scheduled_for FROM runs WHERE job_id = ?1 AND state = 'waiting' \
+                     AND scheduled_for >= ?2 AND scheduled_for <= ?3 \
+                     AND waiting_reason = 'dependencies'",
+                )?;
+                let found = stmt
+                    .query_map(params![dependant.id, micros(from), micros(to)], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })?;
+                found.collect::<rusqlite::Result<_>>()?
+            };
+            for (run_id, instant) in waiting {
+                let instant = rows::instant(instant)?;
+                let verdict = judge(tx, &run.namespace, &dependant.spec, instant)?;
+                match verdict {
+                    Verdict::Ready => release(
+                        tx,
+                        run_id,
+                        &dependant,
+                        instant,
+                        &run.namespace,
+                        now,
+                        &mut settled,
+                        &mut ended,
+                    )?,
+                    Verdict::Waiting(missing) => {
+                        tx.prepare_cached("UPDATE runs SET waiting_for = ?2 WHERE id = ?1")?
+                            .execute(params![
+                                run_id,
+                                crate::shared::to_json("unmet dependencies", &missing)?
+                            ])?;
+                    }
+                    Verdict::UpstreamFailed(why) => {
+                        skip_run(tx, run_id, SkipReason::UpstreamFailed, &why, now)?;
+                        ended.push(Ended {
+                            namespace: run.namespace.clone(),
+                            job: dependant.name.clone(),
+                            scheduled_for: instant,
+                            state: RunState::Skipped,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(settled)
+}
+
+/// Records the run of a job without a schedule at its upstream run's instant, waiting for its
+/// dependencies (the caller judges it next), once: a second upstream at the same instant finds
+/// it recorded. A paused job's run is recorded skipped.
+fn follow(
+    tx: &Transaction<'_>,
+    upstream: &Ended,
+    dependant: &Dependant,
+    now: Instant,
+    ended: &mut Vec<Ended>,
+) -> Result<()> {
+    let paused = dependant.spec.paused;
+    let (state, skip, waiting_reason) = if paused {
+        (RunState::Skipped, Some(SkipReason::Paused), None)
+    } else {
+        (RunState::Waiting, None, Some("dependencies"))
+    };
+    let (waiting_for, until) = crate::shared::waiting_columns(&dependant.spec, &[], now)?;
+    let written = tx
+        .prepare_cached(
+            "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+             skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
+             waiting_for, waiting_until) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4, ?9, ?10, ?11, ?12, ?13) \
+             ON CONFLICT (job_id, scheduled_for) DO NOTHING",
+        )?
+        .execute(params![
+            dependant.id,
+            upstream.namespace,
+            dependant.name,
+            micros(upstream.scheduled_for),
+            Trigger::Dependency.as_str(),
+            state.as_str(),
+            skip.map(SkipReason::as_str),
+            dependant.priority,
+            micros(now),
+            paused.then(|| micros(now)),
+            waiting_reason,
+            waiting_reason.map(|_| waiting_for),
+            waiting_reason.map(|_| until),
+        ])?;
+    if written == 1 && paused {
+        ended.push(Ended {
+            namespace: upstream.namespace.clone(),
+            job: dependant.name.clone(),
+            scheduled_for: upstream.scheduled_for,
+            state,
+        });
+    }
+    Ok(())
+}
+
+/// A waiting run whose dependencies are met: now its job's overlap policy decides.
+#[allow(clippy::too_many_arguments)]
+fn release(
+    tx: &Transaction<'_>,
+    run_id: i64,
+    dependant: &Dependant,
+    instant: Instant,
+    namespace: &str,
+    now: Instant,
+    settled: &mut Settled,
+    ended: &mut Vec<Ended>,
+) -> Result<()> {
+    let overlap = dependant.spec.overlap;
+    let (state, skip) = if overlap == OverlapPolicy::Allow {
+        (RunState::Queued, None)
+    } else {
+        // The run still waits for its dependencies here, so the overlap count leaves it out.
+        let admitted = admit_by_overlap(tx, dependant.id, overlap, now, ended)?;
+        settled.cancel_requested.extend(admitted.cancel_requested);
+        (admitted.state, admitted.skip)
+    };
+    match state {
+        RunState::Skipped => {
+            let reason = skip.unwrap_or(SkipReason::Overlap);
+            skip_run(
+                tx,
+                run_id,
+                reason,
+                "an earlier run of the job was still active",
+                now,
+            )?;
+            ended.push(Ended {
+                namespace: namespace.to_string(),
+                job: dependant.name.clone(),
+                scheduled_for: instant,
+                state,
+            });
+        }
+        _ => {
+            let reason = (state == RunState::Waiting).then_some("overlap");
+            tx.prepare_cached(
+                "UPDATE runs SET state = ?2, waiting_reason = ?3, waiting_for = NULL, \
+                 waiting_until = NULL, ready_at = max(ready_at, ?4) WHERE id = ?1",
+            )?
+            .execute(params![run_id, state.as_str(), reason, micros(now)])?;
+            if state == RunState::Queued {
+                settled.queued.push(run_id);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Skips the runs whose dependencies were not met within their job's `deps_timeout`, at most
+/// `limit`, and settles their dependants. Returns the skipped runs and what settling did.
+pub(super) fn expire_waits(
+    tx: &Transaction<'_>,
+    now: Instant,
+    limit: u32,
+) -> Result<(Vec<i64>, Settled)> {
+    let overdue: Vec<(i64, String, String, i64, Option<String>)> = {
+        let mut stmt = tx.prepare_cached(
+            "SELECT id, namespace, job, scheduled_for, waiting_for FROM runs \
+             WHERE state = 'waiting' AND waiting_reason = 'dependencies' AND waiting_until < ?1 \
+             ORDER BY waiting_until LIMIT ?2",
+        )?;
+        let found = stmt.query_map(params![micros(now), limit], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?;
+        found.collect::<rusqlite::Result<_>>()?
+    };
+    let mut skipped = Vec::with_capacity(overdue.len());
+    let mut ended = Vec::with_capacity(overdue.len());
+    for (run_id, namespace, job, instant, waiting_for) in overdue {
+        let why = timed_out_error(waiting_for.as_deref())?;
+        skip_run(tx, run_id, SkipReason::DependenciesTimedOut, &why, now)?;
+        skipped.push(run_id);
+        ended.push(Ended {
+            namespace,
+            job,
+            scheduled_for: rows::instant(instant)?,
+            state: RunState::Skipped,
+        });
+    }
+    let settled = settle(tx, ended, now)?;
+    Ok((skipped, settled))
+}
