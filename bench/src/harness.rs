@@ -76,7 +76,7 @@ pub async fn fresh_schema(base: &str) -> Result<Place> {
 
 /// Opens a fresh store: SQLite in a temporary directory, or with `database_url` PostgreSQL in a
 /// new schema of that database.
-async fn fresh_store(database_url: Option<&str>) -> Result<(Arc<dyn Store>, Place)> {
+pub async fn fresh_store(database_url: Option<&str>) -> Result<(Arc<dyn Store>, Place)> {
     let Some(base) = database_url else {
         let dir = tempfile::tempdir()?;
         let store = SqliteStore::open(&dir.path().join("sked.db"))?;

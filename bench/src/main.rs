@@ -20,6 +20,8 @@
 //!   every 5 s by default), published by the server with confirms and counted back by a
 //!   consumer; messages per second, lag, the count check (one message per succeeded run, none
 //!   twice), peak memory.
+//! - `workflow`: N jobs in one dependency graph (chain, tree, wide fan-out, fan-in) whose root
+//!   runs once; per-edge release latency and the whole graph's scheduling overhead.
 //!
 //! `firing`, `e2e`, `burst` and `shell` start the real server in this process on a fresh store:
 //! SQLite in a temporary directory, or PostgreSQL with `--database-url`, where `--nodes N`
@@ -37,6 +39,7 @@ mod publish;
 mod scale;
 mod shell;
 mod takeover;
+mod workflow;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -115,6 +118,20 @@ enum Scenario {
         lead: Option<f64>,
         /// Seconds after the instant every run may take to succeed.
         #[arg(long, default_value_t = 60)]
+        limit: u64,
+    },
+    /// N jobs in one dependency graph whose root runs once: per-edge release latency and the
+    /// whole graph's scheduling overhead, with the no-op worker.
+    Workflow {
+        #[arg(long, default_value_t = 1_000)]
+        jobs: usize,
+        #[arg(long, value_enum, default_value = "tree")]
+        shape: workflow::Shape,
+        /// Slots of the no-op worker.
+        #[arg(long, default_value_t = 1_000)]
+        slots: u32,
+        /// Seconds after the root's instant every run may take to succeed.
+        #[arg(long, default_value_t = 120)]
         limit: u64,
     },
     /// Shell process starts per second on one real `sked worker` process.
@@ -276,6 +293,21 @@ fn main() -> Result<()> {
                     runs,
                     slots: slots.unwrap_or(u32::try_from(runs).unwrap_or(u32::MAX)),
                     lead_seconds: lead,
+                    limit_seconds: limit,
+                })
+                .await
+            }
+            Scenario::Workflow {
+                jobs,
+                shape,
+                slots,
+                limit,
+            } => {
+                workflow::run(workflow::Options {
+                    database_url,
+                    jobs,
+                    shape,
+                    slots,
                     limit_seconds: limit,
                 })
                 .await

@@ -66,6 +66,11 @@ pub(super) async fn put_edges(tx: &Tx<'_>, namespace: &str, job: &ValidJob) -> P
             .into());
         }
     }
+    // A cycle through this job needs a job that waits for it; most writes (a graph created
+    // upstream first) have none, and skip reading their ancestors.
+    if dependants(tx, namespace, &job.name).await?.is_empty() {
+        return write_edges(tx, namespace, &job.name, &upstreams).await;
+    }
     // The ancestors, read in one statement; the cycle is then found (and named) in memory.
     let stmt = tx
         .prepare_cached(
@@ -102,15 +107,26 @@ pub(super) async fn put_edges(tx: &Tx<'_>, namespace: &str, job: &ValidJob) -> P
         ))
         .into());
     }
-    remove_edges(tx, namespace, &job.name).await?;
-    if !names.is_empty() {
+    write_edges(tx, namespace, &job.name, &upstreams).await
+}
+
+/// Replaces the edges of `job` by one to each of `upstreams`.
+async fn write_edges(
+    tx: &Tx<'_>,
+    namespace: &str,
+    job: &str,
+    upstreams: &BTreeSet<String>,
+) -> PgResult<()> {
+    remove_edges(tx, namespace, job).await?;
+    if !upstreams.is_empty() {
+        let names: Vec<&str> = upstreams.iter().map(String::as_str).collect();
         let stmt = tx
             .prepare_cached(
                 "INSERT INTO job_dependencies (namespace, job, upstream) \
                  SELECT $1, $2, unnest($3::text[])",
             )
             .await?;
-        tx.execute(&stmt, &[&namespace, &job.name, &names]).await?;
+        tx.execute(&stmt, &[&namespace, &job, &names]).await?;
     }
     Ok(())
 }

@@ -30,14 +30,20 @@ pub(super) fn put_edges(tx: &Transaction<'_>, namespace: &str, job: &ValidJob) -
             .into());
         }
     }
-    let mut upstreams_of = tx.prepare_cached(
-        "SELECT upstream FROM job_dependencies WHERE namespace = ?1 AND job = ?2",
-    )?;
-    let cycle = dependency::find_cycle(&job.name, &upstreams, |name| {
-        upstreams_of
-            .query_map(params![namespace, name], |r| r.get::<_, String>(0))?
-            .collect::<rusqlite::Result<BTreeSet<String>>>()
-    })?;
+    // A cycle through this job needs a job that waits for it; most writes (a graph created
+    // upstream first) have none, and skip the walk up their ancestors.
+    let cycle = if dependants(tx, namespace, &job.name)?.is_empty() {
+        None
+    } else {
+        let mut upstreams_of = tx.prepare_cached(
+            "SELECT upstream FROM job_dependencies WHERE namespace = ?1 AND job = ?2",
+        )?;
+        dependency::find_cycle(&job.name, &upstreams, |name| {
+            upstreams_of
+                .query_map(params![namespace, name], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<BTreeSet<String>>>()
+        })?
+    };
     if let Some(cycle) = cycle {
         let first = cycle.get(1).map(String::as_str).unwrap_or_default();
         return Err(SpecError::new(
