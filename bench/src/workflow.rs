@@ -82,9 +82,8 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     let now = Utc::now();
     let mut specs: Vec<(String, JobSpec)> = Vec::with_capacity(n);
     let lead_ms = 3_000 + n as i64 * if options.database_url.is_some() { 4 } else { 1 };
-    let instant: Instant =
-        DateTime::from_timestamp_millis(Utc::now().timestamp_millis() + lead_ms)
-            .context("the root's instant")?;
+    let instant: Instant = DateTime::from_timestamp_millis(Utc::now().timestamp_millis() + lead_ms)
+        .context("the root's instant")?;
     for i in 0..n {
         let mut spec = json!({"target": {"shell": {"command": "true"}}});
         if i == 0 {

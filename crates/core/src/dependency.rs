@@ -365,25 +365,30 @@ pub enum Verdict {
 }
 
 /// The verdict on a run at `instant` of a job with `depends_on`, from what each requirement's
-/// upstream runs are doing (`runs_of`).
+/// upstream runs are doing: `runs_of(k, requirement, window)`, where `k` is the requirement's
+/// place in [`requirements`]' order.
 pub fn verdict<E>(
     depends_on: &[DependencySpec],
     instant: Instant,
-    mut runs_of: impl FnMut(&Requirement<'_>, (Instant, Instant)) -> Result<UpstreamRuns, E>,
+    mut runs_of: impl FnMut(usize, &Requirement<'_>, (Instant, Instant)) -> Result<UpstreamRuns, E>,
 ) -> Result<Verdict, E> {
     let mut missing = Vec::new();
+    let mut first = 0;
     for entry in depends_on {
         let mut met = false;
         let mut failed: Vec<String> = Vec::new();
         let mut wanted: Vec<String> = Vec::new();
-        for requirement in entry.alternatives() {
+        let alternatives = entry.alternatives();
+        let base = first;
+        first += alternatives.len();
+        for (k, requirement) in alternatives.iter().enumerate() {
             let window = requirement.window.around(instant);
-            let runs = runs_of(&requirement, window)?;
+            let runs = runs_of(base + k, requirement, window)?;
             if runs.satisfied {
                 met = true;
                 break;
             }
-            let want = describe(&requirement, window);
+            let want = describe(requirement, window);
             match runs.ended_otherwise {
                 Some((run, state)) if !runs.pending => {
                     failed.push(format!("{want}, but its run {run} ended {state}"))
@@ -630,7 +635,10 @@ mod tests {
     }
 
     fn judge(json: serde_json::Value, facts: &BTreeMap<&str, UpstreamRuns>) -> Verdict {
-        verdict::<()>(&deps(json), t("2026-11-25T02:00:00Z"), |r, _| {
+        let spec = deps(json);
+        let names: Vec<&str> = requirements(&spec).map(|r| r.job).collect();
+        verdict::<()>(&spec, t("2026-11-25T02:00:00Z"), |k, r, _| {
+            assert_eq!(names[k], r.job, "the index names the requirement");
             Ok(facts.get(r.job).cloned().unwrap_or_default())
         })
         .unwrap()

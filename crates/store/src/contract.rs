@@ -2523,13 +2523,21 @@ pub async fn a_failed_upstream_skips_its_dependants_down_the_pipeline(store: &dy
 pub async fn any_of_waits_until_every_alternative_failed(store: &dyn Store) {
     let a = put(store, "a", every_second(serde_json::json!({}))).await;
     let b = put(store, "b", every_second(serde_json::json!({}))).await;
+    let c = put(store, "c", every_second(serde_json::json!({}))).await;
     let d = put(
         store,
         "either",
-        every_second(serde_json::json!({"depends_on": [{"any_of": [{"job": "a"}, {"job": "b"}]}]})),
+        every_second(serde_json::json!({"depends_on": [
+            {"any_of": [{"job": "a"}, {"job": "b"}]},
+            {"job": "c"},
+        ]})),
     )
     .await;
     let at = t0() + secs(1);
+    for instant in [at, t0() + secs(2)] {
+        let rc = fire_one(store, fire(c.id, instant)).await;
+        finish(store, rc.run_id, AttemptOutcome::Succeeded, instant).await;
+    }
     let ra = fire_one(store, fire(a.id, at)).await;
     let rb = fire_one(store, fire(b.id, at)).await;
     let rd = fire_one(store, fire(d.id, at)).await;
@@ -2544,7 +2552,7 @@ pub async fn any_of_waits_until_every_alternative_failed(store: &dyn Store) {
     let (skipped, _) = run(store, rd.run_id).await;
     assert_eq!(skipped.skip_reason, Some(SkipReason::UpstreamFailed));
 
-    // The next instant: one alternative succeeding is enough.
+    // The next instant: one alternative succeeding is enough (with c, the other entry).
     let next = t0() + secs(2);
     let ra = fire_one(store, fire(a.id, next)).await;
     let rd = fire_one(store, fire(d.id, next)).await;

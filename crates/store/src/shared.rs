@@ -8,6 +8,7 @@
 
 use crate::{AttemptReport, CompletionEffect, StoreError};
 use sked_core::auth::{LabelRule, Role};
+use sked_core::dependency::UpstreamRuns;
 use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
 use sked_core::policy::MisfirePolicy;
 use sked_core::records::{JobRecord, JobStats, RunRecord, ScheduledJob};
@@ -515,4 +516,78 @@ impl NewRun {
             _ => None,
         }
     }
+}
+
+/// What one requirement's upstream runs inside its window did, as a store's aggregate over
+/// them reads (the rows themselves are never fetched).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WindowRuns {
+    /// Some run succeeded.
+    pub succeeded: bool,
+    /// Some run ended, in any state.
+    pub ended: bool,
+    /// Some run is waiting, queued or running.
+    pub active: bool,
+    /// The first run that ended otherwise than succeeded, and how.
+    pub ended_unsucceeded: Option<(i64, RunState)>,
+    /// The latest instant recorded in the window.
+    pub latest: Option<i64>,
+    /// The upstream job's next instant, when it has one.
+    pub next_fire_at: Option<i64>,
+}
+
+impl WindowRuns {
+    /// Counts one run of the window, read row by row.
+    pub fn add(&mut self, id: i64, state: RunState, scheduled_for: i64) {
+        match state {
+            RunState::Succeeded => self.succeeded = true,
+            s if !s.is_terminal() => self.active = true,
+            s => {
+                if self.ended_unsucceeded.is_none_or(|(first, _)| id < first) {
+                    self.ended_unsucceeded = Some((id, s));
+                }
+            }
+        }
+        self.ended |= state.is_terminal();
+        self.latest = self.latest.max(Some(scheduled_for));
+    }
+
+    /// Whether the upstream's next instant could change the facts: nothing in the window
+    /// settles the wait yet.
+    pub fn needs_next_fire(&self, awaited: sked_core::dependency::Awaited) -> bool {
+        !self.active && !self.facts(awaited, i64::MIN).satisfied
+    }
+
+    /// What they mean for a requirement awaiting `awaited` over a window ending at `to`.
+    pub fn facts(&self, awaited: sked_core::dependency::Awaited, to: i64) -> UpstreamRuns {
+        use sked_core::dependency::Awaited;
+        let (satisfied, ended_otherwise) = match awaited {
+            Awaited::Succeeded => (self.succeeded, self.ended_unsucceeded),
+            Awaited::Finished => (self.ended, None),
+        };
+        UpstreamRuns {
+            satisfied,
+            pending: self.active
+                || sked_core::dependency::owes_instant(self.next_fire_at, self.latest, to),
+            ended_otherwise,
+        }
+    }
+}
+
+/// `"<id, 20 digits> <state>"`, the text a SQL `min` over ended runs returns so that the
+/// first one's id and state come back together; read back by [`first_ended`].
+pub const FIRST_ENDED_WIDTH: usize = 20;
+
+/// The id and state of [`FIRST_ENDED_WIDTH`]'s text.
+pub fn first_ended(text: Option<&str>) -> Result<Option<(i64, RunState)>, StoreError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let (id, state) = text
+        .split_once(' ')
+        .ok_or_else(|| StoreError::Corrupt(format!("an ended run {text:?}")))?;
+    let id = id
+        .parse()
+        .map_err(|_| StoreError::Corrupt(format!("an ended run {text:?}")))?;
+    Ok(Some((id, named("run state", state, RunState::parse)?)))
 }

@@ -4,14 +4,17 @@
 //!
 //! A dependant's waiting runs change only under its job's lock, like every change to how many
 //! of a job's runs are active. A transaction that may end runs therefore locks, with the jobs
-//! it touches and in the same id-ordered statement, every job downstream of them
-//! ([`downstream`]); a dependant's fire (which judges its new run) holds the dependant's lock
-//! too, so the two are serialised and neither misses the other's write.
+//! it touches and in the same id-ordered statement, the jobs that depend on them
+//! ([`dependants_of`]); a dependant's fire (which judges its new run) holds the dependant's
+//! lock too, so the two are serialised and neither misses the other's write. A skip that
+//! cascades further down locks each next level as it reaches it (out of the usual order, so
+//! a rare deadlock is possible there, and the transaction is run again); locking the whole
+//! graph below up front would make every step of a long pipeline lock all the steps after it.
 
 use super::ledger::{admit_by_overlap, skip_run};
 use super::rows::{self, micros};
 use super::{PgResult, Tx};
-use crate::shared::{timed_out_error, Ended, Settled};
+use crate::shared::{first_ended, timed_out_error, Ended, Settled, WindowRuns};
 use crate::StoreError;
 use sked_core::dependency::{self, Verdict};
 use sked_core::job::{JobSpec, ValidJob};
@@ -20,21 +23,18 @@ use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::{Instant, SpecError};
 use std::collections::BTreeSet;
 
-/// The jobs downstream of `ids` (their dependants, theirs, and so on), without `ids`: the
-/// jobs whose runs ending one of theirs may move, to be locked with them.
-pub(super) async fn downstream(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<i64>> {
+/// The jobs that depend on any of `ids`, without `ids`: the jobs whose waiting runs a run of
+/// theirs ending may move, to be locked with them.
+pub(super) async fn dependants_of(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<i64>> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
     let stmt = tx
         .prepare_cached(
-            "WITH RECURSIVE down (namespace, name) AS ( \
-                 SELECT namespace, name FROM jobs WHERE id = ANY($1) \
-                 UNION \
-                 SELECT e.namespace, e.job FROM job_dependencies e \
-                 JOIN down d ON e.namespace = d.namespace AND e.upstream = d.name) \
-             SELECT j.id FROM down JOIN jobs j ON j.namespace = down.namespace \
-                 AND j.name = down.name WHERE NOT j.id = ANY($1)",
+            "SELECT DISTINCT j.id FROM jobs u \
+             JOIN job_dependencies e ON e.namespace = u.namespace AND e.upstream = u.name \
+             JOIN jobs j ON j.namespace = e.namespace AND j.name = e.job \
+             WHERE u.id = ANY($1) AND NOT j.id = ANY($1)",
         )
         .await?;
     tx.query(&stmt, &[&ids])
@@ -158,83 +158,66 @@ pub(super) async fn remove_edges(tx: &Tx<'_>, namespace: &str, job: &str) -> PgR
     Ok(())
 }
 
-/// The verdict on a run at `instant` of a job of `namespace` whose definition is `spec`.
+/// The verdict on a run at `instant` of a job of `namespace` whose definition is `spec`. What
+/// every upstream did in its window is read in one statement (one round trip, however many
+/// upstreams), then judged by core's pure rule.
 pub(super) async fn judge(
     tx: &Tx<'_>,
     namespace: &str,
     spec: &JobSpec,
     instant: Instant,
 ) -> PgResult<Verdict> {
-    // The facts are gathered first (each a query), then judged by core's pure rule.
-    let mut facts = Vec::new();
-    for requirement in dependency::requirements(&spec.depends_on) {
-        let window = requirement.window.around(instant);
-        facts.push(upstream_runs(tx, namespace, &requirement, window).await?);
+    let requirements: Vec<_> = dependency::requirements(&spec.depends_on).collect();
+    let (mut jobs, mut froms, mut tos) = (Vec::new(), Vec::new(), Vec::new());
+    for requirement in &requirements {
+        let (from, to) = requirement.window.around(instant);
+        jobs.push(requirement.job);
+        froms.push(micros(from));
+        tos.push(micros(to));
     }
-    let mut facts = facts.into_iter();
-    dependency::verdict::<()>(&spec.depends_on, instant, |_, _| {
-        Ok(facts.next().unwrap_or_default())
-    })
-    .map_err(|()| StoreError::Database("a dependency verdict lost its facts".into()).into())
-}
-
-/// What the upstream's runs inside the window did; found by name, so those of a job deleted
-/// and created again count.
-async fn upstream_runs(
-    tx: &Tx<'_>,
-    namespace: &str,
-    requirement: &dependency::Requirement<'_>,
-    (from, to): (Instant, Instant),
-) -> PgResult<dependency::UpstreamRuns> {
-    let accepted: Vec<&str> = RunState::ALL
-        .iter()
-        .filter(|s| requirement.state.accepts(**s))
-        .map(|s| s.as_str())
-        .collect();
+    // Runs found by name, so those of a job deleted and created again count.
     let stmt = tx
         .prepare_cached(
-            "SELECT bool_or(state = ANY($5)), \
-                    bool_or(state IN ('waiting', 'queued', 'running')), \
-                    min(CASE WHEN NOT state = ANY($5) \
-                         AND state NOT IN ('waiting', 'queued', 'running') THEN id END), \
-                    (SELECT next_fire_at FROM jobs WHERE namespace = $1 AND name = $2), \
-                    max(scheduled_for) \
-             FROM runs WHERE namespace = $1 AND job = $2 \
-             AND scheduled_for >= $3 AND scheduled_for <= $4",
+            "SELECT q.k, coalesce(bool_or(r.state = 'succeeded'), false), \
+                    coalesce(bool_or(r.state NOT IN ('waiting', 'queued', 'running')), false), \
+                    coalesce(bool_or(r.state IN ('waiting', 'queued', 'running')), false), \
+                    min(lpad(r.id::text, 20, '0') || ' ' || r.state) FILTER (WHERE r.state \
+                        NOT IN ('waiting', 'queued', 'running', 'succeeded')), \
+                    max(r.scheduled_for), \
+                    (SELECT next_fire_at FROM jobs j WHERE j.namespace = $1 AND j.name = q.job) \
+             FROM unnest($2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY \
+                 AS q(job, lo, hi, k) \
+             LEFT JOIN runs r ON r.namespace = $1 AND r.job = q.job COLLATE \"C\" \
+                 AND r.scheduled_for >= q.lo AND r.scheduled_for <= q.hi \
+             GROUP BY q.k, q.job",
         )
         .await?;
-    let row = tx
-        .query_one(
-            &stmt,
-            &[
-                &namespace,
-                &requirement.job,
-                &micros(from),
-                &micros(to),
-                &accepted,
-            ],
-        )
-        .await?;
-    let satisfied = row.try_get::<_, Option<bool>>(0)?.unwrap_or(false);
-    let active = row.try_get::<_, Option<bool>>(1)?.unwrap_or(false);
-    let ended: Option<i64> = row.try_get(2)?;
-    let next: Option<i64> = row.try_get(3)?;
-    let latest: Option<i64> = row.try_get(4)?;
-    let ended_otherwise = match ended {
-        Some(id) => {
-            let stmt = tx
-                .prepare_cached("SELECT state FROM runs WHERE id = $1")
-                .await?;
-            let state: String = tx.query_one(&stmt, &[&id]).await?.try_get(0)?;
-            Some((id, rows::run_state(&state)?))
-        }
-        None => None,
-    };
-    Ok(dependency::UpstreamRuns {
-        satisfied,
-        pending: active || dependency::owes_instant(next, latest, micros(to)),
-        ended_otherwise,
-    })
+    let mut found: Vec<WindowRuns> = vec![WindowRuns::default(); requirements.len()];
+    for row in tx.query(&stmt, &[&namespace, &jobs, &froms, &tos]).await? {
+        let k: i64 = row.try_get(0)?;
+        let Some(slot) = usize::try_from(k - 1).ok().and_then(|k| found.get_mut(k)) else {
+            continue;
+        };
+        *slot = WindowRuns {
+            succeeded: row.try_get(1)?,
+            ended: row.try_get(2)?,
+            active: row.try_get(3)?,
+            ended_unsucceeded: first_ended(row.try_get(4)?)?,
+            latest: row.try_get(5)?,
+            next_fire_at: row.try_get(6)?,
+        };
+    }
+    Ok(dependency::verdict::<StoreError>(
+        &spec.depends_on,
+        instant,
+        |k, requirement, _| {
+            Ok(found
+                .get(k)
+                .zip(tos.get(k))
+                .map(|(runs, to)| runs.facts(requirement.state, *to))
+                .unwrap_or_default())
+        },
+    )?)
 }
 
 /// A job that depends on a job whose run just ended.
@@ -246,7 +229,7 @@ struct Dependant {
 }
 
 /// The jobs depending on `upstream`, their rows locked (the caller locked them already in the
-/// common case, with everything downstream; a dependant added since is locked here).
+/// common case; a job further down a cascade, or a dependant added since, is locked here).
 async fn dependant_jobs(tx: &Tx<'_>, namespace: &str, upstream: &str) -> PgResult<Vec<Dependant>> {
     let stmt = tx
         .prepare_cached(
@@ -453,7 +436,7 @@ pub(super) async fn expire_waits(
     now: Instant,
     limit: u32,
 ) -> PgResult<(Vec<i64>, Settled)> {
-    // Find them, lock their jobs and everything downstream, then look again under the locks.
+    // Find them, lock their jobs and their dependants, then look again under the locks.
     const OVERDUE: &str = "state = 'waiting' AND waiting_reason = 'dependencies' \
          AND waiting_until < $1";
     let stmt = tx
@@ -471,7 +454,7 @@ pub(super) async fn expire_waits(
         run_ids.push(row.try_get::<_, i64>(0)?);
         job_ids.push(row.try_get::<_, i64>(1)?);
     }
-    job_ids.extend(downstream(tx, &job_ids).await?);
+    job_ids.extend(dependants_of(tx, &job_ids).await?);
     super::jobs::lock(tx, &job_ids).await?;
     let stmt = tx
         .prepare_cached(&format!(

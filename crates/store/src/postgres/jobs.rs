@@ -254,7 +254,7 @@ pub async fn delete(
     force: bool,
     now: Instant,
 ) -> PgResult<Option<DeletedJob>> {
-    // The job and everything downstream, locked together in id order.
+    // The job and its dependants, locked together in id order.
     let stmt = tx
         .prepare_cached("SELECT id FROM jobs WHERE namespace = $1 AND name = $2")
         .await?;
@@ -262,7 +262,7 @@ pub async fn delete(
         return Ok(None);
     };
     let id: i64 = row.try_get(0)?;
-    let below = super::dependencies::downstream(tx, &[id]).await?;
+    let below = super::dependencies::dependants_of(tx, &[id]).await?;
     lock(tx, &below.iter().copied().chain([id]).collect::<Vec<_>>()).await?;
     let Some(job) = get_for_update(tx, namespace, name).await? else {
         return Ok(None);

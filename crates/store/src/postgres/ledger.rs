@@ -7,7 +7,7 @@
 //! active (the overlap decision and the release of waiting runs read that count), the run's row
 //! for its state, the attempt's row for its lease.
 
-use super::dependencies::{self, downstream, settle};
+use super::dependencies::{self, dependants_of, settle};
 use super::jobs::{lock as lock_jobs, retry_policy};
 use super::rows::{self, micros, RUN_COLUMNS};
 use super::{PgResult, Tx};
@@ -47,9 +47,9 @@ fn sorted(ids: impl IntoIterator<Item = i64>) -> Vec<i64> {
 pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult<FireOutcome> {
     // Every job of the batch is locked up front, in id order: the overlap decision counts the
     // job's active runs, and nothing else changes that count while the lock is held. So is
-    // every job downstream of them, whose waiting runs a skipped instant may move.
+    // every job that depends on them, whose waiting runs a skipped instant may move.
     let ids = sorted(fires.iter().map(|f| f.job_id));
-    let below = downstream(tx, &ids).await?;
+    let below = dependants_of(tx, &ids).await?;
     if !below.is_empty() {
         lock_jobs(tx, &sorted(ids.iter().copied().chain(below))).await?;
     }
@@ -580,8 +580,8 @@ pub async fn complete_attempts(
         job_of.insert(row.try_get(0)?, row.try_get(1)?);
     }
     let job_ids = sorted(job_of.values().copied());
-    // The jobs downstream are locked with them: a run that ends may release theirs.
-    let below = downstream(tx, &job_ids).await?;
+    // Their dependants are locked with them: a run that ends may release theirs.
+    let below = dependants_of(tx, &job_ids).await?;
     let mut policies: HashMap<i64, RetryPolicy> = HashMap::new();
     for (job_id, retry) in lock_jobs(tx, &sorted(job_ids.iter().copied().chain(below))).await? {
         policies.insert(job_id, retry_policy(Some(&retry))?);
@@ -793,7 +793,7 @@ pub async fn cancel_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Opti
         return Ok(None);
     };
     let job_id: i64 = row.try_get(0)?;
-    let below = downstream(tx, &[job_id]).await?;
+    let below = dependants_of(tx, &[job_id]).await?;
     lock_jobs(tx, &sorted(below.into_iter().chain([job_id]))).await?;
     let Some(run) = get_run(tx, run_id, true).await? else {
         return Ok(None);
@@ -869,7 +869,7 @@ pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<
         job_ids.push(row.try_get::<_, i64>(1)?);
     }
     let attempt_ids = sorted(attempt_ids);
-    let below = downstream(tx, &job_ids).await?;
+    let below = dependants_of(tx, &job_ids).await?;
     lock_jobs(tx, &sorted(job_ids.into_iter().chain(below))).await?;
     lock_attempts_and_runs(tx, &attempt_ids).await?;
     let mut ended = Vec::new();
