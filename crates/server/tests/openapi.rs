@@ -1411,6 +1411,51 @@ async fn runs(api: &Client<'_>, run_id: i64) {
     let job = api.call("get", "/api/v1/jobs/doc-job", None).await;
     assert_eq!(job.body["last_run"]["id"], run_id);
 
+    // Dependencies: a definition with depends_on, and the graph around it.
+    let upstream = json!({"target": {"shell": {"command": "true"}}});
+    let created = api.call("put", "/api/v1/jobs/doc-up", Some(upstream)).await;
+    assert_eq!(created.status, 201);
+    let dependant = json!({
+        "target": {"shell": {"command": "true"}},
+        "depends_on": [
+            {"job": "doc-up", "window": {"before": "1h"}},
+            {"any_of": [{"job": "doc-job", "state": "finished"}, {"job": "doc-up"}]}
+        ],
+        "deps_timeout": "2h"
+    });
+    let created = api
+        .call("put", "/api/v1/jobs/doc-down", Some(dependant.clone()))
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    api.nulls_as_documented("put", "/api/v1/jobs/doc-down", dependant)
+        .await;
+    let graph = api
+        .call("get", "/api/v1/jobs/doc-down/graph?up=2&down=1", None)
+        .await;
+    assert_eq!(graph.status, 200);
+    assert_eq!(graph.body["nodes"][0]["name"], "doc-down");
+    assert_eq!(graph.body["edges"].as_array().map(Vec::len), Some(2));
+    let graph = api
+        .call("get", "/api/v1/jobs/doc-up/graph?up=0", None)
+        .await;
+    assert_eq!(graph.body["edges"][0]["job"], "doc-down");
+    assert_eq!(
+        graph.body["edges"][0]["requirements"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    let refused = api
+        .call("get", "/api/v1/jobs/doc-up/graph?down=99", None)
+        .await;
+    assert_eq!(refused.status, 400);
+    let missing = api
+        .call("get", "/api/v1/jobs/no-such-job/graph", None)
+        .await;
+    assert_eq!(missing.status, 404);
+    let refused = api.call("delete", "/api/v1/jobs/doc-up", None).await;
+    assert_eq!(refused.status, 409);
+
     let cancel = format!("/api/v1/runs/{run_id}/cancel");
     let cancelled = api.call("post", &cancel, None).await;
     assert_eq!(cancelled.body["cancel"], "cancelled");

@@ -455,6 +455,22 @@ pub enum JobCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// The dependency graph around the job: what it waits for, and what waits for it.
+    Graph {
+        /// The job's name.
+        name: String,
+        /// Levels of upstreams to show.
+        #[arg(long, default_value_t = 5)]
+        up: u32,
+        /// Levels of dependants to show.
+        #[arg(long, default_value_t = 5)]
+        down: u32,
+        /// Print Graphviz (`sked job graph load --dot | dot -Tsvg > load.svg`).
+        #[arg(long)]
+        dot: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// The next fire times.
     Preview {
         /// The job's name.
@@ -667,6 +683,17 @@ async fn job(cmd: JobCommand) -> Result<()> {
             force,
             client,
         } => client::Client::new(&client)?.job_delete(&name, force).await,
+        JobCommand::Graph {
+            name,
+            up,
+            down,
+            dot,
+            client,
+        } => {
+            client::Client::new(&client)?
+                .job_graph(&name, up, down, dot)
+                .await
+        }
         JobCommand::Preview {
             name,
             count,

@@ -215,6 +215,25 @@ impl Client {
         Ok(())
     }
 
+    pub async fn job_graph(&self, name: &str, up: u32, down: u32, dot: bool) -> Result<()> {
+        let value = self
+            .get_json(
+                &format!("/jobs/{name}/graph"),
+                &[("up", up.to_string()), ("down", down.to_string())],
+            )
+            .await?;
+        if self.json {
+            return Self::print_json(&value);
+        }
+        let drawn = if dot {
+            crate::graph::dot(&value)
+        } else {
+            crate::graph::tree(&value)
+        };
+        print!("{drawn}");
+        Ok(())
+    }
+
     pub async fn job_preview(&self, name: &str, count: usize) -> Result<()> {
         let value = self
             .get_json(

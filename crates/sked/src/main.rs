@@ -5,6 +5,7 @@
 mod apply;
 mod cli;
 mod client;
+mod graph;
 mod serve;
 
 use clap::Parser;

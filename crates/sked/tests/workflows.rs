@@ -157,6 +157,28 @@ async fn bad_dependencies_are_refused_naming_the_field() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["field"], "depends_on[0].window.before");
 
+    // The graph, through the API and drawn by the command line.
+    let (status, graph) = sked.get("/jobs/transform/graph").await;
+    assert_eq!(status, 200, "{graph}");
+    assert_eq!(graph["edges"].as_array().map(Vec::len), Some(2), "{graph}");
+    let out = common::sked_command()
+        .args(["job", "graph", "transform"])
+        .env("SKED_SERVER", sked.base())
+        .output()
+        .expect("run sked");
+    let drawn = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        drawn,
+        "transform waits for:\n└─ extract\ntransform\nwaiting for transform:\n└─ load\n"
+    );
+    let out = common::sked_command()
+        .args(["job", "graph", "load", "--dot"])
+        .env("SKED_SERVER", sked.base())
+        .output()
+        .expect("run sked");
+    let dot = String::from_utf8_lossy(&out.stdout);
+    assert!(dot.contains("\"extract\" -> \"transform\";"), "{dot}");
+
     let delete = |force: bool| {
         let url = sked.url(&format!("/jobs/transform?force={force}"));
         let http = sked.http.clone();

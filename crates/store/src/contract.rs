@@ -2279,6 +2279,29 @@ pub async fn dependencies_are_checked_when_written_and_deleted(store: &dyn Store
     assert!(store.get_job("default", "load").await.unwrap().is_none());
 
     pipeline(store).await;
+    let edge = |job: &str, upstream: &str| DependencyEdge {
+        job: job.into(),
+        upstream: upstream.into(),
+    };
+    let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let up = store
+        .dependency_edges("default", &names(&["load", "transform"]), Toward::Upstream)
+        .await
+        .unwrap();
+    assert_eq!(
+        up,
+        [edge("load", "transform"), edge("transform", "extract")]
+    );
+    let down = store
+        .dependency_edges("default", &names(&["extract"]), Toward::Downstream)
+        .await
+        .unwrap();
+    assert_eq!(down, [edge("transform", "extract")]);
+    let elsewhere = store
+        .dependency_edges("other", &names(&["extract"]), Toward::Downstream)
+        .await
+        .unwrap();
+    assert!(elsewhere.is_empty(), "edges stay in their namespace");
     // extract waiting for load closes a cycle: refused, named, and nothing written.
     let before = store.get_job("default", "extract").await.unwrap();
     let cycle = store

@@ -179,6 +179,22 @@ pub struct DeletedJob {
     pub paused_dependants: Vec<String>,
 }
 
+/// Which side of a job's dependency edges to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Toward {
+    /// What the jobs wait for.
+    Upstream,
+    /// What waits for the jobs.
+    Downstream,
+}
+
+/// A dependency between two jobs of a namespace: `job` waits for `upstream`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DependencyEdge {
+    pub job: String,
+    pub upstream: String,
+}
+
 /// What ending overdue dependency waits did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExpiredWaits {
@@ -402,6 +418,15 @@ pub trait Store: Send + Sync + 'static {
         paused: bool,
         now: Instant,
     ) -> Result<Option<JobRecord>>;
+    /// The dependency edges of namespace `namespace` on the `toward` side of `jobs`: those
+    /// whose dependant (upstream side) or whose upstream (downstream side) is one of them.
+    /// An edge names a job by name, and may name one deleted with `force`.
+    async fn dependency_edges(
+        &self,
+        namespace: &str,
+        jobs: &[String],
+        toward: Toward,
+    ) -> Result<Vec<DependencyEdge>>;
     /// A page of the jobs whose schedule still owes an instant (`next_fire_at` set), for the
     /// firing loop: up to `limit` in id order after `after_id`, of the given partitions only
     /// (`sked_core::cluster::partition_of`) or of all.

@@ -575,3 +575,158 @@ pub async fn stats(
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))
 }
+
+/// The most levels `GET /jobs/{name}/graph` walks either way, and the most jobs it returns.
+const MAX_GRAPH_DEPTH: u32 = 50;
+const MAX_GRAPH_JOBS: usize = 1000;
+
+#[derive(Debug, Deserialize)]
+pub struct GraphParams {
+    #[serde(default = "super::default_namespace")]
+    namespace: String,
+    /// Levels of upstreams to follow (default 5).
+    up: Option<u32>,
+    /// Levels of dependants to follow (default 5).
+    down: Option<u32>,
+}
+
+/// The dependency graph around a job: its upstreams above, its dependants below.
+#[derive(Debug, Serialize)]
+pub struct Graph {
+    pub job: String,
+    /// The job first, then by depth (upstreams negative, dependants positive) and name.
+    pub nodes: Vec<GraphNode>,
+    pub edges: Vec<GraphEdge>,
+    /// More jobs were within reach than the answer holds ([`MAX_GRAPH_JOBS`]).
+    pub truncated: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GraphNode {
+    pub name: String,
+    /// Levels from the job: -1 for what it waits for, 1 for what waits for it.
+    pub depth: i32,
+    /// `None` for a job deleted (with `force`) that others still name.
+    pub state: Option<JobState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleSpec>,
+}
+
+/// `job` waits for `upstream`, on these terms (one per entry or alternative naming it).
+#[derive(Debug, Serialize)]
+pub struct GraphEdge {
+    pub upstream: String,
+    pub job: String,
+    pub requirements: Vec<GraphRequirement>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GraphRequirement {
+    pub window: sked_core::dependency::Window,
+    pub state: sked_core::dependency::Awaited,
+}
+
+fn check_depth(field: &str, levels: Option<u32>) -> Result<u32, ApiError> {
+    match levels {
+        None => Ok(5),
+        Some(n @ 0..=MAX_GRAPH_DEPTH) => Ok(n),
+        Some(_) => Err(ApiError::invalid(
+            field,
+            format!("must be between 0 and {MAX_GRAPH_DEPTH}"),
+        )),
+    }
+}
+
+pub async fn graph(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Query(p): Query<GraphParams>,
+) -> Result<Json<Graph>, ApiError> {
+    let namespace = Namespace {
+        namespace: p.namespace,
+    }
+    .checked(&caller)?;
+    let up = check_depth("up", p.up)?;
+    let down = check_depth("down", p.down)?;
+    find(&state, &namespace, &name).await?;
+    let mut depth: BTreeMap<String, i32> = BTreeMap::from([(name.clone(), 0)]);
+    let mut edges = std::collections::BTreeSet::new();
+    let mut truncated = false;
+    for (toward, levels, sign) in [
+        (sked_store::Toward::Upstream, up, -1),
+        (sked_store::Toward::Downstream, down, 1),
+    ] {
+        let mut frontier = vec![name.clone()];
+        for level in 1..=levels as i32 {
+            if frontier.is_empty() {
+                break;
+            }
+            let found = state
+                .store
+                .dependency_edges(&namespace, &frontier, toward)
+                .await?;
+            frontier.clear();
+            for edge in found {
+                let next = match toward {
+                    sked_store::Toward::Upstream => edge.upstream.clone(),
+                    sked_store::Toward::Downstream => edge.job.clone(),
+                };
+                if !depth.contains_key(&next) {
+                    if depth.len() >= MAX_GRAPH_JOBS {
+                        truncated = true;
+                        continue;
+                    }
+                    depth.insert(next.clone(), sign * level);
+                    frontier.push(next);
+                }
+                edges.insert((edge.upstream, edge.job));
+            }
+        }
+    }
+    let mut nodes = Vec::with_capacity(depth.len());
+    let mut specs: BTreeMap<String, JobSpec> = BTreeMap::new();
+    for (job, level) in &depth {
+        let record = state.store.get_job(&namespace, job).await?;
+        nodes.push(GraphNode {
+            name: job.clone(),
+            depth: *level,
+            state: record.as_ref().map(|r| r.state),
+            schedule: record.as_ref().and_then(|r| r.spec.schedule.clone()),
+        });
+        if let Some(record) = record {
+            specs.insert(job.clone(), record.spec);
+        }
+    }
+    nodes.sort_by(|a, b| (a.depth != 0, a.depth, &a.name).cmp(&(b.depth != 0, b.depth, &b.name)));
+    let edges = edges
+        .into_iter()
+        // An edge to a job beyond the answer's bounds is left out with it.
+        .filter(|(upstream, job)| depth.contains_key(upstream) && depth.contains_key(job))
+        .map(|(upstream, job)| {
+            let requirements = specs
+                .get(&job)
+                .map(|spec| {
+                    sked_core::dependency::requirements(&spec.depends_on)
+                        .filter(|r| r.job == upstream)
+                        .map(|r| GraphRequirement {
+                            window: r.window,
+                            state: r.state,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            GraphEdge {
+                upstream,
+                job,
+                requirements,
+            }
+        })
+        .collect();
+    Ok(Json(Graph {
+        job: name,
+        nodes,
+        edges,
+        truncated,
+    }))
+}

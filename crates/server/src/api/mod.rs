@@ -114,6 +114,12 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             get(jobs::stats),
         ),
         route(
+            Method::GET,
+            "/api/v1/jobs/{name}/graph",
+            Read,
+            get(jobs::graph),
+        ),
+        route(
             Method::POST,
             "/api/v1/schedules/preview",
             Read,

@@ -15,7 +15,7 @@ use super::ledger::{admit_by_overlap, skip_run};
 use super::rows::{self, micros};
 use super::{PgResult, Tx};
 use crate::shared::{first_ended, timed_out_error, Ended, Settled, WindowRuns};
-use crate::StoreError;
+use crate::{DependencyEdge, StoreError, Toward};
 use sked_core::dependency::{self, Verdict};
 use sked_core::job::{JobSpec, ValidJob};
 use sked_core::policy::OverlapPolicy;
@@ -146,6 +146,36 @@ pub(super) async fn dependants(
         .await?
         .iter()
         .map(|r| Ok(r.try_get(0)?))
+        .collect()
+}
+
+/// The edges on the `toward` side of `jobs`, sorted.
+pub(super) async fn edges(
+    tx: &Tx<'_>,
+    namespace: &str,
+    jobs: &[String],
+    toward: Toward,
+) -> PgResult<Vec<DependencyEdge>> {
+    let sql = match toward {
+        Toward::Upstream => {
+            "SELECT job, upstream FROM job_dependencies WHERE namespace = $1 AND job = ANY($2) \
+             ORDER BY job, upstream"
+        }
+        Toward::Downstream => {
+            "SELECT job, upstream FROM job_dependencies WHERE namespace = $1 \
+             AND upstream = ANY($2) ORDER BY job, upstream"
+        }
+    };
+    let stmt = tx.prepare_cached(sql).await?;
+    tx.query(&stmt, &[&namespace, &jobs])
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(DependencyEdge {
+                job: r.try_get(0)?,
+                upstream: r.try_get(1)?,
+            })
+        })
         .collect()
 }
 

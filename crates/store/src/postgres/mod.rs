@@ -314,6 +314,18 @@ impl Store for PgStore {
         })
     }
 
+    async fn dependency_edges(
+        &self,
+        namespace: &str,
+        jobs: &[String],
+        toward: Toward,
+    ) -> Result<Vec<DependencyEdge>> {
+        transact!(self, read, |tx| dependencies::edges(
+            &tx, namespace, jobs, toward
+        )
+        .await?)
+    }
+
     async fn scheduled_jobs(
         &self,
         partitions: Option<&[u32]>,

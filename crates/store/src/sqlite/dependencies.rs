@@ -6,7 +6,7 @@
 use super::ledger::{admit_by_overlap, skip_run};
 use super::rows::{self, micros};
 use crate::shared::{timed_out_error, Ended, Settled, WindowRuns};
-use crate::{Result, StoreError};
+use crate::{DependencyEdge, Result, StoreError, Toward};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::dependency::{self, Verdict};
 use sked_core::job::{JobSpec, ValidJob};
@@ -77,6 +77,37 @@ pub(super) fn dependants(
     )?;
     let names = stmt.query_map(params![namespace, upstream], |r| r.get(0))?;
     Ok(names.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The edges on the `toward` side of `jobs`, sorted.
+pub(super) fn edges(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    jobs: &[String],
+    toward: Toward,
+) -> Result<Vec<DependencyEdge>> {
+    let sql = match toward {
+        Toward::Upstream => {
+            "SELECT job, upstream FROM job_dependencies WHERE namespace = ?1 AND job = ?2"
+        }
+        Toward::Downstream => {
+            "SELECT job, upstream FROM job_dependencies WHERE namespace = ?1 AND upstream = ?2"
+        }
+    };
+    let mut stmt = tx.prepare_cached(sql)?;
+    let mut edges = Vec::new();
+    for name in jobs {
+        let found = stmt.query_map(params![namespace, name], |r| {
+            Ok(DependencyEdge {
+                job: r.get(0)?,
+                upstream: r.get(1)?,
+            })
+        })?;
+        edges.extend(found.collect::<rusqlite::Result<Vec<_>>>()?);
+    }
+    edges.sort();
+    edges.dedup();
+    Ok(edges)
 }
 
 /// Forgets what a deleted job depended on (what depends on it stays, by name: a job created

@@ -421,6 +421,17 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn dependency_edges(
+        &self,
+        namespace: &str,
+        jobs: &[String],
+        toward: Toward,
+    ) -> Result<Vec<DependencyEdge>> {
+        let (namespace, jobs) = (namespace.to_string(), jobs.to_vec());
+        self.read(move |tx| dependencies::edges(tx, &namespace, &jobs, toward))
+            .await
+    }
+
     async fn scheduled_jobs(
         &self,
         partitions: Option<&[u32]>,
