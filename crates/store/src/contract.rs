@@ -2675,4 +2675,32 @@ pub async fn racing_upstreams_create_one_dependant_run(store: &dyn Store) {
         assert_eq!(runs[0].state, RunState::Queued, "instant {i}");
         assert_eq!(released, [runs[0].id], "released once, at instant {i}");
     }
+    // Both upstreams reported in one batch: settled together, the dependant released once.
+    let at = t0() + secs(10);
+    let ra = fire_one(store, fire(a.id, at)).await;
+    let rb = fire_one(store, fire(b.id, at)).await;
+    let aa = start(store, ra.run_id, "w", 1, at).await;
+    let ab = start(store, rb.run_id, "w", 1, at).await;
+    let batch = [
+        report(aa, 1, AttemptOutcome::Succeeded),
+        report(ab, 1, AttemptOutcome::Succeeded),
+    ];
+    let released: Vec<i64> = store
+        .complete_attempts(&batch, at)
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|effect| match effect {
+            CompletionEffect::Accepted { requeued, .. } => requeued,
+            CompletionEffect::Rejected { reason } => panic!("refused: {reason}"),
+        })
+        .collect();
+    let runs: Vec<RunRecord> = runs_of(store, "both")
+        .await
+        .into_iter()
+        .filter(|r| r.scheduled_for == at)
+        .collect();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].state, RunState::Queued);
+    assert_eq!(released, [runs[0].id], "released once by the batch");
 }

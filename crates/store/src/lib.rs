@@ -316,7 +316,9 @@ pub enum CompletionEffect {
         /// The run's state afterwards: terminal, or `Queued` for a retry.
         run_state: RunState,
         /// Runs newly queued by this completion: the retry of this run, a run of the same
-        /// job released from `waiting`, or dependants' runs whose dependencies are now met.
+        /// job released from `waiting`, or dependants' runs whose dependencies are now met
+        /// (for a batch, those released by all its completions are listed with its last
+        /// accepted report: the batch's runs are settled together).
         requeued: Vec<i64>,
     },
     /// Nothing was written: the attempt is unknown, already reported, or no longer holds the

@@ -591,3 +591,18 @@ pub fn first_ended(text: Option<&str>) -> Result<Option<(i64, RunState)>, StoreE
         .map_err(|_| StoreError::Corrupt(format!("an ended run {text:?}")))?;
     Ok(Some((id, named("run state", state, RunState::parse)?)))
 }
+
+/// Adds the dependants' runs a batch of completions released to the batch's effects: to the
+/// last accepted one (the runs ended together, and were settled together).
+pub fn list_released(effects: &mut [CompletionEffect], released: Vec<i64>) {
+    if released.is_empty() {
+        return;
+    }
+    let last = effects.iter_mut().rev().find_map(|effect| match effect {
+        CompletionEffect::Accepted { requeued, .. } => Some(requeued),
+        CompletionEffect::Rejected { .. } => None,
+    });
+    if let Some(requeued) = last {
+        requeued.extend(released);
+    }
+}

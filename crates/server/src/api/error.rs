@@ -111,8 +111,8 @@ impl From<StoreError> for ApiError {
                 StatusCode::CONFLICT,
                 "depended_on",
                 format!(
-                    "job {job:?} is depended on by {}; delete it with force=true to delete it \
-                     and pause them",
+                    "job {job:?} is depended on by {}; delete it with force=true (sked job \
+                     delete --force) to delete it and pause them",
                     dependants.join(", ")
                 ),
             ),

@@ -21,7 +21,8 @@ use sked_core::job::{JobSpec, ValidJob};
 use sked_core::policy::OverlapPolicy;
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::{Instant, SpecError};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// The jobs that depend on any of `ids`, without `ids`: the jobs whose waiting runs a run of
 /// theirs ending may move, to be locked with them.
@@ -284,67 +285,86 @@ async fn dependant_jobs(tx: &Tx<'_>, namespace: &str, upstream: &str) -> PgResul
 }
 
 /// Moves the dependants of the runs in `ended`, and of every run that ends because of them,
-/// as `sqlite::dependencies::settle` does.
-pub(super) async fn settle(tx: &Tx<'_>, mut ended: Vec<Ended>, now: Instant) -> PgResult<Settled> {
+/// as `sqlite::dependencies::settle` does: the runs that end together are settled together,
+/// each waiting run judged once after all of them.
+pub(super) async fn settle(tx: &Tx<'_>, ended: Vec<Ended>, now: Instant) -> PgResult<Settled> {
     let mut settled = Settled::default();
-    while let Some(run) = ended.pop() {
-        for dependant in dependant_jobs(tx, &run.namespace, &run.job).await? {
-            let Some((from, to)) = dependency::dependant_instants(
-                &dependant.spec.depends_on,
-                &run.job,
-                run.scheduled_for,
-            ) else {
-                continue;
-            };
-            if dependant.spec.follows_upstreams() {
-                follow(tx, &run, &dependant, now, &mut ended).await?;
+    let mut generation = ended;
+    while !generation.is_empty() {
+        let mut next = Vec::new();
+        let mut dependants: HashMap<(String, String), Vec<Arc<Dependant>>> = HashMap::new();
+        // Waiting runs to judge, by id: the dependant and the run's instant and namespace.
+        let mut candidates: BTreeMap<i64, (Arc<Dependant>, Instant, String)> = BTreeMap::new();
+        for run in &generation {
+            let key = (run.namespace.clone(), run.job.clone());
+            if !dependants.contains_key(&key) {
+                let found = dependant_jobs(tx, &run.namespace, &run.job).await?;
+                dependants.insert(key.clone(), found.into_iter().map(Arc::new).collect());
             }
-            let stmt = tx
-                .prepare_cached(
-                    "SELECT id, scheduled_for FROM runs WHERE job_id = $1 AND state = 'waiting' \
-                     AND waiting_reason = 'dependencies' \
-                     AND scheduled_for >= $2 AND scheduled_for <= $3 ORDER BY id FOR UPDATE",
-                )
-                .await?;
-            let waiting = tx
-                .query(&stmt, &[&dependant.id, &micros(from), &micros(to)])
-                .await?;
-            for row in waiting {
-                let run_id: i64 = row.try_get(0)?;
-                let instant = rows::instant(row.try_get(1)?)?;
-                match judge(tx, &run.namespace, &dependant.spec, instant).await? {
-                    Verdict::Ready => {
-                        release(
-                            tx,
-                            run_id,
-                            &dependant,
-                            instant,
-                            &run.namespace,
-                            now,
-                            &mut settled,
-                            &mut ended,
-                        )
-                        .await?
-                    }
-                    Verdict::Waiting(missing) => {
-                        let stmt = tx
-                            .prepare_cached("UPDATE runs SET waiting_for = $2 WHERE id = $1")
-                            .await?;
-                        let missing = crate::shared::to_json("unmet dependencies", &missing)?;
-                        tx.execute(&stmt, &[&run_id, &missing]).await?;
-                    }
-                    Verdict::UpstreamFailed(why) => {
-                        skip_run(tx, run_id, SkipReason::UpstreamFailed, &why, now).await?;
-                        ended.push(Ended {
-                            namespace: run.namespace.clone(),
-                            job: dependant.name.clone(),
-                            scheduled_for: instant,
-                            state: RunState::Skipped,
-                        });
-                    }
+            for dependant in dependants.get(&key).into_iter().flatten() {
+                let Some((from, to)) = dependency::dependant_instants(
+                    &dependant.spec.depends_on,
+                    &run.job,
+                    run.scheduled_for,
+                ) else {
+                    continue;
+                };
+                if dependant.spec.follows_upstreams() {
+                    follow(tx, run, dependant, now, &mut next).await?;
+                }
+                let stmt = tx
+                    .prepare_cached(
+                        "SELECT id, scheduled_for FROM runs WHERE job_id = $1 \
+                         AND state = 'waiting' AND waiting_reason = 'dependencies' \
+                         AND scheduled_for >= $2 AND scheduled_for <= $3 ORDER BY id FOR UPDATE",
+                    )
+                    .await?;
+                let waiting = tx
+                    .query(&stmt, &[&dependant.id, &micros(from), &micros(to)])
+                    .await?;
+                for row in waiting {
+                    candidates.entry(row.try_get(0)?).or_insert((
+                        dependant.clone(),
+                        rows::instant(row.try_get(1)?)?,
+                        run.namespace.clone(),
+                    ));
                 }
             }
         }
+        for (run_id, (dependant, instant, namespace)) in candidates {
+            match judge(tx, &namespace, &dependant.spec, instant).await? {
+                Verdict::Ready => {
+                    release(
+                        tx,
+                        run_id,
+                        &dependant,
+                        instant,
+                        &namespace,
+                        now,
+                        &mut settled,
+                        &mut next,
+                    )
+                    .await?
+                }
+                Verdict::Waiting(missing) => {
+                    let stmt = tx
+                        .prepare_cached("UPDATE runs SET waiting_for = $2 WHERE id = $1")
+                        .await?;
+                    let missing = crate::shared::to_json("unmet dependencies", &missing)?;
+                    tx.execute(&stmt, &[&run_id, &missing]).await?;
+                }
+                Verdict::UpstreamFailed(why) => {
+                    skip_run(tx, run_id, SkipReason::UpstreamFailed, &why, now).await?;
+                    next.push(Ended {
+                        namespace,
+                        job: dependant.name.clone(),
+                        scheduled_for: instant,
+                        state: RunState::Skipped,
+                    });
+                }
+            }
+        }
+        generation = next;
     }
     Ok(settled)
 }

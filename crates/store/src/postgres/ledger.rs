@@ -594,19 +594,30 @@ pub async fn complete_attempts(
         .map(|r| job_of.get(&r.attempt_id).copied())
         .collect();
     let policies = &policies;
-    in_chains(&keys, |index| {
+    let completed = in_chains(&keys, |index| {
         complete_one(tx, &reports[index], policies, now)
     })
-    .await
+    .await?;
+    let mut effects = Vec::with_capacity(completed.len());
+    let mut ended = Vec::new();
+    for (effect, run) in completed {
+        effects.push(effect);
+        ended.extend(run);
+    }
+    // The batch's runs that ended move their dependants together.
+    let released = settle(tx, ended, now).await?.queued;
+    crate::shared::list_released(&mut effects, released);
+    Ok(effects)
 }
 
-/// Records one report, its attempts and runs locked by the caller.
+/// Records one report, its attempts and runs locked by the caller; also returns its run when
+/// the run ended, for its dependants.
 async fn complete_one(
     tx: &Tx<'_>,
     report: &AttemptReport,
     policies: &HashMap<i64, RetryPolicy>,
     now: Instant,
-) -> PgResult<CompletionEffect> {
+) -> PgResult<(CompletionEffect, Option<Ended>)> {
     let stmt = tx
         .prepare_cached(
             "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
@@ -629,7 +640,7 @@ async fn complete_one(
     };
     let attempt = match crate::shared::admit_report(found, report) {
         Ok(attempt) => attempt,
-        Err(refused) => return Ok(refused),
+        Err(refused) => return Ok((refused, None)),
     };
     let error = crate::shared::report_error(report);
     let stmt = tx
@@ -665,6 +676,7 @@ async fn complete_one(
         now,
         rand::random::<f64>(),
     );
+    let mut ended = None;
     let (run_state, requeued) = match decision {
         AfterAttempt::Retry { ready_at } => {
             let stmt = tx
@@ -686,18 +698,17 @@ async fn complete_one(
             (RunState::Queued, vec![attempt.run_id])
         }
         AfterAttempt::Finish(state) => {
-            let ended =
-                finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now).await?;
-            let mut released = release_waiting(tx, attempt.job_id).await?;
-            released.extend(settle(tx, vec![ended], now).await?.queued);
-            (state, released)
+            ended =
+                Some(finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now).await?);
+            (state, release_waiting(tx, attempt.job_id).await?)
         }
     };
-    Ok(CompletionEffect::Accepted {
+    let effect = CompletionEffect::Accepted {
         run_id: attempt.run_id,
         run_state,
         requeued,
-    })
+    };
+    Ok((effect, ended))
 }
 
 /// Locks these attempts' runs, then the attempts themselves, each in id order.

@@ -13,7 +13,8 @@ use sked_core::job::{JobSpec, ValidJob};
 use sked_core::policy::OverlapPolicy;
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::{Instant, SpecError};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
 
 /// Keeps the job's edges in step with its definition: every upstream must exist in the
 /// namespace, and none may (transitively) wait for this job.
@@ -210,66 +211,84 @@ fn dependant_jobs(tx: &Transaction<'_>, namespace: &str, upstream: &str) -> Resu
 /// (a skip cascades down a pipeline): a job without a schedule gets its run at the upstream
 /// run's instant; every waiting run whose window holds that instant is judged again, and is
 /// released (then subject to its job's overlap policy), skipped (`upstream_failed`), or left
-/// waiting with what it still misses.
-pub(super) fn settle(tx: &Transaction<'_>, mut ended: Vec<Ended>, now: Instant) -> Result<Settled> {
+/// waiting with what it still misses. The runs that end together are settled together: each
+/// waiting run is judged once, after all of them, so a fan-in whose upstreams end in one batch
+/// is judged once rather than once per upstream.
+pub(super) fn settle(tx: &Transaction<'_>, ended: Vec<Ended>, now: Instant) -> Result<Settled> {
     let mut settled = Settled::default();
-    while let Some(run) = ended.pop() {
-        for dependant in dependant_jobs(tx, &run.namespace, &run.job)? {
-            let Some((from, to)) = dependency::dependant_instants(
-                &dependant.spec.depends_on,
-                &run.job,
-                run.scheduled_for,
-            ) else {
-                continue;
-            };
-            if dependant.spec.follows_upstreams() {
-                follow(tx, &run, &dependant, now, &mut ended)?;
+    let mut generation = ended;
+    while !generation.is_empty() {
+        let mut next = Vec::new();
+        let mut dependants: HashMap<(String, String), Vec<Rc<Dependant>>> = HashMap::new();
+        // Waiting runs to judge, by id: the dependant and the run's instant and namespace.
+        let mut candidates: BTreeMap<i64, (Rc<Dependant>, Instant, String)> = BTreeMap::new();
+        for run in &generation {
+            let key = (run.namespace.clone(), run.job.clone());
+            if !dependants.contains_key(&key) {
+                let found = dependant_jobs(tx, &run.namespace, &run.job)?;
+                dependants.insert(key.clone(), found.into_iter().map(Rc::new).collect());
             }
-            let waiting: Vec<(i64, i64)> = {
+            for dependant in dependants.get(&key).into_iter().flatten() {
+                let Some((from, to)) = dependency::dependant_instants(
+                    &dependant.spec.depends_on,
+                    &run.job,
+                    run.scheduled_for,
+                ) else {
+                    continue;
+                };
+                if dependant.spec.follows_upstreams() {
+                    follow(tx, run, dependant, now, &mut next)?;
+                }
                 let mut stmt = tx.prepare_cached(
                     "SELECT id, scheduled_for FROM runs WHERE job_id = ?1 AND state = 'waiting' \
                      AND scheduled_for >= ?2 AND scheduled_for <= ?3 \
                      AND waiting_reason = 'dependencies'",
                 )?;
-                let found = stmt
+                let waiting = stmt
                     .query_map(params![dependant.id, micros(from), micros(to)], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
                     })?;
-                found.collect::<rusqlite::Result<_>>()?
-            };
-            for (run_id, instant) in waiting {
-                let instant = rows::instant(instant)?;
-                let verdict = judge(tx, &run.namespace, &dependant.spec, instant)?;
-                match verdict {
-                    Verdict::Ready => release(
-                        tx,
-                        run_id,
-                        &dependant,
-                        instant,
-                        &run.namespace,
-                        now,
-                        &mut settled,
-                        &mut ended,
-                    )?,
-                    Verdict::Waiting(missing) => {
-                        tx.prepare_cached("UPDATE runs SET waiting_for = ?2 WHERE id = ?1")?
-                            .execute(params![
-                                run_id,
-                                crate::shared::to_json("unmet dependencies", &missing)?
-                            ])?;
-                    }
-                    Verdict::UpstreamFailed(why) => {
-                        skip_run(tx, run_id, SkipReason::UpstreamFailed, &why, now)?;
-                        ended.push(Ended {
-                            namespace: run.namespace.clone(),
-                            job: dependant.name.clone(),
-                            scheduled_for: instant,
-                            state: RunState::Skipped,
-                        });
-                    }
+                for found in waiting {
+                    let (run_id, instant) = found?;
+                    candidates.entry(run_id).or_insert((
+                        dependant.clone(),
+                        rows::instant(instant)?,
+                        run.namespace.clone(),
+                    ));
                 }
             }
         }
+        for (run_id, (dependant, instant, namespace)) in candidates {
+            match judge(tx, &namespace, &dependant.spec, instant)? {
+                Verdict::Ready => release(
+                    tx,
+                    run_id,
+                    &dependant,
+                    instant,
+                    &namespace,
+                    now,
+                    &mut settled,
+                    &mut next,
+                )?,
+                Verdict::Waiting(missing) => {
+                    tx.prepare_cached("UPDATE runs SET waiting_for = ?2 WHERE id = ?1")?
+                        .execute(params![
+                            run_id,
+                            crate::shared::to_json("unmet dependencies", &missing)?
+                        ])?;
+                }
+                Verdict::UpstreamFailed(why) => {
+                    skip_run(tx, run_id, SkipReason::UpstreamFailed, &why, now)?;
+                    next.push(Ended {
+                        namespace,
+                        job: dependant.name.clone(),
+                        scheduled_for: instant,
+                        state: RunState::Skipped,
+                    });
+                }
+            }
+        }
+        generation = next;
     }
     Ok(settled)
 }

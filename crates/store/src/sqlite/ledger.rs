@@ -471,6 +471,7 @@ pub fn complete_attempts(
     now: Instant,
 ) -> Result<Vec<CompletionEffect>> {
     let mut effects = Vec::with_capacity(reports.len());
+    let mut ended = Vec::new();
     let mut policies: HashMap<i64, RetryPolicy> = HashMap::new();
     for report in reports {
         let found = tx
@@ -540,11 +541,15 @@ pub fn complete_attempts(
                     (RunState::Queued, vec![attempt.run_id])
                 }
                 AfterAttempt::Finish(state) => {
-                    let ended =
-                        finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now)?;
-                    let mut released = release_waiting(tx, attempt.job_id)?;
-                    released.extend(settle(tx, vec![ended], now)?.queued);
-                    (state, released)
+                    ended.push(finish_run(
+                        tx,
+                        attempt.run_id,
+                        state,
+                        failures,
+                        error.as_deref(),
+                        now,
+                    )?);
+                    (state, release_waiting(tx, attempt.job_id)?)
                 }
             };
         effects.push(CompletionEffect::Accepted {
@@ -553,6 +558,9 @@ pub fn complete_attempts(
             requeued,
         });
     }
+    // The batch's runs that ended move their dependants together.
+    let released = settle(tx, ended, now)?.queued;
+    crate::shared::list_released(&mut effects, released);
     Ok(effects)
 }
 
