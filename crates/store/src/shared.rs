@@ -8,7 +8,7 @@
 
 use crate::{AttemptReport, CompletionEffect, StoreError};
 use sked_core::auth::{LabelRule, Role};
-use sked_core::dependency::UpstreamRuns;
+use sked_core::dependency::{Awaited, UpstreamRuns};
 use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
 use sked_core::policy::MisfirePolicy;
 use sked_core::records::{JobRecord, JobStats, RunRecord, ScheduledJob};
@@ -518,8 +518,8 @@ impl NewRun {
     }
 }
 
-/// What one requirement's upstream runs inside its window did, as a store's aggregate over
-/// them reads (the rows themselves are never fetched).
+/// What one requirement's upstream runs inside its window did: read row by row
+/// ([`WindowRuns::add`]) or as a store's aggregate over them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WindowRuns {
     /// Some run succeeded.
@@ -552,33 +552,62 @@ impl WindowRuns {
         self.latest = self.latest.max(Some(scheduled_for));
     }
 
+    /// Whether a run in the window meets a wait for `awaited`.
+    fn satisfies(&self, awaited: Awaited) -> bool {
+        match awaited {
+            Awaited::Succeeded => self.succeeded,
+            Awaited::Finished => self.ended,
+        }
+    }
+
     /// Whether the upstream's next instant could change the facts: nothing in the window
     /// settles the wait yet.
-    pub fn needs_next_fire(&self, awaited: sked_core::dependency::Awaited) -> bool {
-        !self.active && !self.facts(awaited, i64::MIN).satisfied
+    pub fn needs_next_fire(&self, awaited: Awaited) -> bool {
+        !self.active && !self.satisfies(awaited)
     }
 
     /// What they mean for a requirement awaiting `awaited` over a window ending at `to`.
-    pub fn facts(&self, awaited: sked_core::dependency::Awaited, to: i64) -> UpstreamRuns {
-        use sked_core::dependency::Awaited;
-        let (satisfied, ended_otherwise) = match awaited {
-            Awaited::Succeeded => (self.succeeded, self.ended_unsucceeded),
-            Awaited::Finished => (self.ended, None),
-        };
+    pub fn facts(&self, awaited: Awaited, to: i64) -> UpstreamRuns {
         UpstreamRuns {
-            satisfied,
+            satisfied: self.satisfies(awaited),
             pending: self.active
                 || sked_core::dependency::owes_instant(self.next_fire_at, self.latest, to),
-            ended_otherwise,
+            ended_otherwise: match awaited {
+                Awaited::Succeeded => self.ended_unsucceeded,
+                Awaited::Finished => None,
+            },
         }
     }
 }
 
-/// `"<id, 20 digits> <state>"`, the text a SQL `min` over ended runs returns so that the
-/// first one's id and state come back together; read back by [`first_ended`].
-pub const FIRST_ENDED_WIDTH: usize = 20;
+/// The verdict on a run of `spec` at `instant`, from what each of its requirements' windows
+/// held (`windows[k]`, in `sked_core::dependency::requirements` order, ending at `ends[k]`).
+pub fn verdict_from(
+    spec: &JobSpec,
+    instant: Instant,
+    windows: &[WindowRuns],
+    ends: &[i64],
+) -> sked_core::dependency::Verdict {
+    let verdict = sked_core::dependency::verdict::<std::convert::Infallible>(
+        &spec.depends_on,
+        instant,
+        |k, requirement, _| {
+            Ok(windows
+                .get(k)
+                .zip(ends.get(k))
+                .map(|(runs, to)| runs.facts(requirement.state, *to))
+                .unwrap_or_default())
+        },
+    );
+    match verdict {
+        Ok(verdict) => verdict,
+        Err(never) => match never {},
+    }
+}
 
-/// The id and state of [`FIRST_ENDED_WIDTH`]'s text.
+/// The id and state of the first run that ended otherwise than succeeded, from the text
+/// `"<id, zero-padded to 20 digits> <state>"` that a SQL `min` over such runs returns (so the
+/// first one's id and state come back together).
 pub fn first_ended(text: Option<&str>) -> Result<Option<(i64, RunState)>, StoreError> {
     let Some(text) = text else {
         return Ok(None);

@@ -14,7 +14,7 @@
 use super::ledger::{admit_by_overlap, skip_run};
 use super::rows::{self, micros};
 use super::{PgResult, Tx};
-use crate::shared::{first_ended, timed_out_error, Ended, Settled, WindowRuns};
+use crate::shared::{first_ended, timed_out_error, verdict_from, Ended, Settled, WindowRuns};
 use crate::{DependencyEdge, StoreError, Toward};
 use sked_core::dependency::{self, Verdict};
 use sked_core::job::{JobSpec, ValidJob};
@@ -199,12 +199,12 @@ pub(super) async fn judge(
     instant: Instant,
 ) -> PgResult<Verdict> {
     let requirements: Vec<_> = dependency::requirements(&spec.depends_on).collect();
-    let (mut jobs, mut froms, mut tos) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut jobs, mut froms, mut ends) = (Vec::new(), Vec::new(), Vec::new());
     for requirement in &requirements {
         let (from, to) = requirement.window.around(instant);
         jobs.push(requirement.job);
         froms.push(micros(from));
-        tos.push(micros(to));
+        ends.push(micros(to));
     }
     // Runs found by name, so those of a job deleted and created again count.
     let stmt = tx
@@ -224,7 +224,7 @@ pub(super) async fn judge(
         )
         .await?;
     let mut found: Vec<WindowRuns> = vec![WindowRuns::default(); requirements.len()];
-    for row in tx.query(&stmt, &[&namespace, &jobs, &froms, &tos]).await? {
+    for row in tx.query(&stmt, &[&namespace, &jobs, &froms, &ends]).await? {
         let k: i64 = row.try_get(0)?;
         let Some(slot) = usize::try_from(k - 1).ok().and_then(|k| found.get_mut(k)) else {
             continue;
@@ -238,17 +238,7 @@ pub(super) async fn judge(
             next_fire_at: row.try_get(6)?,
         };
     }
-    Ok(dependency::verdict::<StoreError>(
-        &spec.depends_on,
-        instant,
-        |k, requirement, _| {
-            Ok(found
-                .get(k)
-                .zip(tos.get(k))
-                .map(|(runs, to)| runs.facts(requirement.state, *to))
-                .unwrap_or_default())
-        },
-    )?)
+    Ok(verdict_from(spec, instant, &found, &ends))
 }
 
 /// A job that depends on a job whose run just ended.

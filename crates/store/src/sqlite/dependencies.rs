@@ -5,8 +5,8 @@
 
 use super::ledger::{admit_by_overlap, skip_run};
 use super::rows::{self, micros};
-use crate::shared::{timed_out_error, Ended, Settled, WindowRuns};
-use crate::{DependencyEdge, Result, StoreError, Toward};
+use crate::shared::{timed_out_error, verdict_from, Ended, Settled, WindowRuns};
+use crate::{DependencyEdge, Result, Toward};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::dependency::{self, Verdict};
 use sked_core::job::{JobSpec, ValidJob};
@@ -56,8 +56,7 @@ pub(super) fn put_edges(tx: &Transaction<'_>, namespace: &str, job: &ValidJob) -
         )
         .into());
     }
-    tx.prepare_cached("DELETE FROM job_dependencies WHERE namespace = ?1 AND job = ?2")?
-        .execute(params![namespace, job.name])?;
+    remove_edges(tx, namespace, &job.name)?;
     let mut insert = tx.prepare_cached(
         "INSERT INTO job_dependencies (namespace, job, upstream) VALUES (?1, ?2, ?3)",
     )?;
@@ -130,12 +129,12 @@ pub(super) fn judge(
     instant: Instant,
 ) -> Result<Verdict> {
     let requirements: Vec<_> = dependency::requirements(&spec.depends_on).collect();
-    let mut windows = Vec::with_capacity(requirements.len());
+    let mut ends = Vec::with_capacity(requirements.len());
     let mut terms = Vec::with_capacity(requirements.len());
     let mut values: Vec<rusqlite::types::Value> = vec![namespace.to_string().into()];
     for (k, requirement) in requirements.iter().enumerate() {
         let (from, to) = requirement.window.around(instant);
-        windows.push(micros(to));
+        ends.push(micros(to));
         let n = values.len();
         // Runs found by name, so those of a job deleted and created again count.
         terms.push(format!(
@@ -171,13 +170,7 @@ pub(super) fn judge(
                 .flatten();
         }
     }
-    dependency::verdict::<StoreError>(&spec.depends_on, instant, |k, requirement, _| {
-        Ok(found
-            .get(k)
-            .zip(windows.get(k))
-            .map(|(runs, to)| runs.facts(requirement.state, *to))
-            .unwrap_or_default())
-    })
+    Ok(verdict_from(spec, instant, &found, &ends))
 }
 
 /// A job that depends on a job whose run just ended.
