@@ -176,7 +176,8 @@ pub struct FireOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeletedJob {
     pub job: JobRecord,
-    pub paused_dependants: Vec<String>,
+    /// The jobs that depended on it, as they are now (paused).
+    pub paused_dependants: Vec<JobRecord>,
 }
 
 /// Which side of a job's dependency edges to read.

@@ -324,21 +324,23 @@ pub async fn delete(
     };
     audit::record(&state, &caller, change).await;
     for dependant in &deleted.paused_dependants {
-        if let Ok(Some(job)) = state.store.get_job(&namespace, dependant).await {
-            state.firing.reload(job.id);
-        }
+        state.firing.reload(dependant.id);
         let change = Change {
             action: "job.pause",
             namespace: Some(&namespace),
-            object: Some(dependant.clone()),
+            object: Some(dependant.name.clone()),
             before: None,
             after: Some(serde_json::json!({"because_deleted": name})),
         };
         audit::record(&state, &caller, change).await;
     }
     Ok(Json(DeletedView {
+        paused_dependants: deleted
+            .paused_dependants
+            .into_iter()
+            .map(|j| j.name)
+            .collect(),
         job: JobView::from(deleted.job),
-        paused_dependants: deleted.paused_dependants,
     }))
 }
 

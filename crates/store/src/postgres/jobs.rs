@@ -276,8 +276,9 @@ pub async fn delete(
         }
         .into());
     }
+    let mut paused = Vec::with_capacity(dependants.len());
     for dependant in &dependants {
-        set_paused(tx, namespace, dependant, true, now).await?;
+        paused.extend(set_paused(tx, namespace, dependant, true, now).await?);
     }
     let mut ended = Vec::new();
     super::ledger::cancel_active(tx, job.id, "the job was deleted", true, now, &mut ended).await?;
@@ -288,7 +289,7 @@ pub async fn delete(
     super::dependencies::settle(tx, ended, now).await?;
     Ok(Some(DeletedJob {
         job,
-        paused_dependants: dependants,
+        paused_dependants: paused,
     }))
 }
 

@@ -281,15 +281,11 @@ impl Store for PgStore {
         transact!(self, write, |tx| {
             let deleted = jobs::delete(&tx, namespace, name, force, now).await?;
             if let Some(deleted) = &deleted {
-                self.channel
-                    .notify(&tx, Kind::JobChanged, &[deleted.job.id])
-                    .await?;
-                for dependant in &deleted.paused_dependants {
-                    if let Some(job) = jobs::get(&tx, namespace, dependant).await? {
-                        self.channel
-                            .notify(&tx, Kind::JobChanged, &[job.id])
-                            .await?;
-                    }
+                // One notification per job: a job change names one job.
+                let changed = std::iter::once(deleted.job.id)
+                    .chain(deleted.paused_dependants.iter().map(|j| j.id));
+                for id in changed {
+                    self.channel.notify(&tx, Kind::JobChanged, &[id]).await?;
                 }
             }
             deleted

@@ -188,8 +188,9 @@ pub fn delete(
             dependants,
         });
     }
+    let mut paused = Vec::with_capacity(dependants.len());
     for dependant in &dependants {
-        set_paused(tx, namespace, dependant, true, now)?;
+        paused.extend(set_paused(tx, namespace, dependant, true, now)?);
     }
     let mut ended = Vec::new();
     super::ledger::cancel_active(tx, job.id, "the job was deleted", true, now, &mut ended)?;
@@ -200,7 +201,7 @@ pub fn delete(
     dependencies::settle(tx, ended, now)?;
     Ok(Some(DeletedJob {
         job,
-        paused_dependants: dependants,
+        paused_dependants: paused,
     }))
 }
 
