@@ -70,14 +70,12 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     let ready_s = started.elapsed().as_secs_f64();
     let store_name = server.store_name();
     let http = crate::harness::http_client();
-    let deadline = Clock::now()
-        + (instant - Utc::now()).to_std().unwrap_or_default()
-        + std::time::Duration::from_secs(options.limit_seconds);
+    let limit = std::time::Duration::from_secs(options.limit_seconds);
     let workers = noop::spawn(
         &http,
         &server.bases,
         options.slots,
-        &noop::Until::enough(deadline, n as u64),
+        &noop::Until::after_instant(instant, limit, n as u64),
     );
     let ahead_ms = ms(instant - Utc::now());
     if ahead_ms < 200.0 {

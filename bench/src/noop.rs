@@ -46,6 +46,13 @@ impl Until {
         }
     }
 
+    /// Stops `limit` after `instant` (a moment of the wall clock), or once `enough` attempts
+    /// are completed: for scenarios whose work all falls due at one instant.
+    pub fn after_instant(instant: sked_core::Instant, limit: Duration, enough: u64) -> Until {
+        let until_instant = (instant - chrono::Utc::now()).to_std().unwrap_or_default();
+        Until::enough(Clock::now() + until_instant + limit, enough)
+    }
+
     fn done(&self) -> bool {
         Clock::now() >= self.deadline
             || self

@@ -113,14 +113,12 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         bail!("the server was ready only {ahead_ms:.0} ms before the root's instant");
     }
     let http = crate::harness::http_client();
-    let deadline = Clock::now()
-        + (instant - Utc::now()).to_std().unwrap_or_default()
-        + std::time::Duration::from_secs(options.limit_seconds);
+    let limit = std::time::Duration::from_secs(options.limit_seconds);
     let workers = noop::spawn(
         &http,
         &server.bases,
         options.slots,
-        &noop::Until::enough(deadline, n as u64),
+        &noop::Until::after_instant(instant, limit, n as u64),
     );
     let completed = noop::join(workers).await;
     server.stop().await;
