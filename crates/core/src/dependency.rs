@@ -367,11 +367,11 @@ pub enum Verdict {
 /// The verdict on a run at `instant` of a job with `depends_on`, from what each requirement's
 /// upstream runs are doing: `runs_of(k, requirement, window)`, where `k` is the requirement's
 /// place in [`requirements`]' order.
-pub fn verdict<E>(
+pub fn verdict(
     depends_on: &[DependencySpec],
     instant: Instant,
-    mut runs_of: impl FnMut(usize, &Requirement<'_>, (Instant, Instant)) -> Result<UpstreamRuns, E>,
-) -> Result<Verdict, E> {
+    mut runs_of: impl FnMut(usize, &Requirement<'_>, (Instant, Instant)) -> UpstreamRuns,
+) -> Verdict {
     let mut missing = Vec::new();
     let mut first = 0;
     for entry in depends_on {
@@ -383,7 +383,7 @@ pub fn verdict<E>(
         first += alternatives.len();
         for (k, requirement) in alternatives.iter().enumerate() {
             let window = requirement.window.around(instant);
-            let runs = runs_of(base + k, requirement, window)?;
+            let runs = runs_of(base + k, requirement, window);
             if runs.satisfied {
                 met = true;
                 break;
@@ -401,15 +401,15 @@ pub fn verdict<E>(
         }
         // Every alternative failed for good: the entry can never be met.
         if wanted.is_empty() && !failed.is_empty() {
-            return Ok(Verdict::UpstreamFailed(failed.join("; or ")));
+            return Verdict::UpstreamFailed(failed.join("; or "));
         }
         missing.push(wanted.join(" or "));
     }
-    Ok(if missing.is_empty() {
+    if missing.is_empty() {
         Verdict::Ready
     } else {
         Verdict::Waiting(missing)
-    })
+    }
 }
 
 /// "extract succeeded between A and B" (or "at A" for a window of no width).
@@ -637,11 +637,10 @@ mod tests {
     fn judge(json: serde_json::Value, facts: &BTreeMap<&str, UpstreamRuns>) -> Verdict {
         let spec = deps(json);
         let names: Vec<&str> = requirements(&spec).map(|r| r.job).collect();
-        verdict::<()>(&spec, t("2026-11-25T02:00:00Z"), |k, r, _| {
+        verdict(&spec, t("2026-11-25T02:00:00Z"), |k, r, _| {
             assert_eq!(names[k], r.job, "the index names the requirement");
-            Ok(facts.get(r.job).cloned().unwrap_or_default())
+            facts.get(r.job).cloned().unwrap_or_default()
         })
-        .unwrap()
     }
 
     #[test]

@@ -588,21 +588,13 @@ pub fn verdict_from(
     windows: &[WindowRuns],
     ends: &[i64],
 ) -> sked_core::dependency::Verdict {
-    let verdict = sked_core::dependency::verdict::<std::convert::Infallible>(
-        &spec.depends_on,
-        instant,
-        |k, requirement, _| {
-            Ok(windows
-                .get(k)
-                .zip(ends.get(k))
-                .map(|(runs, to)| runs.facts(requirement.state, *to))
-                .unwrap_or_default())
-        },
-    );
-    match verdict {
-        Ok(verdict) => verdict,
-        Err(never) => match never {},
-    }
+    sked_core::dependency::verdict(&spec.depends_on, instant, |k, requirement, _| {
+        windows
+            .get(k)
+            .zip(ends.get(k))
+            .map(|(runs, to)| runs.facts(requirement.state, *to))
+            .unwrap_or_default()
+    })
 }
 
 /// The id and state of the first run that ended otherwise than succeeded, from the text
