@@ -69,7 +69,7 @@ pub(super) async fn put_edges(tx: &Tx<'_>, namespace: &str, job: &ValidJob) -> P
     }
     // A cycle through this job needs a job that waits for it; most writes (a graph created
     // upstream first) have none, and skip reading their ancestors.
-    if dependants(tx, namespace, &job.name).await?.is_empty() {
+    if upstreams.is_empty() || dependants(tx, namespace, &job.name).await?.is_empty() {
         return write_edges(tx, namespace, &job.name, &upstreams).await;
     }
     // The ancestors, read in one statement; the cycle is then found (and named) in memory.

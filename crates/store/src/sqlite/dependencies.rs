@@ -33,7 +33,7 @@ pub(super) fn put_edges(tx: &Transaction<'_>, namespace: &str, job: &ValidJob) -
     }
     // A cycle through this job needs a job that waits for it; most writes (a graph created
     // upstream first) have none, and skip the walk up their ancestors.
-    let cycle = if dependants(tx, namespace, &job.name)?.is_empty() {
+    let cycle = if upstreams.is_empty() || dependants(tx, namespace, &job.name)?.is_empty() {
         None
     } else {
         let mut upstreams_of = tx.prepare_cached(
