@@ -31,12 +31,16 @@ pub const MAX_DEPS_TIMEOUT: Duration = Duration::from_secs(31 * 24 * 3600);
 /// How long a run waits for its dependencies when the job does not say.
 pub const DEFAULT_DEPS_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
-/// One entry of `depends_on`: a job (`job`), or alternatives (`any_of`), one of which suffices.
+/// One entry of `depends_on`: a job (`job`), an event (`event`), or alternatives (`any_of`),
+/// one of which suffices.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DependencySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
+    /// An event key (`crate::event`): an event of that key recorded in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub any_of: Option<Vec<DependencySpec>>,
     #[serde(default, skip_serializing_if = "Window::is_instant")]
@@ -114,20 +118,32 @@ impl Awaited {
     }
 }
 
-/// One upstream job a run waits for: an entry of `depends_on` or one alternative of an
-/// `any_of`, after validation.
+/// What a requirement waits for: a run of a job, or an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Upstream<'a> {
+    Job(&'a str),
+    Event(&'a str),
+}
+
+/// One upstream a run waits for: an entry of `depends_on` or one alternative of an `any_of`,
+/// after validation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Requirement<'a> {
-    pub job: &'a str,
+    pub upstream: Upstream<'a>,
     pub window: Window,
     pub state: Awaited,
 }
 
 impl DependencySpec {
-    /// The requirement this entry states when it names a job.
+    /// The requirement this entry states when it names a job or an event.
     fn requirement(&self) -> Option<Requirement<'_>> {
+        let upstream = match (&self.job, &self.event) {
+            (Some(job), _) => Upstream::Job(job),
+            (None, Some(key)) => Upstream::Event(key),
+            (None, None) => return None,
+        };
         Some(Requirement {
-            job: self.job.as_deref()?,
+            upstream,
             window: self.window,
             state: self.state,
         })
@@ -148,15 +164,15 @@ pub fn requirements(depends_on: &[DependencySpec]) -> impl Iterator<Item = Requi
 }
 
 /// The instants of the runs of a job with `depends_on` whose windows hold a run of `upstream`
-/// at `instant` (the span over all its requirements on `upstream`); `None` when it does not
-/// wait for `upstream`.
+/// (or an event) at `instant` (the span over all its requirements on `upstream`); `None` when
+/// it does not wait for `upstream`.
 pub fn dependant_instants(
     depends_on: &[DependencySpec],
-    upstream: &str,
+    upstream: Upstream<'_>,
     instant: Instant,
 ) -> Option<(Instant, Instant)> {
     requirements(depends_on)
-        .filter(|r| r.job == upstream)
+        .filter(|r| r.upstream == upstream)
         .map(|r| r.window.dependants_of(instant))
         .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
 }
@@ -164,7 +180,20 @@ pub fn dependant_instants(
 /// The upstream job names of a `depends_on`, each once.
 pub fn upstreams(depends_on: &[DependencySpec]) -> BTreeSet<String> {
     requirements(depends_on)
-        .map(|r| r.job.to_string())
+        .filter_map(|r| match r.upstream {
+            Upstream::Job(job) => Some(job.to_string()),
+            Upstream::Event(_) => None,
+        })
+        .collect()
+}
+
+/// The event keys a `depends_on` waits for, each once.
+pub fn awaited_events(depends_on: &[DependencySpec]) -> BTreeSet<String> {
+    requirements(depends_on)
+        .filter_map(|r| match r.upstream {
+            Upstream::Event(key) => Some(key.to_string()),
+            Upstream::Job(_) => None,
+        })
         .collect()
 }
 
@@ -198,9 +227,11 @@ pub fn validate(
     }
     for (i, entry) in depends_on.iter().enumerate() {
         let field = format!("depends_on[{i}]");
-        match (&entry.job, &entry.any_of) {
-            (Some(_), None) => validate_requirement(job, entry).map_err(|e| e.within(&field))?,
-            (None, Some(any_of)) => {
+        match (&entry.job, &entry.event, &entry.any_of) {
+            (Some(_), None, None) | (None, Some(_), None) => {
+                validate_requirement(job, entry).map_err(|e| e.within(&field))?
+            }
+            (None, None, Some(any_of)) => {
                 if entry.window != Window::default() || entry.state != Awaited::default() {
                     return Err(SpecError::new(
                         format!("{field}.any_of"),
@@ -216,10 +247,13 @@ pub fn validate(
                 }
                 for (k, alternative) in any_of.iter().enumerate() {
                     let field = format!("{field}.any_of[{k}]");
-                    if alternative.job.is_none() || alternative.any_of.is_some() {
+                    if alternative.job.is_some() == alternative.event.is_some()
+                        || alternative.any_of.is_some()
+                    {
                         return Err(SpecError::new(
                             field,
-                            "each alternative names a job (any_of groups do not nest)",
+                            "each alternative names a job or an event (any_of groups do not \
+                             nest)",
                         ));
                     }
                     validate_requirement(job, alternative).map_err(|e| e.within(&field))?;
@@ -228,7 +262,8 @@ pub fn validate(
             _ => {
                 return Err(SpecError::new(
                     field,
-                    "give either job (a job to wait for) or any_of (alternatives)",
+                    "give one of job (a job to wait for), event (an event key) or any_of \
+                     (alternatives)",
                 ))
             }
         }
@@ -246,10 +281,20 @@ pub fn validate(
 }
 
 fn validate_requirement(dependant: &str, entry: &DependencySpec) -> Result<(), SpecError> {
-    let upstream = entry.job.as_deref().unwrap_or_default();
-    validate_name("job", upstream)?;
-    if upstream == dependant {
-        return Err(SpecError::new("job", "a job cannot depend on itself"));
+    if let Some(key) = &entry.event {
+        crate::event::validate_key("event", key)?;
+        if entry.state != Awaited::default() {
+            return Err(SpecError::new(
+                "state",
+                "an event does not end: state applies to jobs only",
+            ));
+        }
+    } else {
+        let upstream = entry.job.as_deref().unwrap_or_default();
+        validate_name("job", upstream)?;
+        if upstream == dependant {
+            return Err(SpecError::new("job", "a job cannot depend on itself"));
+        }
     }
     for (name, side) in [
         ("before", entry.window.before),
@@ -412,7 +457,8 @@ pub fn verdict(
     }
 }
 
-/// "extract succeeded between A and B" (or "at A" for a window of no width).
+/// "extract succeeded between A and B" (or "at A" for a window of no width), "event K between
+/// A and B".
 fn describe(requirement: &Requirement<'_>, (from, to): (Instant, Instant)) -> String {
     let at = |t: Instant| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
     let when = if from == to {
@@ -420,7 +466,10 @@ fn describe(requirement: &Requirement<'_>, (from, to): (Instant, Instant)) -> St
     } else {
         format!("between {} and {}", at(from), at(to))
     };
-    format!("{} {} {when}", requirement.job, requirement.state.as_str())
+    match requirement.upstream {
+        Upstream::Job(job) => format!("{job} {} {when}", requirement.state.as_str()),
+        Upstream::Event(key) => format!("event {key} {when}"),
+    }
 }
 
 #[cfg(test)]
@@ -636,11 +685,66 @@ mod tests {
 
     fn judge(json: serde_json::Value, facts: &BTreeMap<&str, UpstreamRuns>) -> Verdict {
         let spec = deps(json);
-        let names: Vec<&str> = requirements(&spec).map(|r| r.job).collect();
+        let name = |r: &Requirement<'_>| match r.upstream {
+            Upstream::Job(name) | Upstream::Event(name) => name.to_string(),
+        };
+        let names: Vec<String> = requirements(&spec).map(|r| name(&r)).collect();
         verdict(&spec, t("2026-11-25T02:00:00Z"), |k, r, _| {
-            assert_eq!(names[k], r.job, "the index names the requirement");
-            facts.get(r.job).cloned().unwrap_or_default()
+            assert_eq!(names[k], name(r), "the index names the requirement");
+            facts.get(name(r).as_str()).cloned().unwrap_or_default()
         })
+    }
+
+    #[test]
+    fn events_are_awaited_like_jobs_and_named_apart() {
+        let spec = serde_json::json!([
+            {"job": "extract"},
+            {"any_of": [{"event": "sales.ready", "window": {"before": "1h"}}, {"job": "b"}]}
+        ]);
+        assert!(validate("load", &deps(spec.clone()), None).is_ok());
+        let parsed = deps(spec.clone());
+        assert_eq!(
+            upstreams(&parsed),
+            BTreeSet::from(["b".into(), "extract".into()])
+        );
+        assert_eq!(
+            awaited_events(&parsed),
+            BTreeSet::from(["sales.ready".into()])
+        );
+        let at = t("2026-11-25T01:30:00Z");
+        assert!(dependant_instants(&parsed, Upstream::Event("sales.ready"), at).is_some());
+        assert!(dependant_instants(&parsed, Upstream::Job("sales.ready"), at).is_none());
+        let mut facts = BTreeMap::new();
+        facts.insert("extract", runs(true, false, None));
+        let Verdict::Waiting(missing) = judge(spec.clone(), &facts) else {
+            panic!("no event yet")
+        };
+        assert_eq!(
+            missing,
+            [
+                "event sales.ready between 2026-11-25T01:00:00Z and 2026-11-25T02:00:00Z \
+              or b succeeded at 2026-11-25T02:00:00Z"
+            ]
+        );
+        facts.insert("sales.ready", runs(true, false, None));
+        assert_eq!(judge(spec, &facts), Verdict::Ready);
+        let field = |json| validate("load", &deps(json), None).unwrap_err().field;
+        assert_eq!(
+            field(serde_json::json!([{"event": "a b"}])),
+            "depends_on[0].event"
+        );
+        assert_eq!(
+            field(serde_json::json!([{"event": "k", "state": "finished"}])),
+            "depends_on[0].state"
+        );
+        assert_eq!(
+            field(serde_json::json!([{"event": "k", "job": "j"}])),
+            "depends_on[0]"
+        );
+        assert_eq!(
+            field(serde_json::json!([{"any_of": [{"event": "k", "job": "j"}]}])),
+            "depends_on[0].any_of[0]"
+        );
     }
 
     #[test]

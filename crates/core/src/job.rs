@@ -3,6 +3,7 @@
 use crate::dependency::DependencySpec;
 use crate::duration::HumanDuration;
 use crate::error::SpecError;
+use crate::event::OnSuccess;
 use crate::policy::{MisfirePolicy, OverlapPolicy, RetryPolicy};
 use crate::schedule::{Schedule, ScheduleSpec};
 use crate::target::TargetSpec;
@@ -45,6 +46,9 @@ pub struct JobSpec {
     /// ([`crate::dependency::DEFAULT_DEPS_TIMEOUT`] when not given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deps_timeout: Option<HumanDuration>,
+    /// An event each succeeded run posts in the job's namespace (`crate::event`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_success: Option<OnSuccess>,
     #[serde(default)]
     pub paused: bool,
 }
@@ -160,6 +164,20 @@ impl JobSpec {
             ));
         }
         crate::dependency::validate(&name, &self.depends_on, self.deps_timeout)?;
+        if self.schedule.is_none()
+            && !self.depends_on.is_empty()
+            && crate::dependency::upstreams(&self.depends_on).is_empty()
+        {
+            return Err(SpecError::new(
+                "depends_on",
+                "a job without a schedule runs once per run of the jobs it depends on, and this \
+                 one names only events: give it a schedule (schedule: {event: KEY} runs once \
+                 per event)",
+            ));
+        }
+        if let Some(on_success) = &self.on_success {
+            crate::event::validate_key("on_success.emit", &on_success.emit)?;
+        }
         let schedule = Schedule::compile(self.schedule.as_ref(), epoch)?;
         Ok(ValidJob {
             name,
@@ -179,6 +197,16 @@ impl JobSpec {
     /// Whether the job's runs come from its upstreams' runs (dependencies, no schedule).
     pub fn follows_upstreams(&self) -> bool {
         self.schedule.is_none() && !self.depends_on.is_empty()
+    }
+
+    /// The event key whose events start this job's runs (`schedule: {event}`).
+    pub fn triggering_event(&self) -> Option<&str> {
+        self.schedule.as_ref()?.event.as_deref()
+    }
+
+    /// The event key each succeeded run posts.
+    pub fn emits(&self) -> Option<&str> {
+        Some(self.on_success.as_ref()?.emit.as_str())
     }
 }
 

@@ -13,6 +13,7 @@ pub mod dispatch;
 pub mod duration;
 pub mod egress;
 pub mod error;
+pub mod event;
 pub mod job;
 pub mod namespace;
 pub mod policy;

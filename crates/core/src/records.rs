@@ -77,6 +77,11 @@ pub struct RunRecord {
     /// should they still be unmet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_until: Option<Instant>,
+    /// The event that started it (trigger `event`): its key and id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<String>,
     pub priority: i32,
     /// Not handed to a worker before this (retry backoff, jitter).
     pub ready_at: Instant,
@@ -93,6 +98,21 @@ pub struct RunRecord {
     pub cancel_requested: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// A recorded event (`crate::event`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub namespace: String,
+    pub key: String,
+    pub id: String,
+    #[serde(default)]
+    pub payload: serde_json::Value,
+    /// When sked recorded it: the instant of the runs it starts, and where windows look.
+    pub occurred_at: Instant,
+    /// The run whose success emitted it (`on_success`); `None` for a posted event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emitted_by_run: Option<i64>,
 }
 
 impl RunRecord {

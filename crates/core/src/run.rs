@@ -127,12 +127,15 @@ pub enum Trigger {
     /// An upstream run ended: the run of a job with `depends_on` and no schedule, at the
     /// upstream run's instant.
     Dependency,
+    /// An event of the key the job's schedule names (`schedule: {event}`).
+    Event,
 }
 
 string_enum!(Trigger {
     Schedule => "schedule",
     Manual => "manual",
     Dependency => "dependency",
+    Event => "event",
 });
 
 /// How an attempt ended, as its worker reports it.

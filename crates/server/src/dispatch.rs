@@ -454,6 +454,7 @@ mod tests {
             .expect("a shell target"),
             timeout: None,
             routing: Default::default(),
+            event: None,
         }
     }
 

@@ -76,6 +76,9 @@ macro_rules! store_contract_tests {
             dependency_waits_time_out,
             manual_runs_ignore_dependencies,
             racing_upstreams_create_one_dependant_run,
+            an_event_starts_one_run_per_event_of_its_key,
+            events_release_waits_and_succeeded_runs_emit_them,
+            event_retention_deletes_the_oldest_first,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -2680,4 +2683,236 @@ pub async fn racing_upstreams_create_one_dependant_run(store: &dyn Store) {
         assert_eq!(runs[0].state, RunState::Queued, "instant {i}");
         assert_eq!(released, [runs[0].id], "released once, at instant {i}");
     }
+}
+
+// --- events -------------------------------------------------------------------------------
+
+fn event(key: &str, id: &str, payload: serde_json::Value) -> sked_core::event::EventSpec {
+    sked_core::event::EventSpec {
+        key: key.into(),
+        id: id.into(),
+        payload,
+    }
+}
+
+async fn post(
+    store: &dyn Store,
+    namespace: &str,
+    key: &str,
+    id: &str,
+    now: Instant,
+) -> PostedEvent {
+    let payload = serde_json::json!({"id": id});
+    store
+        .post_event(namespace, &event(key, id, payload), now)
+        .await
+        .unwrap()
+}
+
+pub async fn an_event_starts_one_run_per_event_of_its_key(store: &dyn Store) {
+    let on_sales = put(
+        store,
+        "on-sales",
+        serde_json::json!({
+            "schedule": {"event": "sales.ready"},
+            "target": {"shell": {"command": "true"}},
+        }),
+    )
+    .await;
+    assert_eq!(on_sales.next_fire_at, None, "no timer");
+    let at = t0();
+    let first = post(store, "default", "sales.ready", "2026-11-24", at).await;
+    assert!(first.created);
+    assert_eq!(first.event.occurred_at, at);
+    assert_eq!(first.started.len(), 1);
+    assert_eq!(
+        first.queued, first.started,
+        "no dependencies: queued at once"
+    );
+    let (run_record, _) = run(store, first.started[0]).await;
+    assert_eq!(
+        (
+            run_record.trigger,
+            run_record.scheduled_for,
+            run_record.event_key.as_deref(),
+            run_record.event_id.as_deref()
+        ),
+        (Trigger::Event, at, Some("sales.ready"), Some("2026-11-24"))
+    );
+    let queued = store.queued_runs(Some(&first.queued)).await.unwrap();
+    let carried = queued[0].event.clone().expect("the run carries its event");
+    assert_eq!(carried.payload, serde_json::json!({"id": "2026-11-24"}));
+
+    // The same event again is the same event: nothing more happens.
+    let again = post(store, "default", "sales.ready", "2026-11-24", at + secs(5)).await;
+    assert!(!again.created);
+    assert_eq!(again.event, first.event);
+    assert!(again.started.is_empty() && again.queued.is_empty());
+    // Another event in the same microsecond still gets an instant, and a run, of its own.
+    let second = post(store, "default", "sales.ready", "2026-11-25", at).await;
+    assert!(second.event.occurred_at > first.event.occurred_at);
+    assert_eq!(second.started.len(), 1);
+    // Other keys and other namespaces start nothing.
+    assert!(post(store, "default", "other.key", "1", at)
+        .await
+        .started
+        .is_empty());
+    assert!(post(store, "elsewhere", "sales.ready", "1", at)
+        .await
+        .started
+        .is_empty());
+    assert_eq!(runs_of(store, "on-sales").await.len(), 2);
+
+    // A paused job's run is recorded skipped, not queued.
+    store
+        .set_paused("default", "on-sales", true, at)
+        .await
+        .unwrap();
+    let paused = post(store, "default", "sales.ready", "2026-11-26", at).await;
+    assert_eq!(paused.started.len(), 1);
+    assert!(paused.queued.is_empty());
+    let (skipped, _) = run(store, paused.started[0]).await;
+    assert_eq!(
+        (skipped.state, skipped.skip_reason),
+        (RunState::Skipped, Some(SkipReason::Paused))
+    );
+    // A deleted job no longer listens.
+    store
+        .delete_job("default", "on-sales", false, at)
+        .await
+        .unwrap();
+    let after = post(store, "default", "sales.ready", "2026-11-27", at).await;
+    assert!(after.created && after.started.is_empty());
+
+    // Listed newest first, by key, in pages.
+    let listed = |key: Option<&str>, before: Option<Instant>| EventQuery {
+        namespace: "default".into(),
+        key: key.map(str::to_string),
+        before,
+        limit: 2,
+    };
+    let page = store
+        .list_events(&listed(Some("sales.ready"), None))
+        .await
+        .unwrap();
+    let ids: Vec<&str> = page.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["2026-11-27", "2026-11-26"]);
+    let rest = store
+        .list_events(&listed(Some("sales.ready"), Some(page[1].occurred_at)))
+        .await
+        .unwrap();
+    let ids: Vec<&str> = rest.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["2026-11-25", "2026-11-24"]);
+    let all = store.list_events(&listed(None, None)).await.unwrap();
+    assert_eq!(all.len(), 2);
+}
+
+pub async fn events_release_waits_and_succeeded_runs_emit_them(store: &dyn Store) {
+    // A scheduled job waiting for an event up to an hour before, or a minute after, its
+    // instant.
+    let load = put(
+        store,
+        "load",
+        every_second(serde_json::json!({
+            "depends_on": [{"event": "dataset.ready", "window": {"before": "1h", "after": "1m"}}],
+        })),
+    )
+    .await;
+    let at = t0() + secs(1);
+    let waiting = fire_one(store, fire(load.id, at)).await;
+    assert_eq!(waiting.state, RunState::Waiting);
+    let (record, _) = run(store, waiting.run_id).await;
+    assert_eq!(
+        record.waiting_for,
+        ["event dataset.ready between 2026-03-01T11:00:01Z and 2026-03-01T12:01:01Z"]
+    );
+    let released = post(store, "default", "dataset.ready", "on-time", at + secs(30)).await;
+    assert_eq!(released.queued, [waiting.run_id]);
+    // An event already recorded in the window counts at the fire.
+    let later = fire_one(store, fire(load.id, at + secs(200))).await;
+    assert_eq!(later.state, RunState::Queued);
+    // One outside the window does not.
+    let strict = put(
+        store,
+        "strict",
+        every_second(serde_json::json!({
+            "depends_on": [{"event": "dataset.ready", "window": {"after": "1m"}}],
+        })),
+    )
+    .await;
+    let strict_run = fire_one(store, fire(strict.id, at + secs(300))).await;
+    assert_eq!(strict_run.state, RunState::Waiting);
+    let outside = post(store, "default", "dataset.ready", "late", at + secs(400)).await;
+    assert!(outside.queued.is_empty());
+    assert_eq!(
+        run(store, strict_run.run_id).await.0.state,
+        RunState::Waiting
+    );
+
+    // on_success: a succeeded run emits its event once, which starts the listening job's run
+    // in the same completion; a failed run emits nothing.
+    let extract = put(
+        store,
+        "extract",
+        every_second(serde_json::json!({"on_success": {"emit": "extract.done"}})),
+    )
+    .await;
+    put(
+        store,
+        "report",
+        serde_json::json!({
+            "schedule": {"event": "extract.done"},
+            "target": {"shell": {"command": "true"}},
+        }),
+    )
+    .await;
+    let failed = fire_one(store, fire(extract.id, at)).await;
+    finish(store, failed.run_id, AttemptOutcome::Failed, at).await;
+    assert!(runs_of(store, "report").await.is_empty());
+    let ok = fire_one(store, fire(extract.id, at + secs(1))).await;
+    let (_, requeued) = finish(store, ok.run_id, AttemptOutcome::Succeeded, at + secs(1)).await;
+    let report_runs = runs_of(store, "report").await;
+    assert_eq!(report_runs.len(), 1);
+    assert_eq!(
+        requeued,
+        [report_runs[0].id],
+        "released with the completion"
+    );
+    assert_eq!(report_runs[0].trigger, Trigger::Event);
+    let emitted = store
+        .list_events(&EventQuery {
+            namespace: "default".into(),
+            key: Some("extract.done".into()),
+            before: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(emitted.len(), 1);
+    assert_eq!(emitted[0].id, "extract@2026-03-01T12:00:02.000000Z");
+    assert_eq!(emitted[0].emitted_by_run, Some(ok.run_id));
+    assert_eq!(emitted[0].payload["run_id"], ok.run_id);
+    assert_eq!(
+        report_runs[0].event_id.as_deref(),
+        Some(emitted[0].id.as_str())
+    );
+}
+
+pub async fn event_retention_deletes_the_oldest_first(store: &dyn Store) {
+    for i in 0..5 {
+        post(store, "default", "k", &i.to_string(), t0() + secs(i)).await;
+    }
+    let deleted = store.delete_events_before(t0() + secs(3), 2).await.unwrap();
+    assert_eq!(deleted, 2);
+    let left = store
+        .list_events(&EventQuery {
+            namespace: "default".into(),
+            key: None,
+            before: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<&str> = left.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, ["4", "3", "2"]);
 }

@@ -21,8 +21,8 @@ use sked_core::job::Routing;
 use sked_core::job::{JobState, ValidJob};
 use sked_core::namespace::{NamespaceRecord, NamespaceRefusal, NamespaceSpec, SecretRecord};
 use sked_core::records::{
-    AttemptRecord, AuditEntry, AuditRecord, JobRecord, JobStats, NodeRecord, RunRecord,
-    ScheduledJob, WorkerRecord,
+    AttemptRecord, AuditEntry, AuditRecord, EventRecord, JobRecord, JobStats, NodeRecord,
+    RunRecord, ScheduledJob, WorkerRecord,
 };
 use sked_core::run::{AttemptOutcome, RunState, SkipReason, Trigger};
 use sked_core::target::TargetSpec;
@@ -180,6 +180,31 @@ pub struct DeletedJob {
     pub paused_dependants: Vec<JobRecord>,
 }
 
+/// A posted event and what recording it did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PostedEvent {
+    pub event: EventRecord,
+    /// False when the event was recorded before (same namespace, key and id): nothing else
+    /// happened.
+    pub created: bool,
+    /// Runs it started (jobs with `schedule: {event}`), whatever their state.
+    pub started: Vec<i64>,
+    /// Runs now queued because of it, for the dispatcher.
+    pub queued: Vec<i64>,
+    /// Running runs an overlap `cancel_running` asked to stop.
+    pub cancel_requested: Vec<i64>,
+}
+
+/// Which recorded events to list, newest first.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EventQuery {
+    pub namespace: String,
+    pub key: Option<String>,
+    /// Only events before this instant (the previous page's last `occurred_at`).
+    pub before: Option<Instant>,
+    pub limit: u32,
+}
+
 /// Which side of a job's dependency edges to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Toward {
@@ -218,6 +243,8 @@ pub struct QueuedRun {
     pub target: TargetSpec,
     pub timeout: Option<Duration>,
     pub routing: Routing,
+    /// The event that started the run (trigger `event`), payload included.
+    pub event: Option<sked_core::event::RunEvent>,
 }
 
 /// The dispatcher's choice for one queued run.
@@ -471,6 +498,20 @@ pub trait Store: Send + Sync + 'static {
     /// Counts and lateness percentiles over the job's runs (all jobs of that name).
     async fn job_stats(&self, namespace: &str, name: &str) -> Result<Option<JobStats>>;
 
+    // --- events -------------------------------------------------------------------------------
+
+    /// Records an event once per `(namespace, key, id)` and, in the same transaction, starts
+    /// a run of each job whose schedule names its key and settles the runs waiting for it.
+    /// A second post of the same event returns the first, with `created` false.
+    async fn post_event(
+        &self,
+        namespace: &str,
+        event: &sked_core::event::EventSpec,
+        now: Instant,
+    ) -> Result<PostedEvent>;
+    /// Recorded events of a namespace, newest first.
+    async fn list_events(&self, query: &EventQuery) -> Result<Vec<EventRecord>>;
+
     // --- output -------------------------------------------------------------------------------
 
     /// Appends output of a running attempt held by `worker_id` under `token`, keeping at most
@@ -593,4 +634,7 @@ pub trait Store: Send + Sync + 'static {
     async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64>;
     /// Deletes up to `limit` audit entries recorded before `before`, and says how many.
     async fn delete_audit_before(&self, before: Instant, limit: u32) -> Result<u64>;
+    /// Deletes up to `limit` events recorded before `before`, and says how many. A run
+    /// started by one keeps its key and id.
+    async fn delete_events_before(&self, before: Instant, limit: u32) -> Result<u64>;
 }

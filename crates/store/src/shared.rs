@@ -422,9 +422,11 @@ pub struct Ended {
     pub state: RunState,
 }
 
-/// What settling ended runs did beyond them.
+/// What settling ended runs and recorded events did beyond them.
 #[derive(Debug, Default)]
 pub struct Settled {
+    /// Runs the events started (`schedule: {event}`), whatever became of them.
+    pub started: Vec<i64>,
     /// Dependant runs now queued, for the dispatcher.
     pub queued: Vec<i64>,
     /// Running runs an overlap `cancel_running` of a released run asked to stop.
@@ -625,5 +627,48 @@ pub fn list_released(effects: &mut [CompletionEffect], released: Vec<i64>) {
     });
     if let Some(requeued) = last {
         requeued.extend(released);
+    }
+}
+
+/// The event a run was started by, from its `event_key` and `event_id` and the event's stored
+/// payload (gone once retention deleted the event: the run still names it).
+pub fn run_event(
+    key: Option<String>,
+    id: Option<String>,
+    payload: Option<String>,
+) -> Result<Option<sked_core::event::RunEvent>, StoreError> {
+    let (Some(key), Some(id)) = (key, id) else {
+        return Ok(None);
+    };
+    let payload = match payload {
+        Some(text) => event_payload(&text)?,
+        None => serde_json::Value::Null,
+    };
+    Ok(Some(sked_core::event::RunEvent { key, id, payload }))
+}
+
+/// A stored event payload.
+pub fn event_payload(text: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("a stored event payload does not parse: {e}")))
+}
+
+/// The answer to a post of an event recorded before: the first one, and nothing done.
+pub fn posted_before(event: sked_core::records::EventRecord) -> crate::PostedEvent {
+    crate::PostedEvent {
+        event,
+        created: false,
+        started: Vec::new(),
+        queued: Vec::new(),
+        cancel_requested: Vec::new(),
+    }
+}
+
+/// An event a succeeded run emits (`on_success`), to record with the run's completion.
+pub fn emission(run: &Ended, run_id: i64, key: &str) -> sked_core::event::EventSpec {
+    sked_core::event::EventSpec {
+        key: key.to_string(),
+        id: sked_core::event::emitted_id(&run.job, run.scheduled_for),
+        payload: sked_core::event::emitted_payload(&run.job, run_id, run.scheduled_for),
     }
 }

@@ -164,9 +164,9 @@ async fn nodes_connecting_at_once_migrate_once() {
         .await;
     assert_eq!(
         tables.get::<_, i64>(0),
-        14,
+        16,
         "sked_schema, the five ledger tables, the three cluster tables, tokens, audit, \
-         namespaces, secrets and job dependencies, once"
+         namespaces, secrets, job dependencies, events and event subscriptions, once"
     );
     // Both nodes see one database.
     let now = chrono::Utc::now();
@@ -230,12 +230,15 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     let schema = Schema::create(&url).await;
     PgStore::connect(&schema.url()).await.unwrap();
     // Back to what version 2 left: no tokens, no audit trail, workers without namespaces, no
-    // namespace settings or secrets, no dependencies.
+    // namespace settings or secrets, no dependencies, no events.
     admin(&schema.url())
         .await
         .batch_execute(
             "DROP TABLE tokens; DROP TABLE audit; DROP TABLE namespaces; DROP TABLE secrets; \
              DROP TABLE job_dependencies; ALTER TABLE jobs DROP COLUMN has_dependencies; \
+             DROP TABLE events; DROP TABLE event_subscriptions; \
+             ALTER TABLE jobs DROP COLUMN emits; \
+             ALTER TABLE runs DROP COLUMN event_key, DROP COLUMN event_id; \
              ALTER TABLE runs DROP COLUMN waiting_reason, DROP COLUMN waiting_for, \
              DROP COLUMN waiting_until; \
              ALTER TABLE workers DROP COLUMN namespaces, DROP COLUMN token_id; \
@@ -249,7 +252,7 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     let version = schema
         .query_one("SELECT version FROM sked_schema WHERE id = 1")
         .await;
-    assert_eq!(version.get::<_, i32>(0), 5);
+    assert_eq!(version.get::<_, i32>(0), 6);
     let w = store
         .get_worker("w")
         .await

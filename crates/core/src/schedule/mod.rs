@@ -14,8 +14,8 @@ use chrono::{Duration, TimeZone, Utc};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
-/// A schedule as the API takes it: exactly one of `cron`, `every`, `iso8601` or `at`, plus the
-/// optional bounds. A job without a schedule only runs when triggered.
+/// A schedule as the API takes it: exactly one of `cron`, `every`, `iso8601`, `at` or `event`,
+/// plus the optional bounds of a timer. A job without a schedule only runs when triggered.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleSpec {
@@ -36,6 +36,9 @@ pub struct ScheduleSpec {
     /// One instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<Instant>,
+    /// No timer: one run per event of this key (`crate::event`), at the event's instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
     /// No instant before this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<Instant>,
@@ -139,16 +142,37 @@ impl Schedule {
             spec.every.is_some(),
             spec.iso8601.is_some(),
             spec.at.is_some(),
+            spec.event.is_some(),
         ]
         .iter()
         .filter(|g| **g)
         .count();
         // A job without a schedule leaves `schedule` out: an object that names no kind (only
         // `start`, `jitter` and such, or nothing) is a mistake, not a manual job.
-        let exactly_one =
-            || SpecError::new("schedule", "give exactly one of cron, every, iso8601 or at");
+        let exactly_one = || {
+            SpecError::new(
+                "schedule",
+                "give exactly one of cron, every, iso8601, at or event",
+            )
+        };
         if given != 1 {
             return Err(exactly_one());
+        }
+        if let Some(key) = &spec.event {
+            crate::event::validate_key("schedule.event", key)?;
+            let timer_bounds = [
+                spec.start.is_some(),
+                spec.end.is_some(),
+                spec.max_runs.is_some(),
+                spec.jitter.is_some(),
+            ];
+            if timer_bounds.contains(&true) {
+                return Err(SpecError::new(
+                    "schedule.event",
+                    "an event schedule takes no start, end, max_runs or jitter: its runs \
+                     come with its events",
+                ));
+            }
         }
         if spec.timezone.is_some() && spec.cron.is_none() {
             return Err(SpecError::new(
@@ -202,6 +226,9 @@ impl Schedule {
             Kind::Repeating(Box::new(interval))
         } else if let Some(at) = at {
             Kind::At(at)
+        } else if spec.event.is_some() {
+            // Events start the runs (the store, as each is recorded); no timer fires.
+            Kind::Manual
         } else {
             return Err(exactly_one());
         };
@@ -502,13 +529,46 @@ mod tests {
     }
 
     #[test]
+    fn an_event_schedule_has_no_timer() {
+        let epoch = t("2026-01-01T00:00:00Z");
+        let event = |extra: ScheduleSpec| ScheduleSpec {
+            event: Some("sales.ready".into()),
+            ..extra
+        };
+        let schedule = Schedule::compile(Some(&event(ScheduleSpec::default())), epoch).unwrap();
+        assert!(schedule.is_manual());
+        let field = |spec: ScheduleSpec| Schedule::compile(Some(&spec), epoch).unwrap_err().field;
+        assert_eq!(
+            field(event(ScheduleSpec {
+                max_runs: Some(3),
+                ..Default::default()
+            })),
+            "schedule.event"
+        );
+        assert_eq!(
+            field(event(ScheduleSpec {
+                every: Some(HumanDuration::from_secs(5)),
+                ..Default::default()
+            })),
+            "schedule"
+        );
+        assert_eq!(
+            field(ScheduleSpec {
+                event: Some("no spaces".into()),
+                ..Default::default()
+            }),
+            "schedule.event"
+        );
+    }
+
+    #[test]
     fn a_schedule_that_names_no_kind_is_rejected() {
         let epoch = t("2026-01-01T00:00:00Z");
         let refused = |spec: ScheduleSpec| {
             let e = Schedule::compile(Some(&spec), epoch).unwrap_err();
             assert_eq!(e.field, "schedule", "{spec:?}");
             assert_eq!(
-                e.message, "give exactly one of cron, every, iso8601 or at",
+                e.message, "give exactly one of cron, every, iso8601, at or event",
                 "{spec:?}"
             );
         };

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
+use sked_core::dependency::Upstream;
 use sked_core::egress::EgressPolicy;
 use sked_core::job::{JobSpec, JobState};
 use sked_core::records::{JobRecord, RunRecord};
@@ -710,7 +711,7 @@ pub async fn graph(
                 .get(&job)
                 .map(|spec| {
                     sked_core::dependency::requirements(&spec.depends_on)
-                        .filter(|r| r.job == upstream)
+                        .filter(|r| r.upstream == Upstream::Job(&upstream))
                         .map(|r| GraphRequirement {
                             window: r.window,
                             state: r.state,

@@ -547,5 +547,6 @@ pub fn queued_run(
         target: spec.target.clone(),
         timeout: spec.timeout.map(|t| t.0),
         routing: spec.routing.clone(),
+        event: None,
     }
 }

@@ -16,13 +16,16 @@ use super::rows::{self, micros};
 use super::{PgResult, Tx};
 use crate::shared::{first_ended, timed_out_error, verdict_from, Ended, Settled, WindowRuns};
 use crate::{DependencyEdge, StoreError, Toward};
-use sked_core::dependency::{self, Verdict};
+use sked_core::dependency::{self, Upstream, Verdict};
 use sked_core::job::{JobSpec, ValidJob};
 use sked_core::policy::OverlapPolicy;
+use sked_core::records::EventRecord;
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::{Instant, SpecError};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
 
 /// The jobs that depend on any of `ids`, without `ids`: the jobs whose waiting runs a run of
 /// theirs ending may move, to be locked with them.
@@ -199,54 +202,103 @@ pub(super) async fn judge(
     instant: Instant,
 ) -> PgResult<Verdict> {
     let requirements: Vec<_> = dependency::requirements(&spec.depends_on).collect();
-    let (mut jobs, mut froms, mut ends) = (Vec::new(), Vec::new(), Vec::new());
-    for requirement in &requirements {
+    let mut ends = Vec::with_capacity(requirements.len());
+    // Job windows and event windows, each with its requirement's place (from 1).
+    let (mut jobs, mut job_from, mut job_to, mut job_k) = (vec![], vec![], vec![], vec![]);
+    let (mut keys, mut key_from, mut key_to, mut key_k) = (vec![], vec![], vec![], vec![]);
+    for (k, requirement) in requirements.iter().enumerate() {
         let (from, to) = requirement.window.around(instant);
-        jobs.push(requirement.job);
-        froms.push(micros(from));
         ends.push(micros(to));
+        let k = k as i64 + 1;
+        match requirement.upstream {
+            Upstream::Job(job) => {
+                jobs.push(job);
+                job_from.push(micros(from));
+                job_to.push(micros(to));
+                job_k.push(k);
+            }
+            Upstream::Event(key) => {
+                keys.push(key);
+                key_from.push(micros(from));
+                key_to.push(micros(to));
+                key_k.push(k);
+            }
+        }
     }
-    // Runs found by name, so those of a job deleted and created again count.
-    let stmt = tx
-        .prepare_cached(
-            "SELECT q.k, coalesce(bool_or(r.state = 'succeeded'), false), \
-                    coalesce(bool_or(r.state NOT IN ('waiting', 'queued', 'running')), false), \
-                    coalesce(bool_or(r.state IN ('waiting', 'queued', 'running')), false), \
-                    min(lpad(r.id::text, 20, '0') || ' ' || r.state) FILTER (WHERE r.state \
-                        NOT IN ('waiting', 'queued', 'running', 'succeeded')), \
-                    max(r.scheduled_for), \
-                    (SELECT next_fire_at FROM jobs j WHERE j.namespace = $1 AND j.name = q.job) \
-             FROM unnest($2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY \
-                 AS q(job, lo, hi, k) \
-             LEFT JOIN runs r ON r.namespace = $1 AND r.job = q.job COLLATE \"C\" \
-                 AND r.scheduled_for >= q.lo AND r.scheduled_for <= q.hi \
-             GROUP BY q.k, q.job",
-        )
-        .await?;
     let mut found: Vec<WindowRuns> = vec![WindowRuns::default(); requirements.len()];
-    for row in tx.query(&stmt, &[&namespace, &jobs, &froms, &ends]).await? {
-        let k: i64 = row.try_get(0)?;
-        let Some(slot) = usize::try_from(k - 1).ok().and_then(|k| found.get_mut(k)) else {
-            continue;
-        };
-        *slot = WindowRuns {
-            succeeded: row.try_get(1)?,
-            ended: row.try_get(2)?,
-            active: row.try_get(3)?,
-            ended_unsucceeded: first_ended(row.try_get(4)?)?,
-            latest: row.try_get(5)?,
-            next_fire_at: row.try_get(6)?,
-        };
+    let slot = |found: &mut Vec<WindowRuns>, k: i64| {
+        usize::try_from(k - 1).ok().filter(|k| *k < found.len())
+    };
+    if !jobs.is_empty() {
+        // Runs found by name, so those of a job deleted and created again count.
+        let stmt = tx
+            .prepare_cached(
+                "SELECT q.k, coalesce(bool_or(r.state = 'succeeded'), false), \
+                        coalesce(bool_or(r.state NOT IN ('waiting', 'queued', 'running')), false), \
+                        coalesce(bool_or(r.state IN ('waiting', 'queued', 'running')), false), \
+                        min(lpad(r.id::text, 20, '0') || ' ' || r.state) FILTER (WHERE r.state \
+                            NOT IN ('waiting', 'queued', 'running', 'succeeded')), \
+                        max(r.scheduled_for), \
+                        (SELECT next_fire_at FROM jobs j WHERE j.namespace = $1 AND j.name = q.job) \
+                 FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
+                     AS q(job, lo, hi, k) \
+                 LEFT JOIN runs r ON r.namespace = $1 AND r.job = q.job COLLATE \"C\" \
+                     AND r.scheduled_for >= q.lo AND r.scheduled_for <= q.hi \
+                 GROUP BY q.k, q.job",
+            )
+            .await?;
+        let args: [&(dyn ToSql + Sync); 5] = [&namespace, &jobs, &job_from, &job_to, &job_k];
+        for row in tx.query(&stmt, &args).await? {
+            let Some(k) = slot(&mut found, row.try_get(0)?) else {
+                continue;
+            };
+            found[k] = WindowRuns {
+                succeeded: row.try_get(1)?,
+                ended: row.try_get(2)?,
+                active: row.try_get(3)?,
+                ended_unsucceeded: first_ended(row.try_get(4)?)?,
+                latest: row.try_get(5)?,
+                next_fire_at: row.try_get(6)?,
+            };
+        }
+    }
+    if !keys.is_empty() {
+        // An event in the window is an upstream that succeeded; one may come at any time.
+        let stmt = tx
+            .prepare_cached(
+                "SELECT q.k FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
+                     AS q(key, lo, hi, k) \
+                 WHERE EXISTS (SELECT 1 FROM events e WHERE e.namespace = $1 \
+                     AND e.key = q.key COLLATE \"C\" AND e.occurred_at >= q.lo \
+                     AND e.occurred_at <= q.hi)",
+            )
+            .await?;
+        let args: [&(dyn ToSql + Sync); 5] = [&namespace, &keys, &key_from, &key_to, &key_k];
+        for row in tx.query(&stmt, &args).await? {
+            if let Some(k) = slot(&mut found, row.try_get(0)?) {
+                found[k].succeeded = true;
+                found[k].ended = true;
+            }
+        }
     }
     Ok(verdict_from(spec, instant, &found, &ends))
 }
 
-/// A job that depends on a job whose run just ended.
+/// A job that depends on a job whose run just ended, or on an event just recorded.
 struct Dependant {
     id: i64,
     name: String,
     spec: JobSpec,
     priority: i32,
+}
+
+fn dependant(row: &Row) -> PgResult<Dependant> {
+    Ok(Dependant {
+        id: row.try_get(0)?,
+        name: row.try_get(1)?,
+        spec: rows::spec(row.try_get(2)?)?,
+        priority: row.try_get(3)?,
+    })
 }
 
 /// The jobs depending on `upstream`, their rows locked (the caller locked them already in the
@@ -263,28 +315,89 @@ async fn dependant_jobs(tx: &Tx<'_>, namespace: &str, upstream: &str) -> PgResul
     tx.query(&stmt, &[&namespace, &upstream])
         .await?
         .iter()
-        .map(|row| {
-            Ok(Dependant {
-                id: row.try_get(0)?,
-                name: row.try_get(1)?,
-                spec: rows::spec(row.try_get(2)?)?,
-                priority: row.try_get(3)?,
-            })
-        })
+        .map(dependant)
         .collect()
 }
 
-/// Moves the dependants of the runs in `ended`, and of every run that ends because of them,
-/// as `sqlite::dependencies::settle` does: the runs that end together are settled together,
-/// each waiting run judged once after all of them.
-pub(super) async fn settle(tx: &Tx<'_>, ended: Vec<Ended>, now: Instant) -> PgResult<Settled> {
+const SUBSCRIBERS: &str = "SELECT j.id, j.name, j.spec, j.priority, \
+     bool_or(s.role = 'schedule') FROM jobs j JOIN event_subscriptions s \
+     ON s.namespace = j.namespace AND s.job = j.name \
+     WHERE s.namespace = $1 AND s.key = $2 GROUP BY j.id ORDER BY j.id";
+
+/// Locks the jobs event key `key` concerns, in id order, before anything else of an event's
+/// transaction: a fire of one of them and the event are serialised.
+pub(super) async fn lock_subscribers(tx: &Tx<'_>, namespace: &str, key: &str) -> PgResult<()> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT j.id FROM jobs j WHERE (j.namespace, j.name) IN (SELECT namespace, job \
+             FROM event_subscriptions WHERE namespace = $1 AND key = $2) \
+             ORDER BY j.id FOR UPDATE",
+        )
+        .await?;
+    tx.execute(&stmt, &[&namespace, &key]).await?;
+    Ok(())
+}
+
+/// The jobs an event key concerns, locked: with whether it starts them (`schedule: {event}`)
+/// — otherwise they wait for it in their `depends_on`.
+async fn subscribers(tx: &Tx<'_>, namespace: &str, key: &str) -> PgResult<Vec<(bool, Dependant)>> {
+    lock_subscribers(tx, namespace, key).await?;
+    let stmt = tx.prepare_cached(SUBSCRIBERS).await?;
+    tx.query(&stmt, &[&namespace, &key])
+        .await?
+        .iter()
+        .map(|row| Ok((row.try_get(4)?, dependant(row)?)))
+        .collect()
+}
+
+/// Waiting runs to judge, by id: the dependant and the run's instant and namespace.
+type Candidates = BTreeMap<i64, (Arc<Dependant>, Instant, String)>;
+
+/// Adds the runs of `dependant` waiting for their dependencies at an instant in `[from, to]`,
+/// locked.
+async fn add_waiting(
+    tx: &Tx<'_>,
+    dependant: &Arc<Dependant>,
+    namespace: &str,
+    (from, to): (Instant, Instant),
+    candidates: &mut Candidates,
+) -> PgResult<()> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT id, scheduled_for FROM runs WHERE job_id = $1 \
+             AND state = 'waiting' AND waiting_reason = 'dependencies' \
+             AND scheduled_for >= $2 AND scheduled_for <= $3 ORDER BY id FOR UPDATE",
+        )
+        .await?;
+    let waiting = tx
+        .query(&stmt, &[&dependant.id, &micros(from), &micros(to)])
+        .await?;
+    for row in waiting {
+        candidates.entry(row.try_get(0)?).or_insert((
+            dependant.clone(),
+            rows::instant(row.try_get(1)?)?,
+            namespace.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// Moves the dependants of the runs in `ended` and of the events in `events`, and of every
+/// run that ends because of them, as `sqlite::dependencies::settle` does: what happens
+/// together is settled together, each waiting run judged once after all of it.
+pub(super) async fn settle(
+    tx: &Tx<'_>,
+    ended: Vec<Ended>,
+    events: Vec<EventRecord>,
+    now: Instant,
+) -> PgResult<Settled> {
     let mut settled = Settled::default();
     let mut generation = ended;
-    while !generation.is_empty() {
+    let mut events = events;
+    while !generation.is_empty() || !events.is_empty() {
         let mut next = Vec::new();
         let mut dependants: HashMap<(String, String), Vec<Arc<Dependant>>> = HashMap::new();
-        // Waiting runs to judge, by id: the dependant and the run's instant and namespace.
-        let mut candidates: BTreeMap<i64, (Arc<Dependant>, Instant, String)> = BTreeMap::new();
+        let mut candidates = Candidates::new();
         for run in &generation {
             let key = (run.namespace.clone(), run.job.clone());
             if !dependants.contains_key(&key) {
@@ -292,32 +405,53 @@ pub(super) async fn settle(tx: &Tx<'_>, ended: Vec<Ended>, now: Instant) -> PgRe
                 dependants.insert(key.clone(), found.into_iter().map(Arc::new).collect());
             }
             for dependant in dependants.get(&key).into_iter().flatten() {
-                let Some((from, to)) = dependency::dependant_instants(
+                let Some(window) = dependency::dependant_instants(
                     &dependant.spec.depends_on,
-                    &run.job,
+                    Upstream::Job(&run.job),
                     run.scheduled_for,
                 ) else {
                     continue;
                 };
                 if dependant.spec.follows_upstreams() {
-                    follow(tx, run, dependant, now, &mut next).await?;
+                    let at = At {
+                        namespace: &run.namespace,
+                        instant: run.scheduled_for,
+                        trigger: Trigger::Dependency,
+                        event: None,
+                    };
+                    start(tx, &at, dependant, now, &mut next).await?;
                 }
-                let stmt = tx
-                    .prepare_cached(
-                        "SELECT id, scheduled_for FROM runs WHERE job_id = $1 \
-                         AND state = 'waiting' AND waiting_reason = 'dependencies' \
-                         AND scheduled_for >= $2 AND scheduled_for <= $3 ORDER BY id FOR UPDATE",
-                    )
-                    .await?;
-                let waiting = tx
-                    .query(&stmt, &[&dependant.id, &micros(from), &micros(to)])
-                    .await?;
-                for row in waiting {
-                    candidates.entry(row.try_get(0)?).or_insert((
-                        dependant.clone(),
-                        rows::instant(row.try_get(1)?)?,
-                        run.namespace.clone(),
-                    ));
+                add_waiting(tx, dependant, &run.namespace, window, &mut candidates).await?;
+            }
+        }
+        for event in std::mem::take(&mut events) {
+            for (starts, dependant) in subscribers(tx, &event.namespace, &event.key).await? {
+                let dependant = Arc::new(dependant);
+                if starts {
+                    let at = At {
+                        namespace: &event.namespace,
+                        instant: event.occurred_at,
+                        trigger: Trigger::Event,
+                        event: Some(&event),
+                    };
+                    if let Some(run_id) = start(tx, &at, &dependant, now, &mut next).await? {
+                        settled.started.push(run_id);
+                        if !dependant.spec.paused {
+                            let judged = (
+                                dependant.clone(),
+                                event.occurred_at,
+                                event.namespace.clone(),
+                            );
+                            candidates.insert(run_id, judged);
+                        }
+                    }
+                }
+                if let Some(window) = dependency::dependant_instants(
+                    &dependant.spec.depends_on,
+                    Upstream::Event(&event.key),
+                    event.occurred_at,
+                ) {
+                    add_waiting(tx, &dependant, &event.namespace, window, &mut candidates).await?;
                 }
             }
         }
@@ -359,15 +493,23 @@ pub(super) async fn settle(tx: &Tx<'_>, ended: Vec<Ended>, now: Instant) -> PgRe
     Ok(settled)
 }
 
-/// Records the run of a job without a schedule at its upstream run's instant, once; a paused
-/// job's run is recorded skipped.
-async fn follow(
+/// Where and why a run is started by what happened (`sqlite::dependencies`).
+struct At<'a> {
+    namespace: &'a str,
+    instant: Instant,
+    trigger: Trigger,
+    event: Option<&'a EventRecord>,
+}
+
+/// Records the dependant's run `at`, once, waiting for its dependencies (the caller judges it
+/// next); a paused job's run is recorded skipped. Returns the new run.
+async fn start(
     tx: &Tx<'_>,
-    upstream: &Ended,
+    at: &At<'_>,
     dependant: &Dependant,
     now: Instant,
     ended: &mut Vec<Ended>,
-) -> PgResult<()> {
+) -> PgResult<Option<i64>> {
     let paused = dependant.spec.paused;
     let (state, skip, waiting_reason) = if paused {
         (RunState::Skipped, Some(SkipReason::Paused), None)
@@ -379,20 +521,20 @@ async fn follow(
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
-             waiting_for, waiting_until) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13) \
-             ON CONFLICT (job_id, scheduled_for) DO NOTHING",
+             waiting_for, waiting_until, event_key, event_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15) \
+             ON CONFLICT (job_id, scheduled_for) DO NOTHING RETURNING id",
         )
         .await?;
     let written = tx
-        .execute(
+        .query_opt(
             &stmt,
             &[
                 &dependant.id,
-                &upstream.namespace,
+                &at.namespace,
                 &dependant.name,
-                &micros(upstream.scheduled_for),
-                &Trigger::Dependency.as_str(),
+                &micros(at.instant),
+                &at.trigger.as_str(),
                 &state.as_str(),
                 &skip.map(SkipReason::as_str),
                 &dependant.priority,
@@ -401,18 +543,23 @@ async fn follow(
                 &waiting_reason,
                 &waiting_reason.map(|_| waiting_for),
                 &waiting_reason.map(|_| until),
+                &at.event.map(|e| e.key.as_str()),
+                &at.event.map(|e| e.id.as_str()),
             ],
         )
         .await?;
-    if written == 1 && paused {
+    let Some(row) = written else {
+        return Ok(None);
+    };
+    if paused {
         ended.push(Ended {
-            namespace: upstream.namespace.clone(),
+            namespace: at.namespace.to_string(),
             job: dependant.name.clone(),
-            scheduled_for: upstream.scheduled_for,
+            scheduled_for: at.instant,
             state,
         });
     }
-    Ok(())
+    Ok(Some(row.try_get(0)?))
 }
 
 /// A waiting run whose dependencies are met: now its job's overlap policy decides.
@@ -518,6 +665,6 @@ pub(super) async fn expire_waits(
             state: RunState::Skipped,
         });
     }
-    let settled = settle(tx, ended, now).await?;
+    let settled = settle(tx, ended, Vec::new(), now).await?;
     Ok((skipped, settled))
 }

@@ -1,233 +1,181 @@
-//! Change events between server nodes, over PostgreSQL's LISTEN/NOTIFY.
-//!
-//! A write that other nodes may hold a copy of (a job's definition, a run entering or leaving
-//! the queue) sends a notification inside its own transaction, so it is delivered if and only
-//! if the write commits. Each store tags what it sends with an origin of its own and ignores
-//! its own notifications: the node that wrote already knows. The channel is named after the
-//! schema, so clusters in different schemas of one database do not hear each other.
-//!
-//! A listener lives on a connection outside the pool. If that connection is lost, whatever was
-//! sent meanwhile is gone, so after reconnecting the listener reports [`StoreEvent::Resync`].
+//! Events in the store, as `sqlite::events` keeps them: recorded once per
+//! `(namespace, key, id)` at an instant no other event of the namespace has (an advisory lock
+//! per namespace orders new events), the subscriptions a definition makes, reads and pruning.
+//! What an event moves is `dependencies::settle`'s, in the same transaction.
 
+use super::dependencies::{lock_subscribers, settle};
+use super::rows::{self, micros};
 use super::{PgResult, Tx};
-use crate::{Result, StoreError, StoreEvent, StoreEvents};
-use futures_util::StreamExt;
-use std::fmt::Write;
-use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
-use tokio_postgres::{AsyncMessage, NoTls};
+use crate::{EventQuery, PostedEvent};
+use sked_core::dependency;
+use sked_core::event::EventSpec;
+use sked_core::job::ValidJob;
+use sked_core::records::EventRecord;
+use sked_core::Instant;
+use tokio_postgres::Row;
 
-/// Ids per notification: PostgreSQL caps a payload at 8,000 bytes.
-const IDS_PER_NOTIFICATION: usize = 300;
-/// Pause before connecting again after the listening connection was lost.
-const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+const COLUMNS: &str = "namespace, key, event_id, payload, occurred_at, emitted_by_run";
 
-/// Kinds on the wire: one letter each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    JobChanged,
-    RunsQueued,
-    RunsDequeued,
+fn event(row: &Row) -> PgResult<EventRecord> {
+    Ok(EventRecord {
+        namespace: row.try_get(0)?,
+        key: row.try_get(1)?,
+        id: row.try_get(2)?,
+        payload: crate::shared::event_payload(row.try_get(3)?)?,
+        occurred_at: rows::instant(row.try_get(4)?)?,
+        emitted_by_run: row.try_get(5)?,
+    })
 }
 
-impl Kind {
-    fn letter(self) -> char {
-        match self {
-            Kind::JobChanged => 'j',
-            Kind::RunsQueued => 'q',
-            Kind::RunsDequeued => 'd',
-        }
+/// Keeps the job's subscriptions in step with its definition (`sqlite::events`).
+pub(super) async fn put_subscriptions(
+    tx: &Tx<'_>,
+    namespace: &str,
+    job: &ValidJob,
+) -> PgResult<()> {
+    remove_subscriptions(tx, namespace, &job.name).await?;
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO event_subscriptions (namespace, key, job, role) VALUES ($1, $2, $3, $4)",
+        )
+        .await?;
+    if let Some(key) = job.spec.triggering_event() {
+        tx.execute(&stmt, &[&namespace, &key, &job.name, &"schedule"])
+            .await?;
     }
-}
-
-/// Where this store sends and listens, and the origin that marks its own notifications.
-#[derive(Debug, Clone)]
-pub struct Channel {
-    pub name: String,
-    pub origin: String,
-}
-
-impl Channel {
-    pub fn for_schema(schema: &str) -> Channel {
-        // Identifiers are cut at 63 bytes; a schema name that long is unlikely but must not
-        // make LISTEN and NOTIFY disagree.
-        let mut name = format!("sked.{schema}");
-        while name.len() > 63 {
-            name.pop();
-        }
-        Channel {
-            name,
-            origin: format!("{:016x}", rand::random::<u64>()),
-        }
+    for key in dependency::awaited_events(&job.spec.depends_on) {
+        tx.execute(&stmt, &[&namespace, &key, &job.name, &"wait"])
+            .await?;
     }
-
-    /// Sends `ids` of `kind` when the transaction commits.
-    pub async fn notify(&self, tx: &Tx<'_>, kind: Kind, ids: &[i64]) -> PgResult<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let stmt = tx.prepare_cached("SELECT pg_notify($1, $2)").await?;
-        for chunk in ids.chunks(IDS_PER_NOTIFICATION) {
-            let mut payload = format!("{} {}", self.origin, kind.letter());
-            for (i, id) in chunk.iter().enumerate() {
-                let sep = if i == 0 { ' ' } else { ',' };
-                let _ = write!(payload, "{sep}{id}");
-            }
-            tx.execute(&stmt, &[&self.name, &payload]).await?;
-        }
-        Ok(())
-    }
-
-    /// The event a notification carries; `None` for this store's own, or one it cannot read.
-    fn parse(&self, payload: &str) -> Option<StoreEvent> {
-        let mut parts = payload.splitn(3, ' ');
-        let origin = parts.next()?;
-        if origin == self.origin {
-            return None;
-        }
-        let kind = parts.next()?;
-        let ids: Vec<i64> = parts
-            .next()?
-            .split(',')
-            .map(str::parse)
-            .collect::<std::result::Result<_, _>>()
-            .ok()?;
-        match kind {
-            "j" => ids.first().map(|id| StoreEvent::JobChanged(*id)),
-            "q" => Some(StoreEvent::RunsQueued(ids)),
-            "d" => Some(StoreEvent::RunsDequeued(ids)),
-            _ => None,
-        }
-    }
-}
-
-/// Starts listening; returns once the first LISTEN is in place, so nothing committed after
-/// this returns is missed.
-pub async fn subscribe(config: tokio_postgres::Config, channel: Channel) -> Result<StoreEvents> {
-    let (events, receiver) = mpsc::unbounded_channel();
-    let (ready, listening) = oneshot::channel();
-    tokio::spawn(listen(config, channel, events, ready));
-    match listening.await {
-        Ok(Ok(())) => Ok(receiver),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(StoreError::Database(
-            "the listener stopped before listening".into(),
-        )),
-    }
-}
-
-async fn listen(
-    config: tokio_postgres::Config,
-    channel: Channel,
-    events: mpsc::UnboundedSender<StoreEvent>,
-    ready: oneshot::Sender<Result<()>>,
-) {
-    let mut ready = Some(ready);
-    loop {
-        let ended = listen_once(&config, &channel, &events, &mut ready).await;
-        if let Some(first) = ready.take() {
-            // The first connection failed: the caller hears why and decides.
-            let _ = first.send(ended);
-            return;
-        }
-        if events.is_closed() {
-            return;
-        }
-        match ended {
-            Ok(()) => tracing::warn!("the PostgreSQL listening connection closed; reconnecting"),
-            Err(e) => {
-                tracing::warn!("the PostgreSQL listening connection failed: {e}; reconnecting")
-            }
-        }
-        tokio::time::sleep(RECONNECT_PAUSE).await;
-    }
-}
-
-/// One listening connection, until it ends or nobody receives events any more.
-async fn listen_once(
-    config: &tokio_postgres::Config,
-    channel: &Channel,
-    events: &mpsc::UnboundedSender<StoreEvent>,
-    ready: &mut Option<oneshot::Sender<Result<()>>>,
-) -> Result<()> {
-    let (client, mut connection) = config.connect(NoTls).await?;
-    let (messages, mut incoming) = mpsc::unbounded_channel();
-    // The connection is driven by polling its messages; notifications are passed on, and the
-    // stream's end (or error) closes `incoming`.
-    let driver = tokio::spawn(async move {
-        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = stream.next().await {
-            match message {
-                Ok(AsyncMessage::Notification(n)) => {
-                    if messages.send(n.payload().to_string()).is_err() {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!("listening connection: {e}");
-                    return;
-                }
-            }
-        }
-    });
-    let quoted = format!("\"{}\"", channel.name.replace('"', "\"\""));
-    let listened = client.batch_execute(&format!("LISTEN {quoted}")).await;
-    if let Err(e) = listened {
-        driver.abort();
-        return Err(e.into());
-    }
-    match ready.take() {
-        Some(first) => {
-            let _ = first.send(Ok(()));
-        }
-        None => {
-            if events.send(StoreEvent::Resync).is_err() {
-                driver.abort();
-                return Ok(());
-            }
-        }
-    }
-    while let Some(payload) = incoming.recv().await {
-        if let Some(event) = channel.parse(&payload) {
-            if events.send(event).is_err() {
-                break;
-            }
-        }
-    }
-    driver.abort();
-    drop(client);
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Forgets a deleted job's subscriptions.
+pub(super) async fn remove_subscriptions(tx: &Tx<'_>, namespace: &str, job: &str) -> PgResult<()> {
+    let stmt = tx
+        .prepare_cached("DELETE FROM event_subscriptions WHERE namespace = $1 AND job = $2")
+        .await?;
+    tx.execute(&stmt, &[&namespace, &job]).await?;
+    Ok(())
+}
 
-    #[test]
-    fn own_notifications_are_ignored_and_others_read() {
-        let mine = Channel::for_schema("s");
-        let other = Channel::for_schema("s");
-        assert_eq!(mine.parse(&format!("{} q 1,2", mine.origin)), None);
-        assert_eq!(
-            mine.parse(&format!("{} q 1,2", other.origin)),
-            Some(StoreEvent::RunsQueued(vec![1, 2]))
-        );
-        assert_eq!(
-            mine.parse(&format!("{} j 7", other.origin)),
-            Some(StoreEvent::JobChanged(7))
-        );
-        assert_eq!(
-            mine.parse(&format!("{} d 9", other.origin)),
-            Some(StoreEvent::RunsDequeued(vec![9]))
-        );
-        assert_eq!(mine.parse(&format!("{} x 1", other.origin)), None);
-        assert_eq!(mine.parse(&format!("{} q 1,zz", other.origin)), None);
+/// Records `spec` in `namespace` unless it is recorded already; returns the event and whether
+/// it is new.
+pub(super) async fn record(
+    tx: &Tx<'_>,
+    namespace: &str,
+    spec: &EventSpec,
+    emitted_by_run: Option<i64>,
+    now: Instant,
+) -> PgResult<(EventRecord, bool)> {
+    let find = tx
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM events WHERE namespace = $1 AND key = $2 AND event_id = $3"
+        ))
+        .await?;
+    let args: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&namespace, &spec.key, &spec.id];
+    if let Some(row) = tx.query_opt(&find, &args).await? {
+        return Ok((event(&row)?, false));
     }
+    super::namespaces::lock_events(tx, namespace).await?;
+    // A post of the same event may have committed while this one waited for the lock.
+    if let Some(row) = tx.query_opt(&find, &args).await? {
+        return Ok((event(&row)?, false));
+    }
+    let stmt = tx
+        .prepare_cached("SELECT max(occurred_at) FROM events WHERE namespace = $1")
+        .await?;
+    let latest: Option<i64> = tx.query_one(&stmt, &[&namespace]).await?.try_get(0)?;
+    let occurred_at = sked_core::event::next_instant(micros(now), latest);
+    let payload = crate::shared::to_json("event payload", &spec.payload)?;
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO events (namespace, key, event_id, payload, occurred_at, emitted_by_run) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .await?;
+    tx.execute(
+        &stmt,
+        &[
+            &namespace,
+            &spec.key,
+            &spec.id,
+            &payload,
+            &occurred_at,
+            &emitted_by_run,
+        ],
+    )
+    .await?;
+    let record = EventRecord {
+        namespace: namespace.to_string(),
+        key: spec.key.clone(),
+        id: spec.id.clone(),
+        payload: spec.payload.clone(),
+        occurred_at: rows::instant(occurred_at)?,
+        emitted_by_run,
+    };
+    Ok((record, true))
+}
 
-    #[test]
-    fn long_schema_names_still_make_a_valid_channel() {
-        let channel = Channel::for_schema(&"x".repeat(100));
-        assert_eq!(channel.name.len(), 63);
+/// Records a posted event and settles what it starts and releases. The jobs the key concerns
+/// are locked first, so a fire of one of them and the event are serialised.
+pub(super) async fn post(
+    tx: &Tx<'_>,
+    namespace: &str,
+    spec: &EventSpec,
+    now: Instant,
+) -> PgResult<PostedEvent> {
+    lock_subscribers(tx, namespace, &spec.key).await?;
+    let (event, created) = record(tx, namespace, spec, None, now).await?;
+    if !created {
+        return Ok(crate::shared::posted_before(event));
     }
+    let settled = settle(tx, Vec::new(), vec![event.clone()], now).await?;
+    Ok(PostedEvent {
+        event,
+        created,
+        started: settled.started,
+        queued: settled.queued,
+        cancel_requested: settled.cancel_requested,
+    })
+}
+
+pub(super) async fn list(tx: &Tx<'_>, query: &EventQuery) -> PgResult<Vec<EventRecord>> {
+    let before = query.before.map_or(i64::MAX, micros);
+    let limit = i64::from(query.limit);
+    let rows = match &query.key {
+        Some(key) => {
+            let stmt = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM events WHERE namespace = $1 AND key = $2 \
+                     AND occurred_at < $3 ORDER BY occurred_at DESC LIMIT $4"
+                ))
+                .await?;
+            tx.query(&stmt, &[&query.namespace, key, &before, &limit])
+                .await?
+        }
+        None => {
+            let stmt = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM events WHERE namespace = $1 AND occurred_at < $2 \
+                     ORDER BY occurred_at DESC LIMIT $3"
+                ))
+                .await?;
+            tx.query(&stmt, &[&query.namespace, &before, &limit])
+                .await?
+        }
+    };
+    rows.iter().map(event).collect()
+}
+
+pub(super) async fn delete_before(tx: &Tx<'_>, before: Instant, limit: u32) -> PgResult<u64> {
+    let stmt = tx
+        .prepare_cached(
+            "DELETE FROM events WHERE id IN \
+             (SELECT id FROM events WHERE occurred_at < $1 ORDER BY occurred_at LIMIT $2)",
+        )
+        .await?;
+    Ok(tx
+        .execute(&stmt, &[&micros(before), &i64::from(limit)])
+        .await?)
 }

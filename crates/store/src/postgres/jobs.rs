@@ -49,7 +49,9 @@ pub async fn get_by_id(tx: &Tx<'_>, id: i64) -> PgResult<Option<JobRecord>> {
 
 /// Locks the rows of these jobs, in id order (deleted ones are simply absent), and returns
 /// each one's stored retry policy text.
-pub async fn lock(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<(i64, String)>> {
+/// Locks jobs `ids` in id order; returns what a completion needs of each: its retry policy
+/// (JSON) and the event key its succeeded runs emit.
+pub async fn lock(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<(i64, String, Option<String>)>> {
     let mut ids = ids.to_vec();
     ids.sort_unstable();
     ids.dedup();
@@ -57,11 +59,13 @@ pub async fn lock(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<(i64, String)>> {
         return Ok(Vec::new());
     }
     let stmt = tx
-        .prepare_cached("SELECT id, retry FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .prepare_cached(
+            "SELECT id, retry, emits FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        )
         .await?;
     let rows = tx.query(&stmt, &[&ids]).await?;
     rows.iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
         .collect()
 }
 
@@ -103,6 +107,11 @@ pub async fn put(
             super::namespaces::lock_dependencies(tx, namespace).await?;
             super::dependencies::put_edges(tx, namespace, job).await?;
         }
+        let subscribes =
+            |spec: &JobSpec| spec.triggering_event().is_some() || !spec.depends_on.is_empty();
+        if subscribes(&job.spec) || existing.as_ref().is_some_and(|old| subscribes(&old.spec)) {
+            super::events::put_subscriptions(tx, namespace, job).await?;
+        }
         let firing = crate::shared::firing_after_put(existing.as_ref(), job, now)?;
         let (spec, retry) = spec_json(&job.spec)?;
         let description = job.spec.description.as_deref().unwrap_or("");
@@ -116,8 +125,8 @@ pub async fn put(
                 let sql = format!(
                     "UPDATE jobs SET description = $2, spec = $3, overlap = $4, priority = $5, \
                      retry = $6, state = $7, next_fire_at = $8, fired_count = $9, \
-                     schedule_epoch = $10, updated_at = $11, has_dependencies = $12 \
-                     WHERE id = $1 RETURNING {JOB_COLUMNS}"
+                     schedule_epoch = $10, updated_at = $11, has_dependencies = $12, \
+                     emits = $13 WHERE id = $1 RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
                 let row = tx
@@ -136,6 +145,7 @@ pub async fn put(
                             &epoch,
                             &micros(now),
                             &has_dependencies,
+                            &job.spec.emits(),
                         ],
                     )
                     .await?;
@@ -145,8 +155,8 @@ pub async fn put(
                 let sql = format!(
                     "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, \
                      retry, state, next_fire_at, fired_count, schedule_epoch, created_at, \
-                     updated_at, has_dependencies) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13) \
+                     updated_at, has_dependencies, emits) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14) \
                      ON CONFLICT (namespace, name) DO NOTHING RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -167,6 +177,7 @@ pub async fn put(
                             &epoch,
                             &micros(now),
                             &has_dependencies,
+                            &job.spec.emits(),
                         ],
                     )
                     .await?;
@@ -286,7 +297,8 @@ pub async fn delete(
     let stmt = tx.prepare_cached("DELETE FROM jobs WHERE id = $1").await?;
     tx.execute(&stmt, &[&job.id]).await?;
     // Its dependants, paused now, learn that the runs they waited for will not come.
-    super::dependencies::settle(tx, ended, now).await?;
+    super::events::remove_subscriptions(tx, namespace, name).await?;
+    super::dependencies::settle(tx, ended, Vec::new(), now).await?;
     Ok(Some(DeletedJob {
         job,
         paused_dependants: paused,

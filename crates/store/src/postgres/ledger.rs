@@ -8,6 +8,7 @@
 //! for its state, the attempt's row for its lease.
 
 use super::dependencies::{self, dependants_of, settle};
+use super::events;
 use super::jobs::{lock as lock_jobs, retry_policy};
 use super::rows::{self, micros, RUN_COLUMNS};
 use super::{PgResult, Tx};
@@ -80,7 +81,7 @@ pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult
         outcome.runs.push(run);
         outcome.cancel_requested.extend(cancel_requested);
     }
-    let settled = settle(tx, ended, now).await?;
+    let settled = settle(tx, ended, Vec::new(), now).await?;
     outcome.released = settled.queued;
     outcome.cancel_requested.extend(settled.cancel_requested);
     Ok(outcome)
@@ -427,7 +428,9 @@ pub(super) async fn skip_run(
 
 pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<QueuedRun>> {
     const SELECT: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
-         r.priority, r.ready_at, j.spec FROM runs r JOIN jobs j ON j.id = r.job_id \
+         r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload \
+         FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN events e \
+         ON e.namespace = r.namespace AND e.key = r.event_key AND e.event_id = r.event_id \
          WHERE r.state = 'queued'";
     let rows = match ids {
         None => {
@@ -463,6 +466,7 @@ pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<Queue
             target: spec.target.clone(),
             timeout: spec.timeout.map(|t| t.0),
             routing: spec.routing.clone(),
+            event: crate::shared::run_event(row.try_get(8)?, row.try_get(9)?, row.try_get(10)?)?,
         };
         order.push(run.run_id);
         found.insert(run.run_id, run);
@@ -583,8 +587,11 @@ pub async fn complete_attempts(
     // Their dependants are locked with them: a run that ends may release theirs.
     let below = dependants_of(tx, &job_ids).await?;
     let mut policies: HashMap<i64, RetryPolicy> = HashMap::new();
-    for (job_id, retry) in lock_jobs(tx, &sorted(job_ids.iter().copied().chain(below))).await? {
+    let mut emits: HashMap<i64, String> = HashMap::new();
+    let locked = lock_jobs(tx, &sorted(job_ids.iter().copied().chain(below))).await?;
+    for (job_id, retry, key) in locked {
         policies.insert(job_id, retry_policy(Some(&retry))?);
+        emits.extend(key.map(|key| (job_id, key)));
     }
     lock_attempts_and_runs(tx, &attempt_ids).await?;
     // One job's completions take turns (releasing its waiting runs reads its active count);
@@ -600,24 +607,37 @@ pub async fn complete_attempts(
     .await?;
     let mut effects = Vec::with_capacity(completed.len());
     let mut ended = Vec::new();
+    let mut events = Vec::new();
     for (effect, run) in completed {
+        let Some((run, run_id, job_id)) = run else {
+            effects.push(effect);
+            continue;
+        };
         effects.push(effect);
-        ended.extend(run);
+        if let (RunState::Succeeded, Some(key)) = (run.state, emits.get(&job_id)) {
+            let emitted = crate::shared::emission(&run, run_id, key);
+            let (event, created) =
+                events::record(tx, &run.namespace, &emitted, Some(run_id), now).await?;
+            if created {
+                events.push(event);
+            }
+        }
+        ended.push(run);
     }
-    // The batch's runs that ended move their dependants together.
-    let released = settle(tx, ended, now).await?.queued;
+    // The batch's runs that ended, and the events they emitted, move their dependants together.
+    let released = settle(tx, ended, events, now).await?.queued;
     crate::shared::list_released(&mut effects, released);
     Ok(effects)
 }
 
 /// Records one report, its attempts and runs locked by the caller; also returns its run when
-/// the run ended, for its dependants.
+/// the run ended, for its dependants, with the run's and its job's ids.
 async fn complete_one(
     tx: &Tx<'_>,
     report: &AttemptReport,
     policies: &HashMap<i64, RetryPolicy>,
     now: Instant,
-) -> PgResult<(CompletionEffect, Option<Ended>)> {
+) -> PgResult<(CompletionEffect, Option<(Ended, i64, i64)>)> {
     let stmt = tx
         .prepare_cached(
             "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
@@ -698,8 +718,9 @@ async fn complete_one(
             (RunState::Queued, vec![attempt.run_id])
         }
         AfterAttempt::Finish(state) => {
-            ended =
-                Some(finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now).await?);
+            let run =
+                finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now).await?;
+            ended = Some((run, attempt.run_id, attempt.job_id));
             (state, release_waiting(tx, attempt.job_id).await?)
         }
     };
@@ -829,7 +850,7 @@ pub async fn cancel_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Opti
             )
             .await?;
             let mut released = release_waiting(tx, run.job_id).await?;
-            released.extend(settle(tx, vec![ended], now).await?.queued);
+            released.extend(settle(tx, vec![ended], Vec::new(), now).await?.queued);
             CancelOutcome::Cancelled {
                 run: refetch(tx, run_id).await?,
                 released,
@@ -930,6 +951,6 @@ pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<
     }
     outcome
         .requeued
-        .extend(settle(tx, ended, now).await?.queued);
+        .extend(settle(tx, ended, Vec::new(), now).await?.queued);
     Ok(outcome)
 }

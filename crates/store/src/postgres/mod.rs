@@ -26,6 +26,7 @@ mod history;
 mod jobs;
 mod ledger;
 mod namespaces;
+mod notify;
 mod rows;
 mod schema;
 mod tokens;
@@ -33,7 +34,7 @@ mod workers;
 
 use crate::*;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use events::{Channel, Kind};
+use notify::{Channel, Kind};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, NoTls};
 
@@ -434,6 +435,25 @@ impl Store for PgStore {
             .await?)
     }
 
+    async fn post_event(
+        &self,
+        namespace: &str,
+        event: &sked_core::event::EventSpec,
+        now: Instant,
+    ) -> Result<PostedEvent> {
+        transact!(self, write, |tx| {
+            let posted = events::post(&tx, namespace, event, now).await?;
+            self.channel
+                .notify(&tx, Kind::RunsQueued, &posted.queued)
+                .await?;
+            posted
+        })
+    }
+
+    async fn list_events(&self, query: &EventQuery) -> Result<Vec<EventRecord>> {
+        transact!(self, read, |tx| events::list(&tx, query).await?)
+    }
+
     async fn append_output(
         &self,
         attempt_id: i64,
@@ -511,6 +531,11 @@ impl Store for PgStore {
 
     async fn delete_audit_before(&self, before: Instant, limit: u32) -> Result<u64> {
         transact!(self, write, |tx| audit::delete_before(&tx, before, limit)
+            .await?)
+    }
+
+    async fn delete_events_before(&self, before: Instant, limit: u32) -> Result<u64> {
+        transact!(self, write, |tx| events::delete_before(&tx, before, limit)
             .await?)
     }
 
@@ -621,7 +646,7 @@ impl Store for PgStore {
     }
 
     async fn subscribe(&self) -> Result<Option<StoreEvents>> {
-        events::subscribe(self.config.clone(), self.channel.clone())
+        notify::subscribe(self.config.clone(), self.channel.clone())
             .await
             .map(Some)
     }

@@ -49,6 +49,8 @@ enum Lock {
     SecretCount,
     /// The dependencies between its jobs, while a write checks or changes them.
     Dependencies,
+    /// Its latest event's instant, while a new event takes the next one.
+    Events,
 }
 
 /// Takes namespace `name`'s `kind` lock until the transaction ends.
@@ -59,6 +61,7 @@ async fn lock(tx: &Tx<'_>, name: &str, kind: Lock) -> PgResult<()> {
         Lock::JobCount => ("pg_advisory_xact_lock", "sked.namespace-jobs/"),
         Lock::SecretCount => ("pg_advisory_xact_lock", "sked.namespace-secrets/"),
         Lock::Dependencies => ("pg_advisory_xact_lock", "sked.namespace-dependencies/"),
+        Lock::Events => ("pg_advisory_xact_lock", "sked.namespace-events/"),
     };
     let sql = format!("SELECT {function}(hashtextextended('{key}' || $1, 0))");
     let stmt = tx.prepare_cached(&sql).await?;
@@ -148,6 +151,12 @@ pub async fn delete(tx: &Tx<'_>, name: &str) -> PgResult<Option<NamespaceRecord>
 /// finds it.
 pub async fn lock_dependencies(tx: &Tx<'_>, name: &str) -> PgResult<()> {
     lock(tx, name, Lock::Dependencies).await
+}
+
+/// Holds namespace `name`'s event instants until the transaction ends: two new events never
+/// take the same one.
+pub async fn lock_events(tx: &Tx<'_>, name: &str) -> PgResult<()> {
+    lock(tx, name, Lock::Events).await
 }
 
 pub async fn admit(

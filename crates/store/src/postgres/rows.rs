@@ -51,7 +51,7 @@ pub fn job(row: &Row) -> PgResult<JobRecord> {
 
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
-     cancel_requested, error, waiting_reason, waiting_for, waiting_until";
+     cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id";
 
 pub fn run(row: &Row) -> PgResult<RunRecord> {
     let skip_reason: Option<&str> = row.try_get(7)?;
@@ -67,6 +67,8 @@ pub fn run(row: &Row) -> PgResult<RunRecord> {
         waiting_reason: None,
         waiting_for: Vec::new(),
         waiting_until: None,
+        event_key: row.try_get(20)?,
+        event_id: row.try_get(21)?,
         priority: row.try_get(8)?,
         ready_at: instant(row.try_get(9)?)?,
         created_at: instant(row.try_get(10)?)?,

@@ -210,6 +210,35 @@ UPDATE runs SET waiting_reason = 'overlap' WHERE state = 'waiting';
 CREATE INDEX runs_waiting_dependencies ON runs (waiting_until)
     WHERE state = 'waiting' AND waiting_reason = 'dependencies';
 "#,
+    r#"
+-- Version 6 (SQLite's 5): events.
+CREATE TABLE events (
+    id             BIGSERIAL PRIMARY KEY,
+    namespace      TEXT   NOT NULL,
+    key            TEXT   COLLATE "C" NOT NULL,
+    event_id       TEXT   COLLATE "C" NOT NULL,
+    payload        TEXT   NOT NULL,
+    occurred_at    BIGINT NOT NULL,
+    emitted_by_run BIGINT,
+    UNIQUE (namespace, key, event_id)
+);
+CREATE INDEX events_by_key ON events (namespace, key, occurred_at);
+CREATE INDEX events_by_instant ON events (namespace, occurred_at);
+CREATE INDEX events_by_age ON events (occurred_at);
+
+CREATE TABLE event_subscriptions (
+    namespace TEXT NOT NULL,
+    key       TEXT COLLATE "C" NOT NULL,
+    job       TEXT COLLATE "C" NOT NULL,
+    role      TEXT NOT NULL,
+    PRIMARY KEY (namespace, key, role, job)
+);
+CREATE INDEX event_subscriptions_by_job ON event_subscriptions (namespace, job);
+
+ALTER TABLE jobs ADD COLUMN emits TEXT;
+ALTER TABLE runs ADD COLUMN event_key TEXT;
+ALTER TABLE runs ADD COLUMN event_id TEXT;
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

@@ -8,9 +8,10 @@ use super::rows::{self, micros};
 use crate::shared::{timed_out_error, verdict_from, Ended, Settled, WindowRuns};
 use crate::{DependencyEdge, Result, Toward};
 use rusqlite::{params, OptionalExtension, Transaction};
-use sked_core::dependency::{self, Verdict};
+use sked_core::dependency::{self, Upstream, Verdict};
 use sked_core::job::{JobSpec, ValidJob};
 use sked_core::policy::OverlapPolicy;
+use sked_core::records::EventRecord;
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::{Instant, SpecError};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -136,15 +137,28 @@ pub(super) fn judge(
         let (from, to) = requirement.window.around(instant);
         ends.push(micros(to));
         let n = values.len();
-        // Runs found by name, so those of a job deleted and created again count.
-        terms.push(format!(
-            "SELECT {k}, id, state, scheduled_for FROM runs WHERE namespace = ?1 \
-             AND job = ?{} AND scheduled_for >= ?{} AND scheduled_for <= ?{}",
-            n + 1,
-            n + 2,
-            n + 3,
-        ));
-        values.push(requirement.job.to_string().into());
+        let (source, name) = match requirement.upstream {
+            // Runs found by name, so those of a job deleted and created again count.
+            Upstream::Job(job) => (
+                "SELECT {k}, id, state, scheduled_for FROM runs WHERE namespace = ?1 \
+                 AND job = ?{a} AND scheduled_for >= ?{b} AND scheduled_for <= ?{c}",
+                job,
+            ),
+            // An event in the window is an upstream that succeeded.
+            Upstream::Event(key) => (
+                "SELECT {k}, id, 'succeeded', occurred_at FROM events WHERE namespace = ?1 \
+                 AND key = ?{a} AND occurred_at >= ?{b} AND occurred_at <= ?{c}",
+                key,
+            ),
+        };
+        terms.push(
+            source
+                .replace("{k}", &k.to_string())
+                .replace("{a}", &(n + 1).to_string())
+                .replace("{b}", &(n + 2).to_string())
+                .replace("{c}", &(n + 3).to_string()),
+        );
+        values.push(name.to_string().into());
         values.push(micros(from).into());
         values.push(micros(to).into());
     }
@@ -163,9 +177,13 @@ pub(super) fn judge(
     let mut next_fire =
         tx.prepare_cached("SELECT next_fire_at FROM jobs WHERE namespace = ?1 AND name = ?2")?;
     for (window, requirement) in found.iter_mut().zip(&requirements) {
+        // An event may come at any time: no schedule says whether one is owed.
+        let Upstream::Job(job) = requirement.upstream else {
+            continue;
+        };
         if window.needs_next_fire(requirement.state) {
             window.next_fire_at = next_fire
-                .query_row(params![namespace, requirement.job], |r| r.get(0))
+                .query_row(params![namespace, job], |r| r.get(0))
                 .optional()?
                 .flatten();
         }
@@ -173,12 +191,21 @@ pub(super) fn judge(
     Ok(verdict_from(spec, instant, &found, &ends))
 }
 
-/// A job that depends on a job whose run just ended.
+/// A job that depends on a job whose run just ended, or on an event just recorded.
 struct Dependant {
     id: i64,
     name: String,
     spec: JobSpec,
     priority: i32,
+}
+
+fn dependant(row: &rusqlite::Row<'_>) -> Result<Dependant> {
+    Ok(Dependant {
+        id: row.get(0)?,
+        name: row.get(1)?,
+        spec: rows::spec(&row.get::<_, String>(2)?)?,
+        priority: row.get(3)?,
+    })
 }
 
 fn dependant_jobs(tx: &Transaction<'_>, namespace: &str, upstream: &str) -> Result<Vec<Dependant>> {
@@ -190,31 +217,78 @@ fn dependant_jobs(tx: &Transaction<'_>, namespace: &str, upstream: &str) -> Resu
     let mut found = stmt.query(params![namespace, upstream])?;
     let mut jobs = Vec::new();
     while let Some(row) = found.next()? {
-        jobs.push(Dependant {
-            id: row.get(0)?,
-            name: row.get(1)?,
-            spec: rows::spec(&row.get::<_, String>(2)?)?,
-            priority: row.get(3)?,
-        });
+        jobs.push(dependant(row)?);
     }
     Ok(jobs)
 }
 
-/// Moves the dependants of the runs in `ended`, and of every run that ends because of them
-/// (a skip cascades down a pipeline): a job without a schedule gets its run at the upstream
-/// run's instant; every waiting run whose window holds that instant is judged again, and is
-/// released (then subject to its job's overlap policy), skipped (`upstream_failed`), or left
-/// waiting with what it still misses. The runs that end together are settled together: each
-/// waiting run is judged once, after all of them, so a fan-in whose upstreams end in one batch
-/// is judged once rather than once per upstream.
-pub(super) fn settle(tx: &Transaction<'_>, ended: Vec<Ended>, now: Instant) -> Result<Settled> {
+/// The jobs an event key concerns: those it starts (`schedule: {event}`, true) and those
+/// waiting for it in their `depends_on` (false).
+fn subscribers(tx: &Transaction<'_>, namespace: &str, key: &str) -> Result<Vec<(bool, Dependant)>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT j.id, j.name, j.spec, j.priority, max(s.role = 'schedule') \
+         FROM event_subscriptions s JOIN jobs j ON j.namespace = s.namespace AND j.name = s.job \
+         WHERE s.namespace = ?1 AND s.key = ?2 GROUP BY j.id ORDER BY j.id",
+    )?;
+    let mut found = stmt.query(params![namespace, key])?;
+    let mut jobs = Vec::new();
+    while let Some(row) = found.next()? {
+        jobs.push((row.get(4)?, dependant(row)?));
+    }
+    Ok(jobs)
+}
+
+/// Waiting runs to judge, by id: the dependant and the run's instant and namespace.
+type Candidates = BTreeMap<i64, (Rc<Dependant>, Instant, String)>;
+
+/// Adds the runs of `dependant` waiting for their dependencies at an instant in `[from, to]`.
+fn add_waiting(
+    tx: &Transaction<'_>,
+    dependant: &Rc<Dependant>,
+    namespace: &str,
+    (from, to): (Instant, Instant),
+    candidates: &mut Candidates,
+) -> Result<()> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT id, scheduled_for FROM runs WHERE job_id = ?1 AND state = 'waiting' \
+         AND scheduled_for >= ?2 AND scheduled_for <= ?3 \
+         AND waiting_reason = 'dependencies'",
+    )?;
+    let waiting = stmt.query_map(params![dependant.id, micros(from), micros(to)], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+    })?;
+    for found in waiting {
+        let (run_id, instant) = found?;
+        candidates.entry(run_id).or_insert((
+            dependant.clone(),
+            rows::instant(instant)?,
+            namespace.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// Moves the dependants of the runs in `ended` and of the events in `events` (just
+/// recorded), and of every run that ends because of them (a skip cascades down a pipeline): a
+/// job without a schedule gets its run at the upstream run's instant, a job whose schedule
+/// names an event's key gets its run at the event's instant; every waiting run whose window
+/// holds that instant is judged again, and is released (then subject to its job's overlap
+/// policy), skipped (`upstream_failed`), or left waiting with what it still misses. What
+/// happens together is settled together: each waiting run is judged once, after all of it,
+/// so a fan-in whose upstreams end in one batch is judged once rather than once per upstream.
+pub(super) fn settle(
+    tx: &Transaction<'_>,
+    ended: Vec<Ended>,
+    events: Vec<EventRecord>,
+    now: Instant,
+) -> Result<Settled> {
     let mut settled = Settled::default();
     let mut generation = ended;
-    while !generation.is_empty() {
+    let mut events = events;
+    while !generation.is_empty() || !events.is_empty() {
         let mut next = Vec::new();
         let mut dependants: HashMap<(String, String), Vec<Rc<Dependant>>> = HashMap::new();
-        // Waiting runs to judge, by id: the dependant and the run's instant and namespace.
-        let mut candidates: BTreeMap<i64, (Rc<Dependant>, Instant, String)> = BTreeMap::new();
+        let mut candidates = Candidates::new();
         for run in &generation {
             let key = (run.namespace.clone(), run.job.clone());
             if !dependants.contains_key(&key) {
@@ -222,32 +296,53 @@ pub(super) fn settle(tx: &Transaction<'_>, ended: Vec<Ended>, now: Instant) -> R
                 dependants.insert(key.clone(), found.into_iter().map(Rc::new).collect());
             }
             for dependant in dependants.get(&key).into_iter().flatten() {
-                let Some((from, to)) = dependency::dependant_instants(
+                let Some(window) = dependency::dependant_instants(
                     &dependant.spec.depends_on,
-                    &run.job,
+                    Upstream::Job(&run.job),
                     run.scheduled_for,
                 ) else {
                     continue;
                 };
                 if dependant.spec.follows_upstreams() {
-                    follow(tx, run, dependant, now, &mut next)?;
+                    let at = At {
+                        namespace: &run.namespace,
+                        instant: run.scheduled_for,
+                        trigger: Trigger::Dependency,
+                        event: None,
+                    };
+                    start(tx, &at, dependant, now, &mut next)?;
                 }
-                let mut stmt = tx.prepare_cached(
-                    "SELECT id, scheduled_for FROM runs WHERE job_id = ?1 AND state = 'waiting' \
-                     AND scheduled_for >= ?2 AND scheduled_for <= ?3 \
-                     AND waiting_reason = 'dependencies'",
-                )?;
-                let waiting = stmt
-                    .query_map(params![dependant.id, micros(from), micros(to)], |r| {
-                        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
-                    })?;
-                for found in waiting {
-                    let (run_id, instant) = found?;
-                    candidates.entry(run_id).or_insert((
-                        dependant.clone(),
-                        rows::instant(instant)?,
-                        run.namespace.clone(),
-                    ));
+                add_waiting(tx, dependant, &run.namespace, window, &mut candidates)?;
+            }
+        }
+        for event in std::mem::take(&mut events) {
+            for (starts, dependant) in subscribers(tx, &event.namespace, &event.key)? {
+                let dependant = Rc::new(dependant);
+                if starts {
+                    let at = At {
+                        namespace: &event.namespace,
+                        instant: event.occurred_at,
+                        trigger: Trigger::Event,
+                        event: Some(&event),
+                    };
+                    if let Some(run_id) = start(tx, &at, &dependant, now, &mut next)? {
+                        settled.started.push(run_id);
+                        if !dependant.spec.paused {
+                            let judged = (
+                                dependant.clone(),
+                                event.occurred_at,
+                                event.namespace.clone(),
+                            );
+                            candidates.insert(run_id, judged);
+                        }
+                    }
+                }
+                if let Some(window) = dependency::dependant_instants(
+                    &dependant.spec.depends_on,
+                    Upstream::Event(&event.key),
+                    event.occurred_at,
+                ) {
+                    add_waiting(tx, &dependant, &event.namespace, window, &mut candidates)?;
                 }
             }
         }
@@ -286,16 +381,25 @@ pub(super) fn settle(tx: &Transaction<'_>, ended: Vec<Ended>, now: Instant) -> R
     Ok(settled)
 }
 
-/// Records the run of a job without a schedule at its upstream run's instant, waiting for its
-/// dependencies (the caller judges it next), once: a second upstream at the same instant finds
-/// it recorded. A paused job's run is recorded skipped.
-fn follow(
+/// Where and why a run is started by what happened: an upstream run's instant (a job without
+/// a schedule following its upstreams) or an event's (a job whose schedule names its key).
+struct At<'a> {
+    namespace: &'a str,
+    instant: Instant,
+    trigger: Trigger,
+    event: Option<&'a EventRecord>,
+}
+
+/// Records the dependant's run `at`, once: a second upstream at the same instant finds it
+/// recorded. It waits for its dependencies (the caller judges it next; with none, it is
+/// released at once); a paused job's run is recorded skipped. Returns the new run.
+fn start(
     tx: &Transaction<'_>,
-    upstream: &Ended,
+    at: &At<'_>,
     dependant: &Dependant,
     now: Instant,
     ended: &mut Vec<Ended>,
-) -> Result<()> {
+) -> Result<Option<i64>> {
     let paused = dependant.spec.paused;
     let (state, skip, waiting_reason) = if paused {
         (RunState::Skipped, Some(SkipReason::Paused), None)
@@ -307,16 +411,16 @@ fn follow(
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
-             waiting_for, waiting_until) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4, ?9, ?10, ?11, ?12, ?13) \
+             waiting_for, waiting_until, event_key, event_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
              ON CONFLICT (job_id, scheduled_for) DO NOTHING",
         )?
         .execute(params![
             dependant.id,
-            upstream.namespace,
+            at.namespace,
             dependant.name,
-            micros(upstream.scheduled_for),
-            Trigger::Dependency.as_str(),
+            micros(at.instant),
+            at.trigger.as_str(),
             state.as_str(),
             skip.map(SkipReason::as_str),
             dependant.priority,
@@ -325,16 +429,21 @@ fn follow(
             waiting_reason,
             waiting_reason.map(|_| waiting_for),
             waiting_reason.map(|_| until),
+            at.event.map(|e| &e.key),
+            at.event.map(|e| &e.id),
         ])?;
-    if written == 1 && paused {
+    if written == 0 {
+        return Ok(None);
+    }
+    if paused {
         ended.push(Ended {
-            namespace: upstream.namespace.clone(),
+            namespace: at.namespace.to_string(),
             job: dependant.name.clone(),
-            scheduled_for: upstream.scheduled_for,
+            scheduled_for: at.instant,
             state,
         });
     }
-    Ok(())
+    Ok(Some(tx.last_insert_rowid()))
 }
 
 /// A waiting run whose dependencies are met: now its job's overlap policy decides.
@@ -421,6 +530,6 @@ pub(super) fn expire_waits(
             state: RunState::Skipped,
         });
     }
-    let settled = settle(tx, ended, now)?;
+    let settled = settle(tx, ended, Vec::new(), now)?;
     Ok((skipped, settled))
 }

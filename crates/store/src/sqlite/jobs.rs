@@ -1,7 +1,7 @@
 //! Job definitions: create, replace, pause, delete, list, and the firing loop's view of them.
 
-use super::dependencies;
 use super::rows::{self, micros, JOB_COLUMNS};
+use super::{dependencies, events};
 use crate::cursor::{self, page_size, Cursor};
 use crate::{shared, DeletedJob, JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
@@ -52,6 +52,7 @@ pub fn put(
     }
     super::namespaces::admit(tx, namespace, &job.spec.target, existing.is_none())?;
     dependencies::put_edges(tx, namespace, job)?;
+    events::put_subscriptions(tx, namespace, job)?;
     let has_dependencies = !job.spec.depends_on.is_empty();
     let firing = crate::shared::firing_after_put(existing.as_ref(), job, now)?;
     let (spec, retry) = spec_json(&job.spec)?;
@@ -62,7 +63,8 @@ pub fn put(
             tx.prepare_cached(
                 "UPDATE jobs SET description = ?2, spec = ?3, overlap = ?4, priority = ?5, \
                  retry = ?6, state = ?7, next_fire_at = ?8, fired_count = ?9, \
-                 schedule_epoch = ?10, updated_at = ?11, has_dependencies = ?12 WHERE id = ?1",
+                 schedule_epoch = ?10, updated_at = ?11, has_dependencies = ?12, emits = ?13 \
+                 WHERE id = ?1",
             )?
             .execute(params![
                 old.id,
@@ -77,6 +79,7 @@ pub fn put(
                 micros(firing.schedule_epoch),
                 micros(now),
                 has_dependencies,
+                job.spec.emits(),
             ])?;
             old.id
         }
@@ -84,8 +87,8 @@ pub fn put(
             tx.prepare_cached(
                 "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, retry, \
                  state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at, \
-                 has_dependencies) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13)",
+                 has_dependencies, emits) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14)",
             )?
             .execute(params![
                 namespace,
@@ -101,6 +104,7 @@ pub fn put(
                 micros(firing.schedule_epoch),
                 micros(now),
                 has_dependencies,
+                job.spec.emits(),
             ])?;
             tx.last_insert_rowid()
         }
@@ -198,7 +202,8 @@ pub fn delete(
     tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
         .execute(params![job.id])?;
     // Its dependants, paused now, learn that the runs they waited for will not come.
-    dependencies::settle(tx, ended, now)?;
+    events::remove_subscriptions(tx, namespace, name)?;
+    dependencies::settle(tx, ended, Vec::new(), now)?;
     Ok(Some(DeletedJob {
         job,
         paused_dependants: paused,
@@ -271,14 +276,23 @@ pub fn scheduled(
 }
 
 /// The job's retry policy, for deciding after an attempt; the default once the job is deleted.
-pub fn retry_policy(tx: &Transaction<'_>, job_id: i64) -> Result<sked_core::policy::RetryPolicy> {
-    let text: Option<String> = tx
-        .prepare_cached("SELECT retry FROM jobs WHERE id = ?1")?
-        .query_row(params![job_id], |r| r.get(0))
+/// What a completion needs of a job: its retry policy and the event key its succeeded runs
+/// emit.
+pub fn completion_rules(
+    tx: &Transaction<'_>,
+    job_id: i64,
+) -> Result<(sked_core::policy::RetryPolicy, Option<String>)> {
+    let found: Option<(String, Option<String>)> = tx
+        .prepare_cached("SELECT retry, emits FROM jobs WHERE id = ?1")?
+        .query_row(params![job_id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
-    match text {
+    match found {
         None => Ok(Default::default()),
-        Some(text) => serde_json::from_str(&text)
-            .map_err(|e| StoreError::Corrupt(format!("a stored retry policy does not parse: {e}"))),
+        Some((text, emits)) => {
+            let retry = serde_json::from_str(&text).map_err(|e| {
+                StoreError::Corrupt(format!("a stored retry policy does not parse: {e}"))
+            })?;
+            Ok((retry, emits))
+        }
     }
 }

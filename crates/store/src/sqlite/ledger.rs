@@ -3,7 +3,8 @@
 //! decision (made by `sked-core`) commits together with its effects.
 
 use super::dependencies::{self, settle};
-use super::jobs::retry_policy;
+use super::events;
+use super::jobs::completion_rules;
 use super::rows::{self, micros, RUN_COLUMNS};
 use crate::shared::ReportedAttempt;
 use crate::shared::{Ended, NewRun};
@@ -193,7 +194,7 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
             advanced,
         });
     }
-    let settled = settle(tx, ended, now)?;
+    let settled = settle(tx, ended, Vec::new(), now)?;
     outcome.released = settled.queued;
     outcome.cancel_requested.extend(settled.cancel_requested);
     Ok(outcome)
@@ -379,8 +380,9 @@ pub(super) fn skip_run(
 /// Every queued run with its job's definition; `state = 'queued'` is the `runs_queued` index's
 /// condition, so a start does not read the whole ledger.
 pub(super) const QUEUED: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
-     r.priority, r.ready_at, j.spec FROM runs r JOIN jobs j ON j.id = r.job_id \
-     WHERE r.state = 'queued'";
+     r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload \
+     FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN events e ON e.namespace = r.namespace \
+     AND e.key = r.event_key AND e.event_id = r.event_id WHERE r.state = 'queued'";
 
 pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>> {
     let sql = format!("{QUEUED} AND r.id = ?1");
@@ -403,6 +405,7 @@ pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<Queu
             target: spec.target.clone(),
             timeout: spec.timeout.map(|t| t.0),
             routing: spec.routing.clone(),
+            event: crate::shared::run_event(row.get(8)?, row.get(9)?, row.get(10)?)?,
         });
         Ok(())
     };
@@ -472,7 +475,8 @@ pub fn complete_attempts(
 ) -> Result<Vec<CompletionEffect>> {
     let mut effects = Vec::with_capacity(reports.len());
     let mut ended = Vec::new();
-    let mut policies: HashMap<i64, RetryPolicy> = HashMap::new();
+    let mut events = Vec::new();
+    let mut rules: HashMap<i64, (RetryPolicy, Option<String>)> = HashMap::new();
     for report in reports {
         let found = tx
             .prepare_cached(
@@ -518,9 +522,9 @@ pub fn complete_attempts(
             AttemptOutcome::Failed | AttemptOutcome::TimedOut
         );
         let failures = attempt.failures + u32::from(counts);
-        let retry = match policies.entry(attempt.job_id) {
+        let (retry, emits) = match rules.entry(attempt.job_id) {
             Entry::Occupied(known) => known.into_mut(),
-            Entry::Vacant(slot) => slot.insert(retry_policy(tx, attempt.job_id)?),
+            Entry::Vacant(slot) => slot.insert(completion_rules(tx, attempt.job_id)?),
         };
         let decision = after_attempt(
             report.outcome,
@@ -530,36 +534,42 @@ pub fn complete_attempts(
             now,
             rand::random::<f64>(),
         );
-        let (run_state, requeued) =
-            match decision {
-                AfterAttempt::Retry { ready_at } => {
-                    tx.prepare_cached(
+        let (run_state, requeued) = match decision {
+            AfterAttempt::Retry { ready_at } => {
+                tx.prepare_cached(
                     "UPDATE runs SET state = 'queued', ready_at = ?2, failures = ?3, error = ?4 \
                      WHERE id = ?1",
                 )?
-                .execute(params![attempt.run_id, micros(ready_at), failures, error])?;
-                    (RunState::Queued, vec![attempt.run_id])
+                .execute(params![
+                    attempt.run_id,
+                    micros(ready_at),
+                    failures,
+                    error
+                ])?;
+                (RunState::Queued, vec![attempt.run_id])
+            }
+            AfterAttempt::Finish(state) => {
+                let run = finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now)?;
+                if let (RunState::Succeeded, Some(key)) = (state, emits.as_deref()) {
+                    let emitted = crate::shared::emission(&run, attempt.run_id, key);
+                    let (event, created) =
+                        events::record(tx, &run.namespace, &emitted, Some(attempt.run_id), now)?;
+                    if created {
+                        events.push(event);
+                    }
                 }
-                AfterAttempt::Finish(state) => {
-                    ended.push(finish_run(
-                        tx,
-                        attempt.run_id,
-                        state,
-                        failures,
-                        error.as_deref(),
-                        now,
-                    )?);
-                    (state, release_waiting(tx, attempt.job_id)?)
-                }
-            };
+                ended.push(run);
+                (state, release_waiting(tx, attempt.job_id)?)
+            }
+        };
         effects.push(CompletionEffect::Accepted {
             run_id: attempt.run_id,
             run_state,
             requeued,
         });
     }
-    // The batch's runs that ended move their dependants together.
-    let released = settle(tx, ended, now)?.queued;
+    // The batch's runs that ended, and the events they emitted, move their dependants together.
+    let released = settle(tx, ended, events, now)?.queued;
     crate::shared::list_released(&mut effects, released);
     Ok(effects)
 }
@@ -631,7 +641,7 @@ pub fn cancel_run(
                 now,
             )?;
             let mut released = release_waiting(tx, run.job_id)?;
-            released.extend(settle(tx, vec![ended], now)?.queued);
+            released.extend(settle(tx, vec![ended], Vec::new(), now)?.queued);
             CancelOutcome::Cancelled {
                 run: refetch(tx, run_id)?,
                 released,
@@ -700,7 +710,9 @@ pub fn reap(tx: &Transaction<'_>, silent_since: Instant, now: Instant) -> Result
             outcome.requeued.push(run_id);
         }
     }
-    outcome.requeued.extend(settle(tx, ended, now)?.queued);
+    outcome
+        .requeued
+        .extend(settle(tx, ended, Vec::new(), now)?.queued);
     Ok(outcome)
 }
 

@@ -15,6 +15,7 @@
 
 mod audit;
 mod dependencies;
+mod events;
 mod history;
 mod jobs;
 mod ledger;
@@ -506,6 +507,22 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn post_event(
+        &self,
+        namespace: &str,
+        event: &sked_core::event::EventSpec,
+        now: Instant,
+    ) -> Result<PostedEvent> {
+        let (namespace, event) = (namespace.to_string(), event.clone());
+        self.write(move |tx| events::post(tx, &namespace, &event, now))
+            .await
+    }
+
+    async fn list_events(&self, query: &EventQuery) -> Result<Vec<EventRecord>> {
+        let query = query.clone();
+        self.read(move |tx| events::list(tx, &query)).await
+    }
+
     async fn append_output(
         &self,
         attempt_id: i64,
@@ -574,6 +591,11 @@ impl Store for SqliteStore {
 
     async fn delete_audit_before(&self, before: Instant, limit: u32) -> Result<u64> {
         self.write(move |tx| audit::delete_before(tx, before, limit))
+            .await
+    }
+
+    async fn delete_events_before(&self, before: Instant, limit: u32) -> Result<u64> {
+        self.write(move |tx| events::delete_before(tx, before, limit))
             .await
     }
 

@@ -31,7 +31,7 @@ pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
 
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
-     cancel_requested, error, waiting_reason, waiting_for, waiting_until";
+     cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id";
 
 pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let skip_reason: Option<String> = row.get(7)?;
@@ -47,6 +47,8 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         waiting_reason: None,
         waiting_for: Vec::new(),
         waiting_until: None,
+        event_key: row.get(20)?,
+        event_id: row.get(21)?,
         priority: row.get(8)?,
         ready_at: instant(row.get(9)?)?,
         created_at: instant(row.get(10)?)?,

@@ -187,6 +187,40 @@ UPDATE runs SET waiting_reason = 'overlap' WHERE state = 'waiting';
 CREATE INDEX runs_waiting_dependencies ON runs (waiting_until)
     WHERE state = 'waiting' AND waiting_reason = 'dependencies';
 "#,
+    r#"
+-- Version 5: events. One row per (namespace, key, id); `occurred_at` is unique within a
+-- namespace (the store makes it so), as the instant of the runs an event starts.
+CREATE TABLE events (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    namespace      TEXT    NOT NULL,
+    key            TEXT    NOT NULL,
+    event_id       TEXT    NOT NULL,
+    payload        TEXT    NOT NULL,
+    occurred_at    INTEGER NOT NULL,
+    emitted_by_run INTEGER,
+    UNIQUE (namespace, key, event_id)
+);
+CREATE INDEX events_by_key ON events (namespace, key, occurred_at);
+CREATE INDEX events_by_instant ON events (namespace, occurred_at);
+CREATE INDEX events_by_age ON events (occurred_at);
+
+-- The jobs an event key concerns: 'schedule' (a run per event) or 'wait' (a depends_on entry),
+-- kept with the definition as job_dependencies is.
+CREATE TABLE event_subscriptions (
+    namespace TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    job       TEXT NOT NULL,
+    role      TEXT NOT NULL,
+    PRIMARY KEY (namespace, key, role, job)
+) WITHOUT ROWID;
+CREATE INDEX event_subscriptions_by_job ON event_subscriptions (namespace, job);
+
+-- Copied out of `spec` (on_success.emit): a completion learns it with the retry policy.
+ALTER TABLE jobs ADD COLUMN emits TEXT;
+-- The event that started a run (trigger 'event').
+ALTER TABLE runs ADD COLUMN event_key TEXT;
+ALTER TABLE runs ADD COLUMN event_id TEXT;
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
