@@ -61,8 +61,10 @@ impl Redis {
         for (name, value) in &target.fields {
             command.arg(name).arg(value);
         }
-        if let Some(payload) = &target.payload {
-            command.arg("payload").arg(render_payload(payload, run));
+        // Without a payload of its own, a run an event started sends the event's.
+        if target.payload.is_some() || run.event.is_some() {
+            let payload = target.payload.clone().unwrap_or_default();
+            command.arg("payload").arg(render_payload(&payload, run));
         }
         let mut connection = self.connection().await?;
         let _id: String = command

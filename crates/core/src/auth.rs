@@ -22,10 +22,19 @@ pub enum Role {
     Viewer,
     /// The worker protocol only.
     Worker,
+    /// Posting events in its namespaces only: the token another system (a data pipeline, a
+    /// CI job) tells sked what happened with.
+    Emitter,
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Admin, Role::Editor, Role::Viewer, Role::Worker];
+    pub const ALL: [Role; 5] = [
+        Role::Admin,
+        Role::Editor,
+        Role::Viewer,
+        Role::Worker,
+        Role::Emitter,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -33,6 +42,7 @@ impl Role {
             Role::Editor => "editor",
             Role::Viewer => "viewer",
             Role::Worker => "worker",
+            Role::Emitter => "emitter",
         }
     }
 
@@ -48,6 +58,7 @@ impl Role {
             Permission::Read => matches!(self, Role::Admin | Role::Editor | Role::Viewer),
             Permission::Write => matches!(self, Role::Admin | Role::Editor),
             Permission::Worker => matches!(self, Role::Admin | Role::Worker),
+            Permission::Events => matches!(self, Role::Admin | Role::Editor | Role::Emitter),
             Permission::Admin => self == Role::Admin,
         }
     }
@@ -74,6 +85,8 @@ pub enum Permission {
     Write,
     /// The worker protocol: register, heartbeat, lease, output, complete.
     Worker,
+    /// Posting events.
+    Events,
     /// Managing tokens.
     Admin,
 }
@@ -86,6 +99,7 @@ impl Permission {
             Permission::Read => "read",
             Permission::Write => "write",
             Permission::Worker => "worker",
+            Permission::Events => "events",
             Permission::Admin => "admin",
         }
     }
@@ -363,13 +377,18 @@ mod tests {
     fn each_role_reaches_exactly_its_permissions() {
         use Permission::*;
         let table = [
-            (Role::Admin, [true, true, true, true, true, true]),
-            (Role::Editor, [true, true, true, true, false, false]),
-            (Role::Viewer, [true, true, true, false, false, false]),
-            (Role::Worker, [true, true, false, false, true, false]),
+            (Role::Admin, [true, true, true, true, true, true, true]),
+            (Role::Editor, [true, true, true, true, false, true, false]),
+            (Role::Viewer, [true, true, true, false, false, false, false]),
+            (Role::Worker, [true, true, false, false, true, false, false]),
+            (
+                Role::Emitter,
+                [true, true, false, false, false, true, false],
+            ),
         ];
         for (role, expected) in table {
-            let got = [Open, Authenticated, Read, Write, Worker, Admin].map(|p| role.allows(p));
+            let got =
+                [Open, Authenticated, Read, Write, Worker, Events, Admin].map(|p| role.allows(p));
             assert_eq!(got, expected, "{role}");
         }
     }

@@ -106,7 +106,7 @@ pub fn next_instant(now: i64, latest: Option<i64>) -> i64 {
 }
 
 /// The event a run was started by, as its attempts see it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunEvent {
     pub key: String,
     pub id: String,

@@ -26,11 +26,18 @@ pub const ENV_RUN_ID: &str = "SKED_RUN_ID";
 pub const ENV_ATTEMPT: &str = "SKED_ATTEMPT";
 pub const ENV_SCHEDULED_FOR: &str = "SKED_SCHEDULED_FOR";
 pub const ENV_JOB: &str = "SKED_JOB";
+/// For a run an event started: the event's key, id and payload (a string payload as it is,
+/// anything else as JSON).
+pub const ENV_EVENT_KEY: &str = "SKED_EVENT_KEY";
+pub const ENV_EVENT_ID: &str = "SKED_EVENT_ID";
+pub const ENV_EVENT_PAYLOAD: &str = "SKED_EVENT_PAYLOAD";
 /// ...and headers for HTTP targets.
 pub const HEADER_RUN_ID: &str = "X-Sked-Run-Id";
 pub const HEADER_ATTEMPT: &str = "X-Sked-Attempt";
 pub const HEADER_SCHEDULED_FOR: &str = "X-Sked-Scheduled-For";
 pub const HEADER_JOB: &str = "X-Sked-Job";
+pub const HEADER_EVENT_KEY: &str = "X-Sked-Event-Key";
+pub const HEADER_EVENT_ID: &str = "X-Sked-Event-Id";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -112,6 +119,9 @@ pub struct LeasedAttempt {
     /// with `await_completion`): where the outcome is reported, and with what.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion: Option<CompletionAddress>,
+    /// The event that started the run (trigger `event`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<crate::event::RunEvent>,
 }
 
 impl LeasedAttempt {
@@ -124,6 +134,7 @@ impl LeasedAttempt {
             attempt: self.attempt,
             scheduled_for: self.scheduled_for,
             completion: self.completion.as_ref(),
+            event: self.event.as_ref(),
         }
     }
 

@@ -8,6 +8,7 @@
 //! which connection under which prefix ([`BrokerAllowance`]).
 
 use crate::error::SpecError;
+use crate::event::RunEvent;
 use crate::protocol::CompletionAddress;
 use crate::Instant;
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,9 @@ pub const HEADER_RUN_ID: &str = "sked-run-id";
 pub const HEADER_ATTEMPT: &str = "sked-attempt";
 pub const HEADER_SCHEDULED_FOR: &str = "sked-scheduled-for";
 pub const HEADER_IDEMPOTENCY_KEY: &str = "sked-idempotency-key";
+/// For a run an event started (`schedule: {event}`): the event's key and id.
+pub const HEADER_EVENT_KEY: &str = "sked-event-key";
+pub const HEADER_EVENT_ID: &str = "sked-event-id";
 /// JetStream drops a second message with the same id within its duplicate window.
 pub const HEADER_NATS_MSG_ID: &str = "Nats-Msg-Id";
 /// Where and with what a consumer reports the outcome of a run that awaits completion.
@@ -125,6 +129,9 @@ pub struct RunContext<'a> {
     pub scheduled_for: Instant,
     /// For a run that awaits completion: where its consumer reports, and the attempt's token.
     pub completion: Option<&'a CompletionAddress>,
+    /// For a run an event started: the event, whose payload is the message when the target
+    /// gives none.
+    pub event: Option<&'a RunEvent>,
 }
 
 impl RunContext<'_> {
@@ -144,8 +151,9 @@ impl RunContext<'_> {
         )
     }
 
-    /// The envelope's headers (Redis: fields), in a fixed order; the completion address
-    /// last, for a run that awaits completion.
+    /// The envelope's headers (Redis: fields), in a fixed order; then the event's key and id,
+    /// for a run an event started; the completion address last, for a run that awaits
+    /// completion.
     pub fn envelope(&self) -> Vec<(&'static str, String)> {
         let mut envelope = vec![
             (HEADER_NAMESPACE, self.namespace.to_string()),
@@ -155,6 +163,10 @@ impl RunContext<'_> {
             (HEADER_SCHEDULED_FOR, self.scheduled_for_text()),
             (HEADER_IDEMPOTENCY_KEY, self.idempotency_key()),
         ];
+        if let Some(event) = self.event {
+            envelope.push((HEADER_EVENT_KEY, event.key.clone()));
+            envelope.push((HEADER_EVENT_ID, event.id.clone()));
+        }
         if let Some(completion) = &self.completion {
             envelope.push((HEADER_COMPLETE_URL, completion.url.to_string()));
             envelope.push((HEADER_COMPLETE_TOKEN, completion.token.to_string()));
@@ -175,9 +187,13 @@ pub fn render(template: &str, run: &RunContext<'_>) -> String {
         .replace("{{job}}", run.job)
 }
 
-/// The rendered body of a payload.
+/// The rendered body of a payload. A target without one sends the payload of the event that
+/// started the run, as it came (events are data, not templates).
 pub fn render_payload(payload: &Payload, run: &RunContext<'_>) -> Vec<u8> {
-    render(&payload.text(), run).into_bytes()
+    match run.event {
+        Some(event) if payload.0.is_null() => event.payload_text().into_bytes(),
+        _ => render(&payload.text(), run).into_bytes(),
+    }
 }
 
 /// Where a target publishes, as an allowance judges it: the connection, and the exchange,
@@ -537,7 +553,35 @@ mod tests {
                 .single()
                 .unwrap_or_default(),
             completion: None,
+            event: None,
         }
+    }
+
+    #[test]
+    fn an_event_run_sends_its_event_when_the_target_says_nothing() {
+        let event = RunEvent {
+            key: "sales.ready".into(),
+            id: "2026-11-24".into(),
+            payload: serde_json::json!({"rows": "{{job}}"}),
+        };
+        let started = RunContext {
+            event: Some(&event),
+            ..run()
+        };
+        assert_eq!(
+            render_payload(&Payload::default(), &started),
+            br#"{"rows":"{{job}}"}"#,
+            "as it came, no template"
+        );
+        let own = Payload(serde_json::json!("mine {{job}}"));
+        assert_eq!(render_payload(&own, &started), b"mine invoice");
+        assert_eq!(
+            &started.envelope()[6..],
+            [
+                (HEADER_EVENT_KEY, "sales.ready".to_string()),
+                (HEADER_EVENT_ID, "2026-11-24".to_string()),
+            ]
+        );
     }
 
     #[test]

@@ -95,6 +95,7 @@ pub async fn start(
             scheduled_for: run.scheduled_for,
             target,
             timeout_ms: run.timeout.map(|t| t.as_millis() as u64),
+            event: run.event,
         });
     }
     Metrics::add(&state.metrics.attempts_started, attempts.len() as u64);

@@ -781,10 +781,111 @@ async fn real_answers_fit_the_documented_statuses_and_schemas() {
         worker_tokens(&api).await;
         hidden_namespaces(&api, run_id).await;
         audit_trail(&api).await;
+        events(&api).await;
         server.stop().await;
     })
     .await
     .expect("the test took too long");
+}
+
+/// Events: definitions that listen, wait and emit; posts, repeats and conflicts; the
+/// emitter role, which posts and reads nothing.
+async fn events(api: &Client<'_>) {
+    let listener = json!({
+        "schedule": {"event": "doc.ready"},
+        "target": {"shell": {"command": "true"}},
+        "on_success": {"emit": "doc.done"}
+    });
+    let created = api
+        .call("put", "/api/v1/jobs/doc-on-event", Some(listener.clone()))
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    api.nulls_as_documented("put", "/api/v1/jobs/doc-on-event", listener)
+        .await;
+    let waiter = json!({
+        "schedule": {"every": "1h"},
+        "target": {"shell": {"command": "true"}},
+        "depends_on": [{"event": "doc.ready", "window": {"before": "1h"}},
+                       {"any_of": [{"event": "doc.done"}, {"job": "doc-on-event"}]}]
+    });
+    let created = api
+        .call("put", "/api/v1/jobs/doc-waits", Some(waiter))
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let event = json!({"key": "doc.ready", "id": "2026-11-24", "payload": {"rows": 3}});
+    let posted = api
+        .call("post", "/api/v1/events", Some(event.clone()))
+        .await;
+    assert_eq!(posted.status, 201, "{}", posted.body);
+    assert_eq!(posted.body["started"].as_array().map(Vec::len), Some(1));
+    let run = format!("/api/v1/runs/{}", posted.body["started"][0]);
+    let started = api.call("get", &run, None).await;
+    assert_eq!(started.body["trigger"], "event", "{}", started.body);
+    assert_eq!(started.body["event_id"], "2026-11-24");
+    let again = api
+        .call("post", "/api/v1/events", Some(event.clone()))
+        .await;
+    assert_eq!((again.status, &again.body["created"]), (200, &json!(false)));
+    let other = json!({"key": "doc.ready", "id": "2026-11-24", "payload": "changed"});
+    let conflict = api.call("post", "/api/v1/events", Some(other)).await;
+    assert_eq!(conflict.status, 409);
+    assert_eq!(conflict.body["error"]["code"], "event_conflict");
+    let bad = api
+        .call_invalid(
+            "post",
+            "/api/v1/events",
+            json!({"key": "k".repeat(201), "id": "1"}),
+        )
+        .await;
+    assert_eq!(bad["error"]["field"], "key");
+    let bad = api
+        .call(
+            "post",
+            "/api/v1/events",
+            Some(json!({"key": "no spaces", "id": "1"})),
+        )
+        .await;
+    assert_eq!(
+        (bad.status, &bad.body["error"]["field"]),
+        (400, &json!("key"))
+    );
+    let big = json!({"key": "k", "id": "1", "payload": "x".repeat(70 * 1024)});
+    let refused = api.call("post", "/api/v1/events", Some(big)).await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.body["error"]["field"], "payload");
+    let listed = api
+        .call("get", "/api/v1/events?key=doc.ready&limit=1", None)
+        .await;
+    assert_eq!(listed.status, 200);
+    assert_eq!(listed.body["events"][0]["id"], "2026-11-24");
+    assert!(listed.body["next_before"].is_string(), "{}", listed.body);
+    let emitter = token(
+        api,
+        json!({"name": "pipeline", "role": "emitter", "namespaces": ["default"]}),
+    )
+    .await;
+    let posted = api
+        .call_as(
+            Some(&emitter),
+            "post",
+            "/api/v1/events",
+            Some(json!({"key": "doc.ready", "id": "from-emitter"})),
+        )
+        .await;
+    assert_eq!(posted.status, 201, "{}", posted.body);
+    for (method, path) in [("get", "/api/v1/events"), ("get", "/api/v1/jobs")] {
+        let refused = api.call_as(Some(&emitter), method, path, None).await;
+        assert_eq!(refused.status, 403, "{method} {path}");
+    }
+    let elsewhere = api
+        .call_as(
+            Some(&emitter),
+            "post",
+            "/api/v1/events?namespace=other",
+            Some(json!({"key": "k", "id": "1"})),
+        )
+        .await;
+    assert_eq!(elsewhere.status, 403);
 }
 
 /// Tokens, the audit trail, and the refusals of a missing token, a forged one and a role

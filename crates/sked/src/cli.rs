@@ -42,6 +42,40 @@ pub enum Command {
     /// A namespace's secrets, which job definitions name with `{"secret_ref": NAME}`.
     #[command(subcommand)]
     Secret(SecretCommand),
+    /// Tell sked what happened: an event starts the jobs whose schedule names its key and
+    /// releases the runs waiting for it.
+    #[command(subcommand)]
+    Event(EventCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventCommand {
+    /// Posts an event of KEY in `--namespace`. Sending the same key and id again changes
+    /// nothing, so a sender may retry freely.
+    Send {
+        /// What happened, e.g. `sales.dataset.ready`.
+        key: String,
+        /// Which occurrence of it, e.g. the day's date or a batch number.
+        #[arg(long)]
+        id: String,
+        /// The payload handed to the runs it starts: JSON, text that is not JSON (sent as a
+        /// string), or `@FILE` to read either from a file.
+        #[arg(long)]
+        payload: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// The events of `--namespace`, newest first.
+    List {
+        /// Only events of this key.
+        #[arg(long)]
+        key: Option<String>,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -100,7 +134,7 @@ pub enum TokenCommand {
         /// What the token is called in lists and the audit trail.
         #[arg(long)]
         name: String,
-        /// admin, editor, viewer or worker.
+        /// admin, editor, viewer, worker or emitter (posts events only).
         #[arg(long)]
         role: String,
         /// Editors may define jobs with shell targets (commands run on the workers).
@@ -544,7 +578,48 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Audit(args) => client::Client::new(&args.client)?.audit(&args).await,
         Command::Namespace(cmd) => namespace(cmd).await,
         Command::Secret(cmd) => secret(cmd).await,
+        Command::Event(cmd) => event(cmd).await,
     }
+}
+
+async fn event(cmd: EventCommand) -> Result<()> {
+    match cmd {
+        EventCommand::Send {
+            key,
+            id,
+            payload,
+            client,
+        } => {
+            let payload = match payload {
+                None => serde_json::Value::Null,
+                Some(arg) => match arg.strip_prefix('@') {
+                    Some(path) => {
+                        // The server takes at most 64 KiB; reading stops a little past that.
+                        let file = std::fs::File::open(path)
+                            .and_then(|f| {
+                                std::io::read_to_string(std::io::Read::take(f, 128 * 1024))
+                            })
+                            .with_context(|| format!("cannot read {path}"))?;
+                        payload_value(file.trim_end_matches(['\n', '\r']))
+                    }
+                    None => payload_value(&arg),
+                },
+            };
+            client::Client::new(&client)?
+                .event_send(&key, &id, payload)
+                .await
+        }
+        EventCommand::List { key, limit, client } => {
+            client::Client::new(&client)?
+                .event_list(key.as_deref(), limit)
+                .await
+        }
+    }
+}
+
+/// An event payload as given: JSON when it parses, else the text as a string.
+fn payload_value(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_string()))
 }
 
 /// A cap as the API takes it: a number, or `none` for null.

@@ -562,6 +562,64 @@ impl Client {
         Ok(())
     }
 
+    pub async fn event_send(&self, key: &str, id: &str, payload: Value) -> Result<()> {
+        let body = serde_json::json!({"key": key, "id": id, "payload": payload});
+        let posted: Value = self
+            .send(Method::POST, "/events", &[], Some(&body))
+            .await?
+            .json()
+            .await
+            .context("the server sent a response that is not JSON")?;
+        if self.json {
+            return Self::print_json(&posted);
+        }
+        let at = text(&posted["occurred_at"]);
+        if posted["created"] != Value::Bool(true) {
+            println!("event {key} {id} was recorded before, at {at}: nothing more happened");
+            return Ok(());
+        }
+        let started = list_text(&posted["started"]);
+        if started.is_empty() {
+            println!("event {key} {id} recorded at {at}");
+        } else {
+            println!("event {key} {id} recorded at {at}; runs started: {started}");
+        }
+        Ok(())
+    }
+
+    pub async fn event_list(&self, key: Option<&str>, limit: u32) -> Result<()> {
+        let mut query = vec![("limit", limit.to_string())];
+        query.extend(key.map(|k| ("key", k.to_string())));
+        let page = self.get_json("/events", &query).await?;
+        if self.json {
+            return Self::print_json(&page["events"]);
+        }
+        let table: Vec<Vec<String>> = page["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                let mut payload = text(&e["payload"]);
+                if payload.len() > 60 {
+                    let cut = (0..=57)
+                        .rev()
+                        .find(|i| payload.is_char_boundary(*i))
+                        .unwrap_or(0);
+                    payload.truncate(cut);
+                    payload.push_str("...");
+                }
+                vec![
+                    text(&e["occurred_at"]),
+                    text(&e["key"]),
+                    text(&e["id"]),
+                    payload,
+                ]
+            })
+            .collect();
+        print_table(&["OCCURRED", "KEY", "ID", "PAYLOAD"], &table);
+        Ok(())
+    }
+
     pub async fn audit(&self, args: &crate::cli::AuditArgs) -> Result<()> {
         let mut query = vec![("limit", args.limit.to_string())];
         query.extend(args.object.clone().map(|o| ("object", o)));
@@ -617,7 +675,7 @@ fn list_text(v: &Value) -> String {
 }
 
 fn schedule_summary(s: &Value) -> String {
-    for key in ["cron", "every", "iso8601", "at"] {
+    for key in ["cron", "every", "iso8601", "at", "event"] {
         if let Some(v) = s.get(key).filter(|v| !v.is_null()) {
             let zone = match (key, s.get("timezone").and_then(Value::as_str)) {
                 ("cron", Some(tz)) => format!(" {tz}"),

@@ -204,3 +204,109 @@ async fn bad_dependencies_are_refused_naming_the_field() {
         "{audit}"
     );
 }
+
+/// The command line's answer and output, through the real binary.
+fn sked_cli(sked: &Sked, args: &[&str]) -> (bool, String) {
+    let out = common::sked_command()
+        .args(args)
+        .env("SKED_SERVER", sked.base())
+        .output()
+        .expect("run sked");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test]
+async fn an_event_starts_a_job_whose_success_starts_the_next() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    // `load` runs once per `sales.ready` event and emits `sales.loaded` when it succeeds;
+    // `report` runs once per `sales.loaded`.
+    let load = json!({
+        "schedule": {"event": "sales.ready"},
+        "target": shell("echo key=$SKED_EVENT_KEY id=$SKED_EVENT_ID payload=$SKED_EVENT_PAYLOAD"),
+        "on_success": {"emit": "sales.loaded"},
+    });
+    assert_eq!(sked.put_job("load", load).await.0, 201);
+    let report = json!({
+        "schedule": {"event": "sales.loaded"},
+        "target": shell("echo after=$SKED_EVENT_ID"),
+    });
+    assert_eq!(sked.put_job("report", report).await.0, 201);
+
+    let send = [
+        "event",
+        "send",
+        "sales.ready",
+        "--id",
+        "2026-11-24",
+        "--payload",
+        r#"{"rows":3}"#,
+    ];
+    let (ok, out) = sked_cli(&sked, &send);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("event sales.ready 2026-11-24 recorded at"),
+        "{out}"
+    );
+    assert!(out.contains("runs started: "), "{out}");
+    let loaded = sked.wait_runs("load", 1, Duration::from_secs(20)).await;
+    assert_eq!(loaded.len(), 1, "{loaded:?}");
+    let run = &loaded[0];
+    assert_eq!(
+        (&run["state"], &run["trigger"]),
+        (&json!("succeeded"), &json!("event"))
+    );
+    let log = sked.run_log(run["id"].as_i64().unwrap()).await;
+    assert_eq!(
+        log, "key=sales.ready id=2026-11-24 payload={\"rows\":3}\n",
+        "the run sees its event"
+    );
+    let reported = sked.wait_runs("report", 1, Duration::from_secs(20)).await;
+    assert_eq!(reported[0]["state"], "succeeded", "{reported:?}");
+    let emitted_id = format!(
+        "load@{}",
+        instant(&run["scheduled_for"]).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    );
+    assert_eq!(reported[0]["event_id"], json!(emitted_id));
+    assert!(
+        !instant(&reported[0]["started_at"]).lt(&instant(&run["finished_at"])),
+        "report started after load ended"
+    );
+
+    // Sending it again changes nothing; the same id with another payload is refused.
+    let (ok, out) = sked_cli(&sked, &send);
+    assert!(ok && out.contains("was recorded before"), "{out}");
+    let changed = [
+        "event",
+        "send",
+        "sales.ready",
+        "--id",
+        "2026-11-24",
+        "--payload",
+        "other",
+    ];
+    let (ok, out) = sked_cli(&sked, &changed);
+    assert!(!ok && out.contains("another payload"), "{out}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sked.runs("load").await.len(), 1);
+
+    let (ok, out) = sked_cli(&sked, &["event", "list"]);
+    assert!(ok, "{out}");
+    assert!(out.starts_with("OCCURRED"), "{out}");
+    assert!(
+        out.contains("sales.loaded") && out.contains("sales.ready"),
+        "{out}"
+    );
+    let (_, audit) = sked.get("/audit?object=sales.ready").await;
+    let entry = &audit["entries"][0];
+    assert_eq!(entry["action"], "event.post", "{audit}");
+    assert!(
+        !entry.to_string().contains("rows"),
+        "no payload in the audit trail: {entry}"
+    );
+}

@@ -265,6 +265,7 @@ fn shell_attempt(attempt_id: i64, command: &str, timeout_ms: Option<u64>) -> Lea
         }),
         timeout_ms,
         completion: None,
+        event: None,
     }
 }
 

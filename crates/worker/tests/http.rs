@@ -49,6 +49,9 @@ async fn server() -> String {
                         "x-sked-scheduled-for",
                         "x-sked-job",
                         "x-custom",
+                        "x-sked-event-key",
+                        "x-sked-event-id",
+                        "content-type",
                     ] {
                         let value = headers
                             .get(name)
@@ -93,6 +96,7 @@ fn info() -> RunInfo {
             .expect("valid instant"),
         job: "ping".to_string(),
         completion: None,
+        event: None,
     }
 }
 
@@ -110,16 +114,55 @@ async fn run_with(
     target: &HttpTarget,
     options: &ExecOptions,
 ) -> (ExecResult, String) {
+    run_as(client, target, &info(), options).await
+}
+
+async fn run_as(
+    client: &TargetClient,
+    target: &HttpTarget,
+    info: &RunInfo,
+    options: &ExecOptions,
+) -> (ExecResult, String) {
     let (_stop, signal) = stop_channel();
     let output = OutputBuffer::new(1 << 20);
     let result = tokio::time::timeout(
         Duration::from_secs(10),
-        http::run(client, target, &info(), options, signal, &output),
+        http::run(client, target, info, options, signal, &output),
     )
     .await
     .expect("the executor ends in bounded time");
     let text = String::from_utf8_lossy(&output.take(usize::MAX)).into_owned();
     (result, text)
+}
+
+#[tokio::test]
+async fn a_run_an_event_started_sends_the_event_unless_the_target_has_a_body() {
+    let base = server().await;
+    let mut echo = target(format!("{base}/echo"));
+    echo.method = "POST".to_string();
+    let started = RunInfo {
+        event: Some(sked_core::event::RunEvent {
+            key: "sales.ready".into(),
+            id: "2026-11-24".into(),
+            payload: serde_json::json!({"rows": 3}),
+        }),
+        ..info()
+    };
+    let options = ExecOptions::default();
+    let (result, text) = run_as(&open_client(), &echo, &started, &options).await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded);
+    for line in [
+        "x-sked-event-key=sales.ready",
+        "x-sked-event-id=2026-11-24",
+        "content-type=application/json",
+        "body={\"rows\":3}",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+    echo.body = Some("its own".to_string());
+    let (_, text) = run_as(&open_client(), &echo, &started, &options).await;
+    assert!(text.lines().any(|l| l == "body=its own"), "{text}");
+    assert!(text.lines().any(|l| l == "content-type=-"), "{text}");
 }
 
 #[tokio::test]
@@ -172,7 +215,8 @@ async fn method_headers_and_body_are_sent() {
     assert_eq!(
         text,
         "method=POST\nx-sked-run-id=42\nx-sked-attempt=2\n\
-         x-sked-scheduled-for=2026-01-02T03:04:05Z\nx-sked-job=ping\nx-custom=yes\nbody=payload"
+         x-sked-scheduled-for=2026-01-02T03:04:05Z\nx-sked-job=ping\nx-custom=yes\n\
+         x-sked-event-key=-\nx-sked-event-id=-\ncontent-type=-\nbody=payload"
     );
 }
 

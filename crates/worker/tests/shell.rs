@@ -19,6 +19,7 @@ fn info() -> RunInfo {
             .expect("valid instant"),
         job: "nightly-report".to_string(),
         completion: None,
+        event: None,
     }
 }
 
@@ -41,11 +42,19 @@ fn options(timeout: Option<Duration>) -> ExecOptions {
 }
 
 async fn run(target: &ShellTarget, options: &ExecOptions) -> (ExecResult, String) {
+    run_as(target, &info(), options).await
+}
+
+async fn run_as(
+    target: &ShellTarget,
+    info: &RunInfo,
+    options: &ExecOptions,
+) -> (ExecResult, String) {
     let (_stop, signal) = stop_channel();
     let output = OutputBuffer::new(1 << 20);
     let result = tokio::time::timeout(
         Duration::from_secs(10),
-        shell::run(target, &info(), options, signal, &output),
+        shell::run(target, info, options, signal, &output),
     )
     .await
     .expect("the executor ends in bounded time");
@@ -119,6 +128,25 @@ async fn the_job_sees_its_run_and_its_env() {
         text, "42|3|2026-01-02T03:04:05Z|nightly-report|full\n/\n",
         "{text:?}"
     );
+}
+
+#[tokio::test]
+async fn a_run_an_event_started_sees_the_event() {
+    let target = sh("echo \"$SKED_EVENT_KEY|$SKED_EVENT_ID|$SKED_EVENT_PAYLOAD\"");
+    let started = RunInfo {
+        event: Some(sked_core::event::RunEvent {
+            key: "sales.ready".into(),
+            id: "2026-11-24".into(),
+            payload: serde_json::json!({"rows": 3}),
+        }),
+        ..info()
+    };
+    let (result, text) = run_as(&target, &started, &options(None)).await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded);
+    assert_eq!(text, "sales.ready|2026-11-24|{\"rows\":3}\n");
+    // Other runs have none of it.
+    let (_, text) = run(&target, &options(None)).await;
+    assert_eq!(text, "||\n");
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@
 mod audit;
 mod cluster;
 pub(crate) mod error;
+mod events;
 mod extract;
 mod jobs;
 mod namespaces;
@@ -55,7 +56,7 @@ pub struct Route {
 
 /// The API: every route with its permission and its handler.
 fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
-    use Permission::{Admin, Authenticated, Open, Read, Worker, Write};
+    use Permission::{Admin, Authenticated, Events, Open, Read, Worker, Write};
     let route = |method: Method, path: &'static str, permission, handler| {
         (
             Route {
@@ -125,6 +126,8 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             Read,
             post(jobs::preview_schedule),
         ),
+        route(Method::POST, "/api/v1/events", Events, post(events::post)),
+        route(Method::GET, "/api/v1/events", Read, get(events::list)),
         route(Method::GET, "/api/v1/runs", Read, get(runs::list)),
         route(Method::GET, "/api/v1/runs/{id}", Read, get(runs::get)),
         route(Method::GET, "/api/v1/runs/{id}/log", Read, get(runs::log)),
@@ -378,7 +381,7 @@ pub struct Namespace {
     pub namespace: String,
 }
 
-fn default_namespace() -> String {
+pub(crate) fn default_namespace() -> String {
     "default".to_string()
 }
 

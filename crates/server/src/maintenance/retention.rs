@@ -1,7 +1,9 @@
 //! Retention: deletes finished runs, with their attempts and output, once they are older than
 //! the configured retention, workers declared dead once they have been silent for the worker
-//! retention, and audit entries older than the audit retention. Active runs and live workers
-//! are never touched.
+//! retention, audit entries older than the audit retention, and events older than the run
+//! retention (but never younger than the longest window or dependency timeout may look back,
+//! so no wait misses an event retention took). Active runs and live workers are never
+//! touched.
 
 use crate::metrics::Metrics;
 use crate::AppState;
@@ -11,6 +13,13 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 const BATCH: u32 = 5000;
+/// Events are kept at least this long: a waiting run is judged up to its `deps_timeout` after
+/// its instant, looking a window back from it; both at their longest, and a day more.
+const EVENT_FLOOR: Duration = Duration::from_secs(
+    sked_core::dependency::MAX_WINDOW.as_secs()
+        + sked_core::dependency::MAX_DEPS_TIMEOUT.as_secs()
+        + 24 * 3600,
+);
 
 pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
     let first = Duration::from_secs(60);
@@ -23,6 +32,7 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
         || async {
             if let Some(retention) = state.config.retention {
                 delete_old(&state, retention).await;
+                delete_old_events(&state, retention.max(EVENT_FLOOR)).await;
             }
             delete_dead_workers(&state).await;
             if let Some(retention) = state.config.audit_retention {
@@ -48,6 +58,11 @@ async fn delete_old_audit(state: &AppState, retention: Duration) {
         state.store.delete_audit_before(before, BATCH)
     })
     .await;
+}
+
+async fn delete_old_events(state: &AppState, retention: Duration) {
+    let before = Utc::now() - chrono::Duration::from_std(retention).unwrap_or_default();
+    in_batches("events", || state.store.delete_events_before(before, BATCH)).await;
 }
 
 async fn delete_old(state: &AppState, retention: Duration) {

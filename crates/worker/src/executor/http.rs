@@ -13,7 +13,10 @@ use crate::error_chain;
 use crate::output::OutputBuffer;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, RequestBuilder, Url};
-use sked_core::protocol::{HEADER_ATTEMPT, HEADER_JOB, HEADER_RUN_ID, HEADER_SCHEDULED_FOR};
+use sked_core::protocol::{
+    HEADER_ATTEMPT, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_JOB, HEADER_RUN_ID,
+    HEADER_SCHEDULED_FOR,
+};
 use sked_core::publish::{HEADER_COMPLETE_TOKEN, HEADER_COMPLETE_URL};
 use sked_core::target::HttpTarget;
 use sked_core::AttemptOutcome;
@@ -124,6 +127,10 @@ fn build(
         (HEADER_SCHEDULED_FOR, info.scheduled_for_rfc3339()),
         (HEADER_JOB, info.job.clone()),
     ];
+    if let Some(event) = &info.event {
+        ours.push((HEADER_EVENT_KEY, event.key.clone()));
+        ours.push((HEADER_EVENT_ID, event.id.clone()));
+    }
     if let Some(completion) = info.completion.as_ref().filter(|_| target.callback) {
         ours.push((HEADER_COMPLETE_URL, completion.url.clone()));
         ours.push((HEADER_COMPLETE_TOKEN, completion.token.clone()));
@@ -135,9 +142,21 @@ fn build(
             .map_err(|_| format!("{name:?} is not a valid header name"))?;
         headers.insert(name, value);
     }
+    // Without a body of its own, a run an event started sends the event's payload.
+    let event_body = info.event.as_ref().filter(|_| target.body.is_none());
+    if let Some(event) = event_body {
+        if event.payload_is_json() && !headers.contains_key(reqwest::header::CONTENT_TYPE) {
+            headers.insert(
+                reqwest::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+    }
     let mut request = client.http().request(method, url).headers(headers);
     if let Some(body) = &target.body {
         request = request.body(body.clone());
+    } else if let Some(event) = event_body {
+        request = request.body(event.payload_text());
     }
     Ok(request)
 }

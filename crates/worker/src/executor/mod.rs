@@ -12,6 +12,7 @@ use crate::egress::TargetClient;
 use crate::output::OutputBuffer;
 use chrono::SecondsFormat;
 use sked_broker::Brokers;
+use sked_core::event::RunEvent;
 use sked_core::protocol::{Completion, CompletionAddress, LeasedAttempt, DEFAULT_AWAIT_TIMEOUT};
 use sked_core::{AttemptOutcome, Instant, TargetSpec};
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub struct RunInfo {
     pub job: String,
     /// Where an HTTP target with `callback` has its endpoint report the outcome.
     pub completion: Option<CompletionAddress>,
+    /// The event that started the run: `SKED_EVENT_*` for shell, the body for HTTP.
+    pub event: Option<RunEvent>,
 }
 
 impl RunInfo {
@@ -38,6 +41,7 @@ impl RunInfo {
             scheduled_for: attempt.scheduled_for,
             job: attempt.job.clone(),
             completion: attempt.completion.clone(),
+            event: attempt.event.clone(),
         }
     }
 

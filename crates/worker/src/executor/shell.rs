@@ -14,7 +14,10 @@ use crate::output::OutputBuffer;
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use sked_core::protocol::{ENV_ATTEMPT, ENV_JOB, ENV_RUN_ID, ENV_SCHEDULED_FOR};
+use sked_core::protocol::{
+    ENV_ATTEMPT, ENV_EVENT_ID, ENV_EVENT_KEY, ENV_EVENT_PAYLOAD, ENV_JOB, ENV_RUN_ID,
+    ENV_SCHEDULED_FOR,
+};
 use sked_core::target::ShellTarget;
 use sked_core::AttemptOutcome;
 use std::os::unix::process::ExitStatusExt;
@@ -166,6 +169,11 @@ fn command(
         .env(ENV_ATTEMPT, info.attempt.to_string())
         .env(ENV_SCHEDULED_FOR, info.scheduled_for_rfc3339())
         .env(ENV_JOB, &info.job);
+    if let Some(event) = &info.event {
+        cmd.env(ENV_EVENT_KEY, &event.key)
+            .env(ENV_EVENT_ID, &event.id)
+            .env(ENV_EVENT_PAYLOAD, event.payload_text());
+    }
     if let Some(cwd) = &target.cwd {
         cmd.current_dir(cwd);
     }
