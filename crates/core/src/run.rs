@@ -129,6 +129,8 @@ pub enum Trigger {
     Dependency,
     /// An event of the key the job's schedule names (`schedule: {event}`).
     Event,
+    /// An instant of the job's schedule from before it was set, asked for by a backfill.
+    Backfill,
 }
 
 string_enum!(Trigger {
@@ -136,6 +138,7 @@ string_enum!(Trigger {
     Manual => "manual",
     Dependency => "dependency",
     Event => "event",
+    Backfill => "backfill",
 });
 
 /// How an attempt ended, as its worker reports it.

@@ -782,10 +782,57 @@ async fn real_answers_fit_the_documented_statuses_and_schemas() {
         hidden_namespaces(&api, run_id).await;
         audit_trail(&api).await;
         events(&api).await;
+        backfill(&api).await;
         server.stop().await;
     })
     .await
     .expect("the test took too long");
+}
+
+/// A backfill: a dry run, the runs recorded once, and its refusals.
+async fn backfill(api: &Client<'_>) {
+    let hourly = json!({
+        "schedule": {"every": "1h", "anchor": "2026-01-01T00:00:00Z"},
+        "target": {"shell": {"command": "true"}},
+        "overlap": "skip"
+    });
+    let created = api
+        .call("put", "/api/v1/jobs/doc-hourly", Some(hourly))
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let path = "/api/v1/jobs/doc-hourly/backfill";
+    let range = |dry_run: bool| json!({"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T04:00:00Z", "dry_run": dry_run});
+    let dry = api.call("post", path, Some(range(true))).await;
+    assert_eq!(dry.status, 200, "{}", dry.body);
+    assert_eq!(dry.body["instants"].as_array().map(Vec::len), Some(5));
+    assert_eq!(dry.body["recorded"], json!([]));
+    let done = api.call("post", path, Some(range(false))).await;
+    assert_eq!(done.body["recorded"].as_array().map(Vec::len), Some(5));
+    let again = api.call("post", path, Some(range(false))).await;
+    assert_eq!(
+        (&again.body["recorded"], &again.body["existing"]),
+        (&json!([]), &json!(5))
+    );
+    let future = json!({"from": "2026-01-01T00:00:00Z", "to": "2999-01-01T00:00:00Z"});
+    let refused = api.call("post", path, Some(future)).await;
+    assert_eq!(
+        (refused.status, &refused.body["error"]["field"]),
+        (400, &json!("to"))
+    );
+    let no_timer = api
+        .call("post", "/api/v1/jobs/doc-up/backfill", Some(range(true)))
+        .await;
+    assert_eq!(
+        (no_timer.status, &no_timer.body["error"]["code"]),
+        (409, &json!("no_timer"))
+    );
+    let huge =
+        json!({"from": "2025-01-01T00:00:00Z", "to": "2026-06-01T00:00:00Z", "dry_run": true});
+    let refused = api.call("post", path, Some(huge)).await;
+    assert_eq!(
+        (refused.status, &refused.body["error"]["field"]),
+        (400, &json!("from"))
+    );
 }
 
 /// Events: definitions that listen, wait and emit; posts, repeats and conflicts; the

@@ -515,6 +515,24 @@ pub enum JobCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Records the instants the job's schedule names between FROM and TO (both included,
+    /// RFC 3339, not in the future) as runs, each once; its dependants follow them. At most
+    /// 10,000 instants at a time.
+    Backfill {
+        /// The job's name.
+        name: String,
+        /// The first instant of the range, e.g. 2026-11-01T00:00:00Z.
+        #[arg(long)]
+        from: String,
+        /// The last instant of the range.
+        #[arg(long)]
+        to: String,
+        /// List the instants without recording anything.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -776,6 +794,17 @@ async fn job(cmd: JobCommand) -> Result<()> {
         } => {
             client::Client::new(&client)?
                 .job_preview(&name, count)
+                .await
+        }
+        JobCommand::Backfill {
+            name,
+            from,
+            to,
+            dry_run,
+            client,
+        } => {
+            client::Client::new(&client)?
+                .job_backfill(&name, &from, &to, dry_run)
                 .await
         }
     }

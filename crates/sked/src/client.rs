@@ -250,6 +250,44 @@ impl Client {
         Ok(())
     }
 
+    pub async fn job_backfill(
+        &self,
+        name: &str,
+        from: &str,
+        to: &str,
+        dry_run: bool,
+    ) -> Result<()> {
+        let body = serde_json::json!({"from": from, "to": to, "dry_run": dry_run});
+        let answer: Value = self
+            .send(
+                Method::POST,
+                &format!("/jobs/{name}/backfill"),
+                &[],
+                Some(&body),
+            )
+            .await?
+            .json()
+            .await
+            .context("the server sent a response that is not JSON")?;
+        if self.json {
+            return Self::print_json(&answer);
+        }
+        let instants = answer["instants"].as_array().map_or(0, Vec::len);
+        if dry_run {
+            for t in answer["instants"].as_array().into_iter().flatten() {
+                println!("{}", text(t));
+            }
+            println!("{instants} instants would be backfilled");
+            return Ok(());
+        }
+        let recorded = answer["recorded"].as_array().map_or(0, Vec::len);
+        println!(
+            "{name}: {recorded} of {instants} instants recorded as runs, {} had one already",
+            text(&answer["existing"])
+        );
+        Ok(())
+    }
+
     pub async fn run_list(
         &self,
         job: Option<String>,

@@ -310,3 +310,75 @@ async fn an_event_starts_a_job_whose_success_starts_the_next() {
         "no payload in the audit trail: {entry}"
     );
 }
+
+#[tokio::test]
+async fn a_backfill_records_past_instants_once_and_the_pipeline_follows() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let extract = json!({
+        "schedule": {"every": "1h", "anchor": "2026-01-01T00:00:00Z"},
+        "target": shell("echo at=$SKED_SCHEDULED_FOR"),
+        "overlap": "skip",
+    });
+    assert_eq!(sked.put_job("extract", extract).await.0, 201);
+    assert_eq!(sked.put_job("transform", step("extract")).await.0, 201);
+    let range = [
+        "job",
+        "backfill",
+        "extract",
+        "--from",
+        "2026-01-01T00:00:00Z",
+        "--to",
+        "2026-01-01T02:00:00Z",
+    ];
+    let dry: Vec<&str> = range.iter().copied().chain(["--dry-run"]).collect();
+    let (ok, out) = sked_cli(&sked, &dry);
+    assert!(ok, "{out}");
+    assert_eq!(
+        out,
+        "2026-01-01T00:00:00Z\n2026-01-01T01:00:00Z\n2026-01-01T02:00:00Z\n\
+         3 instants would be backfilled\n"
+    );
+    assert!(
+        sked.runs("extract").await.is_empty(),
+        "a dry run records nothing"
+    );
+    let (ok, out) = sked_cli(&sked, &range);
+    assert!(ok, "{out}");
+    assert_eq!(
+        out,
+        "extract: 3 of 3 instants recorded as runs, 0 had one already\n"
+    );
+    let extracted = sked.wait_runs("extract", 3, Duration::from_secs(20)).await;
+    let transformed = sked
+        .wait_runs("transform", 3, Duration::from_secs(20))
+        .await;
+    for (e, t) in extracted.iter().zip(&transformed) {
+        // Each instant ran (none skipped by overlap), and its step followed at it.
+        assert_eq!(
+            (&e["state"], &e["trigger"]),
+            (&json!("succeeded"), &json!("backfill"))
+        );
+        assert_eq!(t["state"], "succeeded", "{t}");
+        assert_eq!(e["scheduled_for"], t["scheduled_for"]);
+    }
+    let (ok, out) = sked_cli(&sked, &range);
+    assert!(ok, "{out}");
+    assert_eq!(
+        out,
+        "extract: 0 of 3 instants recorded as runs, 3 had one already\n"
+    );
+    let (ok, out) = sked_cli(
+        &sked,
+        &[
+            "job",
+            "backfill",
+            "extract",
+            "--from",
+            "2026-01-01T00:00:00Z",
+            "--to",
+            "2999-01-01T00:00:00Z",
+        ],
+    );
+    assert!(!ok && out.contains("must not be in the future"), "{out}");
+}

@@ -79,6 +79,7 @@ macro_rules! store_contract_tests {
             an_event_starts_one_run_per_event_of_its_key,
             events_release_waits_and_succeeded_runs_emit_them,
             event_retention_deletes_the_oldest_first,
+            backfilled_instants_each_run_once_in_turn,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -2915,4 +2916,60 @@ pub async fn event_retention_deletes_the_oldest_first(store: &dyn Store) {
         .unwrap();
     let ids: Vec<&str> = left.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(ids, ["4", "3", "2"]);
+}
+
+// --- backfill -----------------------------------------------------------------------------
+
+pub async fn backfilled_instants_each_run_once_in_turn(store: &dyn Store) {
+    // A job whose overlap policy would skip instants that come together, and a pipeline step
+    // after it.
+    let daily = put(
+        store,
+        "daily",
+        every_second(serde_json::json!({"overlap": "skip"})),
+    )
+    .await;
+    put(store, "after", step(serde_json::json!([{"job": "daily"}]))).await;
+    let now = t0();
+    let backfill: Vec<Fire> = (1..=3)
+        .map(|i| Fire {
+            trigger: Trigger::Backfill,
+            ready_at: now,
+            ..fire(daily.id, t0() - secs(100 - i))
+        })
+        .collect();
+    let outcome = store.record_fires(&backfill, now).await.unwrap();
+    let states: Vec<RunState> = outcome.runs.iter().map(|r| r.state).collect();
+    assert_eq!(
+        states,
+        [RunState::Queued, RunState::Waiting, RunState::Waiting],
+        "none skipped: they wait their turn"
+    );
+    assert!(outcome.runs.iter().all(|r| r.inserted));
+    let again = store.record_fires(&backfill, now).await.unwrap();
+    assert!(again.runs.iter().all(|r| !r.inserted), "each instant once");
+    let (record, _) = run(store, outcome.runs[0].run_id).await;
+    assert_eq!(record.trigger, Trigger::Backfill);
+    // The first one's success releases the next, and its dependant follows at its instant.
+    let (_, requeued) = finish(
+        store,
+        outcome.runs[0].run_id,
+        AttemptOutcome::Succeeded,
+        now,
+    )
+    .await;
+    assert!(requeued.contains(&outcome.runs[1].run_id), "{requeued:?}");
+    let after = runs_of(store, "after").await;
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].scheduled_for, t0() - secs(99));
+    assert!(requeued.contains(&after[0].id), "{requeued:?}");
+    // A scheduled instant still meets the job's own policy.
+    let scheduled = fire_one(store, fire(daily.id, t0() + secs(1))).await;
+    assert_eq!(
+        (
+            scheduled.state,
+            run(store, scheduled.run_id).await.0.skip_reason
+        ),
+        (RunState::Skipped, Some(SkipReason::Overlap))
+    );
 }

@@ -29,6 +29,17 @@ impl OverlapPolicy {
         }
     }
 
+    /// The policy a new run of `trigger` meets. A backfill asks for every instant of a range
+    /// at once: a policy that would drop all but one of them (`skip`, `buffer_one`,
+    /// `cancel_running`) makes them wait their turn instead, so each instant runs once.
+    pub fn for_trigger(self, trigger: crate::run::Trigger) -> Self {
+        match (trigger, self) {
+            (crate::run::Trigger::Backfill, OverlapPolicy::Allow) => OverlapPolicy::Allow,
+            (crate::run::Trigger::Backfill, _) => OverlapPolicy::BufferAll,
+            _ => self,
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
         [
             Self::Allow,
@@ -80,6 +91,27 @@ pub fn decide(policy: OverlapPolicy, runs: ActiveRuns) -> OverlapDecision {
 mod tests {
     use super::*;
     use OverlapDecision::*;
+
+    #[test]
+    fn a_backfill_drops_no_instant() {
+        use crate::run::Trigger;
+        for policy in [
+            OverlapPolicy::Skip,
+            OverlapPolicy::BufferOne,
+            OverlapPolicy::BufferAll,
+            OverlapPolicy::CancelRunning,
+        ] {
+            assert_eq!(
+                policy.for_trigger(Trigger::Backfill),
+                OverlapPolicy::BufferAll
+            );
+            assert_eq!(policy.for_trigger(Trigger::Schedule), policy);
+        }
+        assert_eq!(
+            OverlapPolicy::Allow.for_trigger(Trigger::Backfill),
+            OverlapPolicy::Allow
+        );
+    }
 
     fn runs(active: u32, waiting: u32) -> ActiveRuns {
         ActiveRuns { active, waiting }

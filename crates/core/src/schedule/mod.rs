@@ -311,17 +311,47 @@ impl Schedule {
                 floor = start - Duration::nanoseconds(1);
             }
         }
-        let next = match &self.kind {
-            Kind::Manual => None,
-            Kind::At(at) => (fired == 0 && *at > floor).then_some(*at),
-            Kind::Every { period, anchor } => every_next_after(*anchor, *period, floor),
-            Kind::Cron(expr, tz) => expr.next_after(floor, *tz),
-            Kind::Repeating(interval) => interval.next_after(floor, fired),
-        }?;
+        if matches!(self.kind, Kind::At(_)) && fired > 0 {
+            return None;
+        }
+        let next = self.kind_next_after(floor)?;
         match limits.and_then(|l| l.end) {
             Some(end) if next > end => None,
             _ => Some(next),
         }
+    }
+
+    /// The next instant of the schedule's kind strictly after `floor`, bounds aside.
+    fn kind_next_after(&self, floor: Instant) -> Option<Instant> {
+        match &self.kind {
+            Kind::Manual => None,
+            Kind::At(at) => (*at > floor).then_some(*at),
+            Kind::Every { period, anchor } => every_next_after(*anchor, *period, floor),
+            Kind::Cron(expr, tz) => expr.next_after(floor, *tz),
+            Kind::Repeating(interval) => interval.next_after(floor, 0),
+        }
+    }
+
+    /// The instants the schedule names in `[from, to]`, however long ago it was set: the
+    /// epoch floor and `max_runs` do not apply, `start` and `end` do. At most `limit`, in
+    /// order: what a backfill records.
+    pub fn instants_between(&self, from: Instant, to: Instant, limit: usize) -> Vec<Instant> {
+        let limits = self.limits.as_deref();
+        let from = limits.and_then(|l| l.start).map_or(from, |s| s.max(from));
+        let to = limits.and_then(|l| l.end).map_or(to, |e| e.min(to));
+        let mut out = Vec::new();
+        // `from` itself may be an instant: look from just before it.
+        let mut cursor = from - Duration::nanoseconds(1);
+        while out.len() < limit {
+            match self.kind_next_after(cursor) {
+                Some(next) if next <= to => {
+                    out.push(next);
+                    cursor = next;
+                }
+                _ => break,
+            }
+        }
+        out
     }
 
     /// The next `count` instants strictly after `after`, for previews.
@@ -526,6 +556,61 @@ mod tests {
                 .field,
             "schedule.every"
         );
+    }
+
+    #[test]
+    fn a_backfill_names_the_instants_before_the_schedule_was_set() {
+        let epoch = t("2026-11-24T12:00:00Z");
+        let hourly = Schedule::compile(Some(&spec_every("1h")), epoch).unwrap();
+        // The grid passes through the epoch, back as well as forward; both ends count.
+        assert_eq!(
+            hourly.instants_between(t("2026-11-24T09:00:00Z"), t("2026-11-24T11:00:00Z"), 10),
+            [
+                t("2026-11-24T09:00:00Z"),
+                t("2026-11-24T10:00:00Z"),
+                t("2026-11-24T11:00:00Z")
+            ]
+        );
+        assert_eq!(
+            hourly
+                .instants_between(t("2026-11-24T00:00:00Z"), t("2026-11-24T11:00:00Z"), 2)
+                .len(),
+            2,
+            "at most the limit"
+        );
+        // Bounds apply; max_runs, a count of what the live schedule fires, does not.
+        let bounded = ScheduleSpec {
+            start: Some(t("2026-11-24T10:30:00Z")),
+            max_runs: Some(1),
+            ..spec_every("1h")
+        };
+        let bounded = Schedule::compile(Some(&bounded), epoch).unwrap();
+        assert_eq!(
+            bounded.instants_between(t("2026-11-24T09:00:00Z"), t("2026-11-24T13:00:00Z"), 10),
+            [
+                t("2026-11-24T11:00:00Z"),
+                t("2026-11-24T12:00:00Z"),
+                t("2026-11-24T13:00:00Z")
+            ]
+        );
+        let london = ScheduleSpec {
+            cron: Some("0 30 1 * * *".into()),
+            timezone: Some("Europe/London".into()),
+            ..Default::default()
+        };
+        let london = Schedule::compile(Some(&london), epoch).unwrap();
+        // Across the change to winter time: 01:30 local is 00:30 UTC in summer, 01:30 after.
+        assert_eq!(
+            london.instants_between(t("2026-10-24T00:00:00Z"), t("2026-10-26T23:00:00Z"), 10),
+            [
+                t("2026-10-24T00:30:00Z"),
+                t("2026-10-25T00:30:00Z"),
+                t("2026-10-26T01:30:00Z")
+            ]
+        );
+        assert!(Schedule::manual(epoch)
+            .instants_between(t("2026-01-01T00:00:00Z"), epoch, 10)
+            .is_empty());
     }
 
     #[test]

@@ -72,10 +72,9 @@ pub async fn post(
         ));
     }
     if !posted.queued.is_empty() {
-        match state.store.queued_runs(Some(&posted.queued)).await {
-            Ok(runs) => state.dispatcher.enqueue(runs),
-            Err(e) => tracing::error!("event {}: cannot read the runs it queued: {e}", spec.key),
-        }
+        state
+            .dispatcher
+            .enqueue(state.store.queued_runs(Some(&posted.queued)).await?);
     }
     let change = Change {
         action: "event.post",

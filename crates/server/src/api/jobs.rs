@@ -257,7 +257,11 @@ pub fn check_limit(limit: Option<u32>) -> Result<u32, ApiError> {
     }
 }
 
-async fn find(state: &AppState, namespace: &str, name: &str) -> Result<JobRecord, ApiError> {
+pub(super) async fn find(
+    state: &AppState,
+    namespace: &str,
+    name: &str,
+) -> Result<JobRecord, ApiError> {
     state
         .store
         .get_job(namespace, name)

@@ -8,6 +8,7 @@
 //! loop or the dispatcher what changed. They hold no state of their own.
 
 mod audit;
+mod backfill;
 mod cluster;
 pub(crate) mod error;
 mod events;
@@ -83,6 +84,12 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             "/api/v1/jobs/{name}/trigger",
             Write,
             post(jobs::trigger),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/jobs/{name}/backfill",
+            Write,
+            post(backfill::backfill),
         ),
         route(
             Method::POST,

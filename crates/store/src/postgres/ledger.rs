@@ -296,10 +296,11 @@ async fn decide_fire(
             return Ok(new);
         }
     }
-    if job.overlap == OverlapPolicy::Allow {
+    let overlap = job.overlap.for_trigger(fire.trigger);
+    if overlap == OverlapPolicy::Allow {
         return Ok(NewRun::default());
     }
-    let admitted = admit_by_overlap(tx, fire.job_id, job.overlap, now, cancelled).await?;
+    let admitted = admit_by_overlap(tx, fire.job_id, overlap, now, cancelled).await?;
     cancel_requested.extend(admitted.cancel_requested);
     Ok(NewRun {
         state: Some(admitted.state),

@@ -308,10 +308,11 @@ fn decide_fire(
             return Ok(new);
         }
     }
-    if job.overlap == OverlapPolicy::Allow {
+    let overlap = job.overlap.for_trigger(fire.trigger);
+    if overlap == OverlapPolicy::Allow {
         return Ok(NewRun::default());
     }
-    let admitted = admit_by_overlap(tx, fire.job_id, job.overlap, now, ended)?;
+    let admitted = admit_by_overlap(tx, fire.job_id, overlap, now, ended)?;
     outcome.cancel_requested.extend(admitted.cancel_requested);
     Ok(NewRun {
         state: Some(admitted.state),
