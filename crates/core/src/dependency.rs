@@ -398,6 +398,19 @@ pub fn owes_instant(next: Option<i64>, latest: Option<i64>, to: i64) -> bool {
     next.is_some_and(|next| next <= to && latest.is_none_or(|latest| next > latest))
 }
 
+/// Until when a dependant run skipped because its upstream failed may be reopened by a retry
+/// of that upstream: the deadline it had while waiting, `deps_timeout` from when it was
+/// recorded. `None` once that has passed.
+pub fn reopen_deadline(
+    recorded_at: Instant,
+    deps_timeout: Duration,
+    now: Instant,
+) -> Option<Instant> {
+    let deadline =
+        recorded_at.checked_add_signed(chrono::Duration::from_std(deps_timeout).ok()?)?;
+    (deadline > now).then_some(deadline)
+}
+
 /// Whether a waiting run may go, must wait on, or can never go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -693,6 +706,20 @@ mod tests {
             assert_eq!(names[k], name(r), "the index names the requirement");
             facts.get(name(r).as_str()).cloned().unwrap_or_default()
         })
+    }
+
+    #[test]
+    fn a_skipped_dependant_reopens_only_within_its_timeout() {
+        let recorded = t("2026-11-25T02:00:00Z");
+        let two_hours = Duration::from_secs(7200);
+        assert_eq!(
+            reopen_deadline(recorded, two_hours, t("2026-11-25T03:00:00Z")),
+            Some(t("2026-11-25T04:00:00Z"))
+        );
+        assert_eq!(
+            reopen_deadline(recorded, two_hours, t("2026-11-25T04:00:00Z")),
+            None
+        );
     }
 
     #[test]

@@ -77,6 +77,18 @@ impl RunState {
             _ => false,
         }
     }
+
+    /// Whether a user may reopen a run that ended in this state (`POST /runs/{id}/retry`):
+    /// the one way out of a terminal state, never taken by sked itself. The run stays the
+    /// same occurrence (id, instant); its attempts keep their outcomes and the audit trail
+    /// what it ended as. A success is final; a run that has not ended has nothing to retry.
+    pub fn may_reopen(self) -> Result<(), &'static str> {
+        match self {
+            RunState::Succeeded => Err("it succeeded; a success is final"),
+            s if !s.is_terminal() => Err("it has not ended"),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Why a run was recorded as skipped.
@@ -242,6 +254,15 @@ mod tests {
         assert!(RunState::Running.can_become(RunState::Queued));
         assert!(!RunState::Running.can_become(RunState::Skipped));
         assert!(!RunState::Queued.can_become(RunState::Succeeded));
+    }
+
+    #[test]
+    fn only_runs_that_ended_otherwise_than_succeeded_reopen() {
+        use RunState::*;
+        for state in RunState::ALL {
+            let reopens = matches!(state, Failed | TimedOut | Cancelled | Skipped);
+            assert_eq!(state.may_reopen().is_ok(), reopens, "{state}");
+        }
     }
 
     #[test]

@@ -1611,6 +1611,16 @@ async fn runs(api: &Client<'_>, run_id: i64) {
     assert_eq!(again.body["cancel"], "already_finished");
     let missing = api.call("post", "/api/v1/runs/999999/cancel", None).await;
     assert_eq!(missing.status, 404);
+    // The cancelled run may run again, once; then it is queued and not retried again.
+    let retry = format!("/api/v1/runs/{run_id}/retry");
+    let retried = api.call("post", &retry, None).await;
+    assert_eq!(retried.status, 200, "{}", retried.body);
+    assert_eq!(retried.body["run"]["state"], "queued");
+    let refused = api.call("post", &retry, None).await;
+    assert_eq!(refused.status, 409);
+    assert_eq!(refused.body["error"]["code"], "not_retryable");
+    let missing = api.call("post", "/api/v1/runs/999999/retry", None).await;
+    assert_eq!(missing.status, 404);
 
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert_eq!(api.call("get", path, None).await.status, 200, "{path}");

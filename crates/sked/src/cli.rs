@@ -578,6 +578,14 @@ pub enum RunCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Run a run that failed, timed out, was cancelled or skipped again, with a fresh retry
+    /// budget; the dependants its failure skipped wait for it again, within their timeout.
+    Retry {
+        /// The run's id.
+        id: i64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 pub async fn run(cli: Cli) -> Result<()> {
@@ -834,6 +842,7 @@ async fn run_cmd(cmd: RunCommand) -> Result<()> {
                 .await
         }
         RunCommand::Cancel { id, client } => client::Client::new(&client)?.run_cancel(id).await,
+        RunCommand::Retry { id, client } => client::Client::new(&client)?.run_retry(id).await,
     }
 }
 

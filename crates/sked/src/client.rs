@@ -343,6 +343,24 @@ impl Client {
         Ok(())
     }
 
+    pub async fn run_retry(&self, id: i64) -> Result<()> {
+        let value: Value = self
+            .send(Method::POST, &format!("/runs/{id}/retry"), &[], None)
+            .await?
+            .json()
+            .await
+            .context("the server sent a response that is not JSON")?;
+        if self.json {
+            return Self::print_json(&value);
+        }
+        let reopened = list_text(&value["reopened"]);
+        println!("run {id} is {} again", text(&value["run"]["state"]));
+        if !reopened.is_empty() {
+            println!("runs waiting for it again: {reopened}");
+        }
+        Ok(())
+    }
+
     pub async fn run_logs(&self, id: i64, attempt: Option<u32>, follow: bool) -> Result<()> {
         let mut query = vec![("follow", follow.to_string())];
         query.extend(attempt.map(|a| ("attempt", a.to_string())));

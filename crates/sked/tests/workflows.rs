@@ -382,3 +382,52 @@ async fn a_backfill_records_past_instants_once_and_the_pipeline_follows() {
     );
     assert!(!ok && out.contains("must not be in the future"), "{out}");
 }
+
+#[tokio::test]
+async fn a_retried_upstream_run_lets_its_skipped_pipeline_continue() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    // `extract` fails until a file exists; `transform` follows it.
+    let fixed = sked.data_dir().join("fixed");
+    let extract = json!({
+        "target": shell(&format!("test -f {}", fixed.display())),
+    });
+    assert_eq!(sked.put_job("extract", extract).await.0, 201);
+    assert_eq!(sked.put_job("transform", step("extract")).await.0, 201);
+    let (status, run) = sked.post("/jobs/extract/trigger", json!({})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().unwrap();
+    let failed = sked.wait_finished(id, Duration::from_secs(20)).await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    let skipped = sked
+        .wait_runs("transform", 1, Duration::from_secs(20))
+        .await;
+    assert_eq!(skipped[0]["skip_reason"], "upstream_failed", "{skipped:?}");
+
+    std::fs::write(&fixed, b"").expect("write the fix");
+    let (ok, out) = sked_cli(&sked, &["run", "retry", &id.to_string()]);
+    assert!(ok, "{out}");
+    assert_eq!(
+        out,
+        format!(
+            "run {id} is queued again\nruns waiting for it again: {}\n",
+            skipped[0]["id"]
+        )
+    );
+    let succeeded = sked.wait_finished(id, Duration::from_secs(20)).await;
+    assert_eq!(
+        (&succeeded["state"], &succeeded["attempts"]),
+        (&json!("succeeded"), &json!(2))
+    );
+    let transformed = sked
+        .wait_finished(skipped[0]["id"].as_i64().unwrap(), Duration::from_secs(20))
+        .await;
+    assert_eq!(transformed["state"], "succeeded", "{transformed}");
+    // A success is final.
+    let (ok, out) = sked_cli(&sked, &["run", "retry", &id.to_string()]);
+    assert!(!ok && out.contains("a success is final"), "{out}");
+    let (_, audit) = sked.get(&format!("/audit?object={id}")).await;
+    let entry = &audit["entries"][0];
+    assert_eq!(entry["action"], "run.retry", "{audit}");
+    assert_eq!(entry["before"]["state"], "failed", "{entry}");
+}

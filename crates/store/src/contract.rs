@@ -10,7 +10,7 @@ use crate::*;
 use chrono::{Duration as Span, TimeZone, Utc};
 use sked_core::auth::{LabelRule, Role};
 use sked_core::job::JobSpec;
-use sked_core::run::{AttemptOutcome, AttemptState};
+use sked_core::run::{AttemptOutcome, AttemptState, WaitReason};
 use sked_core::JobState;
 
 /// Generates one `#[tokio::test]` per contract check. `$open` is an async function returning
@@ -80,6 +80,7 @@ macro_rules! store_contract_tests {
             events_release_waits_and_succeeded_runs_emit_them,
             event_retention_deletes_the_oldest_first,
             backfilled_instants_each_run_once_in_turn,
+            a_retried_run_reopens_with_its_skipped_dependants,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -2972,4 +2973,121 @@ pub async fn backfilled_instants_each_run_once_in_turn(store: &dyn Store) {
         ),
         (RunState::Skipped, Some(SkipReason::Overlap))
     );
+}
+
+// --- retry --------------------------------------------------------------------------------
+
+async fn retry(store: &dyn Store, run_id: i64, now: Instant) -> RetryOutcome {
+    store
+        .retry_run(run_id, now)
+        .await
+        .unwrap()
+        .expect("the run exists")
+}
+
+pub async fn a_retried_run_reopens_with_its_skipped_dependants(store: &dyn Store) {
+    let extract = pipeline(store).await;
+    // A step that gives up on its upstream after a minute.
+    put(
+        store,
+        "impatient",
+        step(serde_json::json!([{"job": "extract"}])),
+    )
+    .await;
+    let mut spec = store
+        .get_job("default", "impatient")
+        .await
+        .unwrap()
+        .unwrap()
+        .spec;
+    spec.deps_timeout = Some("1m".parse().unwrap());
+    store
+        .put_job(
+            "default",
+            &spec.validate(Some("impatient"), t0()).unwrap(),
+            PutMode::Upsert,
+            t0(),
+        )
+        .await
+        .unwrap();
+    let at = t0() + secs(1);
+    let failed = fire_one(store, fire(extract.id, at)).await;
+    finish(store, failed.run_id, AttemptOutcome::Failed, at).await;
+    for name in ["transform", "load", "impatient"] {
+        let runs = runs_of(store, name).await;
+        assert_eq!(
+            (runs.len(), runs[0].skip_reason),
+            (1, Some(SkipReason::UpstreamFailed)),
+            "{name}"
+        );
+    }
+    assert!(store.retry_run(999_999, at).await.unwrap().is_none());
+
+    // Two minutes later: the step that waits up to a minute stays skipped, the pipeline
+    // waits for extract again, all the way down.
+    let later = at + secs(120);
+    let RetryOutcome::Retried {
+        run: reopened_run,
+        was,
+        queued,
+        reopened,
+    } = retry(store, failed.run_id, later).await
+    else {
+        panic!("a failed run is retried")
+    };
+    assert_eq!(
+        (was, reopened_run.state),
+        (RunState::Failed, RunState::Queued)
+    );
+    assert_eq!(
+        (
+            reopened_run.failures,
+            reopened_run.error.as_deref(),
+            reopened_run.finished_at
+        ),
+        (0, None, None)
+    );
+    assert_eq!(queued, [failed.run_id]);
+    let transform = runs_of(store, "transform").await.remove(0);
+    let load = runs_of(store, "load").await.remove(0);
+    assert_eq!(reopened, [transform.id, load.id]);
+    for reopened in [&transform, &load] {
+        assert_eq!(reopened.state, RunState::Waiting);
+        assert_eq!(reopened.skip_reason, None);
+        assert_eq!(reopened.waiting_reason, Some(WaitReason::Dependencies));
+    }
+    assert_eq!(
+        runs_of(store, "impatient").await[0].state,
+        RunState::Skipped
+    );
+
+    // A second attempt succeeds: the pipeline runs at the instant.
+    let (state, requeued) = finish(store, failed.run_id, AttemptOutcome::Succeeded, later).await;
+    assert_eq!(state, RunState::Succeeded);
+    assert_eq!(requeued, [transform.id]);
+    let (_, attempts) = run(store, failed.run_id).await;
+    let outcomes: Vec<AttemptState> = attempts.iter().map(|a| a.state).collect();
+    assert_eq!(
+        outcomes,
+        [AttemptState::Failed, AttemptState::Succeeded],
+        "history kept"
+    );
+
+    // A success is final, and so is a run that has not ended.
+    let RetryOutcome::Refused { reason, .. } = retry(store, failed.run_id, later).await else {
+        panic!("a succeeded run is not retried")
+    };
+    assert!(reason.contains("succeeded"), "{reason}");
+    let RetryOutcome::Refused { reason, .. } = retry(store, transform.id, later).await else {
+        panic!("a queued run is not retried")
+    };
+    assert!(reason.contains("not ended"), "{reason}");
+    // A run whose own upstream still failed for good is not reopened.
+    let second = fire_one(store, fire(extract.id, at + secs(1))).await;
+    finish(store, second.run_id, AttemptOutcome::Failed, later).await;
+    let skipped = runs_of(store, "transform").await.remove(1);
+    let RetryOutcome::Refused { reason, .. } = retry(store, skipped.id, later).await else {
+        panic!("its upstream failed")
+    };
+    assert!(reason.contains("can no longer be met"), "{reason}");
 }

@@ -375,6 +375,23 @@ pub enum CancelOutcome {
     AlreadyFinished(RunRecord),
 }
 
+/// What a retry of a run did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryOutcome {
+    /// The run is open again: queued, or waiting for its dependencies.
+    Retried {
+        run: RunRecord,
+        /// How it had ended.
+        was: RunState,
+        /// Runs now queued: the run itself when it is.
+        queued: Vec<i64>,
+        /// Runs of its dependants, skipped because it had failed, waiting for it again.
+        reopened: Vec<i64>,
+    },
+    /// Nothing changed, and why.
+    Refused { run: RunRecord, reason: String },
+}
+
 /// A server node taking part in a membership round.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeInfo {
@@ -493,6 +510,12 @@ pub trait Store: Send + Sync + 'static {
         now: Instant,
     ) -> Result<Vec<CompletionEffect>>;
     async fn cancel_run(&self, run_id: i64, now: Instant) -> Result<Option<CancelOutcome>>;
+    /// Reopens a run that ended otherwise than succeeded (`RunState::may_reopen`), with a fresh
+    /// retry budget: queued at once (overlap does not hold back what a user asked for), or
+    /// waiting when its own dependencies are unmet (refused when they can no longer be met).
+    /// Its dependants' runs skipped because it failed wait for it again while their
+    /// `deps_timeout`, counted from when they were recorded, lasts; and theirs in turn.
+    async fn retry_run(&self, run_id: i64, now: Instant) -> Result<Option<RetryOutcome>>;
     async fn get_run(&self, run_id: i64) -> Result<Option<(RunRecord, Vec<AttemptRecord>)>>;
     async fn list_runs(&self, query: &RunQuery) -> Result<Page<RunRecord>>;
     /// Counts and lateness percentiles over the job's runs (all jobs of that name).

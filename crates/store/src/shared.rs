@@ -664,6 +664,43 @@ pub fn posted_before(event: sked_core::records::EventRecord) -> crate::PostedEve
     }
 }
 
+/// The statement that reopens a run (a retry, or a dependant waiting for its retried
+/// upstream again): its end forgotten, a fresh retry budget; `?1` the run, then state,
+/// `ready_at`, `waiting_reason`, `waiting_for`, `waiting_until` (SQLite and PostgreSQL
+/// placeholders alike are numbered).
+pub const REOPEN_RUN: &str = "UPDATE runs SET state = {2}, skip_reason = NULL, error = NULL, \
+     failures = 0, cancel_requested = {false}, finished_at = NULL, ready_at = {3}, \
+     waiting_reason = {4}, waiting_for = {5}, waiting_until = {6} WHERE id = {1}";
+
+/// [`REOPEN_RUN`] with the placeholders of a store: `?` (SQLite) or `$` (PostgreSQL).
+pub fn reopen_run_sql(mark: char) -> String {
+    let mut sql = REOPEN_RUN.replace("{false}", if mark == '?' { "0" } else { "false" });
+    for n in 1..=6 {
+        sql = sql.replace(&format!("{{{n}}}"), &format!("{mark}{n}"));
+    }
+    sql
+}
+
+/// How a retried run reopens by the verdict on its own dependencies (`None`: it has none):
+/// queued, or waiting with what it misses; `Err` with why when they can no longer be met.
+pub fn reopening(
+    spec: &JobSpec,
+    verdict: Option<sked_core::dependency::Verdict>,
+    now: Instant,
+) -> Result<Result<NewRun, String>, StoreError> {
+    let Some(verdict) = verdict else {
+        return Ok(Ok(NewRun::default()));
+    };
+    Ok(match NewRun::by_dependencies(verdict, spec, now)? {
+        None => Ok(NewRun::default()),
+        Some(new) if new.state() == RunState::Skipped => Err(format!(
+            "its dependencies can no longer be met: {}",
+            new.error.unwrap_or_default()
+        )),
+        Some(new) => Ok(new),
+    })
+}
+
 /// An event a succeeded run emits (`on_success`), to record with the run's completion.
 pub fn emission(run: &Ended, run_id: i64, key: &str) -> sked_core::event::EventSpec {
     sked_core::event::EventSpec {

@@ -144,6 +144,12 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             Write,
             post(runs::cancel),
         ),
+        route(
+            Method::POST,
+            "/api/v1/runs/{id}/retry",
+            Write,
+            post(runs::retry),
+        ),
         // The body carries the run's completion token instead of an API token.
         route(
             Method::POST,

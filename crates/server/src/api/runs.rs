@@ -16,7 +16,7 @@ use axum::Json;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use sked_core::records::{AttemptRecord, RunRecord};
-use sked_store::{CancelOutcome, RunQuery};
+use sked_store::{CancelOutcome, RetryOutcome, RunQuery};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Deserialize)]
@@ -174,6 +174,63 @@ pub async fn cancel(
     };
     audit::record(&state, &caller, change).await;
     Ok(Json(CancelView { cancel, run }))
+}
+
+#[derive(Debug, Serialize)]
+pub struct RetryView {
+    pub run: RunRecord,
+    /// Runs of its dependants, skipped because it had failed, now waiting for it again.
+    pub reopened: Vec<i64>,
+}
+
+/// Reopens a run that ended otherwise than succeeded (`Store::retry_run`); 409 with the reason
+/// when it may not be.
+pub async fn retry(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<i64>,
+) -> Result<Json<RetryView>, ApiError> {
+    // The namespace is checked before anything changes.
+    let (before, _) = find(&state, &caller, id).await?;
+    let outcome = state
+        .store
+        .retry_run(id, Utc::now())
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("run {id}")))?;
+    let (run, was, queued, reopened) = match outcome {
+        RetryOutcome::Retried {
+            run,
+            was,
+            queued,
+            reopened,
+        } => (run, was, queued, reopened),
+        RetryOutcome::Refused { run, reason } => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "not_retryable",
+                format!("run {} of job {} is not retried: {reason}", run.id, run.job),
+            ))
+        }
+    };
+    if !queued.is_empty() {
+        state
+            .dispatcher
+            .enqueue(state.store.queued_runs(Some(&queued)).await?);
+    }
+    let change = Change {
+        action: "run.retry",
+        namespace: Some(&run.namespace),
+        object: Some(id.to_string()),
+        before: Some(serde_json::json!({
+            "job": before.job,
+            "state": was,
+            "skip_reason": before.skip_reason,
+            "error": before.error,
+        })),
+        after: Some(serde_json::json!({"state": run.state, "reopened": reopened})),
+    };
+    audit::record(&state, &caller, change).await;
+    Ok(Json(RetryView { run, reopened }))
 }
 
 #[derive(Debug, Deserialize)]

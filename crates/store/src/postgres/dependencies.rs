@@ -19,7 +19,7 @@ use crate::{DependencyEdge, StoreError, Toward};
 use sked_core::dependency::{self, Upstream, Verdict};
 use sked_core::job::{JobSpec, ValidJob};
 use sked_core::policy::OverlapPolicy;
-use sked_core::records::EventRecord;
+use sked_core::records::{EventRecord, RunRecord};
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::{Instant, SpecError};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -491,6 +491,98 @@ pub(super) async fn settle(
         generation = next;
     }
     Ok(settled)
+}
+
+/// Reopens the runs of `upstream`'s dependants skipped because it failed, now that it is
+/// open again, as `sqlite::dependencies::reopen` does; their jobs are locked as they are
+/// reached.
+pub(super) async fn reopen(
+    tx: &Tx<'_>,
+    upstream: &RunRecord,
+    now: Instant,
+    settled: &mut Settled,
+) -> PgResult<Vec<i64>> {
+    let mut reopened = Vec::new();
+    let mut ended = Vec::new();
+    let mut generation = vec![(
+        upstream.namespace.clone(),
+        upstream.job.clone(),
+        upstream.scheduled_for,
+    )];
+    while !generation.is_empty() {
+        let mut next = Vec::new();
+        // Skipped runs to judge, by id, with the deadline they reopen until.
+        let mut candidates: BTreeMap<i64, (Arc<Dependant>, Instant, String, Instant)> =
+            BTreeMap::new();
+        for (namespace, job, instant) in &generation {
+            for dependant in dependant_jobs(tx, namespace, job).await? {
+                let Some((from, to)) = dependency::dependant_instants(
+                    &dependant.spec.depends_on,
+                    Upstream::Job(job),
+                    *instant,
+                ) else {
+                    continue;
+                };
+                let dependant = Arc::new(dependant);
+                let stmt = tx
+                    .prepare_cached(
+                        "SELECT id, scheduled_for, created_at FROM runs WHERE job_id = $1 \
+                         AND state = 'skipped' AND skip_reason = 'upstream_failed' \
+                         AND scheduled_for >= $2 AND scheduled_for <= $3 ORDER BY id FOR UPDATE",
+                    )
+                    .await?;
+                let skipped = tx
+                    .query(&stmt, &[&dependant.id, &micros(from), &micros(to)])
+                    .await?;
+                for row in skipped {
+                    let timeout = dependant.spec.deps_timeout();
+                    let recorded = rows::instant(row.try_get(2)?)?;
+                    if let Some(deadline) = dependency::reopen_deadline(recorded, timeout, now) {
+                        let at = rows::instant(row.try_get(1)?)?;
+                        let judged = (dependant.clone(), at, namespace.clone(), deadline);
+                        candidates.insert(row.try_get(0)?, judged);
+                    }
+                }
+            }
+        }
+        for (run_id, (dependant, instant, namespace, deadline)) in candidates {
+            let verdict = judge(tx, &namespace, &dependant.spec, instant).await?;
+            let missing = match &verdict {
+                Verdict::UpstreamFailed(_) => continue,
+                Verdict::Waiting(missing) => missing.clone(),
+                Verdict::Ready => Vec::new(),
+            };
+            let stmt = tx
+                .prepare_cached(&crate::shared::reopen_run_sql('$'))
+                .await?;
+            let missing = crate::shared::to_json("unmet dependencies", &missing)?;
+            tx.execute(
+                &stmt,
+                &[
+                    &run_id,
+                    &RunState::Waiting.as_str(),
+                    &micros(now),
+                    &"dependencies",
+                    &missing,
+                    &micros(deadline),
+                ],
+            )
+            .await?;
+            reopened.push(run_id);
+            if verdict == Verdict::Ready {
+                release(
+                    tx, run_id, &dependant, instant, &namespace, now, settled, &mut ended,
+                )
+                .await?;
+            }
+            next.push((namespace, dependant.name.clone(), instant));
+        }
+        generation = next;
+    }
+    let more = settle(tx, ended, Vec::new(), now).await?;
+    settled.queued.extend(more.queued);
+    settled.cancel_requested.extend(more.cancel_requested);
+    Ok(reopened)
 }
 
 /// Where and why a run is started by what happened (`sqlite::dependencies`).

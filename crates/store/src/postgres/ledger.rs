@@ -15,7 +15,7 @@ use super::{PgResult, Tx};
 use crate::shared::{Ended, NewRun, ReportedAttempt};
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
-    QueuedRun, ReapOutcome, StartedAttempt, StoreError,
+    QueuedRun, ReapOutcome, RetryOutcome, StartedAttempt, StoreError,
 };
 use sked_core::job::JobSpec;
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
@@ -815,6 +815,75 @@ async fn get_run(tx: &Tx<'_>, run_id: i64, lock: bool) -> PgResult<Option<RunRec
         .as_ref()
         .map(rows::run)
         .transpose()
+}
+
+pub async fn retry_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Option<RetryOutcome>> {
+    // The job and its dependants first, then the run (the lock order).
+    let stmt = tx
+        .prepare_cached("SELECT job_id FROM runs WHERE id = $1")
+        .await?;
+    let Some(row) = tx.query_opt(&stmt, &[&run_id]).await? else {
+        return Ok(None);
+    };
+    let job_id: i64 = row.try_get(0)?;
+    let below = dependants_of(tx, &[job_id]).await?;
+    lock_jobs(tx, &sorted(below.into_iter().chain([job_id]))).await?;
+    let Some(run) = get_run(tx, run_id, true).await? else {
+        return Ok(None);
+    };
+    let refused = |run, reason: &str| {
+        Ok(Some(RetryOutcome::Refused {
+            run,
+            reason: reason.to_string(),
+        }))
+    };
+    if let Err(reason) = run.state.may_reopen() {
+        return refused(run, reason);
+    }
+    let stmt = tx
+        .prepare_cached("SELECT spec FROM jobs WHERE id = $1")
+        .await?;
+    let Some(row) = tx.query_opt(&stmt, &[&run.job_id]).await? else {
+        return refused(run, "its job was deleted");
+    };
+    let spec = rows::spec(row.try_get(0)?)?;
+    let verdict = if spec.depends_on.is_empty() {
+        None
+    } else {
+        Some(dependencies::judge(tx, &run.namespace, &spec, run.scheduled_for).await?)
+    };
+    let new = match crate::shared::reopening(&spec, verdict, now)? {
+        Ok(new) => new,
+        Err(reason) => return refused(run, &reason),
+    };
+    let (waiting_for, waiting_until) = new.dependencies.clone().unzip();
+    let stmt = tx
+        .prepare_cached(&crate::shared::reopen_run_sql('$'))
+        .await?;
+    tx.execute(
+        &stmt,
+        &[
+            &run_id,
+            &new.state().as_str(),
+            &micros(now),
+            &new.waiting_reason().map(WaitReason::as_str),
+            &waiting_for,
+            &waiting_until,
+        ],
+    )
+    .await?;
+    let mut settled = crate::shared::Settled::default();
+    let reopened = dependencies::reopen(tx, &run, now, &mut settled).await?;
+    let mut queued = settled.queued;
+    if new.state() == RunState::Queued {
+        queued.insert(0, run_id);
+    }
+    Ok(Some(RetryOutcome::Retried {
+        was: run.state,
+        run: refetch(tx, run_id).await?,
+        queued,
+        reopened,
+    }))
 }
 
 pub async fn cancel_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Option<CancelOutcome>> {

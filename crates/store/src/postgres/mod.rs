@@ -422,6 +422,16 @@ impl Store for PgStore {
         })
     }
 
+    async fn retry_run(&self, run_id: i64, now: Instant) -> Result<Option<RetryOutcome>> {
+        transact!(self, write, |tx| {
+            let outcome = ledger::retry_run(&tx, run_id, now).await?;
+            if let Some(RetryOutcome::Retried { queued, .. }) = &outcome {
+                self.channel.notify(&tx, Kind::RunsQueued, queued).await?;
+            }
+            outcome
+        })
+    }
+
     async fn get_run(&self, run_id: i64) -> Result<Option<(RunRecord, Vec<AttemptRecord>)>> {
         transact!(self, read, |tx| history::get_run(&tx, run_id).await?)
     }

@@ -11,7 +11,7 @@ use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::dependency::{self, Upstream, Verdict};
 use sked_core::job::{JobSpec, ValidJob};
 use sked_core::policy::OverlapPolicy;
-use sked_core::records::EventRecord;
+use sked_core::records::{EventRecord, RunRecord};
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::{Instant, SpecError};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -379,6 +379,96 @@ pub(super) fn settle(
         generation = next;
     }
     Ok(settled)
+}
+
+/// Reopens the runs of `upstream`'s dependants that were skipped because it failed
+/// (`upstream_failed`) and whose window holds its instant, now that it is open again: each
+/// waits for its dependencies while its `deps_timeout`, counted from when it was recorded,
+/// lasts, and theirs in turn down a pipeline. A run one of whose other upstreams still failed
+/// for good stays skipped. Returns the runs reopened; runs released at once go to `settled`.
+pub(super) fn reopen(
+    tx: &Transaction<'_>,
+    upstream: &RunRecord,
+    now: Instant,
+    settled: &mut Settled,
+) -> Result<Vec<i64>> {
+    let mut reopened = Vec::new();
+    let mut ended = Vec::new();
+    let mut generation = vec![(
+        upstream.namespace.clone(),
+        upstream.job.clone(),
+        upstream.scheduled_for,
+    )];
+    while !generation.is_empty() {
+        let mut next = Vec::new();
+        // Skipped runs to judge, by id, with the deadline they reopen until.
+        let mut candidates: BTreeMap<i64, (Rc<Dependant>, Instant, String, Instant)> =
+            BTreeMap::new();
+        for (namespace, job, instant) in &generation {
+            for dependant in dependant_jobs(tx, namespace, job)? {
+                let Some((from, to)) = dependency::dependant_instants(
+                    &dependant.spec.depends_on,
+                    Upstream::Job(job),
+                    *instant,
+                ) else {
+                    continue;
+                };
+                let dependant = Rc::new(dependant);
+                let mut stmt = tx.prepare_cached(
+                    "SELECT id, scheduled_for, created_at FROM runs WHERE job_id = ?1 \
+                     AND state = 'skipped' AND skip_reason = 'upstream_failed' \
+                     AND scheduled_for >= ?2 AND scheduled_for <= ?3",
+                )?;
+                let skipped =
+                    stmt.query_map(params![dependant.id, micros(from), micros(to)], |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, i64>(2)?,
+                        ))
+                    })?;
+                for found in skipped {
+                    let (run_id, at, recorded) = found?;
+                    let timeout = dependant.spec.deps_timeout();
+                    if let Some(deadline) =
+                        dependency::reopen_deadline(rows::instant(recorded)?, timeout, now)
+                    {
+                        let judged = (dependant.clone(), rows::instant(at)?, namespace.clone());
+                        candidates.insert(run_id, (judged.0, judged.1, judged.2, deadline));
+                    }
+                }
+            }
+        }
+        for (run_id, (dependant, instant, namespace, deadline)) in candidates {
+            let verdict = judge(tx, &namespace, &dependant.spec, instant)?;
+            let missing = match &verdict {
+                Verdict::UpstreamFailed(_) => continue,
+                Verdict::Waiting(missing) => missing.clone(),
+                Verdict::Ready => Vec::new(),
+            };
+            tx.prepare_cached(&crate::shared::reopen_run_sql('?'))?
+                .execute(params![
+                    run_id,
+                    RunState::Waiting.as_str(),
+                    micros(now),
+                    "dependencies",
+                    crate::shared::to_json("unmet dependencies", &missing)?,
+                    micros(deadline),
+                ])?;
+            reopened.push(run_id);
+            if verdict == Verdict::Ready {
+                release(
+                    tx, run_id, &dependant, instant, &namespace, now, settled, &mut ended,
+                )?;
+            }
+            next.push((namespace, dependant.name.clone(), instant));
+        }
+        generation = next;
+    }
+    let more = settle(tx, ended, Vec::new(), now)?;
+    settled.queued.extend(more.queued);
+    settled.cancel_requested.extend(more.cancel_requested);
+    Ok(reopened)
 }
 
 /// Where and why a run is started by what happened: an upstream run's instant (a job without

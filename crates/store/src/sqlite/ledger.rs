@@ -10,7 +10,7 @@ use crate::shared::ReportedAttempt;
 use crate::shared::{Ended, NewRun};
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
-    QueuedRun, ReapOutcome, Result, StartedAttempt,
+    QueuedRun, ReapOutcome, Result, RetryOutcome, StartedAttempt,
 };
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::job::JobSpec;
@@ -652,6 +652,65 @@ pub fn cancel_run(
         _ => CancelOutcome::AlreadyFinished(run),
     };
     Ok(Some(outcome))
+}
+
+pub fn retry_run(tx: &Transaction<'_>, run_id: i64, now: Instant) -> Result<Option<RetryOutcome>> {
+    let Some(run) = get_run(tx, run_id)? else {
+        return Ok(None);
+    };
+    let refused = |run, reason: &str| {
+        Ok(Some(RetryOutcome::Refused {
+            run,
+            reason: reason.to_string(),
+        }))
+    };
+    if let Err(reason) = run.state.may_reopen() {
+        return refused(run, reason);
+    }
+    let spec: Option<String> = tx
+        .prepare_cached("SELECT spec FROM jobs WHERE id = ?1")?
+        .query_row(params![run.job_id], |r| r.get(0))
+        .optional()?;
+    let Some(spec) = spec else {
+        return refused(run, "its job was deleted");
+    };
+    let spec = rows::spec(&spec)?;
+    let verdict = if spec.depends_on.is_empty() {
+        None
+    } else {
+        Some(dependencies::judge(
+            tx,
+            &run.namespace,
+            &spec,
+            run.scheduled_for,
+        )?)
+    };
+    let new = match crate::shared::reopening(&spec, verdict, now)? {
+        Ok(new) => new,
+        Err(reason) => return refused(run, &reason),
+    };
+    let (waiting_for, waiting_until) = new.dependencies.clone().unzip();
+    tx.prepare_cached(&crate::shared::reopen_run_sql('?'))?
+        .execute(params![
+            run_id,
+            new.state().as_str(),
+            micros(now),
+            new.waiting_reason().map(WaitReason::as_str),
+            waiting_for,
+            waiting_until,
+        ])?;
+    let mut settled = crate::shared::Settled::default();
+    let reopened = dependencies::reopen(tx, &run, now, &mut settled)?;
+    let mut queued = settled.queued;
+    if new.state() == RunState::Queued {
+        queued.insert(0, run_id);
+    }
+    Ok(Some(RetryOutcome::Retried {
+        was: run.state,
+        run: refetch(tx, run_id)?,
+        queued,
+        reopened,
+    }))
 }
 
 fn refetch(tx: &Transaction<'_>, run_id: i64) -> Result<sked_core::records::RunRecord> {

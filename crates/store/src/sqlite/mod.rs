@@ -492,6 +492,11 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn retry_run(&self, run_id: i64, now: Instant) -> Result<Option<RetryOutcome>> {
+        self.write(move |tx| ledger::retry_run(tx, run_id, now))
+            .await
+    }
+
     async fn get_run(&self, run_id: i64) -> Result<Option<(RunRecord, Vec<AttemptRecord>)>> {
         self.read(move |tx| history::get_run(tx, run_id)).await
     }
