@@ -197,6 +197,33 @@ pub fn awaited_events(depends_on: &[DependencySpec]) -> BTreeSet<String> {
         .collect()
 }
 
+/// The most jobs [`downstream_count`] counts: a larger graph ranks as this.
+pub const MAX_DOWNSTREAM: u32 = 100_000;
+
+/// The work that waits downstream of `job`: how many distinct jobs depend on it, directly or
+/// through others, each once however many paths lead to it (at most [`MAX_DOWNSTREAM`]).
+/// `dependants_of` answers for a job what depends on it. What `priority: auto` ranks by.
+pub fn downstream_count<E>(
+    job: &str,
+    mut dependants_of: impl FnMut(&str) -> Result<Vec<String>, E>,
+) -> Result<u32, E> {
+    let mut seen: HashSet<String> = HashSet::from([job.to_string()]);
+    let mut frontier = vec![job.to_string()];
+    let mut count = 0;
+    while let Some(name) = frontier.pop() {
+        for dependant in dependants_of(&name)? {
+            if seen.insert(dependant.clone()) {
+                count += 1;
+                if count >= MAX_DOWNSTREAM {
+                    return Ok(MAX_DOWNSTREAM);
+                }
+                frontier.push(dependant);
+            }
+        }
+    }
+    Ok(count)
+}
+
 /// The field of the first entry (or alternative) that names `upstream`, for an error about it.
 pub fn field_naming(depends_on: &[DependencySpec], upstream: &str) -> String {
     for (i, entry) in depends_on.iter().enumerate() {
@@ -706,6 +733,34 @@ mod tests {
             assert_eq!(names[k], name(r), "the index names the requirement");
             facts.get(name(r).as_str()).cloned().unwrap_or_default()
         })
+    }
+
+    #[test]
+    fn the_work_downstream_counts_each_job_once() {
+        let below = |edges: &[(&str, &str)], job: &str| {
+            downstream_count::<()>(job, |name| {
+                Ok(edges
+                    .iter()
+                    .filter(|(_, up)| *up == name)
+                    .map(|(down, _)| down.to_string())
+                    .collect())
+            })
+            .unwrap()
+        };
+        // A diamond under `a`, and a leaf `e` beside it.
+        let diamond = [("b", "a"), ("c", "a"), ("d", "b"), ("d", "c"), ("e", "z")];
+        assert_eq!(below(&diamond, "a"), 3);
+        assert_eq!(below(&diamond, "b"), 1);
+        assert_eq!(below(&diamond, "d"), 0);
+        // A wide pipeline ranks above the leaf jobs it competes with.
+        let wide: Vec<(String, String)> = (0..50)
+            .map(|i| (format!("w{i}"), "root".to_string()))
+            .collect();
+        let wide: Vec<(&str, &str)> = wide.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        assert_eq!(below(&wide, "root"), 50);
+        assert!(below(&wide, "root") > below(&wide, "w0"));
+        // A cycle (which writes refuse) still ends.
+        assert_eq!(below(&[("x", "y"), ("y", "x")], "x"), 1);
     }
 
     #[test]

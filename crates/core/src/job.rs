@@ -33,9 +33,9 @@ pub struct JobSpec {
     pub overlap: OverlapPolicy,
     #[serde(default)]
     pub misfire: MisfirePolicy,
-    /// Higher runs first when runs wait for workers.
+    /// Higher runs first when runs wait for workers; `auto` ranks by the work downstream.
     #[serde(default)]
-    pub priority: i32,
+    pub priority: Priority,
     #[serde(default)]
     pub routing: Routing,
     /// Other jobs' runs each run waits for (`crate::dependency`). A job with dependencies and
@@ -51,6 +51,66 @@ pub struct JobSpec {
     pub on_success: Option<OnSuccess>,
     #[serde(default)]
     pub paused: bool,
+}
+
+/// A job's priority: a number (higher runs first when runs wait for workers), or `auto`: the
+/// number of jobs that wait downstream of it ([`crate::dependency::downstream_count`]), so a
+/// run a wide pipeline waits for goes before a leaf's. Both rank on one scale: a job with 40
+/// jobs downstream ranks as priority 40.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    Fixed(i32),
+    Auto,
+}
+
+impl Default for Priority {
+    fn default() -> Self {
+        Priority::Fixed(0)
+    }
+}
+
+impl Priority {
+    pub fn is_auto(self) -> bool {
+        self == Priority::Auto
+    }
+}
+
+impl Serialize for Priority {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Priority::Fixed(n) => s.serialize_i32(*n),
+            Priority::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Priority {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Priority;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an integer or \"auto\"")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Priority, E> {
+                i32::try_from(v)
+                    .map(Priority::Fixed)
+                    .map_err(|_| E::custom("priority is out of range"))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Priority, E> {
+                i32::try_from(v)
+                    .map(Priority::Fixed)
+                    .map_err(|_| E::custom("priority is out of range"))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Priority, E> {
+                match v {
+                    "auto" => Ok(Priority::Auto),
+                    _ => Err(E::custom(format!("{v:?}: expected an integer or \"auto\""))),
+                }
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// Where a run may go and how one worker is chosen among those that may take it.
@@ -239,6 +299,25 @@ mod tests {
         .unwrap();
         assert_eq!(job.overlap, OverlapPolicy::Skip);
         assert_eq!(job.retry.max_attempts, 3);
+    }
+
+    #[test]
+    fn priority_is_a_number_or_auto() {
+        let priority = |json: &str| {
+            parse(&format!(
+                r#"{{"target": {{"shell": {{"command": "true"}}}}, "priority": {json}}}"#
+            ))
+            .map(|j| j.priority)
+        };
+        assert_eq!(priority("7").unwrap(), Priority::Fixed(7));
+        assert_eq!(priority("-3").unwrap(), Priority::Fixed(-3));
+        assert_eq!(priority(r#""auto""#).unwrap(), Priority::Auto);
+        assert!(priority(r#""high""#).is_err());
+        assert!(priority("4294967296").is_err());
+        assert_eq!(
+            serde_json::to_value(Priority::Auto).unwrap(),
+            serde_json::json!("auto")
+        );
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub struct JobRecord {
     pub name: String,
     pub spec: JobSpec,
     pub state: JobState,
+    /// The priority its runs get: `priority`, or for `auto` the number of jobs downstream of
+    /// it, as of the last change to the graph around it.
+    pub rank: i32,
     /// The next instant the schedule owes; `None` for manual or used-up schedules.
     pub next_fire_at: Option<Instant>,
     /// Instants produced so far by the current schedule.

@@ -455,6 +455,7 @@ mod tests {
             timeout: None,
             routing: Default::default(),
             event: None,
+            graph_ranked: false,
         }
     }
 
@@ -500,6 +501,21 @@ mod tests {
         let handout = poll_once(&dispatcher).await;
         assert_eq!(ids(&handout.started()), vec![1, 2]);
         assert_eq!(dispatcher.lock().depth(), 0, "started runs stay out");
+    }
+
+    #[tokio::test]
+    async fn a_higher_rank_goes_first_and_equals_go_oldest_first() {
+        let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
+        let ranked = |run_id: i64, priority: i32, age_s: i64| {
+            let mut run = queued(run_id);
+            run.priority = priority;
+            run.ready_at -= chrono::Duration::seconds(age_s);
+            run
+        };
+        // A leaf's old run, and the root of a pipeline 40 jobs wide (`priority: auto`).
+        dispatcher.enqueue(vec![ranked(1, 0, 30), ranked(2, 40, 1), ranked(3, 0, 60)]);
+        let handout = poll_once(&dispatcher).await;
+        assert_eq!(ids(handout.runs()), vec![2, 3, 1]);
     }
 
     #[test]

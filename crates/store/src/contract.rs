@@ -81,6 +81,7 @@ macro_rules! store_contract_tests {
             event_retention_deletes_the_oldest_first,
             backfilled_instants_each_run_once_in_turn,
             a_retried_run_reopens_with_its_skipped_dependants,
+            auto_priority_ranks_by_the_jobs_downstream,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -3090,4 +3091,67 @@ pub async fn a_retried_run_reopens_with_its_skipped_dependants(store: &dyn Store
         panic!("its upstream failed")
     };
     assert!(reason.contains("can no longer be met"), "{reason}");
+}
+
+// --- priority: auto -----------------------------------------------------------------------
+
+pub async fn auto_priority_ranks_by_the_jobs_downstream(store: &dyn Store) {
+    let rank = |name: &'static str| async move {
+        store.get_job("default", name).await.unwrap().unwrap().rank
+    };
+    let root = put(
+        store,
+        "root",
+        every_second(serde_json::json!({"priority": "auto"})),
+    )
+    .await;
+    assert_eq!(
+        (root.rank, root.spec.priority),
+        (0, sked_core::job::Priority::Auto)
+    );
+    let fixed = put(
+        store,
+        "fixed",
+        every_second(serde_json::json!({"priority": 7})),
+    )
+    .await;
+    assert_eq!(fixed.rank, 7);
+    // A diamond under root: each job below counts once.
+    for (name, ups) in [
+        ("a", vec!["root"]),
+        ("b", vec!["root"]),
+        ("c", vec!["a", "b"]),
+    ] {
+        let deps: Vec<serde_json::Value> =
+            ups.iter().map(|u| serde_json::json!({"job": u})).collect();
+        let mut json = step(serde_json::Value::Array(deps));
+        json["priority"] = serde_json::json!("auto");
+        put(store, name, json).await;
+    }
+    assert_eq!(
+        (rank("root").await, rank("a").await, rank("c").await),
+        (3, 1, 0)
+    );
+    let fired = fire_one(store, fire(root.id, t0() + secs(1))).await;
+    assert_eq!(
+        run(store, fired.run_id).await.0.priority,
+        3,
+        "runs take the rank"
+    );
+    // The graph shrinks: ranks above follow, at every level.
+    store.delete_job("default", "c", false, t0()).await.unwrap();
+    assert_eq!((rank("root").await, rank("a").await), (2, 0));
+    // A definition that stops waiting for root takes its subtree away from root's rank.
+    let mut b = store.get_job("default", "b").await.unwrap().unwrap().spec;
+    b.depends_on = serde_json::from_value(serde_json::json!([{"job": "fixed"}])).unwrap();
+    store
+        .put_job(
+            "default",
+            &b.validate(Some("b"), t0()).unwrap(),
+            PutMode::Upsert,
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((rank("root").await, rank("fixed").await), (1, 7));
 }

@@ -245,6 +245,9 @@ pub struct QueuedRun {
     pub routing: Routing,
     /// The event that started the run (trigger `event`), payload included.
     pub event: Option<sked_core::event::RunEvent>,
+    /// Its job's `priority` is `auto`: the rank follows the dependency graph, so no copy of
+    /// it may be kept for later runs.
+    pub graph_ranked: bool,
 }
 
 /// The dispatcher's choice for one queued run.

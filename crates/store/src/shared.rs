@@ -709,3 +709,83 @@ pub fn emission(run: &Ended, run_id: i64, key: &str) -> sked_core::event::EventS
         payload: sked_core::event::emitted_payload(&run.job, run_id, run.scheduled_for),
     }
 }
+
+/// A namespace's dependency edges, both ways, for ranking `priority: auto` jobs.
+pub struct Graph {
+    /// What depends on each job.
+    below: std::collections::HashMap<String, Vec<String>>,
+    /// What each job depends on.
+    above: std::collections::HashMap<String, Vec<String>>,
+}
+
+impl Graph {
+    /// From `(job, upstream)` edges.
+    pub fn new(edges: impl IntoIterator<Item = (String, String)>) -> Graph {
+        let mut graph = Graph {
+            below: Default::default(),
+            above: Default::default(),
+        };
+        for (job, upstream) in edges {
+            graph
+                .below
+                .entry(upstream.clone())
+                .or_default()
+                .push(job.clone());
+            graph.above.entry(job).or_default().push(upstream);
+        }
+        graph
+    }
+
+    /// `priority: auto`'s rank of `job`: the jobs downstream of it.
+    pub fn rank(&self, job: &str) -> i32 {
+        let below = sked_core::dependency::downstream_count(job, |name| {
+            Ok::<_, std::convert::Infallible>(self.below.get(name).cloned().unwrap_or_default())
+        });
+        match below {
+            Ok(count) => i32::try_from(count).unwrap_or(i32::MAX),
+            Err(never) => match never {},
+        }
+    }
+
+    /// The jobs in `from` and every job they wait for, directly or not.
+    pub fn at_or_above(
+        &self,
+        from: &std::collections::BTreeSet<String>,
+    ) -> std::collections::BTreeSet<String> {
+        let mut seen = from.clone();
+        let mut frontier: Vec<&str> = from.iter().map(String::as_str).collect();
+        while let Some(name) = frontier.pop() {
+            for up in self.above.get(name).into_iter().flatten() {
+                if seen.insert(up.clone()) {
+                    frontier.push(up);
+                }
+            }
+        }
+        seen
+    }
+}
+
+#[cfg(test)]
+mod graph_tests {
+    use super::Graph;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn ranks_count_downstream_and_changes_reach_every_ancestor() {
+        // root -> {a, b} -> c ; other stands alone.
+        let edge = |job: &str, up: &str| (job.to_string(), up.to_string());
+        let graph = Graph::new([
+            edge("a", "root"),
+            edge("b", "root"),
+            edge("c", "a"),
+            edge("c", "b"),
+        ]);
+        assert_eq!(graph.rank("root"), 3);
+        assert_eq!(graph.rank("a"), 1);
+        assert_eq!(graph.rank("c"), 0);
+        assert_eq!(graph.rank("other"), 0);
+        let above = graph.at_or_above(&BTreeSet::from(["c".to_string()]));
+        let names: Vec<&str> = above.iter().map(String::as_str).collect();
+        assert_eq!(names, ["a", "b", "c", "root"]);
+    }
+}

@@ -237,7 +237,7 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
             "DROP TABLE tokens; DROP TABLE audit; DROP TABLE namespaces; DROP TABLE secrets; \
              DROP TABLE job_dependencies; ALTER TABLE jobs DROP COLUMN has_dependencies; \
              DROP TABLE events; DROP TABLE event_subscriptions; \
-             ALTER TABLE jobs DROP COLUMN emits; \
+             ALTER TABLE jobs DROP COLUMN emits, DROP COLUMN priority_auto; \
              ALTER TABLE runs DROP COLUMN event_key, DROP COLUMN event_id; \
              ALTER TABLE runs DROP COLUMN waiting_reason, DROP COLUMN waiting_for, \
              DROP COLUMN waiting_until; \

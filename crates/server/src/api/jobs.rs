@@ -33,6 +33,8 @@ pub struct JobView {
     pub spec: JobSpec,
     pub namespace: String,
     pub state: JobState,
+    /// The priority its runs get (`priority`, or for `auto` the jobs downstream of it).
+    pub rank: i32,
     pub next_fire_at: Option<Instant>,
     pub fired_count: u64,
     pub created_at: Instant,
@@ -50,6 +52,7 @@ impl From<JobRecord> for JobView {
             spec: job.spec,
             namespace: job.namespace,
             state: job.state,
+            rank: job.rank,
             next_fire_at: job.next_fire_at,
             fired_count: job.fired_count,
             created_at: job.created_at,
@@ -421,13 +424,7 @@ pub async fn trigger(
         };
         if run.inserted {
             if run.state == RunState::Queued {
-                let queued = queued_run(
-                    run.run_id,
-                    &fire,
-                    &job.spec,
-                    namespace.clone(),
-                    name.clone(),
-                );
+                let queued = queued_run(run.run_id, &fire, &job);
                 state.dispatcher.enqueue(vec![queued]);
             }
             let (record, _) = state

@@ -21,9 +21,8 @@ use crate::health::StoreHealth;
 use crate::metrics::Metrics;
 use chrono::Utc;
 use sked_core::cluster::partition_of;
-use sked_core::job::JobSpec;
 use sked_core::policy::{admission, BacklogLimits};
-use sked_core::records::ScheduledJob;
+use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::schedule::Schedule;
 use sked_core::Instant;
@@ -411,6 +410,11 @@ impl FiringLoop {
 
     /// Keeps `run`'s dispatch details on its slot when its schedule fires often.
     fn keep_template(&mut self, run: &QueuedRun) {
+        // A rank that follows the graph changes with other jobs' definitions: such a job's
+        // runs are read back with the rank each was recorded with.
+        if run.graph_ranked {
+            return;
+        }
         if let Some(slot) = self.slots.get_mut(run.job_id) {
             if is_frequent(run.scheduled_for, slot.next) {
                 slot.template = Some(Arc::new(run.clone()));
@@ -529,24 +533,19 @@ fn from_template(template: &QueuedRun, run_id: i64, fire: &Fire) -> QueuedRun {
 
 /// The dispatcher's view of a run written outside the firing loop (a manual trigger), built
 /// from the job the caller holds rather than read back from the store.
-pub fn queued_run(
-    run_id: i64,
-    fire: &Fire,
-    spec: &JobSpec,
-    namespace: String,
-    job: String,
-) -> QueuedRun {
+pub fn queued_run(run_id: i64, fire: &Fire, job: &JobRecord) -> QueuedRun {
     QueuedRun {
         run_id,
         job_id: fire.job_id,
-        namespace,
-        job,
+        namespace: job.namespace.clone(),
+        job: job.name.clone(),
         scheduled_for: fire.scheduled_for,
-        priority: spec.priority,
+        priority: job.rank,
         ready_at: fire.ready_at,
-        target: spec.target.clone(),
-        timeout: spec.timeout.map(|t| t.0),
-        routing: spec.routing.clone(),
+        target: job.spec.target.clone(),
+        timeout: job.spec.timeout.map(|t| t.0),
+        routing: job.spec.routing.clone(),
         event: None,
+        graph_ranked: job.spec.priority.is_auto(),
     }
 }

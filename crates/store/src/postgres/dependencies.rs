@@ -14,7 +14,9 @@
 use super::ledger::{admit_by_overlap, skip_run};
 use super::rows::{self, micros};
 use super::{PgResult, Tx};
-use crate::shared::{first_ended, timed_out_error, verdict_from, Ended, Settled, WindowRuns};
+use crate::shared::{
+    first_ended, timed_out_error, verdict_from, Ended, Graph, Settled, WindowRuns,
+};
 use crate::{DependencyEdge, StoreError, Toward};
 use sked_core::dependency::{self, Upstream, Verdict};
 use sked_core::job::{JobSpec, ValidJob};
@@ -131,6 +133,53 @@ async fn write_edges(
             )
             .await?;
         tx.execute(&stmt, &[&namespace, &job, &names]).await?;
+    }
+    Ok(())
+}
+
+/// The namespace's dependency edges, for ranking `priority: auto` jobs.
+pub(super) async fn graph(tx: &Tx<'_>, namespace: &str) -> PgResult<Graph> {
+    let stmt = tx
+        .prepare_cached("SELECT job, upstream FROM job_dependencies WHERE namespace = $1")
+        .await?;
+    let rows = tx.query(&stmt, &[&namespace]).await?;
+    let edges = rows
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<PgResult<Vec<(String, String)>>>()?;
+    Ok(Graph::new(edges))
+}
+
+/// Ranks again the `priority: auto` jobs at or above `changed`, as
+/// `sqlite::dependencies::rerank_above` does, their rows updated in id order.
+pub(super) async fn rerank_above(
+    tx: &Tx<'_>,
+    namespace: &str,
+    changed: &BTreeSet<String>,
+) -> PgResult<()> {
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let stmt = tx
+        .prepare_cached("SELECT name FROM jobs WHERE namespace = $1 AND priority_auto ORDER BY id")
+        .await?;
+    let autos: Vec<String> = tx
+        .query(&stmt, &[&namespace])
+        .await?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
+    if autos.is_empty() {
+        return Ok(());
+    }
+    let graph = graph(tx, namespace).await?;
+    let above = graph.at_or_above(changed);
+    let stmt = tx
+        .prepare_cached("UPDATE jobs SET priority = $3 WHERE namespace = $1 AND name = $2")
+        .await?;
+    for name in autos.iter().filter(|name| above.contains(*name)) {
+        tx.execute(&stmt, &[&namespace, name, &graph.rank(name)])
+            .await?;
     }
     Ok(())
 }

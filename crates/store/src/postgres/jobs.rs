@@ -7,7 +7,8 @@ use super::rows::{self, micros, JOB_COLUMNS};
 use super::{PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
 use crate::{shared, DeletedJob, JobQuery, JobSort, Page, PutMode, PutOutcome, StoreError};
-use sked_core::job::{JobSpec, JobState, ValidJob};
+use sked_core::dependency;
+use sked_core::job::{JobSpec, JobState, Priority, ValidJob};
 use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::Instant;
 use tokio_postgres::types::ToSql;
@@ -103,9 +104,26 @@ pub async fn put(
             .as_ref()
             .is_some_and(|old| !old.spec.depends_on.is_empty());
         let has_dependencies = !job.spec.depends_on.is_empty();
-        if has_dependencies || had_dependencies {
+        let auto = job.spec.priority.is_auto()
+            || existing
+                .as_ref()
+                .is_some_and(|old| old.spec.priority.is_auto());
+        if has_dependencies || had_dependencies || auto {
             super::namespaces::lock_dependencies(tx, namespace).await?;
+        }
+        if has_dependencies || had_dependencies {
             super::dependencies::put_edges(tx, namespace, job).await?;
+        }
+        let rank = match job.spec.priority {
+            Priority::Fixed(n) => n,
+            Priority::Auto => super::dependencies::graph(tx, namespace)
+                .await?
+                .rank(&job.name),
+        };
+        // The jobs it waited for, and waits for now, have another number of jobs downstream.
+        let mut changed = dependency::upstreams(&job.spec.depends_on);
+        if let Some(old) = &existing {
+            changed.extend(dependency::upstreams(&old.spec.depends_on));
         }
         let subscribes =
             |spec: &JobSpec| spec.triggering_event().is_some() || !spec.depends_on.is_empty();
@@ -126,7 +144,7 @@ pub async fn put(
                     "UPDATE jobs SET description = $2, spec = $3, overlap = $4, priority = $5, \
                      retry = $6, state = $7, next_fire_at = $8, fired_count = $9, \
                      schedule_epoch = $10, updated_at = $11, has_dependencies = $12, \
-                     emits = $13 WHERE id = $1 RETURNING {JOB_COLUMNS}"
+                     emits = $13, priority_auto = $14 WHERE id = $1 RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
                 let row = tx
@@ -137,7 +155,7 @@ pub async fn put(
                             &description,
                             &spec,
                             &overlap,
-                            &job.spec.priority,
+                            &rank,
                             &retry,
                             &state,
                             &next,
@@ -146,17 +164,20 @@ pub async fn put(
                             &micros(now),
                             &has_dependencies,
                             &job.spec.emits(),
+                            &job.spec.priority.is_auto(),
                         ],
                     )
                     .await?;
+                super::dependencies::rerank_above(tx, namespace, &changed).await?;
                 return Ok((PutOutcome::Updated, rows::job(&row)?));
             }
             None => {
                 let sql = format!(
                     "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, \
                      retry, state, next_fire_at, fired_count, schedule_epoch, created_at, \
-                     updated_at, has_dependencies, emits) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14) \
+                     updated_at, has_dependencies, emits, priority_auto) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, \
+                     $15) \
                      ON CONFLICT (namespace, name) DO NOTHING RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -169,7 +190,7 @@ pub async fn put(
                             &description,
                             &spec,
                             &overlap,
-                            &job.spec.priority,
+                            &rank,
                             &retry,
                             &state,
                             &next,
@@ -178,10 +199,12 @@ pub async fn put(
                             &micros(now),
                             &has_dependencies,
                             &job.spec.emits(),
+                            &job.spec.priority.is_auto(),
                         ],
                     )
                     .await?;
                 if let Some(row) = row {
+                    super::dependencies::rerank_above(tx, namespace, &changed).await?;
                     return Ok((PutOutcome::Created, rows::job(&row)?));
                 }
                 // A concurrent create committed the name first: decide again against it.
@@ -296,6 +319,8 @@ pub async fn delete(
     super::dependencies::remove_edges(tx, namespace, name).await?;
     let stmt = tx.prepare_cached("DELETE FROM jobs WHERE id = $1").await?;
     tx.execute(&stmt, &[&job.id]).await?;
+    let above = dependency::upstreams(&job.spec.depends_on);
+    super::dependencies::rerank_above(tx, namespace, &above).await?;
     // Its dependants, paused now, learn that the runs they waited for will not come.
     super::events::remove_subscriptions(tx, namespace, name).await?;
     super::dependencies::settle(tx, ended, Vec::new(), now).await?;

@@ -468,6 +468,7 @@ pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<Queue
             timeout: spec.timeout.map(|t| t.0),
             routing: spec.routing.clone(),
             event: crate::shared::run_event(row.try_get(8)?, row.try_get(9)?, row.try_get(10)?)?,
+            graph_ranked: spec.priority.is_auto(),
         };
         order.push(run.run_id);
         found.insert(run.run_id, run);

@@ -29,7 +29,8 @@ pub fn int(what: &str, value: u32) -> Result<i32, StoreError> {
 }
 
 pub const JOB_COLUMNS: &str =
-    "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at";
+    "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, \
+     updated_at, priority";
 
 pub fn job(row: &Row) -> PgResult<JobRecord> {
     let fired_count: i64 = row.try_get(6)?;
@@ -38,6 +39,7 @@ pub fn job(row: &Row) -> PgResult<JobRecord> {
         namespace: row.try_get(1)?,
         name: row.try_get(2)?,
         spec: spec(row.try_get(3)?)?,
+        rank: row.try_get(10)?,
         state: job_state(row.try_get(4)?)?,
         next_fire_at: opt_instant(row.try_get(5)?)?,
         fired_count: u64::try_from(fired_count).map_err(|_| {

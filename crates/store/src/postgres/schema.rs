@@ -236,6 +236,7 @@ CREATE TABLE event_subscriptions (
 CREATE INDEX event_subscriptions_by_job ON event_subscriptions (namespace, job);
 
 ALTER TABLE jobs ADD COLUMN emits TEXT;
+ALTER TABLE jobs ADD COLUMN priority_auto BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE runs ADD COLUMN event_key TEXT;
 ALTER TABLE runs ADD COLUMN event_id TEXT;
 "#,

@@ -18,12 +18,13 @@ use sked_core::Instant;
 pub async fn create(tx: &Tx<'_>, token: &NewToken, now: Instant) -> PgResult<TokenRecord> {
     let grant = &token.grant;
     let (namespaces, labels) = crate::shared::grant_columns(grant)?;
-    // A taken name inserts nothing and returns no row, also when another node's insert of it
-    // commits meanwhile (this one waits for it); a taken hash (the same secret twice) is still
-    // the constraint's error.
+    // A taken name or hash inserts nothing and returns no row, also when another node's insert
+    // commits meanwhile (this one waits for it): two nodes started with one admin token file
+    // insert the same token at once, and whichever index PostgreSQL checks first must not
+    // decide between a conflict and an error. (A hash is only ever taken by the same secret.)
     let sql = format!(
         "INSERT INTO tokens (name, role, namespaces, shell, labels, hash, created_at, expires_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (name) DO NOTHING \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING \
          RETURNING {TOKEN_COLUMNS}"
     );
     let stmt = tx.prepare_cached(&sql).await?;

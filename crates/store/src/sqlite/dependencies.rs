@@ -5,7 +5,7 @@
 
 use super::ledger::{admit_by_overlap, skip_run};
 use super::rows::{self, micros};
-use crate::shared::{timed_out_error, verdict_from, Ended, Settled, WindowRuns};
+use crate::shared::{timed_out_error, verdict_from, Ended, Graph, Settled, WindowRuns};
 use crate::{DependencyEdge, Result, Toward};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::dependency::{self, Upstream, Verdict};
@@ -63,6 +63,41 @@ pub(super) fn put_edges(tx: &Transaction<'_>, namespace: &str, job: &ValidJob) -
     )?;
     for upstream in &upstreams {
         insert.execute(params![namespace, job.name, upstream])?;
+    }
+    Ok(())
+}
+
+/// The namespace's dependency edges, for ranking `priority: auto` jobs.
+pub(super) fn graph(tx: &Transaction<'_>, namespace: &str) -> Result<Graph> {
+    let mut stmt =
+        tx.prepare_cached("SELECT job, upstream FROM job_dependencies WHERE namespace = ?1")?;
+    let edges = stmt.query_map(params![namespace], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(Graph::new(edges.collect::<rusqlite::Result<Vec<_>>>()?))
+}
+
+/// Ranks again the `priority: auto` jobs at or above `changed` (jobs whose downstream just
+/// changed): each by the jobs downstream of it now. A namespace without such jobs costs one
+/// read.
+pub(super) fn rerank_above(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    changed: &BTreeSet<String>,
+) -> Result<()> {
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let autos: BTreeSet<String> = tx
+        .prepare_cached("SELECT name FROM jobs WHERE namespace = ?1 AND priority_auto = 1")?
+        .query_map(params![namespace], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    if autos.is_empty() {
+        return Ok(());
+    }
+    let graph = graph(tx, namespace)?;
+    let mut update =
+        tx.prepare_cached("UPDATE jobs SET priority = ?3 WHERE namespace = ?1 AND name = ?2")?;
+    for name in graph.at_or_above(changed).intersection(&autos) {
+        update.execute(params![namespace, name, graph.rank(name)])?;
     }
     Ok(())
 }

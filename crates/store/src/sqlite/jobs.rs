@@ -5,7 +5,8 @@ use super::{dependencies, events};
 use crate::cursor::{self, page_size, Cursor};
 use crate::{shared, DeletedJob, JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
-use sked_core::job::{JobSpec, JobState, ValidJob};
+use sked_core::dependency;
+use sked_core::job::{JobSpec, JobState, Priority, ValidJob};
 use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::Instant;
 
@@ -53,6 +54,10 @@ pub fn put(
     super::namespaces::admit(tx, namespace, &job.spec.target, existing.is_none())?;
     dependencies::put_edges(tx, namespace, job)?;
     events::put_subscriptions(tx, namespace, job)?;
+    let rank = match job.spec.priority {
+        Priority::Fixed(n) => n,
+        Priority::Auto => dependencies::graph(tx, namespace)?.rank(&job.name),
+    };
     let has_dependencies = !job.spec.depends_on.is_empty();
     let firing = crate::shared::firing_after_put(existing.as_ref(), job, now)?;
     let (spec, retry) = spec_json(&job.spec)?;
@@ -63,15 +68,15 @@ pub fn put(
             tx.prepare_cached(
                 "UPDATE jobs SET description = ?2, spec = ?3, overlap = ?4, priority = ?5, \
                  retry = ?6, state = ?7, next_fire_at = ?8, fired_count = ?9, \
-                 schedule_epoch = ?10, updated_at = ?11, has_dependencies = ?12, emits = ?13 \
-                 WHERE id = ?1",
+                 schedule_epoch = ?10, updated_at = ?11, has_dependencies = ?12, emits = ?13, \
+                 priority_auto = ?14 WHERE id = ?1",
             )?
             .execute(params![
                 old.id,
                 description,
                 spec,
                 job.spec.overlap.as_str(),
-                job.spec.priority,
+                rank,
                 retry,
                 firing.state.as_str(),
                 next,
@@ -80,6 +85,7 @@ pub fn put(
                 micros(now),
                 has_dependencies,
                 job.spec.emits(),
+                job.spec.priority.is_auto(),
             ])?;
             old.id
         }
@@ -87,8 +93,8 @@ pub fn put(
             tx.prepare_cached(
                 "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, retry, \
                  state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at, \
-                 has_dependencies, emits) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14)",
+                 has_dependencies, emits, priority_auto) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15)",
             )?
             .execute(params![
                 namespace,
@@ -96,7 +102,7 @@ pub fn put(
                 description,
                 spec,
                 job.spec.overlap.as_str(),
-                job.spec.priority,
+                rank,
                 retry,
                 firing.state.as_str(),
                 next,
@@ -105,10 +111,17 @@ pub fn put(
                 micros(now),
                 has_dependencies,
                 job.spec.emits(),
+                job.spec.priority.is_auto(),
             ])?;
             tx.last_insert_rowid()
         }
     };
+    // The jobs it waited for, and waits for now, have another number of jobs downstream.
+    let mut changed = dependency::upstreams(&job.spec.depends_on);
+    if let Some(old) = &existing {
+        changed.extend(dependency::upstreams(&old.spec.depends_on));
+    }
+    dependencies::rerank_above(tx, namespace, &changed)?;
     let outcome = if existing.is_some() {
         PutOutcome::Updated
     } else {
@@ -201,6 +214,7 @@ pub fn delete(
     dependencies::remove_edges(tx, namespace, name)?;
     tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
         .execute(params![job.id])?;
+    dependencies::rerank_above(tx, namespace, &dependency::upstreams(&job.spec.depends_on))?;
     // Its dependants, paused now, learn that the runs they waited for will not come.
     events::remove_subscriptions(tx, namespace, name)?;
     dependencies::settle(tx, ended, Vec::new(), now)?;

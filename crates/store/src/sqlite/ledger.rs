@@ -407,6 +407,7 @@ pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<Queu
             timeout: spec.timeout.map(|t| t.0),
             routing: spec.routing.clone(),
             event: crate::shared::run_event(row.get(8)?, row.get(9)?, row.get(10)?)?,
+            graph_ranked: spec.priority.is_auto(),
         });
         Ok(())
     };

@@ -12,7 +12,8 @@ use sked_core::records::{
 };
 
 pub const JOB_COLUMNS: &str =
-    "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at";
+    "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, \
+     updated_at, priority";
 
 pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
     Ok(JobRecord {
@@ -20,6 +21,7 @@ pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
         namespace: row.get(1)?,
         name: row.get(2)?,
         spec: spec(&row.get::<_, String>(3)?)?,
+        rank: row.get(10)?,
         state: job_state(&row.get::<_, String>(4)?)?,
         next_fire_at: opt_instant(row.get(5)?)?,
         fired_count: row.get::<_, i64>(6)? as u64,

@@ -217,6 +217,9 @@ CREATE INDEX event_subscriptions_by_job ON event_subscriptions (namespace, job);
 
 -- Copied out of `spec` (on_success.emit): a completion learns it with the retry policy.
 ALTER TABLE jobs ADD COLUMN emits TEXT;
+-- `priority: auto`: `priority` holds the job's rank, the number of jobs downstream, kept as
+-- the graph changes.
+ALTER TABLE jobs ADD COLUMN priority_auto INTEGER NOT NULL DEFAULT 0;
 -- The event that started a run (trigger 'event').
 ALTER TABLE runs ADD COLUMN event_key TEXT;
 ALTER TABLE runs ADD COLUMN event_id TEXT;

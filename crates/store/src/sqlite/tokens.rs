@@ -15,11 +15,11 @@ use sked_core::Instant;
 pub fn create(tx: &Transaction<'_>, token: &NewToken, now: Instant) -> Result<TokenRecord> {
     let grant = &token.grant;
     let (namespaces, labels) = crate::shared::grant_columns(grant)?;
-    // A taken name inserts nothing and returns no row; a taken hash (the same secret twice)
-    // is still the constraint's error.
+    // A taken name or hash (only ever taken by the same secret) inserts nothing and returns
+    // no row, as on PostgreSQL.
     let sql = format!(
         "INSERT INTO tokens (name, role, namespaces, shell, labels, hash, created_at, expires_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (name) DO NOTHING \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING \
          RETURNING {TOKEN_COLUMNS}"
     );
     let mut stmt = tx.prepare_cached(&sql)?;
