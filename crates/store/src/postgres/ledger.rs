@@ -818,18 +818,24 @@ async fn get_run(tx: &Tx<'_>, run_id: i64, lock: bool) -> PgResult<Option<RunRec
         .transpose()
 }
 
-pub async fn retry_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Option<RetryOutcome>> {
-    // The job and its dependants first, then the run (the lock order).
+/// The run `run_id`, locked after its job and the jobs depending on it (the lock order: a
+/// change to the run may move its dependants).
+async fn lock_run(tx: &Tx<'_>, run_id: i64) -> PgResult<Option<RunRecord>> {
     let stmt = tx
         .prepare_cached("SELECT job_id FROM runs WHERE id = $1")
         .await?;
     let Some(row) = tx.query_opt(&stmt, &[&run_id]).await? else {
         return Ok(None);
     };
+    // A run's job never changes.
     let job_id: i64 = row.try_get(0)?;
     let below = dependants_of(tx, &[job_id]).await?;
     lock_jobs(tx, &sorted(below.into_iter().chain([job_id]))).await?;
-    let Some(run) = get_run(tx, run_id, true).await? else {
+    get_run(tx, run_id, true).await
+}
+
+pub async fn retry_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Option<RetryOutcome>> {
+    let Some(run) = lock_run(tx, run_id).await? else {
         return Ok(None);
     };
     let refused = |run, reason: &str| {
@@ -888,17 +894,7 @@ pub async fn retry_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Optio
 }
 
 pub async fn cancel_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Option<CancelOutcome>> {
-    // The job first, then the run (the lock order); a run's job never changes.
-    let stmt = tx
-        .prepare_cached("SELECT job_id FROM runs WHERE id = $1")
-        .await?;
-    let Some(row) = tx.query_opt(&stmt, &[&run_id]).await? else {
-        return Ok(None);
-    };
-    let job_id: i64 = row.try_get(0)?;
-    let below = dependants_of(tx, &[job_id]).await?;
-    lock_jobs(tx, &sorted(below.into_iter().chain([job_id]))).await?;
-    let Some(run) = get_run(tx, run_id, true).await? else {
+    let Some(run) = lock_run(tx, run_id).await? else {
         return Ok(None);
     };
     let outcome = match run.state {
