@@ -246,6 +246,47 @@ mod amqp {
         ignore = "needs SKED_TEST_AMQP_URL and the other brokers"
     )]
     #[tokio::test]
+    async fn a_run_an_event_started_publishes_the_events_payload() {
+        let (_connection, channel) = channel().await;
+        let (exchange, queue) = (unique("sked-test-x-"), unique("sked-test-q-"));
+        topology(&channel, &exchange, &queue, "jobs").await;
+        let mut sked = Sked::new();
+        let broker = format!("main={}", service("SKED_TEST_AMQP_URL"));
+        sked.start_server(&["--broker", &broker]).await;
+        // No payload of its own: each event's goes out.
+        let job = json!({
+            "schedule": {"event": "orders.ready"},
+            "target": {"amqp": {"connection": "main", "exchange": exchange, "routing_key": "jobs"}}
+        });
+        let (status, answer) = put(&sked, "forward", job).await;
+        assert_eq!(status, 201, "{answer}");
+        let event = json!({"key": "orders.ready", "id": "batch-7", "payload": {"orders": 12}});
+        let (status, posted) = sked.post("/events", event).await;
+        assert_eq!(status, 201, "{posted}");
+        let runs = finished_runs(&sked, "forward", 1).await;
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        assert_eq!(runs[0]["state"], "succeeded", "{runs:?}");
+        let messages = drain(&channel, &queue).await;
+        assert_eq!(messages.len(), 1);
+        let (headers, body) = &messages[0];
+        let body: Value = serde_json::from_slice(body).expect("a JSON payload");
+        assert_eq!(body, json!({"orders": 12}));
+        assert_eq!(
+            headers.get("sked-event-key").map(String::as_str),
+            Some("orders.ready")
+        );
+        assert_eq!(
+            headers.get("sked-event-id").map(String::as_str),
+            Some("batch-7")
+        );
+        remove(&channel, &exchange, &queue).await;
+    }
+
+    #[cfg_attr(
+        not(sked_broker_tests),
+        ignore = "needs SKED_TEST_AMQP_URL and the other brokers"
+    )]
+    #[tokio::test]
     async fn an_unroutable_message_fails_its_attempt_and_the_retry_policy_applies() {
         let (_connection, channel) = channel().await;
         let (exchange, queue) = (unique("sked-test-x-"), unique("sked-test-q-"));
