@@ -3,7 +3,9 @@
 //! fire every 5 s, and a node SIGKILLed every few seconds. The ledger is then read from the
 //! database: no run succeeded twice, no dependant started before every upstream it waited for
 //! had succeeded, and every upstream run that ended has its dependants' runs at its instant,
-//! each ended in the state its upstreams call for.
+//! each ended in the state its upstreams call for. Each root's succeeded run also emits an
+//! event (`on_success`) that starts a job of its own: every succeeded root run emitted exactly
+//! one event, and every event started exactly one run, after the root run ended.
 //!
 //! Needs `SKED_TEST_DATABASE_URL`; without it the test is reported as ignored (see build.rs),
 //! and under CI it runs, so a missing database fails it.
@@ -92,6 +94,7 @@ async fn a_dependency_graph_keeps_its_order_while_nodes_die() {
         let mut job = json!({"target": shell("true"), "retry": {"max_attempts": 2}});
         if ups.is_empty() {
             job["schedule"] = json!({"every": "5s", "anchor": anchor});
+            job["on_success"] = json!({"emit": format!("{}.done", name(i))});
         } else {
             job["depends_on"] = ups.iter().map(|u| json!({"job": name(*u)})).collect();
         }
@@ -104,6 +107,19 @@ async fn a_dependency_graph_keeps_its_order_while_nodes_die() {
         )
         .await;
         assert_eq!(status, 201, "{}: {body}", name(i));
+    }
+    // A job per root, started by each event its root emits.
+    for i in 0..ROOTS {
+        let job =
+            json!({"schedule": {"event": format!("{}.done", name(i))}, "target": shell("true")});
+        let (status, body) = common::call(
+            &http,
+            reqwest::Method::PUT,
+            format!("{}/api/v1/jobs/on-{}", bases[i % NODES], name(i)),
+            Some(job),
+        )
+        .await;
+        assert_eq!(status, 201, "on-{}: {body}", name(i));
     }
 
     // Chaos: a node killed every 3 to 7 s, back after a short pause, one at a time.
@@ -167,6 +183,7 @@ async fn a_dependency_graph_keeps_its_order_while_nodes_die() {
     }
 
     check(&db, &upstreams).await;
+    check_events(&db).await;
     drop(nodes);
     drop(workers);
     schema.drop_schema().await;
@@ -185,7 +202,7 @@ async fn check(db: &tokio_postgres::Client, upstreams: &[Vec<usize>]) {
     let rows = db
         .query(
             "SELECT id, job, scheduled_for, state, skip_reason, started_at, finished_at \
-             FROM runs",
+             FROM runs WHERE trigger <> 'event'",
             &[],
         )
         .await
@@ -312,4 +329,60 @@ async fn check(db: &tokio_postgres::Client, upstreams: &[Vec<usize>]) {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// Every succeeded root run emitted one event, and every event started one run, which began
+/// after the root run ended.
+async fn check_events(db: &tokio_postgres::Client) {
+    let mut problems = Vec::new();
+    let roots = db
+        .query(
+            "SELECT r.id, r.finished_at, count(e.id) FROM runs r \
+             LEFT JOIN events e ON e.emitted_by_run = r.id \
+             WHERE r.trigger <> 'event' AND r.state = 'succeeded' AND r.job < 'g008' \
+             GROUP BY r.id, r.finished_at",
+            &[],
+        )
+        .await
+        .expect("read root runs and their events");
+    let mut finished: BTreeMap<i64, i64> = BTreeMap::new();
+    for row in &roots {
+        let (id, events): (i64, i64) = (row.get(0), row.get(2));
+        finished.insert(id, row.get(1));
+        if events != 1 {
+            problems.push(format!("root run {id} emitted {events} events"));
+        }
+    }
+    let started = db
+        .query(
+            "SELECT e.emitted_by_run, e.event_id, count(r.id), min(r.started_at) FROM events e \
+             LEFT JOIN runs r ON r.event_key = e.key AND r.event_id = e.event_id \
+             GROUP BY e.emitted_by_run, e.event_id",
+            &[],
+        )
+        .await
+        .expect("read events and their runs");
+    for row in &started {
+        let (root, id, runs): (Option<i64>, String, i64) = (row.get(0), row.get(1), row.get(2));
+        let start: Option<i64> = row.get(3);
+        if runs != 1 {
+            problems.push(format!("event {id} started {runs} runs"));
+        }
+        let ended = root.and_then(|r| finished.get(&r)).copied();
+        if let (Some(start), Some(ended)) = (start, ended) {
+            if start < ended {
+                problems.push(format!(
+                    "the run event {id} started began before its root ended"
+                ));
+            }
+        }
+    }
+    println!(
+        "{} root runs succeeded, {} events; {} problems",
+        roots.len(),
+        started.len(),
+        problems.len()
+    );
+    assert!(!started.is_empty(), "some events were emitted");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
