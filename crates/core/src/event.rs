@@ -105,6 +105,17 @@ pub fn next_instant(now: i64, latest: Option<i64>) -> i64 {
     latest.map_or(now, |latest| now.max(latest.saturating_add(1)))
 }
 
+/// How many instants [`run_instants`] offers.
+pub const RUN_INSTANT_TRIES: i64 = 1000;
+
+/// The instants the run an event starts may take, in order: the event's own, then each next
+/// microsecond. A job may already have a run at the event's instant (a manual trigger in the
+/// same microsecond); the event's run then takes the next free one rather than being lost to
+/// the ledger's one-run-per-instant key. It still names its event.
+pub fn run_instants(occurred_at: Instant) -> impl Iterator<Item = Instant> {
+    (0..RUN_INSTANT_TRIES).map(move |us| occurred_at + chrono::Duration::microseconds(us))
+}
+
 /// The event a run was started by, as its attempts see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunEvent {
@@ -184,6 +195,15 @@ mod tests {
         assert_eq!(next_instant(100, Some(100)), 101);
         // A clock that went back still moves forward.
         assert_eq!(next_instant(100, Some(500)), 501);
+    }
+
+    #[test]
+    fn an_events_run_looks_for_a_free_instant_from_the_events_own() {
+        let at: Instant = "2026-11-24T02:30:00Z".parse().unwrap();
+        let mut tries = run_instants(at);
+        assert_eq!(tries.next(), Some(at));
+        assert_eq!(tries.next(), Some(at + chrono::Duration::microseconds(1)));
+        assert_eq!(run_instants(at).count() as i64, RUN_INSTANT_TRIES);
     }
 
     #[test]

@@ -79,6 +79,7 @@ macro_rules! store_contract_tests {
             an_event_starts_one_run_per_event_of_its_key,
             events_release_waits_and_succeeded_runs_emit_them,
             event_retention_deletes_the_oldest_first,
+            an_events_run_is_not_lost_to_a_run_at_its_instant,
             backfilled_instants_each_run_once_in_turn,
             a_retried_run_reopens_with_its_skipped_dependants,
             auto_priority_ranks_by_the_jobs_downstream,
@@ -2899,6 +2900,37 @@ pub async fn events_release_waits_and_succeeded_runs_emit_them(store: &dyn Store
         report_runs[0].event_id.as_deref(),
         Some(emitted[0].id.as_str())
     );
+}
+
+pub async fn an_events_run_is_not_lost_to_a_run_at_its_instant(store: &dyn Store) {
+    let listener = put(
+        store,
+        "listener",
+        serde_json::json!({
+            "schedule": {"event": "ready"},
+            "target": {"shell": {"command": "true"}},
+        }),
+    )
+    .await;
+    // A manual run in the very microsecond the event is recorded.
+    let manual = Fire {
+        trigger: Trigger::Manual,
+        ..fire(listener.id, t0())
+    };
+    fire_one(store, manual).await;
+    let posted = post(store, "default", "ready", "1", t0()).await;
+    assert_eq!(posted.event.occurred_at, t0());
+    assert_eq!(posted.started.len(), 1, "the event's run is recorded");
+    let (started, _) = run(store, posted.started[0]).await;
+    assert_eq!(
+        (
+            started.trigger,
+            started.scheduled_for,
+            started.event_id.as_deref()
+        ),
+        (Trigger::Event, t0() + Span::microseconds(1), Some("1"))
+    );
+    assert_eq!(runs_of(store, "listener").await.len(), 2);
 }
 
 pub async fn event_retention_deletes_the_oldest_first(store: &dyn Store) {

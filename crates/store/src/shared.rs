@@ -653,6 +653,15 @@ pub fn event_payload(text: &str) -> Result<serde_json::Value, StoreError> {
         .map_err(|e| StoreError::Corrupt(format!("a stored event payload does not parse: {e}")))
 }
 
+/// The error when an event's run finds no free instant ([`sked_core::event::run_instants`]):
+/// the event is not recorded rather than recorded without its run.
+pub fn no_free_instant(event: &sked_core::records::EventRecord, job: &str) -> StoreError {
+    StoreError::Database(format!(
+        "event {} {:?}: job {job:?} has runs at every instant from {} on; nothing was recorded",
+        event.key, event.id, event.occurred_at
+    ))
+}
+
 /// The answer to a post of an event recorded before: the first one, and nothing done.
 pub fn posted_before(event: sked_core::records::EventRecord) -> crate::PostedEvent {
     crate::PostedEvent {

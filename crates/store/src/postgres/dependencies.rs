@@ -477,22 +477,12 @@ pub(super) async fn settle(
             for (starts, dependant) in subscribers(tx, &event.namespace, &event.key).await? {
                 let dependant = Arc::new(dependant);
                 if starts {
-                    let at = At {
-                        namespace: &event.namespace,
-                        instant: event.occurred_at,
-                        trigger: Trigger::Event,
-                        event: Some(&event),
-                    };
-                    if let Some(run_id) = start(tx, &at, &dependant, now, &mut next).await? {
-                        settled.started.push(run_id);
-                        if !dependant.spec.paused {
-                            let judged = (
-                                dependant.clone(),
-                                event.occurred_at,
-                                event.namespace.clone(),
-                            );
-                            candidates.insert(run_id, judged);
-                        }
+                    let (run_id, instant) =
+                        start_by_event(tx, &event, &dependant, now, &mut next).await?;
+                    settled.started.push(run_id);
+                    if !dependant.spec.paused {
+                        let judged = (dependant.clone(), instant, event.namespace.clone());
+                        candidates.insert(run_id, judged);
                     }
                 }
                 if let Some(window) = dependency::dependant_instants(
@@ -701,6 +691,29 @@ async fn start(
         });
     }
     Ok(Some(row.try_get(0)?))
+}
+
+/// Records the run `event` starts of `dependant` at the first free instant from the event's,
+/// as `sqlite::dependencies::start_by_event` does.
+async fn start_by_event(
+    tx: &Tx<'_>,
+    event: &EventRecord,
+    dependant: &Dependant,
+    now: Instant,
+    ended: &mut Vec<Ended>,
+) -> PgResult<(i64, Instant)> {
+    for instant in sked_core::event::run_instants(event.occurred_at) {
+        let at = At {
+            namespace: &event.namespace,
+            instant,
+            trigger: Trigger::Event,
+            event: Some(event),
+        };
+        if let Some(run_id) = start(tx, &at, dependant, now, ended).await? {
+            return Ok((run_id, instant));
+        }
+    }
+    Err(crate::shared::no_free_instant(event, &dependant.name).into())
 }
 
 /// A waiting run whose dependencies are met: now its job's overlap policy decides.

@@ -354,22 +354,11 @@ pub(super) fn settle(
             for (starts, dependant) in subscribers(tx, &event.namespace, &event.key)? {
                 let dependant = Rc::new(dependant);
                 if starts {
-                    let at = At {
-                        namespace: &event.namespace,
-                        instant: event.occurred_at,
-                        trigger: Trigger::Event,
-                        event: Some(&event),
-                    };
-                    if let Some(run_id) = start(tx, &at, &dependant, now, &mut next)? {
-                        settled.started.push(run_id);
-                        if !dependant.spec.paused {
-                            let judged = (
-                                dependant.clone(),
-                                event.occurred_at,
-                                event.namespace.clone(),
-                            );
-                            candidates.insert(run_id, judged);
-                        }
+                    let (run_id, instant) = start_by_event(tx, &event, &dependant, now, &mut next)?;
+                    settled.started.push(run_id);
+                    if !dependant.spec.paused {
+                        let judged = (dependant.clone(), instant, event.namespace.clone());
+                        candidates.insert(run_id, judged);
                     }
                 }
                 if let Some(window) = dependency::dependant_instants(
@@ -569,6 +558,30 @@ fn start(
         });
     }
     Ok(Some(tx.last_insert_rowid()))
+}
+
+/// Records the run `event` starts of `dependant`, at the event's instant or the first free one
+/// after it (`event::run_instants`); returns it and its instant. Never drops it: with no free
+/// instant the transaction fails, and the event with it.
+fn start_by_event(
+    tx: &Transaction<'_>,
+    event: &EventRecord,
+    dependant: &Dependant,
+    now: Instant,
+    ended: &mut Vec<Ended>,
+) -> Result<(i64, Instant)> {
+    for instant in sked_core::event::run_instants(event.occurred_at) {
+        let at = At {
+            namespace: &event.namespace,
+            instant,
+            trigger: Trigger::Event,
+            event: Some(event),
+        };
+        if let Some(run_id) = start(tx, &at, dependant, now, ended)? {
+            return Ok((run_id, instant));
+        }
+    }
+    Err(crate::shared::no_free_instant(event, &dependant.name))
 }
 
 /// A waiting run whose dependencies are met: now its job's overlap policy decides.
