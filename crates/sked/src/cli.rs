@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use sked_core::egress::EgressRule;
 use sked_core::HumanDuration;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Parser)]
 #[command(name = "sked", version, about = "A distributed job scheduler")]
@@ -620,12 +620,7 @@ async fn event(cmd: EventCommand) -> Result<()> {
                 None => serde_json::Value::Null,
                 Some(arg) => match arg.strip_prefix('@') {
                     Some(path) => {
-                        // The server takes at most 64 KiB; reading stops a little past that.
-                        let file = std::fs::File::open(path)
-                            .and_then(|f| {
-                                std::io::read_to_string(std::io::Read::take(f, 128 * 1024))
-                            })
-                            .with_context(|| format!("cannot read {path}"))?;
+                        let file = read_bounded(Path::new(path))?;
                         payload_value(file.trim_end_matches(['\n', '\r']))
                     }
                     None => payload_value(&arg),
@@ -641,6 +636,17 @@ async fn event(cmd: EventCommand) -> Result<()> {
                 .await
         }
     }
+}
+
+/// What the command line reads for a request (a secret's value, an event's payload): the
+/// server takes at most 64 KiB of either, so reading stops a little past that.
+const READ_LIMIT: u64 = 128 * 1024;
+
+/// A file's text, at most [`READ_LIMIT`] bytes of it.
+fn read_bounded(path: &Path) -> Result<String> {
+    std::fs::File::open(path)
+        .and_then(|f| std::io::read_to_string(std::io::Read::take(f, READ_LIMIT)))
+        .with_context(|| format!("cannot read {}", path.display()))
 }
 
 /// An event payload as given: JSON when it parses, else the text as a string.
@@ -692,12 +698,8 @@ async fn secret(cmd: SecretCommand) -> Result<()> {
             from_file,
             client,
         } => {
-            // The server takes at most 64 KiB; reading stops a little past that.
-            const READ_LIMIT: u64 = 128 * 1024;
             let mut value = match &from_file {
-                Some(path) => std::fs::File::open(path)
-                    .and_then(|f| std::io::read_to_string(std::io::Read::take(f, READ_LIMIT)))
-                    .with_context(|| format!("cannot read {}", path.display()))?,
+                Some(path) => read_bounded(path)?,
                 None => {
                     let stdin = std::io::Read::take(std::io::stdin(), READ_LIMIT);
                     std::io::read_to_string(stdin)
