@@ -311,6 +311,7 @@ impl Dispatcher {
                     strategy: run.routing.strategy,
                     affinity_key: run.routing.affinity_key.as_deref(),
                     publishes_through: run.target.destination().map(|d| d.connection),
+                    priority: run.priority,
                 }
             })
             .collect();
@@ -460,16 +461,7 @@ mod tests {
     }
 
     fn worker() -> WorkerLoad {
-        WorkerLoad {
-            id: "w".into(),
-            labels: BTreeMap::new(),
-            slots: 4,
-            running: 0,
-            warm_keys: Vec::new(),
-            namespaces: vec!["*".into()],
-            publisher: false,
-            brokers: Vec::new(),
-        }
+        WorkerLoad::idle("w", 4)
     }
 
     /// One poll, answered by one matching pass once the poll is open.

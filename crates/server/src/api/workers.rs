@@ -241,14 +241,12 @@ pub async fn lease(
         }));
     }
     let load = WorkerLoad {
-        id: id.clone(),
         labels: worker.labels,
-        slots: worker.slots,
         running: worker.slots - free,
         warm_keys: worker.warm_keys,
         namespaces: worker.namespaces,
-        publisher: false,
         brokers: req.brokers,
+        ..WorkerLoad::idle(id.clone(), worker.slots)
     };
     let wait = Duration::from_millis(req.wait_ms).min(state.config.max_lease_wait);
     let handout = state.dispatcher.poll(load, wait).await;

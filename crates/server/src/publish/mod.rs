@@ -231,14 +231,10 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     let connections = brokers.brokers.names();
     loop {
         let load = WorkerLoad {
-            id: id.clone(),
-            labels: BTreeMap::new(),
-            slots: SLOTS,
             running: running.len() as u32,
-            warm_keys: Vec::new(),
-            namespaces: vec![sked_core::auth::ALL_NAMESPACES.to_string()],
             publisher: true,
             brokers: connections.clone(),
+            ..WorkerLoad::idle(id.clone(), SLOTS)
         };
         let free = load.free_slots() > 0 && awaiting.len() < MAX_AWAITING && linger.is_none();
         tokio::select! {
