@@ -223,6 +223,20 @@ impl JobSpec {
                 "label names must not be empty",
             ));
         }
+        if self
+            .routing
+            .affinity_key
+            .as_ref()
+            .is_some_and(|k| k.is_empty() || k.len() > crate::dispatch::MAX_AFFINITY_KEY_BYTES)
+        {
+            return Err(SpecError::new(
+                "routing.affinity_key",
+                format!(
+                    "must be 1 to {} bytes",
+                    crate::dispatch::MAX_AFFINITY_KEY_BYTES
+                ),
+            ));
+        }
         crate::dependency::validate(&name, &self.depends_on, self.deps_timeout)?;
         if self.schedule.is_none()
             && !self.depends_on.is_empty()

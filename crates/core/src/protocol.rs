@@ -48,6 +48,26 @@ pub struct RegisterRequest {
     pub slots: u32,
 }
 
+/// How a worker pool is guarded against overload (`sked worker --overload`), as a worker
+/// registers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverloadSetting {
+    pub policy: crate::dispatch::Overload,
+    /// The stall gauge above which the worker counts as overloaded.
+    pub trip: u32,
+    /// The stall gauge at or below which it has recovered; below `trip`.
+    pub reset: u32,
+}
+
+impl OverloadSetting {
+    /// The overload control it sets up, or why its thresholds cannot work.
+    pub fn control(self) -> Result<crate::dispatch::OverloadControl, String> {
+        let limits = crate::dispatch::StallLimits::new(self.trip, self.reset)?;
+        Ok(crate::dispatch::OverloadControl::new(self.policy, limits))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RegisterResponse {
     pub worker_id: String,
@@ -67,9 +87,16 @@ pub struct HeartbeatRequest {
     /// Attempts the worker is executing.
     #[serde(default)]
     pub running: Vec<i64>,
-    /// Affinity keys the worker holds warm.
+    /// Affinity keys the worker holds warm (at most `dispatch::MAX_WARM_KEYS`).
     #[serde(default)]
     pub warm_keys: Vec<String>,
+    /// Work waiting inside the worker: its attempts whose HTTP request has been in flight
+    /// longer than its `--stall-after`. Overload control reads it.
+    #[serde(default)]
+    pub stall: u32,
+    /// The worker's pool's overload control; the server's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overload: Option<OverloadSetting>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -122,6 +149,9 @@ pub struct LeasedAttempt {
     /// The event that started the run (trigger `event`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<crate::event::RunEvent>,
+    /// The job's affinity key: the worker reports the keys of its recent attempts as warm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_key: Option<String>,
 }
 
 impl LeasedAttempt {

@@ -96,6 +96,7 @@ pub async fn start(
             target,
             timeout_ms: run.timeout.map(|t| t.as_millis() as u64),
             event: run.event,
+            affinity_key: run.routing.affinity_key,
         });
     }
     Metrics::add(&state.metrics.attempts_started, attempts.len() as u64);

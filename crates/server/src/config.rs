@@ -34,6 +34,9 @@ pub struct ServerConfig {
     /// Past these many queued runs of a job, or of a namespace, an instant is recorded as
     /// skipped (`backlog`) instead of queuing one more.
     pub backlog: BacklogLimits,
+    /// The overload control of workers whose heartbeats name none (`sked worker --overload`
+    /// names their pool's).
+    pub overload: sked_core::dispatch::OverloadControl,
     /// Header timeout and the most connections open at once.
     pub connections: ConnectionLimits,
     /// Workers declared dead are deleted once silent this long.
@@ -79,6 +82,7 @@ impl Default for ServerConfig {
             node_lease: Duration::from_secs(3),
             node_name: "sked".to_string(),
             backlog: BacklogLimits::default(),
+            overload: sked_core::dispatch::OverloadControl::default(),
             connections: ConnectionLimits::default(),
             max_log_follows: 256,
             worker_retention: Duration::from_secs(24 * 3600),

@@ -2,7 +2,10 @@
 //!
 //! Workers long-poll for attempts. A poll waits here until runs are ready for it; the choice of
 //! worker for each run is `sked_core::dispatch::assign` over the workers polling at that moment,
-//! in priority order, so the policy code is the one the simulator runs too. Runs with no
+//! in queue order (priority, aged by waiting: `sked_core::dispatch::queue_position`), so the
+//! policy code is the one the simulator runs too. What a worker reports in its heartbeat (its
+//! stall gauge, warm keys, its pool's overload control) is kept here with what this node
+//! handed it since (keys then assumed warm), and goes into every choice. Runs with no
 //! eligible worker wait (never dropped); runs not ready yet (retry backoff, jitter) wait for
 //! their `ready_at`. The queue is memory only: the store's queued runs are the truth, loaded at
 //! start. In a cluster every node holds every queued run (other nodes' runs arrive as store
@@ -12,7 +15,9 @@
 use crate::metrics::Metrics;
 use chrono::Utc;
 use rand::Rng;
-use sked_core::dispatch::{assign, Demand, WorkerLoad};
+use sked_core::dispatch::{
+    assign, queue_position, Demand, NoWorker, OverloadControl, WorkerLoad, AGING_STEP,
+};
 use sked_core::Instant;
 use sked_store::{QueuedRun, Store};
 use std::cmp::Reverse;
@@ -21,12 +26,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch, Notify};
 
-type ReadyKey = (Reverse<i32>, Instant, i64);
+/// A ready run's place: its aged queue position, then the higher priority, then the id.
+type ReadyKey = (Instant, Reverse<i32>, i64);
 type DelayedKey = (Instant, i64);
 
 #[derive(Default)]
 struct State {
-    /// Runs ready now, highest priority first, then oldest.
+    /// Runs ready now, by queue position: highest priority first, unless a lower one has
+    /// waited longer than the difference is worth.
     ready: BTreeMap<ReadyKey, QueuedRun>,
     /// Runs whose `ready_at` is still ahead.
     delayed: BTreeMap<DelayedKey, QueuedRun>,
@@ -47,12 +54,21 @@ struct State {
     workers: HashMap<String, KnownWorker>,
 }
 
-/// A registered worker's labels, slots, warm affinity keys, and what its token allows.
+/// A registered worker's labels, slots, what its token allows, and its load as this node
+/// knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KnownWorker {
     pub labels: BTreeMap<String, String>,
     pub slots: u32,
     pub warm_keys: Vec<String>,
+    /// Keys of runs this node handed it lately: assumed warm.
+    pub recent_keys: Vec<String>,
+    /// Its stall gauge, as last reported.
+    pub stall: u32,
+    /// Attempts this node handed it since its last heartbeat.
+    pub assigned: u32,
+    /// Its pool's overload control, and its state under it.
+    pub overload: OverloadControl,
     /// The namespaces whose runs it may take.
     pub namespaces: Vec<String>,
     /// The token it registered with: the only one that may speak for it.
@@ -73,6 +89,14 @@ struct JobBacklog {
     namespace: String,
 }
 
+fn ready_key(priority: i32, ready_at: Instant, run_id: i64) -> ReadyKey {
+    (
+        queue_position(ready_at, priority, AGING_STEP),
+        Reverse(priority),
+        run_id,
+    )
+}
+
 impl State {
     /// Queues `run`, replacing any earlier copy of it (never doubling it).
     fn insert(&mut self, run: QueuedRun, now: Instant) {
@@ -89,7 +113,7 @@ impl State {
         *self.per_namespace.entry(run.namespace.clone()).or_default() += 1;
         if run.ready_at <= now {
             self.ready
-                .insert((Reverse(run.priority), run.ready_at, run.run_id), run);
+                .insert(ready_key(run.priority, run.ready_at, run.run_id), run);
         } else {
             self.delayed.insert((run.ready_at, run.run_id), run);
         }
@@ -99,7 +123,7 @@ impl State {
         let (priority, ready_at, job_id) = self.held.remove(&run_id)?;
         self.uncount(job_id);
         self.ready
-            .remove(&(Reverse(priority), ready_at, run_id))
+            .remove(&ready_key(priority, ready_at, run_id))
             .or_else(|| self.delayed.remove(&(ready_at, run_id)))
     }
 
@@ -165,10 +189,48 @@ impl Dispatcher {
         self.lock().workers.remove(id);
     }
 
-    pub fn set_warm_keys(&self, id: &str, keys: Vec<String>) {
+    /// Takes a worker's heartbeat into account: its warm keys and stall gauge, under its
+    /// pool's overload control (`overload`: its policy and thresholds, the state is kept).
+    pub fn report_load(
+        &self,
+        id: &str,
+        stall: u32,
+        warm_keys: Vec<String>,
+        overload: OverloadControl,
+    ) {
         if let Some(worker) = self.lock().workers.get_mut(id) {
-            worker.warm_keys = keys;
+            worker.warm_keys = warm_keys;
+            worker.stall = stall;
+            worker.assigned = 0;
+            if (worker.overload.policy, worker.overload.limits)
+                != (overload.policy, overload.limits)
+            {
+                worker.overload = overload;
+            }
+            worker.overload.observe(stall);
         }
+    }
+
+    /// Why queued run `run_id` has no worker, judged over the workers this node knows (those
+    /// polling now with their free slots, the others as busy). `None` when it is not queued
+    /// here, not ready yet, or some worker could take it.
+    pub fn waiting_for_workers(&self, run_id: i64) -> Option<String> {
+        let state = self.lock();
+        let (priority, ready_at, _) = *state.held.get(&run_id)?;
+        let run = state.ready.get(&ready_key(priority, ready_at, run_id))?;
+        let loads: Vec<WorkerLoad> = state
+            .workers
+            .iter()
+            .map(|(id, known)| match state.polls.get(id) {
+                Some(poll) => poll.load.clone(),
+                None => WorkerLoad {
+                    running: known.slots,
+                    ..known.load(id)
+                },
+            })
+            .collect();
+        let why = NoWorker::count(&demand(run), &loads);
+        (why.free == 0 || why.overloaded == why.free).then(|| why.to_string())
     }
 
     /// Adds queued runs (a run already present is replaced, never doubled).
@@ -301,24 +363,20 @@ impl Dispatcher {
         // every match scan the whole queue.
         let window = (free as usize).saturating_mul(4).max(256);
         let keys: Vec<ReadyKey> = state.ready.keys().take(window).copied().collect();
-        let demands: Vec<Demand<'_>> = keys
-            .iter()
-            .map(|k| {
-                let run = &state.ready[k];
-                Demand {
-                    namespace: &run.namespace,
-                    labels: &run.routing.labels,
-                    strategy: run.routing.strategy,
-                    affinity_key: run.routing.affinity_key.as_deref(),
-                    publishes_through: run.target.destination().map(|d| d.connection),
-                    priority: run.priority,
-                }
-            })
-            .collect();
+        let demands: Vec<Demand<'_>> = keys.iter().map(|k| demand(&state.ready[k])).collect();
         let mut rng = rand::thread_rng();
         let pairs = assign(&demands, &mut loads, state.turn, || rng.gen());
         drop(demands);
         state.turn = state.turn.wrapping_add(pairs.len() as u64);
+        // What was handed out counts until the workers' next heartbeats.
+        for (load, id) in loads.iter().zip(&ids) {
+            if load.assigned > 0 {
+                if let Some(known) = state.workers.get_mut(id) {
+                    known.assigned = known.assigned.saturating_add(load.assigned);
+                    known.recent_keys.clone_from(&load.recent_keys);
+                }
+            }
+        }
         let mut per_worker: HashMap<usize, Vec<QueuedRun>> = HashMap::new();
         for (run_index, worker_index) in pairs {
             if let Some(run) = state.remove(keys[run_index].2) {
@@ -365,6 +423,48 @@ impl Dispatcher {
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
             }
+        }
+    }
+}
+
+/// What a queued run asks of a worker.
+fn demand(run: &QueuedRun) -> Demand<'_> {
+    Demand {
+        namespace: &run.namespace,
+        labels: &run.routing.labels,
+        strategy: run.routing.strategy,
+        affinity_key: run.routing.affinity_key.as_deref(),
+        publishes_through: run.target.destination().map(|d| d.connection),
+        priority: run.priority,
+    }
+}
+
+impl KnownWorker {
+    /// A worker with no labels, slots or load yet, under overload control `overload`.
+    pub fn new(overload: OverloadControl) -> KnownWorker {
+        KnownWorker {
+            labels: BTreeMap::new(),
+            slots: 0,
+            warm_keys: Vec::new(),
+            recent_keys: Vec::new(),
+            stall: 0,
+            assigned: 0,
+            overload,
+            namespaces: Vec::new(),
+            token_id: None,
+        }
+    }
+
+    /// The worker as a dispatch policy sees it, with no attempts running.
+    pub fn load(&self, id: &str) -> WorkerLoad {
+        WorkerLoad {
+            labels: self.labels.clone(),
+            stall: self.stall,
+            warm_keys: self.warm_keys.clone(),
+            recent_keys: self.recent_keys.clone(),
+            overload: self.overload,
+            namespaces: self.namespaces.clone(),
+            ..WorkerLoad::idle(id, self.slots)
         }
     }
 }
@@ -496,7 +596,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_higher_rank_goes_first_and_equals_go_oldest_first() {
+    async fn a_higher_rank_goes_first_equals_go_oldest_first_and_waiting_ages() {
         let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
         let ranked = |run_id: i64, priority: i32, age_s: i64| {
             let mut run = queued(run_id);
@@ -504,10 +604,16 @@ mod tests {
             run.ready_at -= chrono::Duration::seconds(age_s);
             run
         };
-        // A leaf's old run, and the root of a pipeline 40 jobs wide (`priority: auto`).
+        // A leaf's old runs, and the root of a pipeline 40 jobs wide (`priority: auto`).
         dispatcher.enqueue(vec![ranked(1, 0, 30), ranked(2, 40, 1), ranked(3, 0, 60)]);
         let handout = poll_once(&dispatcher).await;
         assert_eq!(ids(handout.runs()), vec![2, 3, 1]);
+        drop(handout.started());
+        // Aging: a priority 0 run ready for four minutes goes before a priority 3 run ready
+        // now (worth three), and after a priority 5 run (worth five).
+        dispatcher.enqueue(vec![ranked(4, 3, 0), ranked(5, 0, 240), ranked(6, 5, 0)]);
+        let handout = poll_once(&dispatcher).await;
+        assert_eq!(ids(handout.runs()), vec![6, 5, 4]);
     }
 
     #[test]

@@ -322,6 +322,46 @@ pub struct ServerArgs {
         value_name = "NS=CONN:PREFIX"
     )]
     pub broker_allow: Vec<sked_core::publish::BrokerAllowance>,
+    #[command(flatten)]
+    pub overload: OverloadArgs,
+}
+
+/// Overload control of workers: on `sked server`, for workers that name none; on
+/// `sked worker`, for the worker's pool (docs/DISPATCH.md).
+#[derive(Debug, Args, Clone, Default)]
+pub struct OverloadArgs {
+    /// `none`, `breaker` (a worker over --stall-trip gets no work until back at
+    /// --stall-reset) or `admission` (its share of work shrinks, low priorities first)
+    /// [default: breaker]
+    #[arg(long, env = "SKED_OVERLOAD", value_name = "POLICY")]
+    pub overload: Option<sked_core::dispatch::Overload>,
+    /// The stall gauge (a worker's HTTP attempts in flight past its --stall-after) above
+    /// which a worker is overloaded [default: 8]
+    #[arg(long, env = "SKED_STALL_TRIP", value_name = "N")]
+    pub stall_trip: Option<u32>,
+    /// The stall gauge at or below which an overloaded worker has recovered; below
+    /// --stall-trip [default: 4]
+    #[arg(long, env = "SKED_STALL_RESET", value_name = "N")]
+    pub stall_reset: Option<u32>,
+}
+
+impl OverloadArgs {
+    /// The setting these flags name, `None` when none is given.
+    pub fn setting(&self) -> anyhow::Result<Option<sked_core::protocol::OverloadSetting>> {
+        if self.overload.is_none() && self.stall_trip.is_none() && self.stall_reset.is_none() {
+            return Ok(None);
+        }
+        let defaults = sked_core::dispatch::StallLimits::default();
+        let setting = sked_core::protocol::OverloadSetting {
+            policy: self.overload.unwrap_or_default(),
+            trip: self.stall_trip.unwrap_or(defaults.trip),
+            reset: self.stall_reset.unwrap_or(defaults.reset),
+        };
+        setting
+            .control()
+            .map_err(|e| anyhow::anyhow!("--stall-reset: {e}"))?;
+        Ok(Some(setting))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -397,6 +437,12 @@ pub struct WorkerArgs {
         hide_env_values = true
     )]
     pub brokers: Vec<sked_core::publish::BrokerConnection>,
+    /// An HTTP attempt in flight longer than this counts in the stall gauge this worker
+    /// reports, which overload control reads.
+    #[arg(long, env = "SKED_STALL_AFTER", default_value = "10s")]
+    pub stall_after: HumanDuration,
+    #[command(flatten)]
+    pub overload: OverloadArgs,
 }
 
 #[derive(Debug, Args, Clone)]

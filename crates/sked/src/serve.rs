@@ -289,6 +289,10 @@ fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConf
             deny: args.http_target_deny.clone(),
             internal_allowed,
         },
+        overload: match args.overload.setting()? {
+            Some(setting) => setting.control().map_err(anyhow::Error::msg)?,
+            None => sked_core::dispatch::OverloadControl::default(),
+        },
         ..ServerConfig::default()
     })
 }
@@ -435,6 +439,8 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         labels,
         slots: args.slots,
         brokers: args.brokers.clone(),
+        stall_after: args.stall_after.0,
+        overload: args.overload.setting()?,
         token,
         trusted_certificates: match &args.ca_file {
             Some(path) => read_certificates(path)?,

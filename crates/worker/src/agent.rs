@@ -75,6 +75,7 @@ async fn serve(
         session: watch::channel(Session::default()).0,
         register_lock: tokio::sync::Mutex::new(()),
         attempts: Mutex::new(HashMap::new()),
+        recent_keys: Mutex::new(Vec::new()),
         slot_freed: Notify::new(),
         finished: finished_tx,
         stopping,
@@ -149,6 +150,9 @@ struct Session {
 struct Entry {
     token: i64,
     executing: bool,
+    /// When it started, and whether it is an HTTP request: what the stall gauge counts.
+    started: tokio::time::Instant,
+    http: bool,
     stop: StopHandle,
     output: OutputBuffer,
     /// Serializes sending this attempt's output, so chunks arrive in order.
@@ -183,6 +187,8 @@ struct Agent {
     /// One registration at a time.
     register_lock: tokio::sync::Mutex<()>,
     attempts: Mutex<HashMap<i64, Entry>>,
+    /// Affinity keys of its latest attempts, newest last: reported as warm.
+    recent_keys: Mutex<Vec<String>>,
     slot_freed: Notify,
     finished: mpsc::UnboundedSender<Finished>,
     stopping: watch::Receiver<bool>,
@@ -232,6 +238,24 @@ impl Agent {
             .values()
             .filter(|e| e.executing)
             .count()
+    }
+
+    /// HTTP attempts in flight for longer than `stall_after`: the stall gauge.
+    fn stalled(&self) -> u32 {
+        let now = tokio::time::Instant::now();
+        let stalled = self
+            .lock_attempts()
+            .values()
+            .filter(|e| e.executing && e.http && now - e.started > self.config.stall_after)
+            .count();
+        u32::try_from(stalled).unwrap_or(u32::MAX)
+    }
+
+    fn warm_keys(&self) -> Vec<String> {
+        self.recent_keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     fn is_stopping(&self) -> bool {
@@ -378,10 +402,21 @@ impl Agent {
                 Entry {
                     token: leased.token,
                     executing: true,
+                    started: tokio::time::Instant::now(),
+                    http: matches!(leased.target, sked_core::TargetSpec::Http(_)),
                     stop,
                     output: output.clone(),
                     send_lock,
                 },
+            );
+        }
+        if let Some(key) = &leased.affinity_key {
+            sked_core::dispatch::remember_key(
+                &mut self
+                    .recent_keys
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+                key,
             );
         }
         tracing::info!(
@@ -530,7 +565,9 @@ impl Agent {
             running.sort_unstable();
             let request = HeartbeatRequest {
                 running,
-                warm_keys: Vec::new(),
+                warm_keys: self.warm_keys(),
+                stall: self.stalled(),
+                overload: self.config.overload,
             };
             let result = self
                 .client

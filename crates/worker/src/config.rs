@@ -62,6 +62,11 @@ pub struct WorkerConfig {
     pub retry_max: Duration,
     /// At shutdown, how long the worker keeps trying to report what its attempts did.
     pub shutdown_timeout: Duration,
+    /// An HTTP attempt in flight longer than this counts in the stall gauge the worker
+    /// reports: its target is slow, and more work sent here would wait behind it.
+    pub stall_after: Duration,
+    /// This worker's pool's overload control; the server's default when `None`.
+    pub overload: Option<sked_core::protocol::OverloadSetting>,
 }
 
 impl Default for WorkerConfig {
@@ -87,6 +92,8 @@ impl Default for WorkerConfig {
             retry_initial: Duration::from_millis(200),
             retry_max: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(15),
+            stall_after: Duration::from_secs(10),
+            overload: None,
         }
     }
 }
@@ -127,11 +134,16 @@ impl WorkerConfig {
             ("retry_initial", self.retry_initial),
             ("retry_max", self.retry_max),
             ("home_check_interval", self.home_check_interval),
+            ("stall_after", self.stall_after),
         ];
         for (field, value) in positive {
             if value.is_zero() {
                 return invalid(format!("{field} must be more than zero"));
             }
+        }
+        if let Some(overload) = self.overload {
+            sked_core::dispatch::StallLimits::new(overload.trip, overload.reset)
+                .map_err(WorkerError::Config)?;
         }
         if self.retry_max < self.retry_initial {
             self.retry_max = self.retry_initial;

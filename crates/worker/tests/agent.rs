@@ -208,6 +208,12 @@ fn token_of(attempt_id: i64) -> i64 {
     attempt_id * 1000 + 7
 }
 
+/// An HTTP target that takes its time: what makes a worker's stall gauge rise.
+async fn slow() -> &'static str {
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    "done"
+}
+
 async fn readyz(State(node): State<Node>) -> Response {
     if node.down.load(Ordering::SeqCst) {
         return unavailable();
@@ -224,6 +230,7 @@ async fn fake_server() -> (Shared, String) {
 async fn node(fake: Shared, down: Arc<AtomicBool>, served: Arc<AtomicUsize>) -> String {
     let app = Router::new()
         .route("/readyz", get(readyz))
+        .route("/slow", get(slow))
         .route("/api/v1/workers", post(register))
         .route("/api/v1/workers/{id}/heartbeat", post(heartbeat))
         .route("/api/v1/workers/{id}/lease", post(lease))
@@ -266,6 +273,7 @@ fn shell_attempt(attempt_id: i64, command: &str, timeout_ms: Option<u64>) -> Lea
         timeout_ms,
         completion: None,
         event: None,
+        affinity_key: None,
     }
 }
 
@@ -628,5 +636,64 @@ async fn http_targets_follow_the_policy_of_the_latest_registration() {
         "{error}"
     );
     assert!(lock(&fake).registrations >= 2);
+    worker.stop().await.expect("a clean stop");
+}
+
+/// Each heartbeat carries the stall gauge (HTTP attempts in flight past `stall_after`), the
+/// affinity keys of the latest attempts as warm keys, and the pool's overload control: what
+/// the server's dispatcher chooses by.
+#[tokio::test]
+async fn heartbeats_report_the_stall_gauge_warm_keys_and_the_pools_overload_control() {
+    let (fake, url) = fake_server().await;
+    let slow_attempt = |attempt_id: i64, key: &str| LeasedAttempt {
+        target: TargetSpec::Http(HttpTarget {
+            method: "GET".to_string(),
+            url: format!("{url}/slow"),
+            headers: BTreeMap::new(),
+            body: None,
+            expected_status: Vec::new(),
+            timeout: None,
+            callback: false,
+        }),
+        affinity_key: Some(key.to_string()),
+        ..shell_attempt(attempt_id, "true", None)
+    };
+    {
+        let mut f = lock(&fake);
+        f.queue.push(slow_attempt(1, "project-1"));
+        f.queue.push(slow_attempt(2, "project-2"));
+        // A shell attempt, however long, is not an HTTP request waiting on a slow target.
+        f.queue.push(shell_attempt(3, "sleep 1", None));
+    }
+    let setting = sked_core::protocol::OverloadSetting {
+        policy: sked_core::dispatch::Overload::Admission,
+        trip: 3,
+        reset: 1,
+    };
+    let worker = start(WorkerConfig {
+        stall_after: Duration::from_millis(300),
+        overload: Some(setting),
+        ..config(vec![url.clone()], 4)
+    });
+    wait_until(&fake, "a heartbeat counts both slow requests", |f| {
+        f.heartbeats.iter().any(|h| h.stall == 2)
+    })
+    .await;
+    {
+        let f = lock(&fake);
+        let beat = f.heartbeats.iter().find(|h| h.stall == 2).expect("found");
+        assert_eq!(beat.warm_keys, vec!["project-1", "project-2"]);
+        assert_eq!(beat.overload, Some(setting));
+        // Before `stall_after` had passed, the same attempts were not stalled.
+        assert_eq!(f.heartbeats.first().map(|h| h.stall), Some(0));
+    }
+    wait_until(&fake, "all three attempts completed", |f| {
+        f.completions.len() == 3
+    })
+    .await;
+    wait_until(&fake, "the gauge falls back once they ended", |f| {
+        f.heartbeats.last().is_some_and(|h| h.stall == 0)
+    })
+    .await;
     worker.stop().await.expect("a clean stop");
 }

@@ -14,6 +14,8 @@ pub use overload::{Overload, OverloadControl, OverloadState, StallLimits, ADMIT_
 use crate::Instant;
 use std::collections::BTreeMap;
 
+/// The longest affinity key a job may name, and a worker may report warm.
+pub const MAX_AFFINITY_KEY_BYTES: usize = 200;
 /// Affinity keys a worker may report warm in one heartbeat.
 pub const MAX_WARM_KEYS: usize = 256;
 /// Affinity keys the dispatcher remembers handing one worker (assumed warm there).
@@ -232,7 +234,10 @@ impl std::fmt::Display for NoWorker {
             );
         }
         if overloaded == serving {
-            return write!(f, "waiting for workers: {serving} eligible, all {threshold}");
+            return write!(
+                f,
+                "waiting for workers: {serving} eligible, all {threshold}"
+            );
         }
         if free == 0 {
             return write!(f, "waiting for workers: {serving} eligible, all busy");
@@ -524,9 +529,11 @@ mod tests {
             "waiting for workers: 3 eligible, all busy"
         );
         let eu: BTreeMap<_, _> = [("zone".to_string(), "eu".to_string())].into();
-        assert!(NoWorker::count(&demand(&eu, Strategy::LeastLoaded), &workers)
-            .to_string()
-            .contains("none asking for work carries the run's labels"));
+        assert!(
+            NoWorker::count(&demand(&eu, Strategy::LeastLoaded), &workers)
+                .to_string()
+                .contains("none asking for work carries the run's labels")
+        );
     }
 
     #[test]

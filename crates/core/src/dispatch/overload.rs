@@ -181,11 +181,17 @@ mod tests {
         control.observe(11);
         assert!(!control.accepts(9, 0), "open for every priority");
         control.observe(6);
-        assert!(!control.accepts(0, 0), "between the thresholds it stays open");
+        assert!(
+            !control.accepts(0, 0),
+            "between the thresholds it stays open"
+        );
         control.observe(5);
         assert!(control.accepts(0, 0));
         control.observe(9);
-        assert!(control.accepts(0, 0), "between the thresholds it stays closed");
+        assert!(
+            control.accepts(0, 0),
+            "between the thresholds it stays closed"
+        );
     }
 
     #[test]
@@ -193,7 +199,9 @@ mod tests {
         let mut control =
             OverloadControl::new(Overload::Admission, StallLimits::new(10, 5).unwrap());
         let admitted = |c: &OverloadControl, priority| {
-            (0..100u64).filter(|draw| c.accepts(priority, *draw)).count()
+            (0..100u64)
+                .filter(|draw| c.accepts(priority, *draw))
+                .count()
         };
         assert_eq!(admitted(&control, 0), 100);
         for _ in 0..3 {
@@ -203,7 +211,11 @@ mod tests {
         assert_eq!(control.state.admission, 729);
         assert_eq!(admitted(&control, 0), 0, "priority 0 is shed first");
         assert_eq!(admitted(&control, 2), 29, "priority 2 in part");
-        assert_eq!(admitted(&control, 9), 100, "high priority still goes through");
+        assert_eq!(
+            admitted(&control, 9),
+            100,
+            "high priority still goes through"
+        );
         assert!(control.overloaded());
         for _ in 0..6 {
             control.observe(0);

@@ -16,6 +16,7 @@ use axum::Json;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use sked_core::records::{AttemptRecord, RunRecord};
+use sked_core::run::RunState;
 use sked_store::{CancelOutcome, RetryOutcome, RunQuery};
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,10 @@ pub struct RunView {
     pub run: RunRecord,
     pub lateness_ms: f64,
     pub attempt_history: Vec<AttemptRecord>,
+    /// A queued run that this node's dispatcher cannot hand to any worker asking for work:
+    /// why (`waiting for workers: 3 eligible, all over the breaker threshold`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for_workers: Option<String>,
 }
 
 /// The run with its attempts; a run of a namespace `caller` does not see does not exist.
@@ -82,10 +87,14 @@ pub async fn get(
     Path(id): Path<i64>,
 ) -> Result<Json<RunView>, ApiError> {
     let (run, attempts) = find(&state, &caller, id).await?;
+    let waiting_for_workers = (run.state == RunState::Queued)
+        .then(|| state.dispatcher.waiting_for_workers(run.id))
+        .flatten();
     Ok(Json(RunView {
         lateness_ms: run.lateness_ms(),
         run,
         attempt_history: attempts,
+        waiting_for_workers,
     }))
 }
 

@@ -15,7 +15,7 @@ use axum::Json;
 use chrono::Utc;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
-use sked_core::dispatch::WorkerLoad;
+use sked_core::dispatch::{WorkerLoad, MAX_AFFINITY_KEY_BYTES, MAX_WARM_KEYS};
 use sked_core::protocol::{
     CompleteRequest, CompleteResponse, HeartbeatRequest, HeartbeatResponse, LeaseRequest,
     LeaseResponse, RegisterRequest, RegisterResponse, MAX_WORKER_BROKERS,
@@ -103,9 +103,9 @@ pub async fn register(
         KnownWorker {
             labels: req.labels,
             slots: req.slots,
-            warm_keys: Vec::new(),
             namespaces,
             token_id: caller.token_id,
+            ..KnownWorker::new(state.config.overload)
         },
     );
     tracing::info!(
@@ -140,6 +140,34 @@ pub async fn heartbeat(
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let req: HeartbeatRequest = parse_json(&body(raw)?)?;
     owned_worker(&state, &caller, &id).await?;
+    if req.warm_keys.len() > MAX_WARM_KEYS {
+        return Err(ApiError::invalid(
+            "warm_keys",
+            format!(
+                "lists {} keys; at most {MAX_WARM_KEYS}",
+                req.warm_keys.len()
+            ),
+        ));
+    }
+    if let Some(key) = req
+        .warm_keys
+        .iter()
+        .find(|k| k.len() > MAX_AFFINITY_KEY_BYTES)
+    {
+        return Err(ApiError::invalid(
+            "warm_keys",
+            format!(
+                "a key of {} bytes; at most {MAX_AFFINITY_KEY_BYTES}",
+                key.len()
+            ),
+        ));
+    }
+    let overload = match req.overload {
+        None => state.config.overload,
+        Some(setting) => setting
+            .control()
+            .map_err(|e| ApiError::invalid("overload.reset", e))?,
+    };
     if req.running.len() > MAX_RUNNING_REPORTED {
         return Err(ApiError::invalid(
             "running",
@@ -172,7 +200,9 @@ pub async fn heartbeat(
         state.dispatcher.forget_worker(&id);
         return Err(unknown_worker(&id));
     }
-    state.dispatcher.set_warm_keys(&id, req.warm_keys);
+    state
+        .dispatcher
+        .report_load(&id, req.stall, req.warm_keys, overload);
     Ok(Json(HeartbeatResponse { stop: outcome.stop }))
 }
 
@@ -190,9 +220,9 @@ async fn known_worker(state: &AppState, id: &str) -> Result<KnownWorker, ApiErro
     let worker = KnownWorker {
         labels: record.labels,
         slots: record.slots,
-        warm_keys: Vec::new(),
         namespaces: record.namespaces,
         token_id: record.token_id,
+        ..KnownWorker::new(state.config.overload)
     };
     state.dispatcher.remember_worker(id, worker.clone());
     Ok(worker)
@@ -240,13 +270,11 @@ pub async fn lease(
             attempts: Vec::new(),
         }));
     }
+    // The worker's own count of free slots is fresh: nothing handed out since is missing.
     let load = WorkerLoad {
-        labels: worker.labels,
         running: worker.slots - free,
-        warm_keys: worker.warm_keys,
-        namespaces: worker.namespaces,
         brokers: req.brokers,
-        ..WorkerLoad::idle(id.clone(), worker.slots)
+        ..worker.load(&id)
     };
     let wait = Duration::from_millis(req.wait_ms).min(state.config.max_lease_wait);
     let handout = state.dispatcher.poll(load, wait).await;
