@@ -400,13 +400,27 @@ impl Client {
                         "dead".into()
                     },
                     format!("{}/{}", text(&w["running"]), text(&w["slots"])),
+                    match &w["load"] {
+                        Value::Null => "-".into(),
+                        load if load["overloaded"].as_bool() == Some(true) => {
+                            format!("{} ({})", text(&load["stall"]), text(&load["overload"]))
+                        }
+                        load => text(&load["stall"]),
+                    },
                     labels,
                     text(&w["last_heartbeat_at"]),
                 ]
             })
             .collect();
         print_table(
-            &["ID", "STATUS", "RUNNING", "LABELS", "LAST HEARTBEAT"],
+            &[
+                "ID",
+                "STATUS",
+                "RUNNING",
+                "STALL",
+                "LABELS",
+                "LAST HEARTBEAT",
+            ],
             &table,
         );
         Ok(())

@@ -100,6 +100,14 @@ async fn an_overloaded_worker_gets_nothing_until_it_recovers_and_a_waiting_run_s
         "{view}"
     );
 
+    // The workers' list shows it.
+    let (status, list) = sked.get("/workers").await;
+    assert_eq!(status, 200, "{list}");
+    for worker in list["workers"].as_array().expect("workers") {
+        assert_eq!(worker["load"]["overload"], "breaker", "{worker}");
+        assert_eq!(worker["load"]["overloaded"], true, "{worker}");
+    }
+
     // Between the thresholds the breaker stays open (no flapping); at --stall-reset it closes.
     heartbeat(&sked, &a, json!({"stall": 4})).await;
     assert_eq!(lease(&sked, &a, 700).await, Vec::<i64>::new());

@@ -26,8 +26,32 @@ use std::time::Duration;
 
 #[derive(Debug, Serialize)]
 pub struct WorkerList {
-    pub workers: Vec<WorkerRecord>,
+    pub workers: Vec<WorkerView>,
     pub next_cursor: Option<String>,
+}
+
+/// A registered worker, with its load as this node's dispatcher knows it.
+#[derive(Debug, Serialize)]
+pub struct WorkerView {
+    #[serde(flatten)]
+    pub worker: WorkerRecord,
+    /// Absent when it has not spoken to this node since the node started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<LoadView>,
+}
+
+/// What dispatch reads of a worker (docs/DISPATCH.md).
+#[derive(Debug, Serialize)]
+pub struct LoadView {
+    /// Its stall gauge, as last reported.
+    pub stall: u32,
+    /// Attempts this node handed it since its last heartbeat.
+    pub assigned_since_heartbeat: u32,
+    /// The affinity keys it reported warm.
+    pub warm_keys: usize,
+    /// Its pool's overload policy, and whether it holds the worker back now.
+    pub overload: sked_core::dispatch::Overload,
+    pub overloaded: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -50,6 +74,16 @@ pub async fn list(
             .items
             .into_iter()
             .filter(|w| caller.sees_any(&w.namespaces))
+            .map(|worker| WorkerView {
+                load: state.dispatcher.known_worker(&worker.id).map(|k| LoadView {
+                    stall: k.stall,
+                    assigned_since_heartbeat: k.assigned,
+                    warm_keys: k.warm_keys.len(),
+                    overload: k.overload.policy,
+                    overloaded: k.overload.overloaded(),
+                }),
+                worker,
+            })
             .collect(),
         next_cursor: page.next_cursor,
     }))
