@@ -186,7 +186,10 @@ impl Dispatcher {
     }
 
     pub fn forget_worker(&self, id: &str) {
-        self.lock().workers.remove(id);
+        let mut state = self.lock();
+        if state.workers.remove(id).is_some() {
+            self.count_overloaded(&state);
+        }
     }
 
     /// Takes a worker's heartbeat into account: its warm keys and stall gauge, under its
@@ -198,17 +201,30 @@ impl Dispatcher {
         warm_keys: Vec<String>,
         overload: OverloadControl,
     ) {
-        if let Some(worker) = self.lock().workers.get_mut(id) {
-            worker.warm_keys = warm_keys;
-            worker.stall = stall;
-            worker.assigned = 0;
-            if (worker.overload.policy, worker.overload.limits)
-                != (overload.policy, overload.limits)
-            {
-                worker.overload = overload;
-            }
-            worker.overload.observe(stall);
+        let mut state = self.lock();
+        let Some(worker) = state.workers.get_mut(id) else {
+            return;
+        };
+        worker.warm_keys = warm_keys;
+        worker.stall = stall;
+        worker.assigned = 0;
+        if (worker.overload.policy, worker.overload.limits) != (overload.policy, overload.limits) {
+            worker.overload = overload;
         }
+        let was = worker.overload.overloaded();
+        worker.overload.observe(stall);
+        if was != worker.overload.overloaded() {
+            self.count_overloaded(&state);
+        }
+    }
+
+    fn count_overloaded(&self, state: &State) {
+        let overloaded = state
+            .workers
+            .values()
+            .filter(|w| w.overload.overloaded())
+            .count();
+        Metrics::set(&self.metrics.workers_overloaded, overloaded as u64);
     }
 
     /// Why queued run `run_id` has no worker, judged over the workers this node knows (those

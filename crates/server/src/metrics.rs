@@ -23,6 +23,7 @@ pub struct Metrics {
     pub fire_lateness_us_sum: AtomicU64,
     pub schedules: AtomicU64,
     pub queue_depth: AtomicU64,
+    pub workers_overloaded: AtomicU64,
     /// Log streams being followed now.
     pub log_follows: AtomicU64,
 }
@@ -45,7 +46,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every counter.
     pub fn render(&self) -> String {
-        let rows: [(&str, &str, &str, &AtomicU64); 17] = [
+        let rows: [(&str, &str, &str, &AtomicU64); 18] = [
             (
                 "sked_fires_total",
                 "counter",
@@ -141,6 +142,12 @@ impl Metrics {
                 "gauge",
                 "Runs waiting in the dispatcher.",
                 &self.queue_depth,
+            ),
+            (
+                "sked_workers_overloaded",
+                "gauge",
+                "Workers this node knows whose overload control holds them back now.",
+                &self.workers_overloaded,
             ),
             (
                 "sked_log_follows",

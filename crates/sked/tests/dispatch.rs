@@ -108,6 +108,18 @@ async fn an_overloaded_worker_gets_nothing_until_it_recovers_and_a_waiting_run_s
         assert_eq!(worker["load"]["overloaded"], true, "{worker}");
     }
 
+    let metrics = sked
+        .http
+        .get(format!("{}/metrics", sked.base()))
+        .send()
+        .await
+        .expect("GET /metrics");
+    let metrics = metrics.text().await.expect("a body");
+    assert!(
+        metrics.contains("\nsked_workers_overloaded 2\n"),
+        "{metrics}"
+    );
+
     // Between the thresholds the breaker stays open (no flapping); at --stall-reset it closes.
     heartbeat(&sked, &a, json!({"stall": 4})).await;
     assert_eq!(lease(&sked, &a, 700).await, Vec::<i64>::new());
