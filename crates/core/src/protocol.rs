@@ -90,8 +90,8 @@ pub struct HeartbeatRequest {
     /// Affinity keys the worker holds warm (at most `dispatch::MAX_WARM_KEYS`).
     #[serde(default)]
     pub warm_keys: Vec<String>,
-    /// Work waiting inside the worker: its attempts whose HTTP request has been in flight
-    /// longer than its `--stall-after`. Overload control reads it.
+    /// Work waiting inside the worker: its HTTP attempts in flight longer than its
+    /// `--stall-after`, or beyond its `--stall-over`. Overload control reads it.
     #[serde(default)]
     pub stall: u32,
     /// The worker's pool's overload control; the server's default when absent.

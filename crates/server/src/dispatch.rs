@@ -144,6 +144,20 @@ impl State {
         }
     }
 
+    /// The load of the worker polling as `id`: its free slots as its poll gave them, and what
+    /// its heartbeats reported since, which a long poll would otherwise hold stale (a breaker
+    /// that opened before the poll must close as soon as a heartbeat says so).
+    fn polled_load(&self, id: &str) -> WorkerLoad {
+        let mut load = self.polls[id].load.clone();
+        if let Some(known) = self.workers.get(id) {
+            load.stall = known.stall;
+            load.overload = known.overload;
+            load.warm_keys.clone_from(&known.warm_keys);
+            load.recent_keys.clone_from(&known.recent_keys);
+        }
+        load
+    }
+
     fn depth(&self) -> u64 {
         (self.ready.len() + self.delayed.len()) as u64
     }
@@ -213,8 +227,14 @@ impl Dispatcher {
         }
         let was = worker.overload.overloaded();
         worker.overload.observe(stall);
-        if was != worker.overload.overloaded() {
+        let now = worker.overload.overloaded();
+        if was != now {
             self.count_overloaded(&state);
+        }
+        drop(state);
+        if was && !now {
+            // Its open poll may take the runs that waited meanwhile.
+            self.wake.notify_one();
         }
     }
 
@@ -238,7 +258,7 @@ impl Dispatcher {
             .workers
             .iter()
             .map(|(id, known)| match state.polls.get(id) {
-                Some(poll) => poll.load.clone(),
+                Some(_) => state.polled_load(id),
                 None => WorkerLoad {
                     running: known.slots,
                     ..known.load(id)
@@ -372,8 +392,7 @@ impl Dispatcher {
             return next_delayed;
         }
         let ids: Vec<String> = state.polls.keys().cloned().collect();
-        let mut loads: Vec<WorkerLoad> =
-            ids.iter().map(|id| state.polls[id].load.clone()).collect();
+        let mut loads: Vec<WorkerLoad> = ids.iter().map(|id| state.polled_load(id)).collect();
         let free: u32 = loads.iter().map(|w| w.free_slots()).sum();
         // Look a bounded way down the queue: runs that fit no polling worker must not make
         // every match scan the whole queue.
@@ -630,6 +649,53 @@ mod tests {
         dispatcher.enqueue(vec![ranked(4, 3, 0), ranked(5, 0, 240), ranked(6, 5, 0)]);
         let handout = poll_once(&dispatcher).await;
         assert_eq!(ids(handout.runs()), vec![6, 5, 4]);
+    }
+
+    #[tokio::test]
+    async fn a_poll_opened_while_overloaded_gets_work_once_a_heartbeat_says_it_recovered() {
+        use sked_core::dispatch::{Overload, StallLimits};
+        let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
+        let control = OverloadControl::new(Overload::Breaker, StallLimits { trip: 4, reset: 1 });
+        let known = KnownWorker {
+            slots: 4,
+            namespaces: vec!["*".into()],
+            ..KnownWorker::new(control)
+        };
+        dispatcher.remember_worker("w", known);
+        dispatcher.report_load("w", 9, Vec::new(), control);
+        assert_eq!(
+            dispatcher
+                .metrics
+                .workers_overloaded
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        dispatcher.enqueue(vec![queued(1)]);
+        let heartbeats = async {
+            tokio::task::yield_now().await;
+            dispatcher.match_polls();
+            let why = dispatcher.waiting_for_workers(1);
+            // The worker's long poll stays open; its next heartbeat closes the breaker.
+            dispatcher.report_load("w", 0, Vec::new(), control);
+            dispatcher.match_polls();
+            why
+        };
+        let (handout, why) = tokio::join!(
+            dispatcher.poll(worker(), Duration::from_secs(5)),
+            heartbeats
+        );
+        assert_eq!(
+            why.as_deref(),
+            Some("waiting for workers: 1 eligible, all over the breaker threshold")
+        );
+        assert_eq!(ids(&handout.started()), vec![1]);
+        assert_eq!(
+            dispatcher
+                .metrics
+                .workers_overloaded
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
     }
 
     #[test]

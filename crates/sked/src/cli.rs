@@ -46,6 +46,9 @@ pub enum Command {
     /// releases the runs waiting for it.
     #[command(subcommand)]
     Event(EventCommand),
+    /// Simulate the dispatch policies on a request trace (no server needed): `workload`,
+    /// `matrix`, `run`.
+    Sim(crate::sim::SimArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -335,8 +338,8 @@ pub struct OverloadArgs {
     /// [default: breaker]
     #[arg(long, env = "SKED_OVERLOAD", value_name = "POLICY")]
     pub overload: Option<sked_core::dispatch::Overload>,
-    /// The stall gauge (a worker's HTTP attempts in flight past its --stall-after) above
-    /// which a worker is overloaded [default: 8]
+    /// The stall gauge (a worker's HTTP attempts in flight past its --stall-after or beyond
+    /// its --stall-over) above which a worker is overloaded [default: 8]
     #[arg(long, env = "SKED_STALL_TRIP", value_name = "N")]
     pub stall_trip: Option<u32>,
     /// The stall gauge at or below which an overloaded worker has recovered; below
@@ -441,6 +444,10 @@ pub struct WorkerArgs {
     /// reports, which overload control reads.
     #[arg(long, env = "SKED_STALL_AFTER", default_value = "10s")]
     pub stall_after: HumanDuration,
+    /// HTTP attempts in flight beyond this many (the newest) count in the stall gauge too:
+    /// the concurrency of the service behind the HTTP targets, past which work waits there.
+    #[arg(long, env = "SKED_STALL_OVER", value_name = "N")]
+    pub stall_over: Option<u32>,
     #[command(flatten)]
     pub overload: OverloadArgs,
 }
@@ -651,6 +658,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Namespace(cmd) => namespace(cmd).await,
         Command::Secret(cmd) => secret(cmd).await,
         Command::Event(cmd) => event(cmd).await,
+        Command::Sim(args) => crate::sim::run(args),
     }
 }
 

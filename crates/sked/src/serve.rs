@@ -440,6 +440,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         slots: args.slots,
         brokers: args.brokers.clone(),
         stall_after: args.stall_after.0,
+        stall_over: args.stall_over,
         overload: args.overload.setting()?,
         token,
         trusted_certificates: match &args.ca_file {

@@ -175,6 +175,25 @@ enum Flush {
     Failed { transient_server_error: bool },
 }
 
+/// How many HTTP attempts in flight (their start times) are stalled: those in flight longer
+/// than `after`, and, with `over`, those beyond the oldest `over` — a target that serves
+/// `over` requests at once makes the rest wait, however short they are.
+fn stall_gauge(
+    mut started: Vec<tokio::time::Instant>,
+    now: tokio::time::Instant,
+    after: Duration,
+    over: Option<u32>,
+) -> u32 {
+    started.sort_unstable();
+    let beyond = over.map_or(usize::MAX, |n| n as usize);
+    let stalled = started
+        .iter()
+        .enumerate()
+        .filter(|(i, start)| *i >= beyond || now.saturating_duration_since(**start) > after)
+        .count();
+    u32::try_from(stalled).unwrap_or(u32::MAX)
+}
+
 struct Agent {
     config: WorkerConfig,
     client: ProtocolClient,
@@ -240,15 +259,20 @@ impl Agent {
             .count()
     }
 
-    /// HTTP attempts in flight for longer than `stall_after`: the stall gauge.
+    /// The stall gauge over this worker's HTTP attempts in flight ([`stall_gauge`]).
     fn stalled(&self) -> u32 {
-        let now = tokio::time::Instant::now();
-        let stalled = self
+        let started: Vec<tokio::time::Instant> = self
             .lock_attempts()
             .values()
-            .filter(|e| e.executing && e.http && now - e.started > self.config.stall_after)
-            .count();
-        u32::try_from(stalled).unwrap_or(u32::MAX)
+            .filter(|e| e.executing && e.http)
+            .map(|e| e.started)
+            .collect();
+        stall_gauge(
+            started,
+            tokio::time::Instant::now(),
+            self.config.stall_after,
+            self.config.stall_over,
+        )
     }
 
     fn warm_keys(&self) -> Vec<String> {
@@ -843,4 +867,22 @@ impl Backoff {
 fn worth_logging(failures: u32) -> bool {
     // Not `is_multiple_of`: the workspace supports Rust 1.80.
     failures == 1 || failures.checked_rem(30) == Some(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stall_gauge_counts_slow_requests_and_those_beyond_the_targets_concurrency() {
+        let now = tokio::time::Instant::now() + Duration::from_secs(100);
+        let ago = |s: u64| now - Duration::from_secs(s);
+        let started = vec![ago(1), ago(30), ago(2), ago(3), ago(0)];
+        let after = Duration::from_secs(10);
+        assert_eq!(stall_gauge(started.clone(), now, after, None), 1, "one past 10 s");
+        // A target serving 3 at once: the two newest wait, and the oldest is slow.
+        assert_eq!(stall_gauge(started.clone(), now, after, Some(3)), 3);
+        assert_eq!(stall_gauge(started.clone(), now, after, Some(0)), 5);
+        assert_eq!(stall_gauge(Vec::new(), now, after, Some(0)), 0);
+    }
 }

@@ -65,6 +65,9 @@ pub struct WorkerConfig {
     /// An HTTP attempt in flight longer than this counts in the stall gauge the worker
     /// reports: its target is slow, and more work sent here would wait behind it.
     pub stall_after: Duration,
+    /// With it, HTTP attempts in flight beyond this many (the newest) count in the stall gauge
+    /// too: the concurrency of the service behind the HTTP targets, past which work waits.
+    pub stall_over: Option<u32>,
     /// This worker's pool's overload control; the server's default when `None`.
     pub overload: Option<sked_core::protocol::OverloadSetting>,
 }
@@ -93,6 +96,7 @@ impl Default for WorkerConfig {
             retry_max: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(15),
             stall_after: Duration::from_secs(10),
+            stall_over: None,
             overload: None,
         }
     }
