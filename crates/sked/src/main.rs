@@ -7,6 +7,7 @@ mod cli;
 mod client;
 mod graph;
 mod serve;
+mod sim;
 
 use clap::Parser;
 use std::process::ExitCode;

@@ -18,8 +18,9 @@ pub enum Overload {
     #[default]
     Breaker,
     /// A worker's share of new work shrinks while its gauge stays above `trip` and grows back
-    /// while it is at or below `reset`; the lowest priorities are shed first (DAGOR's load
-    /// shedding, driven by the stall gauge instead of a queueing time).
+    /// while it is at or below `reset`; the lowest priorities are shed first (an adaptation of
+    /// DAGOR's load shedding, driven by the stall gauge instead of a queueing time, and
+    /// shedding a share of each class rather than whole classes in turn).
     Admission,
 }
 
@@ -84,7 +85,8 @@ const ADMIT_STEP_UP: u16 = 50;
 pub struct OverloadState {
     /// The breaker is open: the worker gets nothing.
     pub tripped: bool,
-    /// Of [`ADMIT_ALL`], how much of the priority range the worker admits.
+    /// Of [`ADMIT_ALL`], the share of priority class 0 the worker takes (class `c`: that
+    /// times `2^c`).
     pub admission: u16,
 }
 
@@ -141,18 +143,28 @@ impl OverloadControl {
     }
 
     /// Whether the worker should get a run of `priority` now. `draw` is any random number:
-    /// under `admission` it spreads the shedding over the runs of one priority, as DAGOR's
-    /// user priority does.
+    /// under `admission` the worker takes a run of priority class `c` (0 to 9) with
+    /// probability `level × 2^c` (at most 1), so the lowest class is shed first, and each
+    /// class above it only once the level is half as high.
     pub fn accepts(&self, priority: i32, draw: u64) -> bool {
         match self.policy {
             Overload::None => true,
             Overload::Breaker => !self.state.tripped,
             Overload::Admission => {
-                // Ranks 0..1000: the priority class (clamped to 0..=9) in hundreds, the draw
-                // below it. The level admits the top `admission` ranks.
-                let class = priority.clamp(0, 9) as u16;
-                let rank = class * 100 + (draw % 100) as u16;
-                rank >= ADMIT_ALL - self.state.admission
+                let class = priority.clamp(0, 9) as u32;
+                (u64::from(self.state.admission) << class) > draw % u64::from(ADMIT_ALL)
+            }
+        }
+    }
+
+    /// Whether some draw would let a run of `priority` through now.
+    pub fn admits_any(&self, priority: i32) -> bool {
+        match self.policy {
+            Overload::None => true,
+            Overload::Breaker => !self.state.tripped,
+            Overload::Admission => {
+                let class = priority.clamp(0, 9) as u32;
+                (u64::from(self.state.admission) << class) > 0
             }
         }
     }
@@ -170,7 +182,7 @@ impl OverloadControl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::{prop_assert, proptest};
+    use proptest::prelude::{prop_assert, prop_assert_eq, proptest};
 
     #[test]
     fn the_breaker_opens_above_trip_and_closes_only_at_reset() {
@@ -199,30 +211,58 @@ mod tests {
         let mut control =
             OverloadControl::new(Overload::Admission, StallLimits::new(10, 5).unwrap());
         let admitted = |c: &OverloadControl, priority| {
-            (0..100u64)
+            (0..u64::from(ADMIT_ALL))
                 .filter(|draw| c.accepts(priority, *draw))
                 .count()
         };
-        assert_eq!(admitted(&control, 0), 100);
+        assert_eq!(admitted(&control, 0), 1000);
         for _ in 0..3 {
             control.observe(50);
         }
-        // 1000 → 900 → 810 → 729: ranks from 271 up are admitted.
+        // 1000 → 900 → 810 → 729: a share of the lowest class is shed, none of the others.
         assert_eq!(control.state.admission, 729);
-        assert_eq!(admitted(&control, 0), 0, "priority 0 is shed first");
-        assert_eq!(admitted(&control, 2), 29, "priority 2 in part");
-        assert_eq!(
-            admitted(&control, 9),
-            100,
-            "high priority still goes through"
-        );
+        assert_eq!(admitted(&control, 0), 729);
+        assert_eq!(admitted(&control, 1), 1000);
         assert!(control.overloaded());
-        for _ in 0..6 {
+        for _ in 0..10 {
+            control.observe(50);
+        }
+        // 729 → ... → 252: class 0 gets a quarter, class 1 half, class 2 all.
+        assert_eq!(control.state.admission, 252);
+        assert_eq!(admitted(&control, 0), 252);
+        assert_eq!(admitted(&control, 1), 504);
+        assert_eq!(admitted(&control, 2), 1000);
+        assert!(control.admits_any(0));
+        for _ in 0..200 {
+            control.observe(50);
+        }
+        assert_eq!(
+            control.state.admission, 0,
+            "down to nothing while it stays over"
+        );
+        assert!(!control.admits_any(9));
+        assert_eq!(admitted(&control, 9), 0);
+        for _ in 0..20 {
             control.observe(0);
         }
         assert_eq!(control.state.admission, ADMIT_ALL);
-        assert_eq!(admitted(&control, 0), 100);
+        assert_eq!(admitted(&control, 0), 1000);
         assert!(!control.overloaded());
+    }
+
+    proptest! {
+        /// `admits_any` says whether some draw would be accepted.
+        #[test]
+        fn admits_any_agrees_with_accepts(
+            level in 0u16..=ADMIT_ALL, tripped in proptest::bool::ANY, priority in -20i32..20,
+        ) {
+            for policy in Overload::ALL {
+                let mut control = OverloadControl::new(policy, StallLimits::default());
+                control.state = OverloadState { tripped, admission: level };
+                let some = (0..u64::from(ADMIT_ALL)).any(|d| control.accepts(priority, d));
+                prop_assert_eq!(control.admits_any(priority), some);
+            }
+        }
     }
 
     #[test]
