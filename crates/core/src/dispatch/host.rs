@@ -7,10 +7,11 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 pub enum Strategy {
     /// The eligible worker with the most free slots.
-    #[default]
     LeastLoaded,
     /// A worker known to hold the affinity key warm, else one recently handed a run with the
-    /// key (assumed warm), else any; the least loaded within the best of those.
+    /// key (assumed warm), else any; the least loaded within the best of those. Without a
+    /// key, the least loaded: so it is the default (docs/DISPATCH.md, the chosen default).
+    #[default]
     Affinity,
     /// Eligible workers in turn.
     RoundRobin,
