@@ -130,6 +130,21 @@ pub async fn start_with(
     nodes: usize,
     brokers: Vec<sked_core::publish::BrokerConnection>,
 ) -> Result<Running> {
+    let config = ServerConfig {
+        brokers,
+        ..ServerConfig::default()
+    };
+    start_configured(store, place, nodes, config).await
+}
+
+/// [`start`], each node configured as `template` but for its address, name, secret key and
+/// request limit.
+pub async fn start_configured(
+    store: Arc<dyn Store>,
+    place: Place,
+    nodes: usize,
+    template: ServerConfig,
+) -> Result<Running> {
     let mut stores = vec![store];
     if nodes > 1 {
         let Place::Schema { url, .. } = &place else {
@@ -155,8 +170,7 @@ pub async fn start_with(
                 per_second: 0,
                 burst: 0,
             },
-            brokers: brokers.clone(),
-            ..ServerConfig::default()
+            ..template.clone()
         };
         sked_server::auth::ensure_admin_token(store.as_ref(), ADMIN_TOKEN, chrono::Utc::now())
             .await?;
