@@ -23,7 +23,7 @@ use axum::http::HeaderMap;
 use axum::routing::post;
 use axum::Router;
 use serde_json::{json, Value};
-use sked_core::dispatch::{Overload, Strategy};
+use sked_core::dispatch::{Overload, StallLimits, Strategy};
 use sked_server::ServerConfig;
 use sked_sim::trace::TraceLine;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -37,20 +37,59 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(300);
 /// How long the workers may take to register, and to stop.
 const WORKER_LIMIT: Duration = Duration::from_secs(30);
 
-pub struct Options {
-    pub database_url: Option<String>,
-    pub seed: u64,
-    pub hours: f64,
-    pub time_scale: f64,
-    pub servers: u32,
-    pub slots: u32,
-    pub accept: u32,
-    pub cache: usize,
-    pub stall_after_ms: u64,
-    pub trip: u32,
-    pub reset: u32,
-    pub cells: Vec<(Overload, Strategy)>,
-    pub sked_bin: Option<PathBuf>,
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Trace hours to replay (from 08:00 of the synthetic day).
+    #[arg(long, default_value_t = 0.25)]
+    hours: f64,
+    /// Real seconds per trace second.
+    #[arg(long, default_value_t = 0.5)]
+    time_scale: f64,
+    /// Workers, one per modelled server.
+    #[arg(long, default_value_t = 14)]
+    servers: u32,
+    /// Requests a modelled server executes at once (the workers' --stall-over).
+    #[arg(long, default_value_t = 4)]
+    slots: u32,
+    /// Slots of each worker (requests in flight to its server).
+    #[arg(long, default_value_t = 16)]
+    accept: u32,
+    /// Keys a modelled server holds warm.
+    #[arg(long, default_value_t = 32)]
+    cache: usize,
+    /// The workers' --stall-after, in real milliseconds.
+    #[arg(long, default_value_t = 600_000)]
+    stall_after_ms: u64,
+    #[arg(long, default_value_t = StallLimits::default().trip)]
+    trip: u32,
+    #[arg(long, default_value_t = StallLimits::default().reset)]
+    reset: u32,
+    /// Cells as OVERLOAD/HOST, comma-separated; the first is the baseline.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none/random,breaker/affinity"
+    )]
+    cells: Vec<String>,
+    #[arg(long)]
+    sked_bin: Option<PathBuf>,
+}
+
+fn parse_cells(cells: &[String]) -> Result<Vec<(Overload, Strategy)>> {
+    cells
+        .iter()
+        .map(|c| {
+            let (overload, host) = c
+                .split_once('/')
+                .ok_or_else(|| anyhow::anyhow!("cell {c:?} is not OVERLOAD/HOST"))?;
+            Ok((
+                overload.parse().map_err(anyhow::Error::msg)?,
+                host.parse().map_err(anyhow::Error::msg)?,
+            ))
+        })
+        .collect()
 }
 
 /// One request as the service saw it, in real time.
@@ -175,8 +214,9 @@ async fn work(State(service): State<Arc<Service>>, headers: HeaderMap) -> &'stat
     "done"
 }
 
-pub async fn run(options: Options) -> Result<Value> {
-    if options.cells.is_empty() {
+pub async fn run(options: Args, database_url: Option<&str>) -> Result<Value> {
+    let cells_asked = parse_cells(&options.cells)?;
+    if cells_asked.is_empty() {
         bail!("--cells names no cell");
     }
     if !(options.time_scale > 0.0 && options.time_scale <= 10.0) {
@@ -197,8 +237,8 @@ pub async fn run(options: Options) -> Result<Value> {
         options.slots
     );
     let mut cells = Vec::new();
-    for &(overload, host) in &options.cells {
-        let figures = cell(&options, &bin, &lines, overload, host).await?;
+    for (overload, host) in cells_asked {
+        let figures = cell(&options, database_url, &bin, &lines, overload, host).await?;
         cells.push((overload, host, figures));
     }
     let mut out = Vec::new();
@@ -240,14 +280,14 @@ struct Figures {
 }
 
 async fn cell(
-    options: &Options,
+    options: &Args,
+    database_url: Option<&str>,
     bin: &std::path::Path,
     lines: &[TraceLine],
     overload: Overload,
     host: Strategy,
 ) -> Result<BTreeMap<i32, Figures>> {
-    let limits = sked_core::dispatch::StallLimits::new(options.trip, options.reset)
-        .map_err(anyhow::Error::msg)?;
+    let limits = StallLimits::new(options.trip, options.reset).map_err(anyhow::Error::msg)?;
     let config = ServerConfig {
         overload: sked_core::dispatch::OverloadControl::new(overload, limits),
         http_target_policy: sked_core::egress::EgressPolicy {
@@ -256,7 +296,7 @@ async fn cell(
         },
         ..ServerConfig::default()
     };
-    let (store, place) = fresh_store(options.database_url.as_deref()).await?;
+    let (store, place) = fresh_store(database_url).await?;
     let sked = start_configured(store, place, 1, config).await?;
     let base = sked.base().to_string();
     let http = http_client();
@@ -383,7 +423,11 @@ async fn cell(
     server_task.abort();
     let failures = lock(&service.failures).clone();
     if !failures.is_empty() {
-        bail!("the service failed {} requests: {}", failures.len(), failures[0]);
+        bail!(
+            "the service failed {} requests: {}",
+            failures.len(),
+            failures[0]
+        );
     }
 
     let served = lock(&service.served).clone();
@@ -395,7 +439,11 @@ async fn cell(
         let mut durations = Vec::new();
         let mut warm = 0usize;
         let mut per_worker: HashMap<&str, Vec<f64>> = HashMap::new();
-        for (index, line) in lines.iter().enumerate().filter(|(_, l)| l.priority == class) {
+        for (index, line) in lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.priority == class)
+        {
             let s = &served[&index];
             let wait = (s.start - arrivals[index]).as_secs_f64() / scale;
             let duration = (s.end - s.start).as_secs_f64() / scale;
@@ -411,7 +459,7 @@ async fn cell(
             .filter_map(|w| sked_sim::stats::variance(w))
             .collect();
         let n = waits.len();
-                let mut sorted = waits.clone();
+        let mut sorted = waits.clone();
         sorted.sort_by(f64::total_cmp);
         figures.insert(
             class,

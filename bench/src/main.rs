@@ -20,6 +20,9 @@
 //!   every 5 s by default), published by the server with confirms and counted back by a
 //!   consumer; messages per second, lag, the count check (one message per succeeded run, none
 //!   twice), peak memory.
+//! - `dispatch`: the dispatch simulator's workload replayed through a real server and `sked
+//!   worker` processes whose HTTP targets model servers with slots and warm caches, once per
+//!   overload/host cell: waits, durations and per-worker wait variance, against the first cell.
 //! - `workflow`: N jobs in one dependency graph (chain, tree, wide fan-out, fan-in) whose root
 //!   runs once; per-edge release latency and the whole graph's scheduling overhead.
 //!
@@ -138,40 +141,7 @@ enum Scenario {
     /// Dispatch policies with real workers: the simulator's workload replayed through a
     /// server and `sked worker` processes whose HTTP targets are modelled servers with slots
     /// and warm caches, once per cell (overload/host), side by side.
-    Dispatch {
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Trace hours to replay (from 08:00 of the synthetic day).
-        #[arg(long, default_value_t = 0.25)]
-        hours: f64,
-        /// Real seconds per trace second.
-        #[arg(long, default_value_t = 0.5)]
-        time_scale: f64,
-        /// Workers, one per modelled server.
-        #[arg(long, default_value_t = 14)]
-        servers: u32,
-        /// Requests a modelled server executes at once.
-        #[arg(long, default_value_t = 4)]
-        slots: u32,
-        /// Slots of each worker (requests in flight to its server).
-        #[arg(long, default_value_t = 16)]
-        accept: u32,
-        /// Keys a modelled server holds warm.
-        #[arg(long, default_value_t = 32)]
-        cache: usize,
-        /// The workers' --stall-after, in real milliseconds (their --stall-over is --slots).
-        #[arg(long, default_value_t = 600_000)]
-        stall_after_ms: u64,
-        #[arg(long, default_value_t = sked_core::dispatch::StallLimits::default().trip)]
-        trip: u32,
-        #[arg(long, default_value_t = sked_core::dispatch::StallLimits::default().reset)]
-        reset: u32,
-        /// Cells as OVERLOAD/HOST, comma-separated; the first is the baseline.
-        #[arg(long, value_delimiter = ',', default_value = "none/random,breaker/affinity")]
-        cells: Vec<String>,
-        #[arg(long)]
-        sked_bin: Option<PathBuf>,
-    },
+    Dispatch(dispatch::Args),
     /// Shell process starts per second on one real `sked worker` process.
     Shell {
         /// Schedules, each firing every `--every`, anchors spread over the period.
@@ -350,49 +320,7 @@ fn main() -> Result<()> {
                 })
                 .await
             }
-            Scenario::Dispatch {
-                seed,
-                hours,
-                time_scale,
-                servers,
-                slots,
-                accept,
-                cache,
-                stall_after_ms,
-                trip,
-                reset,
-                cells,
-                sked_bin,
-            } => {
-                let cells = cells
-                    .iter()
-                    .map(|c| {
-                        let (overload, host) = c
-                            .split_once('/')
-                            .ok_or_else(|| anyhow::anyhow!("cell {c:?} is not OVERLOAD/HOST"))?;
-                        Ok((
-                            overload.parse().map_err(anyhow::Error::msg)?,
-                            host.parse().map_err(anyhow::Error::msg)?,
-                        ))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                dispatch::run(dispatch::Options {
-                    database_url: database_url.map(str::to_string),
-                    seed,
-                    hours,
-                    time_scale,
-                    servers,
-                    slots,
-                    accept,
-                    cache,
-                    stall_after_ms,
-                    trip,
-                    reset,
-                    cells,
-                    sked_bin,
-                })
-                .await
-            }
+            Scenario::Dispatch(args) => dispatch::run(args, database_url).await,
             Scenario::Shell {
                 schedules,
                 every,
