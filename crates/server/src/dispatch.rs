@@ -67,6 +67,10 @@ pub struct KnownWorker {
     pub stall: u32,
     /// Attempts this node handed it since its last heartbeat.
     pub assigned: u32,
+    /// Attempts it holds as this node counts them: those its last heartbeat listed, plus
+    /// those handed since, less the completions it reported since. Fresher than the count of
+    /// a poll that has been open a while.
+    pub in_flight: u32,
     /// Its pool's overload control, and its state under it.
     pub overload: OverloadControl,
     /// The namespaces whose runs it may take.
@@ -150,6 +154,7 @@ impl State {
     fn polled_load(&self, id: &str) -> WorkerLoad {
         let mut load = self.polls[id].load.clone();
         if let Some(known) = self.workers.get(id) {
+            load.running = known.in_flight;
             load.stall = known.stall;
             load.overload = known.overload;
             load.warm_keys.clone_from(&known.warm_keys);
@@ -208,17 +213,17 @@ impl Dispatcher {
 
     /// Takes a worker's heartbeat into account: its warm keys and stall gauge, under its
     /// pool's overload control (`overload`: its policy and thresholds, the state is kept).
-    pub fn report_load(
-        &self,
-        id: &str,
-        stall: u32,
-        warm_keys: Vec<String>,
-        overload: OverloadControl,
-    ) {
+    pub fn report_load(&self, id: &str, report: LoadReport, overload: OverloadControl) {
+        let LoadReport {
+            running,
+            stall,
+            warm_keys,
+        } = report;
         let mut state = self.lock();
         let Some(worker) = state.workers.get_mut(id) else {
             return;
         };
+        worker.in_flight = running;
         worker.warm_keys = warm_keys;
         worker.stall = stall;
         worker.assigned = 0;
@@ -245,6 +250,14 @@ impl Dispatcher {
             .filter(|w| w.overload.overloaded())
             .count();
         Metrics::set(&self.metrics.workers_overloaded, overloaded as u64);
+    }
+
+    /// Worker `id` reported `n` attempts ended (accepted completions): slots freed since its
+    /// open poll, if any, counted them.
+    pub fn completed(&self, id: &str, n: u32) {
+        if let Some(worker) = self.lock().workers.get_mut(id) {
+            worker.in_flight = worker.in_flight.saturating_sub(n);
+        }
     }
 
     /// Why queued run `run_id` has no worker, judged over the workers this node knows (those
@@ -408,6 +421,7 @@ impl Dispatcher {
             if load.assigned > 0 {
                 if let Some(known) = state.workers.get_mut(id) {
                     known.assigned = known.assigned.saturating_add(load.assigned);
+                    known.in_flight = known.in_flight.saturating_add(load.assigned);
                     known.recent_keys.clone_from(&load.recent_keys);
                 }
             }
@@ -462,6 +476,15 @@ impl Dispatcher {
     }
 }
 
+/// What a worker's heartbeat says of its load.
+#[derive(Debug, Clone, Default)]
+pub struct LoadReport {
+    /// Attempts it holds.
+    pub running: u32,
+    pub stall: u32,
+    pub warm_keys: Vec<String>,
+}
+
 /// What a queued run asks of a worker.
 fn demand(run: &QueuedRun) -> Demand<'_> {
     Demand {
@@ -484,6 +507,7 @@ impl KnownWorker {
             recent_keys: Vec::new(),
             stall: 0,
             assigned: 0,
+            in_flight: 0,
             overload,
             namespaces: Vec::new(),
             token_id: None,
@@ -662,7 +686,11 @@ mod tests {
             ..KnownWorker::new(control)
         };
         dispatcher.remember_worker("w", known);
-        dispatcher.report_load("w", 9, Vec::new(), control);
+        let stalled = |stall| LoadReport {
+            stall,
+            ..LoadReport::default()
+        };
+        dispatcher.report_load("w", stalled(9), control);
         assert_eq!(
             dispatcher
                 .metrics
@@ -676,7 +704,7 @@ mod tests {
             dispatcher.match_polls();
             let why = dispatcher.waiting_for_workers(1);
             // The worker's long poll stays open; its next heartbeat closes the breaker.
-            dispatcher.report_load("w", 0, Vec::new(), control);
+            dispatcher.report_load("w", stalled(0), control);
             dispatcher.match_polls();
             why
         };
@@ -696,6 +724,47 @@ mod tests {
                 .load(std::sync::atomic::Ordering::Relaxed),
             0
         );
+    }
+
+    /// A poll opened while its worker was busy asked for little; completions since then make
+    /// the worker the idlest, and the run goes there (within what the poll asked for).
+    #[tokio::test]
+    async fn a_long_open_poll_is_judged_by_the_workers_load_now() {
+        let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
+        let control = OverloadControl::default();
+        for (id, running) in [("a", 3), ("b", 1)] {
+            let known = KnownWorker {
+                slots: 4,
+                namespaces: vec!["*".into()],
+                ..KnownWorker::new(control)
+            };
+            dispatcher.remember_worker(id, known);
+            let report = LoadReport {
+                running,
+                ..LoadReport::default()
+            };
+            dispatcher.report_load(id, report, control);
+        }
+        let polling = |id: &str, running: u32| WorkerLoad {
+            running,
+            cap: 4 - running,
+            ..WorkerLoad::idle(id, 4)
+        };
+        let mut run = queued(1);
+        run.routing.strategy = sked_core::dispatch::Strategy::LeastLoaded;
+        let matcher = async {
+            tokio::task::yield_now().await;
+            // `a` reports its three attempts ended while its poll is open.
+            dispatcher.completed("a", 3);
+            dispatcher.enqueue(vec![run]);
+            dispatcher.match_polls();
+        };
+        let (to_a, to_b, ()) = tokio::join!(
+            dispatcher.poll(polling("a", 3), Duration::from_millis(300)),
+            dispatcher.poll(polling("b", 1), Duration::from_millis(300)),
+            matcher
+        );
+        assert_eq!((ids(to_a.runs()), ids(to_b.runs())), (vec![1], vec![]));
     }
 
     #[test]

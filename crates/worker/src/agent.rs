@@ -879,7 +879,11 @@ mod tests {
         let ago = |s: u64| now - Duration::from_secs(s);
         let started = vec![ago(1), ago(30), ago(2), ago(3), ago(0)];
         let after = Duration::from_secs(10);
-        assert_eq!(stall_gauge(started.clone(), now, after, None), 1, "one past 10 s");
+        assert_eq!(
+            stall_gauge(started.clone(), now, after, None),
+            1,
+            "one past 10 s"
+        );
         // A target serving 3 at once: the two newest wait, and the oldest is slow.
         assert_eq!(stall_gauge(started.clone(), now, after, Some(3)), 3);
         assert_eq!(stall_gauge(started.clone(), now, after, Some(0)), 5);

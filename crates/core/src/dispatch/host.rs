@@ -92,11 +92,13 @@ pub(super) fn choose(
     if candidates.is_empty() {
         return None;
     }
-    // Most free slots; ties to the fewest in flight, then to the id, so the choice is stable.
+    // Most slots not in use; ties to the fewest in flight, then to the id, so the choice is
+    // stable. (Not `free_slots`: what a worker's poll asked for says when it asked, not how
+    // busy it is now.)
     let load_order = |a: usize, b: usize| {
         let (wa, wb) = (&workers[a], &workers[b]);
-        wa.free_slots()
-            .cmp(&wb.free_slots())
+        wa.headroom()
+            .cmp(&wb.headroom())
             .then(wb.in_flight().cmp(&wa.in_flight()))
             .then(wb.id.cmp(&wa.id))
     };

@@ -31,6 +31,9 @@ pub struct WorkerLoad {
     pub running: u32,
     /// Attempts handed to it since `running` was reported.
     pub assigned: u32,
+    /// The most it may be handed now, whatever its free slots: what its open poll asked for
+    /// (`u32::MAX` when it asked for no limit of its own).
+    pub cap: u32,
     /// Its stall gauge: work waiting inside it, as last reported.
     pub stall: u32,
     /// Affinity keys the worker reports as warm (cached data, open connections).
@@ -56,6 +59,7 @@ impl WorkerLoad {
             slots,
             running: 0,
             assigned: 0,
+            cap: u32::MAX,
             stall: 0,
             warm_keys: Vec::new(),
             recent_keys: Vec::new(),
@@ -71,8 +75,14 @@ impl WorkerLoad {
         self.running.saturating_add(self.assigned)
     }
 
-    pub fn free_slots(&self) -> u32 {
+    /// Slots not in use: how idle it is, what the strategies compare.
+    pub fn headroom(&self) -> u32 {
         self.slots.saturating_sub(self.in_flight())
+    }
+
+    /// How many more runs it may be handed now: its headroom, within its cap.
+    pub fn free_slots(&self) -> u32 {
+        self.headroom().min(self.cap.saturating_sub(self.assigned))
     }
 
     /// Notes a run handed to the worker: a slot taken, and its key assumed warm there.
@@ -427,8 +437,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn assign_never_overfills_a_worker(
-            slots in proptest::collection::vec(0u32..4, 1..6),
+        fn assign_never_overfills_a_worker_nor_exceeds_its_cap(
+            workers_given in proptest::collection::vec((0u32..4, 0u32..4, 0u32..6), 1..6),
             runs in 0usize..40,
             strategy in prop_oneof![
                 Just(Strategy::LeastLoaded), Just(Strategy::RoundRobin),
@@ -436,15 +446,21 @@ mod tests {
             ],
         ) {
             let any = BTreeMap::new();
-            let mut workers: Vec<WorkerLoad> = slots.iter().enumerate()
-                .map(|(i, s)| worker(&format!("w{i}"), *s, 0, "x")).collect();
+            // (slots, running, cap): what a poll asked for may be less than its free slots.
+            let mut workers: Vec<WorkerLoad> = workers_given.iter().enumerate()
+                .map(|(i, &(slots, running, cap))| WorkerLoad {
+                    cap,
+                    ..worker(&format!("w{i}"), slots + running, running, "x")
+                })
+                .collect();
             let demands = vec![demand(&any, strategy); runs];
             let mut seed = 1u64;
             let assigned = assign(&demands, &mut workers, 0, || { seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1); seed });
-            let capacity: u32 = slots.iter().sum();
+            let capacity: u32 = workers_given.iter().map(|&(slots, _, cap)| slots.min(cap)).sum();
             prop_assert_eq!(assigned.len(), runs.min(capacity as usize));
-            for w in &workers {
-                prop_assert!(w.running <= w.slots);
+            for (w, &(_, _, cap)) in workers.iter().zip(&workers_given) {
+                prop_assert!(w.in_flight() <= w.slots);
+                prop_assert!(w.assigned <= cap);
             }
         }
     }

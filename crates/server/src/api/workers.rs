@@ -5,7 +5,7 @@ use super::extract::{Path, Query};
 use super::jobs::check_limit;
 use super::{body, body_within, parse_json, ApiError, MAX_OUTPUT_CHUNK};
 use crate::auth::Caller;
-use crate::dispatch::KnownWorker;
+use crate::dispatch::{KnownWorker, LoadReport};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -234,9 +234,12 @@ pub async fn heartbeat(
         state.dispatcher.forget_worker(&id);
         return Err(unknown_worker(&id));
     }
-    state
-        .dispatcher
-        .report_load(&id, req.stall, req.warm_keys, overload);
+    let report = LoadReport {
+        running: req.running.len() as u32,
+        stall: req.stall,
+        warm_keys: req.warm_keys,
+    };
+    state.dispatcher.report_load(&id, report, overload);
     Ok(Json(HeartbeatResponse { stop: outcome.stop }))
 }
 
@@ -304,9 +307,11 @@ pub async fn lease(
             attempts: Vec::new(),
         }));
     }
-    // The worker's own count of free slots is fresh: nothing handed out since is missing.
+    // The poll takes at most what the worker asked for; how busy the worker is, the
+    // dispatcher keeps counting while the poll is open.
     let load = WorkerLoad {
         running: worker.slots - free,
+        cap: free,
         brokers: req.brokers,
         ..worker.load(&id)
     };
@@ -348,6 +353,8 @@ pub async fn complete(
         })
         .collect();
     let results = crate::attempts::complete(&state, &reports).await?;
+    let ended = results.iter().filter(|r| r.accepted).count();
+    state.dispatcher.completed(&id, ended as u32);
     Ok(Json(CompleteResponse { results }))
 }
 
