@@ -223,6 +223,7 @@ impl Dispatcher {
         let Some(worker) = state.workers.get_mut(id) else {
             return;
         };
+        let freed = running < worker.in_flight;
         worker.in_flight = running;
         worker.warm_keys = warm_keys;
         worker.stall = stall;
@@ -237,7 +238,7 @@ impl Dispatcher {
             self.count_overloaded(&state);
         }
         drop(state);
-        if was && !now {
+        if (was && !now) || freed {
             // Its open poll may take the runs that waited meanwhile.
             self.wake.notify_one();
         }
@@ -252,12 +253,17 @@ impl Dispatcher {
         Metrics::set(&self.metrics.workers_overloaded, overloaded as u64);
     }
 
-    /// Worker `id` reported `n` attempts ended (accepted completions): slots freed since its
-    /// open poll, if any, counted them.
+    /// Worker `id` reported `n` attempts it no longer holds (completions, whether the store
+    /// took them or had ended the run already): slots freed since its open poll counted them.
     pub fn completed(&self, id: &str, n: u32) {
+        if n == 0 {
+            return;
+        }
         if let Some(worker) = self.lock().workers.get_mut(id) {
             worker.in_flight = worker.in_flight.saturating_sub(n);
         }
+        // Its open poll may now take runs that waited for a free slot.
+        self.wake.notify_one();
     }
 
     /// Why queued run `run_id` has no worker, judged over the workers this node knows (those

@@ -353,8 +353,8 @@ pub async fn complete(
         })
         .collect();
     let results = crate::attempts::complete(&state, &reports).await?;
-    let ended = results.iter().filter(|r| r.accepted).count();
-    state.dispatcher.completed(&id, ended as u32);
+    // Accepted or refused as final, the worker holds these attempts no more.
+    state.dispatcher.completed(&id, results.len() as u32);
     Ok(Json(CompleteResponse { results }))
 }
 
