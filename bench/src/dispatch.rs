@@ -247,8 +247,8 @@ pub async fn run(options: Args, database_url: Option<&str>) -> Result<Value> {
         for (priority, f) in figures {
             let base = &baseline[priority];
             let row = json!({
-                "overload": overload.name(),
-                "host": host.name(),
+                "overload": overload.as_str(),
+                "host": host.as_str(),
                 "priority": priority,
                 "requests": f.requests,
                 "mean_wait": f.mean_wait,
@@ -332,7 +332,7 @@ async fn cell(
         let spec = json!({
             "target": {"http": {"method": "POST", "url": service_url, "timeout": "30m"}},
             "priority": priority,
-            "routing": {"strategy": host.name(), "affinity_key": key},
+            "routing": {"strategy": host.as_str(), "affinity_key": key},
         });
         let answer = http
             .put(format!("{base}/api/v1/jobs/{name}"))

@@ -6,6 +6,29 @@
 //! randomness takes the random number. The store, the server, the worker and the simulator all
 //! decide through these functions, so a rule is written once.
 
+/// `ALL`, `as_str`, `parse` and `Display` for an enum of plain names, as the API spells them.
+macro_rules! string_enum {
+    ($name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $($text => Some($name::$variant),)+ _ => None }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
 pub mod auth;
 pub mod cluster;
 pub mod dependency;

@@ -616,7 +616,7 @@ mod tests {
             limits: StallLimits::new(3, 1).unwrap(),
             ..Model::default()
         };
-        for host in Strategy::ALL {
+        for &host in Strategy::ALL {
             let cell = Cell {
                 overload: Overload::Breaker,
                 host,

@@ -315,8 +315,8 @@ impl MatrixReport {
                 out,
                 "{:<10} {:<16} {:>4} {:>10.3} {:>19} {:>10.3} {:>10.3} {:>9.4} {:>8} {:>7} {:>7} \
                  {:>5.1}%",
-                r.overload.name(),
-                r.host.name(),
+                r.overload.as_str(),
+                r.host.as_str(),
                 r.priority,
                 r.mean_wait,
                 format!("[{:.3}, {:.3}]", r.ci95_mean_wait[0], r.ci95_mean_wait[1]),

@@ -21,39 +21,24 @@ pub enum Strategy {
     ConsistentHash,
 }
 
-impl Strategy {
-    pub const ALL: [Strategy; 5] = [
-        Strategy::LeastLoaded,
-        Strategy::Affinity,
-        Strategy::RoundRobin,
-        Strategy::Random,
-        Strategy::ConsistentHash,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::LeastLoaded => "least_loaded",
-            Strategy::Affinity => "affinity",
-            Strategy::RoundRobin => "round_robin",
-            Strategy::Random => "random",
-            Strategy::ConsistentHash => "consistent_hash",
-        }
-    }
-}
+string_enum!(Strategy {
+    LeastLoaded => "least_loaded",
+    Affinity => "affinity",
+    RoundRobin => "round_robin",
+    Random => "random",
+    ConsistentHash => "consistent_hash",
+});
 
 impl std::str::FromStr for Strategy {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Strategy, String> {
-        Strategy::ALL
-            .into_iter()
-            .find(|h| h.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown host strategy {s:?}: least_loaded, affinity, round_robin, random \
-                     or consistent_hash"
-                )
-            })
+        Strategy::parse(s).ok_or_else(|| {
+            format!(
+                "unknown host strategy {s:?}: least_loaded, affinity, round_robin, random or \
+                 consistent_hash"
+            )
+        })
     }
 }
 

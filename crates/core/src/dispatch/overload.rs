@@ -24,25 +24,17 @@ pub enum Overload {
     Admission,
 }
 
-impl Overload {
-    pub const ALL: [Overload; 3] = [Overload::None, Overload::Breaker, Overload::Admission];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Overload::None => "none",
-            Overload::Breaker => "breaker",
-            Overload::Admission => "admission",
-        }
-    }
-}
+string_enum!(Overload {
+    None => "none",
+    Breaker => "breaker",
+    Admission => "admission",
+});
 
 impl std::str::FromStr for Overload {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Overload, String> {
-        Overload::ALL
-            .into_iter()
-            .find(|o| o.name() == s)
+        Overload::parse(s)
             .ok_or_else(|| format!("unknown overload policy {s:?}: none, breaker or admission"))
     }
 }
@@ -256,7 +248,7 @@ mod tests {
         fn admits_any_agrees_with_accepts(
             level in 0u16..=ADMIT_ALL, tripped in proptest::bool::ANY, priority in -20i32..20,
         ) {
-            for policy in Overload::ALL {
+            for &policy in Overload::ALL {
                 let mut control = OverloadControl::new(policy, StallLimits::default());
                 control.state = OverloadState { tripped, admission: level };
                 let some = (0..u64::from(ADMIT_ALL)).any(|d| control.accepts(priority, d));
