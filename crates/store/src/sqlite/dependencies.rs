@@ -405,6 +405,13 @@ pub(super) fn settle(
     Ok(settled)
 }
 
+/// A dependant's runs skipped because an upstream failed, with instants in a window. By
+/// name as well as id, so the by-name index bounds the scan to this job's window: the ledger
+/// key is in time order and would walk every job's runs in it.
+const SKIPPED_FOR_UPSTREAMS: &str = "SELECT id, scheduled_for, created_at FROM runs \
+     WHERE namespace = ?4 AND job = ?5 AND scheduled_for >= ?2 AND scheduled_for <= ?3 \
+     AND job_id = ?1 AND state = 'skipped' AND skip_reason = 'upstream_failed'";
+
 /// Reopens the runs of `upstream`'s dependants that were skipped because it failed
 /// (`upstream_failed`) and whose window holds its instant, now that it is open again: each
 /// waits for its dependencies while its `deps_timeout`, counted from when it was recorded,
@@ -438,19 +445,23 @@ pub(super) fn reopen(
                     continue;
                 };
                 let dependant = Rc::new(dependant);
-                let mut stmt = tx.prepare_cached(
-                    "SELECT id, scheduled_for, created_at FROM runs WHERE job_id = ?1 \
-                     AND state = 'skipped' AND skip_reason = 'upstream_failed' \
-                     AND scheduled_for >= ?2 AND scheduled_for <= ?3",
-                )?;
-                let skipped =
-                    stmt.query_map(params![dependant.id, micros(from), micros(to)], |r| {
+                let mut stmt = tx.prepare_cached(SKIPPED_FOR_UPSTREAMS)?;
+                let skipped = stmt.query_map(
+                    params![
+                        dependant.id,
+                        micros(from),
+                        micros(to),
+                        namespace,
+                        dependant.name
+                    ],
+                    |r| {
                         Ok((
                             r.get::<_, i64>(0)?,
                             r.get::<_, i64>(1)?,
                             r.get::<_, i64>(2)?,
                         ))
-                    })?;
+                    },
+                )?;
                 for found in skipped {
                     let (run_id, at, recorded) = found?;
                     let timeout = dependant.spec.deps_timeout();
@@ -670,4 +681,23 @@ pub(super) fn expire_waits(
     }
     let settled = settle(tx, ended, Vec::new(), now)?;
     Ok((skipped, settled))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn skipped_runs_are_found_through_the_by_name_index() {
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut conn).unwrap();
+        let mut stmt = conn
+            .prepare(&format!(
+                "EXPLAIN QUERY PLAN {}",
+                super::SKIPPED_FOR_UPSTREAMS
+            ))
+            .unwrap();
+        let plan: String = stmt
+            .query_row(rusqlite::params![1, 0, 1, "default", "j"], |r| r.get(3))
+            .unwrap();
+        assert!(plan.contains("INDEX runs_by_job_name"), "{plan}");
+    }
 }

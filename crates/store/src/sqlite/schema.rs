@@ -3,7 +3,7 @@
 //!
 //! Instants are integers (microseconds since the epoch, UTC); states are their snake_case names.
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
 /// Each entry moves the schema one version up. Never edit a released entry: append a new one.
 const MIGRATIONS: &[&str] = &[
@@ -224,14 +224,97 @@ ALTER TABLE jobs ADD COLUMN priority_auto INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN event_key TEXT;
 ALTER TABLE runs ADD COLUMN event_id TEXT;
 "#,
+    r#"
+-- Version 6: the ledger key, one run per (job, instant), is kept by a unique index in time
+-- order, (scheduled_for, job_id), instead of the table's UNIQUE (job_id, scheduled_for). The
+-- constraint is the same; what changes is where a fire writes: in job order every instant
+-- landed on its own job's page, so once jobs had some history each fire dirtied a page of
+-- its own, and the pages written per fire grew with the history (the store's write rate
+-- doubled over ten minutes at 8,000 fires a second); in time order a batch of instants
+-- appends to the same few pages. SQLite cannot drop a table constraint, so the table is
+-- rebuilt as its ALTER TABLE documentation describes (`migrate` turns foreign keys off
+-- around it and checks them before committing), keeping its AUTOINCREMENT high-water mark.
+CREATE TABLE runs_rebuilt (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id           INTEGER NOT NULL,
+    namespace        TEXT    NOT NULL,
+    job              TEXT    NOT NULL,
+    scheduled_for    INTEGER NOT NULL,
+    trigger          TEXT    NOT NULL,
+    state            TEXT    NOT NULL,
+    skip_reason      TEXT,
+    priority         INTEGER NOT NULL,
+    ready_at         INTEGER NOT NULL,
+    created_at       INTEGER NOT NULL,
+    started_at       INTEGER,
+    finished_at      INTEGER,
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    failures         INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    error            TEXT,
+    waiting_reason   TEXT,
+    waiting_for      TEXT,
+    waiting_until    INTEGER,
+    event_key        TEXT,
+    event_id         TEXT
+);
+INSERT INTO runs_rebuilt (id, job_id, namespace, job, scheduled_for, trigger, state,
+    skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures,
+    cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id)
+SELECT id, job_id, namespace, job, scheduled_for, trigger, state, skip_reason, priority,
+    ready_at, created_at, started_at, finished_at, attempts, failures, cancel_requested, error,
+    waiting_reason, waiting_for, waiting_until, event_key, event_id
+FROM runs;
+DELETE FROM sqlite_sequence WHERE name = 'runs_rebuilt';
+INSERT INTO sqlite_sequence (name, seq) SELECT 'runs_rebuilt', seq FROM sqlite_sequence
+    WHERE name = 'runs';
+DROP TABLE runs;
+ALTER TABLE runs_rebuilt RENAME TO runs;
+CREATE UNIQUE INDEX runs_ledger_key ON runs (scheduled_for, job_id);
+CREATE INDEX runs_by_job_name ON runs (namespace, job, scheduled_for DESC, id DESC);
+CREATE INDEX runs_by_namespace ON runs (namespace, scheduled_for DESC, id DESC);
+CREATE INDEX runs_active ON runs (job_id, state) WHERE state IN ('waiting', 'queued', 'running');
+CREATE INDEX runs_waiting ON runs (job_id, scheduled_for, id) WHERE state = 'waiting';
+CREATE INDEX runs_queued ON runs (id) WHERE state = 'queued';
+CREATE INDEX runs_finished ON runs (finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX runs_waiting_dependencies ON runs (waiting_until)
+    WHERE state = 'waiting' AND waiting_reason = 'dependencies';
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
+///
+/// Foreign keys are off while migrations run, so that a migration may rebuild a table others
+/// refer to (dropping `runs` with them on would delete every attempt); each migration checks
+/// them before it commits instead, and a violation rolls it back.
 pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
     let current: usize = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if current >= MIGRATIONS.len() {
+        return Ok(());
+    }
+    let foreign_keys: bool = conn.query_row("PRAGMA foreign_keys", [], |r| r.get(0))?;
+    conn.pragma_update(None, "foreign_keys", "OFF")?;
+    let migrated = apply(conn, current);
+    conn.pragma_update(None, "foreign_keys", foreign_keys)?;
+    migrated
+}
+
+fn apply(conn: &mut Connection, current: usize) -> rusqlite::Result<()> {
     for (index, sql) in MIGRATIONS.iter().enumerate().skip(current) {
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         tx.execute_batch(sql)?;
+        let violation: Option<String> = tx
+            .query_row("PRAGMA foreign_key_check", [], |r| r.get(0))
+            .optional()?;
+        if let Some(table) = violation {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY),
+                Some(format!(
+                    "migration to schema version {} leaves a dangling reference in {table}",
+                    index + 1
+                )),
+            ));
+        }
         tx.pragma_update(None, "user_version", index + 1)?;
         tx.commit()?;
     }
@@ -288,5 +371,71 @@ mod tests {
                 .unwrap();
             assert_eq!(count, 0, "{table}");
         }
+    }
+
+    /// Rebuilding `runs` (version 6) keeps every run, its attempts (dropping the old table
+    /// with foreign keys on would have deleted them), the id high-water mark, and the ledger
+    /// key; and foreign keys are on again afterwards.
+    #[test]
+    fn the_runs_rebuild_keeps_runs_attempts_ids_and_the_ledger_key() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "foreign_keys", "ON").unwrap();
+        for sql in &MIGRATIONS[..5] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 5).unwrap();
+        let run = |id: i64, at: i64| {
+            format!(
+                "INSERT INTO runs (id, job_id, namespace, job, scheduled_for, trigger, state, \
+                 priority, ready_at, created_at, event_key) \
+                 VALUES ({id}, 7, 'default', 'j', {at}, 'schedule', 'succeeded', 0, 0, 0, 'k')"
+            )
+        };
+        conn.execute_batch(&run(1, 100)).unwrap();
+        conn.execute_batch(&run(2, 200)).unwrap();
+        conn.execute_batch(&run(3, 300)).unwrap();
+        conn.execute_batch(
+            "INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
+             lease_expires_at) VALUES (2, 1, 'w', 1, 'succeeded', 0, 0); \
+             DELETE FROM runs WHERE id = 3;",
+        )
+        .unwrap();
+
+        migrate(&mut conn).unwrap();
+
+        let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+        assert_eq!(count("SELECT count(*) FROM runs"), 2);
+        assert_eq!(count("SELECT count(*) FROM attempts WHERE run_id = 2"), 1);
+        assert_eq!(count("SELECT count(*) FROM runs WHERE event_key = 'k'"), 2);
+        assert_eq!(count("PRAGMA foreign_keys"), 1);
+        // Id 3 was handed out before: AUTOINCREMENT never hands it out again.
+        conn.execute_batch(
+            "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, priority, \
+             ready_at, created_at) VALUES (7, 'default', 'j', 400, 'schedule', 'queued', 0, 0, 0)",
+        )
+        .unwrap();
+        assert_eq!(count("SELECT max(id) FROM runs"), 4);
+        // One run per (job, instant), in either column order of the conflict target.
+        let again = conn
+            .execute(
+                "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+                 priority, ready_at, created_at) \
+                 VALUES (7, 'default', 'j', 200, 'schedule', 'queued', 0, 0, 0) \
+                 ON CONFLICT (job_id, scheduled_for) DO NOTHING",
+                [],
+            )
+            .unwrap();
+        assert_eq!(again, 0);
+        // Attempts still refer to runs: deleting a run takes its attempts with it.
+        conn.execute_batch("DELETE FROM runs WHERE id = 2").unwrap();
+        assert_eq!(count("SELECT count(*) FROM attempts"), 0);
+        let plan: String = conn
+            .query_row(
+                "EXPLAIN QUERY PLAN SELECT id FROM runs WHERE job_id = 7 AND scheduled_for = 200",
+                [],
+                |r| r.get(3),
+            )
+            .unwrap();
+        assert!(plan.contains("runs_ledger_key"), "{plan}");
     }
 }
