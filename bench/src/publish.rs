@@ -475,24 +475,49 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
 }
 
 /// The publish lag of the instants in each minute of the window, so a tail that grows with the
-/// ledger shows as a trend rather than hiding in one percentile of the whole window.
+/// ledger shows as a trend rather than hiding in one percentile of the whole window; and the
+/// p99 of each stage of it, from the run's own record: `fire` (instant to run recorded),
+/// `start` (recorded to attempt started) and `publish` (started to the consumer's receipt).
+/// A stage's p99 is over its own values, so the three do not add up to the lag's.
 fn lag_by_minute(
     succeeded: &[&sked_core::records::RunRecord],
     received: &Receipts,
     from: chrono::DateTime<Utc>,
 ) -> Vec<Value> {
-    let mut minutes: std::collections::BTreeMap<i64, Vec<f64>> = Default::default();
+    #[derive(Default)]
+    struct Minute {
+        lag: Vec<f64>,
+        fire: Vec<f64>,
+        start: Vec<f64>,
+        publish: Vec<f64>,
+    }
+    let mut minutes: std::collections::BTreeMap<i64, Minute> = Default::default();
     for run in succeeded {
-        if let Some(lag) = received.get(run.id).and_then(|m| m.lag_ms) {
-            let minute = (run.scheduled_for - from).num_minutes();
-            minutes.entry(minute).or_default().push(lag);
+        let Some(lag) = received.get(run.id).and_then(|m| m.lag_ms) else {
+            continue;
+        };
+        let minute = minutes
+            .entry((run.scheduled_for - from).num_minutes())
+            .or_default();
+        minute.lag.push(lag);
+        minute.fire.push(ms(run.created_at - run.scheduled_for));
+        if let Some(started) = run.started_at {
+            minute.start.push(ms(started - run.created_at));
+            minute.publish.push(lag - ms(started - run.scheduled_for));
         }
     }
     minutes
         .into_iter()
-        .map(|(minute, mut lags)| {
-            let p = percentiles(&mut lags);
-            json!({"minute": minute, "p50": p.p50, "p99": p.p99, "max": p.max})
+        .map(|(minute, mut m)| {
+            let p = percentiles(&mut m.lag);
+            json!({
+                "minute": minute, "p50": p.p50, "p99": p.p99, "max": p.max,
+                "stage_p99": {
+                    "fire": percentiles(&mut m.fire).p99,
+                    "start": percentiles(&mut m.start).p99,
+                    "publish": percentiles(&mut m.publish).p99,
+                },
+            })
         })
         .collect()
 }
