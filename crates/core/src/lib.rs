@@ -6,7 +6,7 @@
 //! randomness takes the random number. The store, the server, the worker and the simulator all
 //! decide through these functions, so a rule is written once.
 
-/// `ALL`, `as_str`, `parse` and `Display` for an enum of plain names, as the API spells them.
+/// `ALL`, `as_str`, `parse`, `one_of` and `Display` for an enum of plain names, as the API spells them.
 macro_rules! string_enum {
     ($name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
         impl $name {
@@ -18,6 +18,16 @@ macro_rules! string_enum {
 
             pub fn parse(s: &str) -> Option<Self> {
                 match s { $($text => Some($name::$variant),)+ _ => None }
+            }
+
+            /// The names, for a message refusing another: "a, b or c".
+            pub fn one_of() -> String {
+                let names: Vec<&str> = Self::ALL.iter().map(|v| v.as_str()).collect();
+                match names.split_last() {
+                    Some((last, [])) => last.to_string(),
+                    Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                    None => String::new(),
+                }
             }
         }
 

@@ -33,12 +33,8 @@ impl std::str::FromStr for Strategy {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Strategy, String> {
-        Strategy::parse(s).ok_or_else(|| {
-            format!(
-                "unknown host strategy {s:?}: least_loaded, affinity, round_robin, random or \
-                 consistent_hash"
-            )
-        })
+        Strategy::parse(s)
+            .ok_or_else(|| format!("unknown host strategy {s:?}: {}", Strategy::one_of()))
     }
 }
 

@@ -35,7 +35,7 @@ impl std::str::FromStr for Overload {
 
     fn from_str(s: &str) -> Result<Overload, String> {
         Overload::parse(s)
-            .ok_or_else(|| format!("unknown overload policy {s:?}: none, breaker or admission"))
+            .ok_or_else(|| format!("unknown overload policy {s:?}: {}", Overload::one_of()))
     }
 }
 
@@ -240,6 +240,24 @@ mod tests {
         assert_eq!(control.state.admission, ADMIT_ALL);
         assert_eq!(admitted(&control, 0), 1000);
         assert!(!control.overloaded());
+    }
+
+    /// A refused name lists every accepted one, from the same table `parse` reads.
+    #[test]
+    fn an_unknown_policy_is_refused_with_the_names_it_could_be() {
+        let refused = "circuit".parse::<Overload>().unwrap_err();
+        assert_eq!(
+            refused,
+            r#"unknown overload policy "circuit": none, breaker or admission"#
+        );
+        let refused = "fastest".parse::<crate::dispatch::Strategy>().unwrap_err();
+        assert!(
+            refused.ends_with("least_loaded, affinity, round_robin, random or consistent_hash"),
+            "{refused}"
+        );
+        for &policy in Overload::ALL {
+            assert_eq!(policy.as_str().parse::<Overload>(), Ok(policy));
+        }
     }
 
     proptest! {

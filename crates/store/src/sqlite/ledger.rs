@@ -789,13 +789,7 @@ mod tests {
         let mut conn = rusqlite::Connection::open_in_memory().unwrap();
         super::super::schema::migrate(&mut conn).unwrap();
         for sql in JOB_SCOPED.iter().chain([&QUEUED]) {
-            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            let nulls = std::iter::repeat_n(rusqlite::types::Null, stmt.parameter_count());
-            let plan: Vec<String> = stmt
-                .query_map(rusqlite::params_from_iter(nulls), |r| r.get(3))
-                .unwrap()
-                .collect::<rusqlite::Result<_>>()
-                .unwrap();
+            let plan = super::super::query_plan(&conn, sql);
             for step in plan
                 .iter()
                 .filter(|step| step.contains(" r ") || step.contains("runs"))

@@ -740,3 +740,16 @@ impl Store for SqliteStore {
         Ok(None)
     }
 }
+
+/// The steps of SQLite's plan for `sql` (its parameters left unbound), as `EXPLAIN QUERY PLAN`
+/// words them: what the statement tests hold the hot queries' index choices to.
+#[cfg(test)]
+fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
+    let mut stmt = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .expect("a statement of this module");
+    let nulls = std::iter::repeat_n(rusqlite::types::Null, stmt.parameter_count());
+    stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get(3))
+        .and_then(|steps| steps.collect())
+        .expect("a plan")
+}

@@ -429,13 +429,11 @@ mod tests {
         // Attempts still refer to runs: deleting a run takes its attempts with it.
         conn.execute_batch("DELETE FROM runs WHERE id = 2").unwrap();
         assert_eq!(count("SELECT count(*) FROM attempts"), 0);
-        let plan: String = conn
-            .query_row(
-                "EXPLAIN QUERY PLAN SELECT id FROM runs WHERE job_id = 7 AND scheduled_for = 200",
-                [],
-                |r| r.get(3),
-            )
-            .unwrap();
+        let plan = super::super::query_plan(
+            &conn,
+            "SELECT id FROM runs WHERE job_id = 7 AND scheduled_for = 200",
+        )
+        .join("; ");
         assert!(plan.contains("runs_ledger_key"), "{plan}");
     }
 }
