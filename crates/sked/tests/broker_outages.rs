@@ -133,7 +133,9 @@ async fn down_at_start_then_killed_and_restarted(kind: Kind) {
 
     broker.kill();
     wait_link(&sked, "down").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Longer than the job's 2 s timeout: a client that holds a publish until the broker is
+    // back would otherwise see every held publish succeed, and the outage cost nothing.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     broker.start().await;
     wait_link(&sked, "up").await;
     wait_succeeded(&sked, "tick", succeeded, 4).await;
