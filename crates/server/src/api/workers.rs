@@ -173,7 +173,8 @@ pub async fn heartbeat(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let req: HeartbeatRequest = parse_json(&body(raw)?)?;
-    owned_worker(&state, &caller, &id).await?;
+    // A report out of bounds is refused as such (400) whoever sends it, before the worker is
+    // looked up; only a well-formed one learns whether the worker is still known.
     if req.warm_keys.len() > MAX_WARM_KEYS {
         return Err(ApiError::invalid(
             "warm_keys",
@@ -211,6 +212,7 @@ pub async fn heartbeat(
             ),
         ));
     }
+    owned_worker(&state, &caller, &id).await?;
     let now = Utc::now();
     let forgotten_before = crate::attempts::forgotten_before(&state, now);
     let outcome = state
