@@ -38,6 +38,7 @@ mod firing;
 mod harness;
 mod noop;
 mod overload;
+mod probe;
 mod process;
 mod publish;
 mod scale;

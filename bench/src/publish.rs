@@ -395,6 +395,14 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     let from = base.max(ready + Duration::seconds(2));
     let to = from + Duration::seconds(seconds as i64);
     tokio::time::sleep((from - Utc::now()).to_std().unwrap_or_default()).await;
+    let probe = crate::probe::start(
+        seconds.div_ceil(60),
+        match connection.kind {
+            BrokerKind::Amqp => "beam.smp",
+            BrokerKind::Nats => "nats-server",
+            BrokerKind::Redis => "redis-server",
+        },
+    );
     let published_at_start = server
         .metric_sum("sked_messages_published_total")
         .await?
@@ -404,6 +412,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         .metric_sum("sked_messages_published_total")
         .await?
         .unwrap_or(0.0);
+    let machine_by_minute = probe.finish();
     let failed = server
         .metric_sum("sked_messages_failed_total")
         .await?
@@ -468,6 +477,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         "lag_ms": {"p50": publish.p50, "p99": publish.p99, "max": publish.max},
         "lag_measures": "instant to the message reaching the consumer",
         "lag_by_minute": by_minute,
+        "machine_by_minute": machine_by_minute,
         "recorded_lag_ms": {"p50": recorded.p50, "p99": recorded.p99, "max": recorded.max},
         "recorded_lag_measures": "instant to the run recorded succeeded, after the broker's confirm",
         "peak_rss_mb": peak_rss_mb(),
