@@ -19,7 +19,8 @@
 //! - `publish`: N schedules publishing to RabbitMQ, NATS JetStream or Redis Streams (40,000
 //!   every 5 s by default), published by the server with confirms and counted back by a
 //!   consumer; messages per second, lag, the count check (one message per succeeded run, none
-//!   twice), peak memory.
+//!   twice), peak memory; minute by minute, the lag by stage and what the runtime and the
+//!   machine were doing (`probe`).
 //! - `dispatch`: the dispatch simulator's workload replayed through a real server and `sked
 //!   worker` processes whose HTTP targets model servers with slots and warm caches, once per
 //!   overload/host cell: waits, durations and per-worker wait variance, against the first cell.
