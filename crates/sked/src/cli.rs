@@ -46,9 +46,23 @@ pub enum Command {
     /// releases the runs waiting for it.
     #[command(subcommand)]
     Event(EventCommand),
+    /// Check a config file (`--config`) without starting anything.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Simulate the dispatch policies on a request trace (no server needed): `workload`,
     /// `matrix`, `run`.
     Sim(crate::sim::SimArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Reads FILE as `sked server`, `sked worker` and `sked dev` would, each its own table,
+    /// and says what is wrong with it: an unknown table or key, or a value its flag refuses.
+    /// Exits non-zero when anything is.
+    Check {
+        /// The config file (TOML).
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -210,6 +224,11 @@ pub struct StoreArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct ServerArgs {
+    /// A TOML file of settings: its `[server]` table (`[dev]` for `sked dev`), whose keys are
+    /// these flags without the dashes. A flag or its `SKED_*` variable wins over the file
+    /// (docs/OPERATIONS.md).
+    #[arg(long, env = "SKED_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, env = "SKED_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
@@ -372,7 +391,7 @@ pub struct DevArgs {
     #[command(flatten)]
     pub server: ServerArgs,
     /// Slots of the in-process worker.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, env = "SKED_SLOTS", default_value_t = 8)]
     pub slots: u32,
     /// With --tls-cert: the certificates (PEM) the in-process worker trusts; default: the
     /// --tls-cert file itself, which must then hold the chain up to its CA.
@@ -380,7 +399,7 @@ pub struct DevArgs {
     pub ca_file: Option<PathBuf>,
     /// Require a token on every request, as `sked server` does. Without it `sked dev` is open
     /// to anyone who reaches it, so it listens on loopback addresses only.
-    #[arg(long)]
+    #[arg(long, env = "SKED_REQUIRE_TOKEN")]
     pub require_token: bool,
 }
 
@@ -401,6 +420,10 @@ pub enum WorkerList {
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
+    /// A TOML file of settings: its `[worker]` table, whose keys are these flags without the
+    /// dashes. A flag or its `SKED_*` variable wins over the file (docs/OPERATIONS.md).
+    #[arg(long, env = "SKED_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Server URLs, comma-separated; the worker fails over between them and goes back to the
     /// first once it is ready again.
     #[arg(
@@ -411,13 +434,13 @@ pub struct WorkerArgs {
     )]
     pub server: Vec<String>,
     /// Labels, `key=value`, comma-separated; jobs route by them.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, env = "SKED_LABELS", value_delimiter = ',')]
     pub labels: Vec<String>,
     /// Attempts run at once.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, env = "SKED_SLOTS", default_value_t = 8)]
     pub slots: u32,
     /// Name shown in `sked worker list` (default: the host name).
-    #[arg(long)]
+    #[arg(long, env = "SKED_WORKER_NAME")]
     pub name: Option<String>,
     /// The worker token (a command line is visible to other users: prefer --token-file or
     /// the environment).
@@ -658,6 +681,11 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Namespace(cmd) => namespace(cmd).await,
         Command::Secret(cmd) => secret(cmd).await,
         Command::Event(cmd) => event(cmd).await,
+        Command::Config(ConfigCommand::Check { file }) => {
+            crate::config::check(&file)?;
+            println!("{}: ok", file.display());
+            Ok(())
+        }
         Command::Sim(args) => crate::sim::run(args),
     }
 }

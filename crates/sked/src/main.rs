@@ -5,6 +5,7 @@
 mod apply;
 mod cli;
 mod client;
+mod config;
 mod graph;
 mod serve;
 mod sim;
@@ -17,7 +18,15 @@ fn main() -> ExitCode {
     if let Some(code) = sked_worker::executor::supervisor::run_if_requested() {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    let cli = cli::Cli::parse();
+    // Settings from a config file join the command line below the flags and variables set.
+    let argv = match config::apply(std::env::args_os().collect()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = cli::Cli::parse_from(argv);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

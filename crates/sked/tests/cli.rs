@@ -1,9 +1,11 @@
 //! The command line against a real server: `sked job apply` reports what changed and a bad file
-//! changes nothing; the other client commands print what the API holds.
+//! changes nothing; the other client commands print what the API holds; a config file sets
+//! what flags and variables leave unset, and a bad one starts nothing.
 
 mod common;
 
-use common::{sked_command, Sked};
+use common::{sked_command, Proc, Sked};
+use std::time::Duration;
 
 fn sked_cli(sked: &Sked, args: &[&str]) -> (bool, String, String) {
     let out = sked_command()
@@ -80,4 +82,113 @@ jobs:
     let (ok, out, err) = sked_cli(&sked, &["job", "get", "missing"]);
     assert!(!ok, "{out}");
     assert!(err.contains("does not exist"), "{err}");
+}
+
+/// A server started with a config file listens where the file says; a flag and an
+/// environment variable each win over the file.
+#[tokio::test]
+async fn config_file_settings_rank_below_flags_and_environment() {
+    let mut sked = Sked::new();
+    let file_port = common::free_port();
+    let file = sked.dir.path().join("sked.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{file_port}\"\ndata-dir = \"{}\"\n\
+             heartbeat-timeout = \"7s\"\n",
+            sked.data_dir().display()
+        ),
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let log = |name: &str| sked.dir.path().join(format!("{name}.log"));
+
+    // From the file alone.
+    sked.port = file_port;
+    sked.server = Some(Proc::spawn(
+        "server",
+        &["server", "--config", path],
+        &log("file"),
+    ));
+    sked.wait_ready().await;
+    sked.server.take().unwrap().stop(Duration::from_secs(10));
+
+    // A flag wins over the file.
+    let flag_port = common::free_port();
+    let flag_listen = format!("127.0.0.1:{flag_port}");
+    sked.port = flag_port;
+    sked.server = Some(Proc::spawn(
+        "server",
+        &["server", "--config", path, "--listen", &flag_listen],
+        &log("flag"),
+    ));
+    sked.wait_ready().await;
+    sked.server.take().unwrap().stop(Duration::from_secs(10));
+
+    // So does the environment, and the file is named by it too.
+    let env_port = common::free_port();
+    let out = std::fs::File::create(log("env")).unwrap();
+    let child = sked_command()
+        .args(["server"])
+        .env("SKED_CONFIG", path)
+        .env("SKED_LISTEN", format!("127.0.0.1:{env_port}"))
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    sked.port = env_port;
+    sked.server = Some(Proc {
+        child,
+        name: "server".into(),
+    });
+    sked.wait_ready().await;
+}
+
+/// `sked config check` and a start with a bad file both name the table and the key at fault;
+/// a bad file starts nothing.
+#[test]
+fn a_bad_config_file_is_refused_with_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "[server]\nlisten = \"127.0.0.1:0\"\n[worker]\nslots = 4\nlabels = [\"zone=eu\"]\n",
+    )
+    .unwrap();
+    let out = sked_command()
+        .args(["config", "check", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with(": ok\n"));
+
+    let bad = dir.path().join("bad.toml");
+    for (text, expected) in [
+        (
+            "[server]\nlisen = \"127.0.0.1:0\"\n",
+            "[server] has no setting `lisen`",
+        ),
+        (
+            "[server]\nheartbeat-timeout = \"soon\"\n",
+            "[server] heartbeat-timeout",
+        ),
+    ] {
+        std::fs::write(&bad, text).unwrap();
+        let checked = sked_command()
+            .args(["config", "check", bad.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let started = sked_command()
+            .args(["server", "--config", bad.to_str().unwrap()])
+            .env("SKED_DATA_DIR", dir.path().join("data"))
+            .output()
+            .unwrap();
+        for out in [checked, started] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{text}: {out:?}");
+            assert!(err.contains(expected), "{text}: {err}");
+        }
+    }
+    // The refused start wrote no store.
+    assert!(!dir.path().join("data").exists());
 }
