@@ -233,6 +233,8 @@ pub struct ServerArgs {
     #[arg(long, env = "SKED_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
     #[command(flatten)]
+    pub log: LogArgs,
+    #[command(flatten)]
     pub store: StoreArgs,
     /// How often workers heartbeat.
     #[arg(long, env = "SKED_HEARTBEAT_INTERVAL", default_value = "2s")]
@@ -473,6 +475,37 @@ pub struct WorkerArgs {
     pub stall_over: Option<u32>,
     #[command(flatten)]
     pub overload: OverloadArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// How a long-running process writes its log (standard error).
+#[derive(Debug, Args, Clone, Default)]
+pub struct LogArgs {
+    /// `text` for people, or `json`: one object per line with the fields of each line (an
+    /// attempt's `run_id`, `attempt_id`, `namespace` and `job`, a worker's `worker`) as keys,
+    /// for a log collector. `RUST_LOG` sets the level either way.
+    #[arg(long, env = "SKED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl Cli {
+    /// The log format the command asks for; client commands write text.
+    pub fn log_format(&self) -> LogFormat {
+        match &self.command {
+            Command::Dev(args) => args.server.log.log_format,
+            Command::Server(args) => args.log.log_format,
+            Command::Worker(WorkerCommand { list: None, run }) => run.log.log_format,
+            _ => LogFormat::Text,
+        }
+    }
 }
 
 #[derive(Debug, Args, Clone)]

@@ -27,13 +27,23 @@ fn main() -> ExitCode {
         }
     };
     let cli = cli::Cli::parse_from(argv);
-    tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format() {
+        cli::LogFormat::Text => log.init(),
+        // A line's own fields sit beside `message`; the span it happened in (an attempt)
+        // under `span`.
+        cli::LogFormat::Json => log
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -192,3 +192,55 @@ fn a_bad_config_file_is_refused_with_its_key() {
     // The refused start wrote no store.
     assert!(!dir.path().join("data").exists());
 }
+
+/// `--log-format json` writes one JSON object per line, and the lines about an attempt carry
+/// its run id, attempt id, namespace and job as keys.
+#[tokio::test]
+async fn json_logs_carry_the_attempts_fields() {
+    let mut sked = Sked::new();
+    sked.start_dev(&["--log-format", "json"]).await;
+    let (status, body) = sked
+        .put_job(
+            "nightly-export",
+            serde_json::json!({"target": {"shell": {"command": "true"}}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, run) = sked
+        .post("/jobs/nightly-export/trigger", serde_json::json!({}))
+        .await;
+    assert!(status < 300, "{run}");
+    let run_id = run["id"].as_i64().expect("a run id");
+    let done = sked.wait_finished(run_id, Duration::from_secs(30)).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+
+    let log_path = std::fs::read_dir(sked.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("dev-") && n.ends_with(".log"))
+        })
+        .expect("the dev log");
+    // The attempt ended before its run was recorded, so its line is written by now. The file
+    // holds standard output too, where the one banner line is for people.
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| !l.starts_with("sked dev listening on"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let ended = lines
+        .iter()
+        .find(|l| l["message"] == "attempt ended" && l["span"]["run_id"] == run_id)
+        .unwrap_or_else(|| panic!("no `attempt ended` line for run {run_id}: {text}"));
+    assert_eq!(ended["outcome"], "succeeded", "{ended}");
+    assert_eq!(ended["span"]["job"], "nightly-export", "{ended}");
+    assert_eq!(ended["span"]["namespace"], "default", "{ended}");
+    assert!(ended["span"]["attempt_id"].is_i64(), "{ended}");
+    assert!(
+        ended["level"] == "INFO" && ended["timestamp"].is_string(),
+        "{ended}"
+    );
+}

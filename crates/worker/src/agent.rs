@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::{sleep, timeout, Instant};
+use tracing::Instrument;
 
 /// Largest output chunk sent at once (the server takes up to 8 MiB per request).
 const MAX_CHUNK: usize = 512 * 1024;
@@ -443,13 +444,15 @@ impl Agent {
                 key,
             );
         }
-        tracing::info!(
-            "attempt {} of run {} ({}/{}) starts",
-            leased.attempt_id,
-            leased.run_id,
-            leased.namespace,
-            leased.job
+        // Every line logged about this attempt, here or while it runs, carries these fields.
+        let span = tracing::info_span!(
+            "attempt",
+            attempt_id = leased.attempt_id,
+            run_id = leased.run_id,
+            namespace = %leased.namespace,
+            job = %leased.job,
         );
+        tracing::info!(parent: &span, "attempt starts");
         let options = ExecOptions {
             timeout: leased.timeout_ms.map(Duration::from_millis),
             kill_grace: self.config.kill_grace,
@@ -458,34 +461,33 @@ impl Agent {
             supervisor: self.config.supervisor.clone(),
         };
         let agent = self.clone();
-        tokio::spawn(async move {
-            let (attempt_id, token) = (leased.attempt_id, leased.token);
-            let targets = executor::Targets {
-                http: agent.exec_client(),
-                brokers: agent.brokers.clone(),
-            };
-            let out = output.clone();
-            let execution = tokio::spawn(async move {
-                executor::execute(&leased, &targets, &options, signal, &out).await
-            });
-            let result = match execution.await {
-                Ok(result) => result,
-                Err(e) => ExecResult::failed(format!("the worker's executor crashed: {e}")),
-            };
-            agent.finish(attempt_id, token, result);
-        });
+        tokio::spawn(
+            async move {
+                let (attempt_id, token) = (leased.attempt_id, leased.token);
+                let targets = executor::Targets {
+                    http: agent.exec_client(),
+                    brokers: agent.brokers.clone(),
+                };
+                let out = output.clone();
+                let execution = tokio::spawn(async move {
+                    executor::execute(&leased, &targets, &options, signal, &out).await
+                });
+                let result = match execution.await {
+                    Ok(result) => result,
+                    Err(e) => ExecResult::failed(format!("the worker's executor crashed: {e}")),
+                };
+                agent.finish(attempt_id, token, result);
+            }
+            .instrument(span),
+        );
     }
 
     /// An attempt ended: free its slot and queue its report.
     fn finish(&self, attempt_id: i64, token: i64, result: ExecResult) {
         tracing::info!(
-            "attempt {attempt_id} ended {}{}",
-            result.outcome,
-            result
-                .error
-                .as_deref()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default()
+            outcome = %result.outcome,
+            error = result.error.as_deref(),
+            "attempt ended"
         );
         {
             let mut attempts = self.lock_attempts();

@@ -34,7 +34,7 @@ async fn reap_once(state: &AppState) {
         }
     };
     for worker in &outcome.dead_workers {
-        tracing::warn!("reaper: worker {worker} missed its heartbeats and is declared dead");
+        tracing::warn!(%worker, "reaper: a worker missed its heartbeats and is declared dead");
         // Or `known_worker` would still let it lease and complete from memory.
         state.dispatcher.forget_worker(worker);
     }
