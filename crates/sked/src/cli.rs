@@ -465,6 +465,10 @@ pub struct WorkerArgs {
         hide_env_values = true
     )]
     pub brokers: Vec<sked_core::publish::BrokerConnection>,
+    /// On SIGTERM or Ctrl-C the worker leases nothing more and lets its running attempts
+    /// finish for up to this long, then stops the rest (reported `cancelled`) and exits.
+    #[arg(long, env = "SKED_DRAIN_GRACE", default_value = "30s")]
+    pub drain_grace: HumanDuration,
     /// An HTTP attempt in flight longer than this counts in the stall gauge this worker
     /// reports, which overload control reads.
     #[arg(long, env = "SKED_STALL_AFTER", default_value = "10s")]

@@ -439,6 +439,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         labels,
         slots: args.slots,
         brokers: args.brokers.clone(),
+        drain_grace: args.drain_grace.0,
         stall_after: args.stall_after.0,
         stall_over: args.stall_over,
         overload: args.overload.setting()?,

@@ -16,6 +16,7 @@ use sked_core::protocol::{
     CompleteRequest, CompleteResponse, Completion, HeartbeatRequest, HeartbeatResponse,
     LeaseRequest, LeaseResponse, LeasedAttempt, RegisterRequest, RegisterResponse,
 };
+use sked_core::HumanDuration;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -105,7 +106,20 @@ async fn serve(
 
     agent.lease_loop().await;
 
-    // Shutdown: stop what runs, wait for it to end, report it.
+    // Shutdown. First a drain: nothing new is leased, while heartbeats keep the running
+    // attempts' leases and their reports go out as they end, for at most the grace.
+    let running = agent.executing();
+    if running > 0 && !agent.config.drain_grace.is_zero() {
+        tracing::info!(
+            "draining: {running} running attempts may finish within {}",
+            HumanDuration(agent.config.drain_grace)
+        );
+        let deadline = Instant::now() + agent.config.drain_grace;
+        while agent.executing() > 0 && Instant::now() < deadline {
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Then stop what still runs, wait for it to end, report it.
     let stopped = agent.stop_all("the worker is shutting down");
     if stopped > 0 {
         tracing::info!("shutting down: stopping {stopped} running attempts");

@@ -60,6 +60,9 @@ pub struct WorkerConfig {
     pub retry_initial: Duration,
     /// Longest delay between retries.
     pub retry_max: Duration,
+    /// At shutdown, how long the attempts running may take to finish, while nothing new is
+    /// leased, before they are stopped: a drain. Zero stops them at once.
+    pub drain_grace: Duration,
     /// At shutdown, how long the worker keeps trying to report what its attempts did.
     pub shutdown_timeout: Duration,
     /// An HTTP attempt in flight longer than this counts in the stall gauge the worker
@@ -94,6 +97,7 @@ impl Default for WorkerConfig {
             supervisor: None,
             retry_initial: Duration::from_millis(200),
             retry_max: Duration::from_secs(5),
+            drain_grace: Duration::ZERO,
             shutdown_timeout: Duration::from_secs(15),
             stall_after: Duration::from_secs(10),
             stall_over: None,

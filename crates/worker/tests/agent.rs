@@ -472,6 +472,7 @@ async fn a_timeout_is_reported_timed_out() {
     assert!(worker.stop().await.is_ok());
 }
 
+/// Without a drain grace, shutdown stops what runs at once.
 #[tokio::test]
 async fn shutdown_cancels_running_attempts_and_reports_them() {
     let (fake, url) = fake_server().await;
@@ -487,6 +488,59 @@ async fn shutdown_cancels_running_attempts_and_reports_them() {
     let f = lock(&fake);
     assert_eq!(f.completions.len(), 1);
     assert_eq!(f.completions[0].outcome, AttemptOutcome::Cancelled);
+}
+
+/// With a drain grace, shutdown leases nothing more, keeps heartbeating, and lets the running
+/// attempt finish and be reported as it ended; past the grace, what still runs is stopped.
+#[tokio::test]
+async fn shutdown_drains_running_attempts_within_the_grace() {
+    let (fake, url) = fake_server().await;
+    lock(&fake)
+        .queue
+        .push(shell_attempt(3, "sleep 1; echo finished", None));
+    lock(&fake).queue.push(shell_attempt(4, "sleep 30", None));
+    let worker = start(WorkerConfig {
+        drain_grace: Duration::from_secs(2),
+        ..config(vec![url], 2)
+    });
+    wait_until(&fake, "a heartbeat lists both attempts", |f| {
+        f.heartbeats
+            .iter()
+            .any(|h| h.running.contains(&3) && h.running.contains(&4))
+    })
+    .await;
+    // Work that arrives after the shutdown began is not taken.
+    lock(&fake).queue.push(shell_attempt(5, "true", None));
+    let (leases, heartbeats) = {
+        let f = lock(&fake);
+        (f.lease_requests.len(), f.heartbeats.len())
+    };
+    let started = std::time::Instant::now();
+    let stopping = tokio::spawn(worker.stop());
+    // During the drain the worker keeps heartbeating (the attempts keep their leases).
+    wait_until(&fake, "the short attempt is reported", |f| {
+        f.completions.iter().any(|c| c.attempt_id == 3)
+    })
+    .await;
+    assert!(lock(&fake).heartbeats.len() > heartbeats);
+    assert!(stopping.await.expect("joined").is_ok());
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(6),
+        "{elapsed:?}"
+    );
+    let f = lock(&fake);
+    let outcome = |id: i64| {
+        f.completions
+            .iter()
+            .find(|c| c.attempt_id == id)
+            .map(|c| c.outcome)
+    };
+    assert_eq!(outcome(3), Some(AttemptOutcome::Succeeded));
+    assert_eq!(outcome(4), Some(AttemptOutcome::Cancelled));
+    assert_eq!(outcome(5), None);
+    assert_eq!(f.queue.len(), 1, "attempt 5 was leased during the drain");
+    assert!(f.lease_requests.len() <= leases + 1);
 }
 
 #[tokio::test]
