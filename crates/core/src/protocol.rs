@@ -103,6 +103,10 @@ pub struct HeartbeatRequest {
 pub struct HeartbeatResponse {
     /// Attempts the worker must stop: cancelled by a user, or no longer leased to it.
     pub stop: Vec<i64>,
+    /// The worker was asked to drain: lease nothing more, let the running attempts finish
+    /// (within its drain grace), then exit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +129,9 @@ pub const MAX_WORKER_BROKERS: usize = 64;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LeaseResponse {
     pub attempts: Vec<LeasedAttempt>,
+    /// As in [`HeartbeatResponse`]: the worker was asked to drain, and gets nothing more.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
 }
 
 /// An attempt handed to a worker: everything it needs to execute and report.

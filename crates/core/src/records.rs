@@ -166,6 +166,9 @@ pub struct WorkerRecord {
     pub registered_at: Instant,
     pub last_heartbeat_at: Instant,
     pub alive: bool,
+    /// Asked to drain: it is handed no new attempts, and it exits once those it runs end.
+    #[serde(default)]
+    pub draining: bool,
     /// The namespaces whose runs it may take (`["*"]`: all), from the token it registered
     /// with.
     pub namespaces: Vec<String>,

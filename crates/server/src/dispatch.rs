@@ -77,6 +77,8 @@ pub struct KnownWorker {
     pub namespaces: Vec<String>,
     /// The token it registered with: the only one that may speak for it.
     pub token_id: Option<i64>,
+    /// Asked to drain: it is handed nothing more.
+    pub draining: bool,
 }
 
 /// Runs queued here for one job and its namespace, and the namespace's own cap.
@@ -202,6 +204,17 @@ impl Dispatcher {
 
     pub fn known_worker(&self, id: &str) -> Option<KnownWorker> {
         self.lock().workers.get(id).cloned()
+    }
+
+    /// The worker hands out nothing more to worker `id`: its open poll, if any, is answered
+    /// empty now, and its later ones at once.
+    pub fn drain_worker(&self, id: &str) {
+        let mut state = self.lock();
+        if let Some(worker) = state.workers.get_mut(id) {
+            worker.draining = true;
+        }
+        // Dropping the poll's sender answers it empty.
+        state.polls.remove(id);
     }
 
     pub fn forget_worker(&self, id: &str) {
@@ -517,6 +530,7 @@ impl KnownWorker {
             overload,
             namespaces: Vec::new(),
             token_id: None,
+            draining: false,
         }
     }
 

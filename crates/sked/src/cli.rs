@@ -418,6 +418,15 @@ pub struct WorkerCommand {
 pub enum WorkerList {
     /// Registered workers, their load and last heartbeat.
     List(ClientArgs),
+    /// Drain worker ID (admin): no server hands it new attempts, and it exits once its
+    /// running attempts end or its `--drain-grace` passes. For a rolling restart or taking a
+    /// host out of service.
+    Drain {
+        /// The worker's id, as `sked worker list` shows it.
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -709,6 +718,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             list: Some(WorkerList::List(c)),
             ..
         }) => client::Client::new(&c)?.worker_list().await,
+        Command::Worker(WorkerCommand {
+            list: Some(WorkerList::Drain { id, client }),
+            ..
+        }) => client::Client::new(&client)?.worker_drain(&id).await,
         Command::Worker(WorkerCommand { list: None, run }) => serve::worker(run).await,
         Command::Job(cmd) => job(cmd).await,
         Command::Run(cmd) => run_cmd(cmd).await,

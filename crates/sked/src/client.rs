@@ -394,10 +394,10 @@ impl Client {
                     .unwrap_or_default();
                 vec![
                     text(&w["id"]),
-                    if w["alive"].as_bool() == Some(true) {
-                        "alive".into()
-                    } else {
-                        "dead".into()
+                    match (w["alive"].as_bool(), w["draining"].as_bool()) {
+                        (Some(true), Some(true)) => "draining".into(),
+                        (Some(true), _) => "alive".into(),
+                        _ => "dead".into(),
                     },
                     format!("{}/{}", text(&w["running"]), text(&w["slots"])),
                     match &w["load"] {
@@ -422,6 +422,22 @@ impl Client {
                 "LAST HEARTBEAT",
             ],
             &table,
+        );
+        Ok(())
+    }
+
+    pub async fn worker_drain(&self, id: &str) -> Result<()> {
+        let resp = self
+            .send(Method::POST, &format!("/workers/{id}/drain"), &[], None)
+            .await?;
+        let value: Value = resp.json().await?;
+        if self.json {
+            return Self::print_json(&value);
+        }
+        println!(
+            "worker {id} is draining: it takes no new attempts, and exits once its {} running \
+             ones end (or its drain grace passes)",
+            text(&value["running"])
         );
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! Many workers through the real binary: registrations are listed a bounded page at a time,
 //! every one of them reachable by its cursor; reports from worker ids that do not exist are
-//! refused as unknown; a heartbeat cannot carry an unbounded list of running attempts. (Dead
+//! refused as unknown; a heartbeat cannot carry an unbounded list of running attempts; a
+//! drained worker finishes what it runs, takes nothing more and exits. (Dead
 //! workers' deletion after the retention is the store contract's
 //! `workers_page_by_id_and_dead_ones_are_deleted`.)
 
@@ -9,6 +10,7 @@ mod common;
 use common::Sked;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 const WORKERS: usize = 3_000;
 
@@ -92,4 +94,110 @@ async fn many_workers_are_paged_and_bogus_ids_cost_nothing() {
         .post(&format!("/workers/{id}/heartbeat"), json!({"running": []}))
         .await;
     assert_eq!((status, &answer["stop"]), (200, &Value::Array(Vec::new())));
+}
+
+/// Draining a worker through the API (or `sked worker drain`): the server hands it nothing
+/// more at once, its running attempt finishes and is recorded, and the worker process exits by
+/// itself; the work queued meanwhile waits for another worker. Only an admin may drain.
+#[tokio::test]
+async fn a_drained_worker_finishes_its_attempts_takes_nothing_more_and_exits() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let first = sked.start_worker_with("first", 4, &["--drain-grace", "30s"]);
+    let (status, body) = sked
+        .put_job(
+            "long",
+            json!({"target": {"shell": {"command": "sleep 2; echo done"}}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = sked
+        .put_job("quick", json!({"target": {"shell": {"command": "true"}}}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (_, long) = sked.post("/jobs/long/trigger", json!({})).await;
+    let long = long["id"].as_i64().expect("a run id");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let worker_id = loop {
+        let run = sked.run(long).await;
+        if run["state"] == "running" {
+            break run["attempt_history"][0]["worker_id"]
+                .as_str()
+                .expect("the attempt's worker")
+                .to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the long run never started: {run}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // Only an admin may drain; an unknown worker is not found.
+    let viewer = common::client_for(
+        &sked,
+        "viewer",
+        json!({"role": "viewer", "namespaces": ["*"]}),
+    )
+    .await;
+    let worker_token =
+        common::client_for(&sked, "w", json!({"role": "worker", "namespaces": ["*"]})).await;
+    for client in [&viewer, &worker_token] {
+        let status = client
+            .post(sked.url(&format!("/workers/{worker_id}/drain")))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 403);
+    }
+    let (status, _) = sked.post("/workers/nobody/drain", json!({})).await;
+    assert_eq!(status, 404);
+
+    let out = common::sked_command()
+        .args(["worker", "drain", &worker_id, "--server", &sked.base()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("is draining"));
+    let (_, quick) = sked.post("/jobs/quick/trigger", json!({})).await;
+    let quick = quick["id"].as_i64().expect("a run id");
+
+    // The worker exits by itself once its attempt is reported.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(status) = sked.workers[first].child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the drained worker did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "{exit:?}");
+    let run = sked.wait_finished(long, Duration::from_secs(10)).await;
+    assert_eq!(run["state"], "succeeded", "{run}");
+    assert_eq!(sked.run_log(long).await, "done\n");
+    assert_eq!(sked.run(quick).await["state"], "queued");
+    let (_, workers) = sked.get("/workers").await;
+    let drained = workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["id"] == worker_id.as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(drained["draining"], true, "{workers}");
+    let (_, audit) = sked.get("/audit?limit=10").await;
+    assert!(
+        audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "worker.drain" && e["object"] == worker_id.as_str()),
+        "{audit}"
+    );
+
+    // Another worker takes what waited.
+    sked.start_worker("second", 4);
+    let run = sked.wait_finished(quick, Duration::from_secs(20)).await;
+    assert_eq!(run["state"], "succeeded", "{run}");
 }

@@ -48,6 +48,7 @@ macro_rules! store_contract_tests {
             lost_attempts_are_requeued_without_spending_retries,
             heartbeats_extend_leases_and_relay_cancels,
             heartbeats_give_up_attempts_the_worker_never_got,
+            a_drained_worker_learns_it_at_its_heartbeat_and_keeps_its_leases,
             workers_page_by_id_and_dead_ones_are_deleted,
             cancelling_queued_runs_releases_waiting_ones,
             output_is_capped_and_read_from_offsets,
@@ -1006,6 +1007,7 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
                 known: true,
                 stop: vec![],
                 forgotten: vec![],
+                draining: false,
             }
         );
         let reaped = store.reap(at - secs(10), at).await.unwrap();
@@ -1044,6 +1046,49 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
         store.cancel_run(fired.run_id + 1000, at).await.unwrap(),
         None
     );
+}
+
+pub async fn a_drained_worker_learns_it_at_its_heartbeat_and_keeps_its_leases(store: &dyn Store) {
+    let j = put(store, "drain", every_second(serde_json::json!({}))).await;
+    let now = t0() + secs(1);
+    worker(store, "w", now).await;
+    worker(store, "other", now).await;
+    let fired = fire_one(store, fire(j.id, now)).await;
+    let attempt = start(store, fired.run_id, "w", 3, now).await;
+
+    let drained = store
+        .drain_worker("w")
+        .await
+        .unwrap()
+        .expect("a live worker");
+    assert!(drained.draining && drained.alive);
+    assert_eq!(drained.running, 1);
+    // Asking again changes nothing; another worker is not touched.
+    assert!(store.drain_worker("w").await.unwrap().unwrap().draining);
+    assert!(!store.get_worker("other").await.unwrap().unwrap().draining);
+    // The worker hears it at its heartbeat, and its running attempt keeps its lease.
+    let at = now + secs(5);
+    let hb = store
+        .heartbeat("w", &[attempt], at, at + secs(10), t0())
+        .await
+        .unwrap();
+    assert!(hb.known && hb.draining && hb.stop.is_empty(), "{hb:?}");
+    let (_, attempts) = run(store, fired.run_id).await;
+    assert_eq!(attempts[0].lease_expires_at, at + secs(10));
+    let effect = complete(store, report(attempt, 3, AttemptOutcome::Succeeded), at).await;
+    assert!(matches!(
+        effect,
+        CompletionEffect::Accepted {
+            run_state: RunState::Succeeded,
+            ..
+        }
+    ));
+    let hb = store.heartbeat("other", &[], at, at, t0()).await.unwrap();
+    assert!(!hb.draining);
+    // A worker unknown or declared dead cannot be drained.
+    assert_eq!(store.drain_worker("nobody").await.unwrap(), None);
+    store.reap(at + secs(60), at + secs(60)).await.unwrap();
+    assert_eq!(store.drain_worker("other").await.unwrap(), None);
 }
 
 pub async fn cancelling_queued_runs_releases_waiting_ones(store: &dyn Store) {

@@ -314,6 +314,8 @@ pub struct HeartbeatOutcome {
     pub stop: Vec<i64>,
     /// Attempts the worker did not report, whose lease was ended (see `Store::heartbeat`).
     pub forgotten: Vec<i64>,
+    /// The worker was asked to drain (`Store::drain_worker`).
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -573,6 +575,10 @@ pub trait Store: Send + Sync + 'static {
     async fn list_workers(&self, limit: u32, cursor: Option<&str>) -> Result<Page<WorkerRecord>>;
     /// One worker by id.
     async fn get_worker(&self, id: &str) -> Result<Option<WorkerRecord>>;
+    /// Asks a live worker to drain: no new attempts for it, which its next heartbeat tells it
+    /// (`HeartbeatOutcome::draining`). The worker as it is now; `None` when it is unknown or
+    /// declared dead. Asking again changes nothing.
+    async fn drain_worker(&self, id: &str) -> Result<Option<WorkerRecord>>;
     /// Deletes up to `limit` workers declared dead whose last heartbeat was before `before`,
     /// and says how many. Their attempts keep the worker's id.
     async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64>;

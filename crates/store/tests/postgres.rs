@@ -229,8 +229,8 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     let url = database_url();
     let schema = Schema::create(&url).await;
     PgStore::connect(&schema.url()).await.unwrap();
-    // Back to what version 2 left: no tokens, no audit trail, workers without namespaces, no
-    // namespace settings or secrets, no dependencies, no events.
+    // Back to what version 2 left: no tokens, no audit trail, workers without namespaces or a
+    // drain flag, no namespace settings or secrets, no dependencies, no events.
     admin(&schema.url())
         .await
         .batch_execute(
@@ -241,7 +241,8 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
              ALTER TABLE runs DROP COLUMN event_key, DROP COLUMN event_id; \
              ALTER TABLE runs DROP COLUMN waiting_reason, DROP COLUMN waiting_for, \
              DROP COLUMN waiting_until; \
-             ALTER TABLE workers DROP COLUMN namespaces, DROP COLUMN token_id; \
+             ALTER TABLE workers DROP COLUMN namespaces, DROP COLUMN token_id, \
+             DROP COLUMN draining; \
              UPDATE sked_schema SET version = 2; \
              INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
              alive) VALUES ('w', 'w', '{}', 1, 0, 0, true)",
@@ -252,13 +253,14 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     let version = schema
         .query_one("SELECT version FROM sked_schema WHERE id = 1")
         .await;
-    assert_eq!(version.get::<_, i32>(0), 6);
+    assert_eq!(version.get::<_, i32>(0), 7);
     let w = store
         .get_worker("w")
         .await
         .unwrap()
         .expect("the worker is kept");
     assert_eq!((w.namespaces, w.token_id), (vec!["*".to_string()], None));
+    assert!(!w.draining);
     assert!(store.list_tokens().await.unwrap().is_empty());
 }
 

@@ -51,10 +51,12 @@ pub async fn run(
     // Replaced by the server's policy at registration, before any attempt runs.
     let http_policy = SharedPolicy::new(EgressPolicy::default());
     let exec_http = TargetClient::new(http_policy.clone()).map_err(WorkerError::HttpClient)?;
-    let (stopping_tx, stopping) = watch::channel(false);
+    // Set by the shutdown signal, or by the server asking this worker to drain.
+    let stopping = Arc::new(watch::channel(false).0);
+    let on_signal = stopping.clone();
     let shutdown_task = tokio::spawn(async move {
         shutdown.await;
-        stopping_tx.send_replace(true);
+        on_signal.send_replace(true);
     });
     let result = serve(config, client, exec_http, stopping).await;
     shutdown_task.abort();
@@ -65,7 +67,7 @@ async fn serve(
     config: WorkerConfig,
     client: ProtocolClient,
     exec_http: TargetClient,
-    stopping: watch::Receiver<bool>,
+    stopping: Arc<watch::Sender<bool>>,
 ) -> Result<(), WorkerError> {
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let brokers = Arc::new(Brokers::new(&config.brokers));
@@ -225,7 +227,8 @@ struct Agent {
     recent_keys: Mutex<Vec<String>>,
     slot_freed: Notify,
     finished: mpsc::UnboundedSender<Finished>,
-    stopping: watch::Receiver<bool>,
+    /// True once shutdown (a drain) has begun.
+    stopping: Arc<watch::Sender<bool>>,
 }
 
 impl Agent {
@@ -301,9 +304,16 @@ impl Agent {
         *self.stopping.borrow()
     }
 
+    /// The server asked this worker to drain: it shuts down as on a signal.
+    fn drain_asked(&self) {
+        if !self.stopping.send_replace(true) {
+            tracing::info!("the server asked this worker to drain");
+        }
+    }
+
     /// Resolves when shutdown has begun.
     async fn stopped(&self) {
-        let mut stopping = self.stopping.clone();
+        let mut stopping = self.stopping.subscribe();
         let _ = stopping.wait_for(|s| *s).await;
     }
 
@@ -573,6 +583,9 @@ impl Agent {
                     for attempt in answer.attempts {
                         self.start(attempt);
                     }
+                    if answer.drain {
+                        self.drain_asked();
+                    }
                     // A server that answers at once with nothing must not make this spin.
                     if empty && asked.elapsed() < Duration::from_millis(100) {
                         self.pause(Duration::from_millis(100)).await;
@@ -625,6 +638,9 @@ impl Agent {
                     failures = 0;
                     for attempt_id in answer.stop {
                         self.stop_attempt(attempt_id, "the server asked to stop it");
+                    }
+                    if answer.drain {
+                        self.drain_asked();
                     }
                 }
                 Err(e) if e.is_unknown_worker() => self.reregister(&worker_id).await,

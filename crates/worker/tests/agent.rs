@@ -44,6 +44,8 @@ struct Fake {
     forget_when_running: Option<i64>,
     /// Answer this many completion requests with 503.
     failing_completes: u32,
+    /// Heartbeats and leases tell the worker to drain.
+    drain: bool,
     /// Handed to each worker that registers.
     http_target_policy: EgressPolicy,
 }
@@ -124,7 +126,11 @@ async fn heartbeat(
         .filter(|a| req.running.contains(a))
         .into_iter()
         .collect();
-    Json(HeartbeatResponse { stop }).into_response()
+    Json(HeartbeatResponse {
+        stop,
+        drain: fake.drain,
+    })
+    .into_response()
 }
 
 async fn lease(
@@ -143,13 +149,24 @@ async fn lease(
             return gone();
         }
         fake.lease_requests.push(req.clone());
+        if fake.drain {
+            return Json(LeaseResponse {
+                attempts: Vec::new(),
+                drain: true,
+            })
+            .into_response();
+        }
         let n = fake.queue.len().min(req.max as usize);
         fake.queue.drain(..n).collect::<Vec<_>>()
     };
     if attempts.is_empty() {
         tokio::time::sleep(Duration::from_millis(req.wait_ms.min(100))).await;
     }
-    Json(LeaseResponse { attempts }).into_response()
+    Json(LeaseResponse {
+        attempts,
+        drain: false,
+    })
+    .into_response()
 }
 
 #[derive(serde::Deserialize)]
@@ -541,6 +558,39 @@ async fn shutdown_drains_running_attempts_within_the_grace() {
     assert_eq!(outcome(5), None);
     assert_eq!(f.queue.len(), 1, "attempt 5 was leased during the drain");
     assert!(f.lease_requests.len() <= leases + 1);
+}
+
+/// A drain asked by the server (at a heartbeat or a lease) is a shutdown the worker starts
+/// by itself: it takes nothing more, lets the running attempt finish, reports it, and returns.
+#[tokio::test]
+async fn a_drain_from_the_server_ends_the_worker_after_its_attempts() {
+    let (fake, url) = fake_server().await;
+    lock(&fake)
+        .queue
+        .push(shell_attempt(6, "sleep 1; echo finished", None));
+    let worker = start(WorkerConfig {
+        drain_grace: Duration::from_secs(10),
+        ..config(vec![url], 2)
+    });
+    wait_until(&fake, "a heartbeat lists the attempt", |f| {
+        f.heartbeats.iter().any(|h| h.running.contains(&6))
+    })
+    .await;
+    {
+        let mut f = lock(&fake);
+        f.drain = true;
+        f.queue.push(shell_attempt(7, "true", None));
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(8), worker.task)
+        .await
+        .expect("the worker ends by itself")
+        .expect("the worker task does not panic");
+    assert!(ended.is_ok());
+    let f = lock(&fake);
+    assert_eq!(f.completions.len(), 1);
+    assert_eq!(f.completions[0].attempt_id, 6);
+    assert_eq!(f.completions[0].outcome, AttemptOutcome::Succeeded);
+    assert_eq!(f.queue.len(), 1, "attempt 7 was leased after the drain");
 }
 
 #[tokio::test]

@@ -184,6 +184,12 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
         ),
         route(
             Method::POST,
+            "/api/v1/workers/{id}/drain",
+            Admin,
+            post(workers::drain),
+        ),
+        route(
+            Method::POST,
             "/api/v1/attempts/{id}/log",
             Worker,
             post(workers::append_output).layer(DefaultBodyLimit::max(MAX_OUTPUT_CHUNK)),

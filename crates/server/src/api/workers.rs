@@ -4,6 +4,7 @@
 use super::extract::{Path, Query};
 use super::jobs::check_limit;
 use super::{body, body_within, parse_json, ApiError, MAX_OUTPUT_CHUNK};
+use crate::audit::{self, Change};
 use crate::auth::Caller;
 use crate::dispatch::{KnownWorker, LoadReport};
 use crate::AppState;
@@ -242,7 +243,42 @@ pub async fn heartbeat(
         warm_keys: req.warm_keys,
     };
     state.dispatcher.report_load(&id, report, overload);
-    Ok(Json(HeartbeatResponse { stop: outcome.stop }))
+    // Another node may have taken the drain: every node learns it here.
+    if outcome.draining {
+        state.dispatcher.drain_worker(&id);
+    }
+    Ok(Json(HeartbeatResponse {
+        stop: outcome.stop,
+        drain: outcome.draining,
+    }))
+}
+
+/// Asks a worker to drain: no node hands it new attempts (this one at once, the others at its
+/// next heartbeat, which also tells the worker), and the worker exits once its running
+/// attempts end or its drain grace passes.
+pub async fn drain(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<WorkerRecord>, ApiError> {
+    let before = state.store.get_worker(&id).await?;
+    let record = state
+        .store
+        .drain_worker(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("live worker {id:?}")))?;
+    state.dispatcher.drain_worker(&id);
+    if before.is_some_and(|b| !b.draining) {
+        let change = Change {
+            action: "worker.drain",
+            namespace: None,
+            object: Some(id),
+            before: None,
+            after: serde_json::to_value(&record).ok(),
+        };
+        audit::record(&state, &caller, change).await;
+    }
+    Ok(Json(record))
 }
 
 /// The worker's registration, from memory or, after a server restart, from the store.
@@ -261,6 +297,7 @@ async fn known_worker(state: &AppState, id: &str) -> Result<KnownWorker, ApiErro
         slots: record.slots,
         namespaces: record.namespaces,
         token_id: record.token_id,
+        draining: record.draining,
         ..KnownWorker::new(state.config.overload)
     };
     state.dispatcher.remember_worker(id, worker.clone());
@@ -303,10 +340,17 @@ pub async fn lease(
             .map_err(|e| ApiError::invalid("brokers", e.message))?;
     }
     let worker = owned_worker(&state, &caller, &id).await?;
+    if worker.draining {
+        return Ok(Json(LeaseResponse {
+            attempts: Vec::new(),
+            drain: true,
+        }));
+    }
     let free = req.max.min(worker.slots);
     if free == 0 {
         return Ok(Json(LeaseResponse {
             attempts: Vec::new(),
+            drain: false,
         }));
     }
     // The poll takes at most what the worker asked for; how busy the worker is, the
@@ -320,12 +364,21 @@ pub async fn lease(
     let wait = Duration::from_millis(req.wait_ms).min(state.config.max_lease_wait);
     let handout = state.dispatcher.poll(load, wait).await;
     if handout.runs().is_empty() {
+        // A drain may have ended the poll.
+        let drain = state
+            .dispatcher
+            .known_worker(&id)
+            .is_some_and(|w| w.draining);
         return Ok(Json(LeaseResponse {
             attempts: Vec::new(),
+            drain,
         }));
     }
     let attempts = crate::attempts::start(&state, &id, handout).await?;
-    Ok(Json(LeaseResponse { attempts }))
+    Ok(Json(LeaseResponse {
+        attempts,
+        drain: false,
+    }))
 }
 
 /// Completions are fenced by each attempt's token; the worker must also still be known, as for

@@ -517,6 +517,10 @@ impl Store for PgStore {
         transact!(self, read, |tx| workers::get(&tx, id).await?)
     }
 
+    async fn drain_worker(&self, id: &str) -> Result<Option<WorkerRecord>> {
+        transact!(self, write, |tx| workers::drain(&tx, id).await?)
+    }
+
     async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64> {
         transact!(self, write, |tx| workers::delete_dead(&tx, before, limit)
             .await?)

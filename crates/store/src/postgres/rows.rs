@@ -123,7 +123,7 @@ pub fn attempt(row: &Row) -> PgResult<AttemptRecord> {
 pub const WORKER_COLUMNS: &str = "w.id, w.name, w.labels, w.slots, w.registered_at, \
      w.last_heartbeat_at, w.alive, \
      (SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'running'), \
-     w.namespaces, w.token_id";
+     w.namespaces, w.token_id, w.draining";
 
 pub fn worker(row: &Row) -> PgResult<WorkerRecord> {
     let labels: &str = row.try_get(2)?;
@@ -139,6 +139,7 @@ pub fn worker(row: &Row) -> PgResult<WorkerRecord> {
         running: count("running attempts", row.try_get::<_, i64>(7)?)?,
         namespaces: shared::namespaces("worker namespaces", row.try_get(8)?)?,
         token_id: row.try_get(9)?,
+        draining: row.try_get(10)?,
     })
 }
 

@@ -240,6 +240,10 @@ ALTER TABLE jobs ADD COLUMN priority_auto BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE runs ADD COLUMN event_key TEXT;
 ALTER TABLE runs ADD COLUMN event_id TEXT;
 "#,
+    r#"
+-- Version 7: a worker asked to drain gets no new attempts (SQLite's version 7).
+ALTER TABLE workers ADD COLUMN draining BOOLEAN NOT NULL DEFAULT false;
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

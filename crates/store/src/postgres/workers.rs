@@ -46,20 +46,19 @@ pub async fn heartbeat(
     // heartbeat finds it dead.
     let stmt = tx
         .prepare_cached(
-            "UPDATE workers SET last_heartbeat_at = $2 WHERE id = $1 AND alive RETURNING id",
+            "UPDATE workers SET last_heartbeat_at = $2 WHERE id = $1 AND alive \
+             RETURNING draining",
         )
         .await?;
-    if tx
-        .query_opt(&stmt, &[&worker_id, &micros(now)])
-        .await?
-        .is_none()
-    {
+    let Some(row) = tx.query_opt(&stmt, &[&worker_id, &micros(now)]).await? else {
         return Ok(HeartbeatOutcome {
             known: false,
             stop: running.to_vec(),
             forgotten: Vec::new(),
+            draining: false,
         });
-    }
+    };
+    let draining: bool = row.try_get(0)?;
     let mut held: HashMap<i64, bool> = HashMap::new();
     if !running.is_empty() {
         // Only the worker's own running attempts keep their lease; a cancel asks it to stop.
@@ -125,7 +124,16 @@ pub async fn heartbeat(
         known: true,
         stop,
         forgotten,
+        draining,
     })
+}
+
+pub async fn drain(tx: &Tx<'_>, id: &str) -> PgResult<Option<WorkerRecord>> {
+    let stmt = tx
+        .prepare_cached("UPDATE workers SET draining = true WHERE id = $1 AND alive")
+        .await?;
+    tx.execute(&stmt, &[&id]).await?;
+    Ok(get(tx, id).await?.filter(|w| w.alive))
 }
 
 pub async fn list(tx: &Tx<'_>, limit: u32, cursor: Option<&str>) -> PgResult<Page<WorkerRecord>> {

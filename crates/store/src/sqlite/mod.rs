@@ -579,6 +579,11 @@ impl Store for SqliteStore {
         self.read(move |tx| workers::get(tx, &id)).await
     }
 
+    async fn drain_worker(&self, id: &str) -> Result<Option<WorkerRecord>> {
+        let id = id.to_string();
+        self.write(move |tx| workers::drain(tx, &id)).await
+    }
+
     async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64> {
         self.write(move |tx| workers::delete_dead(tx, before, limit))
             .await

@@ -94,7 +94,7 @@ pub fn attempt(row: &Row<'_>) -> Result<AttemptRecord, StoreError> {
 pub const WORKER_COLUMNS: &str = "w.id, w.name, w.labels, w.slots, w.registered_at, \
      w.last_heartbeat_at, w.alive, \
      (SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'running'), \
-     w.namespaces, w.token_id";
+     w.namespaces, w.token_id, w.draining";
 
 pub fn worker(row: &Row<'_>) -> Result<WorkerRecord, StoreError> {
     let labels: String = row.get(2)?;
@@ -110,6 +110,7 @@ pub fn worker(row: &Row<'_>) -> Result<WorkerRecord, StoreError> {
         running: row.get(7)?,
         namespaces: shared::namespaces("worker namespaces", &row.get::<_, String>(8)?)?,
         token_id: row.get(9)?,
+        draining: row.get(10)?,
     })
 }
 

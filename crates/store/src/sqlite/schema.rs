@@ -280,6 +280,10 @@ CREATE INDEX runs_finished ON runs (finished_at) WHERE finished_at IS NOT NULL;
 CREATE INDEX runs_waiting_dependencies ON runs (waiting_until)
     WHERE state = 'waiting' AND waiting_reason = 'dependencies';
 "#,
+    r#"
+-- Version 7: a worker asked to drain gets no new attempts.
+ALTER TABLE workers ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.

@@ -35,17 +35,21 @@ pub fn heartbeat(
     lease_until: Instant,
     forgotten_before: Instant,
 ) -> Result<HeartbeatOutcome> {
-    let alive: Option<bool> = tx
-        .prepare_cached("SELECT alive FROM workers WHERE id = ?1")?
-        .query_row(params![worker_id], |r| r.get(0))
+    let found: Option<(bool, bool)> = tx
+        .prepare_cached("SELECT alive, draining FROM workers WHERE id = ?1")?
+        .query_row(params![worker_id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
-    if alive != Some(true) {
-        return Ok(HeartbeatOutcome {
-            known: false,
-            stop: running.to_vec(),
-            forgotten: Vec::new(),
-        });
-    }
+    let draining = match found {
+        Some((true, draining)) => draining,
+        _ => {
+            return Ok(HeartbeatOutcome {
+                known: false,
+                stop: running.to_vec(),
+                forgotten: Vec::new(),
+                draining: false,
+            })
+        }
+    };
     tx.prepare_cached("UPDATE workers SET last_heartbeat_at = ?2 WHERE id = ?1")?
         .execute(params![worker_id, micros(now)])?;
     let mut stop = Vec::new();
@@ -92,7 +96,14 @@ pub fn heartbeat(
         known: true,
         stop,
         forgotten,
+        draining,
     })
+}
+
+pub fn drain(tx: &Transaction<'_>, id: &str) -> Result<Option<WorkerRecord>> {
+    tx.prepare_cached("UPDATE workers SET draining = 1 WHERE id = ?1 AND alive = 1")?
+        .execute(params![id])?;
+    Ok(get(tx, id)?.filter(|w| w.alive))
 }
 
 pub fn list(tx: &Transaction<'_>, limit: u32, cursor: Option<&str>) -> Result<Page<WorkerRecord>> {
