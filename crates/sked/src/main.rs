@@ -32,7 +32,9 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal, never into a file or a journal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match cli.log_format() {
         cli::LogFormat::Text => log.init(),
         // A line's own fields sit beside `message`; the span it happened in (an attempt)

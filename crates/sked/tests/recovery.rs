@@ -79,6 +79,32 @@ async fn downtime_is_resolved_by_each_misfire_policy() {
             assert!(catch_up >= 1, "run_once ran its catch-up run: {runs:?}");
         }
     }
+
+    // The restart's log says what loading did: three schedules, and the missed instants.
+    let mut logs: Vec<_> = std::fs::read_dir(sked.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("dev-"))
+        })
+        .collect();
+    logs.sort();
+    let log = std::fs::read_to_string(logs.last().expect("the restart's log")).unwrap();
+    let loaded = log
+        .lines()
+        .find(|l| l.contains("firing: schedules loaded"))
+        .unwrap_or_else(|| panic!("no load line: {log}"));
+    let field = |name: &str| -> u64 {
+        loaded
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {loaded}"))
+    };
+    assert_eq!(field("schedules"), 3, "{loaded}");
+    assert!(field("missed") >= 27, "{loaded}");
 }
 
 #[tokio::test]

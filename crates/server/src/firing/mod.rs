@@ -181,7 +181,6 @@ impl FiringLoop {
                     }
                     if !gained.is_empty() {
                         self.load(&gained, shutdown).await;
-                        tracing::info!("firing: took {} partitions", gained.len());
                     }
                 }
                 Change::Resync => resync = true,
@@ -193,11 +192,24 @@ impl FiringLoop {
         Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
     }
 
-    /// Loads the schedules of `partitions` until the store answers (or shutdown).
+    /// Loads the schedules of `partitions` until the store answers (or shutdown), and says
+    /// what that took: an operator watching a start sees it progress and end.
     async fn load(&mut self, partitions: &[u32], shutdown: &mut watch::Receiver<bool>) {
         loop {
+            let started = std::time::Instant::now();
+            let before = self.slots.len();
             match self.load_partitions(partitions, shutdown).await {
-                Ok(()) => return,
+                Ok(missed) => {
+                    tracing::info!(
+                        partitions = partitions.len(),
+                        schedules = self.slots.len().saturating_sub(before),
+                        missed,
+                        elapsed = ?started.elapsed(),
+                        "firing: schedules loaded; missed instants were recorded by their jobs' \
+                         misfire policies"
+                    );
+                    return;
+                }
                 Err(e) => tracing::error!("firing: cannot load schedules, retrying: {e}"),
             }
             tokio::select! {
@@ -220,10 +232,11 @@ impl FiringLoop {
         &mut self,
         partitions: &[u32],
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), sked_store::StoreError> {
+    ) -> Result<usize, sked_store::StoreError> {
         if partitions.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
+        let mut missed = 0;
         // Pages are read on tasks of their own, each stream a page ahead, while this loop
         // files them: reading (decoding each definition) is most of loading a million
         // schedules, and two streams over alternate partitions keep both cores on it.
@@ -249,10 +262,12 @@ impl FiringLoop {
                     self.catch_up(&job, slot, now, &mut pending);
                 }
                 if pending.len() >= self.batch {
+                    missed += pending.len();
                     self.write(std::mem::take(&mut pending), now, shutdown)
                         .await?;
                 }
             }
+            missed += pending.len();
             self.write(pending, now, shutdown).await?;
         }
         // A stream ends by sending its last page or its error, or by panicking: then its
@@ -261,7 +276,7 @@ impl FiringLoop {
             ended
                 .map_err(|e| sked_store::StoreError::Database(format!("reading schedules: {e}")))?;
         }
-        Ok(())
+        Ok(missed)
     }
 
     /// Replaces job `job_id`'s slot with what the store holds now. On error the old slot stays,
