@@ -209,6 +209,17 @@ pub enum StoreCommand {
         #[arg(long, env = "SKED_DATA_DIR", default_value = "./sked-data")]
         data_dir: PathBuf,
     },
+    /// Copy the embedded store to a new file, consistent as of one moment, while sked runs.
+    /// The copy is checked before it takes its name; an existing file is never overwritten.
+    /// Restore by stopping sked and putting the copy in place of `sked.db` (docs/OPERATIONS.md).
+    Backup {
+        /// Directory of the embedded store.
+        #[arg(long, env = "SKED_DATA_DIR", default_value = "./sked-data")]
+        data_dir: PathBuf,
+        /// The backup file to create.
+        #[arg(long)]
+        to: PathBuf,
+    },
 }
 
 #[derive(Debug, Args, Clone)]
@@ -726,6 +737,9 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Job(cmd) => job(cmd).await,
         Command::Run(cmd) => run_cmd(cmd).await,
         Command::Store(StoreCommand::Check { data_dir }) => serve::check_store(&data_dir),
+        Command::Store(StoreCommand::Backup { data_dir, to }) => {
+            serve::backup_store(&data_dir, &to)
+        }
         Command::Token(cmd) => token(cmd).await,
         Command::Audit(args) => client::Client::new(&args.client)?.audit(&args).await,
         Command::Namespace(cmd) => namespace(cmd).await,

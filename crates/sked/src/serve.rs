@@ -123,6 +123,22 @@ pub fn check_store(data_dir: &Path) -> Result<()> {
     )
 }
 
+pub fn backup_store(data_dir: &Path, to: &Path) -> Result<()> {
+    let path = data_dir.join(DB_FILE);
+    let started = std::time::Instant::now();
+    let version = SqliteStore::backup(&path, to)
+        .with_context(|| format!("cannot back up the store at {}", path.display()))?;
+    let bytes = std::fs::metadata(to).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "{} backed up to {} ({:.1} MB, schema version {version}, in {:.1?})",
+        path.display(),
+        to.display(),
+        bytes as f64 / 1e6,
+        started.elapsed()
+    );
+    Ok(())
+}
+
 /// The admin token file: `--admin-token-file`, or `admin.token` in the data directory.
 fn admin_token_path(args: &ServerArgs) -> PathBuf {
     args.admin_token_file

@@ -201,6 +201,85 @@ impl SqliteStore {
         Ok(CheckReport { problems })
     }
 
+    /// Copies the database at `path` to a new file `to`, consistent as of one moment, while
+    /// sked may be running on it (`VACUUM INTO` reads one snapshot and never blocks the
+    /// writer). The copy is written beside `to` under a temporary name, checked, and only
+    /// then renamed into place, readable by its owner only: a failed backup leaves no file
+    /// that looks like one. `to` must not exist. The schema version of the copy.
+    pub fn backup(path: &Path, to: &Path) -> Result<usize> {
+        check_not_emptied(path)?;
+        if !path.exists() {
+            return Err(StoreError::Open(format!(
+                "{}: no such file",
+                path.display()
+            )));
+        }
+        if to.exists() {
+            return Err(StoreError::Open(format!(
+                "{} exists already: a backup never overwrites a file",
+                to.display()
+            )));
+        }
+        let mut partial = to.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = std::path::PathBuf::from(partial);
+        // Empty and private before SQLite writes into it (VACUUM INTO takes an empty file).
+        std::fs::remove_file(&partial).ok();
+        create_private(&partial)?;
+        let copied = Self::copy_into(path, &partial).and_then(|version| {
+            std::fs::rename(&partial, to)
+                .map_err(|e| StoreError::Open(format!("{}: {e}", to.display())))?;
+            Ok(version)
+        });
+        if copied.is_err() {
+            std::fs::remove_file(&partial).ok();
+        }
+        copied
+    }
+
+    fn copy_into(path: &Path, partial: &Path) -> Result<usize> {
+        let failed = |what: &Path| {
+            let what = what.display().to_string();
+            move |e: rusqlite::Error| StoreError::Open(format!("{what}: {e}"))
+        };
+        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(failed(path))?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(failed(path))?;
+        let version: usize = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(failed(path))?;
+        if version == 0 {
+            return Err(StoreError::Open(format!(
+                "{} holds no sked schema",
+                path.display()
+            )));
+        }
+        let target = partial
+            .to_str()
+            .ok_or_else(|| StoreError::Open(format!("{}: not a UTF-8 path", partial.display())))?;
+        conn.execute("VACUUM INTO ?1", [target])
+            .map_err(failed(path))?;
+        let copy = Connection::open_with_flags(partial, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(failed(partial))?;
+        let problems = integrity_problems(&copy, false).map_err(failed(partial))?;
+        let copied_version: usize = copy
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(failed(partial))?;
+        if !problems.is_empty() || copied_version != version {
+            return Err(StoreError::Open(format!(
+                "the copy of {} does not check out: {}",
+                path.display(),
+                if problems.is_empty() {
+                    format!("schema version {copied_version}, not {version}")
+                } else {
+                    problems.join("; ")
+                }
+            )));
+        }
+        Ok(version)
+    }
+
     /// Opens (creating if needed) the database at `path` and brings its schema up to date.
     /// Refuses, naming the file, a database that was emptied or lost since a store was
     /// created there, and one whose pages `quick_check` finds damaged.
