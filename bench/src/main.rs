@@ -24,6 +24,8 @@
 //! - `dispatch`: the dispatch simulator's workload replayed through a real server and `sked
 //!   worker` processes whose HTTP targets model servers with slots and warm caches, once per
 //!   overload/host cell: waits, durations and per-worker wait variance, against the first cell.
+//! - `ledger`: the store alone, fires, starts and completions a batch at a time as the ledger
+//!   grows to millions of runs; the time of each call per slice of the growth.
 //! - `workflow`: N jobs in one dependency graph (chain, tree, wide fan-out, fan-in) whose root
 //!   runs once; per-edge release latency and the whole graph's scheduling overhead.
 //!
@@ -37,6 +39,7 @@ mod dispatch;
 mod e2e;
 mod firing;
 mod harness;
+mod ledger;
 mod noop;
 mod overload;
 mod probe;
@@ -88,6 +91,18 @@ enum Scenario {
         /// (by default the anchors are spread evenly over the period).
         #[arg(long)]
         aligned: bool,
+    },
+    /// The ledger's cost as it grows, alone on the store: `--runs` runs of `--jobs` jobs
+    /// fired, started and completed a batch at a time; the time of each call per slice.
+    Ledger {
+        #[arg(long, default_value_t = 40_000)]
+        jobs: usize,
+        #[arg(long, default_value_t = 4_800_000)]
+        runs: usize,
+        #[arg(long, default_value_t = 400)]
+        batch: usize,
+        #[arg(long, default_value_t = 12)]
+        slices: usize,
     },
     /// Firing lateness with N schedules each firing every `--every`, anchors spread over it.
     Firing {
@@ -388,6 +403,21 @@ fn main() -> Result<()> {
                     seconds,
                     nodes,
                     aligned,
+                })
+                .await
+            }
+            Scenario::Ledger {
+                jobs,
+                runs,
+                batch,
+                slices,
+            } => {
+                ledger::run(ledger::Options {
+                    database_url,
+                    jobs,
+                    runs,
+                    batch,
+                    slices,
                 })
                 .await
             }
