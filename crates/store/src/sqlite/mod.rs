@@ -48,8 +48,13 @@ pub struct SqliteStore {
 
 /// How often the checkpoint thread copies the WAL back.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
-/// Pages of WAL after which a commit checkpoints by itself, should the thread fall behind.
-const WRITER_AUTOCHECKPOINT_PAGES: i64 = 20_000;
+/// Pages of WAL after which a commit checkpoints by itself. Under a writer that is never idle
+/// this is what restarts the WAL: the thread's PASSIVE checkpoints never copy the last frames
+/// before more are appended. So it is a stall in the writer's path that grows with the pages
+/// to copy and sync, and it is kept small: at 20,000 pages it cost 100-190 ms once the ledger
+/// held millions of runs, at 2,000 pages under 45 ms (docs/BENCHMARKS.md, "The ledger alone
+/// as it grows").
+const WRITER_AUTOCHECKPOINT_PAGES: i64 = 2_000;
 
 /// Read connections: two reads (an API request beside a page of schedules being loaded, or two
 /// such pages) run at once, which on two cores is what there is to gain.
