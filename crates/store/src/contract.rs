@@ -1061,10 +1061,12 @@ pub async fn a_drained_worker_learns_it_at_its_heartbeat_and_keeps_its_leases(st
         .await
         .unwrap()
         .expect("a live worker");
-    assert!(drained.draining && drained.alive);
-    assert_eq!(drained.running, 1);
+    assert!(drained.newly);
+    assert!(drained.worker.draining && drained.worker.alive);
+    assert_eq!(drained.worker.running, 1);
     // Asking again changes nothing; another worker is not touched.
-    assert!(store.drain_worker("w").await.unwrap().unwrap().draining);
+    let again = store.drain_worker("w").await.unwrap().unwrap();
+    assert!(again.worker.draining && !again.newly);
     assert!(!store.get_worker("other").await.unwrap().unwrap().draining);
     // The worker hears it at its heartbeat, and its running attempt keeps its lease.
     let at = now + secs(5);

@@ -318,6 +318,13 @@ pub struct HeartbeatOutcome {
     pub draining: bool,
 }
 
+/// A worker asked to drain, and whether this request is the one that did it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drained {
+    pub worker: WorkerRecord,
+    pub newly: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ReapOutcome {
     pub dead_workers: Vec<String>,
@@ -577,8 +584,8 @@ pub trait Store: Send + Sync + 'static {
     async fn get_worker(&self, id: &str) -> Result<Option<WorkerRecord>>;
     /// Asks a live worker to drain: no new attempts for it, which its next heartbeat tells it
     /// (`HeartbeatOutcome::draining`). The worker as it is now; `None` when it is unknown or
-    /// declared dead. Asking again changes nothing.
-    async fn drain_worker(&self, id: &str) -> Result<Option<WorkerRecord>>;
+    /// declared dead. Asking again changes nothing (`Drained::newly` is false).
+    async fn drain_worker(&self, id: &str) -> Result<Option<Drained>>;
     /// Deletes up to `limit` workers declared dead whose last heartbeat was before `before`,
     /// and says how many. Their attempts keep the worker's id.
     async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64>;

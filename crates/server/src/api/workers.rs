@@ -261,24 +261,24 @@ pub async fn drain(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<WorkerRecord>, ApiError> {
-    let before = state.store.get_worker(&id).await?;
-    let record = state
+    let drained = state
         .store
         .drain_worker(&id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("live worker {id:?}")))?;
     state.dispatcher.drain_worker(&id);
-    if before.is_some_and(|b| !b.draining) {
+    // Audited once: by the request that drained it.
+    if drained.newly {
         let change = Change {
             action: "worker.drain",
             namespace: None,
             object: Some(id),
             before: None,
-            after: serde_json::to_value(&record).ok(),
+            after: serde_json::to_value(&drained.worker).ok(),
         };
         audit::record(&state, &caller, change).await;
     }
-    Ok(Json(record))
+    Ok(Json(drained.worker))
 }
 
 /// The worker's registration, from memory or, after a server restart, from the store.

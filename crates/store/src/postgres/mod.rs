@@ -517,7 +517,7 @@ impl Store for PgStore {
         transact!(self, read, |tx| workers::get(&tx, id).await?)
     }
 
-    async fn drain_worker(&self, id: &str) -> Result<Option<WorkerRecord>> {
+    async fn drain_worker(&self, id: &str) -> Result<Option<crate::Drained>> {
         transact!(self, write, |tx| workers::drain(&tx, id).await?)
     }
 

@@ -3,7 +3,7 @@
 use super::rows::{self, micros, WORKER_COLUMNS};
 use super::{PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
-use crate::{HeartbeatOutcome, NewWorker, Page, StoreError};
+use crate::{Drained, HeartbeatOutcome, NewWorker, Page, StoreError};
 use sked_core::records::WorkerRecord;
 use sked_core::Instant;
 use std::collections::HashMap;
@@ -128,12 +128,20 @@ pub async fn heartbeat(
     })
 }
 
-pub async fn drain(tx: &Tx<'_>, id: &str) -> PgResult<Option<WorkerRecord>> {
+pub async fn drain(tx: &Tx<'_>, id: &str) -> PgResult<Option<Drained>> {
     let stmt = tx
-        .prepare_cached("UPDATE workers SET draining = true WHERE id = $1 AND alive")
+        .prepare_cached(
+            "UPDATE workers SET draining = true WHERE id = $1 AND alive AND NOT draining",
+        )
         .await?;
-    tx.execute(&stmt, &[&id]).await?;
-    Ok(get(tx, id).await?.filter(|w| w.alive))
+    let changed = tx.execute(&stmt, &[&id]).await?;
+    Ok(get(tx, id)
+        .await?
+        .filter(|w| w.alive)
+        .map(|worker| Drained {
+            worker,
+            newly: changed == 1,
+        }))
 }
 
 pub async fn list(tx: &Tx<'_>, limit: u32, cursor: Option<&str>) -> PgResult<Page<WorkerRecord>> {

@@ -663,7 +663,7 @@ impl Store for SqliteStore {
         self.read(move |tx| workers::get(tx, &id)).await
     }
 
-    async fn drain_worker(&self, id: &str) -> Result<Option<WorkerRecord>> {
+    async fn drain_worker(&self, id: &str) -> Result<Option<crate::Drained>> {
         let id = id.to_string();
         self.write(move |tx| workers::drain(tx, &id)).await
     }

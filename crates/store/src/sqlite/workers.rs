@@ -2,7 +2,7 @@
 
 use super::rows::{self, micros, WORKER_COLUMNS};
 use crate::cursor::{self, page_size, Cursor};
-use crate::{HeartbeatOutcome, NewWorker, Page, Result, StoreError};
+use crate::{Drained, HeartbeatOutcome, NewWorker, Page, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::records::WorkerRecord;
 use sked_core::Instant;
@@ -100,10 +100,16 @@ pub fn heartbeat(
     })
 }
 
-pub fn drain(tx: &Transaction<'_>, id: &str) -> Result<Option<WorkerRecord>> {
-    tx.prepare_cached("UPDATE workers SET draining = 1 WHERE id = ?1 AND alive = 1")?
+pub fn drain(tx: &Transaction<'_>, id: &str) -> Result<Option<Drained>> {
+    let changed = tx
+        .prepare_cached(
+            "UPDATE workers SET draining = 1 WHERE id = ?1 AND alive = 1 AND draining = 0",
+        )?
         .execute(params![id])?;
-    Ok(get(tx, id)?.filter(|w| w.alive))
+    Ok(get(tx, id)?.filter(|w| w.alive).map(|worker| Drained {
+        worker,
+        newly: changed == 1,
+    }))
 }
 
 pub fn list(tx: &Transaction<'_>, limit: u32, cursor: Option<&str>) -> Result<Page<WorkerRecord>> {
