@@ -312,11 +312,19 @@ pub fn client_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder().default_headers(headers)
 }
 
+/// The sum of the samples of `name` in a `/metrics` text, whatever their labels; `None` when
+/// it has none.
 pub fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(name)
-            .and_then(|rest| rest.trim().parse().ok())
-    })
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .reduce(|a, b| a + b)
 }
 
 /// `GET /api/v1/cluster`, the fields the benchmarks read.

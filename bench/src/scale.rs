@@ -388,7 +388,7 @@ impl Server {
             "schedules_loaded": metric(&text, "sked_schedules"),
             "instants_recorded_by_ready": metric(&text, "sked_fires_total"),
             "instants_skipped_by_ready": metric(&text, "sked_fires_skipped_total"),
-            "queued_runs_at_ready": metric(&text, "sked_dispatch_queue_depth"),
+            "queued_runs_at_ready": metric(&text, "sked_queue_depth"),
             "log": self.log.display().to_string(),
         }))
     }

@@ -35,6 +35,7 @@ pub struct JobRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScheduledJob {
     pub id: i64,
+    pub namespace: String,
     pub schedule: Option<ScheduleSpec>,
     pub schedule_epoch: Instant,
     pub fired_count: u64,
@@ -48,6 +49,7 @@ impl ScheduledJob {
     pub fn of(job: JobRecord) -> Option<ScheduledJob> {
         Some(ScheduledJob {
             id: job.id,
+            namespace: job.namespace,
             next_fire_at: job.next_fire_at?,
             schedule: job.spec.schedule,
             schedule_epoch: job.schedule_epoch,

@@ -6,7 +6,6 @@
 use crate::api::error::log_throttled;
 use crate::api::ApiError;
 use crate::dispatch::Handout;
-use crate::metrics::Metrics;
 use crate::secrets::open_target;
 use crate::AppState;
 use chrono::Utc;
@@ -60,13 +59,19 @@ pub async fn start(
     // runs back in line.
     let started = state.health.report(
         "attempt start",
-        state.store.start_attempts(&starts, now).await,
+        state
+            .metrics
+            .store_call("start_attempts", state.store.start_attempts(&starts, now))
+            .await,
     )?;
     let runs = handout.started();
     let mut attempts = Vec::with_capacity(runs.len());
     for ((run, start), started) in runs.into_iter().zip(starts).zip(started) {
         // `None`: cancelled or deleted while it waited; there is nothing to run.
         let Some(started) = started else { continue };
+        state
+            .metrics
+            .started(&run.namespace, now - run.scheduled_for);
         // Secrets are opened here, for this attempt only; one that cannot be opened stays
         // sealed and the worker fails the attempt naming it.
         let mut target = run.target;
@@ -99,7 +104,7 @@ pub async fn start(
             affinity_key: run.routing.affinity_key,
         });
     }
-    Metrics::add(&state.metrics.attempts_started, attempts.len() as u64);
+    state.metrics.attempts_started.inc_by(attempts.len() as u64);
     Ok(attempts)
 }
 
@@ -126,9 +131,16 @@ pub async fn complete(
     state: &AppState,
     reports: &[AttemptReport],
 ) -> Result<Vec<CompletionResult>, ApiError> {
+    let now = Utc::now();
     let effects = state.health.report(
         "completion",
-        state.store.complete_attempts(reports, Utc::now()).await,
+        state
+            .metrics
+            .store_call(
+                "complete_attempts",
+                state.store.complete_attempts(reports, now),
+            )
+            .await,
     )?;
     let mut requeued = Vec::new();
     let mut retries = 0;
@@ -138,8 +150,16 @@ pub async fn complete(
             CompletionEffect::Accepted {
                 requeued: ids,
                 run_state,
+                namespace,
+                started_at,
                 ..
             } => {
+                state.metrics.attempt_ended(
+                    &namespace,
+                    report.outcome,
+                    now - started_at,
+                    run_state,
+                );
                 if run_state == RunState::Queued {
                     retries += 1;
                 }
@@ -158,12 +178,12 @@ pub async fn complete(
         });
     }
     let accepted = results.iter().filter(|r| r.accepted).count() as u64;
-    Metrics::add(&state.metrics.completions_accepted, accepted);
-    Metrics::add(&state.metrics.retries, retries);
-    Metrics::add(
-        &state.metrics.completions_rejected,
-        results.len() as u64 - accepted,
-    );
+    state.metrics.completions_accepted.inc_by(accepted);
+    state.metrics.retries.inc_by(retries);
+    state
+        .metrics
+        .completions_rejected
+        .inc_by(results.len() as u64 - accepted);
     if !requeued.is_empty() {
         state
             .dispatcher

@@ -44,6 +44,8 @@ struct State {
     /// weighs a new instant against.
     per_job: HashMap<i64, JobBacklog>,
     per_namespace: HashMap<String, u64>,
+    /// Runs queued here by priority (for `sked_queue_depth`).
+    per_priority: BTreeMap<i32, u64>,
     /// Namespaces with a cap of their own on queued runs (`max_queued_runs`).
     namespace_caps: HashMap<String, u64>,
     /// Open long polls, by worker id.
@@ -117,6 +119,7 @@ impl State {
             })
             .queued += 1;
         *self.per_namespace.entry(run.namespace.clone()).or_default() += 1;
+        *self.per_priority.entry(run.priority).or_default() += 1;
         if run.ready_at <= now {
             self.ready
                 .insert(ready_key(run.priority, run.ready_at, run.run_id), run);
@@ -128,6 +131,12 @@ impl State {
     fn remove(&mut self, run_id: i64) -> Option<QueuedRun> {
         let (priority, ready_at, job_id) = self.held.remove(&run_id)?;
         self.uncount(job_id);
+        if let Some(n) = self.per_priority.get_mut(&priority) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_priority.remove(&priority);
+            }
+        }
         self.ready
             .remove(&ready_key(priority, ready_at, run_id))
             .or_else(|| self.delayed.remove(&(ready_at, run_id)))
@@ -164,9 +173,14 @@ impl State {
         }
         load
     }
+}
 
+#[cfg(test)]
+impl State {
     fn depth(&self) -> u64 {
-        (self.ready.len() + self.delayed.len()) as u64
+        let depth = (self.ready.len() + self.delayed.len()) as u64;
+        assert_eq!(self.per_priority.values().sum::<u64>(), depth);
+        depth
     }
 }
 
@@ -263,7 +277,7 @@ impl Dispatcher {
             .values()
             .filter(|w| w.overload.overloaded())
             .count();
-        Metrics::set(&self.metrics.workers_overloaded, overloaded as u64);
+        self.metrics.workers_overloaded.set(overloaded as i64);
     }
 
     /// Worker `id` reported `n` attempts it no longer holds (completions, whether the store
@@ -311,7 +325,7 @@ impl Dispatcher {
         for run in runs {
             state.insert(run, now);
         }
-        Metrics::set(&self.metrics.queue_depth, state.depth());
+        self.metrics.queue(&state.per_priority);
         drop(state);
         self.wake.notify_one();
     }
@@ -325,6 +339,7 @@ impl Dispatcher {
             state.held.clear();
             state.per_job.clear();
             state.per_namespace.clear();
+            state.per_priority.clear();
         }
         self.enqueue(runs);
     }
@@ -360,7 +375,7 @@ impl Dispatcher {
         for id in run_ids {
             state.remove(*id);
         }
-        Metrics::set(&self.metrics.queue_depth, state.depth());
+        self.metrics.queue(&state.per_priority);
     }
 
     /// Waits up to `wait` for runs for worker `load` (its free slots are `load.slots -
@@ -461,7 +476,7 @@ impl Dispatcher {
                 }
             }
         }
-        Metrics::set(&self.metrics.queue_depth, state.depth());
+        self.metrics.queue(&state.per_priority);
         next_delayed
     }
 
@@ -711,13 +726,7 @@ mod tests {
             ..LoadReport::default()
         };
         dispatcher.report_load("w", stalled(9), control);
-        assert_eq!(
-            dispatcher
-                .metrics
-                .workers_overloaded
-                .load(std::sync::atomic::Ordering::Relaxed),
-            1
-        );
+        assert_eq!(dispatcher.metrics.workers_overloaded.get(), 1);
         dispatcher.enqueue(vec![queued(1)]);
         let heartbeats = async {
             tokio::task::yield_now().await;
@@ -737,13 +746,7 @@ mod tests {
             Some("waiting for workers: 1 eligible, all over the breaker threshold")
         );
         assert_eq!(ids(&handout.started()), vec![1]);
-        assert_eq!(
-            dispatcher
-                .metrics
-                .workers_overloaded
-                .load(std::sync::atomic::Ordering::Relaxed),
-            0
-        );
+        assert_eq!(dispatcher.metrics.workers_overloaded.get(), 0);
     }
 
     /// A poll opened while its worker was busy asked for little; completions since then make

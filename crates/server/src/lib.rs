@@ -190,6 +190,7 @@ pub async fn serve(
         "membership",
         membership::run(
             store.clone(),
+            metrics.clone(),
             node.clone(),
             config.node_lease,
             state.firing.clone(),

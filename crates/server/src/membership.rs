@@ -8,6 +8,7 @@
 //! the others take over at once.
 
 use crate::firing::FiringHandle;
+use crate::metrics::Metrics;
 use chrono::Utc;
 use sked_store::{Membership, NodeInfo, Store};
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use tokio::sync::watch;
 
 pub async fn run(
     store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
     node: Arc<NodeInfo>,
     lease: Duration,
     firing: FiringHandle,
@@ -26,9 +28,16 @@ pub async fn run(
     let mut held: Option<Membership> = None;
     let mut last_renewed = std::time::Instant::now();
     loop {
-        match store.renew_membership(&node, Utc::now(), lease).await {
+        let renewed = metrics
+            .store_call(
+                "renew_membership",
+                store.renew_membership(&node, Utc::now(), lease),
+            )
+            .await;
+        match renewed {
             Ok(membership) => {
                 last_renewed = std::time::Instant::now();
+                count_leases(&metrics, held.as_ref(), &membership);
                 apply(&mut held, membership, &firing, &maintenance);
             }
             Err(e) => {
@@ -37,6 +46,7 @@ pub async fn run(
                     tracing::warn!(
                         "membership: leases lapsed; firing and maintenance stop until renewed"
                     );
+                    count_leases(&metrics, held.as_ref(), &Membership::default());
                     apply(&mut held, Membership::default(), &firing, &maintenance);
                 }
             }
@@ -46,6 +56,21 @@ pub async fn run(
             _ = tokio::time::sleep(every) => {}
         }
     }
+}
+
+/// Counts the partitions gained and lost between two rounds.
+fn count_leases(metrics: &Metrics, before: Option<&Membership>, now: &Membership) {
+    let before: &[u32] = before.map_or(&[], |m| &m.partitions);
+    let gained = now
+        .partitions
+        .iter()
+        .filter(|p| !before.contains(p))
+        .count();
+    let lost = before
+        .iter()
+        .filter(|p| !now.partitions.contains(p))
+        .count();
+    metrics.leases_changed(gained, lost);
 }
 
 /// Passes on what changed since the last round.

@@ -1,175 +1,530 @@
-//! Counters the server keeps about itself, exposed at `/metrics` in Prometheus' text format.
+//! What the server measures about itself, exposed at `/metrics` in the OpenMetrics text format
+//! (which Prometheus scrapes) through the Prometheus project's own Rust client.
+//!
+//! Each server holds its own registry, so several servers in one process (the tests, the
+//! benchmarks) never add into each other's figures. Labels are bounded by design: a namespace,
+//! an outcome, a skip reason, a priority, a store call; never a job's name or a run id, whose
+//! number grows without limit. The duties own the events; this module owns only their names,
+//! help texts, units and buckets.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use chrono::TimeDelta;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use sked_core::{AttemptOutcome, RunState, SkipReason};
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Mutex;
 
-#[derive(Debug, Default)]
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Upper bounds of the lateness and lag histograms, in seconds: 1 ms to 1 min, so the
+/// sub-10 ms fires of a healthy node and a minute-long stall both land in a bucket of their own.
+const LATENESS_BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Upper bounds of attempt durations, in seconds: 10 ms (a no-op) to 6 h (a nightly batch).
+const DURATION_BUCKETS: [f64; 14] = [
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 21600.0,
+];
+
+/// Upper bounds of store calls, in seconds: 0.5 ms to 10 s.
+const STORE_BUCKETS: [f64; 13] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NamespaceLabel {
+    namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttemptLabels {
+    namespace: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RunLabels {
+    namespace: String,
+    outcome: &'static str,
+    /// Why a run was skipped; empty for the other outcomes.
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PriorityLabel {
+    priority: i32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseLabel {
+    change: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreCallLabel {
+    call: &'static str,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn lateness() -> Histogram {
+    Histogram::new(LATENESS_BUCKETS)
+}
+
+fn duration() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+fn store_call() -> Histogram {
+    Histogram::new(STORE_BUCKETS)
+}
+
+/// Every metric of one server. Counters and gauges are public for the duty that owns each;
+/// the labelled families are reached through the methods below, which name their labels.
 pub struct Metrics {
-    pub fires: AtomicU64,
-    pub fires_skipped: AtomicU64,
-    pub fires_skipped_backlog: AtomicU64,
-    pub fire_batches: AtomicU64,
-    pub attempts_started: AtomicU64,
-    /// Broker targets: messages the broker confirmed, and publishes that failed.
-    pub messages_published: AtomicU64,
-    pub messages_failed: AtomicU64,
-    pub completions_accepted: AtomicU64,
-    pub completions_rejected: AtomicU64,
-    pub attempts_lost: AtomicU64,
-    pub retries: AtomicU64,
-    pub workers_declared_dead: AtomicU64,
-    pub runs_deleted: AtomicU64,
-    /// Sum and count of firing lateness (instant -> ledger row) in microseconds.
-    pub fire_lateness_us_sum: AtomicU64,
-    pub schedules: AtomicU64,
-    pub queue_depth: AtomicU64,
-    pub workers_overloaded: AtomicU64,
-    /// Log streams being followed now.
-    pub log_follows: AtomicU64,
+    registry: Registry,
+    pub fires: Counter,
+    pub fires_skipped: Counter,
+    pub fires_skipped_backlog: Counter,
+    pub fire_batches: Counter,
+    pub attempts_started: Counter,
+    pub messages_published: Counter,
+    pub messages_failed: Counter,
+    pub completions_accepted: Counter,
+    pub completions_rejected: Counter,
+    pub attempts_lost: Counter,
+    pub retries: Counter,
+    pub workers_declared_dead: Counter,
+    pub runs_deleted: Counter,
+    pub schedules: Gauge,
+    pub workers_overloaded: Gauge,
+    pub log_follows: Gauge,
+    fire_lateness: Histograms<NamespaceLabel>,
+    start_lateness: Histograms<NamespaceLabel>,
+    attempt_duration: Histograms<AttemptLabels>,
+    publish_lag: Histograms<NamespaceLabel>,
+    runs: Family<RunLabels, Counter>,
+    queue_by_priority: Family<PriorityLabel, Gauge>,
+    /// The priorities `queue_by_priority` has had: few (a job's priority is its owner's
+    /// choice, and jobs share a handful of them).
+    priorities_seen: Mutex<BTreeSet<i32>>,
+    leases: Family<LeaseLabel, Counter>,
+    store_calls: Histograms<StoreCallLabel>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
 }
 
 impl Metrics {
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub fn set(gauge: &AtomicU64, n: u64) {
-        gauge.store(n, Ordering::Relaxed);
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        // A counter is named without its `_total`, which the encoder appends.
+        let mut counter = |name: &str, help: &str| {
+            let c = Counter::default();
+            registry.register(name, help, c.clone());
+            c
+        };
+        let fires = counter("sked_fires", "Instants written to the ledger");
+        let fires_skipped = counter("sked_fires_skipped", "Instants recorded as skipped");
+        let fires_skipped_backlog = counter(
+            "sked_fires_skipped_backlog",
+            "Instants recorded as skipped because their job or namespace had too many runs queued",
+        );
+        let fire_batches = counter(
+            "sked_fire_batches",
+            "Ledger transactions of the firing loop",
+        );
+        let attempts_started = counter("sked_attempts_started", "Attempts handed to workers");
+        let messages_published = counter(
+            "sked_messages_published",
+            "Messages of broker targets the broker confirmed",
+        );
+        let messages_failed = counter(
+            "sked_messages_failed",
+            "Publishes of broker targets that failed or timed out",
+        );
+        let completions_accepted = counter("sked_completions_accepted", "Attempt results recorded");
+        let completions_rejected = counter(
+            "sked_completions_rejected",
+            "Attempt results rejected (fenced or unknown)",
+        );
+        let attempts_lost = counter(
+            "sked_attempts_lost",
+            "Attempts lost with their worker; their runs were re-queued without spending a retry",
+        );
+        let retries = counter(
+            "sked_retries",
+            "Failed or timed-out attempts whose run was queued again by its retry policy",
+        );
+        let workers_declared_dead = counter(
+            "sked_workers_declared_dead",
+            "Workers declared dead after missing heartbeats",
+        );
+        let runs_deleted = counter("sked_runs_deleted", "Finished runs removed by retention");
+        let mut gauge = |name: &str, help: &str| {
+            let g = Gauge::default();
+            registry.register(name, help, g.clone());
+            g
+        };
+        let schedules = gauge("sked_schedules", "Schedules held by the firing loop");
+        let workers_overloaded = gauge(
+            "sked_workers_overloaded",
+            "Workers this node knows whose overload control holds them back now",
+        );
+        let log_follows = gauge(
+            "sked_log_follows",
+            "Run logs being followed (GET /runs/{id}/log?follow=true) now",
+        );
+        let fire_lateness = Histograms::new_with_constructor(lateness as fn() -> Histogram);
+        registry.register(
+            "sked_fire_lateness_seconds",
+            "From an instant to its run written to the ledger, by namespace",
+            fire_lateness.clone(),
+        );
+        let start_lateness = Histograms::new_with_constructor(lateness as fn() -> Histogram);
+        registry.register(
+            "sked_start_lateness_seconds",
+            "From an instant to its attempt handed to a worker or the publisher, by namespace",
+            start_lateness.clone(),
+        );
+        let attempt_duration = Histograms::new_with_constructor(duration as fn() -> Histogram);
+        registry.register(
+            "sked_attempt_duration_seconds",
+            "From an attempt's start to its recorded end, by namespace and outcome",
+            attempt_duration.clone(),
+        );
+        let publish_lag = Histograms::new_with_constructor(lateness as fn() -> Histogram);
+        registry.register(
+            "sked_publish_lag_seconds",
+            "From an instant to the broker's confirm of its message, by namespace",
+            publish_lag.clone(),
+        );
+        let runs = Family::default();
+        registry.register(
+            "sked_runs",
+            "Runs that reached an end, by namespace, outcome and (for skipped) reason",
+            runs.clone(),
+        );
+        let queue_by_priority = Family::default();
+        registry.register(
+            "sked_queue_depth",
+            "Runs waiting in the dispatcher for a worker, by priority",
+            queue_by_priority.clone(),
+        );
+        let leases = Family::default();
+        registry.register(
+            "sked_partition_leases",
+            "Partition leases this node gained or lost",
+            leases.clone(),
+        );
+        let store_calls = Histograms::new_with_constructor(store_call as fn() -> Histogram);
+        registry.register(
+            "sked_store_call_seconds",
+            "Store transactions of the hot path (fire, start, complete, heartbeat, membership), by call",
+            store_calls.clone(),
+        );
+        Metrics {
+            registry,
+            fires,
+            fires_skipped,
+            fires_skipped_backlog,
+            fire_batches,
+            attempts_started,
+            messages_published,
+            messages_failed,
+            completions_accepted,
+            completions_rejected,
+            attempts_lost,
+            retries,
+            workers_declared_dead,
+            runs_deleted,
+            schedules,
+            workers_overloaded,
+            log_follows,
+            fire_lateness,
+            start_lateness,
+            attempt_duration,
+            publish_lag,
+            runs,
+            queue_by_priority,
+            priorities_seen: Mutex::default(),
+            leases,
+            store_calls,
+        }
     }
 
     /// Counts one more on `gauge` until the returned guard is dropped, however the code
     /// holding it ends.
-    pub fn hold(gauge: &AtomicU64) -> Held<'_> {
-        gauge.fetch_add(1, Ordering::Relaxed);
-        Held(gauge)
+    pub fn hold(gauge: &Gauge) -> Held {
+        gauge.inc();
+        Held(gauge.clone())
     }
 
-    /// The Prometheus text exposition of every counter.
-    pub fn render(&self) -> String {
-        let rows: [(&str, &str, &str, &AtomicU64); 18] = [
-            (
-                "sked_fires_total",
-                "counter",
-                "Instants written to the ledger.",
-                &self.fires,
-            ),
-            (
-                "sked_fires_skipped_total",
-                "counter",
-                "Instants recorded as skipped.",
-                &self.fires_skipped,
-            ),
-            (
-                "sked_fires_skipped_backlog_total",
-                "counter",
-                "Instants recorded as skipped because their job or namespace had too many runs queued.",
-                &self.fires_skipped_backlog,
-            ),
-            (
-                "sked_fire_batches_total",
-                "counter",
-                "Ledger transactions of the firing loop.",
-                &self.fire_batches,
-            ),
-            (
-                "sked_fire_lateness_microseconds_sum",
-                "counter",
-                "Sum of firing lateness.",
-                &self.fire_lateness_us_sum,
-            ),
-            (
-                "sked_attempts_started_total",
-                "counter",
-                "Attempts handed to workers.",
-                &self.attempts_started,
-            ),
-            (
-                "sked_messages_published_total",
-                "counter",
-                "Messages of broker targets the broker confirmed.",
-                &self.messages_published,
-            ),
-            (
-                "sked_messages_failed_total",
-                "counter",
-                "Publishes of broker targets that failed or timed out.",
-                &self.messages_failed,
-            ),
-            (
-                "sked_completions_accepted_total",
-                "counter",
-                "Attempt results recorded.",
-                &self.completions_accepted,
-            ),
-            (
-                "sked_completions_rejected_total",
-                "counter",
-                "Attempt results rejected (fenced or unknown).",
-                &self.completions_rejected,
-            ),
-            (
-                "sked_attempts_lost_total",
-                "counter",
-                "Attempts lost with their worker; their runs were re-queued without spending a retry.",
-                &self.attempts_lost,
-            ),
-            (
-                "sked_retries_total",
-                "counter",
-                "Failed or timed-out attempts whose run was queued again by its retry policy.",
-                &self.retries,
-            ),
-            (
-                "sked_workers_declared_dead_total",
-                "counter",
-                "Workers declared dead after missing heartbeats.",
-                &self.workers_declared_dead,
-            ),
-            (
-                "sked_runs_deleted_total",
-                "counter",
-                "Finished runs removed by retention.",
-                &self.runs_deleted,
-            ),
-            (
-                "sked_schedules",
-                "gauge",
-                "Schedules held by the firing loop.",
-                &self.schedules,
-            ),
-            (
-                "sked_dispatch_queue_depth",
-                "gauge",
-                "Runs waiting in the dispatcher.",
-                &self.queue_depth,
-            ),
-            (
-                "sked_workers_overloaded",
-                "gauge",
-                "Workers this node knows whose overload control holds them back now.",
-                &self.workers_overloaded,
-            ),
-            (
-                "sked_log_follows",
-                "gauge",
-                "Run logs being followed (GET /runs/{id}/log?follow=true) now.",
-                &self.log_follows,
-            ),
-        ];
-        let mut out = String::new();
-        for (name, kind, help, value) in rows {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+    pub fn fired(&self, namespace: &str, lateness: TimeDelta) {
+        observe(&self.fire_lateness, &namespace_label(namespace), lateness);
+    }
+
+    pub fn started(&self, namespace: &str, lateness: TimeDelta) {
+        observe(&self.start_lateness, &namespace_label(namespace), lateness);
+    }
+
+    pub fn published(&self, namespace: &str, lag: TimeDelta) {
+        observe(&self.publish_lag, &namespace_label(namespace), lag);
+    }
+
+    /// An attempt's recorded end: its duration, and the run's end when this ended the run.
+    pub fn attempt_ended(
+        &self,
+        namespace: &str,
+        outcome: AttemptOutcome,
+        took: TimeDelta,
+        run: RunState,
+    ) {
+        let labels = AttemptLabels {
+            namespace: namespace.to_string(),
+            outcome: outcome.as_str(),
+        };
+        observe(&self.attempt_duration, &labels, took);
+        if run.is_terminal() {
+            self.run_ended(namespace, run, None);
         }
+    }
+
+    /// A run reached `state`, an end; `reason` says why when it was skipped.
+    pub fn run_ended(&self, namespace: &str, state: RunState, reason: Option<SkipReason>) {
+        let labels = RunLabels {
+            namespace: namespace.to_string(),
+            outcome: state.as_str(),
+            reason: reason.map_or("", SkipReason::as_str),
+        };
+        self.runs.get_or_create(&labels).inc();
+    }
+
+    /// The dispatcher's queue by priority. A priority seen before and absent now is set to
+    /// zero, so a drained priority reads as zero rather than as its last depth.
+    pub fn queue(&self, by_priority: &BTreeMap<i32, u64>) {
+        let mut seen = self
+            .priorities_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for priority in seen.iter() {
+            if !by_priority.contains_key(priority) {
+                self.queue_by_priority
+                    .get_or_create(&PriorityLabel {
+                        priority: *priority,
+                    })
+                    .set(0);
+            }
+        }
+        for (priority, n) in by_priority {
+            seen.insert(*priority);
+            self.queue_by_priority
+                .get_or_create(&PriorityLabel {
+                    priority: *priority,
+                })
+                .set(*n as i64);
+        }
+    }
+
+    /// Partition leases that changed hands at this node.
+    pub fn leases_changed(&self, gained: usize, lost: usize) {
+        for (change, n) in [("gained", gained), ("lost", lost)] {
+            if n > 0 {
+                self.leases
+                    .get_or_create(&LeaseLabel { change })
+                    .inc_by(n as u64);
+            }
+        }
+    }
+
+    /// Awaits a store call, timing it as `call`.
+    pub async fn store_call<T>(&self, call: &'static str, work: impl Future<Output = T>) -> T {
+        let began = std::time::Instant::now();
+        let out = work.await;
+        self.store_calls
+            .get_or_create(&StoreCallLabel { call })
+            .observe(began.elapsed().as_secs_f64());
+        out
+    }
+
+    /// The OpenMetrics text of every metric, with `more` (families kept elsewhere, in the same
+    /// text format) before the end marker.
+    pub fn render(&self, more: &str) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode_registry(&mut out, &self.registry);
+        out.push_str(more);
+        let _ = encode_eof(&mut out);
         out
     }
 }
 
-/// One unit of a gauge, given back on drop (see [`Metrics::hold`]).
-pub struct Held<'a>(&'a AtomicU64);
+fn namespace_label(namespace: &str) -> NamespaceLabel {
+    NamespaceLabel {
+        namespace: namespace.to_string(),
+    }
+}
 
-impl Drop for Held<'_> {
+/// Observes a span of time in seconds; a negative one (clocks of two nodes) counts as zero.
+fn observe<L: Clone + std::hash::Hash + Eq>(family: &Histograms<L>, labels: &L, span: TimeDelta) {
+    let seconds = span.num_microseconds().unwrap_or(i64::MAX).max(0) as f64 / 1e6;
+    family.get_or_create(labels).observe(seconds);
+}
+
+/// One unit of a gauge, given back on drop (see [`Metrics::hold`]).
+pub struct Held(Gauge);
+
+impl Drop for Held {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_names_every_family_with_its_type_and_ends_with_the_marker() {
+        let metrics = Metrics::new();
+        metrics.fires.inc_by(3);
+        metrics.fired("team-a", TimeDelta::milliseconds(7));
+        metrics.run_ended("team-a", RunState::Skipped, Some(SkipReason::Overlap));
+        let text = metrics.render("");
+        assert!(text.contains("# TYPE sked_fires counter\n"), "{text}");
+        assert!(text.contains("\nsked_fires_total 3\n"), "{text}");
+        assert!(
+            text.contains("sked_fire_lateness_seconds_bucket{le=\"0.01\",namespace=\"team-a\"} 1")
+                || text.contains(
+                    "sked_fire_lateness_seconds_bucket{namespace=\"team-a\",le=\"0.01\"} 1"
+                ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "sked_runs_total{namespace=\"team-a\",outcome=\"skipped\",reason=\"overlap\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn a_negative_span_counts_as_zero_and_a_gauge_held_is_given_back() {
+        let metrics = Metrics::new();
+        metrics.started("ns", TimeDelta::milliseconds(-40));
+        let text = metrics.render("");
+        assert!(
+            text.contains("sked_start_lateness_seconds_sum{namespace=\"ns\"} 0.0"),
+            "{text}"
+        );
+        {
+            let _held = Metrics::hold(&metrics.log_follows);
+            assert_eq!(metrics.log_follows.get(), 1);
+        }
+        assert_eq!(metrics.log_follows.get(), 0);
+    }
+
+    #[test]
+    fn an_emptied_priority_reads_zero() {
+        let metrics = Metrics::new();
+        metrics.queue(&BTreeMap::from([(0, 4), (9, 1)]));
+        metrics.queue(&BTreeMap::from([(0, 2)]));
+        let text = metrics.render("");
+        assert!(
+            text.contains("sked_queue_depth{priority=\"0\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sked_queue_depth{priority=\"9\"} 0"),
+            "{text}"
+        );
+    }
+
+    /// Every `sked_…` name the queries of `docs/grafana-dashboard.json` use.
+    fn dashboard_series() -> BTreeSet<String> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/grafana-dashboard.json"
+        );
+        let text = std::fs::read_to_string(path).expect("the dashboard");
+        let dashboard: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let panels = dashboard["panels"].as_array().expect("panels");
+        let variables = dashboard["templating"]["list"]
+            .as_array()
+            .expect("variables");
+        let queries = panels
+            .iter()
+            .flat_map(|p| p["targets"].as_array().expect("targets"))
+            .map(|t| t["expr"].as_str().expect("expr"))
+            .chain(variables.iter().filter_map(|v| v["query"].as_str()));
+        let mut names = BTreeSet::new();
+        for query in queries {
+            let mut rest = query;
+            while let Some(at) = rest.find("sked_") {
+                let tail = &rest[at..];
+                let end = tail
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(tail.len());
+                names.insert(tail[..end].to_string());
+                rest = &tail[end..];
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn every_metric_the_dashboard_graphs_is_one_the_server_has() {
+        let metrics = Metrics::new();
+        // A family is listed once it has a series: give each one.
+        let span = TimeDelta::milliseconds(5);
+        metrics.fired("ns", span);
+        metrics.started("ns", span);
+        metrics.published("ns", span);
+        metrics.attempt_ended("ns", AttemptOutcome::Succeeded, span, RunState::Succeeded);
+        metrics.run_ended("ns", RunState::Skipped, Some(SkipReason::Paused));
+        metrics.queue(&BTreeMap::from([(0, 1)]));
+        metrics.leases_changed(1, 1);
+        futures_util::FutureExt::now_or_never(metrics.store_call("heartbeat", async {}));
+        let brokers: Vec<sked_core::publish::BrokerConnection> =
+            vec!["main=amqp://127.0.0.1:5672/%2f"
+                .parse()
+                .expect("a connection")];
+        let health = crate::publish::BrokerHealth::new(&brokers);
+        let text = metrics.render(&health.render_metrics());
+        // Each series a query names, as the text has it: a counter's with `_total`, a
+        // histogram's with `_bucket`, `_sum` or `_count`.
+        let series: BTreeSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        let graphed = dashboard_series();
+        assert!(graphed.len() >= 10, "{graphed:?}");
+        let missing: Vec<&String> = graphed
+            .iter()
+            .filter(|name| !series.contains(name.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "graphed but not exposed: {missing:?}\n{text}"
+        );
     }
 }

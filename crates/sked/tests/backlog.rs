@@ -67,7 +67,7 @@ async fn a_backlog_is_capped_recorded_and_drains() {
         "{metrics}"
     );
     assert!(
-        metric(&metrics, "sked_dispatch_queue_depth") <= PER_NAMESPACE + JOBS,
+        metric(&metrics, "sked_queue_depth") <= PER_NAMESPACE + JOBS,
         "{metrics}"
     );
 

@@ -360,6 +360,10 @@ pub enum CompletionEffect {
         /// (for a batch, those released by all its completions are listed with its last
         /// accepted report: the batch's runs are settled together).
         requeued: Vec<i64>,
+        /// The run's namespace and when the attempt started: what the server's metrics
+        /// label and time the attempt by.
+        namespace: String,
+        started_at: Instant,
     },
     /// Nothing was written: the attempt is unknown, already reported, or no longer holds the
     /// run's lease (`fenced`).

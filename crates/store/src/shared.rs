@@ -30,6 +30,8 @@ pub struct ReportedAttempt {
     pub run_state: String,
     pub failures: u32,
     pub cancel_requested: bool,
+    pub namespace: String,
+    pub started_at: Instant,
 }
 
 /// Admits a report, or says why it is refused: the attempt is unknown, it is another worker's
@@ -291,9 +293,11 @@ struct FiringFields {
     paused: bool,
 }
 
-/// A scheduled job from its row: id, definition text, epoch, fired count and next instant.
+/// A scheduled job from its row: id, namespace, definition text, epoch, fired count and next
+/// instant.
 pub fn scheduled_job(
     id: i64,
+    namespace: String,
     spec: &str,
     schedule_epoch: Instant,
     fired_count: u64,
@@ -303,6 +307,7 @@ pub fn scheduled_job(
         .map_err(|e| StoreError::Corrupt(format!("a stored job definition does not parse: {e}")))?;
     Ok(ScheduledJob {
         id,
+        namespace,
         schedule: fields.schedule,
         schedule_epoch,
         fired_count,
@@ -327,6 +332,8 @@ mod tests {
             run_state: run_state.into(),
             failures: 0,
             cancel_requested: false,
+            namespace: "default".into(),
+            started_at: Instant::UNIX_EPOCH,
         };
         let report = |token| AttemptReport {
             attempt_id: 1,

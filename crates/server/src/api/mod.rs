@@ -388,8 +388,8 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     (
-        [("content-type", "text/plain; version=0.0.4")],
-        state.metrics.render() + &state.brokers.render_metrics(),
+        [("content-type", crate::metrics::CONTENT_TYPE)],
+        state.metrics.render(&state.brokers.render_metrics()),
     )
 }
 

@@ -164,6 +164,9 @@ pub async fn cancel(
         .ok_or_else(|| ApiError::not_found(format!("run {id}")))?;
     let (cancel, run) = match outcome {
         CancelOutcome::Cancelled { run, released } => {
+            state
+                .metrics
+                .run_ended(&run.namespace, RunState::Cancelled, None);
             if !released.is_empty() {
                 state
                     .dispatcher

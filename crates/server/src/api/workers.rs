@@ -216,16 +216,14 @@ pub async fn heartbeat(
     owned_worker(&state, &caller, &id).await?;
     let now = Utc::now();
     let forgotten_before = crate::attempts::forgotten_before(&state, now);
-    let outcome = state
-        .store
-        .heartbeat(
-            &id,
-            &req.running,
-            now,
-            crate::attempts::lease_until(&state),
-            forgotten_before,
-        )
-        .await?;
+    let beat = state.store.heartbeat(
+        &id,
+        &req.running,
+        now,
+        crate::attempts::lease_until(&state),
+        forgotten_before,
+    );
+    let outcome = state.metrics.store_call("heartbeat", beat).await?;
     if !outcome.forgotten.is_empty() {
         tracing::warn!(
             "worker {id} does not know attempts {:?} (their lease answer was lost); \

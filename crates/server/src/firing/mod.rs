@@ -28,7 +28,7 @@ use sked_core::schedule::Schedule;
 use sked_core::Instant;
 use sked_store::{Advance, Fire, QueuedRun, Store};
 use slots::{is_frequent, Slot, Slots};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
@@ -83,6 +83,8 @@ pub struct FiringLoop {
     /// The partitions whose schedules this loop fires.
     held: BTreeSet<u32>,
     slots: Slots,
+    /// The names of the slots' namespaces.
+    namespaces: Namespaces,
     /// When the last batch was taken: the next is not taken before `BATCH_GAP` after it.
     last_batch: Instant,
 }
@@ -90,6 +92,7 @@ pub struct FiringLoop {
 /// A pending write: the fire and, when the loop keeps it, what dispatching its run needs.
 struct Pending {
     fire: Fire,
+    namespace: u16,
     template: Option<Arc<QueuedRun>>,
 }
 
@@ -113,6 +116,7 @@ impl FiringLoop {
             rx,
             held: BTreeSet::new(),
             slots: Slots::default(),
+            namespaces: Namespaces::default(),
             last_batch: Instant::MIN_UTC,
         };
         (FiringHandle { tx }, looper)
@@ -189,7 +193,7 @@ impl FiringLoop {
         if resync {
             self.reload_held(shutdown).await;
         }
-        Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
+        self.metrics.schedules.set(self.slots.len() as i64);
     }
 
     /// Loads the schedules of `partitions` until the store answers (or shutdown), and says
@@ -258,7 +262,7 @@ impl FiringLoop {
             let now = Utc::now();
             let mut pending = Vec::new();
             for job in page? {
-                if let Some(slot) = slot_from(&job) {
+                if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace)) {
                     self.catch_up(&job, slot, now, &mut pending);
                 }
                 if pending.len() >= self.batch {
@@ -289,8 +293,10 @@ impl FiringLoop {
         }
         let job = self.store.get_job_by_id(job_id).await?;
         self.slots.remove(job_id);
-        if let Some(slot) = job.and_then(ScheduledJob::of).and_then(|j| slot_from(&j)) {
-            self.slots.insert(slot);
+        if let Some(job) = job.and_then(ScheduledJob::of) {
+            if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace)) {
+                self.slots.insert(slot);
+            }
         }
         Ok(())
     }
@@ -348,7 +354,7 @@ impl FiringLoop {
                     admission::admit(backlog.job, backlog.namespace, limits)
                 };
                 if skip == Some(SkipReason::Backlog) {
-                    Metrics::add(&self.metrics.fires_skipped_backlog, 1);
+                    self.metrics.fires_skipped_backlog.inc();
                 }
                 pending.push(advance(&mut slot, skip, following));
                 if let Some(next) = following {
@@ -357,13 +363,13 @@ impl FiringLoop {
                 }
             }
             if pending.is_empty() {
-                Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
+                self.metrics.schedules.set(self.slots.len() as i64);
                 return Ok(());
             }
             let full = pending.len() == self.batch;
             self.write(pending, Utc::now(), shutdown).await?;
             if !full {
-                Metrics::set(&self.metrics.schedules, self.slots.len() as u64);
+                self.metrics.schedules.set(self.slots.len() as i64);
                 return Ok(());
             }
         }
@@ -380,35 +386,40 @@ impl FiringLoop {
             return Ok(());
         }
         let fires: Vec<Fire> = pending.iter().map(|p| p.fire.clone()).collect();
-        let outcome = self.store.record_fires(&fires, now).await?;
+        let outcome = self
+            .metrics
+            .store_call("record_fires", self.store.record_fires(&fires, now))
+            .await?;
         let mut queued = Vec::new();
         let mut read_back = Vec::new();
         let mut skipped = 0u64;
-        let mut lateness_us = 0u64;
         for (p, run) in pending.into_iter().zip(outcome.runs) {
             if !run.inserted {
                 continue;
             }
-            lateness_us += (now - p.fire.scheduled_for)
-                .num_microseconds()
-                .unwrap_or(0)
-                .max(0) as u64;
+            let namespace = self.namespaces.name(p.namespace);
+            self.metrics.fired(namespace, now - p.fire.scheduled_for);
             match (run.state, p.template) {
                 (RunState::Queued, Some(template)) => {
                     queued.push(from_template(&template, run.run_id, &p.fire));
                 }
                 (RunState::Queued, None) => read_back.push(run.run_id),
-                (RunState::Skipped, _) => skipped += 1,
+                (RunState::Skipped, _) => {
+                    skipped += 1;
+                    // Skipped by the store: the overlap policy, the one reason not decided here.
+                    let reason = p.fire.skip.unwrap_or(SkipReason::Overlap);
+                    self.metrics
+                        .run_ended(namespace, RunState::Skipped, Some(reason));
+                }
                 _ => {}
             }
         }
         // Dependants' runs that these instants released (a skipped upstream instant that
         // a `finished` dependency accepts).
         read_back.extend(outcome.released);
-        Metrics::add(&self.metrics.fires, fires.len() as u64);
-        Metrics::add(&self.metrics.fires_skipped, skipped);
-        Metrics::add(&self.metrics.fire_batches, 1);
-        Metrics::add(&self.metrics.fire_lateness_us_sum, lateness_us);
+        self.metrics.fires.inc_by(fires.len() as u64);
+        self.metrics.fires_skipped.inc_by(skipped);
+        self.metrics.fire_batches.inc();
         if !read_back.is_empty() {
             // Committed as queued: they must reach the dispatcher, so the read is retried
             // until the store answers.
@@ -438,8 +449,42 @@ impl FiringLoop {
     }
 }
 
+/// Each namespace's name once, by index: a million slots name a handful of namespaces. Past
+/// `u16::MAX - 1` names, further namespaces share the index `OTHER` (their metrics are labelled
+/// `(other)`): a metric label with that many values would be unusable anyway.
+#[derive(Debug, Default)]
+struct Namespaces {
+    names: Vec<String>,
+    ids: HashMap<String, u16>,
+}
+
+impl Namespaces {
+    const OTHER: u16 = u16::MAX;
+
+    fn id(&mut self, name: &str) -> u16 {
+        if let Some(id) = self.ids.get(name) {
+            return *id;
+        }
+        let Ok(id) = u16::try_from(self.names.len()) else {
+            return Self::OTHER;
+        };
+        if id == Self::OTHER {
+            return Self::OTHER;
+        }
+        self.names.push(name.to_string());
+        self.ids.insert(name.to_string(), id);
+        id
+    }
+
+    fn name(&self, id: u16) -> &str {
+        self.names
+            .get(usize::from(id))
+            .map_or("(other)", String::as_str)
+    }
+}
+
 /// The slot for a scheduled job; `None` (logged) when its schedule no longer compiles.
-fn slot_from(job: &ScheduledJob) -> Option<Slot> {
+fn slot_from(job: &ScheduledJob, namespace: u16) -> Option<Slot> {
     let schedule = match Schedule::compile(job.schedule.as_ref(), job.schedule_epoch) {
         Ok(s) => s,
         Err(e) => {
@@ -452,6 +497,7 @@ fn slot_from(job: &ScheduledJob) -> Option<Slot> {
     };
     Some(Slot {
         job_id: job.id,
+        namespace,
         schedule,
         fired: job.fired_count,
         next: job.next_fire_at,
@@ -532,6 +578,7 @@ fn advance(slot: &mut Slot, skip: Option<SkipReason>, following: Option<Instant>
     slot.fired += 1;
     Pending {
         fire,
+        namespace: slot.namespace,
         template: slot.template.clone(),
     }
 }
@@ -562,5 +609,27 @@ pub fn queued_run(run_id: i64, fire: &Fire, job: &JobRecord) -> QueuedRun {
         routing: job.spec.routing.clone(),
         event: None,
         graph_ranked: job.spec.priority.is_auto(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_are_named_once_and_past_the_table_share_other() {
+        let mut namespaces = Namespaces::default();
+        let a = namespaces.id("team-a");
+        assert_eq!(namespaces.id("team-b"), a + 1);
+        assert_eq!(namespaces.id("team-a"), a);
+        assert_eq!(namespaces.name(a), "team-a");
+        for i in 2..usize::from(Namespaces::OTHER) {
+            namespaces.id(&format!("ns-{i}"));
+        }
+        let past = namespaces.id("one-too-many");
+        assert_eq!(past, Namespaces::OTHER);
+        assert_eq!(namespaces.name(past), "(other)");
+        let b = namespaces.id("team-b");
+        assert_eq!(namespaces.name(b), "team-b");
     }
 }

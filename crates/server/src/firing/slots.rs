@@ -20,6 +20,9 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Slot {
     pub job_id: i64,
+    /// Its job's namespace, as an index into the loop's table of names: two bytes, which fit
+    /// in the slot's padding, rather than a name.
+    pub namespace: u16,
     pub schedule: Schedule,
     /// Instants produced so far by the current schedule.
     pub fired: u64,
@@ -183,6 +186,7 @@ mod tests {
     fn slot(job_id: i64, next: i64) -> Slot {
         Slot {
             job_id,
+            namespace: 0,
             schedule: Schedule::manual(at(0)),
             fired: 0,
             next: at(next),

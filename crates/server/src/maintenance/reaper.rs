@@ -2,7 +2,6 @@
 //! leases away. Those runs go back to the queue without spending their retry budget; the
 //! worker, if it is alive after all, learns at its next heartbeat and stops them.
 
-use crate::metrics::Metrics;
 use crate::AppState;
 use chrono::Utc;
 use tokio::sync::watch;
@@ -38,14 +37,14 @@ async fn reap_once(state: &AppState) {
         // Or `known_worker` would still let it lease and complete from memory.
         state.dispatcher.forget_worker(worker);
     }
-    Metrics::add(
-        &state.metrics.workers_declared_dead,
-        outcome.dead_workers.len() as u64,
-    );
-    Metrics::add(
-        &state.metrics.attempts_lost,
-        (outcome.requeued.len() + outcome.cancelled.len()) as u64,
-    );
+    state
+        .metrics
+        .workers_declared_dead
+        .inc_by(outcome.dead_workers.len() as u64);
+    state
+        .metrics
+        .attempts_lost
+        .inc_by((outcome.requeued.len() + outcome.cancelled.len()) as u64);
     if outcome.requeued.is_empty() {
         return;
     }

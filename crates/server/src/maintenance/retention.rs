@@ -5,7 +5,6 @@
 //! so no wait misses an event retention took). Active runs and live workers are never
 //! touched.
 
-use crate::metrics::Metrics;
 use crate::AppState;
 use chrono::Utc;
 use std::future::Future;
@@ -68,7 +67,7 @@ async fn delete_old_events(state: &AppState, retention: Duration) {
 async fn delete_old(state: &AppState, retention: Duration) {
     let before = Utc::now() - chrono::Duration::from_std(retention).unwrap_or_default();
     let deleted = in_batches("runs", || state.store.delete_finished_runs(before, BATCH)).await;
-    Metrics::add(&state.metrics.runs_deleted, deleted);
+    state.metrics.runs_deleted.inc_by(deleted);
 }
 
 /// Calls `delete` until it deletes less than a whole batch (or fails); returns how many rows

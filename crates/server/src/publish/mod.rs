@@ -121,6 +121,7 @@ enum Published {
 /// Publishes one attempt's message and says how it went.
 async fn publish_one(
     brokers: Arc<Connections>,
+    metrics: Arc<Metrics>,
     attempt: LeasedAttempt,
     worker_id: String,
 ) -> Published {
@@ -129,26 +130,30 @@ async fn publish_one(
     let awaits = attempt.completion.is_some();
     let job_timeout = attempt.timeout_ms.map(Duration::from_millis);
     let publish_limit = attempt.publish_limit();
-    let (outcome, error) =
-        match tokio::time::timeout(publish_limit, brokers.publish(&attempt.target, &run)).await {
-            Ok(Ok(())) if awaits => {
-                let timeout = job_timeout.unwrap_or(DEFAULT_AWAIT_TIMEOUT);
-                return Published::Awaiting {
-                    attempt_id: attempt.attempt_id,
-                    token: attempt.token,
-                    deadline: started + timeout,
-                    timeout,
-                };
-            }
-            Ok(Ok(())) => (AttemptOutcome::Succeeded, None),
-            Ok(Err(why)) => (AttemptOutcome::Failed, Some(why)),
-            Err(_) => (
-                AttemptOutcome::TimedOut,
-                Some(format!(
-                    "no confirm from the broker within {publish_limit:?}"
-                )),
-            ),
-        };
+    let confirmed =
+        tokio::time::timeout(publish_limit, brokers.publish(&attempt.target, &run)).await;
+    if let Ok(Ok(())) = confirmed {
+        metrics.published(&attempt.namespace, Utc::now() - attempt.scheduled_for);
+    }
+    let (outcome, error) = match confirmed {
+        Ok(Ok(())) if awaits => {
+            let timeout = job_timeout.unwrap_or(DEFAULT_AWAIT_TIMEOUT);
+            return Published::Awaiting {
+                attempt_id: attempt.attempt_id,
+                token: attempt.token,
+                deadline: started + timeout,
+                timeout,
+            };
+        }
+        Ok(Ok(())) => (AttemptOutcome::Succeeded, None),
+        Ok(Err(why)) => (AttemptOutcome::Failed, Some(why)),
+        Err(_) => (
+            AttemptOutcome::TimedOut,
+            Some(format!(
+                "no confirm from the broker within {publish_limit:?}"
+            )),
+        ),
+    };
     Published::Report(AttemptReport {
         attempt_id: attempt.attempt_id,
         token: attempt.token,
@@ -252,7 +257,12 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                     Ok(started) => {
                         for attempt in started {
                             running.insert(attempt.attempt_id);
-                            publishing.spawn(publish_one(brokers.clone(), attempt, id.clone()));
+                            publishing.spawn(publish_one(
+                                brokers.clone(),
+                                state.metrics.clone(),
+                                attempt,
+                                id.clone(),
+                            ));
                         }
                     }
                     Err(e) => tracing::warn!("the publisher cannot start attempts: {}", e.message),
@@ -269,7 +279,7 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                         }
                         Ok(Published::Awaiting { attempt_id, token, deadline, timeout }) => {
                             running.remove(&attempt_id);
-                            Metrics::add(&state.metrics.messages_published, 1);
+                            state.metrics.messages_published.inc();
                             awaiting.insert(attempt_id, Awaiting { token, deadline, timeout });
                         }
                         Err(e) => tracing::error!("a publish task ended abnormally: {e}"),
@@ -427,12 +437,11 @@ async fn probe(brokers: Arc<Connections>, every: Duration, mut shutdown: watch::
 }
 
 fn count(state: &AppState, report: &AttemptReport) {
-    let counter = if report.outcome == AttemptOutcome::Succeeded {
-        &state.metrics.messages_published
+    if report.outcome == AttemptOutcome::Succeeded {
+        state.metrics.messages_published.inc();
     } else {
-        &state.metrics.messages_failed
-    };
-    Metrics::add(counter, 1);
+        state.metrics.messages_failed.inc();
+    }
 }
 
 /// Heartbeats the attempts the publisher holds; the attempts among them the store no longer

@@ -407,7 +407,7 @@ impl Sked {
             .expect("metrics text")
     }
 
-    /// One unlabelled sample of `/metrics`.
+    /// The sum of the samples of `name` in `/metrics`, whatever their labels.
     pub async fn metric(&self, name: &str) -> u64 {
         let text = self.metrics().await;
         metric(&text, name)
@@ -433,12 +433,22 @@ impl Sked {
     }
 }
 
-/// The value of the unlabelled sample `name` in a `/metrics` text.
+/// The sum of the samples of `name` in a `/metrics` text, whatever their labels (for an
+/// unlabelled metric, its one sample); panics when there is none.
 pub fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+    let values: Vec<u64> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.trim().parse().ok()
+        })
+        .collect();
+    assert!(!values.is_empty(), "no metric {name} in:\n{text}");
+    values.iter().sum()
 }
 
 pub fn is_terminal(state: &Value) -> bool {

@@ -366,7 +366,7 @@ pub async fn scheduled(
     after_id: i64,
     limit: u32,
 ) -> PgResult<Vec<ScheduledJob>> {
-    const COLUMNS: &str = "id, spec, schedule_epoch, fired_count, next_fire_at";
+    const COLUMNS: &str = "id, spec, schedule_epoch, fired_count, next_fire_at, namespace";
     let limit = i64::from(limit);
     let rows = match partitions {
         None => {
@@ -397,6 +397,7 @@ pub async fn scheduled(
             let fired_count: i64 = row.try_get(3)?;
             Ok(shared::scheduled_job(
                 row.try_get(0)?,
+                row.try_get(5)?,
                 row.try_get(1)?,
                 rows::instant(row.try_get(2)?)?,
                 u64::try_from(fired_count).map_err(|_| {

@@ -643,7 +643,8 @@ async fn complete_one(
     let stmt = tx
         .prepare_cached(
             "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
-             r.cancel_requested, a.worker_id FROM attempts a JOIN runs r ON r.id = a.run_id \
+             r.cancel_requested, a.worker_id, r.namespace, a.started_at \
+             FROM attempts a JOIN runs r ON r.id = a.run_id \
              WHERE a.id = $1",
         )
         .await?;
@@ -658,6 +659,8 @@ async fn complete_one(
             failures: rows::count("failures", r.try_get::<_, i32>(5)?)?,
             cancel_requested: r.try_get(6)?,
             worker_id: r.try_get(7)?,
+            namespace: r.try_get(8)?,
+            started_at: rows::instant(r.try_get(9)?)?,
         }),
     };
     let attempt = match crate::shared::admit_report(found, report) {
@@ -730,6 +733,8 @@ async fn complete_one(
         run_id: attempt.run_id,
         run_state,
         requeued,
+        namespace: attempt.namespace,
+        started_at: attempt.started_at,
     };
     Ok((effect, ended))
 }

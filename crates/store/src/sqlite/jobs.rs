@@ -271,7 +271,7 @@ pub fn scheduled(
         }
     };
     let sql = format!(
-        "SELECT id, spec, schedule_epoch, fired_count, next_fire_at FROM jobs \
+        "SELECT id, spec, schedule_epoch, fired_count, next_fire_at, namespace FROM jobs \
          WHERE next_fire_at IS NOT NULL AND id > ?1{of_partitions} ORDER BY id LIMIT ?2"
     );
     let mut stmt = tx.prepare_cached(&sql)?;
@@ -280,6 +280,7 @@ pub fn scheduled(
     while let Some(row) = rows.next()? {
         jobs.push(shared::scheduled_job(
             row.get(0)?,
+            row.get(5)?,
             row.get_ref(1)?.as_str().map_err(rusqlite::Error::from)?,
             rows::instant(row.get(2)?)?,
             row.get::<_, i64>(3)? as u64,

@@ -483,11 +483,12 @@ pub fn complete_attempts(
         let found = tx
             .prepare_cached(
                 "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
-                 r.cancel_requested, a.worker_id FROM attempts a JOIN runs r ON r.id = a.run_id \
+                 r.cancel_requested, a.worker_id, r.namespace, a.started_at \
+                 FROM attempts a JOIN runs r ON r.id = a.run_id \
                  WHERE a.id = ?1",
             )?
             .query_row(params![report.attempt_id], |r| {
-                Ok(ReportedAttempt {
+                let attempt = ReportedAttempt {
                     run_id: r.get(0)?,
                     job_id: r.get(1)?,
                     token: r.get(2)?,
@@ -496,9 +497,19 @@ pub fn complete_attempts(
                     failures: r.get(5)?,
                     cancel_requested: r.get(6)?,
                     worker_id: r.get(7)?,
+                    namespace: r.get(8)?,
+                    started_at: Instant::UNIX_EPOCH,
+                };
+                Ok((attempt, r.get::<_, i64>(9)?))
+            })
+            .optional()?
+            .map(|(attempt, started_at)| {
+                Ok::<_, crate::StoreError>(ReportedAttempt {
+                    started_at: rows::instant(started_at)?,
+                    ..attempt
                 })
             })
-            .optional()?;
+            .transpose()?;
         let attempt = match crate::shared::admit_report(found, report) {
             Ok(attempt) => attempt,
             Err(refused) => {
@@ -568,6 +579,8 @@ pub fn complete_attempts(
             run_id: attempt.run_id,
             run_state,
             requeued,
+            namespace: attempt.namespace,
+            started_at: attempt.started_at,
         });
     }
     // The batch's runs that ended, and the events they emitted, move their dependants together.

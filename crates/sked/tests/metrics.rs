@@ -1,0 +1,142 @@
+//! `/metrics` through the real binary: the histograms and labelled counters an operator graphs
+//! fill as jobs run, and no job's name reaches a label. (That the Grafana dashboard queries
+//! only metrics the server has is checked beside the registry, in `sked-server`'s metrics.)
+
+mod common;
+
+use common::{shell, Sked};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// The value of the sample of `name` whose labels include every pair of `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (set, value) = rest.split_once("} ")?;
+        let has_all = labels
+            .iter()
+            .all(|(k, v)| set.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
+        if has_all {
+            value.trim().parse().ok()
+        } else {
+            None
+        }
+    })
+}
+
+#[tokio::test]
+async fn runs_fill_the_histograms_and_counters_by_namespace_outcome_and_reason() {
+    let mut sked = Sked::new();
+    // A connection whose broker is not there: `sked_broker_up` is exposed (at 0) all the same.
+    sked.start_dev(&["--broker", "main=amqp://guest:guest@127.0.0.1:1/%2f"])
+        .await;
+    let jobs = [
+        (
+            "quiet-success-job",
+            json!({"schedule": {"every": "200ms"}, "target": shell("true")}),
+        ),
+        (
+            "loud-failure-job",
+            json!({"schedule": {"every": "300ms"}, "target": shell("exit 3")}),
+        ),
+        (
+            "overlapping-slow-job",
+            json!({"schedule": {"every": "200ms"}, "overlap": "skip", "target": shell("sleep 1")}),
+        ),
+    ];
+    for (name, job) in &jobs {
+        let (status, body) = sked.put_job(name, job.clone()).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let ns = ("namespace", "default");
+    let wanted: [(&str, Vec<(&str, &str)>); 6] = [
+        ("sked_runs_total", vec![ns, ("outcome", "succeeded")]),
+        ("sked_runs_total", vec![ns, ("outcome", "failed")]),
+        (
+            "sked_runs_total",
+            vec![ns, ("outcome", "skipped"), ("reason", "overlap")],
+        ),
+        ("sked_fire_lateness_seconds_count", vec![ns]),
+        ("sked_start_lateness_seconds_count", vec![ns]),
+        (
+            "sked_attempt_duration_seconds_count",
+            vec![ns, ("outcome", "failed")],
+        ),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = sked.metrics().await;
+        let missing: Vec<_> = wanted
+            .iter()
+            .filter(|(name, labels)| sample(&text, name, labels).unwrap_or(0.0) < 1.0)
+            .collect();
+        if missing.is_empty() {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still zero or absent after 30 s: {missing:?}\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+
+    // The histograms count what the counters count: every succeeded run's attempt was timed.
+    let succeeded = sample(&text, "sked_runs_total", &[ns, ("outcome", "succeeded")]).unwrap();
+    let timed = sample(
+        &text,
+        "sked_attempt_duration_seconds_count",
+        &[ns, ("outcome", "succeeded")],
+    )
+    .unwrap_or(0.0);
+    assert!(
+        timed >= succeeded,
+        "{timed} timed, {succeeded} succeeded\n{text}"
+    );
+    // A no-op's fire lateness lands in the small buckets, not at +Inf.
+    let fired = sample(&text, "sked_fire_lateness_seconds_count", &[ns]).unwrap();
+    let within_a_second = sample(
+        &text,
+        "sked_fire_lateness_seconds_bucket",
+        &[ns, ("le", "1.0")],
+    )
+    .expect("a 1 s bucket");
+    assert!(within_a_second >= fired * 0.9, "{text}");
+    assert!(
+        sample(
+            &text,
+            "sked_store_call_seconds_count",
+            &[("call", "record_fires")]
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "sked_broker_up", &[("connection", "main")]),
+        Some(0.0),
+        "{text}"
+    );
+    // Bounded labels: no job's name is ever a label value.
+    for (name, _) in &jobs {
+        assert!(!text.contains(name), "job name {name} in /metrics:\n{text}");
+    }
+    assert!(text.ends_with("# EOF\n"), "{text}");
+}
+
+#[tokio::test]
+async fn metrics_are_served_as_openmetrics_text() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let resp = reqwest::get(format!("{}/metrics", sked.base()))
+        .await
+        .expect("metrics");
+    assert_eq!(resp.status().as_u16(), 200);
+    let kind = resp.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("# TYPE sked_fires counter\nsked_fires_total 0\n"),
+        "{text}"
+    );
+    assert!(text.ends_with("# EOF\n"), "{text}");
+}
