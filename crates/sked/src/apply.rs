@@ -2,15 +2,26 @@
 //!
 //! The whole file is checked before anything is sent, so a file with one bad job changes
 //! nothing; then each job is PUT (idempotent), upstreams before the jobs that depend on them,
-//! and what changed is reported.
+//! and what changed is reported. `--dry-run` sends nothing that writes: it reads the
+//! namespace's jobs and prints what applying would change, field by field. `--prune` also
+//! deletes the namespace's jobs the file no longer lists, dependants before their upstreams.
 
 use crate::client::Client;
 use anyhow::{bail, Context, Result};
 use reqwest::Method;
 use serde_json::Value;
 use sked_core::job::JobSpec;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+
+/// How `apply` goes about it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApplyOptions {
+    /// Print what would change; change nothing.
+    pub dry_run: bool,
+    /// Delete the namespace's jobs that the file does not list.
+    pub prune: bool,
+}
 
 /// The jobs in a file (a list, a `{"jobs": [...]}` document, or a single job), in the order
 /// to write them: each after the jobs of the file it depends on.
@@ -70,10 +81,53 @@ pub fn parse_jobs(text: &str) -> Result<Vec<Value>> {
     }
 }
 
-pub async fn apply(client: &Client, file: &Path) -> Result<()> {
+pub async fn apply(client: &Client, file: &Path, options: ApplyOptions) -> Result<()> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let jobs = parse_jobs(&text)?;
+    let current: BTreeMap<String, Value> = if options.dry_run || options.prune {
+        client
+            .get_all("/jobs", &[], "jobs")
+            .await?
+            .into_iter()
+            .filter_map(|job| Some((job["name"].as_str()?.to_string(), job)))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let listed: BTreeSet<&str> = jobs.iter().filter_map(|j| j["name"].as_str()).collect();
+    let stale = if options.prune {
+        deletion_order(&current, &listed)?
+    } else {
+        Vec::new()
+    };
+    if options.dry_run {
+        for job in &jobs {
+            let name = job["name"].as_str().unwrap_or_default();
+            match current.get(name) {
+                None => println!("create    {name}"),
+                Some(view) => {
+                    let changes = diff(&stored_definition(view)?, &file_definition(job)?);
+                    if changes.is_empty() {
+                        println!("unchanged {name}");
+                    } else {
+                        println!("update    {name}");
+                        for change in changes {
+                            println!("    {change}");
+                        }
+                    }
+                }
+            }
+        }
+        for name in &stale {
+            println!("delete    {name}");
+        }
+        println!(
+            "dry run: nothing was changed in namespace {}",
+            client.namespace
+        );
+        return Ok(());
+    }
     for job in &jobs {
         let name = job["name"].as_str().unwrap_or_default();
         let resp = client
@@ -88,12 +142,146 @@ pub async fn apply(client: &Client, file: &Path) -> Result<()> {
             .to_string();
         println!("{change:<9} {name}");
     }
+    for name in &stale {
+        client
+            .send(
+                Method::DELETE,
+                &format!("/jobs/{name}"),
+                &[("force", "false".to_string())],
+                None,
+            )
+            .await
+            .with_context(|| format!("pruning job {name:?}"))?;
+        println!("deleted   {name}");
+    }
     println!(
-        "{} job(s) applied in namespace {}",
+        "{} job(s) applied{} in namespace {}",
         jobs.len(),
+        if options.prune {
+            format!(", {} pruned", stale.len())
+        } else {
+            String::new()
+        },
         client.namespace
     );
     Ok(())
+}
+
+/// The namespace's jobs that the file does not list, each before the jobs it depends on (a job
+/// with dependants is not deleted while they exist).
+fn deletion_order(
+    current: &BTreeMap<String, Value>,
+    listed: &BTreeSet<&str>,
+) -> Result<Vec<String>> {
+    let stale: Vec<(String, BTreeSet<String>)> = current
+        .iter()
+        .filter(|(name, _)| !listed.contains(name.as_str()))
+        .map(|(name, view)| {
+            let spec: JobSpec = serde_json::from_value(stored_definition(view)?)
+                .with_context(|| format!("job {name:?} as the server gave it"))?;
+            Ok((
+                name.clone(),
+                sked_core::dependency::upstreams(&spec.depends_on),
+            ))
+        })
+        .collect::<Result<_>>()?;
+    match sked_core::dependency::write_order(&stale) {
+        Ok(order) => Ok(order
+            .into_iter()
+            .rev()
+            .map(|i| stale[i].0.clone())
+            .collect()),
+        Err(cycle) => bail!(
+            "the jobs to prune depend on each other in a cycle: {}",
+            cycle.join(", ")
+        ),
+    }
+}
+
+/// A job as the server returned it, less what the server adds to a definition, in the
+/// definition's own form.
+fn stored_definition(view: &Value) -> Result<Value> {
+    let mut definition = view.clone();
+    if let Some(object) = definition.as_object_mut() {
+        for field in sked_server::api::JOB_VIEW_FIELDS {
+            object.remove(*field);
+        }
+    }
+    normalized(definition)
+}
+
+/// A job of the file in the definition's own form: defaults filled in, durations and
+/// schedules as the server writes them.
+fn file_definition(job: &Value) -> Result<Value> {
+    normalized(job.clone())
+}
+
+fn normalized(definition: Value) -> Result<Value> {
+    let spec: JobSpec = serde_json::from_value(definition).context("a job definition")?;
+    let mut value = serde_json::to_value(spec).context("a job definition")?;
+    hide_secrets(&mut value);
+    Ok(value)
+}
+
+/// Replaces every secret value (given in the clear, or sealed by the server) by a marker: a
+/// dry run never prints one, and a sealed value cannot be compared with a clear one.
+fn hide_secrets(value: &mut Value) {
+    match value {
+        Value::Object(map)
+            if map.len() == 1 && (map.contains_key("secret") || map.contains_key("sealed")) =>
+        {
+            *value = Value::String("(secret, not compared)".into());
+        }
+        Value::Object(map) => map.values_mut().for_each(hide_secrets),
+        Value::Array(items) => items.iter_mut().for_each(hide_secrets),
+        _ => {}
+    }
+}
+
+/// The fields that differ between `before` and `after`, one line each: `~ path: old -> new`,
+/// `+ path: new`, `- path: old`.
+pub fn diff(before: &Value, after: &Value) -> Vec<String> {
+    let (mut old, mut new) = (BTreeMap::new(), BTreeMap::new());
+    flatten("", before, &mut old);
+    flatten("", after, &mut new);
+    let paths: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    paths
+        .into_iter()
+        .filter_map(|path| match (old.get(path), new.get(path)) {
+            (Some(a), Some(b)) if a == b => None,
+            (Some(a), Some(b)) => Some(format!("~ {path}: {a} -> {b}")),
+            (None, Some(b)) => Some(format!("+ {path}: {b}")),
+            (Some(a), None) => Some(format!("- {path}: {a}")),
+            (None, None) => None,
+        })
+        .collect()
+}
+
+/// Every leaf of `value` by its path (`retry.max_attempts`, `depends_on[0].job`); an empty
+/// object or list is a leaf of its own.
+fn flatten(path: &str, value: &Value, out: &mut BTreeMap<String, Value>) {
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (key, v) in map {
+                flatten(&join(key), v, out);
+            }
+        }
+        Value::Array(items) if !items.is_empty() => {
+            for (i, v) in items.iter().enumerate() {
+                flatten(&format!("{path}[{i}]"), v, out);
+            }
+        }
+        _ => {
+            out.insert(path.to_string(), value.clone());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -158,5 +346,62 @@ mod tests {
         assert!(err.contains("nothing was applied"), "{err}");
         assert!(err.contains("negative"), "{err}");
         assert!(err.contains("appears twice"), "{err}");
+    }
+
+    #[test]
+    fn a_diff_names_each_changed_field_and_never_a_secret() {
+        let before = file_definition(&serde_json::json!({
+            "name": "a",
+            "schedule": {"every": "1m"},
+            "target": {"shell": {"command": "true", "env": {"TOKEN": {"sealed": "v1:abc"}}}},
+            "depends_on": [{"job": "x"}],
+        }))
+        .unwrap();
+        let after = file_definition(&serde_json::json!({
+            "name": "a",
+            "schedule": {"every": "5m"},
+            "target": {"shell": {"command": "true", "env": {"TOKEN": {"secret": "hunter2"}}}},
+            "timeout": "30s",
+        }))
+        .unwrap();
+        let changes = diff(&before, &after);
+        let text = changes.join("\n");
+        assert!(
+            text.contains("~ schedule.every: \"1m\" -> \"5m\""),
+            "{text}"
+        );
+        assert!(text.contains("+ timeout: \"30s\""), "{text}");
+        assert!(text.contains("- depends_on[0].job: \"x\""), "{text}");
+        assert!(!text.contains("hunter2") && !text.contains("abc"), "{text}");
+        assert_eq!(changes.len(), 3, "{text}");
+        assert!(diff(&before, &before).is_empty());
+    }
+
+    #[test]
+    fn stale_jobs_are_pruned_dependants_first() {
+        let view = |name: &str, upstream: Option<&str>| {
+            let mut job = serde_json::json!({
+                "name": name, "target": {"shell": {"command": "true"}},
+                "namespace": "default", "state": "active", "rank": 0, "fired_count": 0,
+                "created_at": "2026-11-26T00:00:00Z", "updated_at": "2026-11-26T00:00:00Z",
+            });
+            if let Some(up) = upstream {
+                job["depends_on"] = serde_json::json!([{"job": up}]);
+            }
+            (name.to_string(), job)
+        };
+        let current: BTreeMap<String, Value> = [
+            view("kept", None),
+            view("extract", None),
+            view("load", Some("transform")),
+            view("transform", Some("extract")),
+        ]
+        .into_iter()
+        .collect();
+        let listed = BTreeSet::from(["kept"]);
+        assert_eq!(
+            deletion_order(&current, &listed).unwrap(),
+            ["load", "transform", "extract"]
+        );
     }
 }

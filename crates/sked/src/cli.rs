@@ -570,6 +570,13 @@ pub enum JobCommand {
         /// The file of jobs (`jobs:` list), YAML or JSON.
         #[arg(short, long)]
         file: PathBuf,
+        /// Print what applying would change, job by job and field by field; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also delete the namespace's jobs that the file does not list (with --dry-run, list
+        /// them).
+        #[arg(long)]
+        prune: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -903,8 +910,14 @@ async fn token(cmd: TokenCommand) -> Result<()> {
 
 async fn job(cmd: JobCommand) -> Result<()> {
     match cmd {
-        JobCommand::Apply { file, client } => {
-            apply::apply(&client::Client::new(&client)?, &file).await
+        JobCommand::Apply {
+            file,
+            dry_run,
+            prune,
+            client,
+        } => {
+            let options = apply::ApplyOptions { dry_run, prune };
+            apply::apply(&client::Client::new(&client)?, &file, options).await
         }
         JobCommand::List {
             search,

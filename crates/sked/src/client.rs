@@ -133,7 +133,7 @@ impl Client {
     }
 
     /// Every item of a paged listing (`items` is the answer's list field), page by page.
-    async fn get_all(
+    pub async fn get_all(
         &self,
         path: &str,
         query: &[(&str, String)],

@@ -84,6 +84,88 @@ jobs:
     assert!(err.contains("does not exist"), "{err}");
 }
 
+/// `--dry-run` prints the change per job and field and writes nothing; `--prune` deletes the
+/// jobs the file no longer lists, dependants before their upstreams, and only in its namespace.
+#[tokio::test]
+async fn apply_dry_run_shows_the_diff_and_prune_deletes_what_the_file_dropped() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let file = sked.dir.path().join("jobs.yaml");
+    let path = file.to_str().unwrap();
+    let v1 = "
+jobs:
+  - name: extract
+    schedule: {every: 1h}
+    target: {shell: {command: 'echo extract'}}
+  - name: transform
+    target: {shell: {command: 'echo transform'}}
+    depends_on: [{job: extract}]
+  - name: report
+    schedule: {every: 5m}
+    target: {shell: {command: 'echo report'}}
+";
+    std::fs::write(&file, v1).unwrap();
+    let (ok, out, err) = sked_cli(&sked, &["job", "apply", "-f", path, "--dry-run"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("create    extract") && out.contains("create    report"),
+        "{out}"
+    );
+    assert!(out.contains("nothing was changed"), "{out}");
+    let (status, _) = sked.get("/jobs/extract").await;
+    assert_eq!(status, 404, "a dry run writes nothing");
+
+    let (ok, out, err) = sked_cli(&sked, &["job", "apply", "-f", path]);
+    assert!(ok, "{out}{err}");
+    // A job in another namespace, which a prune of `default` must leave alone.
+    let (ok, out, err) = sked_cli(&sked, &["job", "apply", "-f", path, "--namespace", "other"]);
+    assert!(ok, "{out}{err}");
+
+    let v2 = "
+jobs:
+  - name: report
+    schedule: {every: 10m}
+    target: {shell: {command: 'echo report'}}
+    timeout: 30s
+";
+    std::fs::write(&file, v2).unwrap();
+    let (ok, out, err) = sked_cli(&sked, &["job", "apply", "-f", path, "--dry-run", "--prune"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("update    report"), "{out}");
+    assert!(out.contains("~ schedule.every: \"5m\" -> \"10m\""), "{out}");
+    assert!(out.contains("+ timeout: \"30s\""), "{out}");
+    let deleted: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("delete    "))
+        .collect();
+    assert_eq!(deleted, ["transform", "extract"], "dependants first: {out}");
+    assert_eq!(
+        sked.get("/jobs/extract").await.0,
+        200,
+        "a dry run deletes nothing"
+    );
+
+    let (ok, out, err) = sked_cli(&sked, &["job", "apply", "-f", path, "--prune"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("deleted   transform") && out.contains("deleted   extract"),
+        "{out}"
+    );
+    assert_eq!(sked.get("/jobs/extract").await.0, 404);
+    assert_eq!(sked.get("/jobs/transform").await.0, 404);
+    let (_, report) = sked.get("/jobs/report").await;
+    assert_eq!(report["schedule"]["every"], "10m", "{report}");
+    let (status, _) = sked.get("/jobs/extract?namespace=other").await;
+    assert_eq!(status, 200, "the other namespace keeps its jobs");
+
+    let (ok, out, err) = sked_cli(&sked, &["job", "apply", "-f", path, "--dry-run", "--prune"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("unchanged report") && !out.contains("delete"),
+        "{out}"
+    );
+}
+
 /// A server started with a config file listens where the file says; a flag and an
 /// environment variable each win over the file.
 #[tokio::test]

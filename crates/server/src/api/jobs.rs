@@ -26,6 +26,20 @@ use sked_core::{Instant, SpecError};
 use sked_store::{Fire, JobQuery, JobSort, Page, PutMode, PutOutcome, RunQuery};
 use std::collections::BTreeMap;
 
+/// The fields a [`JobView`] adds to the definition: what a client removes from a job it read
+/// to compare it with a definition (`sked job apply --dry-run`).
+pub const JOB_VIEW_FIELDS: &[&str] = &[
+    "namespace",
+    "state",
+    "rank",
+    "next_fire_at",
+    "fired_count",
+    "created_at",
+    "updated_at",
+    "last_run",
+    "counters",
+];
+
 /// A job as the API returns it: the definition, flattened, with where it stands.
 #[derive(Debug, Serialize)]
 pub struct JobView {
@@ -733,4 +747,39 @@ pub async fn graph(
         edges,
         truncated,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_less_its_own_fields_is_the_definition() {
+        let spec: JobSpec = serde_json::from_value(serde_json::json!({
+            "name": "nightly",
+            "schedule": {"cron": "30 2 * * *"},
+            "target": {"shell": {"command": "true"}},
+        }))
+        .unwrap();
+        let at = Utc::now();
+        let view = JobView {
+            spec: spec.clone(),
+            namespace: "default".into(),
+            state: JobState::Active,
+            rank: 0,
+            next_fire_at: Some(at),
+            fired_count: 1,
+            created_at: at,
+            updated_at: at,
+            last_run: None,
+            counters: Some(BTreeMap::from([("succeeded".to_string(), 1)])),
+        };
+        let mut value = serde_json::to_value(&view).unwrap();
+        let object = value.as_object_mut().unwrap();
+        for field in JOB_VIEW_FIELDS {
+            object.remove(*field);
+        }
+        let back: JobSpec = serde_json::from_value(value).expect("only definition fields left");
+        assert_eq!(back, spec);
+    }
 }

@@ -23,6 +23,7 @@ mod tokens;
 mod workers;
 
 pub use error::ApiError;
+pub use jobs::JOB_VIEW_FIELDS;
 
 use crate::auth::Authenticator;
 use crate::rate::RequestRate;
