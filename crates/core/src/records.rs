@@ -27,6 +27,17 @@ pub struct JobRecord {
     pub schedule_epoch: Instant,
     pub created_at: Instant,
     pub updated_at: Instant,
+    /// Its definition's number: 1 when created, one more with each change (`JobVersion`).
+    pub version: u32,
+}
+
+/// One definition a job has had, kept when it was replaced (`GET /jobs/{name}/versions`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobVersion {
+    pub version: u32,
+    pub spec: JobSpec,
+    /// When this definition was written.
+    pub created_at: Instant,
 }
 
 /// What the firing loop needs of a job whose schedule still owes an instant: the schedule and
@@ -103,6 +114,10 @@ pub struct RunRecord {
     pub cancel_requested: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The job's definition version it was recorded under (`None` for runs recorded before
+    /// versions were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_version: Option<u32>,
 }
 
 /// A recorded event (`crate::event`).

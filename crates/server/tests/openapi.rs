@@ -1402,6 +1402,39 @@ async fn jobs(api: &Client<'_>) {
         .await;
     assert_eq!(missing.status, 404);
 
+    // Versions: pausing and resuming changed the definition twice.
+    let versions = api
+        .call("get", "/api/v1/jobs/nightly-report/versions", None)
+        .await;
+    let kept = versions.body["versions"].as_array().unwrap().len() as u64;
+    assert!(kept >= 2, "{}", versions.body);
+    let rolled = api
+        .call(
+            "post",
+            "/api/v1/jobs/nightly-report/rollback",
+            Some(json!({"to": 1})),
+        )
+        .await;
+    assert_eq!(rolled.status, 200, "{}", rolled.body);
+    let refused = api
+        .call(
+            "post",
+            "/api/v1/jobs/nightly-report/rollback",
+            Some(json!({"to": 999})),
+        )
+        .await;
+    assert_eq!(refused.status, 400);
+    api.call_invalid(
+        "post",
+        "/api/v1/jobs/nightly-report/rollback",
+        json!({"to": 1, "extra": true}),
+    )
+    .await;
+    let missing = api
+        .call("get", "/api/v1/jobs/no-such-job/versions", None)
+        .await;
+    assert_eq!(missing.status, 404);
+
     let deleted = api
         .call("delete", "/api/v1/jobs/every-job?namespace=doc", None)
         .await;

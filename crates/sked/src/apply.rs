@@ -241,18 +241,45 @@ fn hide_secrets(value: &mut Value) {
 /// The fields that differ between `before` and `after`, one line each: `~ path: old -> new`,
 /// `+ path: new`, `- path: old`.
 pub fn diff(before: &Value, after: &Value) -> Vec<String> {
+    differences(before, after)
+        .into_iter()
+        .map(|(path, old, new)| match (old, new) {
+            (Some(a), Some(b)) => format!("~ {path}: {a} -> {b}"),
+            (None, Some(b)) => format!("+ {path}: {b}"),
+            (Some(a), None) => format!("- {path}: {a}"),
+            (None, None) => format!("  {path}"),
+        })
+        .collect()
+}
+
+/// The fields that differ between two stored definitions, by path, comma-separated; `-` for
+/// none (a rollback to an identical definition).
+pub fn changed_fields(before: &Value, after: &Value) -> String {
+    let (Ok(before), Ok(after)) = (normalized(before.clone()), normalized(after.clone())) else {
+        return "?".to_string();
+    };
+    let paths: Vec<String> = differences(&before, &after)
+        .into_iter()
+        .map(|(path, _, _)| path)
+        .collect();
+    if paths.is_empty() {
+        "-".to_string()
+    } else {
+        paths.join(", ")
+    }
+}
+
+/// Each leaf that differs, by path, with its value before and after (`None`: absent).
+fn differences(before: &Value, after: &Value) -> Vec<(String, Option<Value>, Option<Value>)> {
     let (mut old, mut new) = (BTreeMap::new(), BTreeMap::new());
     flatten("", before, &mut old);
     flatten("", after, &mut new);
-    let paths: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let paths: BTreeSet<String> = old.keys().chain(new.keys()).cloned().collect();
     paths
         .into_iter()
-        .filter_map(|path| match (old.get(path), new.get(path)) {
-            (Some(a), Some(b)) if a == b => None,
-            (Some(a), Some(b)) => Some(format!("~ {path}: {a} -> {b}")),
-            (None, Some(b)) => Some(format!("+ {path}: {b}")),
-            (Some(a), None) => Some(format!("- {path}: {a}")),
-            (None, None) => None,
+        .filter_map(|path| {
+            let (a, b) = (old.remove(&path), new.remove(&path));
+            (a != b).then_some((path, a, b))
         })
         .collect()
 }

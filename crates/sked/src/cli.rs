@@ -598,6 +598,23 @@ pub enum JobCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// The definitions the job has had: each version, when it was written, what it changed.
+    History {
+        /// The job's name.
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Put an earlier definition back, as a new version.
+    Rollback {
+        /// The job's name.
+        name: String,
+        /// The version to put back (see `sked job history`).
+        #[arg(long)]
+        to: u32,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Run the job now.
     Trigger {
         /// The job's name.
@@ -925,6 +942,12 @@ async fn job(cmd: JobCommand) -> Result<()> {
             client,
         } => client::Client::new(&client)?.job_list(search, state).await,
         JobCommand::Get { name, client } => client::Client::new(&client)?.job_get(&name).await,
+        JobCommand::History { name, client } => {
+            client::Client::new(&client)?.job_history(&name).await
+        }
+        JobCommand::Rollback { name, to, client } => {
+            client::Client::new(&client)?.job_rollback(&name, to).await
+        }
         JobCommand::Trigger { name, client } => {
             client::Client::new(&client)?
                 .job_action(&name, "trigger")

@@ -181,6 +181,62 @@ impl Client {
         Self::print_json(&self.get_json(&format!("/jobs/{name}"), &[]).await?)
     }
 
+    /// Each kept version, newest first, with the fields it changed from the one before.
+    pub async fn job_history(&self, name: &str) -> Result<()> {
+        let list = self
+            .get_json(&format!("/jobs/{name}/versions"), &[])
+            .await?;
+        if self.json {
+            return Self::print_json(&list);
+        }
+        let versions = list["versions"].as_array().cloned().unwrap_or_default();
+        let current = list["current"].as_u64();
+        let table: Vec<Vec<String>> = versions
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let changed = match versions.get(i + 1) {
+                    Some(older) => crate::apply::changed_fields(&older["spec"], &v["spec"]),
+                    None if v["version"].as_u64() == Some(1) => "(created)".to_string(),
+                    None => "(older versions not kept)".to_string(),
+                };
+                let mark = if v["version"].as_u64() == current {
+                    "*"
+                } else {
+                    ""
+                };
+                vec![
+                    format!("{}{mark}", text(&v["version"])),
+                    text(&v["created_at"]),
+                    changed,
+                ]
+            })
+            .collect();
+        print_table(&["VERSION", "WRITTEN", "CHANGED"], &table);
+        Ok(())
+    }
+
+    pub async fn job_rollback(&self, name: &str, to: u32) -> Result<()> {
+        let body = serde_json::json!({ "to": to });
+        let resp = self
+            .send(
+                Method::POST,
+                &format!("/jobs/{name}/rollback"),
+                &[],
+                Some(&body),
+            )
+            .await?;
+        let job: Value = resp.json().await.context("the answer is not JSON")?;
+        if self.json {
+            return Self::print_json(&job);
+        }
+        println!(
+            "job {name} is at version {}: the definition of version {to}",
+            text(&job["version"])
+        );
+        Ok(())
+    }
+
     pub async fn job_action(&self, name: &str, action: &str) -> Result<()> {
         let resp = self
             .send(Method::POST, &format!("/jobs/{name}/{action}"), &[], None)

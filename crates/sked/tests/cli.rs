@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::{sked_command, Proc, Sked};
+use common::{shell, sked_command, Proc, Sked};
+use serde_json::json;
 use std::time::Duration;
 
 fn sked_cli(sked: &Sked, args: &[&str]) -> (bool, String, String) {
@@ -163,6 +164,83 @@ jobs:
     assert!(
         out.contains("unchanged report") && !out.contains("delete"),
         "{out}"
+    );
+}
+
+/// Every change keeps the definition it replaced: `sked job history` lists them with what
+/// each changed, a run names the version it ran under, and `sked job rollback` puts an earlier
+/// one back as a new version (audited as such). A version that is not kept is refused by field.
+#[tokio::test]
+async fn history_lists_versions_and_rollback_restores_one_as_a_new_version() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let job = |command: &str| json!({"target": shell(command)});
+    assert_eq!(sked.put_job("versioned", job("echo one")).await.0, 201);
+    let (status, run) = sked.post("/jobs/versioned/trigger", json!({})).await;
+    assert_eq!(status, 201, "{run}");
+    let first_run = run["id"].as_i64().unwrap();
+    assert_eq!(sked.put_job("versioned", job("echo two")).await.0, 200);
+    let (status, body) = sked
+        .put_job(
+            "versioned",
+            json!({"target": shell("echo two"), "timeout": "30s"}),
+        )
+        .await;
+    assert_eq!((status, body["version"].as_u64()), (200, Some(3)), "{body}");
+
+    let (ok, out, err) = sked_cli(&sked, &["job", "history", "versioned"]);
+    assert!(ok, "{out}{err}");
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    assert!(
+        rows[0].starts_with("3*") && rows[0].contains("timeout"),
+        "{out}"
+    );
+    assert!(
+        rows[1].starts_with("2 ") && rows[1].contains("target.shell.command"),
+        "{out}"
+    );
+    assert!(
+        rows[2].starts_with("1 ") && rows[2].contains("(created)"),
+        "{out}"
+    );
+
+    let (ok, out, err) = sked_cli(&sked, &["job", "rollback", "versioned", "--to", "1"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("version 4"), "{out}");
+    let (_, current) = sked.get("/jobs/versioned").await;
+    assert_eq!(
+        current["target"]["shell"]["command"], "echo one",
+        "{current}"
+    );
+    assert!(current.get("timeout").is_none(), "{current}");
+    let (_, versions) = sked.get("/jobs/versioned/versions").await;
+    assert_eq!(versions["current"], 4, "{versions}");
+    assert_eq!(
+        versions["versions"].as_array().unwrap().len(),
+        4,
+        "{versions}"
+    );
+
+    let (status, run) = sked.post("/jobs/versioned/trigger", json!({})).await;
+    assert_eq!(status, 201, "{run}");
+    assert_eq!(run["job_version"], 4, "{run}");
+    assert_eq!(sked.run(first_run).await["job_version"], 1);
+
+    let (status, body) = sked
+        .post("/jobs/versioned/rollback", json!({"to": 9}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["field"], "to", "{body}");
+    let (status, _) = sked
+        .post("/jobs/nothing-here/rollback", json!({"to": 1}))
+        .await;
+    assert_eq!(status, 404);
+    let (_, audit) = sked.get("/audit?object=versioned").await;
+    let entries = audit["entries"].as_array().cloned().unwrap_or_default();
+    assert!(
+        entries.iter().any(|e| e["action"] == "job.rollback"),
+        "the rollback is audited: {audit}"
     );
 }
 

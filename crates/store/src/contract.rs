@@ -32,6 +32,7 @@ macro_rules! store_contract_tests {
     (@checks $mode:ident $open:path) => {
         $crate::store_contract_tests!(@each $mode $open;
             put_creates_replaces_and_detects_no_change,
+            every_change_keeps_a_version_and_runs_name_theirs,
             create_only_conflicts_and_writes_nothing,
             list_jobs_pages_searches_and_filters,
             a_bad_cursor_is_an_error,
@@ -285,6 +286,111 @@ pub async fn put_creates_replaces_and_detects_no_change(store: &dyn Store) {
         Some(rescheduled)
     );
     assert_eq!(store.get_job("other", "a").await.unwrap(), None);
+}
+
+pub async fn every_change_keeps_a_version_and_runs_name_theirs(store: &dyn Store) {
+    let at = |n: i64| t0() + secs(n);
+    let command = |c: &str| serde_json::json!({"schedule": {"every": "1s"}, "target": {"shell": {"command": c}}});
+    let (_, v1) = store
+        .put_job(
+            "default",
+            &job("v", command("one"), at(0)),
+            PutMode::Upsert,
+            at(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(v1.version, 1);
+    let first = fire_one(store, fire(v1.id, at(1))).await;
+    let (outcome, same) = store
+        .put_job(
+            "default",
+            &job("v", command("one"), at(2)),
+            PutMode::Upsert,
+            at(2),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (outcome, same.version),
+        (PutOutcome::Unchanged, 1),
+        "no change, no version"
+    );
+    let (_, v2) = store
+        .put_job(
+            "default",
+            &job("v", command("two"), at(3)),
+            PutMode::Upsert,
+            at(3),
+        )
+        .await
+        .unwrap();
+    assert_eq!(v2.version, 2);
+    let second = fire_one(store, fire(v2.id, at(4))).await;
+    assert_eq!(run(store, first.run_id).await.0.job_version, Some(1));
+    assert_eq!(run(store, second.run_id).await.0.job_version, Some(2));
+
+    let versions = store.job_versions("default", "v").await.unwrap().unwrap();
+    let kept: Vec<(u32, Instant)> = versions.iter().map(|v| (v.version, v.created_at)).collect();
+    assert_eq!(
+        kept,
+        vec![(2, at(3)), (1, at(0))],
+        "newest first, each when written"
+    );
+    assert_eq!(versions[0].spec, v2.spec);
+    assert_eq!(versions[1].spec, v1.spec);
+    assert_eq!(store.job_versions("default", "nope").await.unwrap(), None);
+    assert_eq!(store.job_versions("other", "v").await.unwrap(), None);
+
+    // `paused` is part of the definition: pausing is a version; pausing again is none.
+    for _ in 0..2 {
+        let paused = store
+            .set_paused("default", "v", true, at(5))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((paused.version, paused.spec.paused), (3, true));
+    }
+    let versions = store.job_versions("default", "v").await.unwrap().unwrap();
+    assert_eq!(versions.len(), 3);
+    assert!(versions[0].spec.paused && !versions[1].spec.paused);
+
+    // Only the newest KEPT_VERSIONS are kept.
+    let kept_versions = crate::shared::KEPT_VERSIONS;
+    for n in 4..=kept_versions + 5 {
+        let (_, record) = store
+            .put_job(
+                "default",
+                &job("v", command(&format!("v{n}")), at(10)),
+                PutMode::Upsert,
+                at(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(record.version, n);
+    }
+    let versions = store.job_versions("default", "v").await.unwrap().unwrap();
+    assert_eq!(versions.len() as u32, kept_versions);
+    assert_eq!(versions[0].version, kept_versions + 5);
+    assert_eq!(versions.last().unwrap().version, 6);
+
+    // A job deleted and created again starts over.
+    store
+        .delete_job("default", "v", false, at(20))
+        .await
+        .unwrap();
+    let (_, again) = store
+        .put_job(
+            "default",
+            &job("v", command("new"), at(21)),
+            PutMode::Upsert,
+            at(21),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.version, 1);
+    let versions = store.job_versions("default", "v").await.unwrap().unwrap();
+    assert_eq!(versions.len(), 1);
 }
 
 pub async fn create_only_conflicts_and_writes_nothing(store: &dyn Store) {

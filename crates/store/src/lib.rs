@@ -21,8 +21,8 @@ use sked_core::job::Routing;
 use sked_core::job::{JobState, ValidJob};
 use sked_core::namespace::{NamespaceRecord, NamespaceRefusal, NamespaceSpec, SecretRecord};
 use sked_core::records::{
-    AttemptRecord, AuditEntry, AuditRecord, EventRecord, JobRecord, JobStats, NodeRecord,
-    RunRecord, ScheduledJob, WorkerRecord,
+    AttemptRecord, AuditEntry, AuditRecord, EventRecord, JobRecord, JobStats, JobVersion,
+    NodeRecord, RunRecord, ScheduledJob, WorkerRecord,
 };
 use sked_core::run::{AttemptOutcome, RunState, SkipReason, Trigger};
 use sked_core::target::TargetSpec;
@@ -462,6 +462,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(PutOutcome, JobRecord)>;
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>>;
     async fn get_job_by_id(&self, id: i64) -> Result<Option<JobRecord>>;
+    /// The definitions the job has had, newest first (its current one included), back to
+    /// [`shared::KEPT_VERSIONS`] versions; `None` when there is no such job.
+    async fn job_versions(&self, namespace: &str, name: &str) -> Result<Option<Vec<JobVersion>>>;
     async fn list_jobs(&self, query: &JobQuery) -> Result<Page<JobRecord>>;
     /// Deletes a job. Its runs stay readable; its queued and waiting runs are cancelled and
     /// its running ones asked to stop. A job others depend on is refused

@@ -20,6 +20,9 @@ use std::collections::BTreeMap;
 
 /// The attempt a worker's report is about, as the store found it, with what deciding the run's
 /// fate needs.
+/// How many definitions of a job are kept: the newest, back to this many versions.
+pub const KEPT_VERSIONS: u32 = 100;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReportedAttempt {
     pub run_id: i64,

@@ -36,6 +36,7 @@ pub const JOB_VIEW_FIELDS: &[&str] = &[
     "fired_count",
     "created_at",
     "updated_at",
+    "version",
     "last_run",
     "counters",
 ];
@@ -53,6 +54,8 @@ pub struct JobView {
     pub fired_count: u64,
     pub created_at: Instant,
     pub updated_at: Instant,
+    /// The definition's version (`GET /jobs/{name}/versions`).
+    pub version: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_run: Option<RunRecord>,
     /// Runs by state.
@@ -71,6 +74,7 @@ impl From<JobRecord> for JobView {
             fired_count: job.fired_count,
             created_at: job.created_at,
             updated_at: job.updated_at,
+            version: job.version,
             last_run: None,
             counters: None,
         }
@@ -88,13 +92,15 @@ fn change_name(outcome: PutOutcome) -> &'static str {
     }
 }
 
-async fn store_job(
+/// Validates a definition and writes it; `action` names the change in the audit trail.
+pub(super) async fn store_job(
     state: &AppState,
     caller: &Caller,
     namespace: &str,
     name_from_path: Option<&str>,
     bytes: &[u8],
     mode: PutMode,
+    action: &'static str,
 ) -> Result<Response, ApiError> {
     let spec: JobSpec = parse_json(bytes)?;
     let now = Utc::now();
@@ -119,7 +125,7 @@ async fn store_job(
     if outcome != PutOutcome::Unchanged {
         state.firing.reload(record.id);
         let change = Change {
-            action: "job.put",
+            action,
             namespace: Some(namespace),
             object: Some(record.name.clone()),
             before: before.map(|b| definition(&b.spec)),
@@ -171,6 +177,7 @@ pub async fn put(
         Some(&name),
         &body(raw)?,
         PutMode::Upsert,
+        "job.put",
     )
     .await
 }
@@ -189,6 +196,7 @@ pub async fn create(
         None,
         &body(raw)?,
         PutMode::CreateOnly,
+        "job.put",
     )
     .await
 }
@@ -771,6 +779,7 @@ mod tests {
             fired_count: 1,
             created_at: at,
             updated_at: at,
+            version: 3,
             last_run: None,
             counters: Some(BTreeMap::from([("succeeded".to_string(), 1)])),
         };

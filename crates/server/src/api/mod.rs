@@ -20,6 +20,7 @@ mod runs;
 mod secrets;
 mod strict;
 mod tokens;
+mod versions;
 mod workers;
 
 pub use error::ApiError;
@@ -115,6 +116,18 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             "/api/v1/jobs/{name}/runs",
             Read,
             get(jobs::runs),
+        ),
+        route(
+            Method::GET,
+            "/api/v1/jobs/{name}/versions",
+            Read,
+            get(versions::list),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/jobs/{name}/rollback",
+            Write,
+            post(versions::rollback),
         ),
         route(
             Method::GET,

@@ -652,8 +652,9 @@ async fn start(
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
-             waiting_for, waiting_until, event_key, event_id) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15) \
+             waiting_for, waiting_until, event_key, event_id, job_version) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15, \
+                     (SELECT version FROM jobs WHERE id = $1)) \
              ON CONFLICT (job_id, scheduled_for) DO NOTHING RETURNING id",
         )
         .await?;

@@ -6,10 +6,11 @@
 use super::rows::{self, micros, JOB_COLUMNS};
 use super::{PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
+use crate::shared::KEPT_VERSIONS;
 use crate::{shared, DeletedJob, JobQuery, JobSort, Page, PutMode, PutOutcome, StoreError};
 use sked_core::dependency;
 use sked_core::job::{JobSpec, JobState, Priority, ValidJob};
-use sked_core::records::{JobRecord, ScheduledJob};
+use sked_core::records::{JobRecord, JobVersion, ScheduledJob};
 use sked_core::Instant;
 use tokio_postgres::types::ToSql;
 
@@ -144,7 +145,8 @@ pub async fn put(
                     "UPDATE jobs SET description = $2, spec = $3, overlap = $4, priority = $5, \
                      retry = $6, state = $7, next_fire_at = $8, fired_count = $9, \
                      schedule_epoch = $10, updated_at = $11, has_dependencies = $12, \
-                     emits = $13, priority_auto = $14 WHERE id = $1 RETURNING {JOB_COLUMNS}"
+                     emits = $13, priority_auto = $14, version = version + 1 \
+                     WHERE id = $1 RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
                 let row = tx
@@ -169,7 +171,9 @@ pub async fn put(
                     )
                     .await?;
                 super::dependencies::rerank_above(tx, namespace, &changed).await?;
-                return Ok((PutOutcome::Updated, rows::job(&row)?));
+                let record = rows::job(&row)?;
+                keep_version(tx, &record, &spec, now).await?;
+                return Ok((PutOutcome::Updated, record));
             }
             None => {
                 let sql = format!(
@@ -205,7 +209,9 @@ pub async fn put(
                     .await?;
                 if let Some(row) = row {
                     super::dependencies::rerank_above(tx, namespace, &changed).await?;
-                    return Ok((PutOutcome::Created, rows::job(&row)?));
+                    let record = rows::job(&row)?;
+                    keep_version(tx, &record, &spec, now).await?;
+                    return Ok((PutOutcome::Created, record));
                 }
                 // A concurrent create committed the name first: decide again against it.
             }
@@ -216,6 +222,53 @@ pub async fn put(
         job.name
     ))
     .into())
+}
+
+/// Keeps `record`'s definition, as written now, under its version, and forgets the versions
+/// past the newest [`KEPT_VERSIONS`].
+async fn keep_version(tx: &Tx<'_>, record: &JobRecord, spec: &str, now: Instant) -> PgResult<()> {
+    let version = i32::try_from(record.version)
+        .map_err(|_| StoreError::Database("job version out of range".into()))?;
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO job_versions (job_id, version, spec, created_at) \
+             VALUES ($1, $2, $3, $4)",
+        )
+        .await?;
+    tx.execute(&stmt, &[&record.id, &version, &spec, &micros(now)])
+        .await?;
+    let stmt = tx
+        .prepare_cached("DELETE FROM job_versions WHERE job_id = $1 AND version <= $2")
+        .await?;
+    let forgotten = version - KEPT_VERSIONS as i32;
+    tx.execute(&stmt, &[&record.id, &forgotten]).await?;
+    Ok(())
+}
+
+/// The kept definitions of a job, newest first; `None` when there is no such job.
+pub async fn versions(
+    tx: &Tx<'_>,
+    namespace: &str,
+    name: &str,
+) -> PgResult<Option<Vec<JobVersion>>> {
+    let Some(job) = get(tx, namespace, name).await? else {
+        return Ok(None);
+    };
+    let stmt = tx
+        .prepare_cached(
+            "SELECT version, spec, created_at FROM job_versions WHERE job_id = $1 \
+             ORDER BY version DESC",
+        )
+        .await?;
+    let mut versions = Vec::new();
+    for row in tx.query(&stmt, &[&job.id]).await? {
+        versions.push(JobVersion {
+            version: rows::count("version", row.try_get::<_, i32>(0)?)?,
+            spec: rows::spec(row.try_get(1)?)?,
+            created_at: rows::instant(row.try_get(2)?)?,
+        });
+    }
+    Ok(Some(versions))
 }
 
 pub async fn list(tx: &Tx<'_>, query: &JobQuery) -> PgResult<Page<JobRecord>> {
@@ -340,7 +393,12 @@ pub async fn set_paused(
     let Some(mut job) = get_for_update(tx, namespace, name).await? else {
         return Ok(None);
     };
+    if job.spec.paused == paused {
+        return Ok(Some(job));
+    }
+    // `paused` is part of the definition: the change is a version of its own.
     job.spec.paused = paused;
+    job.version += 1;
     if job.state != JobState::Completed {
         job.state = if paused {
             JobState::Paused
@@ -351,10 +409,14 @@ pub async fn set_paused(
     job.updated_at = now;
     let (spec, _) = spec_json(&job.spec)?;
     let stmt = tx
-        .prepare_cached("UPDATE jobs SET spec = $2, state = $3, updated_at = $4 WHERE id = $1")
+        .prepare_cached(
+            "UPDATE jobs SET spec = $2, state = $3, updated_at = $4, version = version + 1 \
+             WHERE id = $1",
+        )
         .await?;
     tx.execute(&stmt, &[&job.id, &spec, &job.state.as_str(), &micros(now)])
         .await?;
+    keep_version(tx, &job, &spec, now).await?;
     Ok(Some(job))
 }
 

@@ -34,6 +34,7 @@ struct FiringJob {
     name: String,
     overlap: OverlapPolicy,
     priority: i32,
+    version: i32,
     /// Its definition, read only for a job with dependencies (the verdict needs them).
     spec: Option<JobSpec>,
 }
@@ -160,8 +161,9 @@ async fn fire_one(
                 .prepare_cached(
                     "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
                      skip_reason, priority, ready_at, created_at, finished_at, error, \
-                     waiting_reason, waiting_for, waiting_until) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+                     waiting_reason, waiting_for, waiting_until, job_version) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+                     $16) \
                      ON CONFLICT (job_id, scheduled_for) DO NOTHING RETURNING id",
                 )
                 .await?;
@@ -184,6 +186,7 @@ async fn fire_one(
                         &waiting_reason.map(WaitReason::as_str),
                         &waiting_for,
                         &waiting_until,
+                        &job.version,
                     ],
                 )
                 .await?;
@@ -246,7 +249,7 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
     let stmt = tx
         .prepare_cached(
             "SELECT id, namespace, name, overlap, priority, \
-             CASE WHEN has_dependencies THEN spec END FROM jobs WHERE id = ANY($1) \
+             CASE WHEN has_dependencies THEN spec END, version FROM jobs WHERE id = ANY($1) \
              ORDER BY id FOR UPDATE",
         )
         .await?;
@@ -261,6 +264,7 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
                 name: row.try_get(2)?,
                 overlap,
                 priority: row.try_get(4)?,
+                version: row.try_get(6)?,
                 spec: row
                     .try_get::<_, Option<&str>>(5)?
                     .map(rows::spec)

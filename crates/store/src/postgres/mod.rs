@@ -268,6 +268,11 @@ impl Store for PgStore {
         transact!(self, read, |tx| jobs::get_by_id(&tx, id).await?)
     }
 
+    async fn job_versions(&self, namespace: &str, name: &str) -> Result<Option<Vec<JobVersion>>> {
+        transact!(self, read, |tx| jobs::versions(&tx, namespace, name)
+            .await?)
+    }
+
     async fn list_jobs(&self, query: &JobQuery) -> Result<Page<JobRecord>> {
         transact!(self, read, |tx| jobs::list(&tx, query).await?)
     }

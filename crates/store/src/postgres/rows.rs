@@ -30,7 +30,7 @@ pub fn int(what: &str, value: u32) -> Result<i32, StoreError> {
 
 pub const JOB_COLUMNS: &str =
     "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, \
-     updated_at, priority";
+     updated_at, priority, version";
 
 pub fn job(row: &Row) -> PgResult<JobRecord> {
     let fired_count: i64 = row.try_get(6)?;
@@ -48,12 +48,14 @@ pub fn job(row: &Row) -> PgResult<JobRecord> {
         schedule_epoch: instant(row.try_get(7)?)?,
         created_at: instant(row.try_get(8)?)?,
         updated_at: instant(row.try_get(9)?)?,
+        version: count("version", row.try_get::<_, i32>(11)?)?,
     })
 }
 
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
-     cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id";
+     cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
+     job_version";
 
 pub fn run(row: &Row) -> PgResult<RunRecord> {
     let skip_reason: Option<&str> = row.try_get(7)?;
@@ -80,6 +82,10 @@ pub fn run(row: &Row) -> PgResult<RunRecord> {
         failures: count("failures", row.try_get::<_, i32>(14)?)?,
         cancel_requested: row.try_get(15)?,
         error: row.try_get(16)?,
+        job_version: row
+            .try_get::<_, Option<i32>>(22)?
+            .map(|v| count("job_version", v))
+            .transpose()?,
     };
     Ok(crate::shared::with_waiting(
         record,

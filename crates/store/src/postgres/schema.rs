@@ -244,6 +244,22 @@ ALTER TABLE runs ADD COLUMN event_id TEXT;
 -- Version 7: a worker asked to drain gets no new attempts (SQLite's version 7).
 ALTER TABLE workers ADD COLUMN draining BOOLEAN NOT NULL DEFAULT false;
 "#,
+    r#"
+-- Version 8: job versions (SQLite's version 8). A job's `version` counts its definitions;
+-- every definition is kept in `job_versions` (the newest `shared::KEPT_VERSIONS` of each job),
+-- and each run records the version it was fired under.
+ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
+CREATE TABLE job_versions (
+    job_id     BIGINT  NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    version    INTEGER NOT NULL,
+    spec       TEXT    NOT NULL,
+    created_at BIGINT  NOT NULL,
+    PRIMARY KEY (job_id, version)
+);
+INSERT INTO job_versions (job_id, version, spec, created_at)
+    SELECT id, 1, spec, updated_at FROM jobs;
+ALTER TABLE runs ADD COLUMN job_version INTEGER;
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

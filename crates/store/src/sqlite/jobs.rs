@@ -3,11 +3,12 @@
 use super::rows::{self, micros, JOB_COLUMNS};
 use super::{dependencies, events};
 use crate::cursor::{self, page_size, Cursor};
+use crate::shared::KEPT_VERSIONS;
 use crate::{shared, DeletedJob, JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::dependency;
 use sked_core::job::{JobSpec, JobState, Priority, ValidJob};
-use sked_core::records::{JobRecord, ScheduledJob};
+use sked_core::records::{JobRecord, JobVersion, ScheduledJob};
 use sked_core::Instant;
 
 pub fn get(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Option<JobRecord>> {
@@ -69,7 +70,7 @@ pub fn put(
                 "UPDATE jobs SET description = ?2, spec = ?3, overlap = ?4, priority = ?5, \
                  retry = ?6, state = ?7, next_fire_at = ?8, fired_count = ?9, \
                  schedule_epoch = ?10, updated_at = ?11, has_dependencies = ?12, emits = ?13, \
-                 priority_auto = ?14 WHERE id = ?1",
+                 priority_auto = ?14, version = version + 1 WHERE id = ?1",
             )?
             .execute(params![
                 old.id,
@@ -122,6 +123,7 @@ pub fn put(
         changed.extend(dependency::upstreams(&old.spec.depends_on));
     }
     dependencies::rerank_above(tx, namespace, &changed)?;
+    keep_version(tx, id, &spec, now)?;
     let outcome = if existing.is_some() {
         PutOutcome::Updated
     } else {
@@ -130,6 +132,47 @@ pub fn put(
     let record = get_by_id(tx, id)?
         .ok_or_else(|| StoreError::Database("a job vanished while it was written".into()))?;
     Ok((outcome, record))
+}
+
+/// Keeps the job's definition as written now under its current version, and forgets the
+/// versions past the newest [`KEPT_VERSIONS`].
+fn keep_version(tx: &Transaction<'_>, job_id: i64, spec: &str, now: Instant) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO job_versions (job_id, version, spec, created_at) \
+         SELECT id, version, ?2, ?3 FROM jobs WHERE id = ?1",
+    )?
+    .execute(params![job_id, spec, micros(now)])?;
+    tx.prepare_cached(
+        "DELETE FROM job_versions WHERE job_id = ?1 \
+         AND version <= (SELECT version FROM jobs WHERE id = ?1) - ?2",
+    )?
+    .execute(params![job_id, KEPT_VERSIONS])?;
+    Ok(())
+}
+
+/// The kept definitions of a job, newest first; `None` when there is no such job.
+pub fn versions(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Vec<JobVersion>>> {
+    let Some(job) = get(tx, namespace, name)? else {
+        return Ok(None);
+    };
+    let mut stmt = tx.prepare_cached(
+        "SELECT version, spec, created_at FROM job_versions WHERE job_id = ?1 \
+         ORDER BY version DESC",
+    )?;
+    let mut rows = stmt.query(params![job.id])?;
+    let mut versions = Vec::new();
+    while let Some(row) = rows.next()? {
+        versions.push(JobVersion {
+            version: row.get(0)?,
+            spec: rows::spec(&row.get::<_, String>(1)?)?,
+            created_at: rows::instant(row.get(2)?)?,
+        });
+    }
+    Ok(Some(versions))
 }
 
 pub fn list(tx: &Transaction<'_>, query: &JobQuery) -> Result<Page<JobRecord>> {
@@ -234,7 +277,12 @@ pub fn set_paused(
     let Some(mut job) = get(tx, namespace, name)? else {
         return Ok(None);
     };
+    if job.spec.paused == paused {
+        return Ok(Some(job));
+    }
+    // `paused` is part of the definition: the change is a version of its own.
     job.spec.paused = paused;
+    job.version += 1;
     if job.state != JobState::Completed {
         job.state = if paused {
             JobState::Paused
@@ -244,8 +292,17 @@ pub fn set_paused(
     }
     job.updated_at = now;
     let (spec, _) = spec_json(&job.spec)?;
-    tx.prepare_cached("UPDATE jobs SET spec = ?2, state = ?3, updated_at = ?4 WHERE id = ?1")?
-        .execute(params![job.id, spec, job.state.as_str(), micros(now)])?;
+    tx.prepare_cached(
+        "UPDATE jobs SET spec = ?2, state = ?3, updated_at = ?4, version = ?5 WHERE id = ?1",
+    )?
+    .execute(params![
+        job.id,
+        spec,
+        job.state.as_str(),
+        micros(now),
+        job.version
+    ])?;
+    keep_version(tx, job.id, &spec, now)?;
     Ok(Some(job))
 }
 

@@ -104,6 +104,7 @@ struct FiringJob {
     name: String,
     overlap: OverlapPolicy,
     priority: i32,
+    version: u32,
     /// Its definition, read only for a job with dependencies (the verdict needs them).
     spec: Option<JobSpec>,
 }
@@ -229,8 +230,8 @@ fn insert_run(
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, error, waiting_reason, \
-             waiting_for, waiting_until) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+             waiting_for, waiting_until, job_version) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) \
              ON CONFLICT (job_id, scheduled_for) DO NOTHING",
         )?
         .execute(params![
@@ -249,20 +250,29 @@ fn insert_run(
             waiting_reason.map(WaitReason::as_str),
             waiting_for,
             waiting_until,
+            job.version,
         ])?;
     Ok((written == 1).then(|| tx.last_insert_rowid()))
 }
 
 fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
-    let row: Option<(String, String, String, i32, bool)> = tx
+    let row: Option<(String, String, String, i32, bool, u32)> = tx
         .prepare_cached(
-            "SELECT namespace, name, overlap, priority, has_dependencies FROM jobs WHERE id = ?1",
+            "SELECT namespace, name, overlap, priority, has_dependencies, version FROM jobs \
+             WHERE id = ?1",
         )?
         .query_row(params![job_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
         })
         .optional()?;
-    let Some((namespace, name, overlap, priority, has_dependencies)) = row else {
+    let Some((namespace, name, overlap, priority, has_dependencies, version)) = row else {
         return Ok(None);
     };
     let overlap = OverlapPolicy::parse(&overlap)
@@ -280,6 +290,7 @@ fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
         name,
         overlap,
         priority,
+        version,
         spec,
     }))
 }

@@ -477,6 +477,12 @@ impl Store for SqliteStore {
         self.read(move |tx| jobs::get_by_id(tx, id)).await
     }
 
+    async fn job_versions(&self, namespace: &str, name: &str) -> Result<Option<Vec<JobVersion>>> {
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        self.read(move |tx| jobs::versions(tx, &namespace, &name))
+            .await
+    }
+
     async fn list_jobs(&self, query: &JobQuery) -> Result<Page<JobRecord>> {
         let query = query.clone();
         self.read(move |tx| jobs::list(tx, &query)).await

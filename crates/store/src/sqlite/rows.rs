@@ -13,7 +13,7 @@ use sked_core::records::{
 
 pub const JOB_COLUMNS: &str =
     "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, \
-     updated_at, priority";
+     updated_at, priority, version";
 
 pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
     Ok(JobRecord {
@@ -28,12 +28,14 @@ pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
         schedule_epoch: instant(row.get(7)?)?,
         created_at: instant(row.get(8)?)?,
         updated_at: instant(row.get(9)?)?,
+        version: row.get(11)?,
     })
 }
 
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
-     cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id";
+     cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
+     job_version";
 
 pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let skip_reason: Option<String> = row.get(7)?;
@@ -60,6 +62,7 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         failures: row.get(14)?,
         cancel_requested: row.get(15)?,
         error: row.get(16)?,
+        job_version: row.get(22)?,
     };
     crate::shared::with_waiting(
         record,

@@ -284,6 +284,22 @@ CREATE INDEX runs_waiting_dependencies ON runs (waiting_until)
 -- Version 7: a worker asked to drain gets no new attempts.
 ALTER TABLE workers ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;
 "#,
+    r#"
+-- Version 8: job versions. A job's `version` counts its definitions; every definition is kept
+-- in `job_versions` (the newest `shared::KEPT_VERSIONS` of each job), and each run records the
+-- version it was fired under. A job's existing definition becomes its version 1.
+ALTER TABLE jobs ADD COLUMN version INTEGER NOT NULL DEFAULT 1;
+CREATE TABLE job_versions (
+    job_id     INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    version    INTEGER NOT NULL,
+    spec       TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (job_id, version)
+) WITHOUT ROWID;
+INSERT INTO job_versions (job_id, version, spec, created_at)
+    SELECT id, 1, spec, updated_at FROM jobs;
+ALTER TABLE runs ADD COLUMN job_version INTEGER;
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
@@ -439,5 +455,46 @@ mod tests {
         )
         .join("; ");
         assert!(plan.contains("runs_ledger_key"), "{plan}");
+    }
+
+    /// Version 8 makes each existing definition its job's version 1, kept with the time it was
+    /// last written; runs recorded before it name no version.
+    #[test]
+    fn existing_jobs_become_version_one() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "foreign_keys", "ON").unwrap();
+        for sql in &MIGRATIONS[..7] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 7).unwrap();
+        conn.execute_batch(
+            "INSERT INTO jobs (id, namespace, name, description, spec, overlap, priority, \
+             retry, state, fired_count, schedule_epoch, created_at, updated_at) \
+             VALUES (1, 'default', 'j', '', '{\"target\":{\"shell\":{\"command\":\"true\"}}}', \
+             'allow', 0, '{}', 'active', 0, 0, 10, 20); \
+             INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, priority, \
+             ready_at, created_at) VALUES (1, 'default', 'j', 5, 'schedule', 'succeeded', 0, 0, 0);",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let row = |sql: &str| {
+            conn.query_row(sql, [], |r| {
+                Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?))
+            })
+            .unwrap()
+        };
+        assert_eq!(row("SELECT version, 0 FROM jobs"), (Some(1), Some(0)));
+        assert_eq!(
+            row("SELECT version, created_at FROM job_versions WHERE job_id = 1"),
+            (Some(1), Some(20))
+        );
+        assert_eq!(row("SELECT job_version, 0 FROM runs"), (None, Some(0)));
+        // Deleting the job deletes its versions.
+        conn.execute_batch("DELETE FROM runs; DELETE FROM jobs")
+            .unwrap();
+        assert_eq!(
+            row("SELECT count(*), 0 FROM job_versions"),
+            (Some(0), Some(0))
+        );
     }
 }
