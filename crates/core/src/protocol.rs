@@ -97,6 +97,11 @@ pub struct HeartbeatRequest {
     /// The worker's pool's overload control; the server's default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overload: Option<OverloadSetting>,
+    /// The worker is draining on its own (it was signalled): the node hands it nothing more
+    /// and answers its open lease poll now, so that an answer already on its way is taken
+    /// rather than dropped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

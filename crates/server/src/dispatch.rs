@@ -50,6 +50,9 @@ struct State {
     namespace_caps: HashMap<String, u64>,
     /// Open long polls, by worker id.
     polls: HashMap<String, Poll>,
+    /// The node is stopping: polls are answered at once, empty, so that workers go to
+    /// another node and the node's open requests end without waiting out their long polls.
+    closed: bool,
     turn: u64,
     poll_seq: u64,
     /// Registered workers: what a poll needs besides the worker's free slots.
@@ -393,6 +396,9 @@ impl Dispatcher {
         let (tx, rx) = oneshot::channel();
         let seq = {
             let mut state = self.lock();
+            if state.closed {
+                return Vec::new();
+            }
             state.poll_seq += 1;
             let seq = state.poll_seq;
             // A newer poll from the same worker replaces an older one (its answer is empty).
@@ -493,7 +499,10 @@ impl Dispatcher {
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                _ = crate::stopped(&mut shutdown) => return,
+                _ = crate::stopped(&mut shutdown) => {
+                    self.close();
+                    return;
+                }
             }
         }
         loop {
@@ -502,11 +511,22 @@ impl Dispatcher {
                 .map(|at| (at - Utc::now()).to_std().unwrap_or_default())
                 .unwrap_or(Duration::from_secs(3600));
             tokio::select! {
-                _ = crate::stopped(&mut shutdown) => return,
+                _ = crate::stopped(&mut shutdown) => {
+                    self.close();
+                    return;
+                }
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// Answers every open poll, empty, and every later one at once: the node is stopping.
+    pub fn close(&self) {
+        let mut state = self.lock();
+        state.closed = true;
+        // Dropping a poll's sender answers it with nothing.
+        state.polls.clear();
     }
 }
 
@@ -687,6 +707,28 @@ mod tests {
         let handout = poll_once(&dispatcher).await;
         assert_eq!(ids(&handout.started()), vec![1, 2]);
         assert_eq!(dispatcher.lock().depth(), 0, "started runs stay out");
+    }
+
+    /// A stopping node answers its open long polls at once, and every later one, empty: its
+    /// workers go to another node instead of holding the node's shutdown for a poll's length.
+    #[tokio::test]
+    async fn closing_answers_open_and_later_polls_at_once_and_empty() {
+        let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
+        let began = std::time::Instant::now();
+        let closer = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            dispatcher.close();
+        };
+        let (open, ()) = tokio::join!(dispatcher.poll(worker(), Duration::from_secs(30)), closer);
+        assert!(open.runs().is_empty());
+        dispatcher.enqueue(vec![queued(1)]);
+        let later = dispatcher.poll(worker(), Duration::from_secs(30)).await;
+        assert!(later.runs().is_empty(), "nothing is handed out once closed");
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            began.elapsed()
+        );
     }
 
     #[tokio::test]

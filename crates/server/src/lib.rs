@@ -243,53 +243,76 @@ pub async fn serve(
         config.tls.clone(),
         stop_rx.clone(),
     );
-    let outcome = supervise(http, shutdown, &mut duties, &stop_tx).await;
-    // The HTTP server only ends on shutdown or failure; either way the duties stop too.
-    duties.abort_all();
-    while duties.join_next().await.is_some() {}
-    // Nothing fires here any more: hand the partitions over now rather than when they expire.
-    if let Err(e) = store.leave_cluster(&node.id).await {
-        tracing::warn!("could not give up this node's leases (they expire on their own): {e}");
-    }
-    outcome
+    // Once nothing fires here any more, the partitions are handed over at once rather than
+    // when their leases expire, while open requests still finish.
+    let handover = async move {
+        if let Err(e) = store.leave_cluster(&node.id).await {
+            tracing::warn!("could not give up this node's leases (they expire on their own): {e}");
+        }
+    };
+    supervise(http, shutdown, &mut duties, &stop_tx, handover).await
 }
 
 /// Serves until `http` ends, which it does once `stop` is sent: on `shutdown`, or when a duty
 /// ends first. Duties return only on shutdown; one that ends before it (a panic, a bug) would
 /// leave the node answering while nothing fires or dispatches, so the whole node stops with
 /// an error instead, for its supervisor to restart it and for its partitions to move on.
+///
+/// Once stopping, `handover` runs as soon as every duty has ended (nothing fires here any
+/// more), without waiting for the open requests `http` lets finish; or, should `http` end
+/// first, after the duties are aborted.
 async fn supervise(
     http: impl Future<Output = std::io::Result<()>>,
     shutdown: impl Future<Output = ()>,
     duties: &mut tokio::task::JoinSet<&'static str>,
     stop: &watch::Sender<bool>,
+    handover: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let mut http = std::pin::pin!(http);
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut handover = std::pin::pin!(handover);
+    let mut handed_over = false;
     let mut failed = None;
-    loop {
+    let served = loop {
         let stopping = *stop.borrow();
+        // Before stopping, a duty that ends is a failure; once stopping, the duties end one
+        // by one, and when the last has, the partitions are handed over.
+        let watch_duties = !handed_over && (stopping || !duties.is_empty());
         tokio::select! {
-            served = &mut http => {
-                return match failed {
-                    Some(e) => Err(e),
-                    None => served.map_err(ServerError::Http),
-                };
-            }
+            served = &mut http => break served,
             () = &mut shutdown, if !stopping => {
                 let _ = stop.send(true);
             }
-            Some(ended) = duties.join_next(), if !stopping => {
-                let why = match ended {
-                    Ok(name) => format!("{name} returned"),
-                    Err(e) if e.is_panic() => format!("a duty panicked: {}", panic_message(e)),
-                    Err(e) => format!("a duty was cancelled: {e}"),
-                };
-                tracing::error!("stopping the server: {why}");
-                failed = Some(ServerError::DutyEnded(why));
-                let _ = stop.send(true);
-            }
+            ended = duties.join_next(), if watch_duties => match ended {
+                None => {
+                    handover.as_mut().await;
+                    handed_over = true;
+                }
+                Some(_) if stopping => {}
+                Some(ended) => {
+                    let why = match ended {
+                        Ok(name) => format!("{name} returned"),
+                        Err(e) if e.is_panic() => {
+                            format!("a duty panicked: {}", panic_message(e))
+                        }
+                        Err(e) => format!("a duty was cancelled: {e}"),
+                    };
+                    tracing::error!("stopping the server: {why}");
+                    failed = Some(ServerError::DutyEnded(why));
+                    let _ = stop.send(true);
+                }
+            },
         }
+    };
+    // The HTTP server only ends on shutdown or failure; either way the duties stop too.
+    duties.abort_all();
+    while duties.join_next().await.is_some() {}
+    if !handed_over {
+        handover.as_mut().await;
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => served.map_err(ServerError::Http),
     }
 }
 
@@ -334,7 +357,14 @@ mod tests {
         let mut duties = JoinSet::new();
         duties.spawn(duty("dispatch", until_stopped(&stop)));
         duties.spawn(duty("firing", async { panic!("the timer broke") }));
-        let outcome = supervise(http(&stop), std::future::pending(), &mut duties, &stop).await;
+        let outcome = supervise(
+            http(&stop),
+            std::future::pending(),
+            &mut duties,
+            &stop,
+            async {},
+        )
+        .await;
         match outcome {
             Err(ServerError::DutyEnded(why)) => assert!(why.contains("the timer broke"), "{why}"),
             other => panic!("expected DutyEnded, got {other:?}"),
@@ -347,7 +377,14 @@ mod tests {
         let (stop, _) = watch::channel(false);
         let mut duties = JoinSet::new();
         duties.spawn(duty("membership", async {}));
-        let outcome = supervise(http(&stop), std::future::pending(), &mut duties, &stop).await;
+        let outcome = supervise(
+            http(&stop),
+            std::future::pending(),
+            &mut duties,
+            &stop,
+            async {},
+        )
+        .await;
         match outcome {
             Err(ServerError::DutyEnded(why)) => assert_eq!(why, "membership returned"),
             other => panic!("expected DutyEnded, got {other:?}"),
@@ -362,8 +399,35 @@ mod tests {
             duties.spawn(duty(name, until_stopped(&stop)));
         }
         let shutdown = tokio::time::sleep(std::time::Duration::from_millis(20));
-        let outcome = supervise(http(&stop), shutdown, &mut duties, &stop).await;
+        let outcome = supervise(http(&stop), shutdown, &mut duties, &stop, async {}).await;
         assert!(outcome.is_ok(), "{outcome:?}");
         assert!(*stop.borrow());
+    }
+
+    /// The partitions are handed over once every duty has ended, while a request is still
+    /// open, not after it.
+    #[tokio::test]
+    async fn the_handover_comes_when_the_duties_end_not_when_requests_do() {
+        let (stop, _) = watch::channel(false);
+        let mut duties = JoinSet::new();
+        duties.spawn(duty("firing", until_stopped(&stop)));
+        let (handed, handed_rx) = tokio::sync::oneshot::channel::<()>();
+        // HTTP with a request open: it ends only once the handover has happened.
+        let mut stopped = stop.subscribe();
+        let http = async move {
+            crate::stopped(&mut stopped).await;
+            handed_rx.await.map_err(std::io::Error::other)
+        };
+        let handover = async move {
+            let _ = handed.send(());
+        };
+        let shutdown = tokio::time::sleep(std::time::Duration::from_millis(20));
+        let outcome = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            supervise(http, shutdown, &mut duties, &stop, handover),
+        )
+        .await
+        .expect("the handover did not wait for the open request");
+        assert!(outcome.is_ok(), "{outcome:?}");
     }
 }

@@ -136,54 +136,8 @@ async fn chaos_three_nodes_three_workers_sigkill_ledger() {
     let http = pg::http_client();
     let (sink, sink_url) = Sink::start().await;
 
-    let mut nodes: Vec<NodeSlot> = (0..NODES)
-        .map(|i| NodeSlot {
-            label: format!("node-{i}"),
-            port: free_port(),
-            node: None,
-            restart_at: None,
-        })
-        .collect();
-    for slot in nodes.iter_mut() {
-        slot.node = Some(Node::spawn(&logs, &slot.label, slot.port, &schema.url));
-    }
-    for slot in nodes.iter_mut() {
-        let node = slot.node.as_mut().expect("just started");
-        node.ready(&http, NODE_START).await;
-    }
-    let bases: Vec<String> = nodes
-        .iter()
-        .map(|s| format!("http://127.0.0.1:{}", s.port))
-        .collect();
-    let ids: Vec<String> = nodes.iter().map(|s| node_id(s).to_string()).collect();
-    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-    pg::wait_cluster(
-        &http,
-        &bases[0],
-        Duration::from_secs(30),
-        "three nodes holding every partition",
-        |view| pg::all_alive_and_owned(view, &id_refs),
-    )
-    .await;
-
-    // Each worker starts on a different node and fails over through the others in turn.
-    let mut workers: Vec<WorkerSlot> = (0..WORKERS)
-        .map(|i| {
-            let servers: Vec<&str> = (0..NODES)
-                .map(|k| bases[(i + k) % NODES].as_str())
-                .collect();
-            WorkerSlot {
-                name: format!("worker-{i}"),
-                servers: servers.join(","),
-                proc: None,
-                restart_at: None,
-            }
-        })
-        .collect();
-    for slot in workers.iter_mut() {
-        slot.proc = Some(spawn_worker(&logs, &slot.name, &slot.servers));
-    }
-
+    let (mut nodes, bases) = start_nodes(&logs, &http, &schema.url).await;
+    let mut workers = start_workers(&logs, &bases);
     let plans = create_jobs(&http, &bases, &sink_url).await;
     let creating_took = plans
         .last()
@@ -306,29 +260,14 @@ async fn chaos_three_nodes_three_workers_sigkill_ledger() {
         .await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let ids: Vec<String> = nodes.iter().map(|s| node_id(s).to_string()).collect();
-    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-    pg::wait_cluster(
+    all_partitions_owned(
         &http,
-        &bases[0],
-        Duration::from_secs(30),
+        &nodes,
+        &bases,
         "the three live nodes holding every partition",
-        |view| pg::all_alive_and_owned(view, &id_refs),
     )
     .await;
-
-    // Stop new instants from running: a paused job's instants are recorded skipped.
-    let pause_began = Utc::now();
-    pause_jobs(&http, &bases, &plans).await;
-    println!(
-        "paused every job in {} ms",
-        (Utc::now() - pause_began).num_milliseconds()
-    );
-    let db = schema.client().await;
-    await_instants_up_to_pause(&db, pause_began, plans.len()).await;
-    drain(&db).await;
-
-    let report = check_ledger(&db, &plans, pause_began, &sink).await;
+    let (report, _) = pause_and_check_ledger(&http, &bases, &plans, &schema, &sink).await;
     println!("{report}");
     println!("{node_kills} node kills, {worker_kills} worker kills in {CHAOS:?}");
     for (id, took) in &takeovers {
@@ -354,6 +293,178 @@ async fn chaos_three_nodes_three_workers_sigkill_ledger() {
         "partitions of a killed node were taken over within {TAKEOVER_LIMIT:?}: {takeovers:?}"
     );
 
+    drop(nodes);
+    drop(workers);
+    schema.drop_schema().await;
+}
+
+/// Three server nodes on the schema, each ready, every partition owned; and their base URLs.
+async fn start_nodes(
+    logs: &Logs,
+    http: &reqwest::Client,
+    url: &str,
+) -> (Vec<NodeSlot>, Vec<String>) {
+    let mut nodes: Vec<NodeSlot> = (0..NODES)
+        .map(|i| NodeSlot {
+            label: format!("node-{i}"),
+            port: free_port(),
+            node: None,
+            restart_at: None,
+        })
+        .collect();
+    for slot in nodes.iter_mut() {
+        slot.node = Some(Node::spawn(logs, &slot.label, slot.port, url));
+    }
+    for slot in nodes.iter_mut() {
+        let node = slot.node.as_mut().expect("just started");
+        node.ready(http, NODE_START).await;
+    }
+    let bases: Vec<String> = nodes
+        .iter()
+        .map(|s| format!("http://127.0.0.1:{}", s.port))
+        .collect();
+    all_partitions_owned(http, &nodes, &bases, "three nodes holding every partition").await;
+    (nodes, bases)
+}
+
+/// Waits until the nodes now in `nodes` are alive and hold every partition between them.
+async fn all_partitions_owned(
+    http: &reqwest::Client,
+    nodes: &[NodeSlot],
+    bases: &[String],
+    what: &str,
+) {
+    let ids: Vec<String> = nodes.iter().map(|s| node_id(s).to_string()).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    pg::wait_cluster(http, &bases[0], Duration::from_secs(30), what, |view| {
+        pg::all_alive_and_owned(view, &id_refs)
+    })
+    .await;
+}
+
+/// One worker per node: each starts on a different node and fails over through the others in
+/// turn.
+fn start_workers(logs: &Logs, bases: &[String]) -> Vec<WorkerSlot> {
+    (0..WORKERS)
+        .map(|i| {
+            let servers: Vec<&str> = (0..NODES)
+                .map(|k| bases[(i + k) % NODES].as_str())
+                .collect();
+            let name = format!("worker-{i}");
+            let servers = servers.join(",");
+            WorkerSlot {
+                proc: Some(spawn_worker(logs, &name, &servers)),
+                name,
+                servers,
+                restart_at: None,
+            }
+        })
+        .collect()
+}
+
+/// Pauses every job (a paused job's instants are recorded skipped), waits for the instants up
+/// to the pause and for every run to end, then checks the ledger; the report, and how many
+/// attempts were lost with a worker or a lease.
+async fn pause_and_check_ledger(
+    http: &reqwest::Client,
+    bases: &[String],
+    plans: &[JobPlan],
+    schema: &Schema,
+    sink: &Sink,
+) -> (String, usize) {
+    let pause_began = Utc::now();
+    pause_jobs(http, bases, plans).await;
+    println!(
+        "paused every job in {} ms",
+        (Utc::now() - pause_began).num_milliseconds()
+    );
+    let db = schema.client().await;
+    await_instants_up_to_pause(&db, pause_began, plans.len()).await;
+    drain(&db).await;
+    check_ledger(&db, plans, pause_began, sink).await
+}
+
+/// How long a node or a worker stopped with SIGTERM may take to exit before the test calls it
+/// stuck (a worker drains its running attempts first: a second here).
+const STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// Stops `proc` with SIGTERM and waits for it to exit; fails if it needed SIGKILL.
+async fn stop_gracefully(mut proc: Proc) {
+    let name = proc.name.clone();
+    let began = Instant::now();
+    let proc = tokio::task::spawn_blocking(move || {
+        proc.stop(STOP_GRACE);
+        proc
+    })
+    .await
+    .expect("stopping");
+    assert!(
+        began.elapsed() < STOP_GRACE,
+        "{name} did not exit within {STOP_GRACE:?} of SIGTERM"
+    );
+    drop(proc);
+    println!(
+        "         {name} stopped in {} ms",
+        began.elapsed().as_millis()
+    );
+}
+
+/// A rolling restart while 1,000 schedules fire: each node in turn is stopped with SIGTERM
+/// (it answers its open lease polls and gives its partitions back as soon as it stops firing)
+/// and started again, then each worker (SIGTERM drains it: it takes nothing new, takes the
+/// answer of a poll in flight, and finishes what it runs). Nothing is lost: every instant has
+/// one run, every run ended, and no attempt was lost with its worker or its node. (An instant
+/// that falls due while a partition changes hands may be recorded `skipped (misfire)` by its
+/// job's policy when its new node loads it: recorded, never silently dropped.)
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_three_nodes_and_three_workers_loses_nothing() {
+    let schema = Schema::create().await;
+    let logs = Logs::new();
+    println!("schema {}, logs in {}", schema.name, logs.path().display());
+    let http = pg::http_client();
+    let (sink, sink_url) = Sink::start().await;
+    let (mut nodes, bases) = start_nodes(&logs, &http, &schema.url).await;
+    let mut workers = start_workers(&logs, &bases);
+    let plans = create_jobs(&http, &bases, &sink_url).await;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    for i in 0..nodes.len() {
+        let slot = &mut nodes[i];
+        let node = slot.node.take().expect("every node is up");
+        println!(
+            "{:>6} ms: SIGTERM {} ({})",
+            started.elapsed().as_millis(),
+            slot.label,
+            node.id
+        );
+        stop_gracefully(node.proc).await;
+        let mut fresh = Node::spawn(&logs, &slot.label, slot.port, &schema.url);
+        fresh.ready(&http, NODE_START).await;
+        println!("         {} back as {}", slot.label, fresh.id);
+        slot.node = Some(fresh);
+        all_partitions_owned(&http, &nodes, &bases, "the nodes holding every partition").await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    for slot in workers.iter_mut() {
+        let proc = slot.proc.take().expect("every worker is up");
+        println!(
+            "{:>6} ms: SIGTERM {}",
+            started.elapsed().as_millis(),
+            slot.name
+        );
+        stop_gracefully(proc).await;
+        slot.proc = Some(spawn_worker(&logs, &slot.name, &slot.servers));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    let (report, lost) = pause_and_check_ledger(&http, &bases, &plans, &schema, &sink).await;
+    println!("{report}");
+    assert_eq!(lost, 0, "a graceful restart loses no attempt: {report}");
     drop(nodes);
     drop(workers);
     schema.drop_schema().await;
@@ -624,7 +735,7 @@ async fn check_ledger(
     plans: &[JobPlan],
     pause_began: DateTime<Utc>,
     sink: &Sink,
-) -> String {
+) -> (String, usize) {
     let mut runs: BTreeMap<String, Vec<RunRow>> = BTreeMap::new();
     for r in db
         .query(
@@ -754,12 +865,13 @@ async fn check_ledger(
             .collect::<Vec<_>>()
             .join("\n")
     );
-    format!(
+    let report = format!(
         "{checked} runs of {} jobs checked, by state {states:?}; {attempts_checked} attempts, \
          {lost} lost; the sink saw {} attempts",
         plans.len(),
         seen.len()
-    )
+    );
+    (report, lost)
 }
 
 /// One run and its attempts. The target always answers 200, so an attempt either succeeded or

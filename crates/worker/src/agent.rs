@@ -562,9 +562,19 @@ impl Agent {
                 &request,
                 self.config.lease_wait + self.config.request_timeout,
             );
+            let mut call = std::pin::pin!(call);
             let result = tokio::select! {
-                result = call => result,
-                () = self.stopped() => break,
+                result = &mut call => result,
+                () = self.stopped() => {
+                    // The node may be starting attempts for this poll right now: dropping its
+                    // answer would leave them to the reaper. A draining heartbeat makes the
+                    // node answer the poll at once; whatever it holds is then run.
+                    let _ = self.heartbeat(&worker_id).await;
+                    match timeout(self.config.request_timeout, call).await {
+                        Ok(result) => result,
+                        Err(_) => break,
+                    }
+                }
             };
             match result {
                 Ok(answer) => {
@@ -614,23 +624,7 @@ impl Agent {
                 _ = done.wait_for(|d| *d) => return,
             }
             let worker_id = self.worker_id();
-            let mut running: Vec<i64> = self.lock_attempts().keys().copied().collect();
-            running.sort_unstable();
-            let request = HeartbeatRequest {
-                running,
-                warm_keys: self.warm_keys(),
-                stall: self.stalled(),
-                overload: self.config.overload,
-            };
-            let result = self
-                .client
-                .post_json::<_, HeartbeatResponse>(
-                    &format!("/api/v1/workers/{}/heartbeat", segment(&worker_id)),
-                    &request,
-                    self.config.request_timeout,
-                )
-                .await;
-            match result {
+            match self.heartbeat(&worker_id).await {
                 Ok(answer) => {
                     if failures > 0 {
                         tracing::info!("heartbeats go through again");
@@ -652,6 +646,26 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// One heartbeat: the attempts running, the load, and whether this worker is draining.
+    async fn heartbeat(&self, worker_id: &str) -> Result<HeartbeatResponse, CallError> {
+        let mut running: Vec<i64> = self.lock_attempts().keys().copied().collect();
+        running.sort_unstable();
+        let request = HeartbeatRequest {
+            running,
+            warm_keys: self.warm_keys(),
+            stall: self.stalled(),
+            overload: self.config.overload,
+            draining: self.is_stopping(),
+        };
+        self.client
+            .post_json::<_, HeartbeatResponse>(
+                &format!("/api/v1/workers/{}/heartbeat", segment(worker_id)),
+                &request,
+                self.config.request_timeout,
+            )
+            .await
     }
 
     // --- home server ----------------------------------------------------------------------

@@ -241,8 +241,9 @@ pub async fn heartbeat(
         warm_keys: req.warm_keys,
     };
     state.dispatcher.report_load(&id, report, overload);
-    // Another node may have taken the drain: every node learns it here.
-    if outcome.draining {
+    // Another node may have taken the drain: every node learns it here. A worker draining
+    // on its own says so itself; no other node has its poll, so this node's memory suffices.
+    if outcome.draining || req.draining {
         state.dispatcher.drain_worker(&id);
     }
     Ok(Json(HeartbeatResponse {
