@@ -246,8 +246,16 @@ pub async fn serve(
     // Once nothing fires here any more, the partitions are handed over at once rather than
     // when their leases expire, while open requests still finish.
     let handover = async move {
-        if let Err(e) = store.leave_cluster(&node.id).await {
-            tracing::warn!("could not give up this node's leases (they expire on their own): {e}");
+        match store.leave_cluster(&node.id).await {
+            Ok(()) => tracing::info!(
+                "stopping: nothing fires here any more; partitions handed over, open requests \
+                 finishing"
+            ),
+            Err(e) => {
+                tracing::warn!(
+                    "could not give up this node's leases (they expire on their own): {e}"
+                )
+            }
         }
     };
     supervise(http, shutdown, &mut duties, &stop_tx, handover).await
