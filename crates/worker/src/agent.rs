@@ -569,10 +569,23 @@ impl Agent {
                     // The node may be starting attempts for this poll right now: dropping its
                     // answer would leave them to the reaper. A draining heartbeat makes the
                     // node answer the poll at once; whatever it holds is then run.
-                    let _ = self.heartbeat(&worker_id).await;
+                    if let Err(e) = self.heartbeat(&worker_id).await {
+                        tracing::warn!(
+                            "draining: could not tell the server (its open poll ends on its own \
+                             time): {e}"
+                        );
+                    }
                     match timeout(self.config.request_timeout, call).await {
                         Ok(result) => result,
-                        Err(_) => break,
+                        Err(_) => {
+                            // Attempts it may still hand this poll go to the reaper and are
+                            // run again elsewhere, without spending a retry.
+                            tracing::warn!(
+                                "draining: the open lease poll did not end within {}; leaving it",
+                                HumanDuration(self.config.request_timeout)
+                            );
+                            break;
+                        }
                     }
                 }
             };
