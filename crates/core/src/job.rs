@@ -49,6 +49,11 @@ pub struct JobSpec {
     /// An event each succeeded run posts in the job's namespace (`crate::event`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_success: Option<OnSuccess>,
+    /// Who is told when a run fails, times out, recovers, is missed or starts late
+    /// (`crate::notify`). Absent: the namespace's default rules; `[]`: none, whatever the
+    /// namespace says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<Vec<crate::notify::NotifyRule>>,
     #[serde(default)]
     pub paused: bool,
 }
@@ -251,6 +256,9 @@ impl JobSpec {
         }
         if let Some(on_success) = &self.on_success {
             crate::event::validate_key("on_success.emit", &on_success.emit)?;
+        }
+        if let Some(rules) = &self.notify {
+            crate::notify::validate("notify", rules)?;
         }
         let schedule = Schedule::compile(self.schedule.as_ref(), epoch)?;
         Ok(ValidJob {

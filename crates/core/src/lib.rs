@@ -49,6 +49,7 @@ pub mod error;
 pub mod event;
 pub mod job;
 pub mod namespace;
+pub mod notify;
 pub mod policy;
 pub mod protocol;
 pub mod publish;

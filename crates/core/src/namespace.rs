@@ -36,6 +36,9 @@ pub struct NamespaceSpec {
     /// when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_queued_runs: Option<u64>,
+    /// The `notify` rules of the namespace's jobs that give none of their own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<crate::notify::NotifyRule>,
 }
 
 fn yes() -> bool {
@@ -48,6 +51,7 @@ impl Default for NamespaceSpec {
             allow_shell: true,
             max_jobs: None,
             max_queued_runs: None,
+            notify: Vec::new(),
         }
     }
 }
@@ -69,7 +73,7 @@ impl NamespaceSpec {
                 }
             }
         }
-        Ok(())
+        crate::notify::validate("notify", &self.notify)
     }
 }
 

@@ -182,10 +182,10 @@ fn no_nul(field: &str, value: &str) -> Result<(), SpecError> {
 
 /// An absolute http:// or https:// URL with a host, parsed the way the worker's HTTP client
 /// parses it, so a URL accepted here is one a run can request.
-fn check_url(text: &str) -> Result<(), SpecError> {
+pub(crate) fn check_url(field: &str, text: &str) -> Result<(), SpecError> {
     let invalid = |why: String| {
         SpecError::new(
-            "target.http.url",
+            field,
             format!("{text:?} is not a usable http:// or https:// URL: {why}"),
         )
     };
@@ -195,6 +195,32 @@ fn check_url(text: &str) -> Result<(), SpecError> {
     }
     if url.host_str().is_none_or(str::is_empty) {
         return Err(invalid("it has no host".to_string()));
+    }
+    Ok(())
+}
+
+/// Header names are HTTP tokens and values hold no control characters (no header smuggling);
+/// `field` is where the headers are, for the error.
+pub(crate) fn check_headers(
+    field: &str,
+    headers: &BTreeMap<String, TargetValue>,
+) -> Result<(), SpecError> {
+    for (name, value) in headers {
+        if !is_header_name(name) {
+            return Err(SpecError::new(
+                field,
+                format!("{name:?} is not a header name (letters, digits and !#$%&'*+-.^_`|~ only)"),
+            ));
+        }
+        if value
+            .clear()
+            .is_some_and(|text| text.chars().any(|c| c.is_control() && c != '\t'))
+        {
+            return Err(SpecError::new(
+                format!("{field}.{name}"),
+                "must not contain control characters such as CR, LF or NUL",
+            ));
+        }
     }
     Ok(())
 }
@@ -336,27 +362,8 @@ impl TargetSpec {
                         format!("{:?} is not one of {}", http.method, METHODS.join(", ")),
                     ));
                 }
-                check_url(http.url.trim())?;
-                for (name, value) in &http.headers {
-                    if !is_header_name(name) {
-                        return Err(SpecError::new(
-                            "target.http.headers",
-                            format!(
-                                "{name:?} is not a header name (letters, digits and \
-                                 !#$%&'*+-.^_`|~ only)"
-                            ),
-                        ));
-                    }
-                    if value
-                        .clear()
-                        .is_some_and(|text| text.chars().any(|c| c.is_control() && c != '\t'))
-                    {
-                        return Err(SpecError::new(
-                            format!("target.http.headers.{name}"),
-                            "must not contain control characters such as CR, LF or NUL",
-                        ));
-                    }
-                }
+                check_url("target.http.url", http.url.trim())?;
+                check_headers("target.http.headers", &http.headers)?;
                 if let Some(bad) = http
                     .expected_status
                     .iter()

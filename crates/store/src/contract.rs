@@ -85,6 +85,10 @@ macro_rules! store_contract_tests {
             backfilled_instants_each_run_once_in_turn,
             a_retried_run_reopens_with_its_skipped_dependants,
             auto_priority_ranks_by_the_jobs_downstream,
+            a_runs_end_records_each_notification_once,
+            recovered_follows_a_failure_and_a_namespace_default_applies,
+            late_runs_are_found_waiting_and_at_their_end,
+            claims_are_exclusive_and_reports_under_a_lapsed_claim_change_nothing,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -3343,4 +3347,289 @@ pub async fn auto_priority_ranks_by_the_jobs_downstream(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!((rank("root").await, rank("fixed").await), (1, 7));
+}
+
+// --- notifications -------------------------------------------------------------------------
+
+fn hook(on: &[&str]) -> serde_json::Value {
+    serde_json::json!([{"on": on, "webhook": {"url": "https://hooks.example.com/sked"}}])
+}
+
+async fn notifications_of(
+    store: &dyn Store,
+    job: &str,
+) -> Vec<sked_core::notify::NotificationRecord> {
+    let query = NotificationQuery {
+        namespace: "default".into(),
+        job: Some(job.into()),
+        limit: 100,
+        ..NotificationQuery::default()
+    };
+    store
+        .list_notifications(&query)
+        .await
+        .expect("list_notifications")
+        .items
+}
+
+/// Fails the run's attempt for good (the job has no retries).
+async fn fail_run(store: &dyn Store, run_id: i64, token: i64, now: Instant) {
+    let attempt = start(store, run_id, "w", token, now).await;
+    let mut r = report(attempt, token, AttemptOutcome::Failed);
+    r.exit_code = Some(3);
+    complete(store, r, now).await;
+}
+
+async fn succeed_run(store: &dyn Store, run_id: i64, token: i64, now: Instant) {
+    let attempt = start(store, run_id, "w", token, now).await;
+    complete(
+        store,
+        report(attempt, token, AttemptOutcome::Succeeded),
+        now,
+    )
+    .await;
+}
+
+pub async fn a_runs_end_records_each_notification_once(store: &dyn Store) {
+    use sked_core::notify::{Channel, NotificationState, NotifyEvent};
+    worker(store, "w", t0()).await;
+    let j = put(
+        store,
+        "n",
+        every_second(serde_json::json!({"notify": hook(&["failed", "missed"])})),
+    )
+    .await;
+    let quiet = put(store, "quiet", every_second(serde_json::json!({}))).await;
+    let failed = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    fail_run(store, failed.run_id, 1, t0() + secs(1)).await;
+    let mut missed = fire(j.id, t0() + secs(2));
+    missed.skip = Some(SkipReason::Misfire);
+    fire_one(store, missed.clone()).await;
+    // The same instant again, and a report of the ended attempt again: nothing new.
+    fire_one(store, missed).await;
+    let mut paused = fire(j.id, t0() + secs(3));
+    paused.skip = Some(SkipReason::Paused);
+    fire_one(store, paused).await;
+    let quiet_run = fire_one(store, fire(quiet.id, t0() + secs(1))).await;
+    fail_run(store, quiet_run.run_id, 2, t0() + secs(1)).await;
+
+    let found = notifications_of(store, "n").await;
+    let events: Vec<NotifyEvent> = found.iter().rev().map(|n| n.event).collect();
+    assert_eq!(
+        events,
+        [NotifyEvent::Failed, NotifyEvent::Missed],
+        "{found:?}"
+    );
+    let first = &found[1];
+    assert_eq!(first.run_id, failed.run_id);
+    assert_eq!(first.state, NotificationState::Pending);
+    assert_eq!(first.message.job, "n");
+    assert_eq!(first.message.state, RunState::Failed);
+    assert_eq!(first.message.error.as_deref(), Some("exited with code 3"));
+    assert_eq!(first.message.scheduled_for, t0() + secs(1));
+    assert!(
+        matches!(&first.channel, Channel::Webhook(w) if w.url == "https://hooks.example.com/sked")
+    );
+    assert_eq!(found[0].message.skip_reason, Some(SkipReason::Misfire));
+    assert!(
+        notifications_of(store, "quiet").await.is_empty(),
+        "no rules, no notifications"
+    );
+}
+
+pub async fn recovered_follows_a_failure_and_a_namespace_default_applies(store: &dyn Store) {
+    use sked_core::notify::NotifyEvent;
+    worker(store, "w", t0()).await;
+    let defaults = settings(serde_json::json!({"notify": hook(&["failed", "recovered"])}));
+    store
+        .put_namespace("default", &defaults, t0())
+        .await
+        .expect("put_namespace");
+    let j = put(store, "flaky", every_second(serde_json::json!({}))).await;
+    let opted_out = put(
+        store,
+        "opted-out",
+        every_second(serde_json::json!({"notify": []})),
+    )
+    .await;
+    let mut token = 0;
+    for (i, ok) in [true, false, false, true, true].into_iter().enumerate() {
+        let at = t0() + secs(i as i64 + 1);
+        for job in [&j, &opted_out] {
+            token += 1;
+            let fired = fire_one(store, fire(job.id, at)).await;
+            if ok {
+                succeed_run(store, fired.run_id, token, at).await;
+            } else {
+                fail_run(store, fired.run_id, token, at).await;
+            }
+        }
+    }
+    let events: Vec<NotifyEvent> = notifications_of(store, "flaky")
+        .await
+        .iter()
+        .rev()
+        .map(|n| n.event)
+        .collect();
+    assert_eq!(
+        events,
+        [
+            NotifyEvent::Failed,
+            NotifyEvent::Failed,
+            NotifyEvent::Recovered
+        ],
+        "only the first success after failures is a recovery"
+    );
+    assert!(
+        notifications_of(store, "opted-out").await.is_empty(),
+        "`notify: []` opts out"
+    );
+}
+
+pub async fn late_runs_are_found_waiting_and_at_their_end(store: &dyn Store) {
+    use sked_core::notify::NotifyEvent;
+    worker(store, "w", t0()).await;
+    let rules = serde_json::json!([{"on": ["late"], "late_after": "30s",
+        "webhook": {"url": "https://hooks.example.com/late"}}]);
+    let j = put(
+        store,
+        "slow",
+        every_second(serde_json::json!({"notify": rules, "overlap": "allow"})),
+    )
+    .await;
+    let waiting = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let started_late = fire_one(store, fire(j.id, t0() + secs(2))).await;
+    let on_time = fire_one(store, fire(j.id, t0() + secs(3))).await;
+    succeed_run(store, on_time.run_id, 1, t0() + secs(4)).await;
+    assert_eq!(
+        store
+            .record_late_notifications(t0() + secs(20))
+            .await
+            .unwrap(),
+        0
+    );
+    // Started 40 s after its instant: late when it ends, whatever the scan saw.
+    succeed_run(store, started_late.run_id, 2, t0() + secs(42)).await;
+    assert_eq!(
+        store
+            .record_late_notifications(t0() + secs(45))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .record_late_notifications(t0() + secs(50))
+            .await
+            .unwrap(),
+        0,
+        "once"
+    );
+    let late: Vec<(i64, NotifyEvent)> = notifications_of(store, "slow")
+        .await
+        .iter()
+        .map(|n| (n.run_id, n.event))
+        .collect();
+    assert_eq!(late.len(), 2, "{late:?}");
+    assert!(late.contains(&(waiting.run_id, NotifyEvent::Late)));
+    assert!(late.contains(&(started_late.run_id, NotifyEvent::Late)));
+}
+
+pub async fn claims_are_exclusive_and_reports_under_a_lapsed_claim_change_nothing(
+    store: &dyn Store,
+) {
+    use sked_core::notify::{NotificationState, SendOutcome};
+    worker(store, "w", t0()).await;
+    let j = put(
+        store,
+        "c",
+        every_second(serde_json::json!({"notify": hook(&["failed"])})),
+    )
+    .await;
+    for i in 1..=3 {
+        let fired = fire_one(store, fire(j.id, t0() + secs(i))).await;
+        fail_run(store, fired.run_id, i, t0() + secs(i)).await;
+    }
+    let now = t0() + secs(10);
+    let lease = std::time::Duration::from_secs(60);
+    let first = store.claim_notifications(now, lease, 2).await.unwrap();
+    let second = store.claim_notifications(now, lease, 10).await.unwrap();
+    assert_eq!(
+        (first.len(), second.len()),
+        (2, 1),
+        "claimed notifications are not due"
+    );
+    assert!(store
+        .claim_notifications(now, lease, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let report = |n: &sked_core::notify::NotificationRecord, outcome| SendReport {
+        id: n.id,
+        claim: n.claim,
+        outcome,
+    };
+    store
+        .finish_notifications(
+            &[
+                report(&first[0], SendOutcome::Sent),
+                report(&first[1], SendOutcome::Failed("HTTP 503".into())),
+                report(&second[0], SendOutcome::Refused("HTTP 404".into())),
+            ],
+            now,
+        )
+        .await
+        .unwrap();
+    let by_id = |id| async move {
+        notifications_of(store, "c")
+            .await
+            .into_iter()
+            .find(|n| n.id == id)
+            .unwrap()
+    };
+    let sent = by_id(first[0].id).await;
+    assert_eq!(
+        (sent.state, sent.sends, sent.sent_at),
+        (NotificationState::Sent, 1, Some(now))
+    );
+    let retried = by_id(first[1].id).await;
+    assert_eq!(retried.state, NotificationState::Pending);
+    assert_eq!(retried.last_error.as_deref(), Some("HTTP 503"));
+    assert_eq!(retried.next_send_at, now + secs(5));
+    assert_eq!(by_id(second[0].id).await.state, NotificationState::Failed);
+
+    // The retry is due in 5 s; a node claims it and dies; its claim lapses and another takes it.
+    let lost = store
+        .claim_notifications(now + secs(5), lease, 10)
+        .await
+        .unwrap();
+    assert_eq!(lost.len(), 1);
+    let taken = store
+        .claim_notifications(now + secs(66), lease, 10)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    store
+        .finish_notifications(&[report(&lost[0], SendOutcome::Sent)], now + secs(67))
+        .await
+        .unwrap();
+    assert_eq!(
+        by_id(lost[0].id).await.state,
+        NotificationState::Pending,
+        "a lapsed claim"
+    );
+    store
+        .finish_notifications(&[report(&taken[0], SendOutcome::Sent)], now + secs(67))
+        .await
+        .unwrap();
+    assert_eq!(by_id(taken[0].id).await.state, NotificationState::Sent);
+
+    assert_eq!(
+        store
+            .delete_notifications_before(now + secs(100), 100)
+            .await
+            .unwrap(),
+        3
+    );
+    assert!(notifications_of(store, "c").await.is_empty());
 }

@@ -126,6 +126,14 @@ pub fn after_audit(record: &sked_core::records::AuditRecord) -> Cursor {
     }
 }
 
+/// Notifications page by id alone, newest first (the key repeats when they were recorded).
+pub fn after_notification(record: &sked_core::notify::NotificationRecord) -> Cursor {
+    Cursor {
+        key: CursorKey::Micros(micros(record.created_at)),
+        id: record.id,
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -289,6 +289,25 @@ pub struct NewToken {
     pub expires_at: Option<Instant>,
 }
 
+/// A page request over a namespace's notifications, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct NotificationQuery {
+    pub namespace: String,
+    pub job: Option<String>,
+    pub state: Option<sked_core::notify::NotificationState>,
+    pub limit: u32,
+    pub cursor: Option<String>,
+}
+
+/// How a node's send of a claimed notification went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendReport {
+    pub id: i64,
+    /// The claim it was sent under (`NotificationRecord::claim`).
+    pub claim: i64,
+    pub outcome: sked_core::notify::SendOutcome,
+}
+
 /// A page request over the audit trail, newest entry first.
 #[derive(Debug, Clone, Default)]
 pub struct AuditQuery {
@@ -673,6 +692,33 @@ pub trait Store: Send + Sync + 'static {
     /// handed out.
     async fn sealed_secrets(&self, wanted: &[SecretName]) -> Result<BTreeMap<SecretName, String>>;
 
+    // --- notifications ------------------------------------------------------------------------
+    //
+    // A run's end records what its job's `notify` rules raise in the transaction that ends it,
+    // once per (run, event, rule): see `sked_core::notify`.
+
+    /// Records a `late` notification for every run not started `late_after` past its instant
+    /// (or running, having started past it) of every job with a `late` rule; returns how many
+    /// are new.
+    async fn record_late_notifications(&self, now: Instant) -> Result<u64>;
+    /// Claims up to `limit` due notifications for sending, oldest due first: each is due again
+    /// `lease` from now unless its send is reported first, so a node that dies mid-send leaves
+    /// it to another. Two nodes never hold a claim on one notification at once.
+    async fn claim_notifications(
+        &self,
+        now: Instant,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<sked_core::notify::NotificationRecord>>;
+    /// Records how sends went (`sked_core::notify::after_send`); a report under a claim that
+    /// is no longer the notification's changes nothing.
+    async fn finish_notifications(&self, reports: &[SendReport], now: Instant) -> Result<()>;
+    /// A namespace's notifications, newest first.
+    async fn list_notifications(
+        &self,
+        query: &NotificationQuery,
+    ) -> Result<Page<sked_core::notify::NotificationRecord>>;
+
     // --- maintenance --------------------------------------------------------------------------
 
     /// Deletes finished runs (and their attempts and output) that ended before `before`.
@@ -683,4 +729,7 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes up to `limit` events recorded before `before`, and says how many. A run
     /// started by one keeps its key and id.
     async fn delete_events_before(&self, before: Instant, limit: u32) -> Result<u64>;
+    /// Deletes up to `limit` notifications that are no longer pending and were recorded before
+    /// `before`, and says how many.
+    async fn delete_notifications_before(&self, before: Instant, limit: u32) -> Result<u64>;
 }

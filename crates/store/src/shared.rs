@@ -808,3 +808,121 @@ mod graph_tests {
         assert_eq!(names, ["a", "b", "c", "root"]);
     }
 }
+
+/// The `notify` columns of a job or namespace row: the rules' JSON (`None`: a job that gives
+/// none and takes its namespace's, or a namespace with none), and whether any rule is for
+/// `late` (the notifier's scan reads only those).
+pub fn notify_columns(
+    rules: Option<&[sked_core::notify::NotifyRule]>,
+) -> Result<(Option<String>, bool), StoreError> {
+    let late = rules.is_some_and(|r| sked_core::notify::earliest_late_after(r).is_some());
+    let json = rules.map(|r| to_json("notify rules", r)).transpose()?;
+    Ok((json, late))
+}
+
+/// The rules a job's runs go by, from its row's and its namespace's `notify` columns.
+pub fn effective_rules(
+    job: Option<&str>,
+    namespace: Option<&str>,
+) -> Result<Vec<sked_core::notify::NotifyRule>, StoreError> {
+    match job.or(namespace) {
+        None => Ok(Vec::new()),
+        Some(json) => serde_json::from_str(json)
+            .map_err(|e| StoreError::Corrupt(format!("stored notify rules do not parse: {e}"))),
+    }
+}
+
+/// The notifications the end of a run raises under `rules`: each with its rule's index, the
+/// channel it goes to and the message, as JSON ready to store.
+pub fn raised_notifications(
+    rules: &[sked_core::notify::NotifyRule],
+    run: &RunRecord,
+    previous: Option<RunState>,
+    now: Instant,
+) -> Result<Vec<NewNotification>, StoreError> {
+    let ended = sked_core::notify::EndedRun {
+        state: run.state,
+        skip_reason: run.skip_reason,
+        scheduled_for: run.scheduled_for,
+        started_at: run.started_at,
+    };
+    sked_core::notify::raised_by_end(rules, &ended, previous)
+        .into_iter()
+        .map(|(rule, event)| new_notification(rules, rule, event, run, now))
+        .collect()
+}
+
+/// A notification of `event` about `run` under rule `rule`, ready to store.
+pub fn new_notification(
+    rules: &[sked_core::notify::NotifyRule],
+    rule: usize,
+    event: sked_core::notify::NotifyEvent,
+    run: &RunRecord,
+    now: Instant,
+) -> Result<NewNotification, StoreError> {
+    let channel = rules
+        .get(rule)
+        .and_then(sked_core::notify::NotifyRule::channel)
+        .ok_or_else(|| StoreError::Corrupt(format!("notify rule {rule} has no channel")))?;
+    let message = sked_core::notify::Message {
+        event,
+        namespace: run.namespace.clone(),
+        job: run.job.clone(),
+        run_id: run.id,
+        state: run.state,
+        scheduled_for: run.scheduled_for,
+        skip_reason: run.skip_reason,
+        error: None,
+        at: now,
+    }
+    .with_error(run.error.as_deref());
+    Ok(NewNotification {
+        rule: rule as i64,
+        event: event.as_str(),
+        channel: to_json("a notification channel", &channel)?,
+        message: to_json("a notification", &message)?,
+    })
+}
+
+/// A notification about to be stored: the run, namespace and job are the run's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewNotification {
+    pub rule: i64,
+    pub event: &'static str,
+    pub channel: String,
+    pub message: String,
+}
+
+/// Reads a stored notification's JSON columns and names back.
+#[allow(clippy::too_many_arguments)]
+pub fn notification(
+    id: i64,
+    namespace: String,
+    job: String,
+    run_id: i64,
+    event: &str,
+    rule: i64,
+    channel: &str,
+    message: &str,
+    state: &str,
+) -> Result<sked_core::notify::NotificationRecord, StoreError> {
+    use sked_core::notify::{NotificationState, NotifyEvent};
+    let corrupt = |what: &str| StoreError::Corrupt(format!("notification {id}: {what}"));
+    Ok(sked_core::notify::NotificationRecord {
+        id,
+        namespace,
+        job,
+        run_id,
+        event: NotifyEvent::parse(event).ok_or_else(|| corrupt("unknown event"))?,
+        rule: u32::try_from(rule).map_err(|_| corrupt("bad rule"))?,
+        channel: serde_json::from_str(channel).map_err(|e| corrupt(&e.to_string()))?,
+        message: serde_json::from_str(message).map_err(|e| corrupt(&e.to_string()))?,
+        state: NotificationState::parse(state).ok_or_else(|| corrupt("unknown state"))?,
+        sends: 0,
+        last_error: None,
+        created_at: Instant::UNIX_EPOCH,
+        next_send_at: Instant::UNIX_EPOCH,
+        sent_at: None,
+        claim: 0,
+    })
+}

@@ -444,6 +444,7 @@ pub(super) async fn settle(
     let mut generation = ended;
     let mut events = events;
     while !generation.is_empty() || !events.is_empty() {
+        super::notifications::record_ended(tx, &generation, now).await?;
         let mut next = Vec::new();
         let mut dependants: HashMap<(String, String), Vec<Arc<Dependant>>> = HashMap::new();
         let mut candidates = Candidates::new();

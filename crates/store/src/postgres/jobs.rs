@@ -139,14 +139,15 @@ pub async fn put(
             .map_err(|_| StoreError::Database("fired count out of range".into()))?;
         let (overlap, state) = (job.spec.overlap.as_str(), firing.state.as_str());
         let epoch = micros(firing.schedule_epoch);
+        let (notify, notify_late) = crate::shared::notify_columns(job.spec.notify.as_deref())?;
         match &existing {
             Some(old) => {
                 let sql = format!(
                     "UPDATE jobs SET description = $2, spec = $3, overlap = $4, priority = $5, \
                      retry = $6, state = $7, next_fire_at = $8, fired_count = $9, \
                      schedule_epoch = $10, updated_at = $11, has_dependencies = $12, \
-                     emits = $13, priority_auto = $14, version = version + 1 \
-                     WHERE id = $1 RETURNING {JOB_COLUMNS}"
+                     emits = $13, priority_auto = $14, notify = $15, notify_late = $16, \
+                     version = version + 1 WHERE id = $1 RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
                 let row = tx
@@ -167,6 +168,8 @@ pub async fn put(
                             &has_dependencies,
                             &job.spec.emits(),
                             &job.spec.priority.is_auto(),
+                            &notify,
+                            &notify_late,
                         ],
                     )
                     .await?;
@@ -179,9 +182,9 @@ pub async fn put(
                 let sql = format!(
                     "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, \
                      retry, state, next_fire_at, fired_count, schedule_epoch, created_at, \
-                     updated_at, has_dependencies, emits, priority_auto) \
+                     updated_at, has_dependencies, emits, priority_auto, notify, notify_late) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, \
-                     $15) \
+                     $15, $16, $17) \
                      ON CONFLICT (namespace, name) DO NOTHING RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -204,6 +207,8 @@ pub async fn put(
                             &has_dependencies,
                             &job.spec.emits(),
                             &job.spec.priority.is_auto(),
+                            &notify,
+                            &notify_late,
                         ],
                     )
                     .await?;

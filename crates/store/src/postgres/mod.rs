@@ -26,6 +26,7 @@ mod history;
 mod jobs;
 mod ledger;
 mod namespaces;
+mod notifications;
 mod notify;
 mod rows;
 mod schema;
@@ -556,6 +557,42 @@ impl Store for PgStore {
     async fn delete_events_before(&self, before: Instant, limit: u32) -> Result<u64> {
         transact!(self, write, |tx| events::delete_before(&tx, before, limit)
             .await?)
+    }
+
+    async fn record_late_notifications(&self, now: Instant) -> Result<u64> {
+        transact!(self, write, |tx| notifications::record_late(&tx, now)
+            .await?)
+    }
+
+    async fn claim_notifications(
+        &self,
+        now: Instant,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<sked_core::notify::NotificationRecord>> {
+        transact!(self, write, |tx| notifications::claim(
+            &tx, now, lease, limit
+        )
+        .await?)
+    }
+
+    async fn finish_notifications(&self, reports: &[SendReport], now: Instant) -> Result<()> {
+        transact!(self, write, |tx| notifications::finish(&tx, reports, now)
+            .await?)
+    }
+
+    async fn list_notifications(
+        &self,
+        query: &NotificationQuery,
+    ) -> Result<Page<sked_core::notify::NotificationRecord>> {
+        transact!(self, read, |tx| notifications::list(&tx, query).await?)
+    }
+
+    async fn delete_notifications_before(&self, before: Instant, limit: u32) -> Result<u64> {
+        transact!(self, write, |tx| notifications::delete_before(
+            &tx, before, limit
+        )
+        .await?)
     }
 
     async fn get_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>> {

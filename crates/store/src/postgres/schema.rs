@@ -260,6 +260,37 @@ INSERT INTO job_versions (job_id, version, spec, created_at)
     SELECT id, 1, spec, updated_at FROM jobs;
 ALTER TABLE runs ADD COLUMN job_version INTEGER;
 "#,
+    r#"
+-- Version 9: notifications (SQLite's version 9). A job's and a namespace's `notify` rules are
+-- copied out of their definitions (NULL: none given); `notify_late` marks a rule for `late`.
+-- A notification is recorded once per (run, event, rule) and sent by whichever node claims it.
+ALTER TABLE jobs ADD COLUMN notify TEXT;
+ALTER TABLE jobs ADD COLUMN notify_late BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE namespaces ADD COLUMN notify TEXT;
+ALTER TABLE namespaces ADD COLUMN notify_late BOOLEAN NOT NULL DEFAULT false;
+CREATE INDEX jobs_notify_late ON jobs (id) WHERE notify_late;
+CREATE TABLE notifications (
+    id           BIGSERIAL PRIMARY KEY,
+    namespace    TEXT    NOT NULL,
+    job          TEXT    NOT NULL,
+    run_id       BIGINT  NOT NULL,
+    event        TEXT    NOT NULL,
+    rule         INTEGER NOT NULL,
+    channel      TEXT    NOT NULL,
+    message      TEXT    NOT NULL,
+    state        TEXT    NOT NULL,
+    sends        INTEGER NOT NULL,
+    last_error   TEXT,
+    created_at   BIGINT  NOT NULL,
+    next_send_at BIGINT  NOT NULL,
+    sent_at      BIGINT,
+    claim        BIGINT  NOT NULL,
+    UNIQUE (run_id, event, rule)
+);
+CREATE INDEX notifications_due ON notifications (next_send_at, id) WHERE state = 'pending';
+CREATE INDEX notifications_by_namespace ON notifications (namespace, id);
+CREATE INDEX notifications_by_age ON notifications (created_at);
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

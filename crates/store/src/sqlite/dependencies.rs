@@ -321,6 +321,7 @@ pub(super) fn settle(
     let mut generation = ended;
     let mut events = events;
     while !generation.is_empty() || !events.is_empty() {
+        super::notifications::record_ended(tx, &generation, now)?;
         let mut next = Vec::new();
         let mut dependants: HashMap<(String, String), Vec<Rc<Dependant>>> = HashMap::new();
         let mut candidates = Candidates::new();

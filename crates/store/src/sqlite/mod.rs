@@ -20,6 +20,7 @@ mod history;
 mod jobs;
 mod ledger;
 mod namespaces;
+mod notifications;
 mod rows;
 mod schema;
 mod tokens;
@@ -696,6 +697,40 @@ impl Store for SqliteStore {
 
     async fn delete_events_before(&self, before: Instant, limit: u32) -> Result<u64> {
         self.write(move |tx| events::delete_before(tx, before, limit))
+            .await
+    }
+
+    async fn record_late_notifications(&self, now: Instant) -> Result<u64> {
+        self.write(move |tx| notifications::record_late(tx, now))
+            .await
+    }
+
+    async fn claim_notifications(
+        &self,
+        now: Instant,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<sked_core::notify::NotificationRecord>> {
+        self.write(move |tx| notifications::claim(tx, now, lease, limit))
+            .await
+    }
+
+    async fn finish_notifications(&self, reports: &[SendReport], now: Instant) -> Result<()> {
+        let reports = reports.to_vec();
+        self.write(move |tx| notifications::finish(tx, &reports, now))
+            .await
+    }
+
+    async fn list_notifications(
+        &self,
+        query: &NotificationQuery,
+    ) -> Result<Page<sked_core::notify::NotificationRecord>> {
+        let query = query.clone();
+        self.read(move |tx| notifications::list(tx, &query)).await
+    }
+
+    async fn delete_notifications_before(&self, before: Instant, limit: u32) -> Result<u64> {
+        self.write(move |tx| notifications::delete_before(tx, before, limit))
             .await
     }
 

@@ -73,13 +73,23 @@ pub fn put(
         admit_settings(name, spec, &shell_jobs(rows)?)?;
     }
     let sql = format!(
-        "INSERT INTO namespaces (name, spec, created_at, updated_at) VALUES (?1, ?2, ?3, ?3) \
-         ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at \
+        "INSERT INTO namespaces (name, spec, created_at, updated_at, notify, notify_late) \
+         VALUES (?1, ?2, ?3, ?3, ?4, ?5) \
+         ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at, \
+         notify = excluded.notify, notify_late = excluded.notify_late \
          RETURNING {NAMESPACE_COLUMNS}"
     );
+    let rules = (!spec.notify.is_empty()).then_some(spec.notify.as_slice());
+    let (notify, notify_late) = crate::shared::notify_columns(rules)?;
     let after = tx.query_row(
         &sql,
-        params![name, to_json("namespace settings", spec)?, micros(now)],
+        params![
+            name,
+            to_json("namespace settings", spec)?,
+            micros(now),
+            notify,
+            notify_late
+        ],
         |row| Ok(namespace(row)),
     )??;
     Ok((before, after))

@@ -300,6 +300,38 @@ INSERT INTO job_versions (job_id, version, spec, created_at)
     SELECT id, 1, spec, updated_at FROM jobs;
 ALTER TABLE runs ADD COLUMN job_version INTEGER;
 "#,
+    r#"
+-- Version 9: notifications. A job's and a namespace's `notify` rules are copied out of their
+-- definitions (NULL: none given) so that a run's end reads no definition; `notify_late` says a
+-- rule is for `late`, which the notifier's scan looks for. A notification is recorded once per
+-- (run, event, rule) and sent by whichever node claims it (`claim` counts the claims).
+ALTER TABLE jobs ADD COLUMN notify TEXT;
+ALTER TABLE jobs ADD COLUMN notify_late INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE namespaces ADD COLUMN notify TEXT;
+ALTER TABLE namespaces ADD COLUMN notify_late INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX jobs_notify_late ON jobs (id) WHERE notify_late = 1;
+CREATE TABLE notifications (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    namespace    TEXT    NOT NULL,
+    job          TEXT    NOT NULL,
+    run_id       INTEGER NOT NULL,
+    event        TEXT    NOT NULL,
+    rule         INTEGER NOT NULL,
+    channel      TEXT    NOT NULL,
+    message      TEXT    NOT NULL,
+    state        TEXT    NOT NULL,
+    sends        INTEGER NOT NULL,
+    last_error   TEXT,
+    created_at   INTEGER NOT NULL,
+    next_send_at INTEGER NOT NULL,
+    sent_at      INTEGER,
+    claim        INTEGER NOT NULL,
+    UNIQUE (run_id, event, rule)
+);
+CREATE INDEX notifications_due ON notifications (next_send_at, id) WHERE state = 'pending';
+CREATE INDEX notifications_by_namespace ON notifications (namespace, id);
+CREATE INDEX notifications_by_age ON notifications (created_at);
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
