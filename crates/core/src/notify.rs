@@ -503,7 +503,7 @@ mod tests {
     #[test]
     fn every_input_is_bounded() {
         let rule = r#"{"on": ["failed"], "webhook": {"url": "https://x.example"}}"#;
-        let nine = format!("[{}]", vec![rule; MAX_RULES + 1].join(","));
+        let nine = format!("[{}]", [rule; MAX_RULES + 1].join(","));
         assert!(rules(&nine).unwrap_err().contains("at most 8 rules"));
         let long_url = format!(
             r#"[{{"on": ["failed"], "webhook": {{"url": "https://x.example/{}"}}}}]"#,

@@ -67,6 +67,27 @@ pub struct ServerConfig {
     /// The URL clients reach this node at (`--public-url`), for addresses the node hands out:
     /// where a consumer reports a completion. `None`: the address it listens on.
     pub public_url: Option<String>,
+    /// The SMTP relay `email` notifications are sent through; without it they fail, saying so.
+    pub smtp: Option<SmtpRelay>,
+}
+
+/// An SMTP relay (`--smtp-url`, `--smtp-from`). The URL may hold credentials, so it is never
+/// printed.
+#[derive(Clone)]
+pub struct SmtpRelay {
+    /// `smtps://user:pass@host:465` (TLS), `smtp://user:pass@host:587?tls=required`
+    /// (STARTTLS), or `smtp://host:port` (unencrypted).
+    pub url: String,
+    /// The sender address of every notification email.
+    pub from: String,
+}
+
+impl std::fmt::Debug for SmtpRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmtpRelay")
+            .field("from", &self.from)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ServerConfig {
@@ -95,6 +116,7 @@ impl Default for ServerConfig {
             brokers: Vec::new(),
             broker_allowances: Vec::new(),
             public_url: None,
+            smtp: None,
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod maintenance;
 pub mod membership;
 pub mod metrics;
 pub mod namespaces;
+pub mod notify;
 pub mod publish;
 pub mod rate;
 pub mod secrets;
@@ -229,6 +230,10 @@ pub async fn serve(
     duties.spawn(duty(
         "dependency timeouts",
         maintenance::dependency_timeouts::run(state.clone(), stop_rx.clone()),
+    ));
+    duties.spawn(duty(
+        "notifier",
+        notify::run(state.clone(), stop_rx.clone()),
     ));
     duties.spawn(duty(
         "retention",

@@ -69,6 +69,12 @@ struct LeaseLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NotificationLabels {
+    event: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreCallLabel {
     call: &'static str,
 }
@@ -117,6 +123,7 @@ pub struct Metrics {
     /// choice, and jobs share a handful of them).
     priorities_seen: Mutex<BTreeSet<i32>>,
     leases: Family<LeaseLabel, Counter>,
+    notifications: Family<NotificationLabels, Counter>,
     store_calls: Histograms<StoreCallLabel>,
 }
 
@@ -234,6 +241,12 @@ impl Metrics {
             "Partition leases this node gained or lost",
             leases.clone(),
         );
+        let notifications = Family::default();
+        registry.register(
+            "sked_notifications",
+            "Sends of notifications, by event and outcome (sent, retried, failed)",
+            notifications.clone(),
+        );
         let store_calls = Histograms::new_with_constructor(store_call as fn() -> Histogram);
         registry.register(
             "sked_store_call_seconds",
@@ -266,6 +279,7 @@ impl Metrics {
             queue_by_priority,
             priorities_seen: Mutex::default(),
             leases,
+            notifications,
             store_calls,
         }
     }
@@ -344,6 +358,17 @@ impl Metrics {
     }
 
     /// Partition leases that changed hands at this node.
+    /// One send of a notification of `event`: `sent`, `retried` (it failed and waits to be
+    /// sent again) or `failed` (given up).
+    pub fn notification_sent(&self, event: sked_core::notify::NotifyEvent, outcome: &'static str) {
+        self.notifications
+            .get_or_create(&NotificationLabels {
+                event: event.as_str(),
+                outcome,
+            })
+            .inc();
+    }
+
     pub fn leases_changed(&self, gained: usize, lost: usize) {
         for (change, n) in [("gained", gained), ("lost", lost)] {
             if n > 0 {

@@ -12,6 +12,7 @@ use aes_gcm::{Aes256Gcm, Nonce};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use sha2::{Digest, Sha256};
+use sked_core::notify::NotifyRule;
 use sked_core::target::{SealedText, TargetSpec, TargetValue};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -145,7 +146,25 @@ impl SecretKey {
 /// definition is stored.
 pub fn seal_target(key: Option<&SecretKey>, target: &mut TargetSpec) -> Result<(), SecretError> {
     let place = target.values_field();
-    for (name, value) in target.values_mut() {
+    seal_values(key, place, target.values_mut())
+}
+
+/// Seals the secrets of `notify` rules' webhook headers, as [`seal_target`] does a target's.
+pub fn seal_notify(key: Option<&SecretKey>, rules: &mut [NotifyRule]) -> Result<(), SecretError> {
+    for (i, rule) in rules.iter_mut().enumerate() {
+        let place = format!("notify[{i}].webhook.headers");
+        seal_values(key, &place, rule.webhook_headers_mut())?;
+    }
+    Ok(())
+}
+
+/// Seals the values given in clear among `values` (`place` says where they are, for errors).
+fn seal_values<'v>(
+    key: Option<&SecretKey>,
+    place: &str,
+    values: impl Iterator<Item = (&'v String, &'v mut TargetValue)>,
+) -> Result<(), SecretError> {
+    for (name, value) in values {
         let field = format!("{place}.{name}");
         let needed = |field: &str| {
             key.ok_or_else(|| SecretError::NoKey {
@@ -194,8 +213,19 @@ pub fn open_target(
     refs: &BTreeMap<&str, &str>,
 ) -> Result<(), SecretError> {
     let place = target.values_field();
+    open_values(key, place, target.values_mut(), refs)
+}
+
+/// Opens sealed values and references among `values`, as [`open_target`] does a target's: a
+/// webhook's headers just before it is sent.
+pub fn open_values<'v>(
+    key: Option<&SecretKey>,
+    place: &str,
+    values: impl Iterator<Item = (&'v String, &'v mut TargetValue)>,
+    refs: &BTreeMap<&str, &str>,
+) -> Result<(), SecretError> {
     let mut first_error = None;
-    for (name, value) in target.values_mut() {
+    for (name, value) in values {
         let field = format!("{place}.{name}");
         let sealed = match value {
             TargetValue::Sealed(sealed) => sealed.sealed.as_str(),

@@ -303,6 +303,25 @@ pub struct ServerArgs {
     /// address it listens on.
     #[arg(long, env = "SKED_PUBLIC_URL", value_parser = parse_public_url)]
     pub public_url: Option<String>,
+    /// The SMTP relay that `email` notifications go through: `smtps://user:pass@host:465`
+    /// (TLS), `smtp://user:pass@host:587?tls=required` (STARTTLS), or `smtp://host:port`
+    /// (unencrypted: a relay on this machine only). Without it, email notifications fail and
+    /// say so.
+    #[arg(
+        long,
+        env = "SKED_SMTP_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub smtp_url: Option<String>,
+    /// The sender address of notification emails.
+    #[arg(
+        long,
+        env = "SKED_SMTP_FROM",
+        default_value = "sked@localhost",
+        value_name = "ADDRESS"
+    )]
+    pub smtp_from: String,
     /// File of the key that seals secrets in job definitions (32 random bytes in base64):
     /// read when it exists, otherwise generated there (mode 0600). Every node of a cluster
     /// needs the same key. Default: secret.key in the data directory.

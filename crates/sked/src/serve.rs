@@ -10,6 +10,7 @@ use sked_core::policy::BacklogLimits;
 use sked_server::auth::{
     ensure_admin_token, generate_secret, AuthMode, MAX_SECRET_LEN, MIN_SECRET_LEN,
 };
+use sked_server::config::SmtpRelay;
 use sked_server::http::{ConnectionLimits, Tls};
 use sked_server::rate::RateLimit;
 use sked_server::secrets::SecretKey;
@@ -300,6 +301,10 @@ fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConf
         brokers: args.brokers.clone(),
         broker_allowances: args.broker_allow.clone(),
         public_url: args.public_url.clone(),
+        smtp: args.smtp_url.clone().map(|url| SmtpRelay {
+            url,
+            from: args.smtp_from.clone(),
+        }),
         http_target_policy: EgressPolicy {
             allow: args.http_target_allow.clone(),
             deny: args.http_target_deny.clone(),

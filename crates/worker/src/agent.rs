@@ -5,7 +5,6 @@
 //! `sked_core::protocol` and its HTTP statuses.
 
 use crate::client::{segment, CallError, ProtocolClient};
-use crate::egress::{SharedPolicy, TargetClient};
 use crate::executor::{self, stop_channel, ExecOptions, ExecResult, StopHandle};
 use crate::output::OutputBuffer;
 use crate::{error_chain, WorkerConfig, WorkerError};
@@ -17,6 +16,10 @@ use sked_core::protocol::{
     LeaseRequest, LeaseResponse, LeasedAttempt, RegisterRequest, RegisterResponse,
 };
 use sked_core::HumanDuration;
+use sked_egress::{SharedPolicy, TargetClient};
+
+/// What HTTP targets' requests say they come from.
+const USER_AGENT: &str = concat!("sked-worker/", env!("CARGO_PKG_VERSION"));
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -50,7 +53,8 @@ pub async fn run(
     let client = ProtocolClient::new(&config)?;
     // Replaced by the server's policy at registration, before any attempt runs.
     let http_policy = SharedPolicy::new(EgressPolicy::default());
-    let exec_http = TargetClient::new(http_policy.clone()).map_err(WorkerError::HttpClient)?;
+    let exec_http =
+        TargetClient::new(http_policy.clone(), USER_AGENT).map_err(WorkerError::HttpClient)?;
     // Set by the shutdown signal, or by the server asking this worker to drain.
     let stopping = Arc::new(watch::channel(false).0);
     let on_signal = stopping.clone();
@@ -254,7 +258,7 @@ impl Agent {
             return;
         }
         tracing::info!("HTTP targets: {}", client.policy().current().summary());
-        match TargetClient::new(client.policy().clone()) {
+        match TargetClient::new(client.policy().clone(), USER_AGENT) {
             Ok(fresh) => {
                 *self
                     .exec_http

@@ -5,12 +5,11 @@
 //! This file only wires the modules together and exports the public API: [`WorkerConfig`],
 //! [`WorkerError`], [`run`], and the [`executor`] module (usable on its own, e.g. in tests).
 //! The worker speaks nothing but the HTTP protocol of `sked_core::protocol` to its servers;
-//! [`egress`] keeps HTTP targets to what the server's policy allows.
+//! `sked_egress` keeps HTTP targets to what the server's policy allows.
 
 mod agent;
 mod client;
 mod config;
-pub mod egress;
 mod error;
 pub mod executor;
 pub mod output;
@@ -18,6 +17,9 @@ pub mod output;
 pub use agent::run;
 pub use config::WorkerConfig;
 pub use error::WorkerError;
+
+/// The client HTTP targets go through, under the server's policy (`sked_egress`).
+pub use sked_egress as egress;
 
 /// An error and its sources on one line: reqwest's own message alone rarely says what failed.
 pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {

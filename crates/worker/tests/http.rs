@@ -102,7 +102,8 @@ fn info() -> RunInfo {
 
 /// A client under the policy that restricts nothing.
 fn open_client() -> TargetClient {
-    TargetClient::new(SharedPolicy::new(EgressPolicy::default())).expect("an HTTP client")
+    TargetClient::new(SharedPolicy::new(EgressPolicy::default()), "sked-test")
+        .expect("an HTTP client")
 }
 
 async fn run(target: &HttpTarget, options: &ExecOptions) -> (ExecResult, String) {
@@ -357,7 +358,7 @@ fn client_under(allow: &[&str], deny: &[&str], internal_allowed: bool) -> Target
         deny: rules(deny),
         internal_allowed,
     };
-    TargetClient::new(SharedPolicy::new(policy)).expect("an HTTP client")
+    TargetClient::new(SharedPolicy::new(policy), "sked-test").expect("an HTTP client")
 }
 
 fn error_of(result: &ExecResult) -> &str {
@@ -507,7 +508,7 @@ async fn a_new_policy_applies_at_once() {
     )
     .await;
     assert_eq!(result.outcome, AttemptOutcome::Failed, "{log}");
-    let fresh = TargetClient::new(client.policy().clone()).expect("an HTTP client");
+    let fresh = TargetClient::new(client.policy().clone(), "sked-test").expect("an HTTP client");
     let (result, log) = run_with(&fresh, &target(url), &ExecOptions::default()).await;
     assert_eq!(result.outcome, AttemptOutcome::Failed, "{log}");
     assert_eq!(hits.load(Ordering::SeqCst), 1);

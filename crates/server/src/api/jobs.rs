@@ -5,7 +5,7 @@ use super::{body, parse_json, ApiError, Namespace};
 use crate::audit::{self, Change};
 use crate::auth::Caller;
 use crate::firing::queued_run;
-use crate::secrets::seal_target;
+use crate::secrets::{seal_notify, seal_target};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -106,7 +106,11 @@ pub(super) async fn store_job(
     let now = Utc::now();
     let mut job = spec.validate(name_from_path, now)?;
     if let TargetSpec::Http(http) = &job.spec.target {
-        refused_url(&state.config.http_target_policy, &http.url)?;
+        refused_url(
+            &state.config.http_target_policy,
+            "target.http.url",
+            &http.url,
+        )?;
     }
     sked_core::publish::check_destination(
         &job.spec.target,
@@ -117,6 +121,16 @@ pub(super) async fn store_job(
     )?;
     caller.may_define(matches!(job.spec.target, TargetSpec::Shell(_)))?;
     seal_target(state.config.secret_key.as_ref(), &mut job.spec.target)?;
+    if let Some(rules) = &mut job.spec.notify {
+        for rule in rules.iter().filter_map(|r| r.webhook.as_ref()) {
+            refused_url(
+                &state.config.http_target_policy,
+                "notify.webhook.url",
+                &rule.url,
+            )?;
+        }
+        seal_notify(state.config.secret_key.as_ref(), rules)?;
+    }
     let before = match mode {
         PutMode::Upsert => state.store.get_job(namespace, &job.name).await?,
         PutMode::CreateOnly => None,
@@ -143,15 +157,16 @@ pub(super) async fn store_job(
 }
 
 /// Early feedback on a URL the HTTP target policy refuses by itself: a denied host, or an IP
-/// literal the policy refuses. A name's addresses are judged by the worker that resolves it.
-fn refused_url(policy: &EgressPolicy, text: &str) -> Result<(), SpecError> {
+/// literal the policy refuses. A name's addresses are judged when it is resolved (by the
+/// worker for a target, by the notifier for a webhook). `field` is where the URL is.
+pub(super) fn refused_url(policy: &EgressPolicy, field: &str, text: &str) -> Result<(), SpecError> {
     // `validate` has checked that it parses.
     let Ok(url) = url::Url::parse(text.trim()) else {
         return Ok(());
     };
     policy.check_url(&url).map_err(|refusal| {
         SpecError::new(
-            "target.http.url",
+            field,
             format!("refused by the HTTP target policy: {refusal}"),
         )
     })

@@ -15,6 +15,7 @@ mod events;
 mod extract;
 mod jobs;
 mod namespaces;
+mod notifications;
 mod openapi;
 mod runs;
 mod secrets;
@@ -254,6 +255,12 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             delete(secrets::delete),
         ),
         route(Method::GET, "/api/v1/audit", Read, get(audit::list)),
+        route(
+            Method::GET,
+            "/api/v1/notifications",
+            Read,
+            get(notifications::list),
+        ),
         route(Method::GET, "/api/v1/cluster", Read, get(cluster::view)),
         route(
             Method::GET,

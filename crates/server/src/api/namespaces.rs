@@ -96,9 +96,17 @@ pub async fn put(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<NamespaceView>), ApiError> {
     entered(&caller, &name)?;
-    let spec: NamespaceSpec = parse_json(&body(raw)?)?;
+    let mut spec: NamespaceSpec = parse_json(&body(raw)?)?;
     spec.validate()
         .map_err(|e| ApiError::invalid(&e.field, e.message))?;
+    for rule in spec.notify.iter().filter_map(|r| r.webhook.as_ref()) {
+        super::jobs::refused_url(
+            &state.config.http_target_policy,
+            "notify.webhook.url",
+            &rule.url,
+        )?;
+    }
+    crate::secrets::seal_notify(state.config.secret_key.as_ref(), &mut spec.notify)?;
     let (before, after) = state.store.put_namespace(&name, &spec, Utc::now()).await?;
     crate::namespaces::refresh_now(&state).await;
     let status = if before.is_some() {

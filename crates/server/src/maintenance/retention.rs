@@ -2,7 +2,8 @@
 //! the configured retention, workers declared dead once they have been silent for the worker
 //! retention, audit entries older than the audit retention, and events older than the run
 //! retention (but never younger than the longest window or dependency timeout may look back,
-//! so no wait misses an event retention took). Active runs and live workers are never
+//! so no wait misses an event retention took), and notifications sent or given up once older
+//! than the run retention. Active runs and live workers are never
 //! touched.
 
 use crate::AppState;
@@ -31,6 +32,7 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
         || async {
             if let Some(retention) = state.config.retention {
                 delete_old(&state, retention).await;
+                delete_old_notifications(&state, retention).await;
                 delete_old_events(&state, retention.max(EVENT_FLOOR)).await;
             }
             delete_dead_workers(&state).await;
@@ -62,6 +64,14 @@ async fn delete_old_audit(state: &AppState, retention: Duration) {
 async fn delete_old_events(state: &AppState, retention: Duration) {
     let before = Utc::now() - chrono::Duration::from_std(retention).unwrap_or_default();
     in_batches("events", || state.store.delete_events_before(before, BATCH)).await;
+}
+
+async fn delete_old_notifications(state: &AppState, retention: Duration) {
+    let before = Utc::now() - chrono::Duration::from_std(retention).unwrap_or_default();
+    in_batches("notifications", || {
+        state.store.delete_notifications_before(before, BATCH)
+    })
+    .await;
 }
 
 async fn delete_old(state: &AppState, retention: Duration) {

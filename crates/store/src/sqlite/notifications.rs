@@ -13,7 +13,7 @@ use sked_core::notify::{self, NotificationRecord, NotifyEvent, NotifyRule};
 use sked_core::records::RunRecord;
 use sked_core::run::RunState;
 use sked_core::Instant;
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::time::Duration;
 
 const COLUMNS: &str = "id, namespace, job, run_id, event, rule, channel, message, state, sends, \
@@ -60,12 +60,13 @@ pub(super) fn record_ended(tx: &Transaction<'_>, ended: &[Ended], now: Instant) 
     let mut rules: HashMap<(&str, &str), Vec<NotifyRule>> = HashMap::new();
     for run in ended {
         let key = (run.namespace.as_str(), run.job.as_str());
-        if !rules.contains_key(&key) {
-            rules.insert(key, rules_of(tx, &run.namespace, &run.job)?);
-        }
-        let Some(job_rules) = rules.get(&key).filter(|r| !r.is_empty()) else {
-            continue;
+        let job_rules = match rules.entry(key) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(slot) => slot.insert(rules_of(tx, &run.namespace, &run.job)?),
         };
+        if job_rules.is_empty() {
+            continue;
+        }
         let Some(record) = ended_run(tx, run)? else {
             continue;
         };
@@ -138,22 +139,23 @@ fn insert(
 }
 
 pub fn record_late(tx: &Transaction<'_>, now: Instant) -> Result<u64> {
-    let jobs: Vec<(i64, String, String, Option<String>, Option<String>)> = tx
+    // Each job with a `late` rule of its own, or in a namespace with one: its id, and the
+    // job's and the namespace's rules.
+    type LateJob = (i64, Option<String>, Option<String>);
+    let jobs: Vec<LateJob> = tx
         .prepare_cached(
-            "SELECT j.id, j.namespace, j.name, j.notify, n.notify FROM jobs j \
+            "SELECT j.id, j.notify, n.notify FROM jobs j \
              LEFT JOIN namespaces n ON n.name = j.namespace \
              WHERE j.notify_late = 1 \
              UNION ALL \
-             SELECT j.id, j.namespace, j.name, NULL, n.notify FROM namespaces n \
+             SELECT j.id, NULL, n.notify FROM namespaces n \
              JOIN jobs j ON j.namespace = n.name \
              WHERE n.notify_late = 1 AND j.notify IS NULL",
         )?
-        .query_map([], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        })?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<rusqlite::Result<_>>()?;
     let mut recorded = 0;
-    for (job_id, _, _, job_rules, namespace_rules) in jobs {
+    for (job_id, job_rules, namespace_rules) in jobs {
         let rules = shared::effective_rules(job_rules.as_deref(), namespace_rules.as_deref())?;
         let Some(earliest) = notify::earliest_late_after(&rules) else {
             continue;

@@ -8,7 +8,6 @@
 //! saying why.
 
 use super::{await_report, expire, human, ExecOptions, ExecResult, RunInfo, StopSignal};
-use crate::egress::{refusal_behind, TargetClient};
 use crate::error_chain;
 use crate::output::OutputBuffer;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -20,6 +19,7 @@ use sked_core::protocol::{
 use sked_core::publish::{HEADER_COMPLETE_TOKEN, HEADER_COMPLETE_URL};
 use sked_core::target::HttpTarget;
 use sked_core::AttemptOutcome;
+use sked_egress::{refusal_behind, TargetClient};
 use std::time::Duration;
 
 /// Sends the request and returns how the attempt ended.

@@ -8,13 +8,13 @@ pub mod http;
 pub mod shell;
 pub mod supervisor;
 
-use crate::egress::TargetClient;
 use crate::output::OutputBuffer;
 use chrono::SecondsFormat;
 use sked_broker::Brokers;
 use sked_core::event::RunEvent;
 use sked_core::protocol::{Completion, CompletionAddress, LeasedAttempt, DEFAULT_AWAIT_TIMEOUT};
 use sked_core::{AttemptOutcome, Instant, TargetSpec};
+use sked_egress::TargetClient;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;

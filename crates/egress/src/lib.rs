@@ -1,10 +1,10 @@
-//! The worker's side of the HTTP target policy (`sked_core::egress`): the policy it got when it
-//! registered, in a cell shared with the client that HTTP targets are requested with, and that
-//! client. Its resolver resolves names with the system resolver and hands the connection only
+//! The enforcing side of the HTTP target policy (`sked_core::egress`): the policy in force, in a
+//! cell shared with the client that HTTP targets (on a worker) and webhooks (on the server) are
+//! requested with, and that client. Its resolver resolves names with the system resolver and hands the connection only
 //! addresses the policy allows, so the address checked is the address connected to (a name
 //! that resolves differently a moment later changes nothing); its redirect policy judges every
 //! hop; [`TargetClient::permits`] judges a URL whose host is an IP literal, which no resolver
-//! sees. The verdicts are core's; this module must not speak the worker protocol.
+//! sees. The verdicts are core's; this crate must not speak the worker protocol or know what it sends.
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::Url;
@@ -15,7 +15,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 /// Redirects followed per request: reqwest's own default.
 const MAX_REDIRECTS: usize = 10;
 
-/// The policy in force, shared by the agent (which replaces it at each registration) and the
+/// The policy in force, shared by its owner (a worker replaces it at each registration) and the
 /// client's resolver and redirect policy (which read it for every request).
 #[derive(Debug, Clone)]
 pub struct SharedPolicy(Arc<RwLock<Arc<EgressPolicy>>>);
@@ -60,7 +60,7 @@ impl TargetClient {
     /// settings (`HTTP_PROXY`...): through a proxy, the address finally reached cannot be
     /// checked. Build a new one when the policy changes, so no connection pooled under the old
     /// policy is reused and the proxy setting follows.
-    pub fn new(policy: SharedPolicy) -> Result<Self, reqwest::Error> {
+    pub fn new(policy: SharedPolicy, user_agent: &str) -> Result<Self, reqwest::Error> {
         let hops = policy.clone();
         let limit = reqwest::redirect::Policy::limited(MAX_REDIRECTS);
         let redirects = reqwest::redirect::Policy::custom(move |attempt| {
@@ -71,7 +71,7 @@ impl TargetClient {
             }
         });
         let mut builder = reqwest::Client::builder()
-            .user_agent(concat!("sked-worker/", env!("CARGO_PKG_VERSION")))
+            .user_agent(user_agent)
             .dns_resolver(Arc::new(PolicyResolver {
                 policy: policy.clone(),
             }))
