@@ -260,6 +260,9 @@ impl JobSpec {
         if let Some(rules) = &self.notify {
             crate::notify::validate("notify", rules)?;
         }
+        if matches!(self.target, TargetSpec::Heartbeat(_)) {
+            crate::heartbeat::validate_job(&self)?;
+        }
         let schedule = Schedule::compile(self.schedule.as_ref(), epoch)?;
         Ok(ValidJob {
             name,

@@ -47,6 +47,7 @@ pub mod duration;
 pub mod egress;
 pub mod error;
 pub mod event;
+pub mod heartbeat;
 pub mod job;
 pub mod namespace;
 pub mod notify;

@@ -101,11 +101,14 @@ pub enum WaitReason {
     Dependencies,
     /// An earlier run of its job is still active (overlap `buffer_one`, `buffer_all`).
     Overlap,
+    /// A heartbeat job's run waits for a ping (`crate::heartbeat`).
+    Ping,
 }
 
 string_enum!(WaitReason {
     Dependencies => "dependencies",
     Overlap => "overlap",
+    Ping => "ping",
 });
 
 /// What made a run.

@@ -6,8 +6,9 @@ use crate::publish::{AmqpTarget, Destination, NatsTarget, RedisStreamTarget};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Exactly one kind of target; JSON `{"shell": {...}}`, `{"http": {...}}`, or a broker's,
-/// `{"amqp": {...}}`, `{"nats": {...}}`, `{"redis_stream": {...}}` (`crate::publish`).
+/// Exactly one kind of target; JSON `{"shell": {...}}`, `{"http": {...}}`, a broker's,
+/// `{"amqp": {...}}`, `{"nats": {...}}`, `{"redis_stream": {...}}` (`crate::publish`), or
+/// `{"heartbeat": {...}}`, which runs nothing and waits for pings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum TargetSpec {
@@ -16,6 +17,21 @@ pub enum TargetSpec {
     Amqp(AmqpTarget),
     Nats(NatsTarget),
     RedisStream(RedisStreamTarget),
+    Heartbeat(HeartbeatTarget),
+}
+
+/// A dead-man's switch: each run, at its instant, waits for a ping (`POST
+/// /api/v1/jobs/{name}/ping`, or `/ping/{token}`) for `grace`, and fails when none came. No
+/// worker runs it. See [`crate::heartbeat`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatTarget {
+    #[serde(default = "default_grace")]
+    pub grace: HumanDuration,
+}
+
+fn default_grace() -> HumanDuration {
+    HumanDuration::from_secs(60)
 }
 
 /// A process. With `args` empty, `command` is run by `/bin/sh -c`; otherwise `command` is the
@@ -240,7 +256,10 @@ impl TargetSpec {
         match self {
             TargetSpec::Shell(_) => "target.shell.env",
             TargetSpec::Http(_) => "target.http.headers",
-            TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => "target",
+            TargetSpec::Amqp(_)
+            | TargetSpec::Nats(_)
+            | TargetSpec::RedisStream(_)
+            | TargetSpec::Heartbeat(_) => "target",
         }
     }
 
@@ -249,7 +268,10 @@ impl TargetSpec {
         match self {
             TargetSpec::Shell(shell) => Some(&shell.env),
             TargetSpec::Http(http) => Some(&http.headers),
-            TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => None,
+            TargetSpec::Amqp(_)
+            | TargetSpec::Nats(_)
+            | TargetSpec::RedisStream(_)
+            | TargetSpec::Heartbeat(_) => None,
         }
     }
 
@@ -269,7 +291,10 @@ impl TargetSpec {
         let values = match self {
             TargetSpec::Shell(shell) => Some(&mut shell.env),
             TargetSpec::Http(http) => Some(&mut http.headers),
-            TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => None,
+            TargetSpec::Amqp(_)
+            | TargetSpec::Nats(_)
+            | TargetSpec::RedisStream(_)
+            | TargetSpec::Heartbeat(_) => None,
         };
         values.into_iter().flat_map(|v| v.iter_mut())
     }
@@ -278,7 +303,7 @@ impl TargetSpec {
     pub fn broker_kind(&self) -> Option<crate::publish::BrokerKind> {
         use crate::publish::BrokerKind;
         match self {
-            TargetSpec::Shell(_) | TargetSpec::Http(_) => None,
+            TargetSpec::Shell(_) | TargetSpec::Http(_) | TargetSpec::Heartbeat(_) => None,
             TargetSpec::Amqp(_) => Some(BrokerKind::Amqp),
             TargetSpec::Nats(_) => Some(BrokerKind::Nats),
             TargetSpec::RedisStream(_) => Some(BrokerKind::Redis),
@@ -297,7 +322,7 @@ impl TargetSpec {
     /// Where a broker target publishes, for the operator's allowances.
     pub fn destination(&self) -> Option<Destination<'_>> {
         match self {
-            TargetSpec::Shell(_) | TargetSpec::Http(_) => None,
+            TargetSpec::Shell(_) | TargetSpec::Http(_) | TargetSpec::Heartbeat(_) => None,
             TargetSpec::Amqp(t) => Some(Destination {
                 connection: &t.connection,
                 field: "target.amqp.exchange",
@@ -386,6 +411,7 @@ impl TargetSpec {
             TargetSpec::Amqp(amqp) => amqp.validate()?,
             TargetSpec::Nats(nats) => nats.validate()?,
             TargetSpec::RedisStream(redis) => redis.validate()?,
+            TargetSpec::Heartbeat(heartbeat) => crate::heartbeat::validate_grace(heartbeat.grace)?,
         }
         Ok(())
     }

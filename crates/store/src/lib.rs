@@ -230,6 +230,29 @@ pub struct ExpiredWaits {
     pub queued: Vec<i64>,
 }
 
+/// What a heartbeat job's ping did (`sked_core::heartbeat`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PingOutcome {
+    /// It answered the oldest run waiting for a ping, which ended `succeeded`; `released`:
+    /// dependant runs now queued.
+    Answered { run_id: i64, released: Vec<i64> },
+    /// No run waited for one: it is kept for the next run to credit.
+    Kept,
+    /// The job's target is not `heartbeat`.
+    NotHeartbeat,
+}
+
+/// What passing ping deadlines did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExpiredPings {
+    /// Runs that ended `failed`: no ping came.
+    pub failed: Vec<i64>,
+    /// Runs that ended `succeeded` by a ping kept from before they were recorded.
+    pub succeeded: Vec<i64>,
+    /// Dependant runs now queued.
+    pub queued: Vec<i64>,
+}
+
 /// A queued run with what the dispatcher needs to hand it out.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueuedRun {
@@ -691,6 +714,14 @@ pub trait Store: Send + Sync + 'static {
     /// The sealed values of the secrets `(namespace, name)` that exist, for the attempts being
     /// handed out.
     async fn sealed_secrets(&self, wanted: &[SecretName]) -> Result<BTreeMap<SecretName, String>>;
+
+    // --- heartbeats -----------------------------------------------------------------------------
+
+    /// A ping of heartbeat job `job_id`; `None` when there is no such job.
+    async fn ping(&self, job_id: i64, now: Instant) -> Result<Option<PingOutcome>>;
+    /// Ends the runs whose ping deadline passed before `now`, at most `limit`: `succeeded` when
+    /// a kept ping credits them, else `failed`; settles their dependants.
+    async fn expire_ping_waits(&self, now: Instant, limit: u32) -> Result<ExpiredPings>;
 
     // --- notifications ------------------------------------------------------------------------
     //

@@ -482,6 +482,8 @@ pub struct NewRun {
     pub error: Option<String>,
     /// Waiting for dependencies: the unmet ones (JSON) and the deadline.
     pub dependencies: Option<(String, i64)>,
+    /// A heartbeat job's run, waiting for a ping until this deadline (micros).
+    pub ping_until: Option<i64>,
 }
 
 impl NewRun {
@@ -496,6 +498,25 @@ impl NewRun {
             skip: Some(reason),
             ..NewRun::default()
         }
+    }
+
+    /// A heartbeat job's run of `instant`: it waits for a ping until its grace (micros) passes.
+    pub fn awaiting_ping(instant: Instant, grace: i64) -> NewRun {
+        NewRun {
+            state: Some(RunState::Waiting),
+            ping_until: Some(micros(instant).saturating_add(grace)),
+            ..NewRun::default()
+        }
+    }
+
+    /// The `waiting_until` column: a dependency wait's deadline or a ping's.
+    pub fn waiting_until(&self) -> Option<i64> {
+        self.dependencies.as_ref().map(|d| d.1).or(self.ping_until)
+    }
+
+    /// The `waiting_for` column: a dependency wait's unmet dependencies.
+    pub fn waiting_for(&self) -> Option<&str> {
+        self.dependencies.as_ref().map(|d| d.0.as_str())
     }
 
     /// What a run of `spec` starts as by the verdict on its dependencies: `None` when they are
@@ -520,11 +541,12 @@ impl NewRun {
         })
     }
 
-    /// The `waiting_reason` column: dependencies, or overlap for any other wait.
+    /// The `waiting_reason` column: dependencies, a ping, or overlap for any other wait.
     pub fn waiting_reason(&self) -> Option<WaitReason> {
-        match (&self.dependencies, self.state()) {
-            (Some(_), _) => Some(WaitReason::Dependencies),
-            (None, RunState::Waiting) => Some(WaitReason::Overlap),
+        match (&self.dependencies, self.ping_until, self.state()) {
+            (Some(_), _, _) => Some(WaitReason::Dependencies),
+            (None, Some(_), _) => Some(WaitReason::Ping),
+            (None, None, RunState::Waiting) => Some(WaitReason::Overlap),
             _ => None,
         }
     }
@@ -707,6 +729,11 @@ pub fn reopening(
     verdict: Option<sked_core::dependency::Verdict>,
     now: Instant,
 ) -> Result<Result<NewRun, String>, StoreError> {
+    if matches!(spec.target, sked_core::TargetSpec::Heartbeat(_)) {
+        return Ok(Err(
+            "a heartbeat run is not retried: it ended when its ping was due".to_string()
+        ));
+    }
     let Some(verdict) = verdict else {
         return Ok(Ok(NewRun::default()));
     };
@@ -812,6 +839,17 @@ mod graph_tests {
 /// The `notify` columns of a job or namespace row: the rules' JSON (`None`: a job that gives
 /// none and takes its namespace's, or a namespace with none), and whether any rule is for
 /// `late` (the notifier's scan reads only those).
+/// The `ping_grace` column of a job: its heartbeat's grace in micros, `None` for any other
+/// target.
+pub fn ping_grace(spec: &JobSpec) -> Option<i64> {
+    match &spec.target {
+        sked_core::TargetSpec::Heartbeat(h) => {
+            Some(i64::try_from(h.grace.0.as_micros()).unwrap_or(i64::MAX))
+        }
+        _ => None,
+    }
+}
+
 pub fn notify_columns(
     rules: Option<&[sked_core::notify::NotifyRule]>,
 ) -> Result<(Option<String>, bool), StoreError> {

@@ -140,6 +140,7 @@ pub async fn put(
         let (overlap, state) = (job.spec.overlap.as_str(), firing.state.as_str());
         let epoch = micros(firing.schedule_epoch);
         let (notify, notify_late) = crate::shared::notify_columns(job.spec.notify.as_deref())?;
+        let ping_grace = crate::shared::ping_grace(&job.spec);
         match &existing {
             Some(old) => {
                 let sql = format!(
@@ -147,7 +148,8 @@ pub async fn put(
                      retry = $6, state = $7, next_fire_at = $8, fired_count = $9, \
                      schedule_epoch = $10, updated_at = $11, has_dependencies = $12, \
                      emits = $13, priority_auto = $14, notify = $15, notify_late = $16, \
-                     version = version + 1 WHERE id = $1 RETURNING {JOB_COLUMNS}"
+                     ping_grace = $17, version = version + 1 WHERE id = $1 \
+                     RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
                 let row = tx
@@ -170,6 +172,7 @@ pub async fn put(
                             &job.spec.priority.is_auto(),
                             &notify,
                             &notify_late,
+                            &ping_grace,
                         ],
                     )
                     .await?;
@@ -182,9 +185,10 @@ pub async fn put(
                 let sql = format!(
                     "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, \
                      retry, state, next_fire_at, fired_count, schedule_epoch, created_at, \
-                     updated_at, has_dependencies, emits, priority_auto, notify, notify_late) \
+                     updated_at, has_dependencies, emits, priority_auto, notify, notify_late, \
+                     ping_grace) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, \
-                     $15, $16, $17) \
+                     $15, $16, $17, $18) \
                      ON CONFLICT (namespace, name) DO NOTHING RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -209,6 +213,7 @@ pub async fn put(
                             &job.spec.priority.is_auto(),
                             &notify,
                             &notify_late,
+                            &ping_grace,
                         ],
                     )
                     .await?;

@@ -37,6 +37,8 @@ struct FiringJob {
     version: i32,
     /// Its definition, read only for a job with dependencies (the verdict needs them).
     spec: Option<JobSpec>,
+    /// A heartbeat job's grace (micros): its runs wait for pings.
+    ping_grace: Option<i64>,
 }
 
 fn sorted(ids: impl IntoIterator<Item = i64>) -> Vec<i64> {
@@ -156,7 +158,7 @@ async fn fire_one(
             let state = new.state();
             let finished = state.is_terminal().then(|| micros(now));
             let waiting_reason = new.waiting_reason();
-            let (waiting_for, waiting_until) = new.dependencies.clone().unzip();
+            let (waiting_for, waiting_until) = (new.waiting_for(), new.waiting_until());
             let stmt = tx
                 .prepare_cached(
                     "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
@@ -249,7 +251,8 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
     let stmt = tx
         .prepare_cached(
             "SELECT id, namespace, name, overlap, priority, \
-             CASE WHEN has_dependencies THEN spec END, version FROM jobs WHERE id = ANY($1) \
+             CASE WHEN has_dependencies THEN spec END, version, ping_grace FROM jobs \
+             WHERE id = ANY($1) \
              ORDER BY id FOR UPDATE",
         )
         .await?;
@@ -269,6 +272,7 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
                     .try_get::<_, Option<&str>>(5)?
                     .map(rows::spec)
                     .transpose()?,
+                ping_grace: row.try_get(7)?,
             },
         );
     }
@@ -289,6 +293,17 @@ async fn decide_fire(
 ) -> PgResult<NewRun> {
     if let Some(reason) = fire.skip {
         return Ok(NewRun::skipped(reason));
+    }
+    // A heartbeat's runs wait for pings, each on its own: no overlap, nothing to run. One
+    // that a ping came just before already has it.
+    if let Some(grace) = job.ping_grace {
+        if super::heartbeats::take_kept_ping(tx, fire.job_id, fire.scheduled_for, grace).await? {
+            return Ok(NewRun {
+                state: Some(RunState::Succeeded),
+                ..NewRun::default()
+            });
+        }
+        return Ok(NewRun::awaiting_ping(fire.scheduled_for, grace));
     }
     // Manual runs are asked for explicitly: neither dependencies nor overlap hold them back.
     if fire.trigger == Trigger::Manual {
@@ -760,7 +775,7 @@ async fn lock_attempts_and_runs(tx: &Tx<'_>, attempt_ids: &[i64]) -> PgResult<()
 }
 
 /// Ends a run in `state`; the run as its dependants learn of it.
-async fn finish_run(
+pub(super) async fn finish_run(
     tx: &Tx<'_>,
     run_id: i64,
     state: RunState,

@@ -22,6 +22,7 @@ mod audit;
 mod cluster;
 mod dependencies;
 mod events;
+mod heartbeats;
 mod history;
 mod jobs;
 mod ledger;
@@ -557,6 +558,26 @@ impl Store for PgStore {
     async fn delete_events_before(&self, before: Instant, limit: u32) -> Result<u64> {
         transact!(self, write, |tx| events::delete_before(&tx, before, limit)
             .await?)
+    }
+
+    async fn ping(&self, job_id: i64, now: Instant) -> Result<Option<PingOutcome>> {
+        transact!(self, write, |tx| {
+            let outcome = heartbeats::ping(&tx, job_id, now).await?;
+            if let Some(PingOutcome::Answered { released, .. }) = &outcome {
+                self.channel.notify(&tx, Kind::RunsQueued, released).await?;
+            }
+            outcome
+        })
+    }
+
+    async fn expire_ping_waits(&self, now: Instant, limit: u32) -> Result<ExpiredPings> {
+        transact!(self, write, |tx| {
+            let expired = heartbeats::expire(&tx, now, limit).await?;
+            self.channel
+                .notify(&tx, Kind::RunsQueued, &expired.queued)
+                .await?;
+            expired
+        })
     }
 
     async fn record_late_notifications(&self, now: Instant) -> Result<u64> {

@@ -261,7 +261,7 @@ INSERT INTO job_versions (job_id, version, spec, created_at)
 ALTER TABLE runs ADD COLUMN job_version INTEGER;
 "#,
     r#"
--- Version 9: notifications (SQLite's version 9). A job's and a namespace's `notify` rules are
+-- Version 9: notifications, and the pings of heartbeat jobs (SQLite's version 9). A job's and a namespace's `notify` rules are
 -- copied out of their definitions (NULL: none given); `notify_late` marks a rule for `late`.
 -- A notification is recorded once per (run, event, rule) and sent by whichever node claims it.
 ALTER TABLE jobs ADD COLUMN notify TEXT;
@@ -290,6 +290,12 @@ CREATE TABLE notifications (
 CREATE INDEX notifications_due ON notifications (next_send_at, id) WHERE state = 'pending';
 CREATE INDEX notifications_by_namespace ON notifications (namespace, id);
 CREATE INDEX notifications_by_age ON notifications (created_at);
+-- Heartbeat jobs: `ping_grace` (micros) marks one and says how long each run waits for a
+-- ping; `last_ping_at` keeps a ping that came while no run waited, for the next run to credit.
+ALTER TABLE jobs ADD COLUMN ping_grace BIGINT;
+ALTER TABLE jobs ADD COLUMN last_ping_at BIGINT;
+CREATE INDEX runs_waiting_pings ON runs (waiting_until)
+    WHERE state = 'waiting' AND waiting_reason = 'ping';
 "#,
 ];
 

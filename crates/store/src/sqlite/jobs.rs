@@ -65,14 +65,15 @@ pub fn put(
     let description = job.spec.description.as_deref().unwrap_or("");
     let next = firing.next_fire_at.map(micros);
     let (notify, notify_late) = crate::shared::notify_columns(job.spec.notify.as_deref())?;
+    let ping_grace = crate::shared::ping_grace(&job.spec);
     let id = match &existing {
         Some(old) => {
             tx.prepare_cached(
                 "UPDATE jobs SET description = ?2, spec = ?3, overlap = ?4, priority = ?5, \
                  retry = ?6, state = ?7, next_fire_at = ?8, fired_count = ?9, \
                  schedule_epoch = ?10, updated_at = ?11, has_dependencies = ?12, emits = ?13, \
-                 priority_auto = ?14, notify = ?15, notify_late = ?16, version = version + 1 \
-                 WHERE id = ?1",
+                 priority_auto = ?14, notify = ?15, notify_late = ?16, ping_grace = ?17, \
+                 version = version + 1 WHERE id = ?1",
             )?
             .execute(params![
                 old.id,
@@ -91,6 +92,7 @@ pub fn put(
                 job.spec.priority.is_auto(),
                 notify,
                 notify_late,
+                ping_grace,
             ])?;
             old.id
         }
@@ -98,9 +100,9 @@ pub fn put(
             tx.prepare_cached(
                 "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, retry, \
                  state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at, \
-                 has_dependencies, emits, priority_auto, notify, notify_late) \
+                 has_dependencies, emits, priority_auto, notify, notify_late, ping_grace) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, \
-                 ?16, ?17)",
+                 ?16, ?17, ?18)",
             )?
             .execute(params![
                 namespace,
@@ -120,6 +122,7 @@ pub fn put(
                 job.spec.priority.is_auto(),
                 notify,
                 notify_late,
+                ping_grace,
             ])?;
             tx.last_insert_rowid()
         }

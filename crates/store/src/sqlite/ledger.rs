@@ -107,6 +107,8 @@ struct FiringJob {
     version: u32,
     /// Its definition, read only for a job with dependencies (the verdict needs them).
     spec: Option<JobSpec>,
+    /// A heartbeat job's grace (micros): its runs wait for pings.
+    ping_grace: Option<i64>,
 }
 
 pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
@@ -225,7 +227,6 @@ fn insert_run(
     let state = new.state();
     let finished = state.is_terminal().then(|| micros(now));
     let waiting_reason = new.waiting_reason();
-    let (waiting_for, waiting_until) = new.dependencies.clone().unzip();
     let written = tx
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
@@ -248,18 +249,19 @@ fn insert_run(
             finished,
             new.error,
             waiting_reason.map(WaitReason::as_str),
-            waiting_for,
-            waiting_until,
+            new.waiting_for(),
+            new.waiting_until(),
             job.version,
         ])?;
     Ok((written == 1).then(|| tx.last_insert_rowid()))
 }
 
 fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
-    let row: Option<(String, String, String, i32, bool, u32)> = tx
+    type Row = (String, String, String, i32, bool, u32, Option<i64>);
+    let row: Option<Row> = tx
         .prepare_cached(
-            "SELECT namespace, name, overlap, priority, has_dependencies, version FROM jobs \
-             WHERE id = ?1",
+            "SELECT namespace, name, overlap, priority, has_dependencies, version, ping_grace \
+             FROM jobs WHERE id = ?1",
         )?
         .query_row(params![job_id], |r| {
             Ok((
@@ -269,10 +271,12 @@ fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
                 r.get(3)?,
                 r.get(4)?,
                 r.get(5)?,
+                r.get(6)?,
             ))
         })
         .optional()?;
-    let Some((namespace, name, overlap, priority, has_dependencies, version)) = row else {
+    let Some((namespace, name, overlap, priority, has_dependencies, version, ping_grace)) = row
+    else {
         return Ok(None);
     };
     let overlap = OverlapPolicy::parse(&overlap)
@@ -292,6 +296,7 @@ fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
         priority,
         version,
         spec,
+        ping_grace,
     }))
 }
 
@@ -308,6 +313,17 @@ fn decide_fire(
 ) -> Result<NewRun> {
     if let Some(reason) = fire.skip {
         return Ok(NewRun::skipped(reason));
+    }
+    // A heartbeat's runs wait for pings, each on its own: no overlap, nothing to run. One
+    // that a ping came just before already has it.
+    if let Some(grace) = job.ping_grace {
+        if super::heartbeats::take_kept_ping(tx, fire.job_id, fire.scheduled_for, grace)? {
+            return Ok(NewRun {
+                state: Some(RunState::Succeeded),
+                ..NewRun::default()
+            });
+        }
+        return Ok(NewRun::awaiting_ping(fire.scheduled_for, grace));
     }
     // Manual runs are asked for explicitly: neither dependencies nor overlap hold them back.
     if fire.trigger == Trigger::Manual {
@@ -601,7 +617,7 @@ pub fn complete_attempts(
 }
 
 /// Ends a run in `state`; the run as its dependants learn of it.
-fn finish_run(
+pub(super) fn finish_run(
     tx: &Transaction<'_>,
     run_id: i64,
     state: RunState,

@@ -16,6 +16,7 @@
 mod audit;
 mod dependencies;
 mod events;
+mod heartbeats;
 mod history;
 mod jobs;
 mod ledger;
@@ -697,6 +698,15 @@ impl Store for SqliteStore {
 
     async fn delete_events_before(&self, before: Instant, limit: u32) -> Result<u64> {
         self.write(move |tx| events::delete_before(tx, before, limit))
+            .await
+    }
+
+    async fn ping(&self, job_id: i64, now: Instant) -> Result<Option<PingOutcome>> {
+        self.write(move |tx| heartbeats::ping(tx, job_id, now)).await
+    }
+
+    async fn expire_ping_waits(&self, now: Instant, limit: u32) -> Result<ExpiredPings> {
+        self.write(move |tx| heartbeats::expire(tx, now, limit))
             .await
     }
 

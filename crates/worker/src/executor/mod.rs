@@ -175,6 +175,11 @@ pub async fn execute(
         TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => {
             broker::run(&targets.brokers, attempt, options, stop, output).await
         }
+        // The server never hands one out: its runs wait for pings. Should one come (a server
+        // of another version), it fails rather than pretend to have run.
+        TargetSpec::Heartbeat(_) => {
+            ExecResult::failed("a heartbeat target runs nothing: its runs wait for pings")
+        }
     }
 }
 
