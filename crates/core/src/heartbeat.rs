@@ -32,10 +32,7 @@ pub fn validate_grace(grace: HumanDuration) -> Result<(), SpecError> {
 
 /// A heartbeat job expects pings at the instants of a time schedule, and nothing else applies.
 pub fn validate_job(spec: &JobSpec) -> Result<(), SpecError> {
-    let timed = spec
-        .schedule
-        .as_ref()
-        .is_some_and(|s| s.event.is_none());
+    let timed = spec.schedule.as_ref().is_some_and(|s| s.event.is_none());
     if !timed {
         return Err(SpecError::new(
             "schedule",
@@ -66,10 +63,7 @@ pub fn credits(last_ping: Option<Instant>, instant: Instant, grace: Duration) ->
 
 /// The error of a run whose grace passed without a ping.
 pub fn missing_ping(grace: Duration) -> String {
-    format!(
-        "no ping within {} of its instant",
-        HumanDuration(grace)
-    )
+    format!("no ping within {} of its instant", HumanDuration(grace))
 }
 
 #[cfg(test)]
@@ -85,7 +79,10 @@ mod tests {
         let grace = Duration::from_secs(60);
         assert!(credits(Some(at(-60)), at(0), grace), "a minute early");
         assert!(credits(Some(at(30)), at(0), grace));
-        assert!(!credits(Some(at(-61)), at(0), grace), "too early: the run before's");
+        assert!(
+            !credits(Some(at(-61)), at(0), grace),
+            "too early: the run before's"
+        );
         assert!(!credits(Some(at(61)), at(0), grace), "after the deadline");
         assert!(!credits(None, at(0), grace));
     }

@@ -27,6 +27,8 @@ type HmacSha256 = Hmac<sha2::Sha256>;
 
 /// Tokens start with this, so a token of another kind or version is told apart.
 const VERSION: &str = "c1.";
+/// Ping tokens start with this.
+const PING_VERSION: &str = "p1.";
 /// Longest `message` a consumer may send; it is kept in the attempt's output or error.
 pub const MAX_MESSAGE_LEN: usize = 4096;
 /// Longest `token` taken: a real one is 46 characters.
@@ -54,6 +56,35 @@ impl CompletionKey {
     pub fn token(&self, attempt_id: i64, fencing_token: i64) -> String {
         let tag = self.mac(attempt_id, fencing_token).finalize().into_bytes();
         format!("{VERSION}{}", URL_SAFE_NO_PAD.encode(tag))
+    }
+
+    /// The token of heartbeat job `job_id`'s ping address (`/ping/{token}`): it names the job
+    /// and proves the server made it. A job defined again under its name is a new job with a
+    /// new id, so an old address stops working.
+    pub fn ping_token(&self, job_id: i64) -> String {
+        let tag = self.ping_mac(job_id).finalize().into_bytes();
+        format!("{PING_VERSION}{job_id}.{}", URL_SAFE_NO_PAD.encode(tag))
+    }
+
+    /// The job a ping token was made for, when it is one of this key's (checked in constant
+    /// time, before anything is read).
+    pub fn ping_job(&self, given: &str) -> Option<i64> {
+        if given.len() > MAX_TOKEN_LEN {
+            return None;
+        }
+        let (id, encoded) = given.strip_prefix(PING_VERSION)?.split_once('.')?;
+        let job_id: i64 = id.parse().ok()?;
+        let tag = URL_SAFE_NO_PAD.decode(encoded).ok()?;
+        self.ping_mac(job_id).verify_slice(&tag).ok()?;
+        Some(job_id)
+    }
+
+    fn ping_mac(&self, job_id: i64) -> HmacSha256 {
+        let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        // Another message than an attempt's `{id}:{token}`, so no token opens the other kind.
+        mac.update(format!("ping:{job_id}").as_bytes());
+        mac
     }
 
     /// Whether `given` is the token of this attempt (compared in constant time).
@@ -210,6 +241,29 @@ mod tests {
         assert!(!key.check(41, 9001, &forged));
         assert!(!key.check(41, 9001, ""));
         assert!(!key.check(41, 9001, token.trim_start_matches(VERSION)));
+    }
+
+    #[test]
+    fn a_ping_token_names_its_job_and_nothing_else_opens() {
+        let key = CompletionKey([7; 32]);
+        let token = key.ping_token(41);
+        assert!(token.starts_with(PING_VERSION) && token.len() < MAX_TOKEN_LEN);
+        assert_eq!(key.ping_job(&token), Some(41));
+        let other = token.replacen("p1.41.", "p1.42.", 1);
+        assert_eq!(
+            key.ping_job(&other),
+            None,
+            "another job under this job's tag"
+        );
+        assert_eq!(CompletionKey([8; 32]).ping_job(&token), None, "another key");
+        assert_eq!(key.ping_job(&key.token(41, 0)), None, "a completion token");
+        assert!(
+            !key.check(41, 0, &token),
+            "a ping token is no completion token"
+        );
+        for bad in ["", "p1.", "p1.41", "p1.x.AAAA", &"p".repeat(500)] {
+            assert_eq!(key.ping_job(bad), None, "{bad}");
+        }
     }
 
     #[test]

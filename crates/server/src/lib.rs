@@ -79,6 +79,8 @@ pub struct AppState {
     pub completion: Arc<completion::CompletionKey>,
     /// Completion reports refused per peer, which bound what a peer with made-up tokens costs.
     pub completion_refusals: Arc<rate::Refusals>,
+    /// Pings each heartbeat job may take through its ping address (`/ping/{token}`).
+    pub pings: Option<Arc<rate::RequestRate>>,
 }
 
 impl AppState {
@@ -183,6 +185,7 @@ pub async fn serve(
         rate: rate::RequestRate::new(config.rate_limit).map(Arc::new),
         completion: Arc::new(completion::CompletionKey::new(config.secret_key.as_ref())),
         completion_refusals: Arc::new(rate::Refusals::new(rate::REFUSALS_PER_SECOND)),
+        pings: rate::RequestRate::new(rate::PINGS_PER_JOB).map(Arc::new),
     };
 
     let mut duties = tokio::task::JoinSet::new();
@@ -230,6 +233,10 @@ pub async fn serve(
     duties.spawn(duty(
         "dependency timeouts",
         maintenance::dependency_timeouts::run(state.clone(), stop_rx.clone()),
+    ));
+    duties.spawn(duty(
+        "ping deadlines",
+        maintenance::ping_deadlines::run(state.clone(), stop_rx.clone()),
     ));
     duties.spawn(duty(
         "notifier",

@@ -27,8 +27,15 @@ impl Default for RateLimit {
     }
 }
 
-/// Tokens are counted by id; requests of an open development server without a token share
-/// one bucket.
+/// Pings a heartbeat job may take through its ping address: a job is pinged once a period,
+/// so this only stops a leaked address from making the node write at line rate.
+pub const PINGS_PER_JOB: RateLimit = RateLimit {
+    per_second: 5,
+    burst: 20,
+};
+
+/// Tokens are counted by id (or, for pings, jobs by theirs); requests of an open development
+/// server without a token share one bucket.
 pub struct RequestRate {
     limiter: DefaultKeyedRateLimiter<Option<i64>>,
     clock: DefaultClock,
@@ -65,7 +72,8 @@ impl RequestRate {
     }
 }
 
-/// Refused reports per peer address on a route anyone may call (a consumer's completion):
+/// Refused requests per peer address on the routes anyone may call (a consumer's completion, a
+/// ping by address):
 /// past `limit` refusals within one second, the peer's further reports are answered 429
 /// before anything is read, until that second is over. So no one can make the server read its
 /// store at line rate with made-up tokens, while a consumer that reports correctly is never

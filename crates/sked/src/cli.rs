@@ -641,6 +641,20 @@ pub enum JobCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Ping a heartbeat job: its oldest run waiting for a ping succeeds.
+    Ping {
+        /// The job's name.
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// The address a heartbeat job takes pings at without a token (for `curl -X POST URL`).
+    PingUrl {
+        /// The job's name.
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Stop firing the job; its instants are still recorded, as skipped (paused).
     Pause {
         /// The job's name.
@@ -971,6 +985,14 @@ async fn job(cmd: JobCommand) -> Result<()> {
             client::Client::new(&client)?
                 .job_action(&name, "trigger")
                 .await
+        }
+        JobCommand::Ping { name, client } => {
+            client::Client::new(&client)?
+                .job_action(&name, "ping")
+                .await
+        }
+        JobCommand::PingUrl { name, client } => {
+            client::Client::new(&client)?.job_ping_url(&name).await
         }
         JobCommand::Pause { name, client } => {
             client::Client::new(&client)?

@@ -247,8 +247,23 @@ impl Client {
         }
         match action {
             "trigger" => println!("run {} queued for job {name}", text(&value["id"])),
+            "ping" => match value["run_id"].as_i64() {
+                Some(run) => println!("run {run} of job {name} answered"),
+                None => println!("no run of job {name} waits for a ping: kept for the next"),
+            },
             _ => println!("job {name} is {}", text(&value["state"])),
         }
+        Ok(())
+    }
+
+    pub async fn job_ping_url(&self, name: &str) -> Result<()> {
+        let value = self
+            .get_json(&format!("/jobs/{name}/ping-url"), &[])
+            .await?;
+        if self.json {
+            return Self::print_json(&value);
+        }
+        println!("{}", text(&value["url"]));
         Ok(())
     }
 

@@ -3650,13 +3650,19 @@ pub async fn a_heartbeat_run_waits_for_a_ping_and_fails_without_one(store: &dyn 
     )
     .await;
     let other = put(store, "plain", every_second(serde_json::json!({}))).await;
-    assert_eq!(store.ping(other.id, t0()).await.unwrap(), Some(PingOutcome::NotHeartbeat));
+    assert_eq!(
+        store.ping(other.id, t0()).await.unwrap(),
+        Some(PingOutcome::NotHeartbeat)
+    );
     assert_eq!(store.ping(j.id + 1000, t0()).await.unwrap(), None);
 
     // 01:00: the run waits; no worker gets it; a ping answers it.
     let first = fire_one(store, fire(j.id, t0() + secs(3600))).await;
     assert_eq!(first.state, RunState::Waiting);
-    assert!(store.queued_runs(None).await.unwrap().is_empty(), "nothing to dispatch");
+    assert!(
+        store.queued_runs(None).await.unwrap().is_empty(),
+        "nothing to dispatch"
+    );
     let (waiting, _) = run(store, first.run_id).await;
     assert_eq!(waiting.waiting_reason, Some(WaitReason::Ping));
     let answered = store.ping(j.id, t0() + secs(3660)).await.unwrap();
@@ -3668,26 +3674,48 @@ pub async fn a_heartbeat_run_waits_for_a_ping_and_fails_without_one(store: &dyn 
 
     // 02:00: no ping; at 02:10 the run fails, saying why.
     let second = fire_one(store, fire(j.id, t0() + secs(7200))).await;
-    let early = store.expire_ping_waits(t0() + secs(7200 + 599), 100).await.unwrap();
+    let early = store
+        .expire_ping_waits(t0() + secs(7200 + 599), 100)
+        .await
+        .unwrap();
     assert!(early.failed.is_empty(), "still within its grace");
-    let expired = store.expire_ping_waits(t0() + secs(7200 + 601), 100).await.unwrap();
+    let expired = store
+        .expire_ping_waits(t0() + secs(7200 + 601), 100)
+        .await
+        .unwrap();
     assert_eq!(expired.failed, vec![second.run_id]);
     let (failed, attempts) = run(store, second.run_id).await;
     assert_eq!(failed.state, RunState::Failed);
-    assert_eq!(failed.error.as_deref(), Some("no ping within 10m of its instant"));
+    assert_eq!(
+        failed.error.as_deref(),
+        Some("no ping within 10m of its instant")
+    );
     assert!(attempts.is_empty());
 
     // A ping a little before 03:00 is kept, and the 03:00 run is recorded answered; a second
     // kept ping does not answer 04:00 too.
-    assert_eq!(store.ping(j.id, t0() + secs(10_790)).await.unwrap(), Some(PingOutcome::Kept));
+    assert_eq!(
+        store.ping(j.id, t0() + secs(10_790)).await.unwrap(),
+        Some(PingOutcome::Kept)
+    );
     let third = fire_one(store, fire(j.id, t0() + secs(10_800))).await;
     assert_eq!(third.state, RunState::Succeeded);
     let fourth = fire_one(store, fire(j.id, t0() + secs(14_400))).await;
-    assert_eq!(fourth.state, RunState::Waiting, "a kept ping is credited once");
+    assert_eq!(
+        fourth.state,
+        RunState::Waiting,
+        "a kept ping is credited once"
+    );
 
     // A ping kept while the 04:00 run was being recorded is credited at its deadline.
-    assert_eq!(store.ping(j.id, t0() + secs(14_399)).await.unwrap(), Some(PingOutcome::Kept));
-    let expired = store.expire_ping_waits(t0() + secs(14_400 + 601), 100).await.unwrap();
+    assert_eq!(
+        store.ping(j.id, t0() + secs(14_399)).await.unwrap(),
+        Some(PingOutcome::Kept)
+    );
+    let expired = store
+        .expire_ping_waits(t0() + secs(14_400 + 601), 100)
+        .await
+        .unwrap();
     assert_eq!(expired.succeeded, vec![fourth.run_id]);
 
     // The failure, then the success after it, were notified.
@@ -3699,9 +3727,18 @@ pub async fn a_heartbeat_run_waits_for_a_ping_and_fails_without_one(store: &dyn 
         .collect();
     assert_eq!(
         events,
-        [(second.run_id, NotifyEvent::Failed), (third.run_id, NotifyEvent::Recovered)]
+        [
+            (second.run_id, NotifyEvent::Failed),
+            (third.run_id, NotifyEvent::Recovered)
+        ]
     );
     // A heartbeat run is not retried.
-    let retried = store.retry_run(second.run_id, t0() + secs(20_000)).await.unwrap();
-    assert!(matches!(retried, Some(RetryOutcome::Refused { .. })), "{retried:?}");
+    let retried = store
+        .retry_run(second.run_id, t0() + secs(20_000))
+        .await
+        .unwrap();
+    assert!(
+        matches!(retried, Some(RetryOutcome::Refused { .. })),
+        "{retried:?}"
+    );
 }

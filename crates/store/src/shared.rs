@@ -731,7 +731,7 @@ pub fn reopening(
 ) -> Result<Result<NewRun, String>, StoreError> {
     if matches!(spec.target, sked_core::TargetSpec::Heartbeat(_)) {
         return Ok(Err(
-            "a heartbeat run is not retried: it ended when its ping was due".to_string()
+            "a heartbeat run is not retried: it ended when its ping was due".to_string(),
         ));
     }
     let Some(verdict) = verdict else {

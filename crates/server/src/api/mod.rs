@@ -17,6 +17,7 @@ mod jobs;
 mod namespaces;
 mod notifications;
 mod openapi;
+mod pings;
 mod runs;
 mod secrets;
 mod strict;
@@ -147,6 +148,24 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             "/api/v1/schedules/preview",
             Read,
             post(jobs::preview_schedule),
+        ),
+        route(
+            Method::POST,
+            "/api/v1/jobs/{name}/ping",
+            Events,
+            post(pings::ping),
+        ),
+        route(
+            Method::GET,
+            "/api/v1/jobs/{name}/ping-url",
+            Write,
+            get(pings::ping_url),
+        ),
+        route(
+            Method::POST,
+            "/ping/{token}",
+            Open,
+            post(pings::ping_by_token),
         ),
         route(Method::POST, "/api/v1/events", Events, post(events::post)),
         route(Method::GET, "/api/v1/events", Read, get(events::list)),

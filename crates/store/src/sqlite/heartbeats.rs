@@ -85,7 +85,14 @@ pub fn expire(tx: &Transaction<'_>, now: Instant, limit: u32) -> Result<ExpiredP
             expired.succeeded.push(run_id);
         } else {
             let why = heartbeat::missing_ping(Duration::from_micros(grace.max(0) as u64));
-            ended.push(finish_run(tx, run_id, RunState::Failed, 1, Some(&why), now)?);
+            ended.push(finish_run(
+                tx,
+                run_id,
+                RunState::Failed,
+                1,
+                Some(&why),
+                now,
+            )?);
             expired.failed.push(run_id);
         }
     }

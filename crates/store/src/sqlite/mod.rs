@@ -702,7 +702,8 @@ impl Store for SqliteStore {
     }
 
     async fn ping(&self, job_id: i64, now: Instant) -> Result<Option<PingOutcome>> {
-        self.write(move |tx| heartbeats::ping(tx, job_id, now)).await
+        self.write(move |tx| heartbeats::ping(tx, job_id, now))
+            .await
     }
 
     async fn expire_ping_waits(&self, now: Instant, limit: u32) -> Result<ExpiredPings> {
