@@ -164,10 +164,10 @@ async fn nodes_connecting_at_once_migrate_once() {
         .await;
     assert_eq!(
         tables.get::<_, i64>(0),
-        17,
+        18,
         "sked_schema, the five ledger tables, the three cluster tables, tokens, audit, \
-         namespaces, secrets, job dependencies, events, event subscriptions and job versions, \
-         once"
+         namespaces, secrets, job dependencies, events, event subscriptions, job versions and \
+         notifications, once"
     );
     // Both nodes see one database.
     let now = chrono::Utc::now();
@@ -246,6 +246,8 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
              DROP COLUMN draining; \
              DROP TABLE job_versions; ALTER TABLE jobs DROP COLUMN version; \
              ALTER TABLE runs DROP COLUMN job_version; \
+             DROP TABLE notifications; ALTER TABLE jobs DROP COLUMN notify, \
+             DROP COLUMN notify_late, DROP COLUMN ping_grace, DROP COLUMN last_ping_at; \
              UPDATE sked_schema SET version = 2; \
              INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
              alive) VALUES ('w', 'w', '{}', 1, 0, 0, true)",
@@ -256,7 +258,7 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     let version = schema
         .query_one("SELECT version FROM sked_schema WHERE id = 1")
         .await;
-    assert_eq!(version.get::<_, i32>(0), 8);
+    assert_eq!(version.get::<_, i32>(0), 9);
     let w = store
         .get_worker("w")
         .await
