@@ -220,6 +220,20 @@ pub enum StoreCommand {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Copy a whole store to the other kind: the embedded store to PostgreSQL
+    /// (`--from sqlite:./sked-data --to postgres://…`) or back. Jobs and their versions, runs
+    /// with attempts and output, events, tokens, namespaces and secrets, the audit trail and
+    /// notifications keep their ids. The target must hold nothing yet, and is written in one
+    /// transaction: a copy that fails leaves it empty. Stop sked on the source first; give the
+    /// target's servers the source's secret key file (secrets stay sealed with it).
+    Migrate {
+        /// `sqlite:DIR` (a data directory) or `postgres://…`.
+        #[arg(long, value_name = "STORE")]
+        from: String,
+        /// `postgres://…` or `sqlite:DIR`, holding nothing yet.
+        #[arg(long, value_name = "STORE")]
+        to: String,
+    },
 }
 
 #[derive(Debug, Args, Clone)]
@@ -796,6 +810,9 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Store(StoreCommand::Check { data_dir }) => serve::check_store(&data_dir),
         Command::Store(StoreCommand::Backup { data_dir, to }) => {
             serve::backup_store(&data_dir, &to)
+        }
+        Command::Store(StoreCommand::Migrate { from, to }) => {
+            serve::migrate_store(&from, &to).await
         }
         Command::Token(cmd) => token(cmd).await,
         Command::Audit(args) => client::Client::new(&args.client)?.audit(&args).await,

@@ -140,6 +140,65 @@ pub fn backup_store(data_dir: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `sked store migrate`: copies one store into an empty one of the other kind, saying how far
+/// it is (on a terminal, one line per table redrawn as it goes; otherwise a line per table).
+pub async fn migrate_store(from: &str, to: &str) -> Result<()> {
+    use sked_store::transfer::{self, Location};
+    use std::io::{IsTerminal, Write};
+    let source = Location::parse(from).context("--from")?;
+    let target = Location::parse(to).context("--to")?;
+    if let Location::Sqlite(file) = &target {
+        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+    }
+    let terminal = std::io::stderr().is_terminal();
+    let progress: transfer::Progress = std::sync::Arc::new(move |table, done, total| {
+        let mut err = std::io::stderr().lock();
+        if terminal {
+            let _ = write!(err, "\r\x1b[2K{table}: {done} of {total} rows");
+            if done >= total {
+                let _ = writeln!(err);
+            }
+        } else if done >= total {
+            let _ = writeln!(err, "{table}: {done} rows");
+        }
+    });
+    let started = std::time::Instant::now();
+    let copied = transfer::migrate(&source, &target, progress)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot migrate {} to {}",
+                source.describe(),
+                target.describe()
+            )
+        })?;
+    let rows: u64 = copied.iter().map(|c| c.rows).sum();
+    let count = |table: &str| {
+        copied
+            .iter()
+            .find(|c| c.table == table)
+            .map_or(0, |c| c.rows)
+    };
+    println!(
+        "{} migrated to {}: {} jobs, {} runs, {} attempts, {} tokens, {rows} rows in all, in {:.1?}",
+        source.describe(),
+        target.describe(),
+        count("jobs"),
+        count("runs"),
+        count("attempts"),
+        count("tokens"),
+        started.elapsed()
+    );
+    println!(
+        "start sked on {} with the source's secret key file: secrets stay sealed with it",
+        target.describe()
+    );
+    Ok(())
+}
+
 /// The admin token file: `--admin-token-file`, or `admin.token` in the data directory.
 fn admin_token_path(args: &ServerArgs) -> PathBuf {
     args.admin_token_file

@@ -14,6 +14,7 @@ pub mod cursor;
 pub mod postgres;
 pub mod shared;
 pub mod sqlite;
+pub mod transfer;
 
 use async_trait::async_trait;
 use sked_core::auth::{Grant, TokenRecord};

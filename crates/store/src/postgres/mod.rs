@@ -187,7 +187,7 @@ impl PgStore {
 }
 
 /// Where a connection string points, without its password, for error messages.
-fn describe(config: &tokio_postgres::Config) -> String {
+pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
     use tokio_postgres::config::Host;
     let host = match config.get_hosts().first() {
         Some(Host::Tcp(name)) => name.clone(),
