@@ -54,6 +54,11 @@ pub struct JobSpec {
     /// namespace says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<Vec<crate::notify::NotifyRule>>,
+    /// Also count this job's runs and time its attempts in metrics labelled by its name
+    /// (`sked_job_runs_total`, `sked_job_attempt_duration_seconds`); off by default, so that
+    /// the metrics' series grow with namespaces, not with jobs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub job_metrics: bool,
     #[serde(default)]
     pub paused: bool,
 }

@@ -152,10 +152,12 @@ pub async fn complete(
                 run_state,
                 namespace,
                 started_at,
+                job_label,
                 ..
             } => {
                 state.metrics.attempt_ended(
                     &namespace,
+                    job_label.as_deref(),
                     report.outcome,
                     now - started_at,
                     run_state,

@@ -68,6 +68,19 @@ struct LeaseLabel {
     change: &'static str,
 }
 
+/// A job that asked for metrics by name (`job_metrics`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobLabels {
+    namespace: String,
+    job: String,
+    outcome: &'static str,
+}
+
+/// Jobs labelled by name at most, per node: past it, further jobs' runs are counted only by
+/// namespace (and `sked_job_metrics_refused_total` says how many were left out), so that a
+/// flood of opted-in jobs cannot grow the exposition without bound.
+pub const MAX_NAMED_JOBS: usize = 1000;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NotificationLabels {
     event: &'static str,
@@ -124,6 +137,11 @@ pub struct Metrics {
     priorities_seen: Mutex<BTreeSet<i32>>,
     leases: Family<LeaseLabel, Counter>,
     notifications: Family<NotificationLabels, Counter>,
+    job_runs: Family<JobLabels, Counter>,
+    job_durations: Histograms<JobLabels>,
+    /// The jobs labelled by name so far.
+    named_jobs: Mutex<std::collections::HashSet<(String, String)>>,
+    job_metrics_refused: Counter,
     store_calls: Histograms<StoreCallLabel>,
 }
 
@@ -247,6 +265,27 @@ impl Metrics {
             "Sends of notifications, by event and outcome (sent, retried, failed)",
             notifications.clone(),
         );
+        let job_runs = Family::default();
+        registry.register(
+            "sked_job_runs",
+            "Runs of the jobs that ask for it (job_metrics) that reached an end as their last \
+             attempt was recorded, by namespace, job and outcome",
+            job_runs.clone(),
+        );
+        let job_durations = Histograms::new_with_constructor(duration as fn() -> Histogram);
+        registry.register(
+            "sked_job_attempt_duration_seconds",
+            "Attempt durations of the jobs that ask for it (job_metrics), by namespace, job and \
+             outcome",
+            job_durations.clone(),
+        );
+        let job_metrics_refused = Counter::default();
+        registry.register(
+            "sked_job_metrics_refused",
+            "Attempt ends of jobs asking for metrics by name that were counted by namespace only: \
+             this node already labels its most jobs",
+            job_metrics_refused.clone(),
+        );
         let store_calls = Histograms::new_with_constructor(store_call as fn() -> Histogram);
         registry.register(
             "sked_store_call_seconds",
@@ -280,6 +319,10 @@ impl Metrics {
             priorities_seen: Mutex::default(),
             leases,
             notifications,
+            job_runs,
+            job_durations,
+            named_jobs: Mutex::default(),
+            job_metrics_refused,
             store_calls,
         }
     }
@@ -303,10 +346,12 @@ impl Metrics {
         observe(&self.publish_lag, &namespace_label(namespace), lag);
     }
 
-    /// An attempt's recorded end: its duration, and the run's end when this ended the run.
+    /// An attempt's recorded end: its duration, and the run's end when this ended the run;
+    /// by the job's name too when it asked (`job`).
     pub fn attempt_ended(
         &self,
         namespace: &str,
+        job: Option<&str>,
         outcome: AttemptOutcome,
         took: TimeDelta,
         run: RunState,
@@ -319,6 +364,34 @@ impl Metrics {
         if run.is_terminal() {
             self.run_ended(namespace, run, None);
         }
+        if let Some(job) = job.filter(|job| self.may_name(namespace, job)) {
+            let mut labels = JobLabels {
+                namespace: namespace.to_string(),
+                job: job.to_string(),
+                outcome: outcome.as_str(),
+            };
+            observe(&self.job_durations, &labels, took);
+            if run.is_terminal() {
+                labels.outcome = run.as_str();
+                self.job_runs.get_or_create(&labels).inc();
+            }
+        }
+    }
+
+    /// Whether a job may be labelled by name: it is already, or fewer than
+    /// [`MAX_NAMED_JOBS`] are.
+    fn may_name(&self, namespace: &str, job: &str) -> bool {
+        let mut named = self.named_jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (namespace.to_string(), job.to_string());
+        if named.contains(&key) {
+            return true;
+        }
+        if named.len() >= MAX_NAMED_JOBS {
+            self.job_metrics_refused.inc();
+            return false;
+        }
+        named.insert(key);
+        true
     }
 
     /// A run reached `state`, an end; `reason` says why when it was skipped.
@@ -468,6 +541,43 @@ mod tests {
     }
 
     #[test]
+    fn jobs_are_named_only_when_they_ask_and_only_so_many() {
+        let metrics = Metrics::new();
+        let took = TimeDelta::milliseconds(20);
+        metrics.attempt_ended(
+            "ns",
+            None,
+            AttemptOutcome::Succeeded,
+            took,
+            RunState::Succeeded,
+        );
+        metrics.attempt_ended(
+            "ns",
+            Some("billing"),
+            AttemptOutcome::Failed,
+            took,
+            RunState::Failed,
+        );
+        let text = metrics.render("");
+        assert!(
+            text.contains(
+                r#"sked_job_runs_total{namespace="ns",job="billing",outcome="failed"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(!text.contains(r#"job="""#), "{text}");
+        for i in 0..MAX_NAMED_JOBS + 5 {
+            let job = format!("job-{i}");
+            let state = RunState::Succeeded;
+            metrics.attempt_ended("ns", Some(&job), AttemptOutcome::Succeeded, took, state);
+        }
+        let text = metrics.render("");
+        let named = text.matches("sked_job_runs_total{").count();
+        assert_eq!(named, MAX_NAMED_JOBS, "billing and the first 999 others");
+        assert!(text.contains("sked_job_metrics_refused_total 6"), "{text}");
+    }
+
+    #[test]
     fn an_emptied_priority_reads_zero() {
         let metrics = Metrics::new();
         metrics.queue(&BTreeMap::from([(0, 4), (9, 1)]));
@@ -523,7 +633,13 @@ mod tests {
         metrics.fired("ns", span);
         metrics.started("ns", span);
         metrics.published("ns", span);
-        metrics.attempt_ended("ns", AttemptOutcome::Succeeded, span, RunState::Succeeded);
+        metrics.attempt_ended(
+            "ns",
+            None,
+            AttemptOutcome::Succeeded,
+            span,
+            RunState::Succeeded,
+        );
         metrics.run_ended("ns", RunState::Skipped, Some(SkipReason::Paused));
         metrics.queue(&BTreeMap::from([(0, 1)]));
         metrics.leases_changed(1, 1);

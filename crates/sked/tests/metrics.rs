@@ -48,8 +48,20 @@ async fn runs_fill_the_histograms_and_counters_by_namespace_outcome_and_reason()
         let (status, body) = sked.put_job(name, job.clone()).await;
         assert_eq!(status, 201, "{body}");
     }
+    // One job asks to be counted by name.
+    let (status, body) = sked
+        .put_job(
+            "named-job",
+            json!({"schedule": {"every": "300ms"}, "target": shell("true"), "job_metrics": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
     let ns = ("namespace", "default");
-    let wanted: [(&str, Vec<(&str, &str)>); 6] = [
+    let wanted: [(&str, Vec<(&str, &str)>); 7] = [
+        (
+            "sked_job_runs_total",
+            vec![ns, ("job", "named-job"), ("outcome", "succeeded")],
+        ),
         ("sked_runs_total", vec![ns, ("outcome", "succeeded")]),
         ("sked_runs_total", vec![ns, ("outcome", "failed")]),
         (
@@ -116,7 +128,7 @@ async fn runs_fill_the_histograms_and_counters_by_namespace_outcome_and_reason()
         Some(0.0),
         "{text}"
     );
-    // Bounded labels: no job's name is ever a label value.
+    // Bounded labels: no job's name is ever a label value, unless the job asked.
     for (name, _) in &jobs {
         assert!(!text.contains(name), "job name {name} in /metrics:\n{text}");
     }

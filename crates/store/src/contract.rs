@@ -90,6 +90,7 @@ macro_rules! store_contract_tests {
             late_runs_are_found_waiting_and_at_their_end,
             claims_are_exclusive_and_reports_under_a_lapsed_claim_change_nothing,
             a_heartbeat_run_waits_for_a_ping_and_fails_without_one,
+            a_job_that_asks_is_named_in_its_completions,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -877,8 +878,10 @@ pub async fn attempts_are_fenced_by_token_and_state(store: &dyn Store) {
             requeued: vec![],
             namespace: "default".into(),
             started_at: now,
+            job_label: None,
         },
-        "the effect names the run's namespace and when its attempt started"
+        "the effect names the run's namespace and when its attempt started; no job label \
+         unless the job asks for one"
     );
     let twice = complete(store, ok, now + secs(2)).await;
     assert_eq!(
@@ -3741,4 +3744,31 @@ pub async fn a_heartbeat_run_waits_for_a_ping_and_fails_without_one(store: &dyn 
         matches!(retried, Some(RetryOutcome::Refused { .. })),
         "{retried:?}"
     );
+}
+
+pub async fn a_job_that_asks_is_named_in_its_completions(store: &dyn Store) {
+    worker(store, "w", t0()).await;
+    let named = put(
+        store,
+        "billing",
+        every_second(serde_json::json!({"job_metrics": true})),
+    )
+    .await;
+    let plain = put(store, "quiet", every_second(serde_json::json!({}))).await;
+    let mut labels = Vec::new();
+    for (token, job) in [(1, &named), (2, &plain)] {
+        let fired = fire_one(store, fire(job.id, t0() + secs(1))).await;
+        let attempt = start(store, fired.run_id, "w", token, t0() + secs(1)).await;
+        let effect = complete(
+            store,
+            report(attempt, token, AttemptOutcome::Succeeded),
+            t0() + secs(2),
+        )
+        .await;
+        match effect {
+            CompletionEffect::Accepted { job_label, .. } => labels.push(job_label),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(labels, [Some("billing".to_string()), None]);
 }

@@ -407,6 +407,8 @@ pub enum CompletionEffect {
         /// label and time the attempt by.
         namespace: String,
         started_at: Instant,
+        /// The job's name when it asked for metrics by name (`job_metrics`).
+        job_label: Option<String>,
     },
     /// Nothing was written: the attempt is unknown, already reported, or no longer holds the
     /// run's lease (`fenced`).

@@ -247,7 +247,8 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
              DROP TABLE job_versions; ALTER TABLE jobs DROP COLUMN version; \
              ALTER TABLE runs DROP COLUMN job_version; \
              DROP TABLE notifications; ALTER TABLE jobs DROP COLUMN notify, \
-             DROP COLUMN notify_late, DROP COLUMN ping_grace, DROP COLUMN last_ping_at; \
+             DROP COLUMN notify_late, DROP COLUMN ping_grace, DROP COLUMN last_ping_at, \
+             DROP COLUMN job_metrics; \
              UPDATE sked_schema SET version = 2; \
              INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
              alive) VALUES ('w', 'w', '{}', 1, 0, 0, true)",

@@ -51,9 +51,19 @@ pub async fn get_by_id(tx: &Tx<'_>, id: i64) -> PgResult<Option<JobRecord>> {
 
 /// Locks the rows of these jobs, in id order (deleted ones are simply absent), and returns
 /// each one's stored retry policy text.
-/// Locks jobs `ids` in id order; returns what a completion needs of each: its retry policy
-/// (JSON) and the event key its succeeded runs emit.
-pub async fn lock(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<(i64, String, Option<String>)>> {
+/// What a completion needs of a job it locked.
+pub struct LockedJob {
+    pub id: i64,
+    /// Its retry policy (JSON).
+    pub retry: String,
+    /// The event key its succeeded runs emit.
+    pub emits: Option<String>,
+    /// Its name, when it asked for metrics by name (`job_metrics`).
+    pub job_label: Option<String>,
+}
+
+/// Locks jobs `ids` in id order; returns what a completion needs of each.
+pub async fn lock(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<LockedJob>> {
     let mut ids = ids.to_vec();
     ids.sort_unstable();
     ids.dedup();
@@ -62,12 +72,20 @@ pub async fn lock(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<(i64, String, Option
     }
     let stmt = tx
         .prepare_cached(
-            "SELECT id, retry, emits FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+            "SELECT id, retry, emits, CASE WHEN job_metrics THEN name END FROM jobs \
+             WHERE id = ANY($1) ORDER BY id FOR UPDATE",
         )
         .await?;
     let rows = tx.query(&stmt, &[&ids]).await?;
     rows.iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+        .map(|r| {
+            Ok(LockedJob {
+                id: r.try_get(0)?,
+                retry: r.try_get(1)?,
+                emits: r.try_get(2)?,
+                job_label: r.try_get(3)?,
+            })
+        })
         .collect()
 }
 
@@ -148,7 +166,7 @@ pub async fn put(
                      retry = $6, state = $7, next_fire_at = $8, fired_count = $9, \
                      schedule_epoch = $10, updated_at = $11, has_dependencies = $12, \
                      emits = $13, priority_auto = $14, notify = $15, notify_late = $16, \
-                     ping_grace = $17, version = version + 1 WHERE id = $1 \
+                     ping_grace = $17, job_metrics = $18, version = version + 1 WHERE id = $1 \
                      RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -173,6 +191,7 @@ pub async fn put(
                             &notify,
                             &notify_late,
                             &ping_grace,
+                            &job.spec.job_metrics,
                         ],
                     )
                     .await?;
@@ -186,9 +205,9 @@ pub async fn put(
                     "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, \
                      retry, state, next_fire_at, fired_count, schedule_epoch, created_at, \
                      updated_at, has_dependencies, emits, priority_auto, notify, notify_late, \
-                     ping_grace) \
+                     ping_grace, job_metrics) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, \
-                     $15, $16, $17, $18) \
+                     $15, $16, $17, $18, $19) \
                      ON CONFLICT (namespace, name) DO NOTHING RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -214,6 +233,7 @@ pub async fn put(
                             &notify,
                             &notify_late,
                             &ping_grace,
+                            &job.spec.job_metrics,
                         ],
                     )
                     .await?;

@@ -607,12 +607,12 @@ pub async fn complete_attempts(
     let job_ids = sorted(job_of.values().copied());
     // Their dependants are locked with them: a run that ends may release theirs.
     let below = dependants_of(tx, &job_ids).await?;
-    let mut policies: HashMap<i64, RetryPolicy> = HashMap::new();
+    let mut policies: HashMap<i64, (RetryPolicy, Option<String>)> = HashMap::new();
     let mut emits: HashMap<i64, String> = HashMap::new();
     let locked = lock_jobs(tx, &sorted(job_ids.iter().copied().chain(below))).await?;
-    for (job_id, retry, key) in locked {
-        policies.insert(job_id, retry_policy(Some(&retry))?);
-        emits.extend(key.map(|key| (job_id, key)));
+    for job in locked {
+        policies.insert(job.id, (retry_policy(Some(&job.retry))?, job.job_label));
+        emits.extend(job.emits.map(|key| (job.id, key)));
     }
     lock_attempts_and_runs(tx, &attempt_ids).await?;
     // One job's completions take turns (releasing its waiting runs reads its active count);
@@ -656,7 +656,7 @@ pub async fn complete_attempts(
 async fn complete_one(
     tx: &Tx<'_>,
     report: &AttemptReport,
-    policies: &HashMap<i64, RetryPolicy>,
+    policies: &HashMap<i64, (RetryPolicy, Option<String>)>,
     now: Instant,
 ) -> PgResult<(CompletionEffect, Option<(Ended, i64, i64)>)> {
     let stmt = tx
@@ -710,8 +710,8 @@ async fn complete_one(
         AttemptOutcome::Failed | AttemptOutcome::TimedOut
     );
     let failures = attempt.failures + u32::from(counts);
-    let default_policy = RetryPolicy::default();
-    let retry = policies.get(&attempt.job_id).unwrap_or(&default_policy);
+    let default_policy = (RetryPolicy::default(), None);
+    let (retry, job_label) = policies.get(&attempt.job_id).unwrap_or(&default_policy);
     let decision = after_attempt(
         report.outcome,
         failures,
@@ -754,6 +754,7 @@ async fn complete_one(
         requeued,
         namespace: attempt.namespace,
         started_at: attempt.started_at,
+        job_label: job_label.clone(),
     };
     Ok((effect, ended))
 }

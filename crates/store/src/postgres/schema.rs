@@ -292,6 +292,7 @@ CREATE INDEX notifications_by_namespace ON notifications (namespace, id);
 CREATE INDEX notifications_by_age ON notifications (created_at);
 -- Heartbeat jobs: `ping_grace` (micros) marks one and says how long each run waits for a
 -- ping; `last_ping_at` keeps a ping that came while no run waited, for the next run to credit.
+ALTER TABLE jobs ADD COLUMN job_metrics BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE jobs ADD COLUMN ping_grace BIGINT;
 ALTER TABLE jobs ADD COLUMN last_ping_at BIGINT;
 CREATE INDEX runs_waiting_pings ON runs (waiting_until)

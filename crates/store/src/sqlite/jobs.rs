@@ -73,7 +73,7 @@ pub fn put(
                  retry = ?6, state = ?7, next_fire_at = ?8, fired_count = ?9, \
                  schedule_epoch = ?10, updated_at = ?11, has_dependencies = ?12, emits = ?13, \
                  priority_auto = ?14, notify = ?15, notify_late = ?16, ping_grace = ?17, \
-                 version = version + 1 WHERE id = ?1",
+                 job_metrics = ?18, version = version + 1 WHERE id = ?1",
             )?
             .execute(params![
                 old.id,
@@ -93,6 +93,7 @@ pub fn put(
                 notify,
                 notify_late,
                 ping_grace,
+                job.spec.job_metrics,
             ])?;
             old.id
         }
@@ -100,9 +101,10 @@ pub fn put(
             tx.prepare_cached(
                 "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, retry, \
                  state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at, \
-                 has_dependencies, emits, priority_auto, notify, notify_late, ping_grace) \
+                 has_dependencies, emits, priority_auto, notify, notify_late, ping_grace, \
+                 job_metrics) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, \
-                 ?16, ?17, ?18)",
+                 ?16, ?17, ?18, ?19)",
             )?
             .execute(params![
                 namespace,
@@ -123,6 +125,7 @@ pub fn put(
                 notify,
                 notify_late,
                 ping_grace,
+                job.spec.job_metrics,
             ])?;
             tx.last_insert_rowid()
         }
@@ -360,21 +363,34 @@ pub fn scheduled(
 /// The job's retry policy, for deciding after an attempt; the default once the job is deleted.
 /// What a completion needs of a job: its retry policy and the event key its succeeded runs
 /// emit.
-pub fn completion_rules(
-    tx: &Transaction<'_>,
-    job_id: i64,
-) -> Result<(sked_core::policy::RetryPolicy, Option<String>)> {
-    let found: Option<(String, Option<String>)> = tx
-        .prepare_cached("SELECT retry, emits FROM jobs WHERE id = ?1")?
-        .query_row(params![job_id], |r| Ok((r.get(0)?, r.get(1)?)))
+pub fn completion_rules(tx: &Transaction<'_>, job_id: i64) -> Result<CompletionRules> {
+    let found: Option<(String, Option<String>, Option<String>)> = tx
+        .prepare_cached(
+            "SELECT retry, emits, CASE WHEN job_metrics THEN name END FROM jobs WHERE id = ?1",
+        )?
+        .query_row(params![job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .optional()?;
     match found {
-        None => Ok(Default::default()),
-        Some((text, emits)) => {
+        None => Ok(CompletionRules::default()),
+        Some((text, emits, job_label)) => {
             let retry = serde_json::from_str(&text).map_err(|e| {
                 StoreError::Corrupt(format!("a stored retry policy does not parse: {e}"))
             })?;
-            Ok((retry, emits))
+            Ok(CompletionRules {
+                retry,
+                emits,
+                job_label,
+            })
         }
     }
+}
+
+/// What recording an attempt's end needs of its job.
+#[derive(Debug, Clone, Default)]
+pub struct CompletionRules {
+    pub retry: sked_core::policy::RetryPolicy,
+    /// The event key its succeeded runs emit.
+    pub emits: Option<String>,
+    /// Its name, when it asked for metrics by name.
+    pub job_label: Option<String>,
 }

@@ -4,7 +4,7 @@
 
 use super::dependencies::{self, settle};
 use super::events;
-use super::jobs::completion_rules;
+use super::jobs::{completion_rules, CompletionRules};
 use super::rows::{self, micros, RUN_COLUMNS};
 use crate::shared::ReportedAttempt;
 use crate::shared::{Ended, NewRun};
@@ -15,7 +15,7 @@ use crate::{
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::job::JobSpec;
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
-use sked_core::policy::{OverlapPolicy, RetryPolicy};
+use sked_core::policy::OverlapPolicy;
 use sked_core::run::{
     after_attempt, AfterAttempt, AttemptOutcome, RunState, SkipReason, Trigger, WaitReason,
 };
@@ -505,7 +505,7 @@ pub fn complete_attempts(
     let mut effects = Vec::with_capacity(reports.len());
     let mut ended = Vec::new();
     let mut events = Vec::new();
-    let mut rules: HashMap<i64, (RetryPolicy, Option<String>)> = HashMap::new();
+    let mut rules: HashMap<i64, CompletionRules> = HashMap::new();
     for report in reports {
         let found = tx
             .prepare_cached(
@@ -562,14 +562,14 @@ pub fn complete_attempts(
             AttemptOutcome::Failed | AttemptOutcome::TimedOut
         );
         let failures = attempt.failures + u32::from(counts);
-        let (retry, emits) = match rules.entry(attempt.job_id) {
+        let job = match rules.entry(attempt.job_id) {
             Entry::Occupied(known) => known.into_mut(),
             Entry::Vacant(slot) => slot.insert(completion_rules(tx, attempt.job_id)?),
         };
         let decision = after_attempt(
             report.outcome,
             failures,
-            retry,
+            &job.retry,
             attempt.cancel_requested,
             now,
             rand::random::<f64>(),
@@ -590,7 +590,7 @@ pub fn complete_attempts(
             }
             AfterAttempt::Finish(state) => {
                 let run = finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now)?;
-                if let (RunState::Succeeded, Some(key)) = (state, emits.as_deref()) {
+                if let (RunState::Succeeded, Some(key)) = (state, job.emits.as_deref()) {
                     let emitted = crate::shared::emission(&run, attempt.run_id, key);
                     let (event, created) =
                         events::record(tx, &run.namespace, &emitted, Some(attempt.run_id), now)?;
@@ -608,6 +608,7 @@ pub fn complete_attempts(
             requeued,
             namespace: attempt.namespace,
             started_at: attempt.started_at,
+            job_label: job.job_label.clone(),
         });
     }
     // The batch's runs that ended, and the events they emitted, move their dependants together.

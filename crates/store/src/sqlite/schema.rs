@@ -301,7 +301,8 @@ INSERT INTO job_versions (job_id, version, spec, created_at)
 ALTER TABLE runs ADD COLUMN job_version INTEGER;
 "#,
     r#"
--- Version 9: notifications, and the pings of heartbeat jobs. A job's and a namespace's `notify` rules are copied out of their
+-- Version 9: notifications, the pings of heartbeat jobs, and metrics by job name for the jobs
+-- that ask (`job_metrics`). A job's and a namespace's `notify` rules are copied out of their
 -- definitions (NULL: none given) so that a run's end reads no definition; `notify_late` says a
 -- rule is for `late`, which the notifier's scan looks for. A notification is recorded once per
 -- (run, event, rule) and sent by whichever node claims it (`claim` counts the claims).
@@ -333,6 +334,7 @@ CREATE INDEX notifications_by_namespace ON notifications (namespace, id);
 CREATE INDEX notifications_by_age ON notifications (created_at);
 -- Heartbeat jobs: `ping_grace` (micros) marks one and says how long each run waits for a
 -- ping; `last_ping_at` keeps a ping that came while no run waited, for the next run to credit.
+ALTER TABLE jobs ADD COLUMN job_metrics INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN ping_grace INTEGER;
 ALTER TABLE jobs ADD COLUMN last_ping_at INTEGER;
 CREATE INDEX runs_waiting_pings ON runs (waiting_until)
