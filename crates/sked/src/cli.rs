@@ -734,6 +734,10 @@ pub enum JobCommand {
         /// List the instants without recording anything.
         #[arg(long)]
         dry_run: bool,
+        /// Then follow the recorded runs until each has ended, showing how many have (redrawn
+        /// in place on a terminal); exits non-zero if any did not succeed.
+        #[arg(long, conflicts_with = "dry_run")]
+        wait: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -1051,11 +1055,15 @@ async fn job(cmd: JobCommand) -> Result<()> {
             from,
             to,
             dry_run,
+            wait,
             client,
         } => {
-            client::Client::new(&client)?
-                .job_backfill(&name, &from, &to, dry_run)
-                .await
+            let client = client::Client::new(&client)?;
+            let recorded = client.job_backfill(&name, &from, &to, dry_run).await?;
+            if wait {
+                client.follow_runs(&name, &recorded).await?;
+            }
+            Ok(())
         }
     }
 }

@@ -327,7 +327,7 @@ impl Client {
         from: &str,
         to: &str,
         dry_run: bool,
-    ) -> Result<()> {
+    ) -> Result<Vec<i64>> {
         let body = serde_json::json!({"from": from, "to": to, "dry_run": dry_run});
         let answer: Value = self
             .send(
@@ -340,8 +340,15 @@ impl Client {
             .json()
             .await
             .context("the server sent a response that is not JSON")?;
+        let recorded: Vec<i64> = answer["recorded"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_i64)
+            .collect();
         if self.json {
-            return Self::print_json(&answer);
+            Self::print_json(&answer)?;
+            return Ok(recorded);
         }
         let instants = answer["instants"].as_array().map_or(0, Vec::len);
         if dry_run {
@@ -349,13 +356,74 @@ impl Client {
                 println!("{}", text(t));
             }
             println!("{instants} instants would be backfilled");
-            return Ok(());
+            return Ok(recorded);
         }
-        let recorded = answer["recorded"].as_array().map_or(0, Vec::len);
         println!(
-            "{name}: {recorded} of {instants} instants recorded as runs, {} had one already",
+            "{name}: {} of {instants} instants recorded as runs, {} had one already",
+            recorded.len(),
             text(&answer["existing"])
         );
+        Ok(recorded)
+    }
+
+    /// Follows `runs` (a backfill's, which run oldest instant first) until each has ended,
+    /// saying how many have: redrawn in place on a terminal, a line a minute otherwise. Looks
+    /// only at the oldest runs not known to have ended, so a long backfill costs a few requests
+    /// a second. An error when any did not succeed.
+    pub async fn follow_runs(&self, job: &str, runs: &[i64]) -> Result<()> {
+        use std::collections::BTreeMap;
+        use std::io::IsTerminal;
+        use std::time::Duration;
+        /// Runs looked at per round: the oldest unfinished ones and those just after them.
+        const AHEAD: usize = 16;
+        let terminal = std::io::stderr().is_terminal();
+        let mut pending: std::collections::VecDeque<i64> = runs.iter().copied().collect();
+        let mut ended: BTreeMap<String, usize> = BTreeMap::new();
+        let mut last_line = std::time::Instant::now();
+        while !pending.is_empty() {
+            let mut still = Vec::new();
+            for id in pending.drain(..AHEAD.min(pending.len())) {
+                let run = self.get_json(&format!("/runs/{id}"), &[]).await?;
+                let state = text(&run["state"]);
+                if ["queued", "waiting", "running"].contains(&state.as_str()) {
+                    still.push(id);
+                } else {
+                    *ended.entry(state).or_default() += 1;
+                }
+            }
+            for id in still.into_iter().rev() {
+                pending.push_front(id);
+            }
+            let done: usize = ended.values().sum();
+            let outcomes: Vec<String> = ended.iter().map(|(s, n)| format!("{n} {s}")).collect();
+            let line = format!(
+                "{job}: {done} of {} runs ended ({})",
+                runs.len(),
+                outcomes.join(", ")
+            );
+            let mut err = std::io::stderr().lock();
+            if terminal {
+                let _ = write!(err, "\r\x1b[2K{line}");
+            } else if pending.is_empty() || last_line.elapsed() >= Duration::from_secs(60) {
+                let _ = writeln!(err, "{line}");
+                last_line = std::time::Instant::now();
+            }
+            drop(err);
+            if !pending.is_empty() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        if terminal {
+            eprintln!();
+        }
+        let failed: usize = ended
+            .iter()
+            .filter(|(state, _)| state.as_str() != "succeeded")
+            .map(|(_, n)| n)
+            .sum();
+        if failed > 0 {
+            bail!("{failed} of {} backfilled runs did not succeed", runs.len());
+        }
         Ok(())
     }
 

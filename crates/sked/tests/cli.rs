@@ -404,3 +404,39 @@ async fn json_logs_carry_the_attempts_fields() {
         "{ended}"
     );
 }
+
+#[tokio::test]
+async fn a_backfill_followed_to_its_end_says_how_its_runs_ended() {
+    let mut sked = Sked::new();
+    sked.start_dev(&["--slots", "2"]).await;
+    for (name, command) in [("daily-export", "true"), ("daily-broken", "exit 1")] {
+        let job = json!({"schedule": {"cron": "0 0 3 * * *"}, "target": shell(command)});
+        let (status, body) = sked.put_job(name, job).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let range = [
+        "--from",
+        "2026-11-01T00:00:00Z",
+        "--to",
+        "2026-11-05T23:59:59Z",
+    ];
+    let mut args = vec!["job", "backfill", "daily-export", "--wait"];
+    args.extend(range);
+    let (ok, out, err) = sked_cli(&sked, &args);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("5 of 5 instants recorded as runs"), "{out}");
+    assert!(
+        err.contains("daily-export: 5 of 5 runs ended (5 succeeded)"),
+        "{err}"
+    );
+
+    let mut args = vec!["job", "backfill", "daily-broken", "--wait"];
+    args.extend(range);
+    let (ok, out, err) = sked_cli(&sked, &args);
+    assert!(!ok, "{out}{err}");
+    assert!(err.contains("5 of 5 runs ended (5 failed)"), "{err}");
+    assert!(
+        err.contains("5 of 5 backfilled runs did not succeed"),
+        "{err}"
+    );
+}
