@@ -24,28 +24,21 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
 }
 
 async fn expire(state: &AppState) {
-    loop {
-        let expired = match state.store.expire_dependency_waits(Utc::now(), BATCH).await {
-            Ok(expired) => expired,
-            Err(e) => {
-                tracing::error!("dependency timeouts: {e}");
-                return;
-            }
-        };
+    super::expire_in_batches(state, "dependency timeouts", BATCH, || async {
+        let expired = state
+            .store
+            .expire_dependency_waits(Utc::now(), BATCH)
+            .await?;
         if !expired.skipped.is_empty() {
             tracing::info!(
                 "{} runs waited for their dependencies past their timeout and were skipped",
                 expired.skipped.len()
             );
         }
-        if !expired.queued.is_empty() {
-            match state.store.queued_runs(Some(&expired.queued)).await {
-                Ok(runs) => state.dispatcher.enqueue(runs),
-                Err(e) => tracing::error!("dependency timeouts: cannot read released runs: {e}"),
-            }
-        }
-        if expired.skipped.len() < BATCH as usize {
-            return;
-        }
-    }
+        Ok(super::Expired {
+            ended: expired.skipped.len(),
+            queued: expired.queued,
+        })
+    })
+    .await;
 }

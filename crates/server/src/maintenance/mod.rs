@@ -36,3 +36,40 @@ pub async fn every<F, Fut>(
         wait = interval;
     }
 }
+
+/// Runs ended by one call of a deadline duty, and the dependant runs that queued.
+pub struct Expired {
+    pub ended: usize,
+    pub queued: Vec<i64>,
+}
+
+/// Calls `expire` (a store call ending at most `batch` runs whose deadline passed) until it
+/// ends fewer, handing the runs it queued to the dispatcher; `what` names the duty in errors.
+pub async fn expire_in_batches<F, Fut>(
+    state: &crate::AppState,
+    what: &str,
+    batch: u32,
+    mut expire: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = sked_store::Result<Expired>>,
+{
+    loop {
+        let expired = match expire().await {
+            Ok(expired) => expired,
+            Err(e) => {
+                tracing::error!("{what}: {e}");
+                return;
+            }
+        };
+        if !expired.queued.is_empty() {
+            match state.store.queued_runs(Some(&expired.queued)).await {
+                Ok(runs) => state.dispatcher.enqueue(runs),
+                Err(e) => tracing::error!("{what}: cannot read released runs: {e}"),
+            }
+        }
+        if expired.ended < batch as usize {
+            return;
+        }
+    }
+}

@@ -24,28 +24,18 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
 }
 
 async fn expire(state: &AppState) {
-    loop {
-        let expired = match state.store.expire_ping_waits(Utc::now(), BATCH).await {
-            Ok(expired) => expired,
-            Err(e) => {
-                tracing::error!("ping deadlines: {e}");
-                return;
-            }
-        };
+    super::expire_in_batches(state, "ping deadlines", BATCH, || async {
+        let expired = state.store.expire_ping_waits(Utc::now(), BATCH).await?;
         if !expired.failed.is_empty() {
             tracing::info!(
                 "{} heartbeat runs got no ping within their grace and failed",
                 expired.failed.len()
             );
         }
-        if !expired.queued.is_empty() {
-            match state.store.queued_runs(Some(&expired.queued)).await {
-                Ok(runs) => state.dispatcher.enqueue(runs),
-                Err(e) => tracing::error!("ping deadlines: cannot read released runs: {e}"),
-            }
-        }
-        if expired.failed.len() + expired.succeeded.len() < BATCH as usize {
-            return;
-        }
-    }
+        Ok(super::Expired {
+            ended: expired.failed.len() + expired.succeeded.len(),
+            queued: expired.queued,
+        })
+    })
+    .await;
 }
