@@ -83,7 +83,6 @@ async fn a_missing_ping_fails_and_alerts_and_pings_bring_the_job_back() {
     );
     let anonymous = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(15);
-    let mut answered = 0;
     while got
         .lock()
         .unwrap()
@@ -99,7 +98,13 @@ async fn a_missing_ping_fails_and_alerts_and_pings_bring_the_job_back() {
         assert_eq!(resp.status().as_u16(), 200);
         let answer: Value = resp.json().await.unwrap();
         assert_eq!(answer["job"], "nightly-backup");
-        answered += usize::from(answer["outcome"] == "answered");
+        // A ping answers a waiting run, naming it, or is kept for the next run to credit:
+        // which depends on where in the period it falls.
+        match answer["outcome"].as_str() {
+            Some("answered") => assert!(answer["run_id"].is_i64(), "{answer}"),
+            Some("kept") => assert!(answer["run_id"].is_null(), "{answer}"),
+            _ => panic!("{answer}"),
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let recovered = notified(&got, "recovered", Duration::ZERO).await;
@@ -107,7 +112,6 @@ async fn a_missing_ping_fails_and_alerts_and_pings_bring_the_job_back() {
         sked.run(recovered["run_id"].as_i64().unwrap()).await["state"],
         "succeeded"
     );
-    assert!(answered >= 1, "some ping answered a waiting run");
 
     // With a token: an emitter may ping, a viewer may not.
     let emitter = client_for(
