@@ -858,16 +858,21 @@ pub fn notify_columns(
     Ok((json, late))
 }
 
-/// The rules a job's runs go by, from its row's and its namespace's `notify` columns.
+/// The rules a job's runs go by, from its row's and its namespace's `notify` columns. Rules
+/// that no longer parse are logged and left out rather than returned as an error: they are read
+/// in the transaction that ends a run, and an alert that cannot be sent must never keep the
+/// ledger from recording the run.
 pub fn effective_rules(
     job: Option<&str>,
     namespace: Option<&str>,
-) -> Result<Vec<sked_core::notify::NotifyRule>, StoreError> {
-    match job.or(namespace) {
-        None => Ok(Vec::new()),
-        Some(json) => serde_json::from_str(json)
-            .map_err(|e| StoreError::Corrupt(format!("stored notify rules do not parse: {e}"))),
-    }
+) -> Vec<sked_core::notify::NotifyRule> {
+    let Some(json) = job.or(namespace) else {
+        return Vec::new();
+    };
+    serde_json::from_str(json).unwrap_or_else(|e| {
+        tracing::warn!("stored notify rules do not parse, so they raise nothing: {e}");
+        Vec::new()
+    })
 }
 
 /// The notifications the end of a run raises under `rules`: each with its rule's index, the
@@ -963,4 +968,26 @@ pub fn notification(
         sent_at: None,
         claim: 0,
     })
+}
+
+#[cfg(test)]
+mod notify_rule_tests {
+    use super::effective_rules;
+
+    #[test]
+    fn a_job_s_rules_win_and_unreadable_ones_raise_nothing() {
+        let job = r#"[{"on": ["failed"], "email": {"to": ["a@b.c"]}}]"#;
+        let namespace = r#"[{"on": ["missed"], "email": {"to": ["n@b.c"]}}]"#;
+        assert_eq!(effective_rules(Some(job), Some(namespace))[0].on.len(), 1);
+        assert_eq!(
+            effective_rules(None, Some(namespace))[0].on,
+            [sked_core::notify::NotifyEvent::Missed]
+        );
+        assert!(
+            effective_rules(Some("[]"), Some(namespace)).is_empty(),
+            "opted out"
+        );
+        assert!(effective_rules(Some(r#"[{"on": 7}]"#), None).is_empty());
+        assert!(effective_rules(None, None).is_empty());
+    }
 }

@@ -67,7 +67,7 @@ async fn rules_of(
     for row in tx.query(&stmt, &[&namespaces, &names]).await? {
         let job: Option<&str> = row.try_get(2)?;
         let namespace: Option<&str> = row.try_get(3)?;
-        let found = shared::effective_rules(job, namespace)?;
+        let found = shared::effective_rules(job, namespace);
         rules.insert((row.try_get(0)?, row.try_get(1)?), found);
     }
     Ok(rules)
@@ -195,7 +195,7 @@ pub async fn record_late(tx: &Tx<'_>, now: Instant) -> PgResult<u64> {
     let mut recorded = 0;
     for job in jobs {
         let job_id: i64 = job.try_get(0)?;
-        let rules = shared::effective_rules(job.try_get(1)?, job.try_get(2)?)?;
+        let rules = shared::effective_rules(job.try_get(1)?, job.try_get(2)?);
         let Some(earliest) = notify::earliest_late_after(&rules) else {
             continue;
         };

@@ -52,7 +52,10 @@ fn rules_of(tx: &Transaction<'_>, namespace: &str, job: &str) -> Result<Vec<Noti
         .query_row(params![namespace, job], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     let (job_rules, namespace_rules) = found.unwrap_or_default();
-    shared::effective_rules(job_rules.as_deref(), namespace_rules.as_deref())
+    Ok(shared::effective_rules(
+        job_rules.as_deref(),
+        namespace_rules.as_deref(),
+    ))
 }
 
 /// Records what the runs in `ended` raise under their jobs' rules.
@@ -156,7 +159,7 @@ pub fn record_late(tx: &Transaction<'_>, now: Instant) -> Result<u64> {
         .collect::<rusqlite::Result<_>>()?;
     let mut recorded = 0;
     for (job_id, job_rules, namespace_rules) in jobs {
-        let rules = shared::effective_rules(job_rules.as_deref(), namespace_rules.as_deref())?;
+        let rules = shared::effective_rules(job_rules.as_deref(), namespace_rules.as_deref());
         let Some(earliest) = notify::earliest_late_after(&rules) else {
             continue;
         };
