@@ -59,6 +59,9 @@ pub struct JobSpec {
     /// the metrics' series grow with namespaces, not with jobs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub job_metrics: bool,
+    /// Split each instant into this many runs, spread over workers (`crate::shard`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u16>,
     #[serde(default)]
     pub paused: bool,
 }
@@ -268,6 +271,7 @@ impl JobSpec {
         if matches!(self.target, TargetSpec::Heartbeat(_)) {
             crate::heartbeat::validate_job(&self)?;
         }
+        crate::shard::validate(&self)?;
         let schedule = Schedule::compile(self.schedule.as_ref(), epoch)?;
         Ok(ValidJob {
             name,

@@ -57,6 +57,7 @@ pub mod publish;
 pub mod records;
 pub mod run;
 pub mod schedule;
+pub mod shard;
 pub mod stats;
 pub mod target;
 pub mod throttle;

@@ -26,6 +26,9 @@ pub const ENV_RUN_ID: &str = "SKED_RUN_ID";
 pub const ENV_ATTEMPT: &str = "SKED_ATTEMPT";
 pub const ENV_SCHEDULED_FOR: &str = "SKED_SCHEDULED_FOR";
 pub const ENV_JOB: &str = "SKED_JOB";
+/// For a run of a sharded job (`crate::shard`): its shard, 0 to N-1, and N.
+pub const ENV_SHARD: &str = "SKED_SHARD";
+pub const ENV_SHARDS: &str = "SKED_SHARDS";
 /// For a run an event started: the event's key, id and payload (a string payload as it is,
 /// anything else as JSON).
 pub const ENV_EVENT_KEY: &str = "SKED_EVENT_KEY";
@@ -38,6 +41,8 @@ pub const HEADER_SCHEDULED_FOR: &str = "X-Sked-Scheduled-For";
 pub const HEADER_JOB: &str = "X-Sked-Job";
 pub const HEADER_EVENT_KEY: &str = "X-Sked-Event-Key";
 pub const HEADER_EVENT_ID: &str = "X-Sked-Event-Id";
+pub const HEADER_SHARD: &str = "X-Sked-Shard";
+pub const HEADER_SHARDS: &str = "X-Sked-Shards";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -164,6 +169,9 @@ pub struct LeasedAttempt {
     /// The job's affinity key: the worker reports the keys of its recent attempts as warm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity_key: Option<String>,
+    /// For a run of a sharded job: which shard of its instant it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<crate::shard::Shard>,
 }
 
 impl LeasedAttempt {
@@ -177,6 +185,7 @@ impl LeasedAttempt {
             scheduled_for: self.scheduled_for,
             completion: self.completion.as_ref(),
             event: self.event.as_ref(),
+            shard: self.shard,
         }
     }
 

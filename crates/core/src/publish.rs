@@ -29,6 +29,9 @@ pub const HEADER_RUN_ID: &str = "sked-run-id";
 pub const HEADER_ATTEMPT: &str = "sked-attempt";
 pub const HEADER_SCHEDULED_FOR: &str = "sked-scheduled-for";
 pub const HEADER_IDEMPOTENCY_KEY: &str = "sked-idempotency-key";
+/// For a run of a sharded job (`crate::shard`): its shard, 0 to N-1, and N.
+pub const HEADER_SHARD: &str = "sked-shard";
+pub const HEADER_SHARDS: &str = "sked-shards";
 /// For a run an event started (`schedule: {event}`): the event's key and id.
 pub const HEADER_EVENT_KEY: &str = "sked-event-key";
 pub const HEADER_EVENT_ID: &str = "sked-event-id";
@@ -132,6 +135,8 @@ pub struct RunContext<'a> {
     /// For a run an event started: the event, whose payload is the message when the target
     /// gives none.
     pub event: Option<&'a RunEvent>,
+    /// For a run of a sharded job: its place among the instant's shards.
+    pub shard: Option<crate::shard::Shard>,
 }
 
 impl RunContext<'_> {
@@ -141,17 +146,23 @@ impl RunContext<'_> {
             .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
     }
 
-    /// The same for every attempt of one run: a consumer drops a second message with it.
+    /// The same for every attempt of one run, and different for each shard of an instant: a
+    /// consumer drops a second message with it.
     pub fn idempotency_key(&self) -> String {
-        format!(
+        let key = format!(
             "{}/{}/{}",
             self.namespace,
             self.job,
             self.scheduled_for_text()
-        )
+        );
+        match self.shard {
+            Some(shard) => format!("{key}/shard-{}", shard.index),
+            None => key,
+        }
     }
 
-    /// The envelope's headers (Redis: fields), in a fixed order; then the event's key and id,
+    /// The envelope's headers (Redis: fields), in a fixed order; then the shard, for a run of
+    /// a sharded job; then the event's key and id,
     /// for a run an event started; the completion address last, for a run that awaits
     /// completion.
     pub fn envelope(&self) -> Vec<(&'static str, String)> {
@@ -163,6 +174,10 @@ impl RunContext<'_> {
             (HEADER_SCHEDULED_FOR, self.scheduled_for_text()),
             (HEADER_IDEMPOTENCY_KEY, self.idempotency_key()),
         ];
+        if let Some(shard) = self.shard {
+            envelope.push((HEADER_SHARD, shard.index.to_string()));
+            envelope.push((HEADER_SHARDS, shard.count.to_string()));
+        }
         if let Some(event) = self.event {
             envelope.push((HEADER_EVENT_KEY, event.key.clone()));
             envelope.push((HEADER_EVENT_ID, event.id.clone()));
@@ -554,6 +569,7 @@ mod tests {
                 .unwrap_or_default(),
             completion: None,
             event: None,
+            shard: None,
         }
     }
 
@@ -635,6 +651,27 @@ mod tests {
             ]
         );
         assert!(!format!("{address:?}").contains("t0k3n"));
+    }
+
+    #[test]
+    fn each_shard_of_an_instant_has_its_own_key_and_says_which_it_is() {
+        let shard = |index| RunContext {
+            shard: Some(crate::shard::Shard { index, count: 3 }),
+            ..run()
+        };
+        assert_eq!(
+            shard(2).idempotency_key(),
+            "billing/invoice/2026-11-25T09:30:00.000000Z/shard-2"
+        );
+        assert_ne!(shard(0).idempotency_key(), shard(1).idempotency_key());
+        assert_ne!(shard(0).idempotency_key(), run().idempotency_key());
+        assert_eq!(
+            &shard(1).envelope()[6..],
+            [
+                (HEADER_SHARD, "1".to_string()),
+                (HEADER_SHARDS, "3".to_string()),
+            ]
+        );
     }
 
     #[test]

@@ -118,6 +118,9 @@ pub struct RunRecord {
     /// versions were kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_version: Option<u32>,
+    /// For a run of a sharded job: which of its instant's shards it is (`crate::shard`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<crate::shard::Shard>,
 }
 
 /// A recorded event (`crate::event`).

@@ -102,6 +102,7 @@ pub async fn start(
             timeout_ms: run.timeout.map(|t| t.as_millis() as u64),
             event: run.event,
             affinity_key: run.routing.affinity_key,
+            shard: run.shard,
         });
     }
     state.metrics.attempts_started.inc_by(attempts.len() as u64);

@@ -671,6 +671,7 @@ mod tests {
             routing: Default::default(),
             event: None,
             graph_ranked: false,
+            shard: None,
         }
     }
 

@@ -42,6 +42,9 @@ macro_rules! store_contract_tests {
             a_used_up_schedule_completes_the_job,
             overlap_skip_and_buffers,
             overlap_cancel_running,
+            a_sharded_instant_is_its_shards_decided_together,
+            cancel_running_spares_the_shards_of_its_own_instant,
+            a_dependant_waits_for_every_shard_of_its_upstream_instant,
             manual_runs_ignore_overlap,
             skipped_runs_are_finished_with_their_reason,
             attempts_are_fenced_by_token_and_state,
@@ -771,6 +774,165 @@ pub async fn overlap_cancel_running(store: &dyn Store) {
             ..
         }
     ));
+}
+
+/// The shard each of `runs` is, in order.
+async fn shards_of(store: &dyn Store, runs: impl Iterator<Item = i64>) -> Vec<(RunState, u16)> {
+    let mut found = Vec::new();
+    for id in runs {
+        let (r, _) = run(store, id).await;
+        let shard = r.shard.expect("a sharded job's run knows its shard");
+        assert_eq!(shard.count, 3, "run {id}");
+        found.push((r.state, shard.index));
+    }
+    found
+}
+
+pub async fn a_sharded_instant_is_its_shards_decided_together(store: &dyn Store) {
+    let j = put(
+        store,
+        "sharded",
+        every_second(serde_json::json!({"shards": 3, "overlap": "buffer_one"})),
+    )
+    .await;
+    let first = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let queued = RunState::Queued;
+    assert_eq!(
+        shards_of(store, first.all_runs()).await,
+        [(queued, 0), (queued, 1), (queued, 2)]
+    );
+    // The instant again: nothing is written, the first shard answers for it.
+    let again = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    assert_eq!((again.inserted, again.run_id), (false, first.run_id));
+    assert!(again.other_shards.is_empty());
+    let ids: Vec<i64> = first.all_runs().collect();
+    let dispatched = store.queued_runs(Some(&ids)).await.unwrap();
+    let places: Vec<Option<u16>> = dispatched
+        .iter()
+        .map(|q| q.shard.map(|s| s.index))
+        .collect();
+    assert_eq!(places, [Some(0), Some(1), Some(2)]);
+    let mut attempts = Vec::new();
+    for id in &ids {
+        attempts.push(start(store, *id, "w", 5, t0() + secs(1)).await);
+    }
+    // The next instant waits behind the running one, every shard of it; the one after is
+    // skipped whole (buffer_one holds a single instant).
+    let second = fire_one(store, fire(j.id, t0() + secs(2))).await;
+    let waiting = RunState::Waiting;
+    assert_eq!(
+        shards_of(store, second.all_runs()).await,
+        [(waiting, 0), (waiting, 1), (waiting, 2)]
+    );
+    let third = fire_one(store, fire(j.id, t0() + secs(3))).await;
+    let skipped = RunState::Skipped;
+    assert_eq!(
+        shards_of(store, third.all_runs()).await,
+        [(skipped, 0), (skipped, 1), (skipped, 2)]
+    );
+    // Shards ending one by one release nothing until the whole instant has ended; then the
+    // waiting instant is queued whole.
+    let mut released = Vec::new();
+    for attempt in attempts {
+        let effect = complete(
+            store,
+            report(attempt, 5, AttemptOutcome::Succeeded),
+            t0() + secs(4),
+        )
+        .await;
+        let CompletionEffect::Accepted { requeued, .. } = effect else {
+            panic!("refused: {effect:?}");
+        };
+        released.push(requeued);
+    }
+    let second_runs: Vec<i64> = second.all_runs().collect();
+    assert_eq!(released, [vec![], vec![], second_runs.clone()]);
+    assert_eq!(
+        shards_of(store, second.all_runs()).await,
+        [(queued, 0), (queued, 1), (queued, 2)]
+    );
+}
+
+pub async fn cancel_running_spares_the_shards_of_its_own_instant(store: &dyn Store) {
+    let j = put(
+        store,
+        "sharded-cr",
+        every_second(serde_json::json!({"shards": 3, "overlap": "cancel_running"})),
+    )
+    .await;
+    let first = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    start(store, first.run_id, "w", 3, t0() + secs(1)).await;
+    let out = store
+        .record_fires(&[fire(j.id, t0() + secs(2))], t0() + secs(2))
+        .await
+        .unwrap();
+    let second = &out.runs[0];
+    assert_eq!(out.cancel_requested, vec![first.run_id]);
+    let (cancelled, queued) = (RunState::Cancelled, RunState::Queued);
+    assert_eq!(
+        shards_of(store, first.other_shards.iter().copied()).await,
+        [(cancelled, 1), (cancelled, 2)],
+        "the older instant's unstarted shards are cancelled"
+    );
+    assert_eq!(
+        shards_of(store, second.all_runs()).await,
+        [(queued, 0), (queued, 1), (queued, 2)],
+        "none of the new instant's shards is in its own way"
+    );
+}
+
+pub async fn a_dependant_waits_for_every_shard_of_its_upstream_instant(store: &dyn Store) {
+    let extract = put(
+        store,
+        "extract",
+        every_second(serde_json::json!({"shards": 2})),
+    )
+    .await;
+    // A dependant without a schedule, itself split in three.
+    let mut transform = step(serde_json::json!([{ "job": "extract" }]));
+    transform["shards"] = serde_json::json!(3);
+    put(store, "transform", transform).await;
+    let at = t0() + secs(1);
+    let e = fire_one(store, fire(extract.id, at)).await;
+    let (_, requeued) = finish(store, e.run_id, AttemptOutcome::Succeeded, at).await;
+    assert!(requeued.is_empty(), "one shard of two is not the instant");
+    let waiting: Vec<(RunState, u16)> = runs_of(store, "transform")
+        .await
+        .iter()
+        .map(|r| (r.state, r.shard.map_or(99, |s| s.index)))
+        .collect();
+    let w = RunState::Waiting;
+    assert_eq!(waiting, [(w, 0), (w, 1), (w, 2)]);
+    let (_, requeued) = finish(store, e.other_shards[0], AttemptOutcome::Succeeded, at).await;
+    let transform_runs: Vec<i64> = runs_of(store, "transform")
+        .await
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(
+        requeued, transform_runs,
+        "every shard succeeded: all three go"
+    );
+    // One shard failing dooms the instant, but only once its other shards have ended.
+    let later = t0() + secs(2);
+    let e = fire_one(store, fire(extract.id, later)).await;
+    finish(store, e.run_id, AttemptOutcome::Failed, later).await;
+    let at_later = |runs: Vec<RunRecord>| -> Vec<RunState> {
+        runs.into_iter()
+            .filter(|r| r.scheduled_for == later)
+            .map(|r| r.state)
+            .collect()
+    };
+    assert_eq!(at_later(runs_of(store, "transform").await), [w, w, w]);
+    finish(store, e.other_shards[0], AttemptOutcome::Succeeded, later).await;
+    let runs = runs_of(store, "transform").await;
+    let skipped: Vec<_> = runs
+        .iter()
+        .filter(|r| r.scheduled_for == later)
+        .map(|r| (r.state, r.skip_reason))
+        .collect();
+    let s = (RunState::Skipped, Some(SkipReason::UpstreamFailed));
+    assert_eq!(skipped, [s, s, s]);
 }
 
 pub async fn manual_runs_ignore_overlap(store: &dyn Store) {

@@ -159,6 +159,16 @@ pub struct FiredRun {
     pub inserted: bool,
     /// Whether the advance was applied (false: the definition changed meanwhile).
     pub advanced: bool,
+    /// For a sharded job's instant written now: the runs of shards 1 to N-1, in order
+    /// (`run_id` is shard 0's), all in `state`.
+    pub other_shards: Vec<i64>,
+}
+
+impl FiredRun {
+    /// The instant's runs: `run_id`, then the other shards' when its job is sharded.
+    pub fn all_runs(&self) -> impl Iterator<Item = i64> + '_ {
+        std::iter::once(self.run_id).chain(self.other_shards.iter().copied())
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -272,6 +282,8 @@ pub struct QueuedRun {
     /// Its job's `priority` is `auto`: the rank follows the dependency graph, so no copy of
     /// it may be kept for later runs.
     pub graph_ranked: bool,
+    /// For a run of a sharded job: which shard of its instant it is.
+    pub shard: Option<sked_core::shard::Shard>,
 }
 
 /// The dispatcher's choice for one queued run.

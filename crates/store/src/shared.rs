@@ -429,6 +429,8 @@ pub struct Ended {
     pub namespace: String,
     pub job: String,
     pub scheduled_for: Instant,
+    /// The run itself: an instant of a sharded job has several.
+    pub run_id: i64,
     pub state: RunState,
 }
 
@@ -548,6 +550,40 @@ impl NewRun {
             (None, Some(_), _) => Some(WaitReason::Ping),
             (None, None, RunState::Waiting) => Some(WaitReason::Overlap),
             _ => None,
+        }
+    }
+}
+
+/// The shards of one upstream instant, folded into the one run a dependency's verdict sees
+/// (`sked_core::shard`): active while any shard is, succeeded once every shard succeeded, and
+/// otherwise ended as its first shard that did not succeed. An instant of a job that is not
+/// sharded folds into its own run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InstantShards {
+    first_id: Option<i64>,
+    active: bool,
+    unsucceeded: Option<(i64, RunState)>,
+}
+
+impl InstantShards {
+    pub fn add(&mut self, id: i64, state: RunState) {
+        self.first_id = Some(self.first_id.map_or(id, |first| first.min(id)));
+        if !state.is_terminal() {
+            self.active = true;
+        } else if state != RunState::Succeeded
+            && self.unsucceeded.is_none_or(|(first, _)| id < first)
+        {
+            self.unsucceeded = Some((id, state));
+        }
+    }
+
+    /// The run the instant counts as: its id and state.
+    pub fn folded(&self) -> (i64, RunState) {
+        let first = self.first_id.unwrap_or_default();
+        match self.unsucceeded {
+            _ if self.active => (first, RunState::Running),
+            Some(unsucceeded) => unsucceeded,
+            None => (first, RunState::Succeeded),
         }
     }
 }

@@ -249,6 +249,10 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
              DROP TABLE notifications; ALTER TABLE jobs DROP COLUMN notify, \
              DROP COLUMN notify_late, DROP COLUMN ping_grace, DROP COLUMN last_ping_at, \
              DROP COLUMN job_metrics; \
+             ALTER TABLE jobs DROP COLUMN shards; \
+             ALTER TABLE runs DROP CONSTRAINT runs_ledger_key, DROP COLUMN shard, \
+             DROP COLUMN shard_count, \
+             ADD CONSTRAINT runs_job_instant_key UNIQUE (job_id, scheduled_for); \
              UPDATE sked_schema SET version = 2; \
              INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
              alive) VALUES ('w', 'w', '{}', 1, 0, 0, true)",
@@ -259,7 +263,7 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     let version = schema
         .query_one("SELECT version FROM sked_schema WHERE id = 1")
         .await;
-    assert_eq!(version.get::<_, i32>(0), 9);
+    assert_eq!(version.get::<_, i32>(0), 10);
     let w = store
         .get_worker("w")
         .await

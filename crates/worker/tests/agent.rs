@@ -291,6 +291,7 @@ fn shell_attempt(attempt_id: i64, command: &str, timeout_ms: Option<u64>) -> Lea
         completion: None,
         event: None,
         affinity_key: None,
+        shard: None,
     }
 }
 
@@ -760,6 +761,7 @@ async fn heartbeats_report_the_stall_gauge_warm_keys_and_the_pools_overload_cont
             callback: false,
         }),
         affinity_key: Some(key.to_string()),
+        shard: None,
         ..shell_attempt(attempt_id, "true", None)
     };
     {

@@ -97,6 +97,7 @@ fn info() -> RunInfo {
         job: "ping".to_string(),
         completion: None,
         event: None,
+        shard: None,
     }
 }
 

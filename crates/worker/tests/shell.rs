@@ -20,6 +20,7 @@ fn info() -> RunInfo {
         job: "nightly-report".to_string(),
         completion: None,
         event: None,
+        shard: None,
     }
 }
 

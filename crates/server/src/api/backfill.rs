@@ -123,9 +123,9 @@ pub async fn backfill(
         let mut queued = outcome.released;
         for run in &outcome.runs {
             if run.inserted {
-                answer.recorded.push(run.run_id);
+                answer.recorded.extend(run.all_runs());
                 if run.state == RunState::Queued {
-                    queued.push(run.run_id);
+                    queued.extend(run.all_runs());
                 }
             } else {
                 answer.existing += 1;

@@ -461,8 +461,14 @@ pub async fn trigger(
         };
         if run.inserted {
             if run.state == RunState::Queued {
-                let queued = queued_run(run.run_id, &fire, &job);
-                state.dispatcher.enqueue(vec![queued]);
+                let queued = if run.other_shards.is_empty() {
+                    vec![queued_run(run.run_id, &fire, &job)]
+                } else {
+                    // Each shard's run carries its place: read them back.
+                    let ids: Vec<i64> = run.all_runs().collect();
+                    state.store.queued_runs(Some(&ids)).await?
+                };
+                state.dispatcher.enqueue(queued);
             }
             let (record, _) = state
                 .store

@@ -400,10 +400,11 @@ impl FiringLoop {
             let namespace = self.namespaces.name(p.namespace);
             self.metrics.fired(namespace, now - p.fire.scheduled_for);
             match (run.state, p.template) {
-                (RunState::Queued, Some(template)) => {
+                // A sharded instant's runs each carry their shard: they are read back.
+                (RunState::Queued, Some(template)) if run.other_shards.is_empty() => {
                     queued.push(from_template(&template, run.run_id, &p.fire));
                 }
-                (RunState::Queued, None) => read_back.push(run.run_id),
+                (RunState::Queued, _) => read_back.extend(run.all_runs()),
                 (RunState::Skipped, _) => {
                     skipped += 1;
                     // Skipped by the store: the overlap policy, the one reason not decided here.
@@ -437,8 +438,9 @@ impl FiringLoop {
     /// Keeps `run`'s dispatch details on its slot when its schedule fires often.
     fn keep_template(&mut self, run: &QueuedRun) {
         // A rank that follows the graph changes with other jobs' definitions: such a job's
-        // runs are read back with the rank each was recorded with.
-        if run.graph_ranked {
+        // runs are read back with the rank each was recorded with; a shard's run is one of
+        // several per instant, each with its own place.
+        if run.graph_ranked || run.shard.is_some() {
             return;
         }
         if let Some(slot) = self.slots.get_mut(run.job_id) {
@@ -609,6 +611,7 @@ pub fn queued_run(run_id: i64, fire: &Fire, job: &JobRecord) -> QueuedRun {
         routing: job.spec.routing.clone(),
         event: None,
         graph_ranked: job.spec.priority.is_auto(),
+        shard: None,
     }
 }
 

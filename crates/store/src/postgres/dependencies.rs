@@ -282,17 +282,26 @@ pub(super) async fn judge(
         // Runs found by name, so those of a job deleted and created again count.
         let stmt = tx
             .prepare_cached(
-                "SELECT q.k, coalesce(bool_or(r.state = 'succeeded'), false), \
-                        coalesce(bool_or(r.state NOT IN ('waiting', 'queued', 'running')), false), \
-                        coalesce(bool_or(r.state IN ('waiting', 'queued', 'running')), false), \
-                        min(lpad(r.id::text, 20, '0') || ' ' || r.state) FILTER (WHERE r.state \
-                            NOT IN ('waiting', 'queued', 'running', 'succeeded')), \
-                        max(r.scheduled_for), \
+                // Each instant first, all its shards together (`shared::InstantShards`): it
+                // succeeded when every shard did, ended when every shard did.
+                "SELECT q.k, coalesce(bool_or(i.succeeded), false), \
+                        coalesce(bool_or(i.ended), false), \
+                        coalesce(bool_or(i.active), false), \
+                        min(i.first_unsucceeded) FILTER (WHERE NOT i.active), \
+                        max(i.scheduled_for), \
                         (SELECT next_fire_at FROM jobs j WHERE j.namespace = $1 AND j.name = q.job) \
                  FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
                      AS q(job, lo, hi, k) \
-                 LEFT JOIN runs r ON r.namespace = $1 AND r.job = q.job COLLATE \"C\" \
-                     AND r.scheduled_for >= q.lo AND r.scheduled_for <= q.hi \
+                 LEFT JOIN LATERAL ( \
+                     SELECT r.scheduled_for, bool_and(r.state = 'succeeded') AS succeeded, \
+                         bool_and(r.state NOT IN ('waiting', 'queued', 'running')) AS ended, \
+                         bool_or(r.state IN ('waiting', 'queued', 'running')) AS active, \
+                         min(lpad(r.id::text, 20, '0') || ' ' || r.state) FILTER (WHERE r.state \
+                             NOT IN ('waiting', 'queued', 'running', 'succeeded')) \
+                             AS first_unsucceeded \
+                     FROM runs r WHERE r.namespace = $1 AND r.job = q.job COLLATE \"C\" \
+                         AND r.scheduled_for >= q.lo AND r.scheduled_for <= q.hi \
+                     GROUP BY r.scheduled_for) i ON true \
                  GROUP BY q.k, q.job",
             )
             .await?;
@@ -478,12 +487,14 @@ pub(super) async fn settle(
             for (starts, dependant) in subscribers(tx, &event.namespace, &event.key).await? {
                 let dependant = Arc::new(dependant);
                 if starts {
-                    let (run_id, instant) =
+                    let (runs, instant) =
                         start_by_event(tx, &event, &dependant, now, &mut next).await?;
-                    settled.started.push(run_id);
+                    settled.started.extend(&runs);
                     if !dependant.spec.paused {
-                        let judged = (dependant.clone(), instant, event.namespace.clone());
-                        candidates.insert(run_id, judged);
+                        for run_id in runs {
+                            let judged = (dependant.clone(), instant, event.namespace.clone());
+                            candidates.insert(run_id, judged);
+                        }
                     }
                 }
                 if let Some(window) = dependency::dependant_instants(
@@ -523,6 +534,7 @@ pub(super) async fn settle(
                         namespace,
                         job: dependant.name.clone(),
                         scheduled_for: instant,
+                        run_id,
                         state: RunState::Skipped,
                     });
                 }
@@ -633,15 +645,16 @@ struct At<'a> {
     event: Option<&'a EventRecord>,
 }
 
-/// Records the dependant's run `at`, once, waiting for its dependencies (the caller judges it
-/// next); a paused job's run is recorded skipped. Returns the new run.
+/// Records the dependant's run `at` (one per shard of a sharded job), once, waiting for its
+/// dependencies (the caller judges it next); a paused job's run is recorded skipped. Returns
+/// the new runs, none when the instant was recorded already.
 async fn start(
     tx: &Tx<'_>,
     at: &At<'_>,
     dependant: &Dependant,
     now: Instant,
     ended: &mut Vec<Ended>,
-) -> PgResult<Option<i64>> {
+) -> PgResult<Vec<i64>> {
     let paused = dependant.spec.paused;
     let (state, skip, waiting_reason) = if paused {
         (RunState::Skipped, Some(SkipReason::Paused), None)
@@ -653,14 +666,16 @@ async fn start(
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
-             waiting_for, waiting_until, event_key, event_id, job_version) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15, \
-                     (SELECT version FROM jobs WHERE id = $1)) \
-             ON CONFLICT (job_id, scheduled_for) DO NOTHING RETURNING id",
+             waiting_for, waiting_until, event_key, event_id, job_version, shard, shard_count) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15, \
+                     (SELECT version FROM jobs WHERE id = $1), s, $16 \
+             FROM generate_series(0, $16::int - 1) AS s \
+             ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING RETURNING id",
         )
         .await?;
+    let shards = i32::from(sked_core::shard::count(&dependant.spec));
     let written = tx
-        .query_opt(
+        .query(
             &stmt,
             &[
                 &dependant.id,
@@ -678,21 +693,27 @@ async fn start(
                 &waiting_reason.map(|_| until),
                 &at.event.map(|e| e.key.as_str()),
                 &at.event.map(|e| e.id.as_str()),
+                &shards,
             ],
         )
         .await?;
-    let Some(row) = written else {
-        return Ok(None);
-    };
+    let mut runs = written
+        .iter()
+        .map(|row| row.try_get::<_, i64>(0))
+        .collect::<Result<Vec<_>, _>>()?;
+    runs.sort_unstable();
     if paused {
-        ended.push(Ended {
-            namespace: at.namespace.to_string(),
-            job: dependant.name.clone(),
-            scheduled_for: at.instant,
-            state,
-        });
+        for run_id in &runs {
+            ended.push(Ended {
+                namespace: at.namespace.to_string(),
+                job: dependant.name.clone(),
+                scheduled_for: at.instant,
+                run_id: *run_id,
+                state,
+            });
+        }
     }
-    Ok(Some(row.try_get(0)?))
+    Ok(runs)
 }
 
 /// Records the run `event` starts of `dependant` at the first free instant from the event's,
@@ -703,7 +724,7 @@ async fn start_by_event(
     dependant: &Dependant,
     now: Instant,
     ended: &mut Vec<Ended>,
-) -> PgResult<(i64, Instant)> {
+) -> PgResult<(Vec<i64>, Instant)> {
     for instant in sked_core::event::run_instants(event.occurred_at) {
         let at = At {
             namespace: &event.namespace,
@@ -711,8 +732,9 @@ async fn start_by_event(
             trigger: Trigger::Event,
             event: Some(event),
         };
-        if let Some(run_id) = start(tx, &at, dependant, now, ended).await? {
-            return Ok((run_id, instant));
+        let runs = start(tx, &at, dependant, now, ended).await?;
+        if !runs.is_empty() {
+            return Ok((runs, instant));
         }
     }
     Err(crate::shared::no_free_instant(event, &dependant.name).into())
@@ -735,7 +757,7 @@ async fn release(
         (RunState::Queued, None)
     } else {
         // The run still waits for its dependencies here, so the overlap count leaves it out.
-        let admitted = admit_by_overlap(tx, dependant.id, overlap, now, ended).await?;
+        let admitted = admit_by_overlap(tx, dependant.id, instant, overlap, now, ended).await?;
         settled.cancel_requested.extend(admitted.cancel_requested);
         (admitted.state, admitted.skip)
     };
@@ -753,6 +775,7 @@ async fn release(
             namespace: namespace.to_string(),
             job: dependant.name.clone(),
             scheduled_for: instant,
+            run_id,
             state,
         });
         return Ok(());
@@ -818,6 +841,7 @@ pub(super) async fn expire_waits(
             namespace: row.try_get(1)?,
             job: row.try_get(2)?,
             scheduled_for: rows::instant(row.try_get(3)?)?,
+            run_id,
             state: RunState::Skipped,
         });
     }

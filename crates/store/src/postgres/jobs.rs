@@ -159,6 +159,7 @@ pub async fn put(
         let epoch = micros(firing.schedule_epoch);
         let (notify, notify_late) = crate::shared::notify_columns(job.spec.notify.as_deref())?;
         let ping_grace = crate::shared::ping_grace(&job.spec);
+        let shards = i32::from(sked_core::shard::count(&job.spec));
         match &existing {
             Some(old) => {
                 let sql = format!(
@@ -166,7 +167,8 @@ pub async fn put(
                      retry = $6, state = $7, next_fire_at = $8, fired_count = $9, \
                      schedule_epoch = $10, updated_at = $11, has_dependencies = $12, \
                      emits = $13, priority_auto = $14, notify = $15, notify_late = $16, \
-                     ping_grace = $17, job_metrics = $18, version = version + 1 WHERE id = $1 \
+                     ping_grace = $17, job_metrics = $18, shards = $19, version = version + 1 \
+                     WHERE id = $1 \
                      RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -192,6 +194,7 @@ pub async fn put(
                             &notify_late,
                             &ping_grace,
                             &job.spec.job_metrics,
+                            &shards,
                         ],
                     )
                     .await?;
@@ -205,9 +208,9 @@ pub async fn put(
                     "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, \
                      retry, state, next_fire_at, fired_count, schedule_epoch, created_at, \
                      updated_at, has_dependencies, emits, priority_auto, notify, notify_late, \
-                     ping_grace, job_metrics) \
+                     ping_grace, job_metrics, shards) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, \
-                     $15, $16, $17, $18, $19) \
+                     $15, $16, $17, $18, $19, $20) \
                      ON CONFLICT (namespace, name) DO NOTHING RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -234,6 +237,7 @@ pub async fn put(
                             &notify_late,
                             &ping_grace,
                             &job.spec.job_metrics,
+                            &shards,
                         ],
                     )
                     .await?;
@@ -398,7 +402,16 @@ pub async fn delete(
         paused.extend(set_paused(tx, namespace, dependant, true, now).await?);
     }
     let mut ended = Vec::new();
-    super::ledger::cancel_active(tx, job.id, "the job was deleted", true, now, &mut ended).await?;
+    super::ledger::cancel_active(
+        tx,
+        job.id,
+        "the job was deleted",
+        true,
+        None,
+        now,
+        &mut ended,
+    )
+    .await?;
     super::dependencies::remove_edges(tx, namespace, name).await?;
     let stmt = tx.prepare_cached("DELETE FROM jobs WHERE id = $1").await?;
     tx.execute(&stmt, &[&job.id]).await?;

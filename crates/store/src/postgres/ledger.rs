@@ -39,6 +39,8 @@ struct FiringJob {
     spec: Option<JobSpec>,
     /// A heartbeat job's grace (micros): its runs wait for pings.
     ping_grace: Option<i64>,
+    /// The runs each instant is split into (1: not sharded).
+    shards: i32,
 }
 
 fn sorted(ids: impl IntoIterator<Item = i64>) -> Vec<i64> {
@@ -73,12 +75,15 @@ pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult
         ended.extend(cancelled);
         if run.inserted && run.state.is_terminal() {
             if let Some(job) = jobs.get(&fire.job_id) {
-                ended.push(Ended {
-                    namespace: job.namespace.clone(),
-                    job: job.name.clone(),
-                    scheduled_for: fire.scheduled_for,
-                    state: run.state,
-                });
+                for run_id in run.all_runs() {
+                    ended.push(Ended {
+                        namespace: job.namespace.clone(),
+                        job: job.name.clone(),
+                        scheduled_for: fire.scheduled_for,
+                        run_id,
+                        state: run.state,
+                    });
+                }
             }
         }
         outcome.runs.push(run);
@@ -141,15 +146,19 @@ async fn fire_one(
             state: RunState::Cancelled,
             inserted: false,
             advanced: false,
+            other_shards: Vec::new(),
         };
         return Ok((gone, cancel_requested, cancelled));
     };
     let stmt = tx
-        .prepare_cached("SELECT id, state FROM runs WHERE job_id = $1 AND scheduled_for = $2")
+        .prepare_cached(
+            "SELECT id, state FROM runs WHERE job_id = $1 AND scheduled_for = $2 AND shard = 0",
+        )
         .await?;
     let existing = tx
         .query_opt(&stmt, &[&fire.job_id, &micros(fire.scheduled_for)])
         .await?;
+    let mut other_shards = Vec::new();
     let (run_id, state, inserted) = match existing {
         Some(row) => (row.try_get(0)?, rows::run_state(row.try_get(1)?)?, false),
         None => {
@@ -159,18 +168,20 @@ async fn fire_one(
             let finished = state.is_terminal().then(|| micros(now));
             let waiting_reason = new.waiting_reason();
             let (waiting_for, waiting_until) = (new.waiting_for(), new.waiting_until());
+            // Every shard of the instant in one statement, sharing its one decision.
             let stmt = tx
                 .prepare_cached(
                     "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
                      skip_reason, priority, ready_at, created_at, finished_at, error, \
-                     waiting_reason, waiting_for, waiting_until, job_version) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                     $16) \
-                     ON CONFLICT (job_id, scheduled_for) DO NOTHING RETURNING id",
+                     waiting_reason, waiting_for, waiting_until, job_version, shard, \
+                     shard_count) \
+                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
+                     $16, s, $17 FROM generate_series(0, $17::int - 1) AS s \
+                     ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING RETURNING id, shard",
                 )
                 .await?;
-            let row = tx
-                .query_opt(
+            let mut written = tx
+                .query(
                     &stmt,
                     &[
                         &fire.job_id,
@@ -189,20 +200,28 @@ async fn fire_one(
                         &waiting_for,
                         &waiting_until,
                         &job.version,
+                        &job.shards,
                     ],
                 )
-                .await?;
+                .await?
+                .iter()
+                .map(|row| Ok((row.try_get::<_, i32>(1)?, row.try_get::<_, i64>(0)?)))
+                .collect::<PgResult<Vec<_>>>()?;
+            written.sort_unstable();
             // Runs are only written under their job's lock, which this transaction holds,
             // so the instant cannot have been taken meanwhile; should it have been, the
             // whole batch (and the overlap decision's effects) is rolled back.
-            let Some(row) = row else {
+            if written.len() != usize::try_from(job.shards).unwrap_or(0) {
                 return Err(StoreError::Database(format!(
                     "the run of job {} at {} was written concurrently",
                     fire.job_id, fire.scheduled_for
                 ))
                 .into());
-            };
-            (row.try_get(0)?, state, true)
+            }
+            let mut ids = written.into_iter().map(|(_, id)| id);
+            let first = ids.next().unwrap_or_default();
+            other_shards.extend(ids);
+            (first, state, true)
         }
     };
     let advanced = match &fire.advance {
@@ -238,6 +257,7 @@ async fn fire_one(
         state,
         inserted,
         advanced,
+        other_shards,
     };
     Ok((run, cancel_requested, cancelled))
 }
@@ -251,7 +271,7 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
     let stmt = tx
         .prepare_cached(
             "SELECT id, namespace, name, overlap, priority, \
-             CASE WHEN has_dependencies THEN spec END, version, ping_grace FROM jobs \
+             CASE WHEN has_dependencies THEN spec END, version, ping_grace, shards FROM jobs \
              WHERE id = ANY($1) \
              ORDER BY id FOR UPDATE",
         )
@@ -273,6 +293,7 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
                     .map(rows::spec)
                     .transpose()?,
                 ping_grace: row.try_get(7)?,
+                shards: row.try_get::<_, i32>(8)?.max(1),
             },
         );
     }
@@ -319,7 +340,8 @@ async fn decide_fire(
     if overlap == OverlapPolicy::Allow {
         return Ok(NewRun::default());
     }
-    let admitted = admit_by_overlap(tx, fire.job_id, overlap, now, cancelled).await?;
+    let admitted =
+        admit_by_overlap(tx, fire.job_id, fire.scheduled_for, overlap, now, cancelled).await?;
     cancel_requested.extend(admitted.cancel_requested);
     Ok(NewRun {
         state: Some(admitted.state),
@@ -339,10 +361,12 @@ pub(super) struct Admitted {
 /// The state a run of the job starts in by its overlap policy (not `allow`): queued, waiting
 /// behind an active run, or skipped; `cancel_running` ends the job's other runs that could
 /// start (added to `ended`) and asks its running ones to stop. Runs waiting for their
-/// dependencies are not active yet and are left alone. The caller holds the job's lock.
+/// dependencies are not active yet and are left alone. Overlap is between instants: the
+/// shards of `instant` are not in its way. The caller holds the job's lock.
 pub(super) async fn admit_by_overlap(
     tx: &Tx<'_>,
     job_id: i64,
+    instant: Instant,
     overlap: OverlapPolicy,
     now: Instant,
     ended: &mut Vec<Ended>,
@@ -351,10 +375,11 @@ pub(super) async fn admit_by_overlap(
         .prepare_cached(
             "SELECT count(*) FILTER (WHERE state IN ('queued', 'running')), \
                     count(*) FILTER (WHERE state = 'waiting' AND waiting_reason = 'overlap') \
-             FROM runs WHERE job_id = $1 AND state IN ('waiting', 'queued', 'running')",
+             FROM runs WHERE job_id = $1 AND state IN ('waiting', 'queued', 'running') \
+             AND scheduled_for <> $2",
         )
         .await?;
-    let row = tx.query_one(&stmt, &[&job_id]).await?;
+    let row = tx.query_one(&stmt, &[&job_id, &micros(instant)]).await?;
     let active = rows::count("active runs", row.try_get::<_, i64>(0)?)?;
     let waiting = rows::count("waiting runs", row.try_get::<_, i64>(1)?)?;
     let mut admitted = Admitted {
@@ -372,35 +397,45 @@ pub(super) async fn admit_by_overlap(
         OverlapDecision::CancelActiveThenQueue => {
             let reason = "cancelled by a newer run (overlap cancel_running)";
             admitted.cancel_requested =
-                cancel_active(tx, job_id, reason, false, now, ended).await?;
+                cancel_active(tx, job_id, reason, false, Some(instant), now, ended).await?;
         }
     }
     Ok(admitted)
 }
 
 /// Cancels the job's queued and waiting runs (those waiting for dependencies only with
-/// `with_dependency_waits`) and asks its running ones to stop; returns the running ones, and
-/// adds the cancelled ones to `ended`. The caller holds the job's lock.
+/// `with_dependency_waits`) and asks its running ones to stop, except the shards of
+/// `sparing`; returns the running ones, and adds the cancelled ones to `ended`. The caller
+/// holds the job's lock.
 pub(super) async fn cancel_active(
     tx: &Tx<'_>,
     job_id: i64,
     reason: &str,
     with_dependency_waits: bool,
+    sparing: Option<Instant>,
     now: Instant,
     ended: &mut Vec<Ended>,
 ) -> PgResult<Vec<i64>> {
+    let sparing = sparing.map(micros);
     let stmt = tx
         .prepare_cached(
             "UPDATE runs SET state = 'cancelled', finished_at = $2, error = $3 \
              WHERE job_id = $1 AND state IN ('queued', 'waiting') \
              AND ($4 OR waiting_reason IS DISTINCT FROM 'dependencies') \
-             RETURNING namespace, job, scheduled_for",
+             AND scheduled_for IS DISTINCT FROM $5 \
+             RETURNING namespace, job, scheduled_for, id",
         )
         .await?;
     let cancelled = tx
         .query(
             &stmt,
-            &[&job_id, &micros(now), &reason, &with_dependency_waits],
+            &[
+                &job_id,
+                &micros(now),
+                &reason,
+                &with_dependency_waits,
+                &sparing,
+            ],
         )
         .await?;
     for row in cancelled {
@@ -408,17 +443,19 @@ pub(super) async fn cancel_active(
             namespace: row.try_get(0)?,
             job: row.try_get(1)?,
             scheduled_for: rows::instant(row.try_get(2)?)?,
+            run_id: row.try_get(3)?,
             state: RunState::Cancelled,
         });
     }
     let stmt = tx
         .prepare_cached(
             "UPDATE runs SET cancel_requested = true \
-             WHERE job_id = $1 AND state = 'running' RETURNING id",
+             WHERE job_id = $1 AND state = 'running' AND scheduled_for IS DISTINCT FROM $2 \
+             RETURNING id",
         )
         .await?;
     let mut ids = tx
-        .query(&stmt, &[&job_id])
+        .query(&stmt, &[&job_id, &sparing])
         .await?
         .iter()
         .map(|r| r.try_get::<_, i64>(0))
@@ -448,7 +485,8 @@ pub(super) async fn skip_run(
 
 pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<QueuedRun>> {
     const SELECT: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
-         r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload \
+         r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload, r.shard, \
+         r.shard_count \
          FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN events e \
          ON e.namespace = r.namespace AND e.key = r.event_key AND e.event_id = r.event_id \
          WHERE r.state = 'queued'";
@@ -488,6 +526,10 @@ pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<Queue
             routing: spec.routing.clone(),
             event: crate::shared::run_event(row.try_get(8)?, row.try_get(9)?, row.try_get(10)?)?,
             graph_ranked: spec.priority.is_auto(),
+            shard: sked_core::shard::Shard::of_run(
+                i64::from(row.try_get::<_, i32>(11)?),
+                i64::from(row.try_get::<_, i32>(12)?),
+            ),
         };
         order.push(run.run_id);
         found.insert(run.run_id, run);
@@ -806,17 +848,21 @@ pub(super) async fn finish_run(
         namespace: row.try_get(0)?,
         job: row.try_get(1)?,
         scheduled_for: rows::instant(row.try_get(2)?)?,
+        run_id,
         state,
     })
 }
 
-/// Queues the oldest run of the job held back by overlap, once none of its runs is active.
-/// The caller holds the job's lock, so no other transaction counts or changes its active runs.
+/// Queues the oldest instant of the job held back by overlap (every shard of it), once none of
+/// its runs is active. The caller holds the job's lock, so no other transaction counts or
+/// changes its active runs.
 async fn release_waiting(tx: &Tx<'_>, job_id: i64) -> PgResult<Vec<i64>> {
     let stmt = tx
         .prepare_cached(
-            "UPDATE runs SET state = 'queued', waiting_reason = NULL WHERE id = ( \
-                SELECT id FROM runs WHERE job_id = $1 AND state = 'waiting' \
+            "UPDATE runs SET state = 'queued', waiting_reason = NULL \
+             WHERE job_id = $1 AND state = 'waiting' AND waiting_reason = 'overlap' \
+             AND scheduled_for = ( \
+                SELECT scheduled_for FROM runs WHERE job_id = $1 AND state = 'waiting' \
                 AND waiting_reason = 'overlap' ORDER BY scheduled_for, id LIMIT 1) \
              AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = $1 \
                              AND state IN ('queued', 'running')) \

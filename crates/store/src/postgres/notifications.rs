@@ -102,36 +102,30 @@ pub(super) async fn record_ended(tx: &Tx<'_>, ended: &[Ended], now: Instant) -> 
     Ok(())
 }
 
-/// The run that just ended: the newest of its job name at its instant.
+/// The run that just ended.
 async fn ended_run(tx: &Tx<'_>, run: &Ended) -> PgResult<Option<RunRecord>> {
     let stmt = tx
-        .prepare_cached(&format!(
-            "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND job = $2 \
-             AND scheduled_for = $3 ORDER BY id DESC LIMIT 1"
-        ))
+        .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"))
         .await?;
-    let found = tx
-        .query_opt(
-            &stmt,
-            &[&run.namespace, &run.job, &micros(run.scheduled_for)],
-        )
-        .await?;
+    let found = tx.query_opt(&stmt, &[&run.run_id]).await?;
     found.as_ref().map(rows::run).transpose()
 }
 
-/// How the job's run before `run` ended, among succeeded, failed and timed out.
+/// How the job's run before `run` ended, among succeeded, failed and timed out (of the same
+/// shard, for a sharded job: each shard recovers on its own).
 async fn previous_outcome(tx: &Tx<'_>, run: &RunRecord) -> PgResult<Option<RunState>> {
     let stmt = tx
         .prepare_cached(
             "SELECT state FROM runs WHERE namespace = $1 AND job = $2 AND scheduled_for < $3 \
-             AND state IN ('succeeded', 'failed', 'timed_out') \
+             AND state IN ('succeeded', 'failed', 'timed_out') AND shard = $4 \
              ORDER BY scheduled_for DESC, id DESC LIMIT 1",
         )
         .await?;
+    let shard = i32::from(run.shard.map_or(0, |s| s.index));
     let found = tx
         .query_opt(
             &stmt,
-            &[&run.namespace, &run.job, &micros(run.scheduled_for)],
+            &[&run.namespace, &run.job, &micros(run.scheduled_for), &shard],
         )
         .await?;
     match found {

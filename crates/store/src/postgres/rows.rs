@@ -11,6 +11,7 @@ use sked_core::auth::{Grant, TokenRecord};
 use sked_core::records::{
     AttemptRecord, AuditEntry, AuditRecord, JobRecord, RunRecord, WorkerRecord,
 };
+use sked_core::shard::Shard;
 use tokio_postgres::Row;
 
 /// A stored count (attempts, slots, ...) as the record's unsigned number.
@@ -55,7 +56,7 @@ pub fn job(row: &Row) -> PgResult<JobRecord> {
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
-     job_version";
+     job_version, shard, shard_count";
 
 pub fn run(row: &Row) -> PgResult<RunRecord> {
     let skip_reason: Option<&str> = row.try_get(7)?;
@@ -86,6 +87,10 @@ pub fn run(row: &Row) -> PgResult<RunRecord> {
             .try_get::<_, Option<i32>>(22)?
             .map(|v| count("job_version", v))
             .transpose()?,
+        shard: Shard::of_run(
+            i64::from(row.try_get::<_, i32>(23)?),
+            i64::from(row.try_get::<_, i32>(24)?),
+        ),
     };
     Ok(crate::shared::with_waiting(
         record,

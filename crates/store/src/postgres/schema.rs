@@ -298,6 +298,16 @@ ALTER TABLE jobs ADD COLUMN last_ping_at BIGINT;
 CREATE INDEX runs_waiting_pings ON runs (waiting_until)
     WHERE state = 'waiting' AND waiting_reason = 'ping';
 "#,
+    r#"
+-- Version 10: sharded jobs (SQLite's version 10). A job with `shards: N` records N runs per
+-- instant, so the ledger key gains the shard: (job, instant, shard), shard 0 for every run of
+-- a job that is not sharded. `shard_count` is N as the job said when the instant fired.
+ALTER TABLE jobs ADD COLUMN shards INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE runs ADD COLUMN shard INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN shard_count INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE runs DROP CONSTRAINT runs_job_instant_key,
+    ADD CONSTRAINT runs_ledger_key UNIQUE (job_id, scheduled_for, shard);
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

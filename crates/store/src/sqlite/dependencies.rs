@@ -5,7 +5,9 @@
 
 use super::ledger::{admit_by_overlap, skip_run};
 use super::rows::{self, micros};
-use crate::shared::{timed_out_error, verdict_from, Ended, Graph, Settled, WindowRuns};
+use crate::shared::{
+    timed_out_error, verdict_from, Ended, Graph, InstantShards, Settled, WindowRuns,
+};
 use crate::{DependencyEdge, Result, Toward};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::dependency::{self, Upstream, Verdict};
@@ -199,13 +201,21 @@ pub(super) fn judge(
     }
     let mut found: Vec<WindowRuns> = vec![WindowRuns::default(); requirements.len()];
     if !terms.is_empty() {
+        // A sharded upstream's instant counts once, as all its shards together.
+        let mut instants: BTreeMap<(usize, i64), InstantShards> = BTreeMap::new();
         let mut stmt = tx.prepare_cached(&terms.join(" UNION ALL "))?;
         let mut rows = stmt.query(rusqlite::params_from_iter(values))?;
         while let Some(row) = rows.next()? {
-            let k: usize = row.get(0)?;
+            let state = rows::run_state(&row.get::<_, String>(2)?)?;
+            instants
+                .entry((row.get(0)?, row.get(3)?))
+                .or_default()
+                .add(row.get(1)?, state);
+        }
+        for ((k, instant), shards) in instants {
             if let Some(window) = found.get_mut(k) {
-                let state = rows::run_state(&row.get::<_, String>(2)?)?;
-                window.add(row.get(1)?, state, row.get(3)?);
+                let (id, state) = shards.folded();
+                window.add(id, state, instant);
             }
         }
     }
@@ -355,11 +365,13 @@ pub(super) fn settle(
             for (starts, dependant) in subscribers(tx, &event.namespace, &event.key)? {
                 let dependant = Rc::new(dependant);
                 if starts {
-                    let (run_id, instant) = start_by_event(tx, &event, &dependant, now, &mut next)?;
-                    settled.started.push(run_id);
+                    let (runs, instant) = start_by_event(tx, &event, &dependant, now, &mut next)?;
+                    settled.started.extend(&runs);
                     if !dependant.spec.paused {
-                        let judged = (dependant.clone(), instant, event.namespace.clone());
-                        candidates.insert(run_id, judged);
+                        for run_id in runs {
+                            let judged = (dependant.clone(), instant, event.namespace.clone());
+                            candidates.insert(run_id, judged);
+                        }
                     }
                 }
                 if let Some(window) = dependency::dependant_instants(
@@ -396,6 +408,7 @@ pub(super) fn settle(
                         namespace,
                         job: dependant.name.clone(),
                         scheduled_for: instant,
+                        run_id,
                         state: RunState::Skipped,
                     });
                 }
@@ -516,16 +529,17 @@ struct At<'a> {
     event: Option<&'a EventRecord>,
 }
 
-/// Records the dependant's run `at`, once: a second upstream at the same instant finds it
-/// recorded. It waits for its dependencies (the caller judges it next; with none, it is
-/// released at once); a paused job's run is recorded skipped. Returns the new run.
+/// Records the dependant's run `at` (one per shard of a sharded job), once: a second upstream
+/// at the same instant finds it recorded. It waits for its dependencies (the caller judges it
+/// next; with none, it is released at once); a paused job's run is recorded skipped. Returns
+/// the new runs, none when the instant was recorded already.
 fn start(
     tx: &Transaction<'_>,
     at: &At<'_>,
     dependant: &Dependant,
     now: Instant,
     ended: &mut Vec<Ended>,
-) -> Result<Option<i64>> {
+) -> Result<Vec<i64>> {
     let paused = dependant.spec.paused;
     let (state, skip, waiting_reason) = if paused {
         (RunState::Skipped, Some(SkipReason::Paused), None)
@@ -533,56 +547,67 @@ fn start(
         (RunState::Waiting, None, Some("dependencies"))
     };
     let (waiting_for, until) = crate::shared::waiting_columns(&dependant.spec, &[], now)?;
-    let written = tx
-        .prepare_cached(
-            "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
-             skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
-             waiting_for, waiting_until, event_key, event_id, job_version) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-                     (SELECT version FROM jobs WHERE id = ?1)) \
-             ON CONFLICT (job_id, scheduled_for) DO NOTHING",
-        )?
-        .execute(params![
-            dependant.id,
-            at.namespace,
-            dependant.name,
-            micros(at.instant),
-            at.trigger.as_str(),
-            state.as_str(),
-            skip.map(SkipReason::as_str),
-            dependant.priority,
-            micros(now),
-            paused.then(|| micros(now)),
-            waiting_reason,
-            waiting_reason.map(|_| waiting_for),
-            waiting_reason.map(|_| until),
-            at.event.map(|e| &e.key),
-            at.event.map(|e| &e.id),
-        ])?;
-    if written == 0 {
-        return Ok(None);
+    let shards = sked_core::shard::count(&dependant.spec);
+    let mut runs = Vec::new();
+    for shard in 0..shards {
+        let written = tx
+            .prepare_cached(
+                "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+                 skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
+                 waiting_for, waiting_until, event_key, event_id, job_version, shard, \
+                 shard_count) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+                         (SELECT version FROM jobs WHERE id = ?1), ?16, ?17) \
+                 ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING",
+            )?
+            .execute(params![
+                dependant.id,
+                at.namespace,
+                dependant.name,
+                micros(at.instant),
+                at.trigger.as_str(),
+                state.as_str(),
+                skip.map(SkipReason::as_str),
+                dependant.priority,
+                micros(now),
+                paused.then(|| micros(now)),
+                waiting_reason,
+                waiting_reason.map(|_| &waiting_for),
+                waiting_reason.map(|_| until),
+                at.event.map(|e| &e.key),
+                at.event.map(|e| &e.id),
+                shard,
+                shards,
+            ])?;
+        if written == 0 {
+            // Shard 0 recorded already: the instant is.
+            break;
+        }
+        let run_id = tx.last_insert_rowid();
+        runs.push(run_id);
+        if paused {
+            ended.push(Ended {
+                namespace: at.namespace.to_string(),
+                job: dependant.name.clone(),
+                scheduled_for: at.instant,
+                run_id,
+                state,
+            });
+        }
     }
-    if paused {
-        ended.push(Ended {
-            namespace: at.namespace.to_string(),
-            job: dependant.name.clone(),
-            scheduled_for: at.instant,
-            state,
-        });
-    }
-    Ok(Some(tx.last_insert_rowid()))
+    Ok(runs)
 }
 
-/// Records the run `event` starts of `dependant`, at the event's instant or the first free one
-/// after it (`event::run_instants`); returns it and its instant. Never drops it: with no free
-/// instant the transaction fails, and the event with it.
+/// Records the run `event` starts of `dependant` (its shards, when sharded), at the event's
+/// instant or the first free one after it (`event::run_instants`); returns them and their
+/// instant. Never drops it: with no free instant the transaction fails, and the event with it.
 fn start_by_event(
     tx: &Transaction<'_>,
     event: &EventRecord,
     dependant: &Dependant,
     now: Instant,
     ended: &mut Vec<Ended>,
-) -> Result<(i64, Instant)> {
+) -> Result<(Vec<i64>, Instant)> {
     for instant in sked_core::event::run_instants(event.occurred_at) {
         let at = At {
             namespace: &event.namespace,
@@ -590,8 +615,9 @@ fn start_by_event(
             trigger: Trigger::Event,
             event: Some(event),
         };
-        if let Some(run_id) = start(tx, &at, dependant, now, ended)? {
-            return Ok((run_id, instant));
+        let runs = start(tx, &at, dependant, now, ended)?;
+        if !runs.is_empty() {
+            return Ok((runs, instant));
         }
     }
     Err(crate::shared::no_free_instant(event, &dependant.name))
@@ -614,7 +640,7 @@ fn release(
         (RunState::Queued, None)
     } else {
         // The run still waits for its dependencies here, so the overlap count leaves it out.
-        let admitted = admit_by_overlap(tx, dependant.id, overlap, now, ended)?;
+        let admitted = admit_by_overlap(tx, dependant.id, instant, overlap, now, ended)?;
         settled.cancel_requested.extend(admitted.cancel_requested);
         (admitted.state, admitted.skip)
     };
@@ -632,6 +658,7 @@ fn release(
                 namespace: namespace.to_string(),
                 job: dependant.name.clone(),
                 scheduled_for: instant,
+                run_id,
                 state,
             });
         }
@@ -678,6 +705,7 @@ pub(super) fn expire_waits(
             namespace,
             job,
             scheduled_for: rows::instant(instant)?,
+            run_id,
             state: RunState::Skipped,
         });
     }

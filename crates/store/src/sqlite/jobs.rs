@@ -73,7 +73,7 @@ pub fn put(
                  retry = ?6, state = ?7, next_fire_at = ?8, fired_count = ?9, \
                  schedule_epoch = ?10, updated_at = ?11, has_dependencies = ?12, emits = ?13, \
                  priority_auto = ?14, notify = ?15, notify_late = ?16, ping_grace = ?17, \
-                 job_metrics = ?18, version = version + 1 WHERE id = ?1",
+                 job_metrics = ?18, shards = ?19, version = version + 1 WHERE id = ?1",
             )?
             .execute(params![
                 old.id,
@@ -94,6 +94,7 @@ pub fn put(
                 notify_late,
                 ping_grace,
                 job.spec.job_metrics,
+                sked_core::shard::count(&job.spec),
             ])?;
             old.id
         }
@@ -102,9 +103,9 @@ pub fn put(
                 "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, retry, \
                  state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at, \
                  has_dependencies, emits, priority_auto, notify, notify_late, ping_grace, \
-                 job_metrics) \
+                 job_metrics, shards) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, \
-                 ?16, ?17, ?18, ?19)",
+                 ?16, ?17, ?18, ?19, ?20)",
             )?
             .execute(params![
                 namespace,
@@ -126,6 +127,7 @@ pub fn put(
                 notify_late,
                 ping_grace,
                 job.spec.job_metrics,
+                sked_core::shard::count(&job.spec),
             ])?;
             tx.last_insert_rowid()
         }
@@ -266,7 +268,15 @@ pub fn delete(
         paused.extend(set_paused(tx, namespace, dependant, true, now)?);
     }
     let mut ended = Vec::new();
-    super::ledger::cancel_active(tx, job.id, "the job was deleted", true, now, &mut ended)?;
+    super::ledger::cancel_active(
+        tx,
+        job.id,
+        "the job was deleted",
+        true,
+        None,
+        now,
+        &mut ended,
+    )?;
     dependencies::remove_edges(tx, namespace, name)?;
     tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
         .execute(params![job.id])?;

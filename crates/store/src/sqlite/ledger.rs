@@ -29,26 +29,32 @@ use std::collections::HashMap;
 /// walk every run the job ever had. `tests::job_scoped_statements_use_partial_indexes` holds
 /// them to it.
 /// Runs waiting for their dependencies are not active yet: overlap counts only those held back
-/// by overlap.
+/// by overlap. Overlap is between instants: the shards of the instant being admitted (`?2`)
+/// are not in its way.
 pub(super) const COUNT_ACTIVE: &str = "SELECT coalesce(sum(state IN ('queued', 'running')), 0), \
             coalesce(sum(state = 'waiting' AND waiting_reason = 'overlap'), 0) \
-     FROM runs WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running')";
+     FROM runs WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running') \
+     AND scheduled_for IS NOT ?2";
 /// `?3` is the reason recorded on the cancelled runs; `?4` whether runs waiting for their
 /// dependencies go too (a deleted job) or stay (an overlap `cancel_running`, which is about
-/// runs that could start).
+/// runs that could start); `?5` an instant whose shards stay (the one a `cancel_running`
+/// admits), or NULL.
 pub(super) const CANCEL_UNSTARTED: &str = "UPDATE runs SET state = 'cancelled', finished_at = ?2, \
      error = ?3 WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running') \
      AND state IN ('queued', 'waiting') AND (?4 OR waiting_reason IS NOT 'dependencies') \
-     RETURNING namespace, job, scheduled_for";
+     AND scheduled_for IS NOT ?5 \
+     RETURNING namespace, job, scheduled_for, id";
 pub(super) const REQUEST_CANCEL_RUNNING: &str = "UPDATE runs SET cancel_requested = 1 \
      WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running') AND state = 'running' \
-     RETURNING id";
-/// Queues the job's oldest run held back by overlap, once none of its runs is queued or
-/// running.
+     AND scheduled_for IS NOT ?2 RETURNING id";
+/// Queues the job's oldest instant held back by overlap (every shard of it), once none of its
+/// runs is queued or running.
 pub(super) const RELEASE_WAITING: &str = "UPDATE runs SET state = 'queued', waiting_reason = NULL \
-     WHERE id = ( \
-        SELECT id FROM runs WHERE job_id = ?1 AND state = 'waiting' \
-        AND waiting_reason = 'overlap' ORDER BY scheduled_for, id LIMIT 1) \
+     WHERE id IN ( \
+        SELECT id FROM runs INDEXED BY runs_waiting WHERE job_id = ?1 AND state = 'waiting' \
+        AND waiting_reason = 'overlap' AND scheduled_for = ( \
+            SELECT scheduled_for FROM runs WHERE job_id = ?1 AND state = 'waiting' \
+            AND waiting_reason = 'overlap' ORDER BY scheduled_for, id LIMIT 1)) \
      AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = ?1 \
         AND state IN ('waiting', 'queued', 'running') AND state IN ('queued', 'running')) \
      RETURNING id";
@@ -61,40 +67,44 @@ const JOB_SCOPED: &[&str] = &[
 ];
 
 /// Cancels the job's queued and waiting runs (those waiting for dependencies only with
-/// `with_dependency_waits`) and asks its running ones to stop; returns the running ones, and
-/// adds the cancelled ones to `ended`.
+/// `with_dependency_waits`) and asks its running ones to stop, except the shards of `sparing`;
+/// returns the running ones, and adds the cancelled ones to `ended`.
 pub(super) fn cancel_active(
     tx: &Transaction<'_>,
     job_id: i64,
     reason: &str,
     with_dependency_waits: bool,
+    sparing: Option<Instant>,
     now: Instant,
     ended: &mut Vec<Ended>,
 ) -> Result<Vec<i64>> {
+    let sparing = sparing.map(micros);
     {
         let mut stmt = tx.prepare_cached(CANCEL_UNSTARTED)?;
         let cancelled = stmt.query_map(
-            params![job_id, micros(now), reason, with_dependency_waits],
+            params![job_id, micros(now), reason, with_dependency_waits, sparing],
             |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
                     r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
                 ))
             },
         )?;
         for run in cancelled {
-            let (namespace, job, instant) = run?;
+            let (namespace, job, instant, run_id) = run?;
             ended.push(Ended {
                 namespace,
                 job,
                 scheduled_for: rows::instant(instant)?,
+                run_id,
                 state: RunState::Cancelled,
             });
         }
     }
     let mut stmt = tx.prepare_cached(REQUEST_CANCEL_RUNNING)?;
-    let ids = stmt.query_map(params![job_id], |r| r.get::<_, i64>(0))?;
+    let ids = stmt.query_map(params![job_id, sparing], |r| r.get::<_, i64>(0))?;
     Ok(ids.collect::<rusqlite::Result<_>>()?)
 }
 
@@ -109,6 +119,8 @@ struct FiringJob {
     spec: Option<JobSpec>,
     /// A heartbeat job's grace (micros): its runs wait for pings.
     ping_grace: Option<i64>,
+    /// The runs each instant is split into (1: not sharded).
+    shards: u16,
 }
 
 pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
@@ -127,6 +139,7 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
                 state: RunState::Cancelled,
                 inserted: false,
                 advanced: false,
+                other_shards: Vec::new(),
             });
             continue;
         };
@@ -141,20 +154,30 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
         } else {
             recorded_run(tx, fire)?
         };
+        let mut other_shards = Vec::new();
         let (run_id, state, inserted) = match existing {
             Some((id, state)) => (id, state, false),
             None => {
                 let new = decide_fire(tx, fire, job, now, &mut outcome, &mut ended)?;
                 let state = new.state();
-                match insert_run(tx, fire, job, &new, now)? {
+                match insert_run(tx, fire, job, 0, &new, now)? {
                     Some(id) => {
+                        // The instant's other shards share its one decision.
+                        for shard in 1..job.shards {
+                            if let Some(id) = insert_run(tx, fire, job, shard, &new, now)? {
+                                other_shards.push(id);
+                            }
+                        }
                         if state.is_terminal() {
-                            ended.push(Ended {
-                                namespace: job.namespace.clone(),
-                                job: job.name.clone(),
-                                scheduled_for: fire.scheduled_for,
-                                state,
-                            });
+                            for run_id in std::iter::once(id).chain(other_shards.iter().copied()) {
+                                ended.push(Ended {
+                                    namespace: job.namespace.clone(),
+                                    job: job.name.clone(),
+                                    scheduled_for: fire.scheduled_for,
+                                    run_id,
+                                    state,
+                                });
+                            }
                         }
                         (id, state, true)
                     }
@@ -195,6 +218,7 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
             state,
             inserted,
             advanced,
+            other_shards,
         });
     }
     let settled = settle(tx, ended, Vec::new(), now)?;
@@ -203,10 +227,12 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
     Ok(outcome)
 }
 
-/// The run already recorded for the fire's job and instant.
+/// The run already recorded for the fire's job and instant (its shard 0, when sharded).
 fn recorded_run(tx: &Transaction<'_>, fire: &Fire) -> Result<Option<(i64, RunState)>> {
     let found: Option<(i64, String)> = tx
-        .prepare_cached("SELECT id, state FROM runs WHERE job_id = ?1 AND scheduled_for = ?2")?
+        .prepare_cached(
+            "SELECT id, state FROM runs WHERE job_id = ?1 AND scheduled_for = ?2 AND shard = 0",
+        )?
         .query_row(params![fire.job_id, micros(fire.scheduled_for)], |r| {
             Ok((r.get(0)?, r.get(1)?))
         })
@@ -216,11 +242,12 @@ fn recorded_run(tx: &Transaction<'_>, fire: &Fire) -> Result<Option<(i64, RunSta
         .transpose()
 }
 
-/// Writes the fire's run; `None` when the instant was recorded already.
+/// Writes the fire's run, or one shard of it; `None` when it was recorded already.
 fn insert_run(
     tx: &Transaction<'_>,
     fire: &Fire,
     job: &FiringJob,
+    shard: u16,
     new: &NewRun,
     now: Instant,
 ) -> Result<Option<i64>> {
@@ -231,9 +258,10 @@ fn insert_run(
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, error, waiting_reason, \
-             waiting_for, waiting_until, job_version) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) \
-             ON CONFLICT (job_id, scheduled_for) DO NOTHING",
+             waiting_for, waiting_until, job_version, shard, shard_count) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+                     ?17, ?18) \
+             ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING",
         )?
         .execute(params![
             fire.job_id,
@@ -252,16 +280,18 @@ fn insert_run(
             new.waiting_for(),
             new.waiting_until(),
             job.version,
+            shard,
+            job.shards,
         ])?;
     Ok((written == 1).then(|| tx.last_insert_rowid()))
 }
 
 fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
-    type Row = (String, String, String, i32, bool, u32, Option<i64>);
+    type Row = (String, String, String, i32, bool, u32, Option<i64>, u16);
     let row: Option<Row> = tx
         .prepare_cached(
-            "SELECT namespace, name, overlap, priority, has_dependencies, version, ping_grace \
-             FROM jobs WHERE id = ?1",
+            "SELECT namespace, name, overlap, priority, has_dependencies, version, ping_grace, \
+             shards FROM jobs WHERE id = ?1",
         )?
         .query_row(params![job_id], |r| {
             Ok((
@@ -272,10 +302,12 @@ fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
                 r.get(4)?,
                 r.get(5)?,
                 r.get(6)?,
+                r.get(7)?,
             ))
         })
         .optional()?;
-    let Some((namespace, name, overlap, priority, has_dependencies, version, ping_grace)) = row
+    let Some((namespace, name, overlap, priority, has_dependencies, version, ping_grace, shards)) =
+        row
     else {
         return Ok(None);
     };
@@ -297,6 +329,7 @@ fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
         version,
         spec,
         ping_grace,
+        shards: shards.max(1),
     }))
 }
 
@@ -339,7 +372,7 @@ fn decide_fire(
     if overlap == OverlapPolicy::Allow {
         return Ok(NewRun::default());
     }
-    let admitted = admit_by_overlap(tx, fire.job_id, overlap, now, ended)?;
+    let admitted = admit_by_overlap(tx, fire.job_id, fire.scheduled_for, overlap, now, ended)?;
     outcome.cancel_requested.extend(admitted.cancel_requested);
     Ok(NewRun {
         state: Some(admitted.state),
@@ -362,13 +395,16 @@ pub(super) struct Admitted {
 pub(super) fn admit_by_overlap(
     tx: &Transaction<'_>,
     job_id: i64,
+    instant: Instant,
     overlap: OverlapPolicy,
     now: Instant,
     ended: &mut Vec<Ended>,
 ) -> Result<Admitted> {
     let (active, waiting): (u32, u32) = tx
         .prepare_cached(COUNT_ACTIVE)?
-        .query_row(params![job_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        .query_row(params![job_id, micros(instant)], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
     let mut admitted = Admitted {
         state: RunState::Queued,
         skip: None,
@@ -383,7 +419,8 @@ pub(super) fn admit_by_overlap(
         }
         OverlapDecision::CancelActiveThenQueue => {
             let reason = "cancelled by a newer run (overlap cancel_running)";
-            admitted.cancel_requested = cancel_active(tx, job_id, reason, false, now, ended)?;
+            admitted.cancel_requested =
+                cancel_active(tx, job_id, reason, false, Some(instant), now, ended)?;
         }
     }
     Ok(admitted)
@@ -408,7 +445,8 @@ pub(super) fn skip_run(
 /// Every queued run with its job's definition; `state = 'queued'` is the `runs_queued` index's
 /// condition, so a start does not read the whole ledger.
 pub(super) const QUEUED: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
-     r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload \
+     r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload, r.shard, \
+     r.shard_count \
      FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN events e ON e.namespace = r.namespace \
      AND e.key = r.event_key AND e.event_id = r.event_id WHERE r.state = 'queued'";
 
@@ -435,6 +473,7 @@ pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<Queu
             routing: spec.routing.clone(),
             event: crate::shared::run_event(row.get(8)?, row.get(9)?, row.get(10)?)?,
             graph_ranked: spec.priority.is_auto(),
+            shard: sked_core::shard::Shard::of_run(row.get::<_, i64>(11)?, row.get::<_, i64>(12)?),
         });
         Ok(())
     };
@@ -639,17 +678,16 @@ pub(super) fn finish_run(
         namespace,
         job,
         scheduled_for: rows::instant(instant)?,
+        run_id,
         state,
     })
 }
 
-/// Queues the oldest run of the job held back by overlap, once none of its runs is active.
+/// Queues the oldest instant of the job held back by overlap, once none of its runs is active.
 fn release_waiting(tx: &Transaction<'_>, job_id: i64) -> Result<Vec<i64>> {
-    let released: Option<i64> = tx
-        .prepare_cached(RELEASE_WAITING)?
-        .query_row(params![job_id], |r| r.get(0))
-        .optional()?;
-    Ok(released.into_iter().collect())
+    let mut stmt = tx.prepare_cached(RELEASE_WAITING)?;
+    let released = stmt.query_map(params![job_id], |r| r.get(0))?;
+    Ok(released.collect::<rusqlite::Result<_>>()?)
 }
 
 fn get_run(tx: &Transaction<'_>, run_id: i64) -> Result<Option<sked_core::records::RunRecord>> {

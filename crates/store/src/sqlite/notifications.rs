@@ -85,28 +85,30 @@ pub(super) fn record_ended(tx: &Transaction<'_>, ended: &[Ended], now: Instant) 
     Ok(())
 }
 
-/// The run that just ended: the newest of its job name at its instant (a job deleted and
-/// defined again under the name keeps its old runs).
+/// The run that just ended.
 fn ended_run(tx: &Transaction<'_>, run: &Ended) -> Result<Option<RunRecord>> {
-    let sql = format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ?1 AND job = ?2 AND scheduled_for = ?3 \
-         ORDER BY id DESC LIMIT 1"
-    );
+    let sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1");
     let mut stmt = tx.prepare_cached(&sql)?;
-    let mut found = stmt.query(params![run.namespace, run.job, micros(run.scheduled_for)])?;
+    let mut found = stmt.query(params![run.run_id])?;
     found.next()?.map(rows::run).transpose()
 }
 
-/// How the job's run before `run` ended, among succeeded, failed and timed out.
+/// How the job's run before `run` ended, among succeeded, failed and timed out (of the same
+/// shard, for a sharded job: each shard recovers on its own).
 fn previous_outcome(tx: &Transaction<'_>, run: &RunRecord) -> Result<Option<RunState>> {
     let state: Option<String> = tx
         .prepare_cached(
             "SELECT state FROM runs WHERE namespace = ?1 AND job = ?2 AND scheduled_for < ?3 \
-             AND state IN ('succeeded', 'failed', 'timed_out') \
+             AND state IN ('succeeded', 'failed', 'timed_out') AND shard = ?4 \
              ORDER BY scheduled_for DESC, id DESC LIMIT 1",
         )?
         .query_row(
-            params![run.namespace, run.job, micros(run.scheduled_for)],
+            params![
+                run.namespace,
+                run.job,
+                micros(run.scheduled_for),
+                run.shard.map_or(0, |s| s.index)
+            ],
             |r| r.get(0),
         )
         .optional()?;

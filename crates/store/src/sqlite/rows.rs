@@ -10,6 +10,7 @@ use sked_core::auth::{Grant, TokenRecord};
 use sked_core::records::{
     AttemptRecord, AuditEntry, AuditRecord, JobRecord, RunRecord, WorkerRecord,
 };
+use sked_core::shard::Shard;
 
 pub const JOB_COLUMNS: &str =
     "id, namespace, name, spec, state, next_fire_at, fired_count, schedule_epoch, created_at, \
@@ -35,7 +36,7 @@ pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
-     job_version";
+     job_version, shard, shard_count";
 
 pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let skip_reason: Option<String> = row.get(7)?;
@@ -63,6 +64,7 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         cancel_requested: row.get(15)?,
         error: row.get(16)?,
         job_version: row.get(22)?,
+        shard: Shard::of_run(row.get::<_, i64>(23)?, row.get::<_, i64>(24)?),
     };
     crate::shared::with_waiting(
         record,

@@ -340,6 +340,17 @@ ALTER TABLE jobs ADD COLUMN last_ping_at INTEGER;
 CREATE INDEX runs_waiting_pings ON runs (waiting_until)
     WHERE state = 'waiting' AND waiting_reason = 'ping';
 "#,
+    r#"
+-- Version 10: sharded jobs. A job with `shards: N` (copied out of its definition) records N
+-- runs per instant, so the ledger key gains the shard: (instant, job, shard), shard 0 for
+-- every run of a job that is not sharded. `shard_count` is N as the job said when the
+-- instant fired.
+ALTER TABLE jobs ADD COLUMN shards INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE runs ADD COLUMN shard INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN shard_count INTEGER NOT NULL DEFAULT 1;
+DROP INDEX runs_ledger_key;
+CREATE UNIQUE INDEX runs_ledger_key ON runs (scheduled_for, job_id, shard);
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
@@ -475,13 +486,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(count("SELECT max(id) FROM runs"), 4);
-        // One run per (job, instant), in either column order of the conflict target.
+        // One run per (job, instant, shard), in any column order of the conflict target.
         let again = conn
             .execute(
                 "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
                  priority, ready_at, created_at) \
                  VALUES (7, 'default', 'j', 200, 'schedule', 'queued', 0, 0, 0) \
-                 ON CONFLICT (job_id, scheduled_for) DO NOTHING",
+                 ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING",
                 [],
             )
             .unwrap();

@@ -14,7 +14,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, RequestBuilder, Url};
 use sked_core::protocol::{
     HEADER_ATTEMPT, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_JOB, HEADER_RUN_ID,
-    HEADER_SCHEDULED_FOR,
+    HEADER_SCHEDULED_FOR, HEADER_SHARD, HEADER_SHARDS,
 };
 use sked_core::publish::{HEADER_COMPLETE_TOKEN, HEADER_COMPLETE_URL};
 use sked_core::target::HttpTarget;
@@ -127,6 +127,10 @@ fn build(
         (HEADER_SCHEDULED_FOR, info.scheduled_for_rfc3339()),
         (HEADER_JOB, info.job.clone()),
     ];
+    if let Some(shard) = info.shard {
+        ours.push((HEADER_SHARD, shard.index.to_string()));
+        ours.push((HEADER_SHARDS, shard.count.to_string()));
+    }
     if let Some(event) = &info.event {
         ours.push((HEADER_EVENT_KEY, event.key.clone()));
         ours.push((HEADER_EVENT_ID, event.id.clone()));

@@ -31,6 +31,8 @@ pub struct RunInfo {
     pub completion: Option<CompletionAddress>,
     /// The event that started the run: `SKED_EVENT_*` for shell, the body for HTTP.
     pub event: Option<RunEvent>,
+    /// For a run of a sharded job: `SKED_SHARD`/`SKED_SHARDS`, or their headers.
+    pub shard: Option<sked_core::shard::Shard>,
 }
 
 impl RunInfo {
@@ -42,6 +44,7 @@ impl RunInfo {
             job: attempt.job.clone(),
             completion: attempt.completion.clone(),
             event: attempt.event.clone(),
+            shard: attempt.shard,
         }
     }
 

@@ -16,7 +16,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use sked_core::protocol::{
     ENV_ATTEMPT, ENV_EVENT_ID, ENV_EVENT_KEY, ENV_EVENT_PAYLOAD, ENV_JOB, ENV_RUN_ID,
-    ENV_SCHEDULED_FOR,
+    ENV_SCHEDULED_FOR, ENV_SHARD, ENV_SHARDS,
 };
 use sked_core::target::ShellTarget;
 use sked_core::AttemptOutcome;
@@ -169,6 +169,10 @@ fn command(
         .env(ENV_ATTEMPT, info.attempt.to_string())
         .env(ENV_SCHEDULED_FOR, info.scheduled_for_rfc3339())
         .env(ENV_JOB, &info.job);
+    if let Some(shard) = info.shard {
+        cmd.env(ENV_SHARD, shard.index.to_string())
+            .env(ENV_SHARDS, shard.count.to_string());
+    }
     if let Some(event) = &info.event {
         cmd.env(ENV_EVENT_KEY, &event.key)
             .env(ENV_EVENT_ID, &event.id)
