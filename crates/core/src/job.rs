@@ -62,6 +62,10 @@ pub struct JobSpec {
     /// Split each instant into this many runs, spread over workers (`crate::shard`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<u16>,
+    /// Run each instant once on every worker that may take it, one run per worker
+    /// (`crate::shard`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub broadcast: bool,
     #[serde(default)]
     pub paused: bool,
 }

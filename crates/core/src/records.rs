@@ -121,6 +121,9 @@ pub struct RunRecord {
     /// For a run of a sharded job: which of its instant's shards it is (`crate::shard`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<crate::shard::Shard>,
+    /// For a shard of a broadcast: the one worker it runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_worker: Option<String>,
 }
 
 /// A recorded event (`crate::event`).

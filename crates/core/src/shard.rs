@@ -12,12 +12,20 @@
 //! - an upstream instant meets a `succeeded` dependency only when every one of its shards
 //!   succeeded, and a `finished` one when every shard ended.
 //!
-//! This module owns the bound and the definition rules; the stores own the rows.
+//! `broadcast: true` is the same with one shard per worker: when an instant fires, every live
+//! worker that may take the job's runs (its labels and namespace, not draining) gets one,
+//! pinned to it, and N is how many there were. A shard whose worker is lost before it ran
+//! fails: the instant did not run everywhere it was owed. With no such worker at all, the
+//! instant is one run that waits for the first.
+//!
+//! This module owns the bound, the definition rules and who a broadcast goes to; the stores own
+//! the rows.
 
 use crate::error::SpecError;
 use crate::job::JobSpec;
 use crate::target::TargetSpec;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The most shards an instant may be split into: each is a run, so this bounds the rows one
 /// instant writes.
@@ -48,8 +56,57 @@ pub fn count(spec: &JobSpec) -> u16 {
     spec.shards.unwrap_or(1)
 }
 
-/// Checks a definition's `shards`.
+/// A worker as a broadcast sees it: who it is, which namespaces its token serves, its labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveWorker {
+    pub id: String,
+    pub namespaces: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Where an instant's shards go, one entry per shard in order: `None` to any worker, or the
+/// worker a broadcast's shard is pinned to. `live` are the workers alive and not draining.
+pub fn placements(spec: &JobSpec, namespace: &str, live: &[LiveWorker]) -> Vec<Option<String>> {
+    if !spec.broadcast {
+        return vec![None; usize::from(count(spec))];
+    }
+    let mut to: Vec<Option<String>> = live
+        .iter()
+        .filter(|w| {
+            crate::dispatch::carries(namespace, &spec.routing.labels, &w.namespaces, &w.labels)
+        })
+        .map(|w| Some(w.id.clone()))
+        .collect();
+    to.sort();
+    to.dedup();
+    to.truncate(usize::from(MAX_SHARDS));
+    if to.is_empty() {
+        to.push(None);
+    }
+    to
+}
+
+/// The error of a broadcast's shard whose worker was lost before it ran.
+pub fn worker_lost(worker: &str) -> String {
+    format!("worker {worker} was lost before it ran its share of the broadcast")
+}
+
+/// Checks a definition's `shards` and `broadcast`.
 pub fn validate(spec: &JobSpec) -> Result<(), SpecError> {
+    if spec.broadcast {
+        if spec.shards.is_some() {
+            return Err(SpecError::new(
+                "shards",
+                "a broadcast has one shard per worker: give shards or broadcast, not both",
+            ));
+        }
+        if !matches!(spec.target, TargetSpec::Shell(_) | TargetSpec::Http(_)) {
+            return Err(SpecError::new(
+                "broadcast",
+                "a broadcast runs once on every worker: its target must be shell or http",
+            ));
+        }
+    }
     let Some(shards) = spec.shards else {
         return Ok(());
     };
@@ -97,6 +154,54 @@ mod tests {
         // A negative or absurd count never parses into a definition at all.
         assert!(serde_json::from_str::<JobSpec>(&shell.replace("SHARDS", "-1")).is_err());
         assert!(serde_json::from_str::<JobSpec>(&shell.replace("SHARDS", "70000")).is_err());
+    }
+
+    #[test]
+    fn a_broadcast_goes_once_to_each_worker_that_may_take_it() {
+        let live = |id: &str, zone: &str, namespaces: &[&str]| LiveWorker {
+            id: id.to_string(),
+            namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+            labels: [("zone".to_string(), zone.to_string())].into(),
+        };
+        let workers = [
+            live("w3", "eu", &["*"]),
+            live("w1", "eu", &["default"]),
+            live("w2", "us", &["*"]),
+            live("w4", "eu", &["other"]),
+        ];
+        let everywhere = spec(r#"{"target": {"shell": {"command": "true"}}, "broadcast": true}"#);
+        assert_eq!(
+            placements(&everywhere, "default", &workers),
+            [Some("w1".into()), Some("w2".into()), Some("w3".into())],
+            "every worker serving the namespace, by id"
+        );
+        let eu = spec(
+            r#"{"target": {"shell": {"command": "true"}}, "broadcast": true,
+                "routing": {"labels": {"zone": "eu"}}}"#,
+        );
+        assert_eq!(
+            placements(&eu, "default", &workers),
+            [Some("w1".into()), Some("w3".into())]
+        );
+        // Nobody to go to: one run, for whoever comes first.
+        assert_eq!(placements(&eu, "default", &[]), [None]);
+        let sharded = spec(r#"{"target": {"shell": {"command": "true"}}, "shards": 3}"#);
+        assert_eq!(
+            placements(&sharded, "default", &workers),
+            [None, None, None]
+        );
+    }
+
+    #[test]
+    fn a_broadcast_is_for_workers_and_sets_its_own_shards() {
+        let both =
+            spec(r#"{"target": {"shell": {"command": "true"}}, "broadcast": true, "shards": 2}"#);
+        assert_eq!(validate(&both).unwrap_err().field, "shards");
+        let heartbeat = spec(r#"{"target": {"heartbeat": {"grace": "1m"}}, "broadcast": true}"#);
+        assert_eq!(validate(&heartbeat).unwrap_err().field, "broadcast");
+        let http =
+            spec(r#"{"target": {"http": {"url": "https://example.com/hook"}}, "broadcast": true}"#);
+        assert!(validate(&http).is_ok());
     }
 
     #[test]

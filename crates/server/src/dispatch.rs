@@ -548,6 +548,7 @@ fn demand(run: &QueuedRun) -> Demand<'_> {
         affinity_key: run.routing.affinity_key.as_deref(),
         publishes_through: run.target.destination().map(|d| d.connection),
         priority: run.priority,
+        pinned: run.pinned_worker.as_deref(),
     }
 }
 
@@ -672,6 +673,7 @@ mod tests {
             event: None,
             graph_ranked: false,
             shard: None,
+            pinned_worker: None,
         }
     }
 

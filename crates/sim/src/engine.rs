@@ -436,6 +436,7 @@ impl Sim<'_> {
                     affinity_key: Some(trace.key(request.key)),
                     publishes_through: None,
                     priority: request.priority,
+                    pinned: None,
                 }
             })
             .collect();

@@ -1,7 +1,8 @@
-//! Sharded jobs through the real binary and real `sked worker` processes: an instant of a job
-//! with `shards: N` is N runs that each learn their place from `SKED_SHARD`/`SKED_SHARDS` and
-//! are spread over the workers; and the bounds and combinations a definition may not have are
-//! refused with the field at fault.
+//! Sharded and broadcast jobs through the real binary and real `sked worker` processes: an
+//! instant of a job with `shards: N` is N runs that each learn their place from
+//! `SKED_SHARD`/`SKED_SHARDS` and are spread over the workers; a broadcast's instant runs once
+//! on each live worker, and the share of a worker killed before it ran fails saying so; and
+//! the bounds and combinations a definition may not have are refused with the field at fault.
 
 mod common;
 
@@ -76,6 +77,102 @@ async fn each_shard_of_an_instant_runs_once_knowing_its_place_spread_over_worker
     assert_eq!(workers.len(), 2, "spread over the workers: {workers:?}");
 }
 
+/// The id of each live worker, by name.
+async fn worker_ids(sked: &Sked) -> std::collections::BTreeMap<String, String> {
+    let (status, list) = sked.get("/workers").await;
+    assert_eq!(status, 200, "{list}");
+    list["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .filter(|w| w["alive"] == true)
+        .map(|w| {
+            let text = |k: &str| w[k].as_str().unwrap_or_default().to_string();
+            (text("name"), text("id"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_broadcast_runs_once_on_each_worker_and_a_lost_workers_share_fails() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    sked.start_worker("w1", 2);
+    let w2 = sked.start_worker("w2", 2);
+    wait_workers(&sked, 2).await;
+    let ids = worker_ids(&sked).await;
+    let (status, job) = sked
+        .put_job(
+            "everywhere",
+            json!({
+                "target": {"shell": {"command": "echo on=$SKED_SHARD/$SKED_SHARDS"}},
+                "broadcast": true,
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{job}");
+    let (status, first) = sked.post("/jobs/everywhere/trigger", json!({})).await;
+    assert_eq!(status, 201, "{first}");
+    let runs = sked
+        .wait_runs("everywhere", 2, Duration::from_secs(60))
+        .await;
+    assert_eq!(runs.len(), 2, "{}", Value::Array(runs.clone()));
+    let mut ran_on = BTreeSet::new();
+    for summary in &runs {
+        let id = summary["id"].as_i64().expect("a run id");
+        let run = sked.run(id).await;
+        assert_eq!(run["state"], "succeeded", "{run}");
+        let pinned = run["pinned_worker"].as_str().expect("pinned").to_string();
+        let attempts = run["attempt_history"].as_array().expect("attempts");
+        assert_eq!(attempts.len(), 1, "{run}");
+        assert_eq!(
+            attempts[0]["worker_id"],
+            pinned.as_str(),
+            "it ran where it was pinned"
+        );
+        let index = run["shard"]["index"].as_i64().expect("a shard");
+        assert_eq!(sked.run_log(id).await.trim(), format!("on={index}/2"));
+        ran_on.insert(pinned);
+    }
+    let everyone: BTreeSet<String> = ids.values().cloned().collect();
+    assert_eq!(ran_on, everyone, "once on each worker");
+
+    // w2 dies; an instant fired before it is declared dead still owes it a share, which fails
+    // once it is, instead of waiting for ever or running elsewhere.
+    sked.workers[w2].sigkill();
+    let (status, second) = sked.post("/jobs/everywhere/trigger", json!({})).await;
+    assert_eq!(status, 201, "{second}");
+    let instant = second["scheduled_for"]
+        .as_str()
+        .expect("an instant")
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let shares = loop {
+        let shares: Vec<Value> = sked
+            .runs("everywhere")
+            .await
+            .into_iter()
+            .filter(|r| r["scheduled_for"] == instant.as_str())
+            .collect();
+        if !shares.is_empty() && shares.iter().all(|r| common::is_terminal(&r["state"])) {
+            break shares;
+        }
+        assert!(Instant::now() < deadline, "the second instant never ended");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(shares.len(), 2, "w2 was still alive when it fired");
+    for share in shares {
+        let run = sked.run(share["id"].as_i64().expect("an id")).await;
+        if run["pinned_worker"] == ids["w2"].as_str() {
+            assert_eq!(run["state"], "failed", "{run}");
+            let error = run["error"].as_str().unwrap_or_default();
+            assert!(error.contains("was lost before it ran its share"), "{run}");
+        } else {
+            assert_eq!(run["state"], "succeeded", "{run}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn shards_are_bounded_and_refused_where_they_cannot_apply() {
     let mut sked = Sked::new();
@@ -106,6 +203,20 @@ async fn shards_are_bounded_and_refused_where_they_cannot_apply() {
         .await;
     assert_eq!(status, 400, "{answer}");
     assert_eq!(answer["error"]["field"], "shards", "{answer}");
+    for (bad, field) in [
+        (
+            json!({"target": shell, "broadcast": true, "shards": 2}),
+            "shards",
+        ),
+        (
+            json!({"target": {"heartbeat": {"grace": "1m"}}, "schedule": {"every": "1m"}, "broadcast": true}),
+            "broadcast",
+        ),
+    ] {
+        let (status, answer) = sked.put_job("bad", bad).await;
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["error"]["field"], field, "{answer}");
+    }
     let (status, jobs) = sked.get("/jobs").await;
     assert_eq!(status, 200);
     assert_eq!(jobs["jobs"], json!([]), "nothing refused was written");

@@ -45,6 +45,7 @@ macro_rules! store_contract_tests {
             a_sharded_instant_is_its_shards_decided_together,
             cancel_running_spares_the_shards_of_its_own_instant,
             a_dependant_waits_for_every_shard_of_its_upstream_instant,
+            a_broadcast_is_one_pinned_run_per_live_worker_and_fails_where_its_worker_is_lost,
             manual_runs_ignore_overlap,
             skipped_runs_are_finished_with_their_reason,
             attempts_are_fenced_by_token_and_state,
@@ -933,6 +934,74 @@ pub async fn a_dependant_waits_for_every_shard_of_its_upstream_instant(store: &d
         .collect();
     let s = (RunState::Skipped, Some(SkipReason::UpstreamFailed));
     assert_eq!(skipped, [s, s, s]);
+}
+
+pub async fn a_broadcast_is_one_pinned_run_per_live_worker_and_fails_where_its_worker_is_lost(
+    store: &dyn Store,
+) {
+    let j = put(
+        store,
+        "everywhere",
+        every_second(serde_json::json!({"broadcast": true, "routing": {"labels": {"zone": "eu"}}})),
+    )
+    .await;
+    // Nobody yet: the instant is one run, for whoever comes first.
+    let alone = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    assert!(alone.placed && alone.other_shards.is_empty());
+    let (r, _) = run(store, alone.run_id).await;
+    assert_eq!(
+        (r.state, r.shard, r.pinned_worker),
+        (RunState::Queued, None, None)
+    );
+    // w-a and w-b (zone eu) are live; w-c is elsewhere, w-d draining.
+    worker(store, "w-a", t0() + secs(10)).await;
+    worker(store, "w-b", t0()).await;
+    worker(store, "w-d", t0() + secs(10)).await;
+    store.drain_worker("w-d").await.unwrap();
+    let us = NewWorker {
+        id: "w-c".into(),
+        name: "w-c".into(),
+        labels: [("zone".to_string(), "us".to_string())].into(),
+        slots: 4,
+        namespaces: vec!["*".into()],
+        token_id: None,
+    };
+    store.register_worker(&us, t0() + secs(10)).await.unwrap();
+    let fired = fire_one(store, fire(j.id, t0() + secs(2))).await;
+    let ids: Vec<i64> = fired.all_runs().collect();
+    let dispatched = store.queued_runs(Some(&ids)).await.unwrap();
+    let places: Vec<(Option<u16>, Option<&str>)> = dispatched
+        .iter()
+        .map(|q| (q.shard.map(|s| s.index), q.pinned_worker.as_deref()))
+        .collect();
+    assert_eq!(places, [(Some(0), Some("w-a")), (Some(1), Some("w-b"))]);
+    // w-a runs its share; w-b goes silent before it ran its own.
+    let attempt = start(store, ids[0], "w-a", 4, t0() + secs(11)).await;
+    let reaped = store.reap(t0() + secs(5), t0() + secs(12)).await.unwrap();
+    assert_eq!(reaped.dead_workers, ["w-b"]);
+    assert_eq!(reaped.failed, [ids[1]]);
+    let (lost_share, _) = run(store, ids[1]).await;
+    assert_eq!(lost_share.state, RunState::Failed);
+    assert_eq!(
+        lost_share.error.as_deref(),
+        Some("worker w-b was lost before it ran its share of the broadcast")
+    );
+    let effect = complete(
+        store,
+        report_as("w-a", attempt, 4, AttemptOutcome::Succeeded),
+        t0() + secs(12),
+    )
+    .await;
+    assert!(matches!(
+        effect,
+        CompletionEffect::Accepted {
+            run_state: RunState::Succeeded,
+            ..
+        }
+    ));
+    // A second pass finds nothing more to fail.
+    let again = store.reap(t0() + secs(5), t0() + secs(13)).await.unwrap();
+    assert!(again.failed.is_empty(), "{again:?}");
 }
 
 pub async fn manual_runs_ignore_overlap(store: &dyn Store) {

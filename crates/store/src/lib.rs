@@ -162,6 +162,9 @@ pub struct FiredRun {
     /// For a sharded job's instant written now: the runs of shards 1 to N-1, in order
     /// (`run_id` is shard 0's), all in `state`.
     pub other_shards: Vec<i64>,
+    /// The job's runs are placed (sharded, or a broadcast pinned to workers): each carries
+    /// its place, so none may be made from another's template.
+    pub placed: bool,
 }
 
 impl FiredRun {
@@ -284,6 +287,8 @@ pub struct QueuedRun {
     pub graph_ranked: bool,
     /// For a run of a sharded job: which shard of its instant it is.
     pub shard: Option<sked_core::shard::Shard>,
+    /// For a shard of a broadcast: the one worker that may take it.
+    pub pinned_worker: Option<String>,
 }
 
 /// The dispatcher's choice for one queued run.
@@ -388,6 +393,8 @@ pub struct ReapOutcome {
     pub requeued: Vec<i64>,
     /// Runs whose attempt was lost while a cancel was pending: now cancelled.
     pub cancelled: Vec<i64>,
+    /// Broadcast shards that had not run when their worker was lost: now failed.
+    pub failed: Vec<i64>,
 }
 
 /// A worker's report about one attempt.

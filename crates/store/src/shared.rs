@@ -554,6 +554,24 @@ impl NewRun {
     }
 }
 
+/// A worker a broadcast may go to, from its stored row (`namespaces` and `labels` as JSON).
+pub fn live_worker(
+    id: String,
+    namespaces: &str,
+    labels: &str,
+) -> Result<sked_core::shard::LiveWorker, StoreError> {
+    Ok(sked_core::shard::LiveWorker {
+        id,
+        namespaces: self::namespaces("worker namespaces", namespaces)?,
+        labels: serde_json::from_str(labels)
+            .map_err(|e| StoreError::Corrupt(format!("worker labels do not parse: {e}")))?,
+    })
+}
+
+/// The workers alive and not draining, as a broadcast sees them.
+pub const LIVE_WORKERS: &str =
+    "SELECT id, namespaces, labels FROM workers WHERE alive AND NOT draining ORDER BY id";
+
 /// The shards of one upstream instant, folded into the one run a dependency's verdict sees
 /// (`sked_core::shard`): active while any shard is, succeeded once every shard succeeded, and
 /// otherwise ended as its first shard that did not succeed. An instant of a job that is not

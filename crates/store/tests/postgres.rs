@@ -249,9 +249,9 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
              DROP TABLE notifications; ALTER TABLE jobs DROP COLUMN notify, \
              DROP COLUMN notify_late, DROP COLUMN ping_grace, DROP COLUMN last_ping_at, \
              DROP COLUMN job_metrics; \
-             ALTER TABLE jobs DROP COLUMN shards; \
+             ALTER TABLE jobs DROP COLUMN shards, DROP COLUMN broadcast; \
              ALTER TABLE runs DROP CONSTRAINT runs_ledger_key, DROP COLUMN shard, \
-             DROP COLUMN shard_count, \
+             DROP COLUMN shard_count, DROP COLUMN pinned_worker, \
              ADD CONSTRAINT runs_job_instant_key UNIQUE (job_id, scheduled_for); \
              UPDATE sked_schema SET version = 2; \
              INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \

@@ -118,17 +118,33 @@ pub struct Demand<'a> {
     pub publishes_through: Option<&'a str>,
     /// The run's priority: admission control sheds low ones first.
     pub priority: i32,
+    /// The one worker that may take it: a broadcast's share (`crate::shard`).
+    pub pinned: Option<&'a str>,
 }
 
-/// A worker may take the run: it executes that kind of target, its token serves the run's
-/// namespace, it carries every label asked for. Load is not considered here.
+/// A worker may take the run: it executes that kind of target, it is the worker the run is
+/// pinned to if any, its token serves the run's namespace, it carries every label asked for.
+/// Load is not considered here.
 pub fn serves(demand: &Demand<'_>, worker: &WorkerLoad) -> bool {
     executes(demand, worker)
-        && crate::auth::worker_serves(&worker.namespaces, demand.namespace)
-        && demand
-            .labels
-            .iter()
-            .all(|(k, v)| worker.labels.get(k) == Some(v))
+        && demand.pinned.is_none_or(|id| id == worker.id)
+        && carries(
+            demand.namespace,
+            demand.labels,
+            &worker.namespaces,
+            &worker.labels,
+        )
+}
+
+/// A worker whose token serves `namespace` and that carries every label of `labels`.
+pub fn carries(
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    worker_namespaces: &[String],
+    worker_labels: &BTreeMap<String, String>,
+) -> bool {
+    crate::auth::worker_serves(worker_namespaces, namespace)
+        && labels.iter().all(|(k, v)| worker_labels.get(k) == Some(v))
 }
 
 /// A worker may take the run now: it [`serves`] it and has a free slot.
@@ -205,11 +221,16 @@ pub struct NoWorker {
     pub overloaded: usize,
     /// The policy that held them back (the last one seen, should pools differ).
     pub policy: Option<Overload>,
+    /// The run may go to one worker only (a broadcast's share).
+    pub pinned: bool,
 }
 
 impl NoWorker {
     pub fn count(demand: &Demand<'_>, workers: &[WorkerLoad]) -> NoWorker {
-        let mut why = NoWorker::default();
+        let mut why = NoWorker {
+            pinned: demand.pinned.is_some(),
+            ..NoWorker::default()
+        };
         for worker in workers.iter().filter(|w| serves(demand, w)) {
             why.serving += 1;
             if worker.free_slots() > 0 {
@@ -231,11 +252,19 @@ impl std::fmt::Display for NoWorker {
             free,
             overloaded,
             policy,
+            pinned,
         } = *self;
         let threshold = match policy {
             Some(Overload::Admission) => "shedding load (admission)",
             _ => "over the breaker threshold",
         };
+        if serving == 0 && pinned {
+            return write!(
+                f,
+                "waiting for workers: the one worker this share of a broadcast is pinned to is \
+                 not asking for work"
+            );
+        }
         if serving == 0 {
             return write!(
                 f,
@@ -298,6 +327,7 @@ mod tests {
             affinity_key: Some("customer-7"),
             publishes_through: None,
             priority: 0,
+            pinned: None,
         }
     }
 
@@ -366,6 +396,26 @@ mod tests {
         assert_eq!(
             select(&demand(&none, Strategy::LeastLoaded), &workers, 0, 0),
             None
+        );
+    }
+
+    #[test]
+    fn a_pinned_run_goes_to_its_worker_or_waits() {
+        let any = BTreeMap::new();
+        let workers = vec![worker("a", 4, 0, "eu"), worker("b", 4, 3, "eu")];
+        let pinned = |id| Demand {
+            pinned: Some(id),
+            ..demand(&any, Strategy::LeastLoaded)
+        };
+        // The busier worker, since it is the one the run is pinned to.
+        assert_eq!(select(&pinned("b"), &workers, 0, 0), Some(1));
+        assert_eq!(select(&pinned("gone"), &workers, 0, 0), None);
+        let mut full = workers.clone();
+        full[1].running = 4;
+        assert_eq!(
+            select(&pinned("b"), &full, 0, 0),
+            None,
+            "never another worker"
         );
     }
 

@@ -461,10 +461,10 @@ pub async fn trigger(
         };
         if run.inserted {
             if run.state == RunState::Queued {
-                let queued = if run.other_shards.is_empty() {
+                let queued = if !run.placed {
                     vec![queued_run(run.run_id, &fire, &job)]
                 } else {
-                    // Each shard's run carries its place: read them back.
+                    // Each shard's run carries its place (and a broadcast's, its worker).
                     let ids: Vec<i64> = run.all_runs().collect();
                     state.store.queued_runs(Some(&ids)).await?
                 };

@@ -400,8 +400,8 @@ impl FiringLoop {
             let namespace = self.namespaces.name(p.namespace);
             self.metrics.fired(namespace, now - p.fire.scheduled_for);
             match (run.state, p.template) {
-                // A sharded instant's runs each carry their shard: they are read back.
-                (RunState::Queued, Some(template)) if run.other_shards.is_empty() => {
+                // A sharded or broadcast instant's runs each carry their place: read back.
+                (RunState::Queued, Some(template)) if !run.placed => {
                     queued.push(from_template(&template, run.run_id, &p.fire));
                 }
                 (RunState::Queued, _) => read_back.extend(run.all_runs()),
@@ -440,7 +440,7 @@ impl FiringLoop {
         // A rank that follows the graph changes with other jobs' definitions: such a job's
         // runs are read back with the rank each was recorded with; a shard's run is one of
         // several per instant, each with its own place.
-        if run.graph_ranked || run.shard.is_some() {
+        if run.graph_ranked || run.shard.is_some() || run.pinned_worker.is_some() {
             return;
         }
         if let Some(slot) = self.slots.get_mut(run.job_id) {
@@ -612,6 +612,7 @@ pub fn queued_run(run_id: i64, fire: &Fire, job: &JobRecord) -> QueuedRun {
         event: None,
         graph_ranked: job.spec.priority.is_auto(),
         shard: None,
+        pinned_worker: None,
     }
 }
 

@@ -45,6 +45,13 @@ async fn reap_once(state: &AppState) {
         .metrics
         .attempts_lost
         .inc_by((outcome.requeued.len() + outcome.cancelled.len()) as u64);
+    if !outcome.failed.is_empty() {
+        tracing::warn!(
+            runs = ?outcome.failed,
+            "reaper: broadcast shards failed: their worker was lost before they ran"
+        );
+        state.dispatcher.remove(&outcome.failed);
+    }
     if outcome.requeued.is_empty() {
         return;
     }

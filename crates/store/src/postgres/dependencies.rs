@@ -666,14 +666,17 @@ async fn start(
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
-             waiting_for, waiting_until, event_key, event_id, job_version, shard, shard_count) \
+             waiting_for, waiting_until, event_key, event_id, job_version, shard, shard_count, \
+             pinned_worker) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15, \
-                     (SELECT version FROM jobs WHERE id = $1), s, $16 \
-             FROM generate_series(0, $16::int - 1) AS s \
+                     (SELECT version FROM jobs WHERE id = $1), (p.shard - 1)::int, $16, p.worker \
+             FROM unnest($17::text[]) WITH ORDINALITY AS p(worker, shard) \
              ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING RETURNING id",
         )
         .await?;
-    let shards = i32::from(sked_core::shard::count(&dependant.spec));
+    let places = super::ledger::placements_of(tx, &dependant.spec, at.namespace).await?;
+    // At most `sked_core::shard::MAX_SHARDS`.
+    let count = i32::try_from(places.len()).unwrap_or(i32::MAX);
     let written = tx
         .query(
             &stmt,
@@ -693,7 +696,8 @@ async fn start(
                 &waiting_reason.map(|_| until),
                 &at.event.map(|e| e.key.as_str()),
                 &at.event.map(|e| e.id.as_str()),
-                &shards,
+                &count,
+                &places,
             ],
         )
         .await?;

@@ -167,8 +167,8 @@ pub async fn put(
                      retry = $6, state = $7, next_fire_at = $8, fired_count = $9, \
                      schedule_epoch = $10, updated_at = $11, has_dependencies = $12, \
                      emits = $13, priority_auto = $14, notify = $15, notify_late = $16, \
-                     ping_grace = $17, job_metrics = $18, shards = $19, version = version + 1 \
-                     WHERE id = $1 \
+                     ping_grace = $17, job_metrics = $18, shards = $19, broadcast = $20, \
+                     version = version + 1 WHERE id = $1 \
                      RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -195,6 +195,7 @@ pub async fn put(
                             &ping_grace,
                             &job.spec.job_metrics,
                             &shards,
+                            &job.spec.broadcast,
                         ],
                     )
                     .await?;
@@ -208,9 +209,9 @@ pub async fn put(
                     "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, \
                      retry, state, next_fire_at, fired_count, schedule_epoch, created_at, \
                      updated_at, has_dependencies, emits, priority_auto, notify, notify_late, \
-                     ping_grace, job_metrics, shards) \
+                     ping_grace, job_metrics, shards, broadcast) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, \
-                     $15, $16, $17, $18, $19, $20) \
+                     $15, $16, $17, $18, $19, $20, $21) \
                      ON CONFLICT (namespace, name) DO NOTHING RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -238,6 +239,7 @@ pub async fn put(
                             &ping_grace,
                             &job.spec.job_metrics,
                             &shards,
+                            &job.spec.broadcast,
                         ],
                     )
                     .await?;

@@ -35,12 +35,52 @@ struct FiringJob {
     overlap: OverlapPolicy,
     priority: i32,
     version: i32,
-    /// Its definition, read only for a job with dependencies (the verdict needs them).
+    /// Its definition, read only for a job with dependencies (the verdict needs them) or a
+    /// broadcast (its routing says which workers it goes to).
     spec: Option<JobSpec>,
     /// A heartbeat job's grace (micros): its runs wait for pings.
     ping_grace: Option<i64>,
     /// The runs each instant is split into (1: not sharded).
     shards: i32,
+    broadcast: bool,
+}
+
+impl FiringJob {
+    fn depends_on(&self) -> Option<&JobSpec> {
+        self.spec
+            .as_ref()
+            .filter(|spec| !spec.depends_on.is_empty())
+    }
+}
+
+/// Where the instant's shards go, one entry per shard (`sked_core::shard::placements`).
+async fn placements(tx: &Tx<'_>, job: &FiringJob) -> PgResult<Vec<Option<String>>> {
+    match job.spec.as_ref().filter(|_| job.broadcast) {
+        Some(spec) => placements_of(tx, spec, &job.namespace).await,
+        None => Ok(vec![None; usize::try_from(job.shards).unwrap_or(1)]),
+    }
+}
+
+/// Where an instant of a job with `spec` goes (`sked_core::shard::placements`): for a
+/// broadcast, one shard per live worker that may take it.
+pub(super) async fn placements_of(
+    tx: &Tx<'_>,
+    spec: &JobSpec,
+    namespace: &str,
+) -> PgResult<Vec<Option<String>>> {
+    if !spec.broadcast {
+        return Ok(sked_core::shard::placements(spec, namespace, &[]));
+    }
+    let stmt = tx.prepare_cached(crate::shared::LIVE_WORKERS).await?;
+    let mut live = Vec::new();
+    for row in tx.query(&stmt, &[]).await? {
+        live.push(crate::shared::live_worker(
+            row.try_get(0)?,
+            row.try_get(1)?,
+            row.try_get(2)?,
+        )?);
+    }
+    Ok(sked_core::shard::placements(spec, namespace, &live))
 }
 
 fn sorted(ids: impl IntoIterator<Item = i64>) -> Vec<i64> {
@@ -147,6 +187,7 @@ async fn fire_one(
             inserted: false,
             advanced: false,
             other_shards: Vec::new(),
+            placed: false,
         };
         return Ok((gone, cancel_requested, cancelled));
     };
@@ -169,14 +210,18 @@ async fn fire_one(
             let waiting_reason = new.waiting_reason();
             let (waiting_for, waiting_until) = (new.waiting_for(), new.waiting_until());
             // Every shard of the instant in one statement, sharing its one decision.
+            let places = placements(tx, job).await?;
+            // At most `sked_core::shard::MAX_SHARDS`.
+            let count = i32::try_from(places.len()).unwrap_or(i32::MAX);
             let stmt = tx
                 .prepare_cached(
                     "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
                      skip_reason, priority, ready_at, created_at, finished_at, error, \
                      waiting_reason, waiting_for, waiting_until, job_version, shard, \
-                     shard_count) \
+                     shard_count, pinned_worker) \
                      SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                     $16, s, $17 FROM generate_series(0, $17::int - 1) AS s \
+                     $16, (p.shard - 1)::int, $17, p.worker \
+                     FROM unnest($18::text[]) WITH ORDINALITY AS p(worker, shard) \
                      ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING RETURNING id, shard",
                 )
                 .await?;
@@ -200,7 +245,8 @@ async fn fire_one(
                         &waiting_for,
                         &waiting_until,
                         &job.version,
-                        &job.shards,
+                        &count,
+                        &places,
                     ],
                 )
                 .await?
@@ -211,7 +257,7 @@ async fn fire_one(
             // Runs are only written under their job's lock, which this transaction holds,
             // so the instant cannot have been taken meanwhile; should it have been, the
             // whole batch (and the overlap decision's effects) is rolled back.
-            if written.len() != usize::try_from(job.shards).unwrap_or(0) {
+            if written.len() != places.len() {
                 return Err(StoreError::Database(format!(
                     "the run of job {} at {} was written concurrently",
                     fire.job_id, fire.scheduled_for
@@ -258,6 +304,7 @@ async fn fire_one(
         inserted,
         advanced,
         other_shards,
+        placed: job.shards > 1 || job.broadcast,
     };
     Ok((run, cancel_requested, cancelled))
 }
@@ -271,7 +318,8 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
     let stmt = tx
         .prepare_cached(
             "SELECT id, namespace, name, overlap, priority, \
-             CASE WHEN has_dependencies THEN spec END, version, ping_grace, shards FROM jobs \
+             CASE WHEN has_dependencies OR broadcast THEN spec END, version, ping_grace, shards, \
+             broadcast FROM jobs \
              WHERE id = ANY($1) \
              ORDER BY id FOR UPDATE",
         )
@@ -294,6 +342,7 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
                     .transpose()?,
                 ping_grace: row.try_get(7)?,
                 shards: row.try_get::<_, i32>(8)?.max(1),
+                broadcast: row.try_get(9)?,
             },
         );
     }
@@ -330,7 +379,7 @@ async fn decide_fire(
     if fire.trigger == Trigger::Manual {
         return Ok(NewRun::default());
     }
-    if let Some(spec) = &job.spec {
+    if let Some(spec) = job.depends_on() {
         let verdict = dependencies::judge(tx, &job.namespace, spec, fire.scheduled_for).await?;
         if let Some(new) = NewRun::by_dependencies(verdict, spec, now)? {
             return Ok(new);
@@ -486,7 +535,7 @@ pub(super) async fn skip_run(
 pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<QueuedRun>> {
     const SELECT: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
          r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload, r.shard, \
-         r.shard_count \
+         r.shard_count, r.pinned_worker \
          FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN events e \
          ON e.namespace = r.namespace AND e.key = r.event_key AND e.event_id = r.event_id \
          WHERE r.state = 'queued'";
@@ -530,6 +579,7 @@ pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<Queue
                 i64::from(row.try_get::<_, i32>(11)?),
                 i64::from(row.try_get::<_, i32>(12)?),
             ),
+            pinned_worker: row.try_get(13)?,
         };
         order.push(run.run_id);
         found.insert(run.run_id, run);
@@ -1029,18 +1079,27 @@ pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<
         ))
         .await?;
     let candidates = tx.query(&stmt, &[&micros(now)]).await?;
-    if candidates.is_empty() {
+    // A broadcast's shard pinned to a worker that is gone can run nowhere else.
+    let stmt = tx
+        .prepare_cached(&format!("SELECT r.job_id FROM runs r WHERE {STRANDED}"))
+        .await?;
+    let stranded = tx.query(&stmt, &[]).await?;
+    if candidates.is_empty() && stranded.is_empty() {
         return Ok(outcome);
     }
     let mut attempt_ids = Vec::with_capacity(candidates.len());
-    let mut job_ids = Vec::with_capacity(candidates.len());
+    let mut job_ids = Vec::with_capacity(candidates.len() + stranded.len());
     for row in &candidates {
         attempt_ids.push(row.try_get::<_, i64>(0)?);
         job_ids.push(row.try_get::<_, i64>(1)?);
     }
+    for row in &stranded {
+        job_ids.push(row.try_get::<_, i64>(0)?);
+    }
     let attempt_ids = sorted(attempt_ids);
+    let job_ids = sorted(job_ids);
     let below = dependants_of(tx, &job_ids).await?;
-    lock_jobs(tx, &sorted(job_ids.into_iter().chain(below))).await?;
+    lock_jobs(tx, &sorted(job_ids.iter().copied().chain(below))).await?;
     lock_attempts_and_runs(tx, &attempt_ids).await?;
     let mut ended = Vec::new();
     let stmt = tx
@@ -1087,8 +1146,27 @@ pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<
             outcome.requeued.push(run_id);
         }
     }
+    // Under the jobs' locks: those found above, and those the lost attempts just queued again.
+    let stmt = tx
+        .prepare_cached(&format!(
+            "SELECT r.id, r.job_id, r.failures, r.pinned_worker FROM runs r \
+             WHERE {STRANDED} AND r.job_id = ANY($1) ORDER BY r.id FOR UPDATE"
+        ))
+        .await?;
+    for row in tx.query(&stmt, &[&job_ids]).await? {
+        let (run_id, job_id): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        let failures = rows::count("failures", row.try_get::<_, i32>(2)?)?;
+        let error = sked_core::shard::worker_lost(row.try_get(3)?);
+        ended.push(finish_run(tx, run_id, RunState::Failed, failures, Some(&error), now).await?);
+        outcome.failed.push(run_id);
+        outcome.requeued.extend(release_waiting(tx, job_id).await?);
+    }
     outcome
         .requeued
         .extend(settle(tx, ended, Vec::new(), now).await?.queued);
     Ok(outcome)
 }
+
+/// Queued shards of a broadcast whose worker is no longer alive (through `runs_pinned`).
+const STRANDED: &str = "r.state = 'queued' AND r.pinned_worker IS NOT NULL \
+     AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = r.pinned_worker AND w.alive)";

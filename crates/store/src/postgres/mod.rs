@@ -539,6 +539,9 @@ impl Store for PgStore {
             self.channel
                 .notify(&tx, Kind::RunsQueued, &outcome.requeued)
                 .await?;
+            self.channel
+                .notify(&tx, Kind::RunsDequeued, &outcome.failed)
+                .await?;
             outcome
         })
     }

@@ -56,7 +56,7 @@ pub fn job(row: &Row) -> PgResult<JobRecord> {
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
-     job_version, shard, shard_count";
+     job_version, shard, shard_count, pinned_worker";
 
 pub fn run(row: &Row) -> PgResult<RunRecord> {
     let skip_reason: Option<&str> = row.try_get(7)?;
@@ -91,6 +91,7 @@ pub fn run(row: &Row) -> PgResult<RunRecord> {
             i64::from(row.try_get::<_, i32>(23)?),
             i64::from(row.try_get::<_, i32>(24)?),
         ),
+        pinned_worker: row.try_get(25)?,
     };
     Ok(crate::shared::with_waiting(
         record,

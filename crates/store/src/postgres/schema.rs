@@ -299,14 +299,20 @@ CREATE INDEX runs_waiting_pings ON runs (waiting_until)
     WHERE state = 'waiting' AND waiting_reason = 'ping';
 "#,
     r#"
--- Version 10: sharded jobs (SQLite's version 10). A job with `shards: N` records N runs per
--- instant, so the ledger key gains the shard: (job, instant, shard), shard 0 for every run of
--- a job that is not sharded. `shard_count` is N as the job said when the instant fired.
+-- Version 10: sharded and broadcast jobs (SQLite's version 10). A job with `shards: N`
+-- records N runs per instant, so the ledger key gains the shard: (job, instant, shard), shard
+-- 0 for every run of a job that is not sharded. `shard_count` is N as the job said when the
+-- instant fired. A broadcast job's shards are one per worker, each pinned to its worker
+-- (`pinned_worker`); `runs_pinned` finds those whose worker was lost.
 ALTER TABLE jobs ADD COLUMN shards INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE jobs ADD COLUMN broadcast BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE runs ADD COLUMN shard INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN shard_count INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE runs ADD COLUMN pinned_worker TEXT;
 ALTER TABLE runs DROP CONSTRAINT runs_job_instant_key,
     ADD CONSTRAINT runs_ledger_key UNIQUE (job_id, scheduled_for, shard);
+CREATE INDEX runs_pinned ON runs (pinned_worker)
+    WHERE state = 'queued' AND pinned_worker IS NOT NULL;
 "#,
 ];
 

@@ -547,17 +547,18 @@ fn start(
         (RunState::Waiting, None, Some("dependencies"))
     };
     let (waiting_for, until) = crate::shared::waiting_columns(&dependant.spec, &[], now)?;
-    let shards = sked_core::shard::count(&dependant.spec);
+    let places = super::ledger::placements_of(tx, &dependant.spec, at.namespace)?;
+    let count = places.len();
     let mut runs = Vec::new();
-    for shard in 0..shards {
+    for (shard, pinned) in places.into_iter().enumerate() {
         let written = tx
             .prepare_cached(
                 "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
                  skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
                  waiting_for, waiting_until, event_key, event_id, job_version, shard, \
-                 shard_count) \
+                 shard_count, pinned_worker) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-                         (SELECT version FROM jobs WHERE id = ?1), ?16, ?17) \
+                         (SELECT version FROM jobs WHERE id = ?1), ?16, ?17, ?18) \
                  ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING",
             )?
             .execute(params![
@@ -577,7 +578,8 @@ fn start(
                 at.event.map(|e| &e.key),
                 at.event.map(|e| &e.id),
                 shard,
-                shards,
+                count,
+                pinned,
             ])?;
         if written == 0 {
             // Shard 0 recorded already: the instant is.

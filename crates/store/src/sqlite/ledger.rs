@@ -115,12 +115,53 @@ struct FiringJob {
     overlap: OverlapPolicy,
     priority: i32,
     version: u32,
-    /// Its definition, read only for a job with dependencies (the verdict needs them).
+    /// Its definition, read only for a job with dependencies (the verdict needs them) or a
+    /// broadcast (its routing says which workers it goes to).
     spec: Option<JobSpec>,
     /// A heartbeat job's grace (micros): its runs wait for pings.
     ping_grace: Option<i64>,
     /// The runs each instant is split into (1: not sharded).
     shards: u16,
+    broadcast: bool,
+}
+
+impl FiringJob {
+    fn depends_on(&self) -> Option<&JobSpec> {
+        self.spec
+            .as_ref()
+            .filter(|spec| !spec.depends_on.is_empty())
+    }
+}
+
+/// Where the instant's shards go, one entry per shard (`sked_core::shard::placements`).
+fn placements(tx: &Transaction<'_>, job: &FiringJob) -> Result<Vec<Option<String>>> {
+    match job.spec.as_ref().filter(|_| job.broadcast) {
+        Some(spec) => placements_of(tx, spec, &job.namespace),
+        None => Ok(vec![None; usize::from(job.shards)]),
+    }
+}
+
+/// Where an instant of a job with `spec` goes (`sked_core::shard::placements`): for a
+/// broadcast, one shard per live worker that may take it.
+pub(super) fn placements_of(
+    tx: &Transaction<'_>,
+    spec: &JobSpec,
+    namespace: &str,
+) -> Result<Vec<Option<String>>> {
+    if !spec.broadcast {
+        return Ok(sked_core::shard::placements(spec, namespace, &[]));
+    }
+    let mut stmt = tx.prepare_cached(crate::shared::LIVE_WORKERS)?;
+    let mut rows = stmt.query([])?;
+    let mut live = Vec::new();
+    while let Some(row) = rows.next()? {
+        live.push(crate::shared::live_worker(
+            row.get(0)?,
+            &row.get::<_, String>(1)?,
+            &row.get::<_, String>(2)?,
+        )?);
+    }
+    Ok(sked_core::shard::placements(spec, namespace, &live))
 }
 
 pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
@@ -140,6 +181,7 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
                 inserted: false,
                 advanced: false,
                 other_shards: Vec::new(),
+                placed: false,
             });
             continue;
         };
@@ -148,7 +190,7 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
         // already. Any other is looked up first, since deciding it may cancel other runs.
         let decided_alone = fire.skip.is_some()
             || fire.trigger == Trigger::Manual
-            || (job.overlap == OverlapPolicy::Allow && job.spec.is_none());
+            || (job.overlap == OverlapPolicy::Allow && job.depends_on().is_none());
         let existing = if decided_alone {
             None
         } else {
@@ -160,10 +202,20 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
             None => {
                 let new = decide_fire(tx, fire, job, now, &mut outcome, &mut ended)?;
                 let state = new.state();
-                match insert_run(tx, fire, job, 0, &new, now)? {
+                let places = placements(tx, job)?;
+                let count = places.len();
+                let mut places = places.into_iter().enumerate();
+                let (_, first_place) = places.next().unwrap_or_default();
+                let place = |index: usize, pinned| Place {
+                    shard: index,
+                    count,
+                    pinned,
+                };
+                match insert_run(tx, fire, job, place(0, first_place), &new, now)? {
                     Some(id) => {
                         // The instant's other shards share its one decision.
-                        for shard in 1..job.shards {
+                        for (index, pinned) in places {
+                            let shard = place(index, pinned);
                             if let Some(id) = insert_run(tx, fire, job, shard, &new, now)? {
                                 other_shards.push(id);
                             }
@@ -219,6 +271,7 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
             inserted,
             advanced,
             other_shards,
+            placed: job.shards > 1 || job.broadcast,
         });
     }
     let settled = settle(tx, ended, Vec::new(), now)?;
@@ -242,12 +295,19 @@ fn recorded_run(tx: &Transaction<'_>, fire: &Fire) -> Result<Option<(i64, RunSta
         .transpose()
 }
 
+/// One shard of an instant: its place, how many there are, and the worker it is pinned to.
+struct Place {
+    shard: usize,
+    count: usize,
+    pinned: Option<String>,
+}
+
 /// Writes the fire's run, or one shard of it; `None` when it was recorded already.
 fn insert_run(
     tx: &Transaction<'_>,
     fire: &Fire,
     job: &FiringJob,
-    shard: u16,
+    place: Place,
     new: &NewRun,
     now: Instant,
 ) -> Result<Option<i64>> {
@@ -258,9 +318,9 @@ fn insert_run(
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, error, waiting_reason, \
-             waiting_for, waiting_until, job_version, shard, shard_count) \
+             waiting_for, waiting_until, job_version, shard, shard_count, pinned_worker) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-                     ?17, ?18) \
+                     ?17, ?18, ?19) \
              ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING",
         )?
         .execute(params![
@@ -280,18 +340,29 @@ fn insert_run(
             new.waiting_for(),
             new.waiting_until(),
             job.version,
-            shard,
-            job.shards,
+            place.shard,
+            place.count,
+            place.pinned,
         ])?;
     Ok((written == 1).then(|| tx.last_insert_rowid()))
 }
 
 fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
-    type Row = (String, String, String, i32, bool, u32, Option<i64>, u16);
+    type Row = (
+        String,
+        String,
+        String,
+        i32,
+        bool,
+        u32,
+        Option<i64>,
+        u16,
+        bool,
+    );
     let row: Option<Row> = tx
         .prepare_cached(
             "SELECT namespace, name, overlap, priority, has_dependencies, version, ping_grace, \
-             shards FROM jobs WHERE id = ?1",
+             shards, broadcast FROM jobs WHERE id = ?1",
         )?
         .query_row(params![job_id], |r| {
             Ok((
@@ -303,17 +374,27 @@ fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
                 r.get(5)?,
                 r.get(6)?,
                 r.get(7)?,
+                r.get(8)?,
             ))
         })
         .optional()?;
-    let Some((namespace, name, overlap, priority, has_dependencies, version, ping_grace, shards)) =
-        row
+    let Some((
+        namespace,
+        name,
+        overlap,
+        priority,
+        has_dependencies,
+        version,
+        ping_grace,
+        shards,
+        broadcast,
+    )) = row
     else {
         return Ok(None);
     };
     let overlap = OverlapPolicy::parse(&overlap)
         .ok_or_else(|| crate::StoreError::Corrupt(format!("unknown overlap policy {overlap:?}")))?;
-    let spec = if has_dependencies {
+    let spec = if has_dependencies || broadcast {
         let text: String = tx
             .prepare_cached("SELECT spec FROM jobs WHERE id = ?1")?
             .query_row(params![job_id], |r| r.get(0))?;
@@ -330,6 +411,7 @@ fn firing_job(tx: &Transaction<'_>, job_id: i64) -> Result<Option<FiringJob>> {
         spec,
         ping_grace,
         shards: shards.max(1),
+        broadcast,
     }))
 }
 
@@ -362,7 +444,7 @@ fn decide_fire(
     if fire.trigger == Trigger::Manual {
         return Ok(NewRun::default());
     }
-    if let Some(spec) = &job.spec {
+    if let Some(spec) = job.depends_on() {
         let verdict = dependencies::judge(tx, &job.namespace, spec, fire.scheduled_for)?;
         if let Some(new) = NewRun::by_dependencies(verdict, spec, now)? {
             return Ok(new);
@@ -446,7 +528,7 @@ pub(super) fn skip_run(
 /// condition, so a start does not read the whole ledger.
 pub(super) const QUEUED: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
      r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload, r.shard, \
-     r.shard_count \
+     r.shard_count, r.pinned_worker \
      FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN events e ON e.namespace = r.namespace \
      AND e.key = r.event_key AND e.event_id = r.event_id WHERE r.state = 'queued'";
 
@@ -474,6 +556,7 @@ pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<Queu
             event: crate::shared::run_event(row.get(8)?, row.get(9)?, row.get(10)?)?,
             graph_ranked: spec.priority.is_auto(),
             shard: sked_core::shard::Shard::of_run(row.get::<_, i64>(11)?, row.get::<_, i64>(12)?),
+            pinned_worker: row.get(13)?,
         });
         Ok(())
     };
@@ -850,11 +933,35 @@ pub fn reap(tx: &Transaction<'_>, silent_since: Instant, now: Instant) -> Result
             outcome.requeued.push(run_id);
         }
     }
+    // A broadcast's shard pinned to a worker that is gone can run nowhere else.
+    let stranded: Vec<(i64, i64, u32, String)> = {
+        let mut stmt = tx.prepare_cached(STRANDED)?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for (run_id, job_id, failures, worker) in stranded {
+        let error = sked_core::shard::worker_lost(&worker);
+        ended.push(finish_run(
+            tx,
+            run_id,
+            RunState::Failed,
+            failures,
+            Some(&error),
+            now,
+        )?);
+        outcome.failed.push(run_id);
+        outcome.requeued.extend(release_waiting(tx, job_id)?);
+    }
     outcome
         .requeued
         .extend(settle(tx, ended, Vec::new(), now)?.queued);
     Ok(outcome)
 }
+
+/// Queued shards of a broadcast whose worker is no longer alive (through `runs_pinned`).
+const STRANDED: &str = "SELECT id, job_id, failures, pinned_worker FROM runs \
+     WHERE state = 'queued' AND pinned_worker IS NOT NULL \
+     AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = runs.pinned_worker AND w.alive = 1)";
 
 #[cfg(test)]
 mod tests {
@@ -863,6 +970,16 @@ mod tests {
     /// The plan of every job-scoped statement must go through a partial index, never through
     /// an index that covers the job's whole history (the ledger key, the by-name index), nor
     /// a scan.
+    /// The reaper looks for stranded broadcast shards every pass: through the small index of
+    /// pinned queued runs, never the queue or the ledger.
+    #[test]
+    fn stranded_shards_are_found_through_their_index() {
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut conn).unwrap();
+        let plan = super::super::query_plan(&conn, STRANDED).join("; ");
+        assert!(plan.contains("INDEX runs_pinned"), "{plan}");
+    }
+
     #[test]
     fn job_scoped_statements_use_partial_indexes() {
         let mut conn = rusqlite::Connection::open_in_memory().unwrap();

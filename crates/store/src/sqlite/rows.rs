@@ -36,7 +36,7 @@ pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
-     job_version, shard, shard_count";
+     job_version, shard, shard_count, pinned_worker";
 
 pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let skip_reason: Option<String> = row.get(7)?;
@@ -65,6 +65,7 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         error: row.get(16)?,
         job_version: row.get(22)?,
         shard: Shard::of_run(row.get::<_, i64>(23)?, row.get::<_, i64>(24)?),
+        pinned_worker: row.get(25)?,
     };
     crate::shared::with_waiting(
         record,

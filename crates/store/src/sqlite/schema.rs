@@ -341,15 +341,20 @@ CREATE INDEX runs_waiting_pings ON runs (waiting_until)
     WHERE state = 'waiting' AND waiting_reason = 'ping';
 "#,
     r#"
--- Version 10: sharded jobs. A job with `shards: N` (copied out of its definition) records N
--- runs per instant, so the ledger key gains the shard: (instant, job, shard), shard 0 for
--- every run of a job that is not sharded. `shard_count` is N as the job said when the
--- instant fired.
+-- Version 10: sharded and broadcast jobs. A job with `shards: N` (copied out of its
+-- definition) records N runs per instant, so the ledger key gains the shard: (instant, job,
+-- shard), shard 0 for every run of a job that is not sharded. `shard_count` is N as the job
+-- said when the instant fired. A broadcast job's shards are one per worker, each pinned to
+-- its worker (`pinned_worker`); `runs_pinned` finds those whose worker was lost.
 ALTER TABLE jobs ADD COLUMN shards INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE jobs ADD COLUMN broadcast INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN shard INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN shard_count INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE runs ADD COLUMN pinned_worker TEXT;
 DROP INDEX runs_ledger_key;
 CREATE UNIQUE INDEX runs_ledger_key ON runs (scheduled_for, job_id, shard);
+CREATE INDEX runs_pinned ON runs (pinned_worker)
+    WHERE state = 'queued' AND pinned_worker IS NOT NULL;
 "#,
 ];
 
