@@ -349,7 +349,7 @@ impl Store for PgStore {
                 .runs
                 .iter()
                 .filter(|r| r.inserted && r.state == RunState::Queued)
-                .map(|r| r.run_id)
+                .flat_map(|r| r.all_runs())
                 .chain(outcome.released.iter().copied())
                 .collect();
             self.channel.notify(&tx, Kind::RunsQueued, &queued).await?;
