@@ -12,8 +12,9 @@
 //! route by `affinity_key` = the key, with the cell's strategy), sent at its time scaled by
 //! `--time-scale`; the server runs with the cell's `--overload`. Reported per cell and class,
 //! in trace seconds: mean and p99 wait (trigger to execution start at the service), mean
-//! duration (execution), the spread of per-worker wait variance, and the ratio to the first
-//! cell (the baseline).
+//! duration (execution), mean time at the server (the request's arrival at the service to its
+//! end: the wait in line there plus execution, the study's "duration"), the spread of
+//! per-worker wait variance, and the ratio to the first cell (the baseline).
 
 use crate::harness::{fresh_store, http_client, start_configured, ADMIN_TOKEN};
 use crate::process::{sked_bin, spawn, terminate};
@@ -96,6 +97,8 @@ fn parse_cells(cells: &[String]) -> Result<Vec<(Overload, Strategy)>> {
 #[derive(Debug, Clone)]
 struct Served {
     worker: String,
+    /// When the worker's request reached the service.
+    arrived: Instant,
     start: Instant,
     end: Instant,
 }
@@ -124,6 +127,7 @@ struct Server {
 
 impl Service {
     async fn request(&self, run_id: i64) -> Result<()> {
+        let arrived = Instant::now();
         let index = self.index_of(run_id).await?;
         let worker = self.worker_of(run_id).await?;
         let server = {
@@ -159,7 +163,15 @@ impl Service {
         let seconds = if warm { line.warm } else { line.cold };
         tokio::time::sleep(Duration::from_secs_f64(seconds * self.time_scale)).await;
         let end = Instant::now();
-        lock(&self.served).insert(index, Served { worker, start, end });
+        lock(&self.served).insert(
+            index,
+            Served {
+                worker,
+                arrived,
+                start,
+                end,
+            },
+        );
         Ok(())
     }
 
@@ -254,11 +266,13 @@ pub async fn run(options: Args, database_url: Option<&str>) -> Result<Value> {
                 "mean_wait": f.mean_wait,
                 "p99_wait": f.p99_wait,
                 "mean_duration": f.mean_duration,
+                "mean_at_server": f.mean_at_server,
                 "variance_spread": f.spread,
                 "warm_share": f.warm_share,
                 "vs_baseline": {
                     "mean_wait": base.mean_wait / f.mean_wait,
                     "mean_duration": base.mean_duration / f.mean_duration,
+                    "mean_at_server": base.mean_at_server / f.mean_at_server,
                 },
             });
             println!("{row}");
@@ -275,6 +289,7 @@ struct Figures {
     mean_wait: f64,
     p99_wait: f64,
     mean_duration: f64,
+    mean_at_server: f64,
     spread: Option<f64>,
     warm_share: f64,
 }
@@ -437,6 +452,7 @@ async fn cell(
     for class in classes {
         let mut waits = Vec::new();
         let mut durations = Vec::new();
+        let mut at_server = Vec::new();
         let mut warm = 0usize;
         let mut per_worker: HashMap<&str, Vec<f64>> = HashMap::new();
         for (index, line) in lines
@@ -452,6 +468,7 @@ async fn cell(
             }
             waits.push(wait);
             durations.push(duration);
+            at_server.push((s.end - s.arrived).as_secs_f64() / scale);
             per_worker.entry(&s.worker).or_default().push(wait);
         }
         let variances: Vec<f64> = per_worker
@@ -468,6 +485,7 @@ async fn cell(
                 mean_wait: sked_sim::stats::mean(&waits),
                 p99_wait: sked_sim::stats::percentile(&sorted, 0.99),
                 mean_duration: sked_sim::stats::mean(&durations),
+                mean_at_server: sked_sim::stats::mean(&at_server),
                 spread: sked_sim::stats::spread(&variances),
                 warm_share: warm as f64 / n.max(1) as f64,
             },

@@ -129,6 +129,9 @@ pub struct Served {
     pub wait: Micros,
     /// Execution: its warm or cold time.
     pub duration: Micros,
+    /// Of `wait`, the part spent inside the server it was handed to (queued behind its busy
+    /// slots).
+    pub local_wait: Micros,
     /// The server it ran on.
     pub server: u32,
     /// Whether the server held its key warm.
@@ -360,8 +363,8 @@ impl Sim<'_> {
                     }
                     _ => self.run.repeated += 1,
                 }
-                if let Some((_, _, Reverse(next))) = s.local.pop() {
-                    self.start(server, next, now);
+                if let Some((_, Reverse(handed), Reverse(next))) = s.local.pop() {
+                    self.start(server, next, handed, now);
                 }
                 // Completions reach the dispatcher at once.
                 let view = &mut self.views[server as usize];
@@ -460,14 +463,15 @@ impl Sim<'_> {
         let s = &mut self.servers[server as usize];
         s.in_flight += 1;
         if s.executing < self.model.slots {
-            self.start(server, request, now);
+            self.start(server, request, now, now);
         } else {
             let priority = self.trace.requests()[request as usize].priority;
             s.local.push((priority, Reverse(now), Reverse(request)));
         }
     }
 
-    fn start(&mut self, server: u32, request: u32, now: Micros) {
+    /// Starts executing `request`, which reached `server` at `handed`.
+    fn start(&mut self, server: u32, request: u32, handed: Micros, now: Micros) {
         let r = self.trace.requests()[request as usize];
         let s = &mut self.servers[server as usize];
         s.executing += 1;
@@ -476,6 +480,7 @@ impl Sim<'_> {
         self.run.served[request as usize] = Served {
             wait: now - r.at,
             duration,
+            local_wait: now - handed,
             server,
             warm,
         };
@@ -534,6 +539,9 @@ mod tests {
                 vec![(0.0, 4.0), (5.0, 1.0), (2.0, 2.0)],
                 "{cell:?}"
             );
+            // Handed at once, so every wait was inside the server.
+            let local: Vec<f64> = run.served.iter().map(|s| s.local_wait.secs()).collect();
+            assert_eq!(local, vec![0.0, 5.0, 2.0], "{cell:?}");
             assert_eq!(run.completed, 3);
         }
     }
@@ -588,6 +596,8 @@ mod tests {
         assert_eq!(run.max_central_queue, 2);
         let waits: Vec<f64> = run.served.iter().map(|s| s.wait.secs()).collect();
         assert_eq!(waits, vec![0.0, 0.9, 1.8]);
+        // None of it inside the server: each started as it was handed.
+        assert!(run.served.iter().all(|s| s.local_wait == Micros(0)));
     }
 
     #[test]
@@ -695,6 +705,8 @@ mod tests {
                 prop_assert_eq!(run.handed_while_tripped, 0);
                 for (served, request) in run.served.iter().zip(trace.requests()) {
                     prop_assert!(served.wait >= Micros(0));
+                    prop_assert!(served.local_wait >= Micros(0));
+                    prop_assert!(served.local_wait <= served.wait);
                     prop_assert!(served.server < servers);
                     let expected = if served.warm { request.warm } else { request.cold };
                     prop_assert_eq!(served.duration, expected);

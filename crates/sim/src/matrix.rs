@@ -48,6 +48,7 @@ pub struct MatrixSpec {
 pub struct Ratios {
     pub mean_wait: Option<f64>,
     pub mean_duration: Option<f64>,
+    pub mean_at_server: Option<f64>,
 }
 
 /// One cell and priority class, averaged over the seeds. Seconds throughout.
@@ -59,11 +60,15 @@ pub struct CellReport {
     pub mean_wait: f64,
     pub p99_wait: f64,
     pub mean_duration: f64,
+    /// From being handed to a server to completion: the wait inside it plus execution (the
+    /// study's "duration").
+    pub mean_at_server: f64,
     pub mean_slowdown: f64,
     /// Averaged over the seeds where it is defined.
     pub variance_spread: Option<f64>,
     pub ci95_mean_wait: [f64; 2],
     pub ci95_mean_duration: [f64; 2],
+    pub ci95_mean_at_server: [f64; 2],
     pub vs_baseline: Ratios,
     /// Requests of the class in one replicate (the mean over replicates, rounded).
     pub requests: u64,
@@ -125,6 +130,9 @@ pub fn run_matrix(spec: &MatrixSpec) -> Result<MatrixReport, SimError> {
                 mean_duration: base
                     .as_ref()
                     .and_then(|b| ratio(b.mean_duration, row.mean_duration)),
+                mean_at_server: base
+                    .as_ref()
+                    .and_then(|b| ratio(b.mean_at_server, row.mean_at_server)),
             };
             rows.push(row);
         }
@@ -213,6 +221,7 @@ fn average(cell: Cell, priority: i32, replicates: &[Vec<ClassFigures>]) -> CellR
         |get: fn(&ClassFigures) -> f64| -> Vec<f64> { figures.iter().map(|f| get(f)).collect() };
     let waits = of(|f| f.mean_wait);
     let durations = of(|f| f.mean_duration);
+    let at_server = of(|f| f.mean_at_server);
     let spreads: Vec<f64> = figures.iter().filter_map(|f| f.variance_spread).collect();
     CellReport {
         overload: cell.overload,
@@ -221,13 +230,16 @@ fn average(cell: Cell, priority: i32, replicates: &[Vec<ClassFigures>]) -> CellR
         mean_wait: mean(&waits),
         p99_wait: mean(&of(|f| f.p99_wait)),
         mean_duration: mean(&durations),
+        mean_at_server: mean(&at_server),
         mean_slowdown: mean(&of(|f| f.mean_slowdown)),
         variance_spread: (!spreads.is_empty()).then(|| mean(&spreads)),
         ci95_mean_wait: ci95(&waits),
         ci95_mean_duration: ci95(&durations),
+        ci95_mean_at_server: ci95(&at_server),
         vs_baseline: Ratios {
             mean_wait: None,
             mean_duration: None,
+            mean_at_server: None,
         },
         requests: mean(&of(|f| f.requests as f64)).round() as u64,
         warm_share: mean(&of(|f| f.warm_share)),
@@ -292,7 +304,8 @@ impl MatrixReport {
         out.push('\n');
         let _ = writeln!(
             out,
-            "{:<10} {:<16} {:>4} {:>10} {:>19} {:>10} {:>10} {:>9} {:>8} {:>7} {:>7} {:>6}",
+            "{:<10} {:<16} {:>4} {:>10} {:>19} {:>10} {:>10} {:>10} {:>9} {:>8} {:>7} {:>7} \
+             {:>7} {:>6}",
             "overload",
             "host",
             "prio",
@@ -300,10 +313,12 @@ impl MatrixReport {
             "ci95_wait",
             "p99_wait",
             "mean_dur",
+            "at_server",
             "slowdown",
             "spread",
             "x_wait",
             "x_dur",
+            "x_srv",
             "warm"
         );
         for r in &self.rows {
@@ -313,8 +328,8 @@ impl MatrixReport {
             };
             let _ = writeln!(
                 out,
-                "{:<10} {:<16} {:>4} {:>10.3} {:>19} {:>10.3} {:>10.3} {:>9.4} {:>8} {:>7} {:>7} \
-                 {:>5.1}%",
+                "{:<10} {:<16} {:>4} {:>10.3} {:>19} {:>10.3} {:>10.3} {:>10.3} {:>9.4} {:>8} {:>7} \
+                 {:>7} {:>7} {:>5.1}%",
                 r.overload.as_str(),
                 r.host.as_str(),
                 r.priority,
@@ -322,10 +337,12 @@ impl MatrixReport {
                 format!("[{:.3}, {:.3}]", r.ci95_mean_wait[0], r.ci95_mean_wait[1]),
                 r.p99_wait,
                 r.mean_duration,
+                r.mean_at_server,
                 r.mean_slowdown,
                 opt(r.variance_spread, 1),
                 opt(r.vs_baseline.mean_wait, 2),
                 opt(r.vs_baseline.mean_duration, 2),
+                opt(r.vs_baseline.mean_at_server, 2),
                 r.warm_share * 100.0,
             );
         }
@@ -371,6 +388,7 @@ mod tests {
             if row.overload == Overload::None && row.host == Strategy::Random {
                 assert_eq!(row.vs_baseline.mean_wait, Some(1.0));
                 assert_eq!(row.vs_baseline.mean_duration, Some(1.0));
+                assert_eq!(row.vs_baseline.mean_at_server, Some(1.0));
             }
         }
         let lines = report.json_lines();
@@ -389,10 +407,12 @@ mod tests {
             "mean_wait",
             "p99_wait",
             "mean_duration",
+            "mean_at_server",
             "mean_slowdown",
             "variance_spread",
             "ci95_mean_wait",
             "ci95_mean_duration",
+            "ci95_mean_at_server",
             "vs_baseline",
             "requests",
         ] {

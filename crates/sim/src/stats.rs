@@ -4,7 +4,9 @@
 //! averaging over seeds and the 95% confidence intervals. Must not simulate anything.
 //!
 //! Per run and priority class: the mean and 99th percentile (nearest rank) of the waits, the
-//! mean duration, the mean slowdown `W / (W + E)` (0 for a request with `W + E = 0`), and the
+//! mean duration (execution), the mean time at the server (from being handed to a server to
+//! completion: the wait inside it plus execution, which the study the targets come from calls
+//! a job's duration), the mean slowdown `W / (W + E)` (0 for a request with `W + E = 0`), and the
 //! wait variance spread: for each server, the sample variance of the waits of the class's
 //! requests that ran there (servers with at least 2 of them); the spread is the largest over
 //! the smallest (the smallest positive one if the smallest is 0; 1 if all are 0; none with no
@@ -22,6 +24,7 @@ pub struct ClassFigures {
     pub mean_wait: f64,
     pub p99_wait: f64,
     pub mean_duration: f64,
+    pub mean_at_server: f64,
     pub mean_slowdown: f64,
     pub variance_spread: Option<f64>,
     /// The share of its requests that started warm.
@@ -36,7 +39,7 @@ pub fn class_figures(trace: &Trace, run: &Run, servers: u32) -> Vec<ClassFigures
         .map(|priority| {
             let mut waits = Vec::new();
             let mut per_server: Vec<Vec<f64>> = vec![Vec::new(); servers as usize];
-            let (mut duration, mut slowdown, mut warm) = (0.0, 0.0, 0usize);
+            let (mut duration, mut at_server, mut slowdown, mut warm) = (0.0, 0.0, 0.0, 0usize);
             for (served, request) in run.served.iter().zip(trace.requests()) {
                 if request.priority != priority {
                     continue;
@@ -47,6 +50,7 @@ pub fn class_figures(trace: &Trace, run: &Run, servers: u32) -> Vec<ClassFigures
                     list.push(w);
                 }
                 duration += e;
+                at_server += served.local_wait.secs() + e;
                 slowdown += if w + e > 0.0 { w / (w + e) } else { 0.0 };
                 warm += usize::from(served.warm);
             }
@@ -60,6 +64,7 @@ pub fn class_figures(trace: &Trace, run: &Run, servers: u32) -> Vec<ClassFigures
                 mean_wait,
                 p99_wait: percentile(&waits, 0.99),
                 mean_duration: duration / n,
+                mean_at_server: at_server / n,
                 mean_slowdown: slowdown / n,
                 variance_spread: spread(&variances),
                 warm_share: warm as f64 / n,

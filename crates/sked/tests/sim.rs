@@ -7,17 +7,19 @@ use std::process::{Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sked");
 
-const FIELDS: [&str; 12] = [
+const FIELDS: [&str; 14] = [
     "overload",
     "host",
     "priority",
     "mean_wait",
     "p99_wait",
     "mean_duration",
+    "mean_at_server",
     "mean_slowdown",
     "variance_spread",
     "ci95_mean_wait",
     "ci95_mean_duration",
+    "ci95_mean_at_server",
     "vs_baseline",
     "requests",
 ];
@@ -86,7 +88,11 @@ fn a_workload_replays_through_the_matrix() {
             host.to_string(),
             row["priority"].as_i64().unwrap(),
         ));
-        for ci in ["ci95_mean_wait", "ci95_mean_duration"] {
+        for ci in [
+            "ci95_mean_wait",
+            "ci95_mean_duration",
+            "ci95_mean_at_server",
+        ] {
             assert_eq!(row[ci].as_array().unwrap().len(), 2, "{line}");
         }
         assert!(row["mean_wait"].as_f64().unwrap() >= 0.0);
@@ -94,6 +100,11 @@ fn a_workload_replays_through_the_matrix() {
             assert_eq!(row["vs_baseline"]["mean_wait"], Value::from(1.0), "{line}");
             assert_eq!(
                 row["vs_baseline"]["mean_duration"],
+                Value::from(1.0),
+                "{line}"
+            );
+            assert_eq!(
+                row["vs_baseline"]["mean_at_server"],
                 Value::from(1.0),
                 "{line}"
             );
