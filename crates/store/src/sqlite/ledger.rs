@@ -202,26 +202,28 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
             None => {
                 let new = decide_fire(tx, fire, job, now, &mut outcome, &mut ended)?;
                 let state = new.state();
+                // Every shard of the instant shares its one decision; a conflict on the first
+                // says the instant was recorded already.
                 let places = placements(tx, job)?;
                 let count = places.len();
-                let mut places = places.into_iter().enumerate();
-                let (_, first_place) = places.next().unwrap_or_default();
-                let place = |index: usize, pinned| Place {
-                    shard: index,
-                    count,
-                    pinned,
-                };
-                match insert_run(tx, fire, job, place(0, first_place), &new, now)? {
-                    Some(id) => {
-                        // The instant's other shards share its one decision.
-                        for (index, pinned) in places {
-                            let shard = place(index, pinned);
-                            if let Some(id) = insert_run(tx, fire, job, shard, &new, now)? {
-                                other_shards.push(id);
-                            }
-                        }
+                let mut written = Vec::with_capacity(count);
+                for (shard, pinned) in places.into_iter().enumerate() {
+                    let place = Place {
+                        shard,
+                        count,
+                        pinned,
+                    };
+                    match insert_run(tx, fire, job, place, &new, now)? {
+                        Some(id) => written.push(id),
+                        None if shard == 0 => break,
+                        None => {}
+                    }
+                }
+                match written.split_first() {
+                    Some((&id, others)) => {
+                        other_shards = others.to_vec();
                         if state.is_terminal() {
-                            for run_id in std::iter::once(id).chain(other_shards.iter().copied()) {
+                            for &run_id in &written {
                                 ended.push(Ended {
                                     namespace: job.namespace.clone(),
                                     job: job.name.clone(),
