@@ -174,6 +174,46 @@ async fn a_broadcast_runs_once_on_each_worker_and_a_lost_workers_share_fails() {
 }
 
 #[tokio::test]
+async fn a_backfill_of_a_sharded_job_is_bounded_by_the_runs_it_writes() {
+    let mut sked = Sked::new();
+    // No worker: the backfilled runs stay queued, which is all this test needs of them.
+    sked.start_server(&[]).await;
+    let (status, job) = sked
+        .put_job(
+            "wide",
+            json!({
+                "schedule": {"every": "1s", "anchor": "2026-01-01T00:00:00Z"},
+                "target": {"shell": {"command": "true"}},
+                "shards": 200,
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{job}");
+    // 10,000 runs at 200 a instant: at most 50 instants.
+    let (status, answer) = sked
+        .post(
+            "/jobs/wide/backfill",
+            json!({"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T00:01:00Z"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["field"], "from", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("more than 50 instants"), "{message}");
+    assert!(message.contains("200 runs each"), "{message}");
+    let (status, answer) = sked
+        .post(
+            "/jobs/wide/backfill",
+            json!({"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T00:00:04Z"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["instants"].as_array().map(Vec::len), Some(5));
+    assert_eq!(answer["recorded"].as_array().map(Vec::len), Some(1000));
+    assert_eq!(sked.runs("wide").await.len(), 1000);
+}
+
+#[tokio::test]
 async fn shards_are_bounded_and_refused_where_they_cannot_apply() {
     let mut sked = Sked::new();
     sked.start_dev(&[]).await;

@@ -22,9 +22,11 @@ use sked_core::schedule::Schedule;
 use sked_core::Instant;
 use sked_store::Fire;
 
-/// The most instants one backfill records: a larger range is backfilled in parts.
-pub const MAX_INSTANTS: usize = 10_000;
-/// Instants per store transaction.
+/// The most runs one backfill records: a larger range is backfilled in parts. For a job that
+/// is not sharded, that many instants; a sharded job's instant is its shards, and a
+/// broadcast's is counted at the most workers it could go to.
+pub const MAX_RUNS: usize = 10_000;
+/// Runs per store transaction.
 const BATCH: usize = 500;
 
 #[derive(Debug, Deserialize)]
@@ -82,18 +84,29 @@ pub async fn backfill(
             format!("job {name:?} is paused: resume it to backfill it"),
         ));
     }
+    let per_instant = if job.spec.broadcast {
+        usize::from(sked_core::shard::MAX_SHARDS)
+    } else {
+        usize::from(sked_core::shard::count(&job.spec))
+    };
+    let max_instants = (MAX_RUNS / per_instant).max(1);
     let mut instants: Vec<Instant> = schedule
-        .instants_between(req.from, req.to, MAX_INSTANTS + 1)
+        .instants_between(req.from, req.to, max_instants + 1)
         .into_iter()
         .map(sked_core::ledger_instant)
         .collect();
     instants.dedup();
-    if instants.len() > MAX_INSTANTS {
+    if instants.len() > max_instants {
+        let each = if per_instant > 1 {
+            format!(" ({per_instant} runs each)")
+        } else {
+            String::new()
+        };
         return Err(ApiError::invalid(
             "from",
             format!(
-                "the range holds more than {MAX_INSTANTS} instants of the schedule: backfill \
-                 it in parts"
+                "the range holds more than {max_instants} instants of the schedule{each}: \
+                 backfill it in parts"
             ),
         ));
     }
@@ -106,7 +119,7 @@ pub async fn backfill(
     if req.dry_run {
         return Ok(Json(answer));
     }
-    for chunk in answer.instants.chunks(BATCH) {
+    for chunk in answer.instants.chunks((BATCH / per_instant).max(1)) {
         let now = Utc::now();
         let fires: Vec<Fire> = chunk
             .iter()
