@@ -449,9 +449,20 @@ impl Client {
                     Some(reason) => format!("{} ({reason})", text(&r["state"])),
                     None => text(&r["state"]),
                 };
+                // A shard of a sharded or broadcast instant says which.
+                let job = match r["shard"]["count"].as_u64() {
+                    Some(count) => {
+                        format!(
+                            "{} (shard {} of {count})",
+                            text(&r["job"]),
+                            r["shard"]["index"]
+                        )
+                    }
+                    None => text(&r["job"]),
+                };
                 vec![
                     text(&r["id"]),
-                    text(&r["job"]),
+                    job,
                     text(&r["scheduled_for"]),
                     state,
                     text(&r["attempts"]),

@@ -75,6 +75,20 @@ async fn each_shard_of_an_instant_runs_once_knowing_its_place_spread_over_worker
     assert_eq!(places, (0..4).collect(), "every place, once");
     // Two slots each and a second of work per shard: four shards need both workers.
     assert_eq!(workers.len(), 2, "spread over the workers: {workers:?}");
+    // The command line says which shard each run is.
+    let out = common::sked_command()
+        .args(["run", "list", "--job", "split"])
+        .env("SKED_SERVER", sked.base())
+        .output()
+        .expect("run sked");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{listed}");
+    for index in 0..4 {
+        assert!(
+            listed.contains(&format!("split (shard {index} of 4)")),
+            "{listed}"
+        );
+    }
 }
 
 /// The id of each live worker, by name.
