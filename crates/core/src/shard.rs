@@ -65,7 +65,9 @@ pub struct LiveWorker {
 }
 
 /// Where an instant's shards go, one entry per shard in order: `None` to any worker, or the
-/// worker a broadcast's shard is pinned to. `live` are the workers alive and not draining.
+/// worker a broadcast's shard is pinned to. `live` are the workers alive and not draining. A
+/// broadcast goes to at most [`MAX_SHARDS`] workers, the first by id: a larger pool is split
+/// by labels into several broadcast jobs.
 pub fn placements(spec: &JobSpec, namespace: &str, live: &[LiveWorker]) -> Vec<Option<String>> {
     if !spec.broadcast {
         return vec![None; usize::from(count(spec))];
@@ -185,6 +187,13 @@ mod tests {
         );
         // Nobody to go to: one run, for whoever comes first.
         assert_eq!(placements(&eu, "default", &[]), [None]);
+        // A pool past the bound: its first workers by id, and no more.
+        let many: Vec<LiveWorker> = (0..300)
+            .map(|i| live(&format!("w{i:03}"), "eu", &["*"]))
+            .collect();
+        let placed = placements(&everywhere, "default", &many);
+        assert_eq!(placed.len(), usize::from(MAX_SHARDS));
+        assert_eq!(placed.last(), Some(&Some("w255".to_string())));
         let sharded = spec(r#"{"target": {"shell": {"command": "true"}}, "shards": 3}"#);
         assert_eq!(
             placements(&sharded, "default", &workers),
