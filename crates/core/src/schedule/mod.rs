@@ -6,6 +6,7 @@
 
 pub mod cron;
 pub mod iso8601;
+pub mod words;
 
 use crate::duration::HumanDuration;
 use crate::error::SpecError;

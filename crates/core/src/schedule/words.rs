@@ -1,0 +1,171 @@
+//! A schedule in words, for people: "every day at 02:30 Europe/London", "every 5m", "once at
+//! 2026-12-01 09:00:00 UTC". Common cron shapes are spelled out; any other expression is shown
+//! as written, with its zone. Pure: no clock, no IO.
+
+use super::ScheduleSpec;
+
+const WEEKDAYS: [&str; 7] = [
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+];
+
+/// `schedule` in words; a job without one runs only when triggered.
+pub fn describe(schedule: Option<&ScheduleSpec>) -> String {
+    let Some(s) = schedule else {
+        return "only when triggered".into();
+    };
+    if let Some(cron) = &s.cron {
+        let zone = s.timezone.as_deref().unwrap_or("UTC");
+        return match cron_in_words(cron) {
+            Some(words) => format!("{words} {zone}"),
+            None => format!("cron {cron} {zone}"),
+        };
+    }
+    if let Some(every) = &s.every {
+        return format!("every {every}");
+    }
+    if let Some(interval) = &s.iso8601 {
+        return format!("repeating {interval}");
+    }
+    if let Some(at) = s.at {
+        return format!("once at {}", at.format("%Y-%m-%d %H:%M:%S UTC"));
+    }
+    if let Some(key) = &s.event {
+        return format!("on each event {key}");
+    }
+    "only when triggered".into()
+}
+
+/// A plain number within `0..=max`.
+fn number(field: &str, max: u32) -> Option<u32> {
+    field.parse().ok().filter(|n| *n <= max)
+}
+
+/// The common shapes of a six-field (seconds first) or five-field expression, or `None`.
+fn cron_in_words(expr: &str) -> Option<String> {
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    let (second, rest) = match fields.len() {
+        6 => (fields[0], &fields[1..]),
+        5 => ("0", &fields[..]),
+        _ => return None,
+    };
+    let [minute, hour, dom, month, dow] = [rest[0], rest[1], rest[2], rest[3], rest[4]];
+    let any = |f: &str| f == "*" || f == "?";
+    if !any(month) {
+        return None;
+    }
+    if second == "*" && [minute, hour, dom, dow].iter().all(|f| any(f)) {
+        return Some("every second".into());
+    }
+    let second = number(second, 59)?;
+    let at_second = |words: String| {
+        if second == 0 {
+            words
+        } else {
+            format!("{words} and {second}s")
+        }
+    };
+    if [hour, dom, dow].iter().all(|f| any(f)) {
+        if minute == "*" {
+            return Some(at_second("every minute".into()));
+        }
+        if let Some(step) = minute.strip_prefix("*/").and_then(|s| number(s, 59)) {
+            return Some(at_second(format!("every {step} minutes")));
+        }
+        let minute = number(minute, 59)?;
+        return Some(at_second(format!("every hour at :{minute:02}")));
+    }
+    let minute = number(minute, 59)?;
+    if any(dom) && any(dow) {
+        if let Some(step) = hour.strip_prefix("*/").and_then(|s| number(s, 23)) {
+            return Some(at_second(format!("every {step} hours at :{minute:02}")));
+        }
+    }
+    let hour = number(hour, 23)?;
+    let time = at_second(format!("{hour:02}:{minute:02}"));
+    match (any(dom), any(dow)) {
+        (true, true) => Some(format!("every day at {time}")),
+        (true, false) => {
+            let day = match dow {
+                "1-5" | "MON-FRI" => "weekday".to_string(),
+                "0,6" | "6,0" | "SAT,SUN" => "weekend day".to_string(),
+                d => WEEKDAYS[number(d, 7)? as usize % 7].to_string(),
+            };
+            Some(format!("every {day} at {time}"))
+        }
+        (false, true) => {
+            let day = number(dom, 31).filter(|d| *d >= 1)?;
+            Some(format!("on day {day} of every month at {time}"))
+        }
+        (false, false) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cron(expr: &str, zone: Option<&str>) -> String {
+        describe(Some(&ScheduleSpec {
+            cron: Some(expr.into()),
+            timezone: zone.map(str::to_string),
+            ..ScheduleSpec::default()
+        }))
+    }
+
+    #[test]
+    fn common_cron_shapes_read_as_sentences() {
+        assert_eq!(
+            cron("0 30 2 * * *", Some("Europe/London")),
+            "every day at 02:30 Europe/London"
+        );
+        assert_eq!(cron("30 2 * * *", None), "every day at 02:30 UTC");
+        assert_eq!(cron("0 * * * * *", None), "every minute UTC");
+        assert_eq!(cron("* * * * * *", None), "every second UTC");
+        assert_eq!(cron("0 */5 * * * *", None), "every 5 minutes UTC");
+        assert_eq!(cron("0 15 * * * *", None), "every hour at :15 UTC");
+        assert_eq!(cron("0 0 */6 * * *", None), "every 6 hours at :00 UTC");
+        assert_eq!(cron("0 0 9 * * 1-5", None), "every weekday at 09:00 UTC");
+        assert_eq!(cron("0 0 9 * * 1", None), "every Monday at 09:00 UTC");
+        assert_eq!(cron("0 0 9 * * 7", None), "every Sunday at 09:00 UTC");
+        assert_eq!(
+            cron("0 0 4 1 * *", None),
+            "on day 1 of every month at 04:00 UTC"
+        );
+        assert_eq!(cron("10 0 4 * * *", None), "every day at 04:00 and 10s UTC");
+    }
+
+    #[test]
+    fn other_expressions_are_shown_as_written() {
+        assert_eq!(cron("0 0 4 L * *", None), "cron 0 0 4 L * * UTC");
+        assert_eq!(cron("0 0 4 * 1 *", None), "cron 0 0 4 * 1 * UTC");
+        assert_eq!(cron("0 0 4 1 * 1", None), "cron 0 0 4 1 * 1 UTC");
+        assert_eq!(cron("0 1,2 4 * * *", None), "cron 0 1,2 4 * * * UTC");
+        assert_eq!(cron("@daily", None), "cron @daily UTC");
+    }
+
+    #[test]
+    fn other_kinds() {
+        assert_eq!(describe(None), "only when triggered");
+        let every = ScheduleSpec {
+            every: Some("5m".parse().unwrap()),
+            ..ScheduleSpec::default()
+        };
+        assert_eq!(describe(Some(&every)), "every 5m");
+        let event = ScheduleSpec {
+            event: Some("orders.loaded".into()),
+            ..ScheduleSpec::default()
+        };
+        assert_eq!(describe(Some(&event)), "on each event orders.loaded");
+        let at = ScheduleSpec {
+            at: Some("2026-12-01T09:00:00Z".parse().unwrap()),
+            ..ScheduleSpec::default()
+        };
+        assert_eq!(describe(Some(&at)), "once at 2026-12-01 09:00:00 UTC");
+    }
+}
