@@ -1346,8 +1346,26 @@ async fn jobs(api: &Client<'_>) {
         )
         .await;
     assert_eq!(none.body["jobs"], json!([]));
+    // With include=last_run each job carries its newest run; without it, none.
+    let triggered = api
+        .call("post", "/api/v1/jobs/nightly-report/trigger", None)
+        .await;
+    assert_eq!(triggered.status, 201);
+    // Cancelled at once, so that the worker protocol below finds only its own run queued.
+    let cancel = format!("/api/v1/runs/{}/cancel", triggered.body["id"]);
+    assert_eq!(api.call("post", &cancel, None).await.status, 200);
+    let with_runs = api
+        .call("get", "/api/v1/jobs?search=nightly&include=last_run", None)
+        .await;
+    assert_eq!(
+        with_runs.body["jobs"][0]["last_run"]["id"],
+        triggered.body["id"]
+    );
+    let without = api.call("get", "/api/v1/jobs?search=nightly", None).await;
+    assert!(without.body["jobs"][0].get("last_run").is_none());
     for bad in [
         "limit=0",
+        "include=counters",
         "state=asleep",
         "sort=size",
         "order=up",

@@ -226,6 +226,8 @@ pub struct ListParams {
     order: Option<String>,
     limit: Option<u32>,
     cursor: Option<String>,
+    /// `last_run`: each job with its newest run (one index seek per job on the page).
+    include: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -273,6 +275,16 @@ pub async fn list(
             ))
         }
     };
+    let with_last_run = match p.include.as_deref() {
+        None | Some("") => false,
+        Some("last_run") => true,
+        Some(s) => {
+            return Err(ApiError::invalid(
+                "include",
+                format!("{s:?} is not last_run"),
+            ))
+        }
+    };
     let query = JobQuery {
         namespace,
         search: p.search.filter(|s| !s.is_empty()),
@@ -283,10 +295,20 @@ pub async fn list(
         cursor: p.cursor,
     };
     let Page { items, next_cursor } = state.store.list_jobs(&query).await?;
-    Ok(Json(JobPage {
-        jobs: items.into_iter().map(JobView::from).collect(),
-        next_cursor,
-    }))
+    let mut jobs: Vec<JobView> = items.into_iter().map(JobView::from).collect();
+    if with_last_run {
+        for job in &mut jobs {
+            let newest = RunQuery {
+                namespace: job.namespace.clone(),
+                job: job.spec.name.clone(),
+                state: None,
+                limit: 1,
+                cursor: None,
+            };
+            job.last_run = state.store.list_runs(&newest).await?.items.pop();
+        }
+    }
+    Ok(Json(JobPage { jobs, next_cursor }))
 }
 
 pub fn check_limit(limit: Option<u32>) -> Result<u32, ApiError> {
