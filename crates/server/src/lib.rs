@@ -13,6 +13,7 @@ pub mod auth;
 pub mod changes;
 pub mod completion;
 pub mod config;
+pub mod console;
 pub mod dispatch;
 pub mod firing;
 pub mod health;
@@ -247,7 +248,9 @@ pub async fn serve(
         maintenance::retention::run(state.clone(), stop_rx.clone()),
     ));
 
-    let app = api::router(state);
+    // The console's pages call the API router in-process, as the visitor's token.
+    let api = api::router(state.clone());
+    let app = api.clone().merge(console::router(&state, api));
     let http = http::serve(
         listener,
         app,

@@ -51,6 +51,8 @@ pub struct SecretKey {
     id: String,
     /// A key of its own for completion tokens, derived from this one (`crate::completion`).
     completion: [u8; 32],
+    /// A key of its own for console sessions (`crate::console`).
+    sessions: [u8; 32],
 }
 
 impl std::fmt::Debug for SecretKey {
@@ -77,10 +79,16 @@ impl SecretKey {
             .chain_update(&bytes)
             .finalize()
             .into();
+        let sessions = Sha256::new()
+            .chain_update(b"sked console sessions v1\0")
+            .chain_update(&bytes)
+            .finalize()
+            .into();
         Ok(SecretKey {
             cipher: Arc::new(cipher),
             id,
             completion,
+            sessions,
         })
     }
 
@@ -96,6 +104,12 @@ impl SecretKey {
     /// The key completion tokens are made with: every node with this secret key has it.
     pub fn completion_key(&self) -> [u8; 32] {
         self.completion
+    }
+
+    /// The key console sessions are sealed with: every node with this secret key has it, so a
+    /// console login works on any of them.
+    pub fn sessions_key(&self) -> [u8; 32] {
+        self.sessions
     }
 
     /// Fails only past GCM's input limit, far above [`MAX_SECRET_LEN`]; never stores a value

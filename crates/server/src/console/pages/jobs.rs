@@ -1,0 +1,165 @@
+//! The jobs of a namespace: search, filter, sort, a page at a time (`GET /api/v1/jobs`, which
+//! pages by cursor, so page 1,000 costs what page 1 does).
+
+use super::{namespaces, refused, JobRow};
+use crate::console::api::query;
+use crate::console::layout::{self, when};
+use crate::console::{Console, Visitor};
+use axum::extract::{Query, State};
+use axum::response::Response;
+use maud::html;
+use serde::Deserialize;
+use sked_core::auth::Permission;
+use sked_core::schedule::words;
+
+/// Jobs per page.
+const PAGE: u32 = 50;
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Filters {
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    search: String,
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    sort: String,
+    #[serde(default)]
+    order: String,
+    #[serde(default)]
+    cursor: String,
+}
+
+#[derive(Deserialize)]
+struct JobPage {
+    jobs: Vec<JobRow>,
+    next_cursor: Option<String>,
+}
+
+pub async fn page(
+    State(console): State<Console>,
+    visitor: Visitor,
+    Query(f): Query<Filters>,
+) -> Response {
+    let namespace = if f.namespace.is_empty() {
+        "default"
+    } else {
+        &f.namespace
+    };
+    let limit = PAGE.to_string();
+    let path = format!(
+        "/api/v1/jobs?{}",
+        query(&[
+            ("namespace", namespace),
+            ("search", &f.search),
+            ("state", &f.state),
+            ("sort", &f.sort),
+            ("order", &f.order),
+            ("cursor", &f.cursor),
+            ("limit", &limit),
+            ("include", "last_run"),
+        ])
+    );
+    let listing: JobPage = match console.api.get(visitor.who(), &path).await {
+        Ok(listing) => listing,
+        Err(failure) => return refused(&console, &visitor, "Jobs", failure),
+    };
+    let known = namespaces(&console, &visitor).await;
+    let next = listing.next_cursor.as_deref().map(|cursor| {
+        format!(
+            "/jobs?{}",
+            query(&[
+                ("namespace", namespace),
+                ("search", &f.search),
+                ("state", &f.state),
+                ("sort", &f.sort),
+                ("order", &f.order),
+                ("cursor", cursor),
+            ])
+        )
+    });
+    let body = html! {
+        form.filters method="get" action="/jobs" role="search" {
+            label { "Namespace "
+                select name="namespace" {
+                    @for ns in &known {
+                        option value=(ns) selected[ns == namespace] { (ns) }
+                    }
+                }
+            }
+            label { "Search "
+                input type="search" name="search" value=(f.search) maxlength="128"
+                    placeholder="name or description";
+            }
+            label { "State "
+                select name="state" {
+                    @for (value, label) in [("", "any"), ("active", "active"), ("paused", "paused"), ("completed", "completed")] {
+                        option value=(value) selected[f.state == value] { (label) }
+                    }
+                }
+            }
+            label { "Sort "
+                select name="sort" {
+                    @for (value, label) in [("name", "name"), ("created_at", "created"), ("updated_at", "updated")] {
+                        option value=(value) selected[f.sort == value] { (label) }
+                    }
+                }
+            }
+            label { "Order "
+                select name="order" {
+                    @for (value, label) in [("asc", "ascending"), ("desc", "descending")] {
+                        option value=(value) selected[f.order == value] { (label) }
+                    }
+                }
+            }
+            button type="submit" { "Show" }
+            @if visitor.may(Permission::Write) {
+                a.button href={ "/jobs/new?" (query(&[("namespace", namespace)])) } { "New job" }
+            }
+        }
+        @if listing.jobs.is_empty() {
+            p.empty { "No jobs match." }
+        } @else {
+            div.table-wrap {
+                table.jobs {
+                    thead { tr {
+                        th scope="col" { "Job" }
+                        th scope="col" { "State" }
+                        th scope="col" { "Schedule" }
+                        th scope="col" { "Target" }
+                        th scope="col" { "Last run" }
+                        th scope="col" { "Next run" }
+                        th scope="col" { "Fired" }
+                    } }
+                    tbody {
+                        @for job in &listing.jobs {
+                            tr {
+                                td { a href=(job.href()) { (job.name) }
+                                    @if let Some(d) = &job.description { div.sub { (d) } } }
+                                td { (layout::state(&job.state)) }
+                                td { (words::describe(job.schedule.as_ref())) }
+                                td { (job.target_kind()) }
+                                td {
+                                    @if let Some(run) = &job.last_run {
+                                        a href={ "/runs/" (run.id) } { (layout::state(run.state.as_str())) }
+                                        " " (when(run.finished_at.or(run.started_at).or(Some(run.scheduled_for))))
+                                    } @else { span.none { "never" } }
+                                }
+                                td { (when(job.next_fire_at)) }
+                                td.num { (job.fired_count) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        nav.pager aria-label="Pages" {
+            @if !f.cursor.is_empty() {
+                a href={ "/jobs?" (query(&[("namespace", namespace), ("search", &f.search), ("state", &f.state), ("sort", &f.sort), ("order", &f.order)])) } { "First page" }
+            }
+            @if let Some(next) = next { a rel="next" href=(next) { "Next page" } }
+        }
+    };
+    layout::page(&console, &visitor, "Jobs", body)
+}

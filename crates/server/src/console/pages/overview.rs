@@ -1,0 +1,300 @@
+//! The overview of a namespace: runs per minute by outcome, firing lateness, the queue, the
+//! workers, the jobs whose latest run failed, and the cluster's nodes and partitions.
+//!
+//! Run figures come from the namespace's newest runs (at most [`SAMPLE`], one API page), so
+//! the page costs the same at ten runs or ten million; the page says how far back that goes.
+
+use super::{job_href, namespaces, refused};
+use crate::console::api::query;
+use crate::console::layout::{self, millis, when};
+use crate::console::{Console, Visitor};
+use axum::extract::{Query, State};
+use axum::response::Response;
+use maud::{html, Markup};
+use serde::Deserialize;
+use sked_core::records::{NodeRecord, RunRecord, WorkerRecord};
+use sked_core::run::{RunState, Trigger};
+use sked_core::Instant;
+use std::collections::{BTreeMap, HashSet};
+
+/// Newest runs the figures are computed from.
+const SAMPLE: u32 = 1000;
+/// Minutes the runs-per-minute chart covers.
+const MINUTES: i64 = 30;
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Params {
+    #[serde(default)]
+    namespace: String,
+}
+
+#[derive(Deserialize)]
+struct RunPage {
+    runs: Vec<RunRecord>,
+    next_cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WorkerList {
+    workers: Vec<WorkerRecord>,
+}
+
+#[derive(Deserialize)]
+struct Cluster {
+    partitions: u32,
+    unowned: u32,
+    nodes: Vec<Node>,
+}
+
+#[derive(Deserialize)]
+struct Node {
+    #[serde(flatten)]
+    node: NodeRecord,
+    alive: bool,
+}
+
+/// Ended runs per minute, by outcome, for the last [`MINUTES`] minutes before `now`.
+pub fn per_minute(runs: &[RunRecord], now: Instant) -> Vec<BTreeMap<&'static str, u32>> {
+    let mut minutes = vec![BTreeMap::new(); MINUTES as usize];
+    for run in runs {
+        let Some(finished) = run.finished_at else {
+            continue;
+        };
+        let ago = (now - finished).num_minutes();
+        if (0..MINUTES).contains(&ago) {
+            let slot = (MINUTES - 1 - ago) as usize;
+            *minutes[slot].entry(outcome(run.state)).or_insert(0) += 1;
+        }
+    }
+    minutes
+}
+
+/// The outcome a chart colours a run by.
+fn outcome(state: RunState) -> &'static str {
+    match state {
+        RunState::Succeeded => "succeeded",
+        RunState::Failed | RunState::TimedOut => "failed",
+        RunState::Skipped => "skipped",
+        _ => "other",
+    }
+}
+
+/// Jobs whose newest run (among `runs`, newest first) failed, with that run.
+pub fn failing(runs: &[RunRecord]) -> Vec<&RunRecord> {
+    let mut seen = HashSet::new();
+    runs.iter()
+        .filter(|r| r.state.is_terminal() && r.state != RunState::Skipped)
+        .filter(|r| seen.insert(r.job.as_str()))
+        .filter(|r| matches!(r.state, RunState::Failed | RunState::TimedOut))
+        .collect()
+}
+
+pub async fn page(
+    State(console): State<Console>,
+    visitor: Visitor,
+    Query(p): Query<Params>,
+) -> Response {
+    let namespace = if p.namespace.is_empty() {
+        "default"
+    } else {
+        &p.namespace
+    };
+    let who = visitor.who();
+    let sample = SAMPLE.to_string();
+    let recent = format!(
+        "/api/v1/runs?{}",
+        query(&[("namespace", namespace), ("limit", &sample)])
+    );
+    let queued = format!(
+        "/api/v1/runs?{}",
+        query(&[
+            ("namespace", namespace),
+            ("limit", &sample),
+            ("state", "queued")
+        ])
+    );
+    let (recent, queued, workers, cluster, known) = tokio::join!(
+        console.api.get::<RunPage>(who, &recent),
+        console.api.get::<RunPage>(who, &queued),
+        console
+            .api
+            .get::<WorkerList>(who, "/api/v1/workers?limit=1000"),
+        console.api.get::<Cluster>(who, "/api/v1/cluster"),
+        namespaces(&console, &visitor),
+    );
+    let (recent, queued) = match (recent, queued) {
+        (Ok(recent), Ok(queued)) => (recent, queued),
+        (Err(failure), _) | (_, Err(failure)) => {
+            return refused(&console, &visitor, "Overview", failure)
+        }
+    };
+    let now = chrono::Utc::now();
+    let minutes = per_minute(&recent.runs, now);
+    let mut lateness: Vec<f64> = recent
+        .runs
+        .iter()
+        .filter(|r| r.trigger == Trigger::Schedule)
+        .map(RunRecord::lateness_ms)
+        .collect();
+    let lateness = sked_core::stats::percentiles(&mut lateness);
+    let oldest = recent.runs.last().map(|r| r.scheduled_for);
+    let failing = failing(&recent.runs);
+    let body = html! {
+        form.filters method="get" action="/" {
+            label { "Namespace "
+                select name="namespace" {
+                    @for ns in &known { option value=(ns) selected[ns == namespace] { (ns) } }
+                }
+            }
+            button type="submit" { "Show" }
+        }
+        dl.figures.big {
+            div { dt { "queued" } dd { (queued.runs.len()) @if queued.next_cursor.is_some() { "+" } } }
+            div { dt { "firing lateness p50" } dd { (millis(lateness.p50)) } }
+            div { dt { "firing lateness p99" } dd { (millis(lateness.p99)) } }
+            @if let Ok(w) = &workers {
+                div { dt { "workers alive" } dd { (w.workers.iter().filter(|w| w.alive).count()) } }
+                div { dt { "slots busy" } dd {
+                    (w.workers.iter().filter(|w| w.alive).map(|w| w.running).sum::<u32>()) " / "
+                    (w.workers.iter().filter(|w| w.alive).map(|w| w.slots).sum::<u32>()) } }
+            }
+            div { dt { "failing jobs" } dd.bad[!failing.is_empty()] { (failing.len()) } }
+        }
+        p.hint {
+            "From the namespace's newest " (recent.runs.len()) " runs"
+            @if let Some(t) = oldest { ", back to " (when(Some(t))) " UTC" } "."
+        }
+        section aria-labelledby="per-minute" {
+            h2 #per-minute { "Runs ended per minute, last " (MINUTES) " minutes" }
+            (minute_chart(&minutes))
+        }
+        section aria-labelledby="failing" {
+            h2 #failing { "Failing jobs" }
+            @if failing.is_empty() { p.empty { "None: every job's latest run that ended succeeded." } }
+            @else {
+                ul.errors { @for run in &failing {
+                    li { a href=(job_href(&run.namespace, &run.job)) { (run.job) } " "
+                         a href={ "/runs/" (run.id) } { (layout::state(run.state.as_str())) } " "
+                         (when(run.finished_at)) ": " code { (run.error.as_deref().unwrap_or_default()) } }
+                } }
+            }
+        }
+        @if let Ok(cluster) = &cluster {
+            section aria-labelledby="cluster" {
+                h2 #cluster { "Cluster" }
+                p { (cluster.partitions) " partitions, " (cluster.unowned) " held by no node." }
+                div.table-wrap { table {
+                    thead { tr { th scope="col" { "Node" } th scope="col" { "Address" } th scope="col" { "Partitions" }
+                                 th scope="col" { "Maintenance" } th scope="col" { "Seen" } th scope="col" { "State" } } }
+                    tbody { @for n in &cluster.nodes { tr {
+                        td { code { (n.node.id) } } td { (n.node.address) } td.num { (n.node.partitions) }
+                        td { @if n.node.maintenance { "yes" } } td { (when(Some(n.node.seen_at))) }
+                        td { (layout::state(if n.alive { "alive" } else { "lost" })) }
+                    } } }
+                } }
+            }
+        }
+    };
+    layout::page(&console, &visitor, "Overview", body)
+}
+
+const BAR_W: f64 = 20.0;
+const BAR_H: f64 = 120.0;
+
+/// When the `i`th minute of the chart was.
+fn minute_ago(i: usize) -> String {
+    match MINUTES - 1 - i as i64 {
+        0 => "within the last minute".into(),
+        n => format!("{n} to {} minutes ago", n + 1),
+    }
+}
+
+/// Stacked bars, one per minute, oldest on the left.
+fn minute_chart(minutes: &[BTreeMap<&'static str, u32>]) -> Markup {
+    let most = minutes
+        .iter()
+        .map(|m| m.values().sum::<u32>())
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let total: u32 = minutes.iter().flat_map(|m| m.values()).sum();
+    html! {
+        figure.chart {
+            svg viewBox={ "0 0 " (BAR_W * minutes.len() as f64) " " (BAR_H) } role="img"
+                aria-label={ (total) " runs ended in the last " (MINUTES) " minutes, at most " (most) " in one minute" } {
+                @for (i, minute) in minutes.iter().enumerate() {
+                    @let mut top = BAR_H;
+                    @for (outcome, count) in minute {
+                        @let h = f64::from(*count) / most * (BAR_H - 2.0);
+                        @let y = { top -= h; top };
+                        rect class={ "bar " (outcome) } x=(format!("{:.1}", BAR_W * i as f64 + 2.0)) y=(format!("{y:.1}"))
+                            width=(format!("{:.1}", BAR_W - 4.0)) height=(format!("{h:.1}")) {
+                            title { (count) " " (outcome) ", " (minute_ago(i)) }
+                        }
+                    }
+                }
+            }
+            figcaption {
+                span.key.succeeded { "succeeded" } " · " span.key.failed { "failed" } " · "
+                span.key.skipped { "skipped" } " · " span.key.other { "cancelled and other" }
+                " · tallest bar " (most) " runs"
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(
+        job: &str,
+        state: RunState,
+        finished_minutes_ago: Option<i64>,
+        now: Instant,
+    ) -> RunRecord {
+        let mut run: RunRecord = serde_json::from_value(serde_json::json!({
+            "id": 1, "namespace": "default", "job": job, "job_id": 1,
+            "scheduled_for": now, "trigger": "schedule", "state": "queued", "priority": 0,
+            "ready_at": now, "created_at": now, "attempts": 0, "failures": 0,
+            "cancel_requested": false, "waiting_for": []
+        }))
+        .unwrap();
+        run.state = state;
+        run.finished_at = finished_minutes_ago.map(|m| now - chrono::Duration::minutes(m));
+        run
+    }
+
+    #[test]
+    fn runs_are_counted_in_the_minute_they_ended() {
+        let now = chrono::Utc::now();
+        let runs = [
+            run("a", RunState::Succeeded, Some(0), now),
+            run("a", RunState::Failed, Some(0), now),
+            run("b", RunState::Succeeded, Some(29), now),
+            run("b", RunState::Succeeded, Some(30), now),
+            run("c", RunState::Running, None, now),
+        ];
+        let minutes = per_minute(&runs, now);
+        assert_eq!(minutes.len(), 30);
+        assert_eq!(minutes[29].get("succeeded"), Some(&1));
+        assert_eq!(minutes[29].get("failed"), Some(&1));
+        assert_eq!(minutes[0].get("succeeded"), Some(&1));
+        assert_eq!(minutes.iter().flat_map(|m| m.values()).sum::<u32>(), 3);
+    }
+
+    #[test]
+    fn a_job_is_failing_when_its_newest_ended_run_failed() {
+        let now = chrono::Utc::now();
+        let runs = [
+            run("a", RunState::Running, None, now),
+            run("a", RunState::Failed, Some(1), now),
+            run("b", RunState::Succeeded, Some(1), now),
+            run("b", RunState::Failed, Some(2), now),
+            run("c", RunState::Skipped, Some(1), now),
+            run("c", RunState::TimedOut, Some(2), now),
+        ];
+        let jobs: Vec<&str> = failing(&runs).iter().map(|r| r.job.as_str()).collect();
+        assert_eq!(jobs, ["a", "c"]);
+    }
+}

@@ -1,0 +1,169 @@
+//! One run: its attempts (worker, exit code, timings) and the output of its latest attempt,
+//! followed live while the run is not over (`console.js` reads `/runs/{id}/output`, which is
+//! the API's log passed through as the visitor).
+
+use super::{job_href, refused, CsrfOnly};
+use crate::console::api::query;
+use crate::console::layout::{self, millis, span, when};
+use crate::console::{Console, Visitor};
+use axum::extract::{Path, Query, State};
+use axum::http::Method;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use maud::html;
+use serde::Deserialize;
+use sked_core::auth::Permission;
+use sked_core::records::{AttemptRecord, RunRecord};
+
+#[derive(Deserialize)]
+struct RunView {
+    #[serde(flatten)]
+    run: RunRecord,
+    lateness_ms: f64,
+    attempt_history: Vec<AttemptRecord>,
+    #[serde(default)]
+    waiting_for_workers: Option<String>,
+}
+
+pub async fn page(
+    State(console): State<Console>,
+    visitor: Visitor,
+    Path(id): Path<i64>,
+) -> Response {
+    let title = format!("Run {id}");
+    let view: RunView = match console
+        .api
+        .get(visitor.who(), &format!("/api/v1/runs/{id}"))
+        .await
+    {
+        Ok(view) => view,
+        Err(failure) => return refused(&console, &visitor, &title, failure),
+    };
+    let run = &view.run;
+    let over = run.state.is_terminal();
+    let output = console
+        .api
+        .raw(
+            visitor.who(),
+            Method::GET,
+            &format!("/api/v1/runs/{id}/log"),
+            None,
+        )
+        .await;
+    let output = if output.status().is_success() {
+        axum::body::to_bytes(output.into_body(), 16 * 1024 * 1024)
+            .await
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let body = html! {
+        p.lead {
+            (layout::state(run.state.as_str())) " · job "
+            a href=(job_href(&run.namespace, &run.job)) { (run.job) }
+            @if let Some(shard) = run.shard { " · shard " (shard.index + 1) " of " (shard.count) }
+            " · " (run.trigger.as_str())
+        }
+        @if visitor.may(Permission::Write) && !over {
+            div.actions {
+                (layout::confirmed_button(&visitor, &format!("/runs/{id}/cancel"), "Cancel run",
+                    &format!("Cancel run {id}?")))
+            }
+        }
+        dl.figures {
+            div { dt { "instant" } dd { (when(Some(run.scheduled_for))) } }
+            div { dt { "started" } dd { (when(run.started_at)) } }
+            div { dt { "finished" } dd { (when(run.finished_at)) } }
+            div { dt { "fired late" } dd { (millis(view.lateness_ms)) } }
+            div { dt { "duration" } dd { (span(run.started_at, run.finished_at)) } }
+            div { dt { "attempts" } dd { (run.attempts) } }
+        }
+        @if let Some(error) = &run.error { p.error { (error) } }
+        @if let Some(waiting) = &view.waiting_for_workers { p.notice { (waiting) } }
+        @if let Some(reason) = &run.waiting_reason { p.notice { "waiting: " (reason.as_str())
+            @if !run.waiting_for.is_empty() { " for " (run.waiting_for.join(", ")) } } }
+        h2 { "Attempts" }
+        @if view.attempt_history.is_empty() {
+            p.empty { "No attempt yet." }
+        } @else {
+            div.table-wrap {
+                table.attempts {
+                    thead { tr {
+                        th scope="col" { "#" } th scope="col" { "Worker" } th scope="col" { "State" }
+                        th scope="col" { "Started" } th scope="col" { "Duration" }
+                        th scope="col" { "Exit code" } th scope="col" { "HTTP" } th scope="col" { "Output" } th scope="col" { "Error" }
+                    } }
+                    tbody {
+                        @for a in &view.attempt_history {
+                            tr {
+                                td.num { (a.number) }
+                                td { code { (a.worker_id) } }
+                                td { (layout::state(a.state.as_str())) }
+                                td { (when(Some(a.started_at))) }
+                                td.num { (span(Some(a.started_at), a.finished_at)) }
+                                td.num { (a.exit_code.map(|c| c.to_string()).unwrap_or_default()) }
+                                td.num { (a.http_status.map(|c| c.to_string()).unwrap_or_default()) }
+                                td.num { (a.output_bytes) " B" @if a.output_truncated { " (cut)" } }
+                                td { (a.error.as_deref().unwrap_or_default()) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        h2 #output-title { "Output" @if !over { " " span.badge.busy #live { "live" } } }
+        pre.output #output aria-labelledby="output-title" aria-live="polite"
+            data-follow=[(!over).then(|| format!("/runs/{id}/output?{}", query(&[("follow", "true")])))]
+            data-offset=(output.len()) { (output) }
+    };
+    layout::page(&console, &visitor, &format!("Run {id}"), body)
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Follow {
+    #[serde(default)]
+    follow: bool,
+}
+
+/// The latest attempt's output as text; with `follow=true` it streams until the run ends (the
+/// API's `GET /runs/{id}/log`, with its bound on follows at once).
+pub async fn output(
+    State(console): State<Console>,
+    visitor: Visitor,
+    Path(id): Path<i64>,
+    Query(f): Query<Follow>,
+) -> Response {
+    let path = format!(
+        "/api/v1/runs/{id}/log?{}",
+        query(&[("follow", if f.follow { "true" } else { "" })])
+    );
+    let response = console
+        .api
+        .raw(visitor.who(), Method::GET, &path, None)
+        .await;
+    visitor.finish(&console, response)
+}
+
+pub async fn cancel(
+    State(console): State<Console>,
+    visitor: Visitor,
+    Path(id): Path<i64>,
+    Form(form): Form<CsrfOnly>,
+) -> Response {
+    if let Err(turned) = console.check_csrf(&visitor, &form.csrf) {
+        return turned.into_response();
+    }
+    let path = format!("/api/v1/runs/{id}/cancel");
+    match console
+        .api
+        .call::<serde_json::Value>(visitor.who(), Method::POST, &path, None)
+        .await
+    {
+        Ok(_) => visitor.finish(
+            &console,
+            Redirect::to(&format!("/runs/{id}")).into_response(),
+        ),
+        Err(failure) => refused(&console, &visitor, &format!("Run {id}"), failure),
+    }
+}

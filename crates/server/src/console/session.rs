@@ -1,0 +1,259 @@
+//! Console sessions: a login turns an API token into a cookie, and each console request turns
+//! the cookie back into that token.
+//!
+//! The cookie is the token and an expiry, sealed with AES-256-GCM under a key derived from the
+//! server's secret key, so any node of a cluster opens a cookie another node made and nothing
+//! is stored. Without a secret key (an embedded `sked dev`), the key is this process's own and
+//! sessions end when it restarts. The token is checked again on every request (`crate::auth`),
+//! so revoking it ends its sessions within the token cache's half second.
+//!
+//! Forms carry a CSRF token: an HMAC of the session cookie, which a page of another origin can
+//! neither read nor compute. The cookie is `HttpOnly` and `SameSite=Strict` besides.
+//!
+//! This module owns cookies and CSRF tokens only; what a token may do is the API's to decide.
+
+use aes_gcm::aead::{Aead, KeyInit};
+use aes_gcm::{Aes256Gcm, Nonce};
+use axum::http::{HeaderMap, HeaderValue};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The session cookie's name.
+pub const COOKIE: &str = "sked_session";
+/// How long a login lasts (the token's own expiry applies too).
+pub const LIFETIME: chrono::TimeDelta = chrono::TimeDelta::hours(12);
+/// Longest cookie value opened: a sealed token is about 150 characters.
+const MAX_COOKIE_LEN: usize = 1024;
+const NONCE_LEN: usize = 12;
+
+/// What a cookie holds once opened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Sealed {
+    /// The API token; `None` for a visitor of an open development server who did not log in.
+    token: Option<String>,
+    /// Unix seconds after which the cookie is refused.
+    expires: i64,
+}
+
+/// An opened session.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Session {
+    /// The API token its requests carry; `None`: none (an open development server).
+    pub token: Option<String>,
+    /// The cookie's value, which the CSRF token is derived from.
+    cookie: String,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// Seals and opens session cookies, and makes and checks CSRF tokens.
+pub struct Sessions {
+    cipher: Aes256Gcm,
+    csrf_key: [u8; 32],
+    /// Whether cookies are sent only over HTTPS (the server speaks TLS).
+    secure: bool,
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+impl Sessions {
+    pub fn new(key: [u8; 32], secure: bool) -> Sessions {
+        let csrf_key = Sha256::new()
+            .chain_update(b"sked console csrf v1\0")
+            .chain_update(key)
+            .finalize()
+            .into();
+        Sessions {
+            cipher: Aes256Gcm::new(&key.into()),
+            csrf_key,
+            secure,
+        }
+    }
+
+    /// A new session for `token`, as the cookie's value.
+    pub fn seal(&self, token: Option<&str>, now: chrono::DateTime<chrono::Utc>) -> Session {
+        let sealed = Sealed {
+            token: token.map(str::to_string),
+            expires: (now + LIFETIME).timestamp(),
+        };
+        // Serialising a struct of a string and a number cannot fail.
+        let clear = serde_json::to_vec(&sealed).unwrap_or_default();
+        let nonce: [u8; NONCE_LEN] = rand::random();
+        // Encryption fails only past GCM's input limit, far above a token's length.
+        let ciphertext = self
+            .cipher
+            .encrypt(Nonce::from_slice(&nonce), clear.as_slice())
+            .unwrap_or_default();
+        let mut bytes = nonce.to_vec();
+        bytes.extend(ciphertext);
+        Session {
+            token: sealed.token,
+            cookie: URL_SAFE_NO_PAD.encode(bytes),
+        }
+    }
+
+    /// The session a request's cookie holds, if it opens and has not expired.
+    pub fn open(&self, headers: &HeaderMap, now: chrono::DateTime<chrono::Utc>) -> Option<Session> {
+        let cookie = cookie_value(headers, COOKIE)?;
+        if cookie.len() > MAX_COOKIE_LEN {
+            return None;
+        }
+        let bytes = URL_SAFE_NO_PAD.decode(cookie).ok()?;
+        if bytes.len() <= NONCE_LEN {
+            return None;
+        }
+        let (nonce, ciphertext) = bytes.split_at(NONCE_LEN);
+        let clear = self
+            .cipher
+            .decrypt(Nonce::from_slice(nonce), ciphertext)
+            .ok()?;
+        let sealed: Sealed = serde_json::from_slice(&clear).ok()?;
+        if sealed.expires <= now.timestamp() {
+            return None;
+        }
+        Some(Session {
+            token: sealed.token,
+            cookie: cookie.to_string(),
+        })
+    }
+
+    /// The `Set-Cookie` value that keeps `session`.
+    pub fn set_cookie(&self, session: &Session) -> HeaderValue {
+        self.cookie_header(&session.cookie, LIFETIME.num_seconds())
+    }
+
+    /// The `Set-Cookie` value that ends a session.
+    pub fn clear_cookie(&self) -> HeaderValue {
+        self.cookie_header("", 0)
+    }
+
+    fn cookie_header(&self, value: &str, max_age: i64) -> HeaderValue {
+        let secure = if self.secure { "; Secure" } else { "" };
+        let text = format!(
+            "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+        );
+        // The value is base64url: always a valid header value.
+        HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+
+    fn csrf_mac(&self, session: &Session) -> HmacSha256 {
+        let mut mac = <HmacSha256 as hmac::KeyInit>::new_from_slice(&self.csrf_key)
+            .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        mac.update(session.cookie.as_bytes());
+        mac
+    }
+
+    /// The CSRF token the session's forms carry.
+    pub fn csrf(&self, session: &Session) -> String {
+        URL_SAFE_NO_PAD.encode(self.csrf_mac(session).finalize().into_bytes())
+    }
+
+    /// Whether `given` is the session's CSRF token (compared in constant time).
+    pub fn csrf_matches(&self, session: &Session, given: &str) -> bool {
+        match URL_SAFE_NO_PAD.decode(given) {
+            Ok(tag) => self.csrf_mac(session).verify_slice(&tag).is_ok(),
+            Err(_) => false,
+        }
+    }
+}
+
+/// The value of cookie `name` in a request's `Cookie` headers.
+fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_cookie(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            axum::http::header::COOKIE,
+            HeaderValue::from_str(&format!("other=1; {COOKIE}={value}")).unwrap(),
+        );
+        headers
+    }
+
+    #[test]
+    fn a_sealed_session_opens_until_it_expires() {
+        let sessions = Sessions::new([7; 32], false);
+        let now = chrono::Utc::now();
+        let session = sessions.seal(Some("sked_secret"), now);
+        let opened = sessions.open(&with_cookie(&session.cookie), now).unwrap();
+        assert_eq!(opened.token.as_deref(), Some("sked_secret"));
+        assert!(sessions
+            .open(&with_cookie(&session.cookie), now + LIFETIME)
+            .is_none());
+    }
+
+    #[test]
+    fn a_cookie_of_another_key_or_tampered_with_does_not_open() {
+        let now = chrono::Utc::now();
+        let ours = Sessions::new([7; 32], false);
+        let theirs = Sessions::new([8; 32], false);
+        let session = theirs.seal(Some("sked_secret"), now);
+        assert!(ours.open(&with_cookie(&session.cookie), now).is_none());
+        let mut bytes = URL_SAFE_NO_PAD.decode(&session.cookie).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        let tampered = URL_SAFE_NO_PAD.encode(bytes);
+        assert!(theirs.open(&with_cookie(&tampered), now).is_none());
+        assert!(ours.open(&with_cookie("not base64!"), now).is_none());
+        assert!(ours.open(&with_cookie(&"A".repeat(5000)), now).is_none());
+        assert!(ours.open(&HeaderMap::new(), now).is_none());
+    }
+
+    #[test]
+    fn csrf_tokens_belong_to_their_session() {
+        let sessions = Sessions::new([7; 32], false);
+        let now = chrono::Utc::now();
+        let one = sessions.seal(None, now);
+        let two = sessions.seal(None, now);
+        let token = sessions.csrf(&one);
+        assert!(sessions.csrf_matches(&one, &token));
+        assert!(!sessions.csrf_matches(&two, &token));
+        assert!(!sessions.csrf_matches(&one, ""));
+        assert!(!sessions.csrf_matches(&one, "%%%"));
+    }
+
+    #[test]
+    fn the_cookie_is_http_only_strict_and_secure_under_tls() {
+        let now = chrono::Utc::now();
+        let plain = Sessions::new([7; 32], false);
+        let header = plain.set_cookie(&plain.seal(None, now));
+        let text = header.to_str().unwrap();
+        assert!(text.contains("HttpOnly") && text.contains("SameSite=Strict"));
+        assert!(!text.contains("Secure"));
+        let tls = Sessions::new([7; 32], true);
+        assert!(tls
+            .set_cookie(&tls.seal(None, now))
+            .to_str()
+            .unwrap()
+            .ends_with("; Secure"));
+        assert!(plain.clear_cookie().to_str().unwrap().contains("Max-Age=0"));
+    }
+
+    #[test]
+    fn debug_never_shows_the_token() {
+        let sessions = Sessions::new([7; 32], false);
+        let session = sessions.seal(Some("sked_secret"), chrono::Utc::now());
+        assert!(!format!("{session:?}").contains("sked_secret"));
+    }
+}

@@ -1,0 +1,460 @@
+//! The web console in a real browser: Debian's Chromium, driven through ChromeDriver, against a
+//! real `sked dev` that requires tokens. A person's path through it: log in, create a job
+//! through the form (a bad cron is refused beside its input), watch its runs appear, follow a
+//! run's output live, pause and resume, clone, delete; a viewer's token sees no write buttons.
+//!
+//! Every page visited is checked for JavaScript errors in the browser's log and for requests
+//! outside sked's origin. With `SKED_UI_SCREENSHOTS=DIR` the pages are saved there at
+//! 1280x800 (`docs/ui/`, shown in docs/UI.md).
+//!
+//! Needs `SKED_TEST_CHROMEDRIVER` (the `chromedriver` to start; Chromium is
+//! `SKED_TEST_CHROMIUM`, else `/usr/bin/chromium`). Without it the test is reported as ignored
+//! (see build.rs); under CI it runs, and a missing driver fails it.
+
+mod common;
+
+use common::{token, Sked, ADMIN_TOKEN};
+use fantoccini::wd::WebDriverCompatibleCommand;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest any wait in this test takes.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// ChromeDriver's own command for the browser's console log (not part of W3C WebDriver).
+#[derive(Debug)]
+struct BrowserLog;
+
+impl WebDriverCompatibleCommand for BrowserLog {
+    fn endpoint(
+        &self,
+        base_url: &url::Url,
+        session_id: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
+        base_url.join(&format!(
+            "session/{}/se/log",
+            session_id.unwrap_or_default()
+        ))
+    }
+
+    fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
+        (
+            http::Method::POST,
+            Some(json!({"type": "browser"}).to_string()),
+        )
+    }
+}
+
+/// Chromium under ChromeDriver, looking at one sked.
+struct Browser {
+    client: Client,
+    driver: Child,
+    base: String,
+    shots: Option<PathBuf>,
+}
+
+impl Browser {
+    async fn start(base: &str) -> Browser {
+        let driver_bin = std::env::var("SKED_TEST_CHROMEDRIVER").unwrap_or_else(|_| {
+            panic!(
+                "SKED_TEST_CHROMEDRIVER must name chromedriver (apt-get install chromium \
+                 chromium-driver; /usr/bin/chromedriver)"
+            )
+        });
+        let chromium =
+            std::env::var("SKED_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        let port = common::free_port();
+        let driver = Command::new(&driver_bin)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {driver_bin}: {e}"));
+        let capabilities: serde_json::Map<String, Value> = serde_json::from_value(json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,800",
+                         "--disable-dev-shm-usage", "--no-first-run", "--disable-extensions",
+                         "--disable-background-networking", "--disable-component-update",
+                         "--disable-sync", "--disable-default-apps"]
+            },
+            "goog:loggingPrefs": {"browser": "ALL"}
+        }))
+        .expect("capabilities");
+        let webdriver = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + PATIENCE;
+        let client = loop {
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector)
+                .capabilities(capabilities.clone())
+                .connect(&webdriver)
+                .await
+            {
+                Ok(client) => break client,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("no WebDriver session from {driver_bin}: {e}"),
+            }
+        };
+        let shots = std::env::var_os("SKED_UI_SCREENSHOTS").map(PathBuf::from);
+        if let Some(dir) = &shots {
+            std::fs::create_dir_all(dir).expect("screenshot directory");
+        }
+        Browser {
+            client,
+            driver,
+            base: base.to_string(),
+            shots,
+        }
+    }
+
+    async fn open(&self, path: &str) {
+        self.client
+            .goto(&format!("{}{path}", self.base))
+            .await
+            .unwrap_or_else(|e| panic!("open {path}: {e}"));
+        self.check_page().await;
+    }
+
+    /// The page logged no error and fetched nothing from another origin.
+    async fn check_page(&self) {
+        let url = self.client.current_url().await.expect("current url");
+        let log = self
+            .client
+            .issue_cmd(BrowserLog)
+            .await
+            .expect("browser log");
+        // A page sent with an error status (a refused login is a 401, a refused form a 400)
+        // is logged as a failed load of that page: that one is meant; anything else is not.
+        let page_status = format!("{url} - Failed to load resource");
+        let errors: Vec<&Value> = log
+            .as_array()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .filter(|e| e["level"] == "SEVERE")
+                    .filter(|e| {
+                        let message = e["message"].as_str().unwrap_or_default();
+                        !(e["source"] == "network" && message.starts_with(&page_status))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(errors.is_empty(), "{url} logged errors: {errors:?}");
+        let fetched = self
+            .client
+            .execute(
+                "return performance.getEntriesByType('resource').map(e => e.name)",
+                vec![],
+            )
+            .await
+            .expect("resources");
+        for name in fetched.as_array().into_iter().flatten() {
+            let name = name.as_str().unwrap_or_default();
+            assert!(
+                name.starts_with(&self.base),
+                "{url} fetched {name}, outside {}",
+                self.base
+            );
+        }
+    }
+
+    async fn shot(&self, name: &str) {
+        let png = self.client.screenshot().await.expect("screenshot");
+        assert!(png.starts_with(b"\x89PNG"), "a screenshot is a PNG");
+        if let Some(dir) = &self.shots {
+            std::fs::write(dir.join(format!("{name}.png")), png).expect("save screenshot");
+        }
+    }
+
+    async fn find(&self, css: &str) -> fantoccini::elements::Element {
+        match self
+            .client
+            .wait()
+            .at_most(PATIENCE)
+            .for_element(Locator::Css(css))
+            .await
+        {
+            Ok(element) => element,
+            Err(e) => panic!("no {css} on {}: {e}", self.path().await),
+        }
+    }
+
+    async fn exists(&self, css: &str) -> bool {
+        !self
+            .client
+            .find_all(Locator::Css(css))
+            .await
+            .expect("find_all")
+            .is_empty()
+    }
+
+    async fn text(&self, css: &str) -> String {
+        self.find(css).await.text().await.expect("text")
+    }
+
+    async fn path(&self) -> String {
+        let url = self.client.current_url().await.expect("current url");
+        match url.query() {
+            Some(q) => format!("{}?{q}", url.path()),
+            None => url.path().to_string(),
+        }
+    }
+
+    async fn fill(&self, css: &str, value: &str) {
+        let input = self.find(css).await;
+        input.clear().await.expect("clear");
+        input.send_keys(value).await.expect("type");
+    }
+
+    /// Marks the page, so that [`Browser::wait_next_page`] sees when another replaced it.
+    async fn mark_page(&self) {
+        self.client
+            .execute("window.skedTestOldPage = true", vec![])
+            .await
+            .expect("mark the page");
+    }
+
+    /// Clicks and waits for the next page to load.
+    async fn click(&self, css: &str) {
+        self.mark_page().await;
+        self.find(css).await.click().await.expect("click");
+        self.wait_next_page().await;
+    }
+
+    /// Waits until the marked page was replaced and the new one loaded, then checks it.
+    async fn wait_next_page(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let state = self
+                .client
+                .execute(
+                    "return window.skedTestOldPage ? 'old' : document.readyState",
+                    vec![],
+                )
+                .await
+                .unwrap_or_default();
+            if state == "complete" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no new page loaded");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.check_page().await;
+    }
+
+    /// Reloads `path` until `css` shows up on it.
+    async fn reload_until(&self, path: &str, css: &str) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            self.open(path).await;
+            if self.exists(css).await {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{css} never showed on {path}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    async fn log_in(&self, token: &str) {
+        self.open("/login").await;
+        self.fill("#token", token).await;
+        self.click("form button[type=submit]").await;
+    }
+
+    async fn close(mut self) {
+        let _ = self.client.close().await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(sked_browser_tests),
+    ignore = "needs SKED_TEST_CHROMEDRIVER (Chromium and ChromeDriver)"
+)]
+async fn a_person_runs_jobs_from_the_console() {
+    let mut sked = Sked::new();
+    sked.start_dev(&["--require-token", "--slots", "4"]).await;
+    let browser = Browser::start(&sked.base()).await;
+
+    // Without a session every page sends to the login form, which says what was wrong.
+    browser.open("/jobs").await;
+    assert!(browser.path().await.starts_with("/login"));
+    browser.shot("login").await;
+    browser.fill("#token", "sked_not-a-token").await;
+    browser.click("form button[type=submit]").await;
+    assert!(!browser.text("#token-error").await.is_empty());
+
+    browser.log_in(ADMIN_TOKEN).await;
+    browser.open("/jobs").await;
+    assert_eq!(browser.text("h1").await, "Jobs");
+
+    // A job through the form: a bad cron is refused beside its input, and nothing is made.
+    browser.click("a.button[href^='/jobs/new']").await;
+    browser.fill("#name", "from-the-console").await;
+    browser.fill("#cron", "61 * * * * *").await;
+    browser
+        .fill("#command", "echo first; sleep 3; echo second")
+        .await;
+    browser.click("form.job button[type=submit]").await;
+    let error = browser.text("#cron-error").await;
+    assert!(error.contains("61"), "{error}");
+    assert_eq!(
+        browser
+            .find("#cron")
+            .await
+            .attr("aria-invalid")
+            .await
+            .unwrap(),
+        Some("true".into())
+    );
+    browser.shot("job-form-error").await;
+    assert_eq!(sked.get("/jobs/from-the-console").await.0, 404);
+
+    browser.fill("#cron", "*/2 * * * * *").await;
+    browser.click("form.job button[type=submit]").await;
+    assert_eq!(browser.path().await, "/jobs/default/from-the-console");
+    assert!(browser
+        .text("p.lead")
+        .await
+        .contains("cron */2 * * * * * UTC"));
+
+    // Its runs appear on its page.
+    browser
+        .reload_until("/jobs/default/from-the-console", "table.runs tbody tr")
+        .await;
+
+    // A triggered run's output arrives while it runs, without reloading.
+    browser.click("form[action$='/trigger'] button").await;
+    assert!(browser.path().await.starts_with("/runs/"));
+    let deadline = Instant::now() + PATIENCE;
+    let mut seen_live = false;
+    loop {
+        let output = browser.text("#output").await;
+        if output.contains("first") && !output.contains("second") {
+            seen_live = browser.exists("#live").await;
+            browser.shot("run").await;
+        }
+        if output.contains("second") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the output never ended: {output:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen_live,
+        "the first line showed before the run ended, live"
+    );
+    browser.check_page().await;
+
+    // Pause and resume.
+    browser.open("/jobs/default/from-the-console").await;
+    browser.shot("job").await;
+    browser.click("form[action$='/pause'] button").await;
+    assert!(browser.exists("form[action$='/resume']").await);
+    assert_eq!(
+        sked.get("/jobs/from-the-console").await.1["state"],
+        "paused"
+    );
+    browser.click("form[action$='/resume'] button").await;
+    assert!(browser.exists("form[action$='/pause']").await);
+    assert_eq!(
+        sked.get("/jobs/from-the-console").await.1["state"],
+        "active"
+    );
+
+    // Clone: the form starts from the job's definition.
+    browser.click("a.button[href*='clone=']").await;
+    assert_eq!(
+        browser.find("#name").await.prop("value").await.unwrap(),
+        Some("from-the-console-copy".into())
+    );
+    assert_eq!(
+        browser.find("#cron").await.prop("value").await.unwrap(),
+        Some("*/2 * * * * *".into())
+    );
+    browser.click("form.job button[type=submit]").await;
+    assert_eq!(browser.path().await, "/jobs/default/from-the-console-copy");
+    let (_, copy) = sked.get("/jobs/from-the-console-copy").await;
+    assert_eq!(
+        copy["target"]["shell"]["command"],
+        "echo first; sleep 3; echo second"
+    );
+
+    // Delete asks first.
+    browser.mark_page().await;
+    browser
+        .find("form[action$='/delete'] button")
+        .await
+        .click()
+        .await
+        .expect("click delete");
+    browser.client.accept_alert().await.expect("confirm");
+    browser.wait_next_page().await;
+    assert!(browser.path().await.starts_with("/jobs?"));
+    assert_eq!(sked.get("/jobs/from-the-console-copy").await.0, 404);
+
+    for (path, name) in [
+        ("/", "overview"),
+        ("/jobs", "jobs"),
+        ("/workers", "workers"),
+        ("/audit", "audit"),
+        ("/tokens", "tokens"),
+    ] {
+        browser.open(path).await;
+        browser.shot(name).await;
+    }
+    browser
+        .client
+        .set_window_size(390, 844)
+        .await
+        .expect("resize");
+    browser.open("/jobs/default/from-the-console").await;
+    browser.shot("job-phone").await;
+    browser
+        .client
+        .set_window_size(1280, 800)
+        .await
+        .expect("resize");
+
+    // A viewer's token reads everything of its namespace and is offered no change.
+    let viewer = token(
+        &sked,
+        "console-viewer",
+        json!({"role": "viewer", "namespaces": ["default"]}),
+    )
+    .await;
+    browser.click("form[action='/logout'] button").await;
+    assert!(browser.path().await.starts_with("/login"));
+    browser.log_in(&viewer).await;
+    browser.open("/jobs").await;
+    assert!(
+        browser
+            .exists("a[href='/jobs/default/from-the-console']")
+            .await
+    );
+    assert!(!browser.exists("a.button[href^='/jobs/new']").await);
+    browser.open("/jobs/default/from-the-console").await;
+    assert!(browser.exists("table.runs").await);
+    for write in ["/trigger", "/pause", "/delete", "/edit"] {
+        assert!(
+            !browser
+                .exists(&format!("[action$='{write}'], a[href$='{write}']"))
+                .await,
+            "a viewer is offered {write}"
+        );
+    }
+    assert!(!browser.exists("a[href='/tokens']").await);
+    browser.close().await;
+}
