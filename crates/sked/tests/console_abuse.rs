@@ -1,0 +1,246 @@
+//! The web console against misuse, over plain HTTP (no browser): forged forms, foreign
+//! origins, tampered or missing cookies, tokens that may not log in, a viewer posting what it
+//! is not offered, a login that would send elsewhere, and secrets in a job's page.
+
+mod common;
+
+use common::{token, Sked, ADMIN_TOKEN};
+use reqwest::header::{COOKIE, LOCATION, ORIGIN, SET_COOKIE};
+use reqwest::{Client, StatusCode};
+use serde_json::json;
+use std::time::Duration;
+
+/// A console address of `sked`.
+fn at(sked: &Sked, path: &str) -> String {
+    format!("{}{path}", sked.base())
+}
+
+/// A client that follows no redirect and keeps no cookie: each test says what it sends.
+fn bare() -> Client {
+    Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// Logs in with `secret`; the session cookie (`sked_session=...`) when it was taken.
+async fn log_in(sked: &Sked, secret: &str, next: &str) -> (StatusCode, Option<String>, String) {
+    let response = bare()
+        .post(at(&sked, "/login"))
+        .form(&[("token", secret), ("next", next)])
+        .send()
+        .await
+        .expect("login");
+    let status = response.status();
+    let cookie = response
+        .headers()
+        .get(SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .filter(|v| v.len() > "sked_session=".len())
+        .map(str::to_string);
+    let location = response
+        .headers()
+        .get(LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    (status, cookie, location)
+}
+
+/// The page at `path` with `cookie`, and the CSRF token its forms carry.
+async fn page(sked: &Sked, cookie: &str, path: &str) -> (StatusCode, String, Option<String>) {
+    let response = bare()
+        .get(at(sked, path))
+        .header(COOKIE, cookie)
+        .send()
+        .await
+        .expect("page");
+    let status = response.status();
+    let body = response.text().await.expect("body");
+    let csrf = body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .map(str::to_string);
+    (status, body, csrf)
+}
+
+async fn post_form(
+    sked: &Sked,
+    cookie: &str,
+    path: &str,
+    form: &[(&str, &str)],
+    origin: Option<&str>,
+) -> StatusCode {
+    let mut request = bare()
+        .post(at(sked, path))
+        .header(COOKIE, cookie)
+        .form(form);
+    if let Some(origin) = origin {
+        request = request.header(ORIGIN, origin);
+    }
+    request.send().await.expect("post").status()
+}
+
+async fn started() -> Sked {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let (status, _) = sked
+        .put_job(
+            "guarded",
+            json!({
+                "target": {"shell": {"command": "true", "env": {"PASSWORD": {"secret": "hunter2-clear"}}}},
+                "paused": false
+            }),
+        )
+        .await;
+    assert_eq!(status, 201);
+    sked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forms_without_their_csrf_token_or_from_another_origin_change_nothing() {
+    let sked = started().await;
+    let (status, cookie, _) = log_in(&sked, ADMIN_TOKEN, "/").await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let cookie = cookie.expect("a session cookie");
+    let (status, body, csrf) = page(&sked, &cookie, "/jobs/default/guarded").await;
+    assert_eq!(status, StatusCode::OK);
+    let csrf = csrf.expect("the page's forms carry a CSRF token");
+
+    let trigger = "/jobs/default/guarded/trigger";
+    for (form, origin) in [
+        (vec![], None),
+        (vec![("csrf", "forged")], None),
+        (vec![("csrf", csrf.as_str())], Some("http://evil.example")),
+    ] {
+        let status = post_form(&sked, &cookie, trigger, &form, origin).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{form:?} {origin:?}");
+    }
+    // Another session's token does not open this one's forms.
+    let (_, other, _) = log_in(&sked, ADMIN_TOKEN, "/").await;
+    let (_, _, other_csrf) = page(&sked, &other.unwrap(), "/jobs").await;
+    let status = post_form(
+        &sked,
+        &cookie,
+        trigger,
+        &[("csrf", &other_csrf.unwrap())],
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(sked.runs("guarded").await.is_empty(), "nothing was triggered");
+
+    // With its token, from this origin, the same form works.
+    let origin = at(&sked, "");
+    let status = post_form(&sked, &cookie, trigger, &[("csrf", &csrf)], Some(&origin)).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(sked.runs("guarded").await.len(), 1);
+
+    // The page never shows a secret, and says who is logged in.
+    assert!(!body.contains("hunter2-clear"));
+    assert!(body.contains("admin"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_good_session_every_page_sends_to_the_login() {
+    let sked = started().await;
+    for cookie in ["", "sked_session=", "sked_session=AAAA", "sked_session=not*base64"] {
+        let response = bare()
+            .get(at(&sked, "/jobs?namespace=default"))
+            .header(COOKIE, cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::SEE_OTHER, "{cookie:?}");
+        let location = response.headers()[LOCATION].to_str().unwrap();
+        assert!(location.starts_with("/login?next=%2Fjobs"), "{location}");
+    }
+    // A tampered cookie does not open.
+    let (_, cookie, _) = log_in(&sked, ADMIN_TOKEN, "/").await;
+    let mut cookie = cookie.unwrap();
+    let last = cookie.pop().unwrap();
+    cookie.push(if last == 'A' { 'B' } else { 'A' });
+    let (status, _, _) = page(&sked, &cookie, "/jobs").await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+
+    // The login page and the assets need no session, and every page forbids framing and
+    // foreign scripts.
+    let login = bare().get(at(&sked, "/login")).send().await.unwrap();
+    assert_eq!(login.status(), StatusCode::OK);
+    let csp = login.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"));
+    let css = bare()
+        .get(at(&sked, "/assets/console.css"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(css.status(), StatusCode::OK);
+    let missing = bare()
+        .get(at(&sked, "/assets/../../etc/passwd"))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(missing.status(), StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_tokens_that_read_may_log_in_and_a_revoked_one_is_logged_out() {
+    let sked = started().await;
+    for secret in ["", "sked_unknown", &"x".repeat(10_000)] {
+        let (status, cookie, _) = log_in(&sked, secret, "/").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(cookie.is_none());
+    }
+    let worker = token(&sked, "a-worker", json!({"role": "worker", "namespaces": ["*"]})).await;
+    let (status, cookie, _) = log_in(&sked, &worker, "/").await;
+    assert_eq!((status, cookie), (StatusCode::UNAUTHORIZED, None));
+
+    // After a login, only a path of this console is followed.
+    let (_, _, location) = log_in(&sked, ADMIN_TOKEN, "//evil.example/").await;
+    assert_eq!(location, "/");
+    let (_, _, location) = log_in(&sked, ADMIN_TOKEN, "/jobs?namespace=default").await;
+    assert_eq!(location, "/jobs?namespace=default");
+
+    let viewer = token(
+        &sked,
+        "a-viewer",
+        json!({"role": "viewer", "namespaces": ["default"]}),
+    )
+    .await;
+    let (status, cookie, _) = log_in(&sked, &viewer, "/").await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let cookie = cookie.unwrap();
+    let (status, body, csrf) = page(&sked, &cookie, "/jobs/default/guarded").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!body.contains("/trigger") && !body.contains("/edit"));
+    // A viewer posting what it is not offered meets the API's refusal.
+    let csrf = csrf.expect("the logout form carries the token");
+    let status = post_form(
+        &sked,
+        &cookie,
+        "/jobs/default/guarded/trigger",
+        &[("csrf", &csrf)],
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(sked.runs("guarded").await.is_empty());
+    // The tokens page is the admin's.
+    let (status, _, _) = page(&sked, &cookie, "/tokens").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    // Revoking the token ends its sessions.
+    let revoked = sked
+        .http
+        .delete(sked.url("/tokens/a-viewer"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (status, _, _) = page(&sked, &cookie, "/jobs").await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+}
