@@ -1366,6 +1366,8 @@ async fn jobs(api: &Client<'_>) {
     for bad in [
         "limit=0",
         "include=counters",
+        "kind=hourly",
+        "last=done",
         "state=asleep",
         "sort=size",
         "order=up",

@@ -332,7 +332,17 @@ async fn a_person_runs_jobs_from_the_console() {
         .reload_until("/jobs/default/from-the-console", "table.runs tbody tr")
         .await;
 
+    // The job list filters by schedule kind and by how the newest run went.
+    let listed = "a[href='/jobs/default/from-the-console']";
+    browser.open("/jobs?kind=cron").await;
+    assert!(browser.exists(listed).await);
+    browser.open("/jobs?kind=every").await;
+    assert!(!browser.exists(listed).await);
+    browser.open("/jobs?last=failed").await;
+    assert!(!browser.exists(listed).await);
+
     // A triggered run's output arrives while it runs, without reloading.
+    browser.open("/jobs/default/from-the-console").await;
     browser.click("form[action$='/trigger'] button").await;
     assert!(browser.path().await.starts_with("/runs/"));
     let deadline = Instant::now() + PATIENCE;

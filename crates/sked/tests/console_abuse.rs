@@ -131,7 +131,10 @@ async fn forms_without_their_csrf_token_or_from_another_origin_change_nothing() 
     )
     .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    assert!(sked.runs("guarded").await.is_empty(), "nothing was triggered");
+    assert!(
+        sked.runs("guarded").await.is_empty(),
+        "nothing was triggered"
+    );
 
     // With its token, from this origin, the same form works.
     let origin = at(&sked, "");
@@ -147,7 +150,12 @@ async fn forms_without_their_csrf_token_or_from_another_origin_change_nothing() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_good_session_every_page_sends_to_the_login() {
     let sked = started().await;
-    for cookie in ["", "sked_session=", "sked_session=AAAA", "sked_session=not*base64"] {
+    for cookie in [
+        "",
+        "sked_session=",
+        "sked_session=AAAA",
+        "sked_session=not*base64",
+    ] {
         let response = bare()
             .get(at(&sked, "/jobs?namespace=default"))
             .header(COOKIE, cookie)
@@ -194,7 +202,12 @@ async fn only_tokens_that_read_may_log_in_and_a_revoked_one_is_logged_out() {
         assert_eq!(status, StatusCode::UNAUTHORIZED);
         assert!(cookie.is_none());
     }
-    let worker = token(&sked, "a-worker", json!({"role": "worker", "namespaces": ["*"]})).await;
+    let worker = token(
+        &sked,
+        "a-worker",
+        json!({"role": "worker", "namespaces": ["*"]}),
+    )
+    .await;
     let (status, cookie, _) = log_in(&sked, &worker, "/").await;
     assert_eq!((status, cookie), (StatusCode::UNAUTHORIZED, None));
 

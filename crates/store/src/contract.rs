@@ -36,6 +36,7 @@ macro_rules! store_contract_tests {
             create_only_conflicts_and_writes_nothing,
             list_jobs_pages_searches_and_filters,
             a_bad_cursor_is_an_error,
+            jobs_filter_by_schedule_kind_and_newest_run,
             pause_and_resume_keep_the_firing_state,
             each_instant_has_one_run,
             advances_apply_only_to_the_state_they_started_from,
@@ -530,6 +531,67 @@ pub async fn list_jobs_pages_searches_and_filters(store: &dyn Store) {
         .await
         .unwrap();
     assert!(other.items.is_empty());
+}
+
+pub async fn jobs_filter_by_schedule_kind_and_newest_run(store: &dyn Store) {
+    let every = put(store, "every", every_second(serde_json::json!({}))).await;
+    let cron =
+        serde_json::json!({"schedule": {"cron": "0 0 * * * *", "timezone": "Europe/London"}});
+    let cron = put(store, "cron", every_second(cron)).await;
+    let manual = serde_json::json!({"target": {"shell": {"command": "true"}}});
+    put(store, "manual", manual).await;
+    let at = serde_json::json!({"schedule": {"at": "2030-01-01T00:00:00Z"}});
+    put(store, "at", every_second(at)).await;
+    // `every` ends with a queued run after a cancelled one; `cron` with a cancelled run after
+    // a queued one (instants decide which is newest, not ids); `manual` has none.
+    let older = fire_one(store, fire(every.id, t0() + secs(1))).await;
+    store
+        .cancel_run(older.run_id, t0() + secs(2))
+        .await
+        .unwrap();
+    fire_one(store, fire(every.id, t0() + secs(3))).await;
+    let newer = fire_one(store, fire(cron.id, t0() + secs(3))).await;
+    fire_one(store, fire(cron.id, t0() + secs(1))).await;
+    store
+        .cancel_run(newer.run_id, t0() + secs(4))
+        .await
+        .unwrap();
+
+    let names = |query: JobQuery| async move {
+        let page = store.list_jobs(&query).await.unwrap();
+        page.items.into_iter().map(|j| j.name).collect::<Vec<_>>()
+    };
+    let of_kind = |kind| JobQuery {
+        namespace: "default".into(),
+        kind: Some(kind),
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(names(of_kind(ScheduleKind::Every)).await, ["every"]);
+    assert_eq!(names(of_kind(ScheduleKind::Cron)).await, ["cron"]);
+    assert_eq!(names(of_kind(ScheduleKind::At)).await, ["at"]);
+    assert_eq!(names(of_kind(ScheduleKind::Manual)).await, ["manual"]);
+    assert!(names(of_kind(ScheduleKind::Event)).await.is_empty());
+    let last = |state| JobQuery {
+        namespace: "default".into(),
+        last: Some(state),
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(names(last(RunState::Queued)).await, ["every"]);
+    assert_eq!(names(last(RunState::Cancelled)).await, ["cron"]);
+    assert!(names(last(RunState::Succeeded)).await.is_empty());
+    // Both at once, with paging.
+    let both = JobQuery {
+        namespace: "default".into(),
+        kind: Some(ScheduleKind::Every),
+        last: Some(RunState::Queued),
+        limit: 1,
+        ..Default::default()
+    };
+    let page = store.list_jobs(&both).await.unwrap();
+    assert_eq!(page.items.len(), 1);
+    assert!(page.next_cursor.is_none());
 }
 
 pub async fn a_bad_cursor_is_an_error(store: &dyn Store) {

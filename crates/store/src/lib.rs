@@ -26,6 +26,7 @@ use sked_core::records::{
     NodeRecord, RunRecord, ScheduledJob, WorkerRecord,
 };
 use sked_core::run::{AttemptOutcome, RunState, SkipReason, Trigger};
+use sked_core::schedule::ScheduleKind;
 use sked_core::target::TargetSpec;
 use sked_core::Instant;
 use std::collections::BTreeMap;
@@ -99,6 +100,11 @@ pub struct JobQuery {
     /// Case-insensitive substring of the name or description.
     pub search: Option<String>,
     pub state: Option<JobState>,
+    /// Only jobs whose schedule is of this kind.
+    pub kind: Option<ScheduleKind>,
+    /// Only jobs whose newest run (by instant) is in this state: a correlated seek per job
+    /// looked at, on the index `GET /runs?job=` uses.
+    pub last: Option<RunState>,
     pub sort: JobSort,
     pub descending: bool,
     pub limit: u32,

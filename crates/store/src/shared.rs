@@ -1045,3 +1045,9 @@ mod notify_rule_tests {
         assert!(effective_rules(None, None).is_empty());
     }
 }
+
+/// In a job listing's `WHERE`: the state of a job's newest run, as `list_runs` orders them
+/// (one seek on `runs_by_job_name` per job looked at).
+pub const LAST_RUN_STATE: &str = "(SELECT r.state FROM runs r \
+    WHERE r.namespace = jobs.namespace AND r.job = jobs.name \
+    ORDER BY r.scheduled_for DESC, r.id DESC LIMIT 1)";

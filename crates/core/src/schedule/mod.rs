@@ -55,6 +55,49 @@ pub struct ScheduleSpec {
     pub jitter: Option<HumanDuration>,
 }
 
+/// Which one of its kinds a schedule is: what a job list filters on (`GET /jobs?kind=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScheduleKind {
+    Cron,
+    Every,
+    Iso8601,
+    At,
+    Event,
+    /// No schedule: the job runs only when triggered (or as a dependant).
+    Manual,
+}
+
+string_enum!(ScheduleKind {
+    Cron => "cron",
+    Every => "every",
+    Iso8601 => "iso8601",
+    At => "at",
+    Event => "event",
+    Manual => "manual",
+});
+
+impl ScheduleKind {
+    /// The kind of `schedule` (a definition holds at most one; validation refuses more).
+    pub fn of(schedule: Option<&ScheduleSpec>) -> ScheduleKind {
+        let Some(s) = schedule else {
+            return ScheduleKind::Manual;
+        };
+        if s.cron.is_some() {
+            ScheduleKind::Cron
+        } else if s.every.is_some() {
+            ScheduleKind::Every
+        } else if s.iso8601.is_some() {
+            ScheduleKind::Iso8601
+        } else if s.at.is_some() {
+            ScheduleKind::At
+        } else if s.event.is_some() {
+            ScheduleKind::Event
+        } else {
+            ScheduleKind::Manual
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 enum Kind {
     Cron(Box<cron::CronExpr>, Tz),

@@ -20,7 +20,7 @@ use sked_core::egress::EgressPolicy;
 use sked_core::job::{JobSpec, JobState};
 use sked_core::records::{JobRecord, RunRecord};
 use sked_core::run::{RunState, Trigger};
-use sked_core::schedule::{Schedule, ScheduleSpec};
+use sked_core::schedule::{Schedule, ScheduleKind, ScheduleSpec};
 use sked_core::target::TargetSpec;
 use sked_core::{Instant, SpecError};
 use sked_store::{Fire, JobQuery, JobSort, Page, PutMode, PutOutcome, RunQuery};
@@ -222,6 +222,10 @@ pub struct ListParams {
     namespace: String,
     search: Option<String>,
     state: Option<String>,
+    /// Schedule kind: cron, every, iso8601, at, event or manual.
+    kind: Option<String>,
+    /// The state of the job's newest run.
+    last: Option<String>,
     sort: Option<String>,
     order: Option<String>,
     limit: Option<u32>,
@@ -285,10 +289,21 @@ pub async fn list(
             ))
         }
     };
+    let kind = match p.kind.as_deref().filter(|k| !k.is_empty()) {
+        None => None,
+        Some(k) => Some(ScheduleKind::parse(k).ok_or_else(|| {
+            ApiError::invalid(
+                "kind",
+                format!("{k:?} is not one of {}", ScheduleKind::one_of()),
+            )
+        })?),
+    };
     let query = JobQuery {
         namespace,
         search: p.search.filter(|s| !s.is_empty()),
         state: job_state,
+        kind,
+        last: run_state_in("last", p.last.as_deref().filter(|s| !s.is_empty()))?,
         sort,
         descending,
         limit: check_limit(p.limit)?,
@@ -598,11 +613,16 @@ pub struct RunPage {
 }
 
 pub fn parse_run_state(state: Option<&str>) -> Result<Option<RunState>, ApiError> {
+    run_state_in("state", state)
+}
+
+/// The run state query parameter `field` names, if given.
+fn run_state_in(field: &str, state: Option<&str>) -> Result<Option<RunState>, ApiError> {
     state
         .map(|s| {
             RunState::parse(s).ok_or_else(|| {
                 let names: Vec<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();
-                ApiError::invalid("state", format!("{s:?} is not one of {}", names.join(", ")))
+                ApiError::invalid(field, format!("{s:?} is not one of {}", names.join(", ")))
             })
         })
         .transpose()

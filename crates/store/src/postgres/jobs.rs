@@ -11,6 +11,8 @@ use crate::{shared, DeletedJob, JobQuery, JobSort, Page, PutMode, PutOutcome, St
 use sked_core::dependency;
 use sked_core::job::{JobSpec, JobState, Priority, ValidJob};
 use sked_core::records::{JobRecord, JobVersion, ScheduledJob};
+use sked_core::run::RunState;
+use sked_core::schedule::ScheduleKind;
 use sked_core::Instant;
 use tokio_postgres::types::ToSql;
 
@@ -307,6 +309,15 @@ pub async fn versions(
     Ok(Some(versions))
 }
 
+/// A job's schedule kind, from its definition (`ScheduleKind::of` in SQL).
+const SCHEDULE_KIND: &str = "(CASE \
+    WHEN spec::jsonb #>> '{schedule,cron}' IS NOT NULL THEN 'cron' \
+    WHEN spec::jsonb #>> '{schedule,every}' IS NOT NULL THEN 'every' \
+    WHEN spec::jsonb #>> '{schedule,iso8601}' IS NOT NULL THEN 'iso8601' \
+    WHEN spec::jsonb #>> '{schedule,at}' IS NOT NULL THEN 'at' \
+    WHEN spec::jsonb #>> '{schedule,event}' IS NOT NULL THEN 'event' \
+    ELSE 'manual' END)";
+
 pub async fn list(tx: &Tx<'_>, query: &JobQuery) -> PgResult<Page<JobRecord>> {
     let limit = page_size(query.limit);
     let column = match query.sort {
@@ -332,11 +343,17 @@ pub async fn list(tx: &Tx<'_>, query: &JobQuery) -> PgResult<Page<JobRecord>> {
         "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = $1 \
          AND ($2::text IS NULL OR lower(name) LIKE $2 ESCAPE E'\\\\' \
               OR lower(description) LIKE $2 ESCAPE E'\\\\') \
-         AND ($3::text IS NULL OR state = $3)"
+         AND ($3::text IS NULL OR state = $3) \
+         AND ($4::text IS NULL OR {SCHEDULE_KIND} = $4) \
+         AND ($5::text IS NULL OR {LAST_RUN_STATE} = $5)",
+        LAST_RUN_STATE = crate::shared::LAST_RUN_STATE
     );
     let (mut text_key, mut micros_key, mut after_id) = (String::new(), 0i64, 0i64);
     let fetch = i64::from(limit) + 1;
-    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&query.namespace, &pattern, &state];
+    let kind = query.kind.map(ScheduleKind::as_str);
+    let last = query.last.map(RunState::as_str);
+    let mut params: Vec<&(dyn ToSql + Sync)> =
+        vec![&query.namespace, &pattern, &state, &kind, &last];
     if let Some(raw) = &query.cursor {
         let cursor = Cursor::decode(raw)?;
         after_id = cursor.id;
@@ -344,7 +361,7 @@ pub async fn list(tx: &Tx<'_>, query: &JobQuery) -> PgResult<Page<JobRecord>> {
             JobSort::Name => text_key = cursor.text(raw)?.to_string(),
             JobSort::CreatedAt | JobSort::UpdatedAt => micros_key = cursor.micros(raw)?,
         }
-        sql.push_str(&format!(" AND ({column}, id) {after} ($4, $5)"));
+        sql.push_str(&format!(" AND ({column}, id) {after} ($6, $7)"));
     }
     if query.cursor.is_some() {
         match query.sort {

@@ -9,6 +9,8 @@ use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::dependency;
 use sked_core::job::{JobSpec, JobState, Priority, ValidJob};
 use sked_core::records::{JobRecord, JobVersion, ScheduledJob};
+use sked_core::run::RunState;
+use sked_core::schedule::ScheduleKind;
 use sked_core::Instant;
 
 pub fn get(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Option<JobRecord>> {
@@ -193,6 +195,15 @@ pub fn versions(
     Ok(Some(versions))
 }
 
+/// A job's schedule kind, from its definition (`ScheduleKind::of` in SQL).
+const SCHEDULE_KIND: &str = "(CASE \
+    WHEN json_extract(spec, '$.schedule.cron') IS NOT NULL THEN 'cron' \
+    WHEN json_extract(spec, '$.schedule.every') IS NOT NULL THEN 'every' \
+    WHEN json_extract(spec, '$.schedule.iso8601') IS NOT NULL THEN 'iso8601' \
+    WHEN json_extract(spec, '$.schedule.at') IS NOT NULL THEN 'at' \
+    WHEN json_extract(spec, '$.schedule.event') IS NOT NULL THEN 'event' \
+    ELSE 'manual' END)";
+
 pub fn list(tx: &Transaction<'_>, query: &JobQuery) -> Result<Page<JobRecord>> {
     let limit = page_size(query.limit);
     let column = match query.sort {
@@ -209,7 +220,10 @@ pub fn list(tx: &Transaction<'_>, query: &JobQuery) -> Result<Page<JobRecord>> {
         "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ?1 \
          AND (?2 IS NULL OR lower(name) LIKE ?2 ESCAPE '\\' \
               OR lower(description) LIKE ?2 ESCAPE '\\') \
-         AND (?3 IS NULL OR state = ?3)"
+         AND (?3 IS NULL OR state = ?3) \
+         AND (?7 IS NULL OR {SCHEDULE_KIND} = ?7) \
+         AND (?8 IS NULL OR {LAST_RUN_STATE} = ?8)",
+        LAST_RUN_STATE = crate::shared::LAST_RUN_STATE
     );
     let mut key: Option<rusqlite::types::Value> = None;
     let mut after_id = 0i64;
@@ -239,6 +253,8 @@ pub fn list(tx: &Transaction<'_>, query: &JobQuery) -> Result<Page<JobRecord>> {
         key,
         after_id,
         i64::from(limit) + 1,
+        query.kind.map(ScheduleKind::as_str),
+        query.last.map(RunState::as_str),
     ])?;
     let mut items = Vec::new();
     while let Some(row) = rows.next()? {

@@ -24,6 +24,10 @@ pub struct Filters {
     #[serde(default)]
     state: String,
     #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    last: String,
+    #[serde(default)]
     sort: String,
     #[serde(default)]
     order: String,
@@ -47,18 +51,27 @@ pub async fn page(
     } else {
         &f.namespace
     };
+    let filters = [
+        ("namespace", namespace),
+        ("search", f.search.as_str()),
+        ("state", &f.state),
+        ("kind", &f.kind),
+        ("last", &f.last),
+        ("sort", &f.sort),
+        ("order", &f.order),
+    ];
+    let with = |more: &[(&'static str, &str)]| {
+        let mut pairs = filters.to_vec();
+        pairs.extend_from_slice(more);
+        query(&pairs)
+    };
     let limit = PAGE.to_string();
     let path = format!(
         "/api/v1/jobs?{}",
-        query(&[
-            ("namespace", namespace),
-            ("search", &f.search),
-            ("state", &f.state),
-            ("sort", &f.sort),
-            ("order", &f.order),
+        with(&[
             ("cursor", &f.cursor),
             ("limit", &limit),
-            ("include", "last_run"),
+            ("include", "last_run")
         ])
     );
     let listing: JobPage = match console.api.get(visitor.who(), &path).await {
@@ -66,19 +79,11 @@ pub async fn page(
         Err(failure) => return refused(&console, &visitor, "Jobs", failure),
     };
     let known = namespaces(&console, &visitor).await;
-    let next = listing.next_cursor.as_deref().map(|cursor| {
-        format!(
-            "/jobs?{}",
-            query(&[
-                ("namespace", namespace),
-                ("search", &f.search),
-                ("state", &f.state),
-                ("sort", &f.sort),
-                ("order", &f.order),
-                ("cursor", cursor),
-            ])
-        )
-    });
+    let first = format!("/jobs?{}", with(&[]));
+    let next = listing
+        .next_cursor
+        .as_deref()
+        .map(|cursor| format!("/jobs?{}", with(&[("cursor", cursor)])));
     let body = html! {
         form.filters method="get" action="/jobs" role="search" {
             label { "Namespace "
@@ -96,6 +101,20 @@ pub async fn page(
                 select name="state" {
                     @for (value, label) in [("", "any"), ("active", "active"), ("paused", "paused"), ("completed", "completed")] {
                         option value=(value) selected[f.state == value] { (label) }
+                    }
+                }
+            }
+            label { "Schedule "
+                select name="kind" {
+                    @for (value, label) in [("", "any"), ("cron", "cron"), ("every", "every"), ("iso8601", "ISO 8601"), ("at", "once"), ("event", "on event"), ("manual", "none")] {
+                        option value=(value) selected[f.kind == value] { (label) }
+                    }
+                }
+            }
+            label { "Last run "
+                select name="last" {
+                    @for (value, label) in [("", "any"), ("succeeded", "succeeded"), ("failed", "failed"), ("timed_out", "timed out"), ("running", "running"), ("queued", "queued"), ("waiting", "waiting"), ("cancelled", "cancelled"), ("skipped", "skipped")] {
+                        option value=(value) selected[f.last == value] { (label) }
                     }
                 }
             }
@@ -156,7 +175,7 @@ pub async fn page(
         }
         nav.pager aria-label="Pages" {
             @if !f.cursor.is_empty() {
-                a href={ "/jobs?" (query(&[("namespace", namespace), ("search", &f.search), ("state", &f.state), ("sort", &f.sort), ("order", &f.order)])) } { "First page" }
+                a href=(first) { "First page" }
             }
             @if let Some(next) = next { a rel="next" href=(next) { "Next page" } }
         }
