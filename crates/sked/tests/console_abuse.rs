@@ -27,7 +27,7 @@ fn bare() -> Client {
 /// Logs in with `secret`; the session cookie (`sked_session=...`) when it was taken.
 async fn log_in(sked: &Sked, secret: &str, next: &str) -> (StatusCode, Option<String>, String) {
     let response = bare()
-        .post(at(&sked, "/login"))
+        .post(at(sked, "/login"))
         .form(&[("token", secret), ("next", next)])
         .send()
         .await
