@@ -26,6 +26,8 @@
 //!   overload/host cell: waits, durations and per-worker wait variance, against the first cell.
 //! - `ledger`: the store alone, fires, starts and completions a batch at a time as the ledger
 //!   grows to millions of runs; the time of each call per slice of the growth.
+//! - `console`: the web console's pages on a store of `--jobs` jobs and `--runs` ended runs;
+//!   each page's time, p50/p99/max.
 //! - `workflow`: N jobs in one dependency graph (chain, tree, wide fan-out, fan-in) whose root
 //!   runs once; per-edge release latency and the whole graph's scheduling overhead.
 //!
@@ -35,6 +37,7 @@
 //! `sked` binary (the one next to this benchmark, or `--sked-bin`).
 
 mod burst;
+mod console;
 mod dispatch;
 mod e2e;
 mod firing;
@@ -91,6 +94,16 @@ enum Scenario {
         /// (by default the anchors are spread evenly over the period).
         #[arg(long)]
         aligned: bool,
+    },
+    /// The web console's pages on a store of `--jobs` jobs and `--runs` ended runs: each
+    /// page asked `--samples` times, its time p50/p99/max.
+    Console {
+        #[arg(long, default_value_t = 100_000)]
+        jobs: usize,
+        #[arg(long, default_value_t = 1_000_000)]
+        runs: usize,
+        #[arg(long, default_value_t = 20)]
+        samples: usize,
     },
     /// The ledger's cost as it grows, alone on the store: `--runs` runs of `--jobs` jobs
     /// fired, started and completed a batch at a time; the time of each call per slice.
@@ -403,6 +416,19 @@ fn main() -> Result<()> {
                     seconds,
                     nodes,
                     aligned,
+                })
+                .await
+            }
+            Scenario::Console {
+                jobs,
+                runs,
+                samples,
+            } => {
+                console::run(console::Options {
+                    database_url,
+                    jobs,
+                    runs,
+                    samples,
                 })
                 .await
             }

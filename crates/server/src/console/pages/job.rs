@@ -36,6 +36,21 @@ struct Preview {
     fire_times: Vec<Instant>,
 }
 
+/// What `GET /jobs/{name}/graph` says of the jobs around this one.
+#[derive(Deserialize)]
+struct Graph {
+    nodes: Vec<GraphNode>,
+    #[serde(default)]
+    truncated: bool,
+}
+
+#[derive(Deserialize)]
+struct GraphNode {
+    name: String,
+    depth: i32,
+    state: Option<String>,
+}
+
 /// `/api/v1/jobs/{name}{rest}` with the namespace in the query.
 fn api_path(namespace: &str, name: &str, rest: &str, more: &[(&str, &str)]) -> String {
     let mut pairs = vec![("namespace", namespace)];
@@ -93,11 +108,19 @@ pub async fn page(
     );
     let stats_path = api_path(&namespace, &name, "/stats", &[]);
     let preview_path = api_path(&namespace, &name, "/preview", &[("count", "10")]);
-    let (runs, stats, preview) = tokio::join!(
+    let graph_path = api_path(&namespace, &name, "/graph", &[("up", "3"), ("down", "3")]);
+    let (runs, stats, preview, graph) = tokio::join!(
         console.api.get::<RunPage>(who, &runs_path),
         console.api.get::<JobStats>(who, &stats_path),
         console.api.get::<Preview>(who, &preview_path),
+        console.api.get::<Graph>(who, &graph_path),
     );
+    let mut around: Vec<&GraphNode> = graph
+        .as_ref()
+        .map(|g| g.nodes.iter().filter(|n| n.depth != 0).collect())
+        .unwrap_or_default();
+    around.sort_by_key(|n| (n.depth, n.name.as_str()));
+    let truncated = graph.as_ref().is_ok_and(|g| g.truncated);
     let runs = match runs {
         Ok(runs) => runs,
         Err(failure) => return refused(&console, &visitor, &name, failure),
@@ -158,6 +181,22 @@ pub async fn page(
                     Ok(_) => { p.none { "none: " (if job.state == "paused" { "the job is paused" } else { "the schedule owes no more" }) } }
                     Err(failure) => { (layout::refusal(&failure.message)) }
                 }
+            }
+        }
+        @if !around.is_empty() {
+            section aria-labelledby="graph" {
+                h2 #graph { "Dependencies" }
+                ul.graph {
+                    @for n in &around {
+                        li {
+                            @if n.depth < 0 { "waits for " } @else { "awaited by " }
+                            a href=(super::job_href(&job.namespace, &n.name)) { (n.name) }
+                            @match &n.state { Some(state) => { " " (layout::state(state)) }, None => { " (deleted)" } }
+                            @if n.depth.abs() > 1 { span.sub { " · " (n.depth.abs()) " levels away" } }
+                        }
+                    }
+                }
+                @if truncated { p.hint { "More jobs lie further away than shown." } }
             }
         }
         section aria-labelledby="chart" {

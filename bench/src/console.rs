@@ -1,0 +1,256 @@
+//! The web console's pages on a large store: `--jobs` jobs (cron, every and manual, none due
+//! during the measurement) and `--runs` ended runs spread over them (one in ten failed),
+//! written straight to the store; then a server on it, a console login, and each page asked
+//! for `--samples` times, one after another. The time of each, from the request sent to the
+//! whole page read over loopback, bounds the server's time from above.
+
+use crate::harness::{fresh_store, http_client, start, ADMIN_TOKEN};
+use anyhow::{bail, Context, Result};
+use chrono::{Duration, Utc};
+use futures_util::{StreamExt, TryStreamExt};
+use serde_json::{json, Value};
+use sked_core::job::JobSpec;
+use sked_core::stats::percentiles;
+use sked_core::{AttemptOutcome, RunState, Trigger};
+use sked_store::{AttemptReport, AttemptStart, Fire, NewWorker, PutMode, Store};
+use std::sync::Arc;
+
+pub struct Options<'a> {
+    pub database_url: Option<&'a str>,
+    pub jobs: usize,
+    pub runs: usize,
+    pub samples: usize,
+}
+
+/// Runs written per store call.
+const BATCH: usize = 1000;
+
+pub async fn run(options: Options<'_>) -> Result<Value> {
+    let Options {
+        database_url,
+        jobs,
+        runs,
+        samples,
+    } = options;
+    if jobs == 0 || runs == 0 || samples == 0 {
+        bail!("--jobs, --runs and --samples must be positive");
+    }
+    let (store, place) = fresh_store(database_url).await?;
+    let writing = std::time::Instant::now();
+    let ids = write_jobs(&store, jobs).await?;
+    let jobs_seconds = writing.elapsed().as_secs_f64();
+    let writing = std::time::Instant::now();
+    let (run_id, runs) = write_runs(store.as_ref(), &ids, runs).await?;
+    let runs_seconds = writing.elapsed().as_secs_f64();
+    eprintln!("console: {jobs} jobs in {jobs_seconds:.0} s, {runs} runs in {runs_seconds:.0} s");
+
+    let mut running = start(store.clone(), place, 1).await?;
+    let base = running.base().to_string();
+    let http = crate::harness::client_builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let login = http
+        .post(format!("{base}/login"))
+        .form(&[("token", ADMIN_TOKEN), ("next", "/")])
+        .send()
+        .await?;
+    let cookie = login
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .context("the console login set no cookie")?
+        .to_string();
+    // A page far into the job list: its cursor, from the API.
+    let deep = deep_cursor(&base, jobs).await?;
+    let middle = format!("console-{:07}", jobs / 2);
+    let pages = [
+        ("overview", "/".to_string()),
+        ("jobs", "/jobs".to_string()),
+        ("jobs, deep page", format!("/jobs?cursor={deep}")),
+        ("jobs, search", format!("/jobs?search={middle}")),
+        (
+            "jobs, cron whose last run failed",
+            "/jobs?kind=cron&last=failed".to_string(),
+        ),
+        ("job", format!("/jobs/default/{middle}")),
+        ("job form", format!("/jobs/default/{middle}/edit")),
+        ("run", format!("/runs/{run_id}")),
+        ("workers", "/workers".to_string()),
+        ("audit", "/audit".to_string()),
+    ];
+    let mut figures = Vec::new();
+    for (name, path) in &pages {
+        let mut times = Vec::with_capacity(samples);
+        let mut bytes = 0;
+        for _ in 0..samples {
+            let t = std::time::Instant::now();
+            let response = http
+                .get(format!("{base}{path}"))
+                .header(reqwest::header::COOKIE, &cookie)
+                .send()
+                .await?;
+            let status = response.status();
+            let body = response.bytes().await?;
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            if !status.is_success() {
+                bail!("{path} answered {status}");
+            }
+            bytes = body.len();
+        }
+        let p = percentiles(&mut times);
+        eprintln!(
+            "console: {name:<34} p50 {:7.1} ms  p99 {:7.1} ms",
+            p.p50, p.p99
+        );
+        figures.push(json!({
+            "page": name, "path": path, "bytes": bytes,
+            "p50_ms": p.p50, "p99_ms": p.p99, "max_ms": p.max,
+        }));
+    }
+    let store_name = running.store_name();
+    running.stop().await;
+    drop(store);
+    running.finish().await;
+    Ok(json!({
+        "scenario": "console",
+        "store": store_name,
+        "jobs": jobs,
+        "runs": runs,
+        "samples": samples,
+        "jobs_written_seconds": jobs_seconds,
+        "runs_written_seconds": runs_seconds,
+        "pages": figures,
+        "measures": "each page from request sent to body read over loopback, one at a time",
+    }))
+}
+
+/// `jobs` jobs, a third each cron (yearly), every (a day: none due soon) and manual.
+async fn write_jobs(store: &Arc<dyn Store>, jobs: usize) -> Result<Vec<i64>> {
+    let kinds = [
+        json!({"schedule": {"cron": "0 0 0 1 1 *", "timezone": "Europe/London"}}),
+        json!({"schedule": {"every": "24h"}}),
+        json!({}),
+    ];
+    let mut ids: Vec<i64> = futures_util::stream::iter(0..jobs)
+        .map(|i| {
+            let store = store.clone();
+            let mut spec = kinds[i % kinds.len()].clone();
+            spec["target"] = json!({"shell": {"command": "echo console benchmark"}});
+            spec["description"] = json!(format!("benchmark job number {i}"));
+            async move {
+                let spec: JobSpec = serde_json::from_value(spec)?;
+                let now = Utc::now();
+                let job = spec
+                    .validate(Some(&format!("console-{i:07}")), now)
+                    .context("benchmark job")?;
+                let (_, record) = store.put_job("default", &job, PutMode::Upsert, now).await?;
+                anyhow::Ok(record.id)
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await?;
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// `runs` runs over the jobs, round robin, instants a second apart ending now: fired,
+/// started and ended, one in ten failed. Returns a run's id and the runs written.
+async fn write_runs(store: &dyn Store, ids: &[i64], runs: usize) -> Result<(i64, usize)> {
+    let worker = "console-bench";
+    store
+        .register_worker(
+            &NewWorker {
+                id: worker.into(),
+                name: worker.into(),
+                labels: Default::default(),
+                slots: BATCH as u32,
+                namespaces: vec!["*".into()],
+                token_id: None,
+            },
+            Utc::now(),
+        )
+        .await?;
+    let first = Utc::now() - Duration::seconds(runs as i64 + 60);
+    let mut written = 0;
+    let mut some_run = 0;
+    while written < runs {
+        let count = BATCH.min(runs - written);
+        let fires: Vec<Fire> = (written..written + count)
+            .map(|n| {
+                let at = sked_core::ledger_instant(first + Duration::seconds(n as i64));
+                Fire {
+                    job_id: ids[n % ids.len()],
+                    scheduled_for: at,
+                    trigger: Trigger::Schedule,
+                    skip: None,
+                    ready_at: at,
+                    advance: None,
+                }
+            })
+            .collect();
+        let now = Utc::now();
+        let fired = store.record_fires(&fires, now).await?;
+        let starts: Vec<AttemptStart> = fired
+            .runs
+            .iter()
+            .filter(|r| r.inserted && r.state == RunState::Queued)
+            .map(|r| AttemptStart {
+                run_id: r.run_id,
+                worker_id: worker.into(),
+                token: r.run_id,
+                lease_expires_at: now + Duration::seconds(60),
+            })
+            .collect();
+        let started = store.start_attempts(&starts, now).await?;
+        let reports: Vec<AttemptReport> = starts
+            .iter()
+            .zip(started)
+            .filter_map(|(s, a)| {
+                let failed = s.run_id % 10 == 0;
+                a.map(|a| AttemptReport {
+                    attempt_id: a.attempt_id,
+                    token: s.token,
+                    worker_id: worker.into(),
+                    outcome: if failed {
+                        AttemptOutcome::Failed
+                    } else {
+                        AttemptOutcome::Succeeded
+                    },
+                    exit_code: Some(i32::from(failed)),
+                    http_status: None,
+                    error: failed.then(|| "exited with code 1".to_string()),
+                })
+            })
+            .collect();
+        if reports.len() != count {
+            bail!("{} of {count} runs were started", reports.len());
+        }
+        some_run = starts.last().map_or(some_run, |s| s.run_id);
+        store.complete_attempts(&reports, now).await?;
+        written += count;
+    }
+    Ok((some_run, written))
+}
+
+/// The cursor of the job list's page nine tenths of the way through, walked from the API.
+async fn deep_cursor(base: &str, jobs: usize) -> Result<String> {
+    let http = http_client();
+    let pages = (jobs * 9 / 10) / 1000;
+    let mut cursor = String::new();
+    for _ in 0..pages.max(1) {
+        let page: Value = http
+            .get(format!("{base}/api/v1/jobs?limit=1000&cursor={cursor}"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await?
+            .json()
+            .await?;
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = next.to_string(),
+            None => break,
+        }
+    }
+    Ok(cursor)
+}
