@@ -54,6 +54,8 @@ struct Browser {
     driver: Child,
     base: String,
     shots: Option<PathBuf>,
+    /// What the window holds besides the page (width, height): screenshots are of the page.
+    chrome: (u32, u32),
 }
 
 impl Browser {
@@ -103,15 +105,35 @@ impl Browser {
             }
         };
         let shots = std::env::var_os("SKED_UI_SCREENSHOTS").map(PathBuf::from);
+        let browser_chrome = client
+            .execute(
+                "return [window.outerWidth - window.innerWidth, window.outerHeight - window.innerHeight]",
+                vec![],
+            )
+            .await
+            .expect("window sizes");
+        let extra = |i: usize| browser_chrome[i].as_u64().unwrap_or(0) as u32;
+        let chrome = (extra(0), extra(1));
         if let Some(dir) = &shots {
             std::fs::create_dir_all(dir).expect("screenshot directory");
         }
-        Browser {
+        let browser = Browser {
             client,
             driver,
             base: base.to_string(),
             shots,
-        }
+            chrome,
+        };
+        browser.viewport(1280, 800).await;
+        browser
+    }
+
+    /// Sizes the window so that the page itself is `width` x `height`.
+    async fn viewport(&self, width: u32, height: u32) {
+        self.client
+            .set_window_size(width + self.chrome.0, height + self.chrome.1)
+            .await
+            .expect("resize");
     }
 
     async fn open(&self, path: &str) {
@@ -325,7 +347,7 @@ async fn a_person_runs_jobs_from_the_console() {
     assert!(browser
         .text("p.lead")
         .await
-        .contains("cron */2 * * * * * UTC"));
+        .contains("every 2 seconds UTC"));
 
     // Its runs appear on its page.
     browser

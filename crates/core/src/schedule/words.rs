@@ -59,8 +59,13 @@ fn cron_in_words(expr: &str) -> Option<String> {
     if !any(month) {
         return None;
     }
-    if second == "*" && [minute, hour, dom, dow].iter().all(|f| any(f)) {
-        return Some("every second".into());
+    if [minute, hour, dom, dow].iter().all(|f| any(f)) {
+        if second == "*" {
+            return Some("every second".into());
+        }
+        if let Some(step) = second.strip_prefix("*/").and_then(|s| number(s, 59)) {
+            return Some(format!("every {step} seconds"));
+        }
     }
     let second = number(second, 59)?;
     let at_second = |words: String| {
@@ -127,6 +132,7 @@ mod tests {
         assert_eq!(cron("30 2 * * *", None), "every day at 02:30 UTC");
         assert_eq!(cron("0 * * * * *", None), "every minute UTC");
         assert_eq!(cron("* * * * * *", None), "every second UTC");
+        assert_eq!(cron("*/2 * * * * *", None), "every 2 seconds UTC");
         assert_eq!(cron("0 */5 * * * *", None), "every 5 minutes UTC");
         assert_eq!(cron("0 15 * * * *", None), "every hour at :15 UTC");
         assert_eq!(cron("0 0 */6 * * *", None), "every 6 hours at :00 UTC");
