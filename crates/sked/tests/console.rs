@@ -406,6 +406,16 @@ async fn a_person_runs_jobs_from_the_console() {
         "active"
     );
 
+    // Edit: what the form changes changes, and the rest of the definition stays.
+    browser.click("a.button[href$='/edit']").await;
+    browser.fill("#description", "edited in the console").await;
+    browser.click("form.job button[type=submit]").await;
+    assert_eq!(browser.path().await, "/jobs/default/from-the-console");
+    let (_, edited) = sked.get("/jobs/from-the-console").await;
+    assert_eq!(edited["description"], "edited in the console");
+    assert_eq!(edited["schedule"]["cron"], "*/2 * * * * *");
+    assert_eq!(edited["version"], 2);
+
     // Clone: the form starts from the job's definition.
     browser.click("a.button[href*='clone=']").await;
     assert_eq!(
