@@ -26,14 +26,7 @@ pub fn page(console: &Console, visitor: &Visitor, title: &str, body: Markup) -> 
     let markup = html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · sked" }
-                link rel="stylesheet" href="/assets/console.css";
-                link rel="icon" href="/assets/favicon.svg" type="image/svg+xml";
-                script src="/assets/console.js" defer {}
-            }
+            (head(title))
             body {
                 a.skip href="#main" { "Skip to content" }
                 header.top {
@@ -61,6 +54,20 @@ pub fn page(console: &Console, visitor: &Visitor, title: &str, body: Markup) -> 
         }
     };
     visitor.finish(console, Html(markup.into_string()).into_response())
+}
+
+/// The `<head>` of every console page: its title, the stylesheet, the icon and the script.
+pub fn head(title: &str) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · sked" }
+            link rel="stylesheet" href="/assets/console.css";
+            link rel="icon" href="/assets/favicon.svg" type="image/svg+xml";
+            script src="/assets/console.js" defer {}
+        }
+    }
 }
 
 /// A button that posts to `action` with the CSRF token (and nothing else).

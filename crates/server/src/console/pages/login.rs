@@ -2,7 +2,7 @@
 
 use super::CsrfOnly;
 use crate::auth::{AuthMode, MAX_SECRET_LEN};
-use crate::console::{same_origin, Console, Peer, Turned, Visitor};
+use crate::console::{layout, same_origin, Console, Peer, Turned, Visitor};
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
@@ -40,13 +40,7 @@ fn login_page(console: &Console, next: &str, error: Option<&str>) -> Response {
     let markup = html! {
         (DOCTYPE)
         html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { "Log in · sked" }
-                link rel="stylesheet" href="/assets/console.css";
-                link rel="icon" href="/assets/favicon.svg" type="image/svg+xml";
-            }
+            (layout::head("Log in"))
             body.login {
                 main #main {
                     h1 { "sked" }
