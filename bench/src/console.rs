@@ -73,6 +73,11 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
             "jobs, cron whose last run failed",
             "/jobs?kind=cron&last=failed".to_string(),
         ),
+        // No job has an event schedule: every job is looked at.
+        (
+            "jobs, a filter nothing matches",
+            "/jobs?kind=event".to_string(),
+        ),
         ("job", format!("/jobs/default/{middle}")),
         ("job form", format!("/jobs/default/{middle}/edit")),
         ("run", format!("/runs/{run_id}")),
