@@ -245,17 +245,27 @@ async fn deep_cursor(base: &str, jobs: usize) -> Result<String> {
     let pages = (jobs * 9 / 10) / 1000;
     let mut cursor = String::new();
     for _ in 0..pages.max(1) {
-        let page: Value = http
-            .get(format!("{base}/api/v1/jobs?limit=1000&cursor={cursor}"))
+        let after = if cursor.is_empty() {
+            String::new()
+        } else {
+            format!("&cursor={cursor}")
+        };
+        let response = http
+            .get(format!("{base}/api/v1/jobs?limit=1000{after}"))
             .bearer_auth(ADMIN_TOKEN)
             .send()
-            .await?
-            .json()
             .await?;
+        if !response.status().is_success() {
+            bail!("listing jobs answered {}", response.status());
+        }
+        let page: Value = response.json().await?;
         match page["next_cursor"].as_str() {
             Some(next) => cursor = next.to_string(),
             None => break,
         }
+    }
+    if cursor.is_empty() {
+        bail!("the job list has no page past the first");
     }
     Ok(cursor)
 }
