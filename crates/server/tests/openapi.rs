@@ -1366,8 +1366,11 @@ async fn jobs(api: &Client<'_>) {
     for bad in [
         "limit=0",
         "include=counters",
+        "include=",
         "kind=hourly",
+        "kind=",
         "last=done",
+        "last=",
         "state=asleep",
         "sort=size",
         "order=up",

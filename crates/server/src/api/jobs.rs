@@ -280,7 +280,7 @@ pub async fn list(
         }
     };
     let with_last_run = match p.include.as_deref() {
-        None | Some("") => false,
+        None => false,
         Some("last_run") => true,
         Some(s) => {
             return Err(ApiError::invalid(
@@ -289,7 +289,7 @@ pub async fn list(
             ))
         }
     };
-    let kind = match p.kind.as_deref().filter(|k| !k.is_empty()) {
+    let kind = match p.kind.as_deref() {
         None => None,
         Some(k) => Some(ScheduleKind::parse(k).ok_or_else(|| {
             ApiError::invalid(
@@ -303,7 +303,7 @@ pub async fn list(
         search: p.search.filter(|s| !s.is_empty()),
         state: job_state,
         kind,
-        last: run_state_in("last", p.last.as_deref().filter(|s| !s.is_empty()))?,
+        last: run_state_in("last", p.last.as_deref())?,
         sort,
         descending,
         limit: check_limit(p.limit)?,
