@@ -916,15 +916,41 @@ pub fn notify_columns(
 /// that no longer parse are logged and left out rather than returned as an error: they are read
 /// in the transaction that ends a run, and an alert that cannot be sent must never keep the
 /// ledger from recording the run.
+///
+/// `whose` names the job in that log line (`job default/nightly`, `job 42`). The line is
+/// throttled: the rules are read at every end of the job's runs, and a job that ends runs many
+/// times a second must not flood the log.
 pub fn effective_rules(
     job: Option<&str>,
     namespace: Option<&str>,
+    whose: impl std::fmt::Display,
 ) -> Vec<sked_core::notify::NotifyRule> {
+    static THROTTLE: std::sync::Mutex<sked_core::throttle::Throttle> = std::sync::Mutex::new(
+        sked_core::throttle::Throttle::new(std::time::Duration::from_secs(60)),
+    );
     let Some(json) = job.or(namespace) else {
         return Vec::new();
     };
     serde_json::from_str(json).unwrap_or_else(|e| {
-        tracing::warn!("stored notify rules do not parse, so they raise nothing: {e}");
+        let admitted = THROTTLE
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(std::time::Instant::now());
+        if let Some(held_back) = admitted {
+            let source = if job.is_some() {
+                "its own"
+            } else {
+                "its namespace's"
+            };
+            let more = match held_back {
+                0 => String::new(),
+                n => format!(" ({n} more such lines held back)"),
+            };
+            tracing::warn!(
+                "the stored notify rules of {whose} ({source}) do not parse, so they raise \
+                 nothing: {e}{more}"
+            );
+        }
         Vec::new()
     })
 }
@@ -1032,17 +1058,22 @@ mod notify_rule_tests {
     fn a_job_s_rules_win_and_unreadable_ones_raise_nothing() {
         let job = r#"[{"on": ["failed"], "email": {"to": ["a@b.c"]}}]"#;
         let namespace = r#"[{"on": ["missed"], "email": {"to": ["n@b.c"]}}]"#;
-        assert_eq!(effective_rules(Some(job), Some(namespace))[0].on.len(), 1);
         assert_eq!(
-            effective_rules(None, Some(namespace))[0].on,
+            effective_rules(Some(job), Some(namespace), "job a")[0]
+                .on
+                .len(),
+            1
+        );
+        assert_eq!(
+            effective_rules(None, Some(namespace), "job a")[0].on,
             [sked_core::notify::NotifyEvent::Missed]
         );
         assert!(
-            effective_rules(Some("[]"), Some(namespace)).is_empty(),
+            effective_rules(Some("[]"), Some(namespace), "job a").is_empty(),
             "opted out"
         );
-        assert!(effective_rules(Some(r#"[{"on": 7}]"#), None).is_empty());
-        assert!(effective_rules(None, None).is_empty());
+        assert!(effective_rules(Some(r#"[{"on": 7}]"#), None, "job a").is_empty());
+        assert!(effective_rules(None, None, "job a").is_empty());
     }
 }
 

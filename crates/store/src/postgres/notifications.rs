@@ -65,10 +65,12 @@ async fn rules_of(
         .await?;
     let mut rules = HashMap::new();
     for row in tx.query(&stmt, &[&namespaces, &names]).await? {
+        let (namespace_name, job_name): (String, String) = (row.try_get(0)?, row.try_get(1)?);
         let job: Option<&str> = row.try_get(2)?;
         let namespace: Option<&str> = row.try_get(3)?;
-        let found = shared::effective_rules(job, namespace);
-        rules.insert((row.try_get(0)?, row.try_get(1)?), found);
+        let whose = format_args!("job {namespace_name}/{job_name}");
+        let found = shared::effective_rules(job, namespace, whose);
+        rules.insert((namespace_name, job_name), found);
     }
     Ok(rules)
 }
@@ -189,7 +191,11 @@ pub async fn record_late(tx: &Tx<'_>, now: Instant) -> PgResult<u64> {
     let mut recorded = 0;
     for job in jobs {
         let job_id: i64 = job.try_get(0)?;
-        let rules = shared::effective_rules(job.try_get(1)?, job.try_get(2)?);
+        let rules = shared::effective_rules(
+            job.try_get(1)?,
+            job.try_get(2)?,
+            format_args!("job {job_id}"),
+        );
         let Some(earliest) = notify::earliest_late_after(&rules) else {
             continue;
         };

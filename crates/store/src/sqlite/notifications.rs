@@ -55,6 +55,7 @@ fn rules_of(tx: &Transaction<'_>, namespace: &str, job: &str) -> Result<Vec<Noti
     Ok(shared::effective_rules(
         job_rules.as_deref(),
         namespace_rules.as_deref(),
+        format_args!("job {namespace}/{job}"),
     ))
 }
 
@@ -161,7 +162,11 @@ pub fn record_late(tx: &Transaction<'_>, now: Instant) -> Result<u64> {
         .collect::<rusqlite::Result<_>>()?;
     let mut recorded = 0;
     for (job_id, job_rules, namespace_rules) in jobs {
-        let rules = shared::effective_rules(job_rules.as_deref(), namespace_rules.as_deref());
+        let rules = shared::effective_rules(
+            job_rules.as_deref(),
+            namespace_rules.as_deref(),
+            format_args!("job {job_id}"),
+        );
         let Some(earliest) = notify::earliest_late_after(&rules) else {
             continue;
         };
