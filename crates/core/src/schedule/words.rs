@@ -2,7 +2,7 @@
 //! 2026-12-01 09:00:00 UTC". Common cron shapes are spelled out; any other expression is shown
 //! as written, with its zone. Pure: no clock, no IO.
 
-use super::ScheduleSpec;
+use super::{ScheduleKind, ScheduleSpec};
 
 const WEEKDAYS: [&str; 7] = [
     "Sunday",
@@ -19,26 +19,47 @@ pub fn describe(schedule: Option<&ScheduleSpec>) -> String {
     let Some(s) = schedule else {
         return "only when triggered".into();
     };
-    if let Some(cron) = &s.cron {
-        let zone = s.timezone.as_deref().unwrap_or("UTC");
-        return match cron_in_words(cron) {
-            Some(words) => format!("{words} {zone}"),
-            None => format!("cron {cron} {zone}"),
-        };
+    match (ScheduleKind::of(Some(s)), s) {
+        (
+            ScheduleKind::Cron,
+            ScheduleSpec {
+                cron: Some(cron), ..
+            },
+        ) => {
+            let zone = s.timezone.as_deref().unwrap_or("UTC");
+            match cron_in_words(cron) {
+                Some(words) => format!("{words} {zone}"),
+                None => format!("cron {cron} {zone}"),
+            }
+        }
+        (
+            ScheduleKind::Every,
+            ScheduleSpec {
+                every: Some(every), ..
+            },
+        ) => format!("every {every}"),
+        (
+            ScheduleKind::Iso8601,
+            ScheduleSpec {
+                iso8601: Some(interval),
+                ..
+            },
+        ) => {
+            format!("repeating {interval}")
+        }
+        (ScheduleKind::At, ScheduleSpec { at: Some(at), .. }) => {
+            format!("once at {}", at.format("%Y-%m-%d %H:%M:%S UTC"))
+        }
+        (
+            ScheduleKind::Event,
+            ScheduleSpec {
+                event: Some(key), ..
+            },
+        ) => {
+            format!("on each event {key}")
+        }
+        _ => "only when triggered".into(),
     }
-    if let Some(every) = &s.every {
-        return format!("every {every}");
-    }
-    if let Some(interval) = &s.iso8601 {
-        return format!("repeating {interval}");
-    }
-    if let Some(at) = s.at {
-        return format!("once at {}", at.format("%Y-%m-%d %H:%M:%S UTC"));
-    }
-    if let Some(key) = &s.event {
-        return format!("on each event {key}");
-    }
-    "only when triggered".into()
 }
 
 /// A plain number within `0..=max`.
