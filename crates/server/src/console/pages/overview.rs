@@ -133,10 +133,15 @@ pub async fn page(
         Ok(recent) => recent,
         Err(failure) => return refused(&console, &visitor, "Overview", failure),
     };
-    let metrics = axum::body::to_bytes(metrics.into_body(), 16 * 1024 * 1024)
-        .await
-        .unwrap_or_default();
-    let queued = queue_depth(&String::from_utf8_lossy(&metrics));
+    // Unknown (shown as a dash) when `/metrics` cannot be read, never a made-up zero.
+    let queued = if metrics.status().is_success() {
+        axum::body::to_bytes(metrics.into_body(), 16 * 1024 * 1024)
+            .await
+            .ok()
+            .map(|text| queue_depth(&String::from_utf8_lossy(&text)))
+    } else {
+        None
+    };
     let now = chrono::Utc::now();
     let minutes = per_minute(&recent.runs, now);
     let mut lateness: Vec<f64> = recent
@@ -158,7 +163,7 @@ pub async fn page(
             button type="submit" { "Show" }
         }
         dl.figures.big {
-            div { dt title="Runs queued in this node's dispatcher, all namespaces" { "queued here" } dd { (queued) } }
+            div { dt title="Runs queued in this node's dispatcher, all namespaces" { "queued here" } dd { @match queued { Some(n) => { (n) }, None => { "—" } } } }
             div { dt { "firing lateness p50" } dd { (millis(lateness.p50)) } }
             div { dt { "firing lateness p99" } dd { (millis(lateness.p99)) } }
             @if let Ok(w) = &workers {
