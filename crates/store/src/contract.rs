@@ -43,6 +43,7 @@ macro_rules! store_contract_tests {
             a_used_up_schedule_completes_the_job,
             overlap_skip_and_buffers,
             overlap_cancel_running,
+            runs_held_back_by_a_policy_since_allowed_are_released_by_the_reaper,
             a_sharded_instant_is_its_shards_decided_together,
             cancel_running_spares_the_shards_of_its_own_instant,
             a_dependant_waits_for_every_shard_of_its_upstream_instant,
@@ -797,6 +798,55 @@ pub async fn overlap_skip_and_buffers(store: &dyn Store) {
             assert_eq!(run(store, third.run_id).await.0.state, RunState::Waiting);
         }
     }
+}
+
+/// A completion releases runs held back by overlap only for a job whose policy holds runs back
+/// (`allow` holds none, and its completions read and lock nothing for it); runs left waiting
+/// when the policy became `allow` are released by the reaper's next pass.
+pub async fn runs_held_back_by_a_policy_since_allowed_are_released_by_the_reaper(
+    store: &dyn Store,
+) {
+    let j = put(
+        store,
+        "became-allow",
+        every_second(serde_json::json!({"overlap": "buffer_all"})),
+    )
+    .await;
+    worker(store, "held", t0()).await;
+    let first = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let attempt = start(store, first.run_id, "held", 5, t0() + secs(1)).await;
+    let second = fire_one(store, fire(j.id, t0() + secs(2))).await;
+    assert_eq!(second.state, RunState::Waiting);
+    // Nothing held back, nothing to release: the reaper's pass leaves a waiting run alone
+    // while its job has a run active.
+    let quiet = store.reap(t0(), t0() + secs(2)).await.unwrap();
+    assert!(quiet.requeued.is_empty(), "{quiet:?}");
+    put(
+        store,
+        "became-allow",
+        every_second(serde_json::json!({"overlap": "allow"})),
+    )
+    .await;
+    let effect = complete(
+        store,
+        report_as("held", attempt, 5, AttemptOutcome::Succeeded),
+        t0() + secs(3),
+    )
+    .await;
+    assert!(
+        matches!(
+            &effect,
+            CompletionEffect::Accepted { run_state: RunState::Succeeded, requeued, .. }
+                if requeued.is_empty()
+        ),
+        "{effect:?}"
+    );
+    assert_eq!(run(store, second.run_id).await.0.state, RunState::Waiting);
+    let reaped = store.reap(t0(), t0() + secs(4)).await.unwrap();
+    assert_eq!(reaped.requeued, vec![second.run_id]);
+    assert_eq!(run(store, second.run_id).await.0.state, RunState::Queued);
+    let again = store.reap(t0(), t0() + secs(5)).await.unwrap();
+    assert!(again.requeued.is_empty(), "{again:?}");
 }
 
 pub async fn overlap_cancel_running(store: &dyn Store) {

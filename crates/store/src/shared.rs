@@ -10,7 +10,7 @@ use crate::{AttemptReport, CompletionEffect, StoreError};
 use sked_core::auth::{LabelRule, Role};
 use sked_core::dependency::{Awaited, UpstreamRuns};
 use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
-use sked_core::policy::MisfirePolicy;
+use sked_core::policy::{MisfirePolicy, OverlapPolicy, RetryPolicy};
 use sked_core::records::{JobRecord, JobStats, RunRecord, ScheduledJob};
 use sked_core::run::{AttemptOutcome, AttemptState, RunState, WaitReason};
 use sked_core::schedule::ScheduleSpec;
@@ -18,11 +18,11 @@ use sked_core::stats::percentiles;
 use sked_core::Instant;
 use std::collections::BTreeMap;
 
-/// The attempt a worker's report is about, as the store found it, with what deciding the run's
-/// fate needs.
 /// How many definitions of a job are kept: the newest, back to this many versions.
 pub const KEPT_VERSIONS: u32 = 100;
 
+/// The attempt a worker's report is about, as the store found it, with what deciding the run's
+/// fate needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReportedAttempt {
     pub run_id: i64,
@@ -67,6 +67,58 @@ pub fn admit_report(
         return refuse("fenced");
     }
     Ok(attempt)
+}
+
+/// What recording an attempt's end needs of the attempt's job, read with the attempt (no
+/// statement of its own, and no lock).
+#[derive(Debug, Clone, Default)]
+pub struct CompletingJob {
+    /// Its overlap policy; `None` once the job is deleted.
+    pub overlap: Option<OverlapPolicy>,
+    /// The event key its succeeded runs emit.
+    pub emits: Option<String>,
+    /// Its name, when it asked for metrics by name.
+    pub job_label: Option<String>,
+}
+
+impl CompletingJob {
+    pub fn new(
+        overlap: Option<&str>,
+        emits: Option<String>,
+        job_label: Option<String>,
+    ) -> Result<Self, StoreError> {
+        let overlap = overlap
+            .map(|text| {
+                OverlapPolicy::parse(text)
+                    .ok_or_else(|| StoreError::Corrupt(format!("unknown overlap policy {text:?}")))
+            })
+            .transpose()?;
+        Ok(Self {
+            overlap,
+            emits,
+            job_label,
+        })
+    }
+
+    /// Whether the end of one of its runs may release runs held back by overlap. `allow` holds
+    /// none back, so its completions release nothing (and, on PostgreSQL, lock nothing of the
+    /// job); runs left waiting from an earlier policy are released by the reaper's pass.
+    pub fn holds_back(&self) -> bool {
+        self.overlap
+            .is_some_and(|policy| policy != OverlapPolicy::Allow)
+    }
+}
+
+/// Whether deciding what follows an attempt with this outcome reads the job's retry policy:
+/// only a failure, which counts against the retry budget, does; a success reads none.
+pub fn counts_against_retries(outcome: AttemptOutcome) -> bool {
+    matches!(outcome, AttemptOutcome::Failed | AttemptOutcome::TimedOut)
+}
+
+/// A job's stored retry policy (its `retry` column).
+pub fn retry_policy(text: &str) -> Result<RetryPolicy, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("a stored retry policy does not parse: {e}")))
 }
 
 /// The firing state a job's definition moves to when it is stored over `existing`.

@@ -263,7 +263,7 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     let version = schema
         .query_one("SELECT version FROM sked_schema WHERE id = 1")
         .await;
-    assert_eq!(version.get::<_, i32>(0), 10);
+    assert_eq!(version.get::<_, i32>(0), 11);
     let w = store
         .get_worker("w")
         .await

@@ -359,22 +359,39 @@ fn dependant(row: &Row) -> PgResult<Dependant> {
     })
 }
 
-/// The jobs depending on `upstream`, their rows locked (the caller locked them already in the
-/// common case; a job further down a cascade, or a dependant added since, is locked here).
-async fn dependant_jobs(tx: &Tx<'_>, namespace: &str, upstream: &str) -> PgResult<Vec<Dependant>> {
+/// The jobs depending on each of `upstreams` (namespace, job), by upstream, their rows locked
+/// (the caller locked them already in the common case; a job further down a cascade, or a
+/// dependant added since, is locked here). One statement for a whole generation of ended runs:
+/// most jobs have no dependants, and asking job by job would cost a round trip each.
+async fn dependant_jobs(
+    tx: &Tx<'_>,
+    upstreams: &[(String, String)],
+) -> PgResult<HashMap<(String, String), Vec<Arc<Dependant>>>> {
+    let mut found: HashMap<(String, String), Vec<Arc<Dependant>>> = HashMap::new();
+    if upstreams.is_empty() {
+        return Ok(found);
+    }
+    let (namespaces, jobs): (Vec<&str>, Vec<&str>) = upstreams
+        .iter()
+        .map(|(namespace, job)| (namespace.as_str(), job.as_str()))
+        .unzip();
     let stmt = tx
         .prepare_cached(
-            "SELECT j.id, j.name, j.spec, j.priority FROM jobs j \
-             WHERE (j.namespace, j.name) IN (SELECT namespace, job FROM job_dependencies \
-                 WHERE namespace = $1 AND upstream = $2) \
-             ORDER BY j.id FOR UPDATE",
+            "SELECT j.id, j.name, j.spec, j.priority, e.namespace, e.upstream \
+             FROM job_dependencies e JOIN jobs j ON j.namespace = e.namespace AND j.name = e.job \
+             WHERE (e.namespace, e.upstream) IN \
+                 (SELECT * FROM unnest($1::text[], $2::text[])) \
+             ORDER BY j.id FOR UPDATE OF j",
         )
         .await?;
-    tx.query(&stmt, &[&namespace, &upstream])
-        .await?
-        .iter()
-        .map(dependant)
-        .collect()
+    for row in tx.query(&stmt, &[&namespaces, &jobs]).await? {
+        let upstream = (row.try_get(4)?, row.try_get(5)?);
+        found
+            .entry(upstream)
+            .or_default()
+            .push(Arc::new(dependant(&row)?));
+    }
+    Ok(found)
 }
 
 const SUBSCRIBERS: &str = "SELECT j.id, j.name, j.spec, j.priority, \
@@ -455,14 +472,16 @@ pub(super) async fn settle(
     while !generation.is_empty() || !events.is_empty() {
         super::notifications::record_ended(tx, &generation, now).await?;
         let mut next = Vec::new();
-        let mut dependants: HashMap<(String, String), Vec<Arc<Dependant>>> = HashMap::new();
+        let upstreams: Vec<(String, String)> = generation
+            .iter()
+            .map(|run| (run.namespace.clone(), run.job.clone()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let dependants = dependant_jobs(tx, &upstreams).await?;
         let mut candidates = Candidates::new();
         for run in &generation {
             let key = (run.namespace.clone(), run.job.clone());
-            if !dependants.contains_key(&key) {
-                let found = dependant_jobs(tx, &run.namespace, &run.job).await?;
-                dependants.insert(key.clone(), found.into_iter().map(Arc::new).collect());
-            }
             for dependant in dependants.get(&key).into_iter().flatten() {
                 let Some(window) = dependency::dependant_instants(
                     &dependant.spec.depends_on,
@@ -566,8 +585,14 @@ pub(super) async fn reopen(
         // Skipped runs to judge, by id, with the deadline they reopen until.
         let mut candidates: BTreeMap<i64, (Arc<Dependant>, Instant, String, Instant)> =
             BTreeMap::new();
+        let upstreams: Vec<(String, String)> = generation
+            .iter()
+            .map(|(namespace, job, _)| (namespace.clone(), job.clone()))
+            .collect();
+        let dependants = dependant_jobs(tx, &upstreams).await?;
         for (namespace, job, instant) in &generation {
-            for dependant in dependant_jobs(tx, namespace, job).await? {
+            let key = (namespace.clone(), job.clone());
+            for dependant in dependants.get(&key).into_iter().flatten() {
                 let Some((from, to)) = dependency::dependant_instants(
                     &dependant.spec.depends_on,
                     Upstream::Job(job),
@@ -575,7 +600,6 @@ pub(super) async fn reopen(
                 ) else {
                     continue;
                 };
-                let dependant = Arc::new(dependant);
                 let stmt = tx
                     .prepare_cached(
                         "SELECT id, scheduled_for, created_at FROM runs WHERE job_id = $1 \

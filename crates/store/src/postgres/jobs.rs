@@ -51,44 +51,19 @@ pub async fn get_by_id(tx: &Tx<'_>, id: i64) -> PgResult<Option<JobRecord>> {
         .transpose()
 }
 
-/// Locks the rows of these jobs, in id order (deleted ones are simply absent), and returns
-/// each one's stored retry policy text.
-/// What a completion needs of a job it locked.
-pub struct LockedJob {
-    pub id: i64,
-    /// Its retry policy (JSON).
-    pub retry: String,
-    /// The event key its succeeded runs emit.
-    pub emits: Option<String>,
-    /// Its name, when it asked for metrics by name (`job_metrics`).
-    pub job_label: Option<String>,
-}
-
-/// Locks jobs `ids` in id order; returns what a completion needs of each.
-pub async fn lock(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<LockedJob>> {
+/// Locks the rows of jobs `ids`, in id order (deleted ones are simply absent).
+pub async fn lock(tx: &Tx<'_>, ids: &[i64]) -> PgResult<()> {
     let mut ids = ids.to_vec();
     ids.sort_unstable();
     ids.dedup();
     if ids.is_empty() {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let stmt = tx
-        .prepare_cached(
-            "SELECT id, retry, emits, CASE WHEN job_metrics THEN name END FROM jobs \
-             WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-        )
+        .prepare_cached("SELECT id FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
         .await?;
-    let rows = tx.query(&stmt, &[&ids]).await?;
-    rows.iter()
-        .map(|r| {
-            Ok(LockedJob {
-                id: r.try_get(0)?,
-                retry: r.try_get(1)?,
-                emits: r.try_get(2)?,
-                job_label: r.try_get(3)?,
-            })
-        })
-        .collect()
+    tx.execute(&stmt, &[&ids]).await?;
+    Ok(())
 }
 
 fn spec_json(spec: &JobSpec) -> Result<(String, String), StoreError> {
@@ -531,13 +506,4 @@ pub async fn scheduled(
             )?)
         })
         .collect()
-}
-
-/// A stored retry policy; the default for a job that no longer exists.
-pub fn retry_policy(text: Option<&str>) -> Result<sked_core::policy::RetryPolicy, StoreError> {
-    match text {
-        None => Ok(Default::default()),
-        Some(text) => serde_json::from_str(text)
-            .map_err(|e| StoreError::Corrupt(format!("a stored retry policy does not parse: {e}"))),
-    }
 }

@@ -9,10 +9,10 @@
 
 use super::dependencies::{self, dependants_of, settle};
 use super::events;
-use super::jobs::{lock as lock_jobs, retry_policy};
+use super::jobs::lock as lock_jobs;
 use super::rows::{self, micros, RUN_COLUMNS};
 use super::{PgResult, Tx};
-use crate::shared::{Ended, NewRun, ReportedAttempt};
+use crate::shared::{CompletingJob, Ended, NewRun, ReportedAttempt};
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
     QueuedRun, ReapOutcome, RetryOutcome, StartedAttempt, StoreError,
@@ -21,12 +21,11 @@ use sked_core::job::JobSpec;
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
 use sked_core::policy::{OverlapPolicy, RetryPolicy};
 use sked_core::records::RunRecord;
-use sked_core::run::{
-    after_attempt, AfterAttempt, AttemptOutcome, RunState, SkipReason, Trigger, WaitReason,
-};
+use sked_core::run::{after_attempt, AfterAttempt, RunState, SkipReason, Trigger, WaitReason};
 use sked_core::Instant;
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use tokio_postgres::types::ToSql;
 
 /// What the fire path needs of a job.
 struct FiringJob {
@@ -685,186 +684,394 @@ pub async fn complete_attempts(
         return Ok(Vec::new());
     }
     let attempt_ids = sorted(reports.iter().map(|r| r.attempt_id));
-    // A run's job never changes, so its jobs can be learnt before anything is locked.
+    // A run's job never changes, so the jobs, and what the completion needs of them, can be
+    // learnt before anything is locked.
     let stmt = tx
         .prepare_cached(
-            "SELECT a.id, r.job_id FROM attempts a JOIN runs r ON r.id = a.run_id \
+            "SELECT DISTINCT r.job_id, j.overlap, j.emits, CASE WHEN j.job_metrics THEN j.name END \
+             FROM attempts a JOIN runs r ON r.id = a.run_id LEFT JOIN jobs j ON j.id = r.job_id \
              WHERE a.id = ANY($1)",
         )
         .await?;
-    let mut job_of: HashMap<i64, i64> = HashMap::new();
+    let mut jobs: HashMap<i64, CompletingJob> = HashMap::new();
     for row in tx.query(&stmt, &[&attempt_ids]).await? {
-        job_of.insert(row.try_get(0)?, row.try_get(1)?);
+        let job = CompletingJob::new(row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)?;
+        jobs.insert(row.try_get(0)?, job);
     }
-    let job_ids = sorted(job_of.values().copied());
-    // Their dependants are locked with them: a run that ends may release theirs.
-    let below = dependants_of(tx, &job_ids).await?;
-    let mut policies: HashMap<i64, (RetryPolicy, Option<String>)> = HashMap::new();
-    let mut emits: HashMap<i64, String> = HashMap::new();
-    let locked = lock_jobs(tx, &sorted(job_ids.iter().copied().chain(below))).await?;
-    for job in locked {
-        policies.insert(job.id, (retry_policy(Some(&job.retry))?, job.job_label));
-        emits.extend(job.emits.map(|key| (job.id, key)));
-    }
-    lock_attempts_and_runs(tx, &attempt_ids).await?;
-    // One job's completions take turns (releasing its waiting runs reads its active count);
-    // different jobs' go side by side.
-    let keys: Vec<Option<i64>> = reports
+    // Locked: a job whose policy holds runs back (releasing them reads how many of its runs
+    // are active) and the jobs depending on any of the batch's (an ended run may release
+    // theirs). A job with `overlap: allow` and no dependants is not locked at all, so its
+    // completions never queue behind a fire of it, nor a fire behind them.
+    let below = dependants_of(tx, &sorted(jobs.keys().copied())).await?;
+    let holding = jobs.iter().filter(|(_, job)| job.holds_back());
+    lock_jobs(tx, &sorted(holding.map(|(id, _)| *id).chain(below))).await?;
+    let (mut runs, mut attempts) = lock_attempts_and_runs(tx, &attempt_ids).await?;
+    let failing = reports
         .iter()
-        .map(|r| job_of.get(&r.attempt_id).copied())
-        .collect();
-    let policies = &policies;
-    let completed = in_chains(&keys, |index| {
-        complete_one(tx, &reports[index], policies, now)
-    })
-    .await?;
-    let mut effects = Vec::with_capacity(completed.len());
-    let mut ended = Vec::new();
-    let mut events = Vec::new();
-    for (effect, run) in completed {
-        let Some((run, run_id, job_id)) = run else {
-            effects.push(effect);
-            continue;
+        .filter(|r| crate::shared::counts_against_retries(r.outcome))
+        .filter_map(|r| attempts.get(&r.attempt_id))
+        .filter_map(|a| runs.get(&a.run_id))
+        .map(|run| run.job_id);
+    let retries = retry_policies(tx, &sorted(failing)).await?;
+    let mut effects = Vec::with_capacity(reports.len());
+    let mut writes = CompletionWrites::default();
+    // The jobs to release runs of, with the effect that lists what is released.
+    let mut releasing: BTreeMap<i64, usize> = BTreeMap::new();
+    for report in reports {
+        let found = attempts.get(&report.attempt_id).and_then(|attempt| {
+            let run = runs.get(&attempt.run_id)?;
+            Some(ReportedAttempt {
+                run_id: attempt.run_id,
+                job_id: run.job_id,
+                token: attempt.token,
+                attempt_state: attempt.state.clone(),
+                run_state: run.state.clone(),
+                failures: run.failures,
+                cancel_requested: run.cancel_requested,
+                worker_id: attempt.worker_id.clone(),
+                namespace: run.namespace.clone(),
+                started_at: attempt.started_at,
+            })
+        });
+        let attempt = match crate::shared::admit_report(found, report) {
+            Ok(attempt) => attempt,
+            Err(refused) => {
+                effects.push(refused);
+                continue;
+            }
         };
-        effects.push(effect);
-        if let (RunState::Succeeded, Some(key)) = (run.state, emits.get(&job_id)) {
-            let emitted = crate::shared::emission(&run, run_id, key);
+        let error = crate::shared::report_error(report);
+        let attempt_state = sked_core::AttemptState::from(report.outcome).as_str();
+        writes.attempt(report, attempt_state, error.clone());
+        let counts = crate::shared::counts_against_retries(report.outcome);
+        let failures = attempt.failures + u32::from(counts);
+        let default_policy = RetryPolicy::default();
+        let retry = retries.get(&attempt.job_id).unwrap_or(&default_policy);
+        let decision = after_attempt(
+            report.outcome,
+            failures,
+            retry,
+            attempt.cancel_requested,
+            now,
+            rand::random::<f64>(),
+        );
+        let (run_state, requeued) = match decision {
+            AfterAttempt::Retry { ready_at } => {
+                writes
+                    .retried
+                    .push(attempt.run_id, ready_at, failures, error)?;
+                (RunState::Queued, vec![attempt.run_id])
+            }
+            AfterAttempt::Finish(state) => {
+                writes.finish(attempt.run_id, attempt.job_id, state, failures, error)?;
+                if jobs
+                    .get(&attempt.job_id)
+                    .is_some_and(CompletingJob::holds_back)
+                {
+                    releasing.insert(attempt.job_id, effects.len());
+                }
+                (state, Vec::new())
+            }
+        };
+        // What a later report of the batch about the same attempt or run finds.
+        if let Some(reported) = attempts.get_mut(&report.attempt_id) {
+            reported.state = attempt_state.to_string();
+        }
+        if let Some(run) = runs.get_mut(&attempt.run_id) {
+            run.state = run_state.as_str().to_string();
+        }
+        let job_label = jobs
+            .get(&attempt.job_id)
+            .and_then(|job| job.job_label.clone());
+        effects.push(CompletionEffect::Accepted {
+            run_id: attempt.run_id,
+            run_state,
+            requeued,
+            namespace: attempt.namespace,
+            started_at: attempt.started_at,
+            job_label,
+        });
+    }
+    let ended = writes.apply(tx, now).await?;
+    // Each job's oldest instant held back, once nothing of it is active; the jobs side by side.
+    let released = futures_util::future::try_join_all(
+        releasing.keys().map(|&job_id| release_waiting(tx, job_id)),
+    )
+    .await?;
+    for (&index, released) in releasing.values().zip(released) {
+        if let Some(CompletionEffect::Accepted { requeued, .. }) = effects.get_mut(index) {
+            requeued.extend(released);
+        }
+    }
+    let mut events = Vec::new();
+    for (run, job_id) in &ended {
+        let emits = jobs.get(job_id).and_then(|job| job.emits.as_deref());
+        if let (RunState::Succeeded, Some(key)) = (run.state, emits) {
+            let emitted = crate::shared::emission(run, run.run_id, key);
             let (event, created) =
-                events::record(tx, &run.namespace, &emitted, Some(run_id), now).await?;
+                events::record(tx, &run.namespace, &emitted, Some(run.run_id), now).await?;
             if created {
                 events.push(event);
             }
         }
-        ended.push(run);
     }
     // The batch's runs that ended, and the events they emitted, move their dependants together.
+    let ended = ended.into_iter().map(|(run, _)| run).collect();
     let released = settle(tx, ended, events, now).await?.queued;
     crate::shared::list_released(&mut effects, released);
     Ok(effects)
 }
 
-/// Records one report, its attempts and runs locked by the caller; also returns its run when
-/// the run ended, for its dependants, with the run's and its job's ids.
-async fn complete_one(
-    tx: &Tx<'_>,
-    report: &AttemptReport,
-    policies: &HashMap<i64, (RetryPolicy, Option<String>)>,
-    now: Instant,
-) -> PgResult<(CompletionEffect, Option<(Ended, i64, i64)>)> {
+/// The retry policies of jobs `ids` (sorted); a deleted job is absent.
+async fn retry_policies(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, RetryPolicy>> {
+    let mut policies = HashMap::new();
+    if ids.is_empty() {
+        return Ok(policies);
+    }
     let stmt = tx
-        .prepare_cached(
-            "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
-             r.cancel_requested, a.worker_id, r.namespace, a.started_at \
-             FROM attempts a JOIN runs r ON r.id = a.run_id \
-             WHERE a.id = $1",
-        )
+        .prepare_cached("SELECT id, retry FROM jobs WHERE id = ANY($1)")
         .await?;
-    let found = match tx.query_opt(&stmt, &[&report.attempt_id]).await? {
-        None => None,
-        Some(r) => Some(ReportedAttempt {
-            run_id: r.try_get(0)?,
-            job_id: r.try_get(1)?,
-            token: r.try_get(2)?,
-            attempt_state: r.try_get(3)?,
-            run_state: r.try_get(4)?,
-            failures: rows::count("failures", r.try_get::<_, i32>(5)?)?,
-            cancel_requested: r.try_get(6)?,
-            worker_id: r.try_get(7)?,
-            namespace: r.try_get(8)?,
-            started_at: rows::instant(r.try_get(9)?)?,
-        }),
-    };
-    let attempt = match crate::shared::admit_report(found, report) {
-        Ok(attempt) => attempt,
-        Err(refused) => return Ok((refused, None)),
-    };
-    let error = crate::shared::report_error(report);
-    let stmt = tx
-        .prepare_cached(
-            "UPDATE attempts SET state = $2, finished_at = $3, exit_code = $4, \
-             http_status = $5, error = $6 WHERE id = $1",
-        )
-        .await?;
-    tx.execute(
-        &stmt,
-        &[
-            &report.attempt_id,
-            &sked_core::AttemptState::from(report.outcome).as_str(),
-            &micros(now),
-            &report.exit_code,
-            &report.http_status.map(i32::from),
-            &error,
-        ],
-    )
-    .await?;
-    let counts = matches!(
-        report.outcome,
-        AttemptOutcome::Failed | AttemptOutcome::TimedOut
-    );
-    let failures = attempt.failures + u32::from(counts);
-    let default_policy = (RetryPolicy::default(), None);
-    let (retry, job_label) = policies.get(&attempt.job_id).unwrap_or(&default_policy);
-    let decision = after_attempt(
-        report.outcome,
-        failures,
-        retry,
-        attempt.cancel_requested,
-        now,
-        rand::random::<f64>(),
-    );
-    let mut ended = None;
-    let (run_state, requeued) = match decision {
-        AfterAttempt::Retry { ready_at } => {
-            let stmt = tx
-                .prepare_cached(
-                    "UPDATE runs SET state = 'queued', ready_at = $2, failures = $3, \
-                     error = $4 WHERE id = $1",
-                )
-                .await?;
-            tx.execute(
-                &stmt,
-                &[
-                    &attempt.run_id,
-                    &micros(ready_at),
-                    &rows::int("failures", failures)?,
-                    &error,
-                ],
-            )
-            .await?;
-            (RunState::Queued, vec![attempt.run_id])
-        }
-        AfterAttempt::Finish(state) => {
-            let run =
-                finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now).await?;
-            ended = Some((run, attempt.run_id, attempt.job_id));
-            (state, release_waiting(tx, attempt.job_id).await?)
-        }
-    };
-    let effect = CompletionEffect::Accepted {
-        run_id: attempt.run_id,
-        run_state,
-        requeued,
-        namespace: attempt.namespace,
-        started_at: attempt.started_at,
-        job_label: job_label.clone(),
-    };
-    Ok((effect, ended))
+    for row in tx.query(&stmt, &[&ids]).await? {
+        let retry = crate::shared::retry_policy(row.try_get(1)?)?;
+        policies.insert(row.try_get(0)?, retry);
+    }
+    Ok(policies)
 }
 
-/// Locks these attempts' runs, then the attempts themselves, each in id order.
-async fn lock_attempts_and_runs(tx: &Tx<'_>, attempt_ids: &[i64]) -> PgResult<()> {
+/// What a batch of completions writes, gathered as its reports are decided, then written in
+/// three statements whatever the batch's size: the attempts' ends, the runs queued again for a
+/// retry, the runs that ended.
+#[derive(Default)]
+struct CompletionWrites {
+    attempts: AttemptEnds,
+    retried: Retries,
+    finished: Finishes,
+}
+
+#[derive(Default)]
+struct AttemptEnds {
+    ids: Vec<i64>,
+    states: Vec<&'static str>,
+    exit_codes: Vec<Option<i32>>,
+    http_statuses: Vec<Option<i32>>,
+    errors: Vec<Option<String>>,
+}
+
+/// Runs queued again, each ready at `ready_at`.
+#[derive(Default)]
+struct Retries {
+    ids: Vec<i64>,
+    ready_at: Vec<i64>,
+    failures: Vec<i32>,
+    errors: Vec<Option<String>>,
+}
+
+impl Retries {
+    fn push(
+        &mut self,
+        run_id: i64,
+        ready_at: Instant,
+        failures: u32,
+        error: Option<String>,
+    ) -> PgResult<()> {
+        self.ids.push(run_id);
+        self.ready_at.push(micros(ready_at));
+        self.failures.push(rows::int("failures", failures)?);
+        self.errors.push(error);
+        Ok(())
+    }
+}
+
+/// Runs ended, with their jobs, in the reports' order.
+#[derive(Default)]
+struct Finishes {
+    ids: Vec<i64>,
+    jobs: Vec<i64>,
+    states: Vec<RunState>,
+    failures: Vec<i32>,
+    errors: Vec<Option<String>>,
+}
+
+impl CompletionWrites {
+    fn attempt(&mut self, report: &AttemptReport, state: &'static str, error: Option<String>) {
+        let ends = &mut self.attempts;
+        ends.ids.push(report.attempt_id);
+        ends.states.push(state);
+        ends.exit_codes.push(report.exit_code);
+        ends.http_statuses.push(report.http_status.map(i32::from));
+        ends.errors.push(error);
+    }
+
+    fn finish(
+        &mut self,
+        run_id: i64,
+        job_id: i64,
+        state: RunState,
+        failures: u32,
+        error: Option<String>,
+    ) -> PgResult<()> {
+        let finished = &mut self.finished;
+        finished.ids.push(run_id);
+        finished.jobs.push(job_id);
+        finished.states.push(state);
+        finished.failures.push(rows::int("failures", failures)?);
+        finished.errors.push(error);
+        Ok(())
+    }
+
+    /// Writes everything gathered; returns the runs that ended, with their jobs, in the
+    /// reports' order.
+    async fn apply(self, tx: &Tx<'_>, now: Instant) -> PgResult<Vec<(Ended, i64)>> {
+        let ends = &self.attempts;
+        if !ends.ids.is_empty() {
+            let stmt = tx
+                .prepare_cached(
+                    "UPDATE attempts SET state = u.state, finished_at = $6, \
+                     exit_code = u.exit_code, http_status = u.http_status, error = u.error \
+                     FROM unnest($1::bigint[], $2::text[], $3::int[], $4::int[], $5::text[]) \
+                         AS u(id, state, exit_code, http_status, error) \
+                     WHERE attempts.id = u.id",
+                )
+                .await?;
+            let params: [&(dyn ToSql + Sync); 6] = [
+                &ends.ids,
+                &ends.states,
+                &ends.exit_codes,
+                &ends.http_statuses,
+                &ends.errors,
+                &micros(now),
+            ];
+            tx.execute(&stmt, &params).await?;
+        }
+        let retried = &self.retried;
+        if !retried.ids.is_empty() {
+            let stmt = tx
+                .prepare_cached(
+                    "UPDATE runs SET state = 'queued', ready_at = u.ready_at, \
+                     failures = u.failures, error = u.error \
+                     FROM unnest($1::bigint[], $2::bigint[], $3::int[], $4::text[]) \
+                         AS u(id, ready_at, failures, error) \
+                     WHERE runs.id = u.id",
+                )
+                .await?;
+            let params: [&(dyn ToSql + Sync); 4] = [
+                &retried.ids,
+                &retried.ready_at,
+                &retried.failures,
+                &retried.errors,
+            ];
+            tx.execute(&stmt, &params).await?;
+        }
+        let finished = &self.finished;
+        if finished.ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let stmt = tx
+            .prepare_cached(
+                "UPDATE runs SET state = u.state, finished_at = $5, failures = u.failures, \
+                 error = u.error \
+                 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[]) \
+                     AS u(id, state, failures, error) \
+                 WHERE runs.id = u.id \
+                 RETURNING runs.id, runs.namespace, runs.job, runs.scheduled_for",
+            )
+            .await?;
+        let states: Vec<&str> = finished.states.iter().map(|s| s.as_str()).collect();
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &finished.ids,
+            &states,
+            &finished.failures,
+            &finished.errors,
+            &micros(now),
+        ];
+        let mut written: HashMap<i64, (String, String, i64)> = HashMap::new();
+        for row in tx.query(&stmt, &params).await? {
+            let run = (row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
+            written.insert(row.try_get(0)?, run);
+        }
+        let mut ended = Vec::with_capacity(finished.ids.len());
+        for ((&run_id, &state), &job_id) in finished
+            .ids
+            .iter()
+            .zip(&finished.states)
+            .zip(&finished.jobs)
+        {
+            let (namespace, job, instant) = written.remove(&run_id).ok_or_else(|| {
+                StoreError::Database(format!("run {run_id} vanished while it was ended"))
+            })?;
+            let run = Ended {
+                namespace,
+                job,
+                scheduled_for: rows::instant(instant)?,
+                run_id,
+                state,
+            };
+            ended.push((run, job_id));
+        }
+        Ok(ended)
+    }
+}
+
+/// A run as a completion finds it, locked.
+struct LockedRun {
+    job_id: i64,
+    state: String,
+    failures: u32,
+    cancel_requested: bool,
+    namespace: String,
+}
+
+/// An attempt as a completion finds it, locked.
+struct LockedAttempt {
+    run_id: i64,
+    token: i64,
+    state: String,
+    worker_id: String,
+    started_at: Instant,
+}
+
+/// Locks these attempts' runs, then the attempts themselves, each in id order, and returns
+/// them as they are under the locks.
+async fn lock_attempts_and_runs(
+    tx: &Tx<'_>,
+    attempt_ids: &[i64],
+) -> PgResult<(HashMap<i64, LockedRun>, HashMap<i64, LockedAttempt>)> {
     let stmt = tx
         .prepare_cached(
-            "SELECT id FROM runs WHERE id IN (SELECT run_id FROM attempts WHERE id = ANY($1)) \
+            "SELECT id, job_id, state, failures, cancel_requested, namespace FROM runs \
+             WHERE id IN (SELECT run_id FROM attempts WHERE id = ANY($1)) \
              ORDER BY id FOR UPDATE",
         )
         .await?;
-    tx.execute(&stmt, &[&attempt_ids]).await?;
+    let mut runs = HashMap::new();
+    for row in tx.query(&stmt, &[&attempt_ids]).await? {
+        let run = LockedRun {
+            job_id: row.try_get(1)?,
+            state: row.try_get(2)?,
+            failures: rows::count("failures", row.try_get::<_, i32>(3)?)?,
+            cancel_requested: row.try_get(4)?,
+            namespace: row.try_get(5)?,
+        };
+        runs.insert(row.try_get(0)?, run);
+    }
     let stmt = tx
-        .prepare_cached("SELECT id FROM attempts WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .prepare_cached(
+            "SELECT id, run_id, token, state, worker_id, started_at FROM attempts \
+             WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        )
         .await?;
-    tx.execute(&stmt, &[&attempt_ids]).await?;
-    Ok(())
+    let mut attempts = HashMap::new();
+    for row in tx.query(&stmt, &[&attempt_ids]).await? {
+        let attempt = LockedAttempt {
+            run_id: row.try_get(1)?,
+            token: row.try_get(2)?,
+            state: row.try_get(3)?,
+            worker_id: row.try_get(4)?,
+            started_at: rows::instant(row.try_get(5)?)?,
+        };
+        attempts.insert(row.try_get(0)?, attempt);
+    }
+    Ok((runs, attempts))
 }
 
 /// Ends a run in `state`; the run as its dependants learn of it.
@@ -1084,7 +1291,9 @@ pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<
         .prepare_cached(&format!("SELECT r.job_id FROM runs r WHERE {STRANDED}"))
         .await?;
     let stranded = tx.query(&stmt, &[]).await?;
-    if candidates.is_empty() && stranded.is_empty() {
+    let stmt = tx.prepare_cached(HELD_BACK).await?;
+    let held_back = tx.query(&stmt, &[]).await?;
+    if candidates.is_empty() && stranded.is_empty() && held_back.is_empty() {
         return Ok(outcome);
     }
     let mut attempt_ids = Vec::with_capacity(candidates.len());
@@ -1093,7 +1302,7 @@ pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<
         attempt_ids.push(row.try_get::<_, i64>(0)?);
         job_ids.push(row.try_get::<_, i64>(1)?);
     }
-    for row in &stranded {
+    for row in stranded.iter().chain(&held_back) {
         job_ids.push(row.try_get::<_, i64>(0)?);
     }
     let attempt_ids = sorted(attempt_ids);
@@ -1161,11 +1370,25 @@ pub async fn reap(tx: &Tx<'_>, silent_since: Instant, now: Instant) -> PgResult<
         outcome.failed.push(run_id);
         outcome.requeued.extend(release_waiting(tx, job_id).await?);
     }
+    // Looked at again under the jobs' locks: the release itself asks that nothing be active.
+    for row in &held_back {
+        let job_id: i64 = row.try_get(0)?;
+        outcome.requeued.extend(release_waiting(tx, job_id).await?);
+    }
     outcome
         .requeued
         .extend(settle(tx, ended, Vec::new(), now).await?.queued);
     Ok(outcome)
 }
+
+/// Jobs with runs held back by overlap while none of theirs is queued or running (through
+/// `runs_overlap_waiting`). A completion releases them only for a job whose policy holds runs
+/// back, read without its lock: the reaper's pass releases those left by a policy changed
+/// meanwhile (or changed to `allow`).
+const HELD_BACK: &str = "SELECT DISTINCT w.job_id FROM runs w \
+     WHERE w.state = 'waiting' AND w.waiting_reason = 'overlap' \
+     AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = w.job_id \
+                     AND a.state IN ('queued', 'running'))";
 
 /// Queued shards of a broadcast whose worker is no longer alive (through `runs_pinned`).
 const STRANDED: &str = "r.state = 'queued' AND r.pinned_worker IS NOT NULL \

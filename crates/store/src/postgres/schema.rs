@@ -314,6 +314,14 @@ ALTER TABLE runs DROP CONSTRAINT runs_job_instant_key,
 CREATE INDEX runs_pinned ON runs (pinned_worker)
     WHERE state = 'queued' AND pinned_worker IS NOT NULL;
 "#,
+    r#"
+-- Version 11: runs held back by overlap, by job. A completion releases them only for a job
+-- whose overlap policy can hold runs back; the reaper's pass finds, through this small
+-- index, any left waiting with nothing of their job active (a job whose policy became
+-- `allow`, or changed while its last run ended) and releases them.
+CREATE INDEX runs_overlap_waiting ON runs (job_id)
+    WHERE state = 'waiting' AND waiting_reason = 'overlap';
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

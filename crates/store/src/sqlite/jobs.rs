@@ -5,7 +5,7 @@ use super::{dependencies, events};
 use crate::cursor::{self, page_size, Cursor};
 use crate::shared::KEPT_VERSIONS;
 use crate::{shared, DeletedJob, JobQuery, JobSort, Page, PutMode, PutOutcome, Result, StoreError};
-use rusqlite::{params, OptionalExtension, Transaction};
+use rusqlite::{params, Transaction};
 use sked_core::dependency;
 use sked_core::job::{JobSpec, JobState, Priority, ValidJob};
 use sked_core::records::{JobRecord, JobVersion, ScheduledJob};
@@ -387,39 +387,4 @@ pub fn scheduled(
         )?);
     }
     Ok(jobs)
-}
-
-/// The job's retry policy, for deciding after an attempt; the default once the job is deleted.
-/// What a completion needs of a job: its retry policy and the event key its succeeded runs
-/// emit.
-pub fn completion_rules(tx: &Transaction<'_>, job_id: i64) -> Result<CompletionRules> {
-    let found: Option<(String, Option<String>, Option<String>)> = tx
-        .prepare_cached(
-            "SELECT retry, emits, CASE WHEN job_metrics THEN name END FROM jobs WHERE id = ?1",
-        )?
-        .query_row(params![job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
-    match found {
-        None => Ok(CompletionRules::default()),
-        Some((text, emits, job_label)) => {
-            let retry = serde_json::from_str(&text).map_err(|e| {
-                StoreError::Corrupt(format!("a stored retry policy does not parse: {e}"))
-            })?;
-            Ok(CompletionRules {
-                retry,
-                emits,
-                job_label,
-            })
-        }
-    }
-}
-
-/// What recording an attempt's end needs of its job.
-#[derive(Debug, Clone, Default)]
-pub struct CompletionRules {
-    pub retry: sked_core::policy::RetryPolicy,
-    /// The event key its succeeded runs emit.
-    pub emits: Option<String>,
-    /// Its name, when it asked for metrics by name.
-    pub job_label: Option<String>,
 }

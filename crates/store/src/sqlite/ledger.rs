@@ -4,10 +4,8 @@
 
 use super::dependencies::{self, settle};
 use super::events;
-use super::jobs::{completion_rules, CompletionRules};
 use super::rows::{self, micros, RUN_COLUMNS};
-use crate::shared::ReportedAttempt;
-use crate::shared::{Ended, NewRun};
+use crate::shared::{CompletingJob, Ended, NewRun, ReportedAttempt};
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
     QueuedRun, ReapOutcome, Result, RetryOutcome, StartedAttempt,
@@ -15,10 +13,8 @@ use crate::{
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::job::JobSpec;
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
-use sked_core::policy::OverlapPolicy;
-use sked_core::run::{
-    after_attempt, AfterAttempt, AttemptOutcome, RunState, SkipReason, Trigger, WaitReason,
-};
+use sked_core::policy::{OverlapPolicy, RetryPolicy};
+use sked_core::run::{after_attempt, AfterAttempt, RunState, SkipReason, Trigger, WaitReason};
 use sked_core::Instant;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -629,38 +625,10 @@ pub fn complete_attempts(
     let mut effects = Vec::with_capacity(reports.len());
     let mut ended = Vec::new();
     let mut events = Vec::new();
-    let mut rules: HashMap<i64, CompletionRules> = HashMap::new();
+    // Read once per job of the batch, and only for a job one of whose attempts failed.
+    let mut retries: HashMap<i64, RetryPolicy> = HashMap::new();
     for report in reports {
-        let found = tx
-            .prepare_cached(
-                "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
-                 r.cancel_requested, a.worker_id, r.namespace, a.started_at \
-                 FROM attempts a JOIN runs r ON r.id = a.run_id \
-                 WHERE a.id = ?1",
-            )?
-            .query_row(params![report.attempt_id], |r| {
-                let attempt = ReportedAttempt {
-                    run_id: r.get(0)?,
-                    job_id: r.get(1)?,
-                    token: r.get(2)?,
-                    attempt_state: r.get(3)?,
-                    run_state: r.get(4)?,
-                    failures: r.get(5)?,
-                    cancel_requested: r.get(6)?,
-                    worker_id: r.get(7)?,
-                    namespace: r.get(8)?,
-                    started_at: Instant::UNIX_EPOCH,
-                };
-                Ok((attempt, r.get::<_, i64>(9)?))
-            })
-            .optional()?
-            .map(|(attempt, started_at)| {
-                Ok::<_, crate::StoreError>(ReportedAttempt {
-                    started_at: rows::instant(started_at)?,
-                    ..attempt
-                })
-            })
-            .transpose()?;
+        let (found, job) = reported_attempt(tx, report.attempt_id)?.unzip();
         let attempt = match crate::shared::admit_report(found, report) {
             Ok(attempt) => attempt,
             Err(refused) => {
@@ -681,19 +649,20 @@ pub fn complete_attempts(
             report.http_status,
             error,
         ])?;
-        let counts = matches!(
-            report.outcome,
-            AttemptOutcome::Failed | AttemptOutcome::TimedOut
-        );
+        let counts = crate::shared::counts_against_retries(report.outcome);
         let failures = attempt.failures + u32::from(counts);
-        let job = match rules.entry(attempt.job_id) {
-            Entry::Occupied(known) => known.into_mut(),
-            Entry::Vacant(slot) => slot.insert(completion_rules(tx, attempt.job_id)?),
+        let retry = if counts {
+            match retries.entry(attempt.job_id) {
+                Entry::Occupied(known) => *known.get(),
+                Entry::Vacant(slot) => *slot.insert(retry_of(tx, attempt.job_id)?),
+            }
+        } else {
+            RetryPolicy::default()
         };
         let decision = after_attempt(
             report.outcome,
             failures,
-            &job.retry,
+            &retry,
             attempt.cancel_requested,
             now,
             rand::random::<f64>(),
@@ -714,7 +683,8 @@ pub fn complete_attempts(
             }
             AfterAttempt::Finish(state) => {
                 let run = finish_run(tx, attempt.run_id, state, failures, error.as_deref(), now)?;
-                if let (RunState::Succeeded, Some(key)) = (state, job.emits.as_deref()) {
+                let emits = job.as_ref().and_then(|job| job.emits.as_deref());
+                if let (RunState::Succeeded, Some(key)) = (state, emits) {
                     let emitted = crate::shared::emission(&run, attempt.run_id, key);
                     let (event, created) =
                         events::record(tx, &run.namespace, &emitted, Some(attempt.run_id), now)?;
@@ -723,7 +693,12 @@ pub fn complete_attempts(
                     }
                 }
                 ended.push(run);
-                (state, release_waiting(tx, attempt.job_id)?)
+                let released = if job.as_ref().is_some_and(CompletingJob::holds_back) {
+                    release_waiting(tx, attempt.job_id)?
+                } else {
+                    Vec::new()
+                };
+                (state, released)
             }
         };
         effects.push(CompletionEffect::Accepted {
@@ -732,13 +707,75 @@ pub fn complete_attempts(
             requeued,
             namespace: attempt.namespace,
             started_at: attempt.started_at,
-            job_label: job.job_label.clone(),
+            job_label: job.and_then(|job| job.job_label),
         });
     }
     // The batch's runs that ended, and the events they emitted, move their dependants together.
     let released = settle(tx, ended, events, now)?.queued;
     crate::shared::list_released(&mut effects, released);
     Ok(effects)
+}
+
+/// The attempt a report is about, with its run and what the completion needs of its job, in
+/// one statement.
+fn reported_attempt(
+    tx: &Transaction<'_>,
+    attempt_id: i64,
+) -> Result<Option<(ReportedAttempt, CompletingJob)>> {
+    type Row = (
+        ReportedAttempt,
+        i64,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    );
+    let found: Option<Row> = tx
+        .prepare_cached(
+            "SELECT a.run_id, r.job_id, a.token, a.state, r.state, r.failures, \
+             r.cancel_requested, a.worker_id, r.namespace, a.started_at, j.overlap, j.emits, \
+             CASE WHEN j.job_metrics THEN j.name END \
+             FROM attempts a JOIN runs r ON r.id = a.run_id LEFT JOIN jobs j ON j.id = r.job_id \
+             WHERE a.id = ?1",
+        )?
+        .query_row(params![attempt_id], |r| {
+            let attempt = ReportedAttempt {
+                run_id: r.get(0)?,
+                job_id: r.get(1)?,
+                token: r.get(2)?,
+                attempt_state: r.get(3)?,
+                run_state: r.get(4)?,
+                failures: r.get(5)?,
+                cancel_requested: r.get(6)?,
+                worker_id: r.get(7)?,
+                namespace: r.get(8)?,
+                started_at: Instant::UNIX_EPOCH,
+            };
+            Ok((attempt, r.get(9)?, r.get(10)?, r.get(11)?, r.get(12)?))
+        })
+        .optional()?;
+    found
+        .map(|(attempt, started_at, overlap, emits, job_label)| {
+            let attempt = ReportedAttempt {
+                started_at: rows::instant(started_at)?,
+                ..attempt
+            };
+            let job = CompletingJob::new(overlap.as_deref(), emits, job_label)?;
+            Ok((attempt, job))
+        })
+        .transpose()
+}
+
+/// The job's retry policy, for deciding after a failed attempt; the default once the job is
+/// deleted.
+fn retry_of(tx: &Transaction<'_>, job_id: i64) -> Result<RetryPolicy> {
+    let text: Option<String> = tx
+        .prepare_cached("SELECT retry FROM jobs WHERE id = ?1")?
+        .query_row(params![job_id], |r| r.get(0))
+        .optional()?;
+    text.map_or_else(
+        || Ok(RetryPolicy::default()),
+        |text| crate::shared::retry_policy(&text),
+    )
 }
 
 /// Ends a run in `state`; the run as its dependants learn of it.
@@ -954,11 +991,27 @@ pub fn reap(tx: &Transaction<'_>, silent_since: Instant, now: Instant) -> Result
         outcome.failed.push(run_id);
         outcome.requeued.extend(release_waiting(tx, job_id)?);
     }
+    let held_back: Vec<i64> = {
+        let mut stmt = tx.prepare_cached(HELD_BACK)?;
+        let rows = stmt.query_map([], |r| r.get(0))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for job_id in held_back {
+        outcome.requeued.extend(release_waiting(tx, job_id)?);
+    }
     outcome
         .requeued
         .extend(settle(tx, ended, Vec::new(), now)?.queued);
     Ok(outcome)
 }
+
+/// Jobs with runs held back by overlap while none of theirs is queued or running (through
+/// `runs_overlap_waiting`). A completion releases them only for a job whose policy holds runs
+/// back: the reaper's pass releases those left when a job's policy became `allow`.
+const HELD_BACK: &str = "SELECT DISTINCT job_id FROM runs w INDEXED BY runs_overlap_waiting \
+     WHERE state = 'waiting' AND waiting_reason = 'overlap' \
+     AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = w.job_id \
+        AND state IN ('waiting', 'queued', 'running') AND state IN ('queued', 'running'))";
 
 /// Queued shards of a broadcast whose worker is no longer alive (through `runs_pinned`).
 const STRANDED: &str = "SELECT id, job_id, failures, pinned_worker FROM runs \
@@ -986,15 +1039,17 @@ mod tests {
     fn job_scoped_statements_use_partial_indexes() {
         let mut conn = rusqlite::Connection::open_in_memory().unwrap();
         super::super::schema::migrate(&mut conn).unwrap();
-        for sql in JOB_SCOPED.iter().chain([&QUEUED]) {
+        for sql in JOB_SCOPED.iter().chain([&QUEUED, &HELD_BACK]) {
             let plan = super::super::query_plan(&conn, sql);
             for step in plan
                 .iter()
                 .filter(|step| step.contains(" r ") || step.contains("runs"))
             {
                 let index = step.split_whitespace().skip_while(|w| *w != "INDEX").nth(1);
-                let partial = matches!(index, Some("runs_active" | "runs_waiting" | "runs_queued"))
-                    || step.contains("PRIMARY KEY");
+                let partial = matches!(
+                    index,
+                    Some("runs_active" | "runs_waiting" | "runs_queued" | "runs_overlap_waiting")
+                ) || step.contains("PRIMARY KEY");
                 assert!(partial, "{sql}\n=> {}", plan.join("; "));
             }
         }

@@ -356,6 +356,14 @@ CREATE UNIQUE INDEX runs_ledger_key ON runs (scheduled_for, job_id, shard);
 CREATE INDEX runs_pinned ON runs (pinned_worker)
     WHERE state = 'queued' AND pinned_worker IS NOT NULL;
 "#,
+    r#"
+-- Version 11: runs held back by overlap, by job. A completion releases them only for a job
+-- whose overlap policy can hold runs back; the reaper's pass finds, through this small
+-- index, any left waiting with nothing of their job active (a job whose policy became
+-- `allow`, or changed while its last run ended) and releases them.
+CREATE INDEX runs_overlap_waiting ON runs (job_id)
+    WHERE state = 'waiting' AND waiting_reason = 'overlap';
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
