@@ -174,6 +174,18 @@ pub struct FiredRun {
 }
 
 impl FiredRun {
+    /// A fire of a job deleted since its instant was computed: nothing is owed any more.
+    pub(crate) fn gone() -> Self {
+        FiredRun {
+            run_id: 0,
+            state: RunState::Cancelled,
+            inserted: false,
+            advanced: false,
+            other_shards: Vec::new(),
+            placed: false,
+        }
+    }
+
     /// The instant's runs: `run_id`, then the other shards' when its job is sharded.
     pub fn all_runs(&self) -> impl Iterator<Item = i64> + '_ {
         std::iter::once(self.run_id).chain(self.other_shards.iter().copied())

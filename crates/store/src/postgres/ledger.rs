@@ -99,18 +99,39 @@ pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult
         lock_jobs(tx, &sorted(ids.iter().copied().chain(below))).await?;
     }
     let jobs = firing_jobs(tx, &ids).await?;
+    // Most fires are of a job with no other fire in the batch and are decided without
+    // reading its runs: those are written together. The rest go job by job.
+    let mut fires_of: HashMap<i64, usize> = HashMap::new();
+    for fire in fires {
+        *fires_of.entry(fire.job_id).or_default() += 1;
+    }
+    let (bulk, chained): (Vec<usize>, Vec<usize>) = (0..fires.len()).partition(|&index| {
+        let fire = &fires[index];
+        fires_of.get(&fire.job_id) == Some(&1)
+            && jobs
+                .get(&fire.job_id)
+                .is_some_and(|job| decided_alone(fire, job))
+    });
+    let mut in_bulk = fire_in_bulk(tx, fires, &bulk, &jobs, now).await?;
     // A job's instants depend on each other (overlap counts, the firing state's advance);
     // different jobs' do not.
-    let keys: Vec<i64> = fires.iter().map(|f| f.job_id).collect();
+    let keys: Vec<i64> = chained.iter().map(|&index| fires[index].job_id).collect();
     let jobs = &jobs;
-    let fired = in_chains(&keys, |index| {
-        let fire = &fires[index];
+    let one_by_one = in_chains(&keys, |k| {
+        let fire = &fires[chained[k]];
         fire_one(tx, fire, jobs.get(&fire.job_id), now)
     })
     .await?;
+    let mut one_by_one: HashMap<usize, _> = chained.iter().copied().zip(one_by_one).collect();
     let mut outcome = FireOutcome::default();
     let mut ended = Vec::new();
-    for ((run, cancel_requested, cancelled), fire) in fired.into_iter().zip(fires) {
+    for (index, fire) in fires.iter().enumerate() {
+        let (run, cancel_requested, cancelled) = match in_bulk.remove(&index) {
+            Some(run) => (run, Vec::new(), Vec::new()),
+            None => one_by_one.remove(&index).ok_or_else(|| {
+                StoreError::Database(format!("fire {index} of the batch was not recorded"))
+            })?,
+        };
         ended.extend(cancelled);
         if run.inserted && run.state.is_terminal() {
             if let Some(job) = jobs.get(&fire.job_id) {
@@ -132,6 +153,222 @@ pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult
     outcome.released = settled.queued;
     outcome.cancel_requested.extend(settled.cancel_requested);
     Ok(outcome)
+}
+
+/// Whether the fire's run can be written without reading any other run of its job: a skip, a
+/// manual run, or an instant of a job that neither overlap nor dependencies hold back; not a
+/// heartbeat's (it takes a kept ping) nor a broadcast's (it reads the live workers).
+fn decided_alone(fire: &Fire, job: &FiringJob) -> bool {
+    job.ping_grace.is_none()
+        && !job.broadcast
+        && (fire.skip.is_some()
+            || fire.trigger == Trigger::Manual
+            || (job.overlap.for_trigger(fire.trigger) == OverlapPolicy::Allow
+                && job.depends_on().is_none()))
+}
+
+/// Records the fires at `indexes` (each of a job with no other fire in the batch, each
+/// decided alone) in a fixed number of statements: every run and shard in one `INSERT`, the
+/// instants recorded already read back in one `SELECT`, every advance of the firing state in
+/// one `UPDATE`. Returns each fire's run, by index.
+async fn fire_in_bulk(
+    tx: &Tx<'_>,
+    fires: &[Fire],
+    indexes: &[usize],
+    jobs: &HashMap<i64, FiringJob>,
+    now: Instant,
+) -> PgResult<HashMap<usize, FiredRun>> {
+    let mut fired = HashMap::with_capacity(indexes.len());
+    if indexes.is_empty() {
+        return Ok(fired);
+    }
+    let mut rows = BulkFires::default();
+    for &index in indexes {
+        let fire = &fires[index];
+        let Some(job) = jobs.get(&fire.job_id) else {
+            continue;
+        };
+        rows.push(fire, job);
+    }
+    let stmt = tx
+        .prepare_cached(
+            "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+             skip_reason, priority, ready_at, created_at, finished_at, job_version, shard, \
+             shard_count) \
+             SELECT u.job_id, u.namespace, u.job, u.scheduled_for, u.trigger, u.state, \
+             u.skip_reason, u.priority, u.ready_at, $11::bigint, \
+             CASE WHEN u.skip_reason IS NOT NULL THEN $11::bigint END, u.version, s.shard, \
+             u.shards \
+             FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], \
+                 $6::text[], $7::int[], $8::bigint[], $9::int[], $10::int[], $12::text[]) \
+                 AS u(job_id, namespace, job, scheduled_for, trigger, state, priority, \
+                      ready_at, version, shards, skip_reason) \
+             CROSS JOIN LATERAL generate_series(0, u.shards - 1) AS s(shard) \
+             ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING \
+             RETURNING job_id, shard, id",
+        )
+        .await?;
+    let params: [&(dyn ToSql + Sync); 12] = [
+        &rows.job_ids,
+        &rows.namespaces,
+        &rows.names,
+        &rows.instants,
+        &rows.triggers,
+        &rows.states,
+        &rows.priorities,
+        &rows.ready_at,
+        &rows.versions,
+        &rows.shards,
+        &micros(now),
+        &rows.skip_reasons,
+    ];
+    // Each job has one fire here, so its id names the fire.
+    let mut written: HashMap<i64, Vec<(i32, i64)>> = HashMap::new();
+    for row in tx.query(&stmt, &params).await? {
+        let shard = (row.try_get(1)?, row.try_get(2)?);
+        written.entry(row.try_get(0)?).or_default().push(shard);
+    }
+    // The instants recorded already (another node's fire, a repeated batch), as they stand.
+    let (taken_jobs, taken_instants): (Vec<i64>, Vec<i64>) = rows
+        .job_ids
+        .iter()
+        .zip(&rows.instants)
+        .filter(|(job_id, _)| !written.contains_key(job_id))
+        .unzip();
+    let mut recorded: HashMap<i64, (i64, RunState)> = HashMap::new();
+    if !taken_jobs.is_empty() {
+        let stmt = tx
+            .prepare_cached(
+                "SELECT r.job_id, r.id, r.state FROM runs r \
+                 JOIN unnest($1::bigint[], $2::bigint[]) AS u(job_id, scheduled_for) \
+                   ON r.job_id = u.job_id AND r.scheduled_for = u.scheduled_for \
+                 WHERE r.shard = 0",
+            )
+            .await?;
+        for row in tx.query(&stmt, &[&taken_jobs, &taken_instants]).await? {
+            let run = (row.try_get(1)?, rows::run_state(row.try_get(2)?)?);
+            recorded.insert(row.try_get(0)?, run);
+        }
+    }
+    let advanced = advance_in_bulk(tx, fires, indexes).await?;
+    for &index in indexes {
+        let fire = &fires[index];
+        let Some(job) = jobs.get(&fire.job_id) else {
+            fired.insert(index, FiredRun::gone());
+            continue;
+        };
+        let (run_id, state, inserted, other_shards) = match written.remove(&fire.job_id) {
+            Some(mut shards) => {
+                shards.sort_unstable();
+                let mut ids = shards.into_iter().map(|(_, id)| id);
+                let first = ids.next().unwrap_or_default();
+                (first, bulk_state(fire), true, ids.collect())
+            }
+            None => {
+                let (id, state) = recorded.get(&fire.job_id).copied().ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "run of job {} at {} conflicts but cannot be found",
+                        fire.job_id, fire.scheduled_for
+                    ))
+                })?;
+                (id, state, false, Vec::new())
+            }
+        };
+        let run = FiredRun {
+            run_id,
+            state,
+            inserted,
+            advanced: advanced.contains(&fire.job_id),
+            other_shards,
+            placed: job.shards > 1,
+        };
+        fired.insert(index, run);
+    }
+    Ok(fired)
+}
+
+/// The state a run decided alone is written in.
+fn bulk_state(fire: &Fire) -> RunState {
+    match fire.skip {
+        Some(_) => RunState::Skipped,
+        None => RunState::Queued,
+    }
+}
+
+/// The columns of the runs `fire_in_bulk` writes, one entry per fire.
+#[derive(Default)]
+struct BulkFires<'a> {
+    job_ids: Vec<i64>,
+    namespaces: Vec<&'a str>,
+    names: Vec<&'a str>,
+    instants: Vec<i64>,
+    triggers: Vec<&'static str>,
+    states: Vec<&'static str>,
+    skip_reasons: Vec<Option<&'static str>>,
+    priorities: Vec<i32>,
+    ready_at: Vec<i64>,
+    versions: Vec<i32>,
+    shards: Vec<i32>,
+}
+
+impl<'a> BulkFires<'a> {
+    fn push(&mut self, fire: &Fire, job: &'a FiringJob) {
+        self.job_ids.push(fire.job_id);
+        self.namespaces.push(&job.namespace);
+        self.names.push(&job.name);
+        self.instants.push(micros(fire.scheduled_for));
+        self.triggers.push(fire.trigger.as_str());
+        self.states.push(bulk_state(fire).as_str());
+        self.skip_reasons.push(fire.skip.map(SkipReason::as_str));
+        self.priorities.push(job.priority);
+        self.ready_at.push(micros(fire.ready_at));
+        self.versions.push(job.version);
+        self.shards.push(job.shards);
+    }
+}
+
+/// Advances the firing state of the fires at `indexes` (at most one per job) in one statement,
+/// each only while its job's firing state is the one the loop started from; returns the jobs
+/// advanced.
+async fn advance_in_bulk(
+    tx: &Tx<'_>,
+    fires: &[Fire],
+    indexes: &[usize],
+) -> PgResult<std::collections::HashSet<i64>> {
+    let (mut ids, mut epochs, mut before, mut next) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for &index in indexes {
+        let fire = &fires[index];
+        let Some(advance) = &fire.advance else {
+            continue;
+        };
+        ids.push(fire.job_id);
+        epochs.push(micros(advance.epoch));
+        before.push(
+            i64::try_from(advance.fired_before)
+                .map_err(|_| StoreError::Database("fired count out of range".into()))?,
+        );
+        next.push(advance.next_fire_at.map(micros));
+    }
+    let mut advanced = std::collections::HashSet::new();
+    if ids.is_empty() {
+        return Ok(advanced);
+    }
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE jobs SET fired_count = u.fired_before + 1, next_fire_at = u.next_fire_at, \
+             state = CASE WHEN u.next_fire_at IS NULL THEN 'completed' ELSE jobs.state END \
+             FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) \
+                 AS u(id, epoch, fired_before, next_fire_at) \
+             WHERE jobs.id = u.id AND jobs.schedule_epoch = u.epoch \
+             AND jobs.fired_count = u.fired_before \
+             RETURNING jobs.id",
+        )
+        .await?;
+    for row in tx.query(&stmt, &[&ids, &epochs, &before, &next]).await? {
+        advanced.insert(row.try_get(0)?);
+    }
+    Ok(advanced)
 }
 
 /// Runs `work` for every item, in chains: items of one key one after another, in their order;
@@ -180,14 +417,7 @@ async fn fire_one(
     let mut cancelled = Vec::new();
     let Some(job) = job else {
         // Deleted since the instant was computed: nothing is owed any more.
-        let gone = FiredRun {
-            run_id: 0,
-            state: RunState::Cancelled,
-            inserted: false,
-            advanced: false,
-            other_shards: Vec::new(),
-            placed: false,
-        };
+        let gone = FiredRun::gone();
         return Ok((gone, cancel_requested, cancelled));
     };
     let stmt = tx

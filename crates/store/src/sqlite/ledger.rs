@@ -171,14 +171,7 @@ pub fn record_fires(tx: &Transaction<'_>, fires: &[Fire], now: Instant) -> Resul
         };
         let Some(job) = job else {
             // Deleted since the instant was computed: nothing is owed any more.
-            outcome.runs.push(FiredRun {
-                run_id: 0,
-                state: RunState::Cancelled,
-                inserted: false,
-                advanced: false,
-                other_shards: Vec::new(),
-                placed: false,
-            });
+            outcome.runs.push(FiredRun::gone());
             continue;
         };
         // Most fires (overlap `allow`, a skip, a manual run) are decided without reading the
