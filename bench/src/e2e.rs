@@ -8,10 +8,12 @@
 //! Besides the runs due in the window, it reports what the server did during the window
 //! (completions accepted and instants fired per second, read from `/metrics`), which stays
 //! meaningful past the ceiling, when the runs completed are partly older ones, and the lateness
-//! of each second's runs, which shows whether a backlog grows smoothly or collapses.
+//! of each second's runs, which shows whether a backlog grows smoothly or collapses. On
+//! PostgreSQL it also reports what each completed run cost the database (`pgcost.rs`).
 
 use crate::harness::{cluster, ms, start, store_with_jobs, Running};
 use crate::noop;
+use crate::pgcost;
 use anyhow::Result;
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
@@ -56,14 +58,34 @@ pub async fn run(
     );
     let sampled = async {
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-        let start = Counters::read(&server).await;
-        tokio::time::sleep(std::time::Duration::from_secs(seconds)).await;
-        let end = Counters::read(&server).await;
-        Ok::<_, anyhow::Error>((start?, end?))
+        let start = Counters::read(&server).await?;
+        let window = std::time::Duration::from_secs(seconds);
+        let cost = match server.admin() {
+            None => {
+                tokio::time::sleep(window).await;
+                None
+            }
+            // On PostgreSQL, what the window cost the database.
+            Some(admin) => {
+                let before = pgcost::Snapshot::read(admin).await?;
+                let waits = pgcost::lock_waits(admin, std::time::Instant::now() + window).await?;
+                let after = pgcost::Snapshot::read(admin).await?;
+                Some((admin, before, after, waits))
+            }
+        };
+        let end = Counters::read(&server).await?;
+        let cost = match cost {
+            None => None,
+            Some((admin, before, after, waits)) => {
+                let runs = end.completions - start.completions;
+                Some(pgcost::per_run(admin, &before, &after, &waits, runs).await?)
+            }
+        };
+        Ok::<_, anyhow::Error>((start, end, cost))
     };
     let (completed, counted) = tokio::join!(noop::join(workers), sampled);
     let completed = completed?;
-    let (at_start, at_end) = counted?;
+    let (at_start, at_end, cost) = counted?;
     let attempts_started = server.metric_sum("sked_attempts_started_total").await?;
     server.stop().await;
 
@@ -99,6 +121,9 @@ pub async fn run(
     });
     if let Some(shares) = shares {
         figures["partitions_per_node"] = json!(shares);
+    }
+    if let Some(cost) = cost {
+        figures["postgres_cost"] = cost;
     }
     Ok(figures)
 }

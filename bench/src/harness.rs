@@ -222,6 +222,14 @@ impl Running {
         self.place.store_name()
     }
 
+    /// A connection to the PostgreSQL database under test, outside the store's pool.
+    pub fn admin(&self) -> Option<&tokio_postgres::Client> {
+        match &self.place {
+            Place::Schema { admin, .. } => Some(admin),
+            Place::Dir { .. } => None,
+        }
+    }
+
     /// The first node's base URL.
     pub fn base(&self) -> &str {
         &self.bases[0]

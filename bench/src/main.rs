@@ -45,6 +45,7 @@ mod harness;
 mod ledger;
 mod noop;
 mod overload;
+mod pgcost;
 mod probe;
 mod process;
 mod publish;
