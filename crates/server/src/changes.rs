@@ -3,12 +3,24 @@
 //! job's partition), runs queued elsewhere join this node's dispatch queue, runs started or
 //! cancelled elsewhere leave it. When events may have been missed, both are rebuilt from the
 //! store. A store that one node uses alone has no events, and this duty does not run.
+//!
+//! A run queued elsewhere joins this node's queue only once it has stayed queued for
+//! [`FOREIGN_GRACE`]: the node that queued it hands it to its own workers first, and nearly
+//! always starts it within that time, so this node neither reads it from the store nor hands
+//! it out too (two nodes handing out one run make the second wait on the first's row lock
+//! and drop it). A run its own node cannot start soon (no free worker there, or none that
+//! may take it) still reaches every other node's workers, a grace later.
 
 use crate::dispatch::Dispatcher;
 use crate::firing::FiringHandle;
 use sked_store::{Store, StoreEvent, StoreEvents};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// How long a run queued by another node is left to that node's workers.
+pub const FOREIGN_GRACE: Duration = Duration::from_millis(250);
 
 pub async fn run(
     mut events: StoreEvents,
@@ -17,42 +29,146 @@ pub async fn run(
     dispatcher: Arc<Dispatcher>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut pending = Pending::default();
     loop {
+        let due = pending
+            .next_due()
+            .map(|at| at.saturating_duration_since(Instant::now()));
         let first = tokio::select! {
             _ = crate::stopped(&mut shutdown) => return,
+            _ = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() => None,
             event = events.recv() => match event {
-                Some(event) => event,
+                Some(event) => Some(event),
                 None => {
                     tracing::error!("changes: the store stopped sending events");
                     return;
                 }
             },
         };
-        // Whatever else arrived meanwhile is applied together: one read for all queued runs.
-        let mut batch = vec![first];
+        // Whatever else arrived meanwhile is applied together.
+        let mut batch: Vec<StoreEvent> = first.into_iter().collect();
         while let Ok(more) = events.try_recv() {
             batch.push(more);
         }
-        let mut queued = Vec::new();
+        let now = Instant::now();
         let mut resync = false;
         for event in batch {
             match event {
                 StoreEvent::JobChanged(id) => firing.reload(id),
-                StoreEvent::RunsQueued(ids) => queued.extend(ids),
-                StoreEvent::RunsDequeued(ids) => dispatcher.remove(&ids),
+                StoreEvent::RunsQueued(ids) => pending.announce(ids, now + FOREIGN_GRACE),
+                StoreEvent::RunsDequeued(ids) => {
+                    pending.forget(&ids);
+                    dispatcher.remove(&ids);
+                }
                 StoreEvent::Resync => resync = true,
             }
         }
         if resync {
             tracing::info!("changes: events may have been missed; reading everything again");
+            pending = Pending::default();
             firing.resync();
             if let Some(runs) = crate::read_queued(&*store, None, &mut shutdown).await {
                 dispatcher.replace(runs);
             }
-        } else if !queued.is_empty() {
-            if let Some(runs) = crate::read_queued(&*store, Some(&queued), &mut shutdown).await {
+            continue;
+        }
+        // One read for every run whose grace is over; those started meanwhile are not queued
+        // any more and do not come back.
+        let due = pending.due(Instant::now());
+        if !due.is_empty() {
+            if let Some(runs) = crate::read_queued(&*store, Some(&due), &mut shutdown).await {
                 dispatcher.enqueue(runs);
             }
         }
+    }
+}
+
+/// Runs announced as queued by other nodes, each waiting for its grace to end; the graces end
+/// in announcement order, since each is the same length.
+#[derive(Debug, Default)]
+struct Pending {
+    order: VecDeque<(Instant, i64)>,
+    /// The runs still pending: one in `order` but not here was started or cancelled meanwhile.
+    ids: HashSet<i64>,
+}
+
+impl Pending {
+    fn announce(&mut self, ids: Vec<i64>, due: Instant) {
+        for id in ids {
+            if self.ids.insert(id) {
+                self.order.push_back((due, id));
+            }
+        }
+    }
+
+    fn forget(&mut self, ids: &[i64]) {
+        for id in ids {
+            self.ids.remove(id);
+        }
+        self.drop_forgotten();
+    }
+
+    /// When the next grace ends.
+    fn next_due(&self) -> Option<Instant> {
+        self.order.front().map(|(due, _)| *due)
+    }
+
+    /// The runs whose grace ended by `now`, taken out.
+    fn due(&mut self, now: Instant) -> Vec<i64> {
+        let mut due = Vec::new();
+        while let Some(&(at, id)) = self.order.front() {
+            if at > now {
+                break;
+            }
+            self.order.pop_front();
+            if self.ids.remove(&id) {
+                due.push(id);
+            }
+        }
+        self.drop_forgotten();
+        due
+    }
+
+    /// Drops forgotten runs from the front, so `next_due` names a run still pending.
+    fn drop_forgotten(&mut self) {
+        while let Some((_, id)) = self.order.front() {
+            if self.ids.contains(id) {
+                break;
+            }
+            self.order.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_is_due_after_its_grace_unless_it_was_started_meanwhile() {
+        let t0 = Instant::now();
+        let grace = Duration::from_millis(250);
+        let mut pending = Pending::default();
+        pending.announce(vec![1, 2, 3], t0 + grace);
+        pending.announce(vec![4, 2], t0 + grace * 2);
+        assert_eq!(pending.next_due(), Some(t0 + grace));
+        assert!(pending.due(t0).is_empty(), "nothing before its grace ends");
+        // Started on the node that queued it: never read here.
+        pending.forget(&[1, 3]);
+        assert_eq!(pending.due(t0 + grace), vec![2]);
+        assert_eq!(pending.next_due(), Some(t0 + grace * 2));
+        pending.forget(&[4]);
+        assert_eq!(pending.next_due(), None, "nothing left pending");
+        assert!(pending.due(t0 + grace * 3).is_empty());
+    }
+
+    #[test]
+    fn a_run_announced_again_keeps_its_first_grace() {
+        let t0 = Instant::now();
+        let mut pending = Pending::default();
+        pending.announce(vec![7], t0);
+        pending.announce(vec![7], t0 + Duration::from_secs(1));
+        assert_eq!(pending.due(t0), vec![7]);
+        assert!(pending.due(t0 + Duration::from_secs(2)).is_empty());
     }
 }
