@@ -29,8 +29,10 @@ use std::sync::Arc;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-/// The jobs that depend on any of `ids`, without `ids`: the jobs whose waiting runs a run of
-/// theirs ending may move, to be locked with them.
+/// The jobs that depend on any of `ids` (some of `ids` among them, when one depends on
+/// another): the jobs whose waiting runs a run of theirs ending may move, to be locked with
+/// them. A completion locks only some of its own jobs, so a dependant in the batch itself must
+/// be named too.
 pub(super) async fn dependants_of(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<i64>> {
     if ids.is_empty() {
         return Ok(Vec::new());
@@ -40,7 +42,7 @@ pub(super) async fn dependants_of(tx: &Tx<'_>, ids: &[i64]) -> PgResult<Vec<i64>
             "SELECT DISTINCT j.id FROM jobs u \
              JOIN job_dependencies e ON e.namespace = u.namespace AND e.upstream = u.name \
              JOIN jobs j ON j.namespace = e.namespace AND j.name = e.job \
-             WHERE u.id = ANY($1) AND NOT j.id = ANY($1)",
+             WHERE u.id = ANY($1)",
         )
         .await?;
     tx.query(&stmt, &[&ids])
