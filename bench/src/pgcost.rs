@@ -4,7 +4,8 @@
 //! are the per-run figures that predict what more nodes, or a bigger database, would do.
 //!
 //! Statements per run need `pg_stat_statements` (in `shared_preload_libraries`, and
-//! `CREATE EXTENSION pg_stat_statements` in the database); without it that figure is null.
+//! `CREATE EXTENSION pg_stat_statements` in the database), and the WAL split by kind needs
+//! `CREATE EXTENSION pg_walinspect`; without them those figures are null.
 //! Only reads statistics views and `/proc`; it never touches the schema under test.
 
 use anyhow::{Context, Result};
@@ -104,11 +105,27 @@ pub async fn per_run(
         .context("measuring WAL")?
         .get(0);
     let runs = runs.max(1.0);
+    // What the WAL was made of, by resource manager (heap rows, B-tree index entries, commits),
+    // when `pg_walinspect` is installed (`CREATE EXTENSION pg_walinspect`).
+    let by_kind = admin
+        .query(
+            "SELECT \"resource_manager/record_type\", combined_size::float8 \
+             FROM pg_get_wal_stats($1::text::pg_lsn, $2::text::pg_lsn) WHERE combined_size > 0",
+            &[&start.wal_lsn, &end.wal_lsn],
+        )
+        .await
+        .ok()
+        .map(|rows| {
+            rows.iter()
+                .map(|row| (row.get::<_, String>(0), json!(row.get::<_, f64>(1) / runs)))
+                .collect::<serde_json::Map<_, _>>()
+        });
     let ticks = ticks_per_second();
     let per = |value: f64| value / runs;
     Ok(json!({
         "runs": runs,
         "wal_bytes_per_run": per(wal),
+        "wal_bytes_per_run_by_kind": by_kind,
         "commits_per_run": per((end.commits - start.commits) as f64),
         "rows_inserted_per_run": per((end.inserted - start.inserted) as f64),
         "rows_updated_per_run": per((end.updated - start.updated) as f64),
