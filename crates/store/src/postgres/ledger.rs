@@ -3,9 +3,11 @@
 //! decision (made by `sked-core`) commits together with its effects.
 //!
 //! Each decision is taken over locked rows, locked in the order of `mod.rs` (jobs, then runs,
-//! then attempts, each by id): the job's row for anything that changes how many of its runs are
-//! active (the overlap decision and the release of waiting runs read that count), the run's row
-//! for its state, the attempt's row for its lease.
+//! then attempts, each by id): the job's row where its overlap policy reads how many of its
+//! runs are active (the overlap decision, and the release of runs held back), the run's row for
+//! its state, the attempt's row for its lease. A job whose policy is `allow` holds nothing back,
+//! so its completions take no lock of it; runs left held back by a policy changed meanwhile are
+//! released by the reaper's pass (`HELD_BACK`).
 
 use super::dependencies::{self, dependants_of, settle};
 use super::events;
@@ -259,7 +261,19 @@ async fn fire_in_bulk(
         };
         let (run_id, state, inserted, other_shards) = match written.remove(&fire.job_id) {
             Some(mut shards) => {
+                // Every shard or none: the instant's runs are only written under its job's
+                // lock, held here, so a part of them missing means another writer raced it;
+                // the whole batch is rolled back rather than leave an instant half recorded.
                 shards.sort_unstable();
+                let whole = shards.len() == usize::try_from(job.shards).unwrap_or(1)
+                    && shards.first().is_some_and(|(shard, _)| *shard == 0);
+                if !whole {
+                    return Err(StoreError::Database(format!(
+                        "the runs of job {} at {} were written concurrently",
+                        fire.job_id, fire.scheduled_for
+                    ))
+                    .into());
+                }
                 let mut ids = shards.into_iter().map(|(_, id)| id);
                 let first = ids.next().unwrap_or_default();
                 (first, bulk_state(fire), true, ids.collect())
