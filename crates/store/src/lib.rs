@@ -407,7 +407,8 @@ pub struct Drained {
 pub struct ReapOutcome {
     pub dead_workers: Vec<String>,
     /// Runs queued again: those whose attempt was lost (their retry budget untouched), and
-    /// runs released from `waiting` because a lost attempt's run ended cancelled.
+    /// runs released from `waiting`: because a lost attempt's run ended cancelled, or because
+    /// nothing of their job is active any more.
     pub requeued: Vec<i64>,
     /// Runs whose attempt was lost while a cancel was pending: now cancelled.
     pub cancelled: Vec<i64>,
@@ -680,7 +681,8 @@ pub trait Store: Send + Sync + 'static {
     async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64>;
     /// Declares dead the workers silent since before `silent_since`, and takes away every
     /// attempt lease that expired before `now`: those runs are queued again without spending
-    /// their retry budget.
+    /// their retry budget. Also releases runs held back by overlap whose job has nothing
+    /// active any more (left by a policy that changed while they waited).
     async fn reap(&self, silent_since: Instant, now: Instant) -> Result<ReapOutcome>;
 
     // --- the cluster --------------------------------------------------------------------------

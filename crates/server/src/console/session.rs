@@ -4,8 +4,9 @@
 //! The cookie is the token and an expiry, sealed with AES-256-GCM under a key derived from the
 //! server's secret key, so any node of a cluster opens a cookie another node made and nothing
 //! is stored. A server configured without a secret key (an embedded server, as the benchmarks
-//! start) seals with a key of its own process, and its sessions end when it stops. The token is checked again on every request (`crate::auth`),
-//! so revoking it ends its sessions within the token cache's half second.
+//! start) seals with a key of its own process, and its sessions end when it stops. The token
+//! is checked again on every request (`crate::auth`), so revoking it ends its sessions within
+//! the token cache's half second.
 //!
 //! Forms carry a CSRF token: an HMAC of the session cookie, which a page of another origin can
 //! neither read nor compute. The cookie is `HttpOnly` and `SameSite=Strict` besides.
