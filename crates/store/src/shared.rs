@@ -12,7 +12,9 @@ use sked_core::dependency::{Awaited, UpstreamRuns};
 use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, ValidJob};
 use sked_core::policy::{MisfirePolicy, OverlapPolicy, RetryPolicy};
 use sked_core::records::{JobRecord, JobStats, RunRecord, ScheduledJob};
-use sked_core::run::{AttemptOutcome, AttemptState, RunState, WaitReason};
+use sked_core::run::{
+    after_attempt, AfterAttempt, AttemptOutcome, AttemptState, RunState, WaitReason,
+};
 use sked_core::schedule::ScheduleSpec;
 use sked_core::stats::percentiles;
 use sked_core::Instant;
@@ -113,6 +115,33 @@ impl CompletingJob {
 /// only a failure, which counts against the retry budget, does; a success reads none.
 pub fn counts_against_retries(outcome: AttemptOutcome) -> bool {
     matches!(outcome, AttemptOutcome::Failed | AttemptOutcome::TimedOut)
+}
+
+/// What follows an admitted report (`sked_core::run::after_attempt`): the run's failures with
+/// this one counted, and whether it is retried or ends. `retry` gives the job's retry policy
+/// and is called only for a failure, so a success reads none.
+pub fn after_report<E>(
+    attempt: &ReportedAttempt,
+    report: &AttemptReport,
+    now: Instant,
+    retry: impl FnOnce() -> Result<RetryPolicy, E>,
+) -> Result<(u32, AfterAttempt), E> {
+    let counts = counts_against_retries(report.outcome);
+    let failures = attempt.failures + u32::from(counts);
+    let policy = if counts {
+        retry()?
+    } else {
+        RetryPolicy::default()
+    };
+    let decision = after_attempt(
+        report.outcome,
+        failures,
+        &policy,
+        attempt.cancel_requested,
+        now,
+        rand::random::<f64>(),
+    );
+    Ok((failures, decision))
 }
 
 /// A job's stored retry policy (its `retry` column).

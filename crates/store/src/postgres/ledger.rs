@@ -23,7 +23,7 @@ use sked_core::job::JobSpec;
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
 use sked_core::policy::{OverlapPolicy, RetryPolicy};
 use sked_core::records::RunRecord;
-use sked_core::run::{after_attempt, AfterAttempt, RunState, SkipReason, Trigger, WaitReason};
+use sked_core::run::{AfterAttempt, RunState, SkipReason, Trigger, WaitReason};
 use sked_core::Instant;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
@@ -987,18 +987,10 @@ pub async fn complete_attempts(
         let error = crate::shared::report_error(report);
         let attempt_state = sked_core::AttemptState::from(report.outcome).as_str();
         writes.attempt(report, attempt_state, error.clone());
-        let counts = crate::shared::counts_against_retries(report.outcome);
-        let failures = attempt.failures + u32::from(counts);
-        let default_policy = RetryPolicy::default();
-        let retry = retries.get(&attempt.job_id).unwrap_or(&default_policy);
-        let decision = after_attempt(
-            report.outcome,
-            failures,
-            retry,
-            attempt.cancel_requested,
-            now,
-            rand::random::<f64>(),
-        );
+        // Read above for every job with a failure in the batch; a deleted job's is the default.
+        let retry =
+            || Ok::<_, StoreError>(retries.get(&attempt.job_id).copied().unwrap_or_default());
+        let (failures, decision) = crate::shared::after_report(&attempt, report, now, retry)?;
         let (run_state, requeued) = match decision {
             AfterAttempt::Retry { ready_at } => {
                 writes

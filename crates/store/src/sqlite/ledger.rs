@@ -14,7 +14,7 @@ use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::job::JobSpec;
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
 use sked_core::policy::{OverlapPolicy, RetryPolicy};
-use sked_core::run::{after_attempt, AfterAttempt, RunState, SkipReason, Trigger, WaitReason};
+use sked_core::run::{AfterAttempt, RunState, SkipReason, Trigger, WaitReason};
 use sked_core::Instant;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -642,24 +642,13 @@ pub fn complete_attempts(
             report.http_status,
             error,
         ])?;
-        let counts = crate::shared::counts_against_retries(report.outcome);
-        let failures = attempt.failures + u32::from(counts);
-        let retry = if counts {
-            match retries.entry(attempt.job_id) {
+        let retry = || -> Result<RetryPolicy> {
+            Ok(match retries.entry(attempt.job_id) {
                 Entry::Occupied(known) => *known.get(),
                 Entry::Vacant(slot) => *slot.insert(retry_of(tx, attempt.job_id)?),
-            }
-        } else {
-            RetryPolicy::default()
+            })
         };
-        let decision = after_attempt(
-            report.outcome,
-            failures,
-            &retry,
-            attempt.cancel_requested,
-            now,
-            rand::random::<f64>(),
-        );
+        let (failures, decision) = crate::shared::after_report(&attempt, report, now, retry)?;
         let (run_state, requeued) = match decision {
             AfterAttempt::Retry { ready_at } => {
                 tx.prepare_cached(
