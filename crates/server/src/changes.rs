@@ -14,7 +14,8 @@
 use crate::dispatch::Dispatcher;
 use crate::firing::FiringHandle;
 use sked_store::{Store, StoreEvent, StoreEvents};
-use std::collections::{HashSet, VecDeque};
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -88,14 +89,17 @@ pub async fn run(
 #[derive(Debug, Default)]
 struct Pending {
     order: VecDeque<(Instant, i64)>,
-    /// The runs still pending: one in `order` but not here was started or cancelled meanwhile.
-    ids: HashSet<i64>,
+    /// The runs still pending, with when their grace ends. An entry of `order` counts only
+    /// while it matches: a run started (or cancelled) meanwhile is not here, and one queued
+    /// again since has a later grace of its own.
+    due: HashMap<i64, Instant>,
 }
 
 impl Pending {
     fn announce(&mut self, ids: Vec<i64>, due: Instant) {
         for id in ids {
-            if self.ids.insert(id) {
+            if let Entry::Vacant(slot) = self.due.entry(id) {
+                slot.insert(due);
                 self.order.push_back((due, id));
             }
         }
@@ -103,9 +107,14 @@ impl Pending {
 
     fn forget(&mut self, ids: &[i64]) {
         for id in ids {
-            self.ids.remove(id);
+            self.due.remove(id);
         }
         self.drop_forgotten();
+    }
+
+    /// Whether `order`'s entry `(at, id)` is the run's current one.
+    fn current(&self, at: Instant, id: i64) -> bool {
+        self.due.get(&id) == Some(&at)
     }
 
     /// When the next grace ends.
@@ -121,7 +130,8 @@ impl Pending {
                 break;
             }
             self.order.pop_front();
-            if self.ids.remove(&id) {
+            if self.current(at, id) {
+                self.due.remove(&id);
                 due.push(id);
             }
         }
@@ -131,8 +141,8 @@ impl Pending {
 
     /// Drops forgotten runs from the front, so `next_due` names a run still pending.
     fn drop_forgotten(&mut self) {
-        while let Some((_, id)) = self.order.front() {
-            if self.ids.contains(id) {
+        while let Some(&(at, id)) = self.order.front() {
+            if self.current(at, id) {
                 break;
             }
             self.order.pop_front();
@@ -160,6 +170,19 @@ mod tests {
         pending.forget(&[4]);
         assert_eq!(pending.next_due(), None, "nothing left pending");
         assert!(pending.due(t0 + grace * 3).is_empty());
+    }
+
+    #[test]
+    fn a_run_queued_again_after_it_started_waits_a_whole_new_grace() {
+        let t0 = Instant::now();
+        let grace = Duration::from_millis(250);
+        let mut pending = Pending::default();
+        pending.announce(vec![1, 2], t0 + grace);
+        // Run 2 started, then failed and was queued again for a retry.
+        pending.forget(&[2]);
+        pending.announce(vec![2], t0 + grace * 2);
+        assert_eq!(pending.due(t0 + grace), vec![1], "not due on its old grace");
+        assert_eq!(pending.due(t0 + grace * 2), vec![2]);
     }
 
     #[test]
