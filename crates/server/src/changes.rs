@@ -10,6 +10,11 @@
 //! it out too (two nodes handing out one run make the second wait on the first's row lock
 //! and drop it). A run its own node cannot start soon (no free worker there, or none that
 //! may take it) still reaches every other node's workers, a grace later.
+//!
+//! Runs are announced just after their writes commit, so a node that stops in between takes
+//! some announcements with it. Every [`SWEEP_EVERY`] this node reads the store's queued runs
+//! and takes those queued for longer than [`SWEEP_AGE`] that it does not hold: no run stays
+//! queued unseen for longer than that.
 
 use crate::dispatch::Dispatcher;
 use crate::firing::FiringHandle;
@@ -22,6 +27,11 @@ use tokio::sync::watch;
 
 /// How long a run queued by another node is left to that node's workers.
 pub const FOREIGN_GRACE: Duration = Duration::from_millis(250);
+/// How often the store's queued runs are swept for runs no announcement brought here.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(15);
+/// How long a run must have been ready before a sweep takes it: announced runs have long
+/// arrived by then.
+pub const SWEEP_AGE: Duration = Duration::from_secs(5);
 
 pub async fn run(
     mut events: StoreEvents,
@@ -31,6 +41,10 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut pending = Pending::default();
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once; the dispatcher has just read every queued run.
+    sweep.tick().await;
     loop {
         let due = pending
             .next_due()
@@ -38,6 +52,10 @@ pub async fn run(
         let first = tokio::select! {
             _ = crate::stopped(&mut shutdown) => return,
             _ = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() => None,
+            _ = sweep.tick() => {
+                sweep_queued(&*store, &dispatcher, &mut shutdown).await;
+                continue;
+            }
             event = events.recv() => match event {
                 Some(event) => Some(event),
                 None => {
@@ -81,6 +99,25 @@ pub async fn run(
                 dispatcher.enqueue(runs);
             }
         }
+    }
+}
+
+/// Takes the store's runs ready for longer than [`SWEEP_AGE`] that this node does not hold.
+pub(crate) async fn sweep_queued(
+    store: &dyn Store,
+    dispatcher: &Dispatcher,
+    shutdown: &mut watch::Receiver<bool>,
+) {
+    let Some(runs) = crate::read_queued(store, None, shutdown).await else {
+        return;
+    };
+    let Ok(age) = chrono::Duration::from_std(SWEEP_AGE) else {
+        return;
+    };
+    let before = chrono::Utc::now() - age;
+    let unseen = dispatcher.enqueue_unheld(runs.into_iter().filter(|run| run.ready_at < before));
+    if unseen > 0 {
+        tracing::info!("changes: {unseen} queued runs no announcement brought here were found");
     }
 }
 
@@ -153,6 +190,55 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
+    use sked_store::Fire;
+
+    /// A run whose announcement never came (its node stopped between commit and announcing)
+    /// is found by the sweep once it has been ready for a while, and only then.
+    #[tokio::test]
+    async fn a_sweep_takes_runs_queued_long_ago_that_no_announcement_brought() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sked_store::SqliteStore::open(&dir.path().join("sked.db")).unwrap();
+        let now = chrono::Utc::now();
+        let job = sked_store::contract::job(
+            "swept",
+            serde_json::json!({"schedule": {"every": "1h"}, "target": {"shell": {"command": "true"}}}),
+            now,
+        );
+        let (_, job) = store
+            .put_job("default", &job, sked_store::PutMode::Upsert, now)
+            .await
+            .unwrap();
+        let long_ago = now - chrono::Duration::from_std(SWEEP_AGE * 2).unwrap();
+        let fire = |at| Fire {
+            job_id: job.id,
+            scheduled_for: at,
+            trigger: sked_core::run::Trigger::Manual,
+            skip: None,
+            ready_at: at,
+            advance: None,
+        };
+        let fired = store
+            .record_fires(&[fire(long_ago), fire(now)], now)
+            .await
+            .unwrap();
+        let (old, new) = (fired.runs[0].run_id, fired.runs[1].run_id);
+
+        let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
+        let (_stop, mut shutdown) = watch::channel(false);
+        sweep_queued(&store, &dispatcher, &mut shutdown).await;
+        assert!(dispatcher.holds(old), "the old run was taken");
+        assert!(
+            !dispatcher.holds(new),
+            "a run ready just now is left to its announcement"
+        );
+        // A run already held is not taken twice.
+        assert_eq!(
+            dispatcher.enqueue_unheld(store.queued_runs(None).await.unwrap()),
+            1,
+            "only the new run was not held"
+        );
+    }
 
     #[test]
     fn a_run_is_due_after_its_grace_unless_it_was_started_meanwhile() {

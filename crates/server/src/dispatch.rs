@@ -8,9 +8,10 @@
 //! handed it since (keys then assumed warm), and goes into every choice. Runs with no
 //! eligible worker wait (never dropped); runs not ready yet (retry backoff, jitter) wait for
 //! their `ready_at`. The queue is memory only: the store's queued runs are the truth, loaded at
-//! start. In a cluster every node holds every queued run (other nodes' runs arrive as store
-//! events), so a worker gets work whichever node it polls; when two nodes hand out the same run
-//! at once, the store starts it once and the other start finds it no longer queued.
+//! start. In a cluster a node holds the runs it queued, and those other nodes queued that were
+//! not started within a grace (`crate::changes`), so a worker gets work whichever node it
+//! polls; when two nodes hand out the same run at once, the store starts it once and the
+//! other start finds it no longer queued.
 
 use crate::metrics::Metrics;
 use chrono::Utc;
@@ -296,6 +297,12 @@ impl Dispatcher {
         self.wake.notify_one();
     }
 
+    /// Whether run `run_id` is queued here.
+    #[cfg(test)]
+    pub(crate) fn holds(&self, run_id: i64) -> bool {
+        self.lock().held.contains_key(&run_id)
+    }
+
     /// Why queued run `run_id` has no worker, judged over the workers this node knows (those
     /// polling now with their free slots, the others as busy). `None` when it is not queued
     /// here, not ready yet, or some worker could take it.
@@ -331,6 +338,27 @@ impl Dispatcher {
         self.metrics.queue(&state.per_priority);
         drop(state);
         self.wake.notify_one();
+    }
+
+    /// Adds those of `runs` not queued here, and returns how many. (One handed out that has
+    /// not started yet may be added again; the store starts it once, as when two nodes hand
+    /// out one run.)
+    pub fn enqueue_unheld(&self, runs: impl IntoIterator<Item = QueuedRun>) -> usize {
+        let now = Utc::now();
+        let mut state = self.lock();
+        let mut added = 0;
+        for run in runs {
+            if !state.held.contains_key(&run.run_id) {
+                state.insert(run, now);
+                added += 1;
+            }
+        }
+        if added > 0 {
+            self.metrics.queue(&state.per_priority);
+            drop(state);
+            self.wake.notify_one();
+        }
+        added
     }
 
     /// Replaces the whole queue with the store's queued runs (after events may have been missed).

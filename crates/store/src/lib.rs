@@ -515,7 +515,9 @@ pub struct Membership {
 pub enum StoreEvent {
     /// A job was created, changed, paused, resumed or deleted.
     JobChanged(i64),
-    /// Runs became queued (fired, retried, released, re-queued after a lost attempt).
+    /// Runs became queued (fired, retried, released, re-queued after a lost attempt). Run
+    /// events are sent just after the write commits, so one is lost if its node stops in
+    /// between: a node holding queued runs must also look for them in the store now and then.
     RunsQueued(Vec<i64>),
     /// Runs stopped being queued (an attempt started, or they were cancelled).
     RunsDequeued(Vec<i64>),
@@ -527,7 +529,8 @@ pub enum StoreEvent {
 /// A namespace secret: `(namespace, name)`.
 pub type SecretName = (String, String);
 
-/// Changes committed by other server nodes, in commit order.
+/// Changes committed by other server nodes: job changes in commit order, run events in the
+/// order each node made them.
 pub type StoreEvents = tokio::sync::mpsc::UnboundedReceiver<StoreEvent>;
 
 #[async_trait]

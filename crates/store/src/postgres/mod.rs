@@ -36,7 +36,7 @@ mod workers;
 
 use crate::*;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use notify::{Channel, Kind};
+use notify::{Announcer, Channel, Kind};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, NoTls};
 
@@ -117,8 +117,10 @@ pub struct PgStore {
     pool: Pool,
     /// Kept for the listening connection, which lives outside the pool.
     config: tokio_postgres::Config,
-    /// Where changes are announced to the other nodes.
+    /// Where job changes are announced to the other nodes, inside their transactions.
     channel: Channel,
+    /// Announces runs queued and dequeued, after their transactions commit.
+    announcer: Announcer,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -170,10 +172,12 @@ impl PgStore {
             .and_then(|row| row.try_get(0))
             .map_err(|e| StoreError::Open(format!("{where_}: {}", StoreError::from(e))))?;
         drop(client);
+        let channel = Channel::for_schema(&schema.unwrap_or_default());
         Ok(PgStore {
+            announcer: Announcer::start(pool.clone(), channel.clone()),
             pool,
             config,
-            channel: Channel::for_schema(&schema.unwrap_or_default()),
+            channel,
         })
     }
 
@@ -343,18 +347,17 @@ impl Store for PgStore {
     }
 
     async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
-        transact!(self, write, |tx| {
-            let outcome = ledger::record_fires(&tx, fires, now).await?;
-            let queued: Vec<i64> = outcome
-                .runs
-                .iter()
-                .filter(|r| r.inserted && r.state == RunState::Queued)
-                .flat_map(|r| r.all_runs())
-                .chain(outcome.released.iter().copied())
-                .collect();
-            self.channel.notify(&tx, Kind::RunsQueued, &queued).await?;
-            outcome
-        })
+        let outcome = transact!(self, write, |tx| ledger::record_fires(&tx, fires, now)
+            .await?)?;
+        let queued: Vec<i64> = outcome
+            .runs
+            .iter()
+            .filter(|r| r.inserted && r.state == RunState::Queued)
+            .flat_map(|r| r.all_runs())
+            .chain(outcome.released.iter().copied())
+            .collect();
+        self.announcer.announce(Kind::RunsQueued, queued);
+        Ok(outcome)
     }
 
     async fn queued_runs(&self, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>> {
@@ -366,31 +369,28 @@ impl Store for PgStore {
         starts: &[AttemptStart],
         now: Instant,
     ) -> Result<Vec<Option<StartedAttempt>>> {
-        transact!(self, write, |tx| {
-            let started = ledger::start_attempts(&tx, starts, now).await?;
-            let dequeued: Vec<i64> = starts
-                .iter()
-                .zip(&started)
-                .filter(|(_, started)| started.is_some())
-                .map(|(start, _)| start.run_id)
-                .collect();
-            self.channel
-                .notify(&tx, Kind::RunsDequeued, &dequeued)
-                .await?;
-            started
-        })
+        let started = transact!(self, write, |tx| ledger::start_attempts(&tx, starts, now)
+            .await?)?;
+        let dequeued: Vec<i64> = starts
+            .iter()
+            .zip(&started)
+            .filter(|(_, started)| started.is_some())
+            .map(|(start, _)| start.run_id)
+            .collect();
+        self.announcer.announce(Kind::RunsDequeued, dequeued);
+        Ok(started)
     }
 
     async fn expire_dependency_waits(&self, now: Instant, limit: u32) -> Result<ExpiredWaits> {
-        transact!(self, write, |tx| {
-            let (skipped, settled) = dependencies::expire_waits(&tx, now, limit).await?;
-            self.channel
-                .notify(&tx, Kind::RunsQueued, &settled.queued)
-                .await?;
-            ExpiredWaits {
-                skipped,
-                queued: settled.queued,
-            }
+        let (skipped, settled) = transact!(self, write, |tx| dependencies::expire_waits(
+            &tx, now, limit
+        )
+        .await?)?;
+        self.announcer
+            .announce(Kind::RunsQueued, settled.queued.clone());
+        Ok(ExpiredWaits {
+            skipped,
+            queued: settled.queued,
         })
     }
 
@@ -399,44 +399,39 @@ impl Store for PgStore {
         reports: &[AttemptReport],
         now: Instant,
     ) -> Result<Vec<CompletionEffect>> {
-        transact!(self, write, |tx| {
-            let effects = ledger::complete_attempts(&tx, reports, now).await?;
-            let requeued: Vec<i64> = effects
-                .iter()
-                .flat_map(|effect| match effect {
-                    CompletionEffect::Accepted { requeued, .. } => requeued.as_slice(),
-                    CompletionEffect::Rejected { .. } => &[],
-                })
-                .copied()
-                .collect();
-            self.channel
-                .notify(&tx, Kind::RunsQueued, &requeued)
-                .await?;
-            effects
-        })
+        let effects = transact!(self, write, |tx| ledger::complete_attempts(
+            &tx, reports, now
+        )
+        .await?)?;
+        let requeued: Vec<i64> = effects
+            .iter()
+            .flat_map(|effect| match effect {
+                CompletionEffect::Accepted { requeued, .. } => requeued.as_slice(),
+                CompletionEffect::Rejected { .. } => &[],
+            })
+            .copied()
+            .collect();
+        self.announcer.announce(Kind::RunsQueued, requeued);
+        Ok(effects)
     }
 
     async fn cancel_run(&self, run_id: i64, now: Instant) -> Result<Option<CancelOutcome>> {
-        transact!(self, write, |tx| {
-            let outcome = ledger::cancel_run(&tx, run_id, now).await?;
-            if let Some(CancelOutcome::Cancelled { run, released }) = &outcome {
-                self.channel
-                    .notify(&tx, Kind::RunsDequeued, &[run.id])
-                    .await?;
-                self.channel.notify(&tx, Kind::RunsQueued, released).await?;
-            }
-            outcome
-        })
+        let outcome = transact!(self, write, |tx| ledger::cancel_run(&tx, run_id, now)
+            .await?)?;
+        if let Some(CancelOutcome::Cancelled { run, released }) = &outcome {
+            self.announcer.announce(Kind::RunsDequeued, vec![run.id]);
+            self.announcer.announce(Kind::RunsQueued, released.clone());
+        }
+        Ok(outcome)
     }
 
     async fn retry_run(&self, run_id: i64, now: Instant) -> Result<Option<RetryOutcome>> {
-        transact!(self, write, |tx| {
-            let outcome = ledger::retry_run(&tx, run_id, now).await?;
-            if let Some(RetryOutcome::Retried { queued, .. }) = &outcome {
-                self.channel.notify(&tx, Kind::RunsQueued, queued).await?;
-            }
-            outcome
-        })
+        let outcome = transact!(self, write, |tx| ledger::retry_run(&tx, run_id, now)
+            .await?)?;
+        if let Some(RetryOutcome::Retried { queued, .. }) = &outcome {
+            self.announcer.announce(Kind::RunsQueued, queued.clone());
+        }
+        Ok(outcome)
     }
 
     async fn get_run(&self, run_id: i64) -> Result<Option<(RunRecord, Vec<AttemptRecord>)>> {
@@ -458,13 +453,11 @@ impl Store for PgStore {
         event: &sked_core::event::EventSpec,
         now: Instant,
     ) -> Result<PostedEvent> {
-        transact!(self, write, |tx| {
-            let posted = events::post(&tx, namespace, event, now).await?;
-            self.channel
-                .notify(&tx, Kind::RunsQueued, &posted.queued)
-                .await?;
-            posted
-        })
+        let posted = transact!(self, write, |tx| events::post(&tx, namespace, event, now)
+            .await?)?;
+        self.announcer
+            .announce(Kind::RunsQueued, posted.queued.clone());
+        Ok(posted)
     }
 
     async fn list_events(&self, query: &EventQuery) -> Result<Vec<EventRecord>> {
@@ -534,16 +527,13 @@ impl Store for PgStore {
     }
 
     async fn reap(&self, silent_since: Instant, now: Instant) -> Result<ReapOutcome> {
-        transact!(self, write, |tx| {
-            let outcome = ledger::reap(&tx, silent_since, now).await?;
-            self.channel
-                .notify(&tx, Kind::RunsQueued, &outcome.requeued)
-                .await?;
-            self.channel
-                .notify(&tx, Kind::RunsDequeued, &outcome.failed)
-                .await?;
-            outcome
-        })
+        let outcome = transact!(self, write, |tx| ledger::reap(&tx, silent_since, now)
+            .await?)?;
+        self.announcer
+            .announce(Kind::RunsQueued, outcome.requeued.clone());
+        self.announcer
+            .announce(Kind::RunsDequeued, outcome.failed.clone());
+        Ok(outcome)
     }
 
     async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64> {
@@ -564,23 +554,19 @@ impl Store for PgStore {
     }
 
     async fn ping(&self, job_id: i64, now: Instant) -> Result<Option<PingOutcome>> {
-        transact!(self, write, |tx| {
-            let outcome = heartbeats::ping(&tx, job_id, now).await?;
-            if let Some(PingOutcome::Answered { released, .. }) = &outcome {
-                self.channel.notify(&tx, Kind::RunsQueued, released).await?;
-            }
-            outcome
-        })
+        let outcome = transact!(self, write, |tx| heartbeats::ping(&tx, job_id, now).await?)?;
+        if let Some(PingOutcome::Answered { released, .. }) = &outcome {
+            self.announcer.announce(Kind::RunsQueued, released.clone());
+        }
+        Ok(outcome)
     }
 
     async fn expire_ping_waits(&self, now: Instant, limit: u32) -> Result<ExpiredPings> {
-        transact!(self, write, |tx| {
-            let expired = heartbeats::expire(&tx, now, limit).await?;
-            self.channel
-                .notify(&tx, Kind::RunsQueued, &expired.queued)
-                .await?;
-            expired
-        })
+        let expired = transact!(self, write, |tx| heartbeats::expire(&tx, now, limit)
+            .await?)?;
+        self.announcer
+            .announce(Kind::RunsQueued, expired.queued.clone());
+        Ok(expired)
     }
 
     async fn record_late_notifications(&self, now: Instant) -> Result<u64> {
