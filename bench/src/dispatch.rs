@@ -309,6 +309,7 @@ async fn cell(
             internal_allowed: true,
             ..Default::default()
         },
+        retention: None,
         ..ServerConfig::default()
     };
     let (store, place) = fresh_store(database_url).await?;

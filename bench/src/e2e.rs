@@ -129,14 +129,14 @@ pub async fn run(
 }
 
 /// Counters of `/metrics` summed over the nodes, read at the window's edges.
-struct Counters {
-    completions: f64,
-    fires: f64,
-    backlog: f64,
+pub struct Counters {
+    pub completions: f64,
+    pub fires: f64,
+    pub backlog: f64,
 }
 
 impl Counters {
-    async fn read(server: &Running) -> Result<Counters> {
+    pub async fn read(server: &Running) -> Result<Counters> {
         let read = |name: &'static str| async move {
             Ok::<_, anyhow::Error>(server.metric_sum(name).await?.unwrap_or(0.0))
         };

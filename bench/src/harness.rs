@@ -132,13 +132,14 @@ pub async fn start_with(
 ) -> Result<Running> {
     let config = ServerConfig {
         brokers,
+        retention: None,
         ..ServerConfig::default()
     };
     start_configured(store, place, nodes, config).await
 }
 
 /// [`start`], each node configured as `template` but for its address, name, secret key and
-/// request limit.
+/// request limit (its run retention is kept: none unless the template sets one).
 pub async fn start_configured(
     store: Arc<dyn Store>,
     place: Place,
@@ -162,7 +163,6 @@ pub async fn start_configured(
     for (i, store) in stores.into_iter().enumerate() {
         let config = ServerConfig {
             listen: "127.0.0.1:0".to_string(),
-            retention: None,
             node_name: format!("bench{i}"),
             secret_key: Some(sked_server::secrets::SecretKey::from_base64(SECRET_KEY)?),
             // The benchmarks measure the scheduler, not the per-token request limit.
@@ -226,6 +226,14 @@ impl Running {
     pub fn admin(&self) -> Option<&tokio_postgres::Client> {
         match &self.place {
             Place::Schema { admin, .. } => Some(admin),
+            Place::Dir { .. } => None,
+        }
+    }
+
+    /// The PostgreSQL schema under test.
+    pub fn schema(&self) -> Option<&str> {
+        match &self.place {
+            Place::Schema { name, .. } => Some(name),
             Place::Dir { .. } => None,
         }
     }

@@ -28,6 +28,9 @@
 //!   grows to millions of runs; the time of each call per slice of the growth.
 //! - `console`: the web console's pages on a store of `--jobs` jobs and `--runs` ended runs;
 //!   each page's time, p50/p99/max.
+//! - `soak`: the `e2e` load for half an hour on PostgreSQL with run retention on; each minute,
+//!   what the run and attempt tables weigh, their dead rows and autovacuum passes, and the
+//!   minute's completions and lateness.
 //! - `workflow`: N jobs in one dependency graph (chain, tree, wide fan-out, fan-in) whose root
 //!   runs once; per-edge release latency and the whole graph's scheduling overhead.
 //!
@@ -51,6 +54,7 @@ mod process;
 mod publish;
 mod scale;
 mod shell;
+mod soak;
 mod takeover;
 mod workflow;
 
@@ -253,6 +257,24 @@ enum Scenario {
         #[arg(long, default_value_t = 8_000)]
         slots: u32,
     },
+    /// The `e2e` load held for a long time on PostgreSQL (needs --database-url) with run
+    /// retention on: how the tables, their dead rows and the lateness age.
+    Soak {
+        /// Schedules, each firing every second.
+        #[arg(long, default_value_t = 5_000)]
+        schedules: usize,
+        #[arg(long, default_value_t = 1_800)]
+        seconds: u64,
+        /// Slots of the no-op worker.
+        #[arg(long, default_value_t = 4_000)]
+        slots: u32,
+        /// Finished runs older than this are deleted by the retention passes.
+        #[arg(long, default_value_t = 300)]
+        retention_seconds: u64,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 60)]
+        sample_seconds: u64,
+    },
     /// Takeover of a killed node's partitions: three `sked server` processes on PostgreSQL
     /// (needs --database-url), one killed with SIGKILL at a time.
     Takeover {
@@ -400,6 +422,22 @@ fn main() -> Result<()> {
                 seconds,
                 slots,
             } => overload::run(database_url, &rates, seconds, slots).await,
+            Scenario::Soak {
+                schedules,
+                seconds,
+                slots,
+                retention_seconds,
+                sample_seconds,
+            } => {
+                let options = soak::Options {
+                    schedules,
+                    seconds,
+                    slots,
+                    retention: std::time::Duration::from_secs(retention_seconds),
+                    sample: std::time::Duration::from_secs(sample_seconds.max(1)),
+                };
+                soak::run(database_url, options).await
+            }
             Scenario::Publish {
                 schedules,
                 every,
