@@ -34,6 +34,9 @@
 //! - `workflow`: N jobs in one dependency graph (chain, tree, wide fan-out, fan-in) whose root
 //!   runs once; per-edge release latency and the whole graph's scheduling overhead.
 //!
+//! `--pg-latency-ms D` puts D ms each way between the benchmark (its server nodes included)
+//! and PostgreSQL, through a delaying proxy in its process (`latency.rs`).
+//!
 //! `firing`, `e2e`, `burst` and `shell` start the real server in this process on a fresh store:
 //! SQLite in a temporary directory, or PostgreSQL with `--database-url`, where `--nodes N`
 //! (`firing`, `e2e`, `publish`) starts N nodes sharing it. `shell`, `scale` and `takeover` also run the
@@ -45,6 +48,7 @@ mod dispatch;
 mod e2e;
 mod firing;
 mod harness;
+mod latency;
 mod ledger;
 mod noop;
 mod overload;
@@ -74,6 +78,10 @@ struct Cli {
     /// SQLite in a temporary directory.
     #[arg(long, global = true, env = "SKED_DATABASE_URL")]
     database_url: Option<String>,
+    /// Put this many milliseconds of latency each way between everything in the benchmark
+    /// and PostgreSQL (a proxy in the benchmark's process; a round trip costs twice this).
+    #[arg(long, global = true)]
+    pg_latency_ms: Option<f64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -321,7 +329,16 @@ fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let database_url = cli.database_url.as_deref();
+    let database_url = match (cli.database_url, cli.pg_latency_ms) {
+        (Some(url), Some(ms)) if ms > 0.0 => {
+            let one_way = std::time::Duration::from_secs_f64(ms / 1000.0);
+            Some(runtime.block_on(latency::proxied(&url, one_way))?)
+        }
+        (Some(_), Some(_)) => bail!("--pg-latency-ms must be above 0"),
+        (None, Some(_)) => bail!("--pg-latency-ms needs --database-url"),
+        (url, None) => url,
+    };
+    let database_url = database_url.as_deref();
     let figures = runtime.block_on(async {
         match cli.scenario {
             Scenario::Firing {

@@ -63,7 +63,7 @@ pub async fn run(database_url: Option<&str>, options: Options) -> Result<Value> 
             let counters = Counters::read(&server).await?;
             let seconds = (now - since).num_milliseconds() as f64 / 1000.0;
             let mut sample = tables(admin, schema).await?;
-            sample["at_seconds"] = json!(samples.len() as f64 * options.sample.as_secs_f64());
+            sample["at_seconds"] = json!((samples.len() + 1) as f64 * options.sample.as_secs_f64());
             sample["completed_per_second"] =
                 json!((counters.completions - last.completions) / seconds);
             sample["lateness_ms"] = lateness(admin, schema, since, now).await?;
