@@ -182,12 +182,15 @@ impl PgStore {
     }
 
     async fn client(&self) -> PgResult<deadpool_postgres::Client> {
-        self.pool.get().await.map_err(|e| {
-            Fail::Store(StoreError::Database(format!(
-                "no connection to PostgreSQL: {e}"
-            )))
-        })
+        Ok(pooled(&self.pool).await?)
     }
+}
+
+/// A connection of `pool`, or why none could be had.
+async fn pooled(pool: &Pool) -> Result<deadpool_postgres::Client> {
+    pool.get()
+        .await
+        .map_err(|e| StoreError::Database(format!("no connection to PostgreSQL: {e}")))
 }
 
 /// Where a connection string points, without its password, for error messages.

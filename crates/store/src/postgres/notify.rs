@@ -201,10 +201,7 @@ async fn send_announcements(
 
 /// Sends `payloads` in one statement, so in one transaction and in order.
 async fn send(pool: &Pool, channel: &Channel, payloads: &[String]) -> Result<()> {
-    let client = pool
-        .get()
-        .await
-        .map_err(|e| StoreError::Database(format!("no connection to PostgreSQL: {e}")))?;
+    let client = super::pooled(pool).await?;
     let stmt = client
         .prepare_cached(
             "SELECT pg_notify($1, p) FROM unnest($2::text[]) WITH ORDINALITY AS u(p, n) ORDER BY n",
