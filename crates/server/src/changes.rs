@@ -12,9 +12,9 @@
 //! may take it) still reaches every other node's workers, a grace later.
 //!
 //! Runs are announced just after their writes commit, so a node that stops in between takes
-//! some announcements with it. Every [`SWEEP_EVERY`] this node reads the store's queued runs
-//! and takes those queued for longer than [`SWEEP_AGE`] that it does not hold: no run stays
-//! queued unseen for longer than that.
+//! some announcements with it. Every [`SWEEP_EVERY`] this node pages through the ids of the
+//! store's queued runs and takes those queued for longer than [`SWEEP_AGE`] that it does not
+//! hold: no run stays queued unseen for longer than that.
 
 use crate::dispatch::Dispatcher;
 use crate::firing::FiringHandle;
@@ -32,6 +32,8 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(15);
 /// How long a run must have been ready before a sweep takes it: announced runs have long
 /// arrived by then.
 pub const SWEEP_AGE: Duration = Duration::from_secs(5);
+/// How many run ids one page of a sweep reads.
+const SWEEP_PAGE: u32 = 5_000;
 
 pub async fn run(
     mut events: StoreEvents,
@@ -53,7 +55,7 @@ pub async fn run(
             _ = crate::stopped(&mut shutdown) => return,
             _ = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() => None,
             _ = sweep.tick() => {
-                sweep_queued(&*store, &dispatcher, &mut shutdown).await;
+                sweep_queued(&*store, &dispatcher, SWEEP_PAGE, &mut shutdown).await;
                 continue;
             }
             event = events.recv() => match event {
@@ -102,20 +104,38 @@ pub async fn run(
     }
 }
 
-/// Takes the store's runs ready for longer than [`SWEEP_AGE`] that this node does not hold.
+/// Takes the store's runs ready for longer than [`SWEEP_AGE`] that this node does not hold,
+/// reading their ids `page_size` at a time and the details of the missing ones alone. A failed page
+/// ends this sweep; the next one starts over.
 pub(crate) async fn sweep_queued(
     store: &dyn Store,
     dispatcher: &Dispatcher,
+    page_size: u32,
     shutdown: &mut watch::Receiver<bool>,
 ) {
-    let Some(runs) = crate::read_queued(store, None, shutdown).await else {
-        return;
-    };
-    let Ok(age) = chrono::Duration::from_std(SWEEP_AGE) else {
-        return;
-    };
-    let before = chrono::Utc::now() - age;
-    let unseen = dispatcher.enqueue_unheld(runs.into_iter().filter(|run| run.ready_at < before));
+    let before = chrono::Utc::now() - SWEEP_AGE;
+    let mut after = 0;
+    let mut unseen = 0;
+    loop {
+        let page = match store.queued_before(before, after, page_size).await {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!("changes: cannot sweep the queued runs: {e}");
+                break;
+            }
+        };
+        let missing = dispatcher.unheld(&page);
+        if !missing.is_empty() {
+            let Some(runs) = crate::read_queued(store, Some(&missing), shutdown).await else {
+                return;
+            };
+            unseen += dispatcher.enqueue_unheld(runs);
+        }
+        match page.last() {
+            Some(&last) if page.len() == page_size as usize && !*shutdown.borrow() => after = last,
+            _ => break,
+        }
+    }
     if unseen > 0 {
         tracing::info!("changes: {unseen} queued runs no announcement brought here were found");
     }
@@ -218,15 +238,19 @@ mod tests {
             ready_at: at,
             advance: None,
         };
+        let older = long_ago - chrono::Duration::seconds(1);
         let fired = store
-            .record_fires(&[fire(long_ago), fire(now)], now)
+            .record_fires(&[fire(older), fire(long_ago), fire(now)], now)
             .await
             .unwrap();
-        let (old, new) = (fired.runs[0].run_id, fired.runs[1].run_id);
+        let ids: Vec<i64> = fired.runs.iter().map(|run| run.run_id).collect();
+        let (held, old, new) = (ids[0], ids[1], ids[2]);
 
         let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
+        dispatcher.enqueue(store.queued_runs(Some(&[held])).await.unwrap());
         let (_stop, mut shutdown) = watch::channel(false);
-        sweep_queued(&store, &dispatcher, &mut shutdown).await;
+        // One id a page: the sweep reads on past a page of runs it already holds.
+        sweep_queued(&store, &dispatcher, 1, &mut shutdown).await;
         assert!(dispatcher.holds(old), "the old run was taken");
         assert!(
             !dispatcher.holds(new),

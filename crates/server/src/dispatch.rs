@@ -303,6 +303,16 @@ impl Dispatcher {
         self.lock().held.contains_key(&run_id)
     }
 
+    /// Those of `run_ids` not queued here.
+    pub fn unheld(&self, run_ids: &[i64]) -> Vec<i64> {
+        let state = self.lock();
+        run_ids
+            .iter()
+            .copied()
+            .filter(|id| !state.held.contains_key(id))
+            .collect()
+    }
+
     /// Why queued run `run_id` has no worker, judged over the workers this node knows (those
     /// polling now with their free slots, the others as busy). `None` when it is not queued
     /// here, not ready yet, or some worker could take it.

@@ -64,6 +64,7 @@ macro_rules! store_contract_tests {
             stats_count_outcomes_and_lateness,
             retention_deletes_only_finished_runs,
             queued_runs_carry_dispatch_details,
+            a_sweep_pages_through_the_runs_queued_before_an_instant,
             racing_writers_decide_once,
             scheduled_jobs_come_by_partition,
             tokens_are_found_by_hash_listed_by_name_and_revoked,
@@ -1820,6 +1821,27 @@ pub async fn queued_runs_carry_dispatch_details(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(left.len(), 1, "a running run is not queued");
+}
+
+/// A sweep's pages: only queued runs, only those ready before the instant, ascending ids after
+/// the cursor, at most the page's size.
+pub async fn a_sweep_pages_through_the_runs_queued_before_an_instant(store: &dyn Store) {
+    let j = put(store, "sweep", every_second(serde_json::json!({}))).await;
+    let mut ids = Vec::new();
+    for n in 1..=5 {
+        ids.push(fire_one(store, fire(j.id, t0() + secs(n))).await.run_id);
+    }
+    // The second has started: no longer queued. The fifth is ready at t0 + 5 s, not before it.
+    start(store, ids[1], "w", 1, t0() + secs(6)).await;
+    let before = t0() + secs(5);
+    let first = store.queued_before(before, 0, 2).await.unwrap();
+    assert_eq!(first, vec![ids[0], ids[2]]);
+    let second = store.queued_before(before, ids[2], 2).await.unwrap();
+    assert_eq!(second, vec![ids[3]]);
+    let last = store.queued_before(before, ids[3], 2).await.unwrap();
+    assert!(last.is_empty(), "nothing after the last page: {last:?}");
+    let later = store.queued_before(t0() + secs(6), 0, 10).await.unwrap();
+    assert_eq!(later, vec![ids[0], ids[2], ids[3], ids[4]]);
 }
 
 /// Calls that race (several server nodes, or one node's concurrent requests) decide as if they

@@ -596,6 +596,15 @@ pub trait Store: Send + Sync + 'static {
     async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome>;
     /// Queued runs with their dispatch details: the given ones, or all when `ids` is `None`.
     async fn queued_runs(&self, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>>;
+    /// The ids of queued runs ready before `ready_before`, ascending, at most `limit` of those
+    /// above `after_id`: a page of a sweep. A cluster node sweeps these for runs no
+    /// announcement brought it; ids alone keep each page cheap however long the queue is.
+    async fn queued_before(
+        &self,
+        ready_before: Instant,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<Vec<i64>>;
     /// Starts attempts for queued runs in one transaction. `None` for a run that is no longer
     /// queued (cancelled meanwhile).
     async fn start_attempts(

@@ -253,6 +253,7 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
              ALTER TABLE runs DROP CONSTRAINT runs_ledger_key, DROP COLUMN shard, \
              DROP COLUMN shard_count, DROP COLUMN pinned_worker, \
              ADD CONSTRAINT runs_job_instant_key UNIQUE (job_id, scheduled_for); \
+             DROP INDEX runs_queued; \
              UPDATE sked_schema SET version = 2; \
              INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
              alive) VALUES ('w', 'w', '{}', 1, 0, 0, true)",
@@ -263,7 +264,7 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     let version = schema
         .query_one("SELECT version FROM sked_schema WHERE id = 1")
         .await;
-    assert_eq!(version.get::<_, i32>(0), 11);
+    assert_eq!(version.get::<_, i32>(0), 12);
     let w = store
         .get_worker("w")
         .await

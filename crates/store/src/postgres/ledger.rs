@@ -834,6 +834,30 @@ pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<Queue
     })
 }
 
+/// Through `runs_queued`, so a page costs its own size, not the ledger's.
+pub async fn queued_before(
+    tx: &Tx<'_>,
+    ready_before: Instant,
+    after_id: i64,
+    limit: u32,
+) -> PgResult<Vec<i64>> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT id FROM runs WHERE state = 'queued' AND id > $1 AND ready_at < $2 \
+             ORDER BY id LIMIT $3",
+        )
+        .await?;
+    let rows = tx
+        .query(
+            &stmt,
+            &[&after_id, &micros(ready_before), &i64::from(limit)],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| row.try_get(0).map_err(Into::into))
+        .collect()
+}
+
 pub async fn start_attempts(
     tx: &Tx<'_>,
     starts: &[AttemptStart],

@@ -367,6 +367,21 @@ impl Store for PgStore {
         transact!(self, read, |tx| ledger::queued_runs(&tx, ids).await?)
     }
 
+    async fn queued_before(
+        &self,
+        ready_before: Instant,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<Vec<i64>> {
+        transact!(self, read, |tx| ledger::queued_before(
+            &tx,
+            ready_before,
+            after_id,
+            limit
+        )
+        .await?)
+    }
+
     async fn start_attempts(
         &self,
         starts: &[AttemptStart],

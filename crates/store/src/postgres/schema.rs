@@ -322,6 +322,12 @@ CREATE INDEX runs_pinned ON runs (pinned_worker)
 CREATE INDEX runs_overlap_waiting ON runs (job_id)
     WHERE state = 'waiting' AND waiting_reason = 'overlap';
 "#,
+    r#"
+-- Version 12: queued runs by id, as on SQLite. A cluster node's sweep for runs no announcement
+-- brought it pages through these, and a node starting reads them in this order: both cost the
+-- queue's length, not the ledger's.
+CREATE INDEX runs_queued ON runs (id) WHERE state = 'queued';
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

@@ -572,6 +572,25 @@ pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<Queu
     Ok(runs)
 }
 
+/// Through `runs_queued`, so a page costs its own size, not the ledger's.
+pub fn queued_before(
+    tx: &Transaction<'_>,
+    ready_before: Instant,
+    after_id: i64,
+    limit: u32,
+) -> Result<Vec<i64>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT id FROM runs WHERE state = 'queued' AND id > ?1 AND ready_at < ?2 \
+         ORDER BY id LIMIT ?3",
+    )?;
+    let ids = stmt
+        .query_map(params![after_id, micros(ready_before), limit], |row| {
+            row.get(0)
+        })?
+        .collect::<rusqlite::Result<Vec<i64>>>()?;
+    Ok(ids)
+}
+
 pub fn start_attempts(
     tx: &Transaction<'_>,
     starts: &[AttemptStart],

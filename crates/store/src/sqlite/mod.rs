@@ -548,6 +548,16 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn queued_before(
+        &self,
+        ready_before: Instant,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<Vec<i64>> {
+        self.read(move |tx| ledger::queued_before(tx, ready_before, after_id, limit))
+            .await
+    }
+
     async fn start_attempts(
         &self,
         starts: &[AttemptStart],
