@@ -3,7 +3,7 @@
 sked-bench and reported with the same JSON keys.
 
 Scenarios (see README.md beside this file for how each maps to sked's):
-  firing --schedules N --seconds S   N jobs each every 60 s, start dates spread over the minute
+  firing --schedules N --seconds S [--every 60s]   N jobs each every period, start dates spread over it
   e2e --schedules R --every 1s ...   R jobs every second, run by the scheduler's thread pool
   burst --runs N                     N jobs with the same run_date
 
@@ -155,13 +155,14 @@ def versions() -> dict:
 
 
 def firing(a, b: Bench) -> dict:
-    n, seconds, period_us = a.schedules, a.seconds, 60_000_000
+    n, seconds, period_us = a.schedules, a.seconds, round(parse_every(a.every) * 1e6)
     base_us = int(time.time() * 1e6)
     step_us = period_us // max(n, 1)
     created = time.time()
     for i in range(n):
         anchor = datetime.fromtimestamp((base_us + step_us * i) / 1e6, UTC)
-        b.scheduler.add_job(noop, IntervalTrigger(seconds=60, start_date=anchor, timezone=UTC), id=f"j{i:07d}")
+        b.scheduler.add_job(noop, IntervalTrigger(seconds=period_us / 1e6, start_date=anchor, timezone=UTC),
+                            id=f"j{i:07d}")
     b.scheduler.start()
     ready = time.time()
     frm = ready + 1.0
@@ -196,7 +197,8 @@ def firing(a, b: Bench) -> dict:
         "store": a.store,
         "variant": variant(a),
         "schedules": n,
-        "fires_per_second": n / 60.0,
+        "every": a.every,
+        "fires_per_second": n / (period_us / 1e6),
         "window_seconds": seconds,
         "fires_expected": len(owed),
         "fires_recorded": p.pop("count"),
@@ -210,8 +212,8 @@ def firing(a, b: Bench) -> dict:
         "scheduler_stopped_cleanly": stopped,
         **b.counters(),
         "notes": (
-            f"APScheduler {variant(a)}: {n} jobs, IntervalTrigger every 60 s with start dates "
-            f"spread evenly over the minute (as sked-bench's anchors). lateness_ms = scheduled "
+            f"APScheduler {variant(a)}: {n} jobs, IntervalTrigger every {a.every} with start dates "
+            f"spread evenly over the period (as sked-bench's anchors). lateness_ms = scheduled "
             f"instant -> the executor accepted the run (submit_job returned); started_lateness_ms "
             f"= instant -> the no-op function started in the pool. Window of {seconds} s from 1 s "
             f"after start; fires recorded up to 1 s after the window. misfire_grace_time=None, "
@@ -346,6 +348,7 @@ def main(argv=None) -> int:
     f = sub.add_parser("firing")
     f.add_argument("--schedules", type=int, default=10000)
     f.add_argument("--seconds", type=int, default=70)
+    f.add_argument("--every", default="60s", help="each job's period (sked-bench firing --every)")
     f.add_argument("--grace", type=float, default=1.0, help="seconds past the window for runs to start")
     f.add_argument("--worker", action="store_true", help="accepted for symmetry; runs always execute here")
     e = sub.add_parser("e2e")

@@ -7,8 +7,9 @@ the worker and beat processes it starts import (`celery -A celery_bench`): the t
 drift-free schedule class and the recording beat scheduler live here.
 
 Scenarios (see README.md beside this file for how each maps to sked's):
-  firing --schedules N --seconds S [--worker]   beat with N entries, each every 60 s, anchors
-                                                spread over the minute
+  firing --schedules N --seconds S [--every 60s] [--worker]
+                                                beat with N entries, each every period, anchors
+                                                spread over it
   e2e --schedules R --every 1s --seconds S      R runs per second, by beat (default) or by a
       [--producer beat|direct]                  producer calling apply_async (--producer direct)
   burst --runs N                                N tasks published at one instant
@@ -523,7 +524,7 @@ def parse_every(text: str) -> float:
 
 
 def firing(a, run: Run) -> dict:
-    n, seconds, period = a.schedules, a.seconds, 60.0
+    n, seconds, period = a.schedules, a.seconds, parse_every(a.every)
     if a.worker:
         run.start_workers()
     base = time.time()
@@ -923,6 +924,7 @@ def main(argv=None) -> int:
     f = sub.add_parser("firing")
     f.add_argument("--schedules", type=int, default=10000)
     f.add_argument("--seconds", type=int, default=70)
+    f.add_argument("--every", default="60s", help="each entry's period (sked-bench firing --every)")
     f.add_argument("--worker", action="store_true", help="run workers and report started_lateness_ms")
     f.add_argument("--grace", type=float, default=2.0)
     e = sub.add_parser("e2e")

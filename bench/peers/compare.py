@@ -48,8 +48,8 @@ VARIANTS = {
 
 # The default suite of --all: (scenario, parameters). About 12 minutes on a 2-core machine.
 SUITE = [
-    ("firing", {"schedules": 1000, "seconds": 60}),
-    ("firing", {"schedules": 10000, "seconds": 30}),
+    ("firing", {"schedules": 1000, "every": "60s", "seconds": 60}),
+    ("firing", {"schedules": 10000, "every": "60s", "seconds": 30}),
     ("e2e", {"schedules": 1000, "every": "1s", "seconds": 20}),
     ("burst", {"runs": 10000}),
     ("shell", {"seconds": 10}),
@@ -177,7 +177,7 @@ def run_bounded(cmd, json_path: Path, timeout: float, log_path: Path, system: st
 
 def scenario_args(scenario: str, p: dict) -> list:
     if scenario == "firing":
-        return ["--schedules", p["schedules"], "--seconds", p["seconds"]]
+        return ["--schedules", p["schedules"], "--every", p["every"], "--seconds", p["seconds"]]
     if scenario == "e2e":
         return ["--schedules", p["schedules"], "--every", p["every"], "--seconds", p["seconds"]]
     if scenario == "burst":
@@ -348,7 +348,7 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="the default suite (about 12 minutes)")
     parser.add_argument("--schedules", type=int)
     parser.add_argument("--seconds", type=int)
-    parser.add_argument("--every", help="e2e: default 1s; publish: default 5s")
+    parser.add_argument("--every", help="firing: default 60s; e2e: default 1s; publish: default 5s")
     parser.add_argument("--runs", type=int, default=10000)
     parser.add_argument("--peers", default="celery,apscheduler",
                         help="groups (celery, apscheduler) or variants (" + ", ".join(VARIANTS) + ")")
@@ -376,7 +376,8 @@ def main() -> int:
         defaults = {"firing": (10000, 70), "e2e": (2000, 20), "burst": (None, None), "shell": (None, 10),
                     "publish": (40000, 600)}
         sched, secs = defaults[a.scenario]
-        p = {"firing": lambda: {"schedules": a.schedules or sched, "seconds": a.seconds or secs},
+        p = {"firing": lambda: {"schedules": a.schedules or sched, "every": a.every or "60s",
+                                "seconds": a.seconds or secs},
              "e2e": lambda: {"schedules": a.schedules or sched, "every": a.every or "1s", "seconds": a.seconds or secs},
              "burst": lambda: {"runs": a.runs},
              "shell": lambda: {"seconds": a.seconds or secs},
