@@ -1,6 +1,8 @@
 //! The firing loop: keeps the next instant of every schedule in memory ([`slots`]) and, when
 //! instants fall due, writes them to the ledger in batches (one transaction per batch) and
-//! hands the queued runs to the dispatcher.
+//! hands the queued runs to the dispatcher. A batch is whatever fell due while the last one was
+//! being written, so batches grow with the rate and the store's commit time: a lone instant is
+//! written at once, and a thousand a second on a slow disk share transactions.
 //!
 //! It fires the schedules of the partitions this node holds (all of them on a single node;
 //! in a cluster, the share the membership duty leased). When it gains partitions it loads their
@@ -85,8 +87,6 @@ pub struct FiringLoop {
     slots: Slots,
     /// The names of the slots' namespaces.
     namespaces: Namespaces,
-    /// When the last batch was taken: the next is not taken before `BATCH_GAP` after it.
-    last_batch: Instant,
 }
 
 /// A pending write: the fire and, when the loop keeps it, what dispatching its run needs.
@@ -117,17 +117,13 @@ impl FiringLoop {
             held: BTreeSet::new(),
             slots: Slots::default(),
             namespaces: Namespaces::default(),
-            last_batch: Instant::MIN_UTC,
         };
         (FiringHandle { tx }, looper)
     }
 
     pub async fn run(mut self, ready: watch::Sender<bool>, mut shutdown: watch::Receiver<bool>) {
         loop {
-            let next_due = self
-                .slots
-                .next_due()
-                .map(|at| at.max(self.last_batch + BATCH_GAP));
+            let next_due = self.slots.next_due();
             tokio::select! {
                 biased;
                 _ = crate::stopped(&mut shutdown) => return,
@@ -149,7 +145,6 @@ impl FiringLoop {
                     }
                 }
                 _ = until(next_due) => {
-                    self.last_batch = Utc::now();
                     let written = self.fire_due(&mut shutdown).await;
                     if self.health.report("ledger write", written).is_err() {
                         // The instants stay due in the store; rebuild from it after a pause.
@@ -533,12 +528,6 @@ async fn read_pages(
         }
     }
 }
-
-/// The least time between two batches. Every transaction costs a few WAL pages whatever its
-/// size, and at 1,667 instants a second, each written alone, the checkpoints' fsyncs grew until
-/// p99 lateness went from 3 to 12 ms; 2 ms groups such instants in threes and costs a lone
-/// instant nothing.
-const BATCH_GAP: chrono::Duration = chrono::Duration::milliseconds(2);
 
 /// Waits until `at` (an hour when nothing is due). tokio's timer wakes on whole milliseconds,
 /// rounded up, so an instant would fire 1–2 ms late: the last stretch is slept on a blocking
