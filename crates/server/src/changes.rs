@@ -105,8 +105,8 @@ pub async fn run(
 }
 
 /// Takes the store's runs ready for longer than [`SWEEP_AGE`] that this node does not hold,
-/// reading their ids `page_size` at a time and the details of the missing ones alone. A failed page
-/// ends this sweep; the next one starts over.
+/// reading their ids `page_size` at a time and the details of the missing ones alone. A page
+/// that fails ends this sweep; the next one starts over.
 pub(crate) async fn sweep_queued(
     store: &dyn Store,
     dispatcher: &Dispatcher,

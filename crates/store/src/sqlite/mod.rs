@@ -401,12 +401,7 @@ impl SqliteStore {
         blocking(move || {
             let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
             let began = std::time::Instant::now();
-            let written = (|| {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let value = work(&tx)?;
-                tx.commit()?;
-                Ok(value)
-            })();
+            let written = write_transaction(&mut conn, work);
             inner.writer_busy.add(began.elapsed());
             written
         })
@@ -427,6 +422,17 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// `work` in one `IMMEDIATE` transaction, committed if it succeeds.
+fn write_transaction<T>(
+    conn: &mut Connection,
+    work: impl FnOnce(&Transaction<'_>) -> Result<T>,
+) -> Result<T> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let value = work(&tx)?;
+    tx.commit()?;
+    Ok(value)
 }
 
 /// Nanoseconds the writer has spent in transactions, ever.
@@ -476,60 +482,66 @@ fn spawn_checkpointer(
     conn: Connection,
     writer_busy: Arc<WriterBusy>,
 ) -> std::io::Result<std::sync::mpsc::Sender<()>> {
-    use std::sync::mpsc::{channel, RecvTimeoutError};
-    let (stop, stopped) = channel::<()>();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("sked-sqlite-checkpoint".into())
+        .spawn(move || keep_checkpointing(&conn, &stopped, &writer_busy))?;
+    Ok(stop)
+}
+
+fn keep_checkpointing(
+    conn: &Connection,
+    stopped: &std::sync::mpsc::Receiver<()>,
+    writer_busy: &WriterBusy,
+) {
+    use std::sync::mpsc::RecvTimeoutError;
     // A checkpoint that fails (a full disk) fails every time: report it with a count, not
     // ten lines a second.
     let mut throttle = Throttle::new(std::time::Duration::from_secs(10));
-    std::thread::Builder::new()
-        .name("sked-sqlite-checkpoint".into())
-        .spawn(move || {
-            let mut pause = CHECKPOINT_PAUSE_HEAVY;
-            let mut previous = WalFrames::default();
-            let mut busy_before = writer_busy.nanos();
-            loop {
-                match stopped.recv_timeout(pause) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    _ => return,
-                }
-                let checkpointed = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-                    Ok(WalFrames {
-                        log: row.get(1)?,
-                        checkpointed: row.get(2)?,
-                    })
-                });
-                match checkpointed {
-                    Ok(now) => {
-                        let busy = writer_busy.nanos();
-                        let share = busy.saturating_sub(busy_before) as f64
-                            / pause.as_nanos().max(1) as f64;
-                        busy_before = busy;
-                        pause = checkpoint_pause(previous, now, share);
-                        previous = now;
-                        let unreported = throttle.reset();
-                        if unreported > 0 {
-                            tracing::info!(
-                                "sqlite checkpoints succeed again ({unreported} more had failed)"
-                            );
-                        }
-                    }
-                    Err(e) => {
-                        pause = CHECKPOINT_PAUSE_HEAVY;
-                        match throttle.admit(std::time::Instant::now()) {
-                            Some(0) => tracing::warn!(
-                            "sqlite checkpoint failed (the writer will checkpoint instead): {e}"
-                        ),
-                            Some(n) => tracing::warn!(
-                            "sqlite checkpoint failed (the writer will checkpoint instead): {e} \
-                         ({n} more failures since the last report)"
-                        ),
-                            None => {}
-                        }
-                    }
+    let mut pause = CHECKPOINT_PAUSE_HEAVY;
+    let mut previous = WalFrames::default();
+    let mut busy_before = writer_busy.nanos();
+    loop {
+        match stopped.recv_timeout(pause) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let checkpointed = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+            Ok(WalFrames {
+                log: row.get(1)?,
+                checkpointed: row.get(2)?,
+            })
+        });
+        match checkpointed {
+            Ok(now) => {
+                let busy = writer_busy.nanos();
+                let share =
+                    busy.saturating_sub(busy_before) as f64 / pause.as_nanos().max(1) as f64;
+                busy_before = busy;
+                pause = checkpoint_pause(previous, now, share);
+                previous = now;
+                let unreported = throttle.reset();
+                if unreported > 0 {
+                    tracing::info!(
+                        "sqlite checkpoints succeed again ({unreported} more had failed)"
+                    );
                 }
             }
-        })?;
-    Ok(stop)
+            Err(e) => {
+                pause = CHECKPOINT_PAUSE_HEAVY;
+                match throttle.admit(std::time::Instant::now()) {
+                    Some(0) => tracing::warn!(
+                        "sqlite checkpoint failed (the writer will checkpoint instead): {e}"
+                    ),
+                    Some(n) => tracing::warn!(
+                        "sqlite checkpoint failed (the writer will checkpoint instead): {e} \
+                         ({n} more failures since the last report)"
+                    ),
+                    None => {}
+                }
+            }
+        }
+    }
 }
 
 async fn blocking<T: Send + 'static>(
