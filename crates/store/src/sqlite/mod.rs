@@ -464,7 +464,7 @@ struct WalFrames {
 /// At 1,000 instants a second (each its own transaction, a worker's starts and completions
 /// beside them; the writer about half busy) checkpoints every 10 ms took the firing p99 from
 /// 2.2–2.5 ms to 1.3 ms. A writer that never stops meets every checkpoint's stall, and at 25,000
-/// runs a second checkpoints every 10 ms recorded 15–20% fewer runs than every 100 ms
+/// runs a second checkpoints every 10 ms recorded 8–18% fewer runs than every 100 ms
 /// (docs/BENCHMARKS.md, "Batches that follow the commits").
 fn checkpoint_pause(previous: WalFrames, now: WalFrames, writer_share: f64) -> std::time::Duration {
     let idle = now == previous && now.log == now.checkpointed;
