@@ -86,14 +86,24 @@ pub async fn run(database_url: Option<&str>, options: Options) -> Result<Value> 
     }))
 }
 
-/// Size (with indexes and TOAST), rows and vacuum passes of the run and attempt tables.
+/// Size (with indexes and TOAST), rows and vacuum passes of the run and attempt tables, summed
+/// over their partitions (a dropped partition takes its counts with it), and how many
+/// partitions each has.
 async fn tables(admin: &tokio_postgres::Client, schema: &str) -> Result<Value> {
     let rows = admin
         .query(
-            "SELECT relname, pg_total_relation_size(relid), pg_indexes_size(relid), \
-             n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count, n_tup_del, \
-             n_tup_hot_upd, n_tup_upd \
-             FROM pg_stat_user_tables WHERE schemaname = $1 AND relname IN ('runs', 'attempts')",
+            "SELECT coalesce(p.relname, s.relname), \
+                 sum(pg_total_relation_size(s.relid))::bigint, \
+                 sum(pg_indexes_size(s.relid))::bigint, \
+                 sum(n_live_tup)::bigint, sum(n_dead_tup)::bigint, \
+                 sum(autovacuum_count)::bigint, sum(autoanalyze_count)::bigint, \
+                 sum(n_tup_del)::bigint, sum(n_tup_hot_upd)::bigint, sum(n_tup_upd)::bigint, \
+                 count(*) \
+             FROM pg_stat_user_tables s \
+             LEFT JOIN pg_inherits i ON i.inhrelid = s.relid \
+             LEFT JOIN pg_class p ON p.oid = i.inhparent \
+             WHERE s.schemaname = $1 AND coalesce(p.relname, s.relname) IN ('runs', 'attempts') \
+             GROUP BY 1",
             &[&schema],
         )
         .await
@@ -114,6 +124,7 @@ async fn tables(admin: &tokio_postgres::Client, schema: &str) -> Result<Value> {
                 "deleted": row.try_get::<_, i64>(7)?,
                 "hot_updates": row.try_get::<_, i64>(8)?,
                 "updates": row.try_get::<_, i64>(9)?,
+                "partitions": row.try_get::<_, i64>(10)?,
             }),
         );
     }

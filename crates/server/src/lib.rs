@@ -247,6 +247,12 @@ pub async fn serve(
         "retention",
         maintenance::retention::run(state.clone(), stop_rx.clone()),
     ));
+    if let Some(retention) = config.retention {
+        duties.spawn(duty(
+            "partitions of runs",
+            maintenance::retention::prepare_partitions(state.clone(), retention, stop_rx.clone()),
+        ));
+    }
 
     // The console's pages call the API router in-process, as the visitor's token.
     let api = api::router(state.clone());

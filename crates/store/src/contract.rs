@@ -1792,6 +1792,86 @@ pub async fn retention_deletes_only_finished_runs(store: &dyn Store) {
     assert!(store.get_run(queued.run_id).await.unwrap().is_some());
 }
 
+/// For a store that partitions runs by instant (PostgreSQL): retention leaves the runs of a
+/// partition still within retention alone, drops an expired partition whole once its runs have
+/// all finished, and deletes row by row what sits outside any time partition or in one that
+/// cannot go yet; an instant backfilled into a dropped span is recorded all the same.
+pub async fn expired_partitions_of_runs_go_whole(store: &dyn Store) {
+    let hour = Duration::from_secs(3600);
+    let minutes = |n: i64| Span::minutes(n);
+    let base = Utc::now();
+    // Partitions from a minute ahead of `base` to at least two hours past it, then a third.
+    assert!(store.prepare_run_partitions(base, hour).await.unwrap() >= 2);
+    assert!(
+        store
+            .prepare_run_partitions(base + minutes(60), hour)
+            .await
+            .unwrap()
+            >= 1
+    );
+    assert_eq!(store.prepare_run_partitions(base, hour).await.unwrap(), 0);
+    let j = put(store, "parts", every_second(serde_json::json!({}))).await;
+    let finished = |at: Instant| async move {
+        let fired = fire_one(store, fire(j.id, at)).await;
+        let attempt = start(store, fired.run_id, "w", 1, at).await;
+        store
+            .append_output(attempt, 1, "w", b"some output", 1024)
+            .await
+            .unwrap();
+        complete(
+            store,
+            report(attempt, 1, AttemptOutcome::Succeeded),
+            at + secs(1),
+        )
+        .await;
+        (fired.run_id, attempt)
+    };
+    // In the first time partition, which ends at least half an hour after `base`: one run
+    // finished, one still queued.
+    let (early, early_attempt) = finished(base + minutes(2)).await;
+    let queued = fire_one(store, fire(j.id, base + minutes(3))).await.run_id;
+    // In a later time partition.
+    let (later, later_attempt) = finished(base + minutes(150)).await;
+    // Before the legacy partition's end, and in the default partition (ahead of the legacy
+    // one, before the first time partition).
+    let (legacy, _) = finished(base - Span::days(1)).await;
+    let (default, _) = finished(base + secs(5)).await;
+
+    // Ten minutes on, the first partition is still within retention: none of its runs goes.
+    // The legacy partition ended before `base` and its run has finished: it goes whole.
+    let soon = base + minutes(10);
+    assert_eq!(store.drop_expired_run_partitions(soon).await.unwrap(), 1);
+    assert_eq!(store.delete_finished_runs(soon, 1000).await.unwrap(), 1);
+    assert!(store.get_run(early).await.unwrap().is_some());
+    assert!(store.get_run(legacy).await.unwrap().is_none());
+    assert!(store.get_run(default).await.unwrap().is_none());
+
+    // Hours on, every partition has expired: the later one goes whole, the first stays for its
+    // queued run and its finished one is deleted as a row.
+    let gone = base + minutes(300);
+    assert_eq!(store.drop_expired_run_partitions(gone).await.unwrap(), 1);
+    assert!(store.get_run(later).await.unwrap().is_none());
+    assert!(store
+        .read_output(later_attempt, 0)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store.get_run(early).await.unwrap().is_some());
+    assert_eq!(store.delete_finished_runs(gone, 1000).await.unwrap(), 1);
+    assert!(store.get_run(early).await.unwrap().is_none());
+    assert!(store
+        .read_output(early_attempt, 0)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store.get_run(queued).await.unwrap().is_some());
+    assert_eq!(store.drop_expired_run_partitions(gone).await.unwrap(), 0);
+
+    // An instant in the span of the dropped partition is recorded in the default one.
+    let backfilled = fire_one(store, fire(j.id, base + minutes(151))).await;
+    assert!(store.get_run(backfilled.run_id).await.unwrap().is_some());
+}
+
 pub async fn queued_runs_carry_dispatch_details(store: &dyn Store) {
     let j = put(
         store,

@@ -806,9 +806,21 @@ pub trait Store: Send + Sync + 'static {
 
     // --- maintenance --------------------------------------------------------------------------
 
-    /// Deletes finished runs (and their attempts and output) that ended before `before`.
-    /// Returns how many runs were deleted.
+    /// Deletes up to `limit` finished runs (and their attempts and output) that ended before
+    /// `before`, and says how many. A store that partitions runs by instant leaves alone those
+    /// in partitions still within retention: [`Store::drop_expired_run_partitions`] removes
+    /// them whole later.
     async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64>;
+    /// Makes the partitions runs up to `now + 2 × width` will need, each `width` of instants
+    /// long, and says how many it made. A store that does not partition runs makes none.
+    async fn prepare_run_partitions(&self, _now: Instant, _width: Duration) -> Result<u32> {
+        Ok(0)
+    }
+    /// Drops every partition of runs (with their attempts and output) whose span ended
+    /// before `before` and whose runs have all finished before it; says how many runs went.
+    async fn drop_expired_run_partitions(&self, _before: Instant) -> Result<u64> {
+        Ok(0)
+    }
     /// Deletes up to `limit` audit entries recorded before `before`, and says how many.
     async fn delete_audit_before(&self, before: Instant, limit: u32) -> Result<u64>;
     /// Deletes up to `limit` events recorded before `before`, and says how many. A run

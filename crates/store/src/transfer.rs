@@ -49,6 +49,24 @@ const NUMBERED: &[&str] = &[
     "notifications",
 ];
 
+/// The one column PostgreSQL has that SQLite has not: `attempts` and `output` are partitioned
+/// by their run's instant, which SQLite does not keep beside them. A copy into PostgreSQL
+/// stages those tables' rows and fills the column in from the run of each: each entry joins
+/// the staged rows (`s`) to rows copied before them (`r`) and names the instant there.
+const PARTITION_KEY: &str = "run_scheduled_for";
+const PARTITIONED: &[(&str, &str, &str)] = &[
+    (
+        "attempts",
+        "JOIN runs r ON r.id = s.run_id",
+        "r.scheduled_for",
+    ),
+    (
+        "output",
+        "JOIN attempts r ON r.id = s.attempt_id",
+        "r.run_scheduled_for",
+    ),
+];
+
 /// Rows sent from reader to writer at once.
 const BATCH: usize = 1000;
 
@@ -251,8 +269,12 @@ async fn pg_types(pg: &tokio_postgres::Client, columns: &[Vec<String>]) -> Resul
             )
             .await?;
         let mut by_name = std::collections::HashMap::new();
+        let partitioned = PARTITIONED.iter().any(|(t, _, _)| t == table);
         for row in rows {
             let name: String = row.try_get(0)?;
+            if partitioned && name == PARTITION_KEY {
+                continue;
+            }
             let oid: u32 = row.try_get(1)?;
             by_name.insert(name, Type::from_oid(oid).unwrap_or(Type::TEXT));
         }
@@ -281,6 +303,57 @@ fn column_list(names: &[String]) -> String {
         .map(|n| format!("\"{n}\""))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Where a table's rows are copied to: the table itself, or for a partitioned one a temporary
+/// table like it without the partition key, which [`finish_table`] moves on.
+async fn staging(tx: &tokio_postgres::Transaction<'_>, table: &str) -> Result<String> {
+    if !PARTITIONED.iter().any(|(t, _, _)| *t == table) {
+        return Ok(table.to_string());
+    }
+    let staged = format!("staged_{table}");
+    tx.batch_execute(&format!(
+        "CREATE TEMPORARY TABLE {staged} (LIKE {table}) ON COMMIT DROP; \
+         ALTER TABLE {staged} DROP COLUMN {PARTITION_KEY}"
+    ))
+    .await?;
+    Ok(staged)
+}
+
+/// Ends the copy of `table`; a partitioned table's staged rows go into it with their run's
+/// instant, every one of them (a row whose run was not copied is an error, not a loss).
+async fn finish_table(
+    tx: &tokio_postgres::Transaction<'_>,
+    table: &str,
+    names: &[String],
+    mut writer: std::pin::Pin<Box<tokio_postgres::binary_copy::BinaryCopyInWriter>>,
+) -> Result<()> {
+    let staged_rows = writer.as_mut().finish().await?;
+    let Some((_, join, instant)) = PARTITIONED.iter().find(|(t, _, _)| *t == table) else {
+        return Ok(());
+    };
+    let list = column_list(names);
+    let from_staged = names
+        .iter()
+        .map(|n| format!("s.\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let moved = tx
+        .execute(
+            &format!(
+                "INSERT INTO {table} ({list}, {PARTITION_KEY}) \
+                 SELECT {from_staged}, {instant} FROM staged_{table} s {join}"
+            ),
+            &[],
+        )
+        .await?;
+    if moved != staged_rows {
+        return Err(StoreError::Corrupt(format!(
+            "{} of the {staged_rows} rows of {table} belong to nothing copied",
+            staged_rows - moved.min(staged_rows)
+        )));
+    }
+    Ok(())
 }
 
 /// Reads every table in one snapshot of the SQLite file, on a thread of its own.
@@ -351,13 +424,13 @@ async fn write_postgres(
     let mut current: Option<(usize, std::pin::Pin<Box<BinaryCopyInWriter>>)> = None;
     while let Some((i, rows)) = receive.recv().await {
         if current.as_ref().is_none_or(|(open, _)| *open != i) {
-            if let Some((_, mut writer)) = current.take() {
-                writer.as_mut().finish().await?;
+            if let Some((open, writer)) = current.take() {
+                finish_table(&tx, TABLES[open], &columns[open], writer).await?;
             }
+            let into = staging(&tx, TABLES[i]).await?;
             let sink = tx
                 .copy_in(&format!(
-                    "COPY {} ({}) FROM STDIN BINARY",
-                    TABLES[i],
+                    "COPY {into} ({}) FROM STDIN BINARY",
                     column_list(&columns[i])
                 ))
                 .await?;
@@ -381,8 +454,8 @@ async fn write_postgres(
         }
         progress(TABLES[i], copied[i].rows, totals[i]);
     }
-    if let Some((_, mut writer)) = current.take() {
-        writer.as_mut().finish().await?;
+    if let Some((open, writer)) = current.take() {
+        finish_table(&tx, TABLES[open], &columns[open], writer).await?;
     }
     for table in NUMBERED {
         tx.execute(

@@ -129,6 +129,16 @@ async fn open() -> (PgStore, Schema) {
 
 sked_store::store_contract_tests!(postgres open);
 
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test]
+async fn expired_partitions_of_runs_go_whole() {
+    let (store, _schema) = open().await;
+    sked_store::contract::expired_partitions_of_runs_go_whole(&store).await;
+}
+
 fn job() -> sked_core::job::ValidJob {
     sked_store::contract::job(
         "kept",
@@ -164,10 +174,11 @@ async fn nodes_connecting_at_once_migrate_once() {
         .await;
     assert_eq!(
         tables.get::<_, i64>(0),
-        18,
+        25,
         "sked_schema, the five ledger tables, the three cluster tables, tokens, audit, \
-         namespaces, secrets, job dependencies, events, event subscriptions, job versions and \
-         notifications, once"
+         namespaces, secrets, job dependencies, events, event subscriptions, job versions, \
+         notifications and run partitions, once, and the legacy and default partitions of \
+         runs, attempts and output"
     );
     // Both nodes see one database.
     let now = chrono::Utc::now();
@@ -226,45 +237,41 @@ async fn a_newer_schema_is_refused() {
     ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
 )]
 #[tokio::test]
-async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
+async fn a_version_2_database_upgrades_and_keeps_its_runs_and_workers() {
     let url = database_url();
     let schema = Schema::create(&url).await;
-    PgStore::connect(&schema.url()).await.unwrap();
-    // Back to what version 2 left: no tokens, no audit trail, workers without namespaces or a
-    // drain flag, no namespace settings or secrets, no dependencies, no events.
+    // A database as version 2 left it: a job, a run with an attempt and its output, a worker
+    // from before tokens (no namespaces, no drain flag).
     admin(&schema.url())
         .await
-        .batch_execute(
-            "DROP TABLE tokens; DROP TABLE audit; DROP TABLE namespaces; DROP TABLE secrets; \
-             DROP TABLE job_dependencies; ALTER TABLE jobs DROP COLUMN has_dependencies; \
-             DROP TABLE events; DROP TABLE event_subscriptions; \
-             ALTER TABLE jobs DROP COLUMN emits, DROP COLUMN priority_auto; \
-             ALTER TABLE runs DROP COLUMN event_key, DROP COLUMN event_id; \
-             ALTER TABLE runs DROP COLUMN waiting_reason, DROP COLUMN waiting_for, \
-             DROP COLUMN waiting_until; \
-             ALTER TABLE workers DROP COLUMN namespaces, DROP COLUMN token_id, \
-             DROP COLUMN draining; \
-             DROP TABLE job_versions; ALTER TABLE jobs DROP COLUMN version; \
-             ALTER TABLE runs DROP COLUMN job_version; \
-             DROP TABLE notifications; ALTER TABLE jobs DROP COLUMN notify, \
-             DROP COLUMN notify_late, DROP COLUMN ping_grace, DROP COLUMN last_ping_at, \
-             DROP COLUMN job_metrics; \
-             ALTER TABLE jobs DROP COLUMN shards, DROP COLUMN broadcast; \
-             ALTER TABLE runs DROP CONSTRAINT runs_ledger_key, DROP COLUMN shard, \
-             DROP COLUMN shard_count, DROP COLUMN pinned_worker, \
-             ADD CONSTRAINT runs_job_instant_key UNIQUE (job_id, scheduled_for); \
-             DROP INDEX runs_queued; \
-             UPDATE sked_schema SET version = 2; \
+        .batch_execute(&format!(
+            "CREATE TABLE sked_schema (id INTEGER PRIMARY KEY CHECK (id = 1), \
+                 version INTEGER NOT NULL); \
+             INSERT INTO sked_schema (id, version) VALUES (1, 2); \
+             {} ; \
              INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
-             alive) VALUES ('w', 'w', '{}', 1, 0, 0, true)",
-        )
+             alive) VALUES ('w', 'w', '{{}}', 1, 0, 0, true); \
+             INSERT INTO jobs (namespace, name, spec, overlap, priority, retry, state, \
+                 fired_count, schedule_epoch, created_at, updated_at) \
+             VALUES ('default', 'old', '{{}}', 'allow', 0, 'none', 'active', 1, 0, 0, 0); \
+             INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+                 priority, ready_at, created_at, started_at, finished_at, attempts) \
+             SELECT id, 'default', 'old', 1000000, 'schedule', 'succeeded', 0, 1000000, \
+                 1000000, 1000000, 2000000, 1 FROM jobs; \
+             INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
+                 finished_at, lease_expires_at, output_bytes) \
+             SELECT id, 1, 'w', 1, 'succeeded', 1000000, 2000000, 3000000, 5 FROM runs; \
+             INSERT INTO output (attempt_id, \"offset\", data) \
+             SELECT id, 0, 'hello'::bytea FROM attempts",
+            sked_store::postgres::migrations_through(2)
+        ))
         .await
         .unwrap();
     let store = PgStore::connect(&schema.url()).await.unwrap();
     let version = schema
         .query_one("SELECT version FROM sked_schema WHERE id = 1")
         .await;
-    assert_eq!(version.get::<_, i32>(0), 12);
+    assert_eq!(version.get::<_, i32>(0), 13);
     let w = store
         .get_worker("w")
         .await
@@ -273,6 +280,39 @@ async fn a_version_2_database_upgrades_and_its_workers_run_every_namespace() {
     assert_eq!((w.namespaces, w.token_id), (vec!["*".to_string()], None));
     assert!(!w.draining);
     assert!(store.list_tokens().await.unwrap().is_empty());
+    // The run, its attempt and output are kept, in the legacy partition; new ids follow theirs.
+    let old = schema.query_one("SELECT id FROM runs_legacy").await;
+    let old_run: i64 = old.get(0);
+    let (run, attempts) = store
+        .get_run(old_run)
+        .await
+        .unwrap()
+        .expect("the run is kept");
+    assert_eq!(run.job, "old");
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(
+        store.read_output(attempts[0].id, 0).await.unwrap(),
+        b"hello".to_vec()
+    );
+    let (_, job) = store
+        .put_job("default", &job(), PutMode::Upsert, chrono::Utc::now())
+        .await
+        .unwrap();
+    let fired = store
+        .record_fires(
+            &[sked_store::Fire {
+                job_id: job.id,
+                scheduled_for: chrono::Utc::now(),
+                trigger: sked_core::run::Trigger::Manual,
+                skip: None,
+                ready_at: chrono::Utc::now(),
+                advance: None,
+            }],
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    assert!(fired.runs[0].run_id > old_run);
 }
 
 #[cfg_attr(

@@ -5,6 +5,11 @@
 //! so no wait misses an event retention took), and notifications sent or given up once older
 //! than the run retention. Active runs and live workers are never
 //! touched.
+//!
+//! On a store that partitions runs by instant (PostgreSQL), a quarter of the run retention is
+//! one partition ([`partition_width`]): partitions are made ahead of the clock every minute,
+//! and a retention pass drops those whose runs have all expired before it deletes what is left
+//! row by row. A run is then kept for at least the retention and at most a partition longer.
 
 use crate::AppState;
 use chrono::Utc;
@@ -20,6 +25,47 @@ const EVENT_FLOOR: Duration = Duration::from_secs(
         + sked_core::dependency::MAX_DEPS_TIMEOUT.as_secs()
         + 24 * 3600,
 );
+
+/// How often partitions of runs are made ahead of the clock; each pass makes what the next
+/// two partition widths need, so a node that holds maintenance only now and then still keeps
+/// them ahead.
+const PARTITION_PASS: Duration = Duration::from_secs(60);
+/// The shortest partition: retention passes come every ten minutes, so a thinner partition
+/// would not go any sooner.
+const PARTITION_MIN: Duration = Duration::from_secs(600);
+
+/// How many instants one partition of runs spans under `retention`: a quarter of it, so that
+/// about six partitions are live at a time (a lookup by run id visits each).
+pub fn partition_width(retention: Duration) -> Duration {
+    (retention / 4).max(PARTITION_MIN)
+}
+
+/// Makes partitions of runs ahead of the clock, each [`partition_width`] of `retention` long;
+/// a duty only while a run retention is set (without one, nothing would drop them).
+pub async fn prepare_partitions(
+    state: AppState,
+    retention: Duration,
+    shutdown: watch::Receiver<bool>,
+) {
+    super::every(
+        Duration::ZERO,
+        PARTITION_PASS,
+        state.maintenance.clone(),
+        shutdown,
+        || async {
+            match state
+                .store
+                .prepare_run_partitions(Utc::now(), partition_width(retention))
+                .await
+            {
+                Ok(0) => {}
+                Ok(made) => tracing::info!("made {made} partitions of runs ahead of the clock"),
+                Err(e) => tracing::error!("making partitions of runs: {e}"),
+            }
+        },
+    )
+    .await;
+}
 
 pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
     let first = Duration::from_secs(60);
@@ -76,6 +122,15 @@ async fn delete_old_notifications(state: &AppState, retention: Duration) {
 
 async fn delete_old(state: &AppState, retention: Duration) {
     let before = Utc::now() - chrono::Duration::from_std(retention).unwrap_or_default();
+    match state.store.drop_expired_run_partitions(before).await {
+        Ok(0) => {}
+        Ok(dropped) => {
+            tracing::info!("retention dropped partitions holding {dropped} runs");
+            state.metrics.runs_deleted.inc_by(dropped);
+        }
+        // The rows are still deleted below, except those of partitions within retention.
+        Err(e) => tracing::error!("retention of partitions of runs: {e}"),
+    }
     let deleted = in_batches("runs", || state.store.delete_finished_runs(before, BATCH)).await;
     state.metrics.runs_deleted.inc_by(deleted);
 }
@@ -101,5 +156,21 @@ where
                 return total;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_is_a_quarter_of_the_retention_and_never_thinner_than_a_pass() {
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(
+            partition_width(30 * day),
+            Duration::from_secs(30 * 6 * 3600)
+        );
+        assert_eq!(partition_width(day), Duration::from_secs(6 * 3600));
+        assert_eq!(partition_width(Duration::from_secs(300)), PARTITION_MIN);
     }
 }

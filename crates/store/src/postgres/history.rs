@@ -1,7 +1,7 @@
 //! Reading the ledger (runs, attempts, statistics), captured output, and retention.
 
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
-use super::{PgResult, Tx};
+use super::{partitions, PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
 use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL, SKIP_REASONS_SQL};
 use crate::{AppendOutcome, Page, RunQuery, StoreError};
@@ -154,19 +154,27 @@ pub async fn append_output(
     // The attempt's row is locked: appends of one attempt take turns, each at the end.
     let stmt = tx
         .prepare_cached(
-            "SELECT token, state, output_bytes, output_truncated, worker_id FROM attempts \
-             WHERE id = $1 FOR UPDATE",
+            "SELECT token, state, output_bytes, output_truncated, worker_id, run_scheduled_for \
+             FROM attempts WHERE id = $1 FOR UPDATE",
         )
         .await?;
     let Some(row) = tx.query_opt(&stmt, &[&attempt_id]).await? else {
         return Ok(AppendOutcome::Rejected);
     };
-    let (held, state, stored, truncated, holder): (i64, &str, i64, bool, &str) = (
+    let (held, state, stored, truncated, holder, run_scheduled_for): (
+        i64,
+        &str,
+        i64,
+        bool,
+        &str,
+        i64,
+    ) = (
         row.try_get(0)?,
         row.try_get(1)?,
         row.try_get(2)?,
         row.try_get(3)?,
         row.try_get(4)?,
+        row.try_get(5)?,
     );
     if held != token || state != "running" || holder != worker_id {
         return Ok(AppendOutcome::Rejected);
@@ -181,11 +189,17 @@ pub async fn append_output(
     };
     if kept > 0 {
         let stmt = tx
-            .prepare_cached("INSERT INTO output (attempt_id, \"offset\", data) VALUES ($1, $2, $3)")
+            .prepare_cached(
+                "INSERT INTO output (attempt_id, \"offset\", data, run_scheduled_for) \
+                 VALUES ($1, $2, $3, $4)",
+            )
             .await?;
         let data = bytes.get(..kept as usize).unwrap_or(bytes);
-        tx.execute(&stmt, &[&attempt_id, &offset(stored)?, &data])
-            .await?;
+        tx.execute(
+            &stmt,
+            &[&attempt_id, &offset(stored)?, &data, &run_scheduled_for],
+        )
+        .await?;
     }
     let stmt = tx
         .prepare_cached(
@@ -215,15 +229,34 @@ pub async fn read_output(tx: &Tx<'_>, attempt_id: i64, offset: u64) -> PgResult<
     Ok(out)
 }
 
+/// Deletes up to `limit` runs that finished before `before`, with their attempts and output,
+/// except those in time partitions still within retention (`partitions::live_instants`): those
+/// go whole, by `partitions::drop_one`, once the partition has expired.
 pub async fn delete_finished_runs(tx: &Tx<'_>, before: Instant, limit: u32) -> PgResult<u64> {
+    let spans = partitions::spans(tx).await?;
+    let (live_starts, live_ends) =
+        partitions::live_instants(&spans, micros(before)).unwrap_or((i64::MAX, i64::MAX));
     let stmt = tx
         .prepare_cached(
-            "DELETE FROM runs WHERE id IN (SELECT id FROM runs \
-             WHERE finished_at < $1 AND state NOT IN ('waiting', 'queued', 'running') \
-             LIMIT $2)",
+            "WITH gone AS ( \
+                 DELETE FROM runs WHERE id IN (SELECT id FROM runs \
+                     WHERE finished_at < $1 AND state NOT IN ('waiting', 'queued', 'running') \
+                     AND (scheduled_for < $3 OR scheduled_for >= $4) \
+                     LIMIT $2) \
+                 RETURNING id), \
+             gone_attempts AS ( \
+                 DELETE FROM attempts WHERE run_id IN (SELECT id FROM gone) RETURNING id), \
+             gone_output AS ( \
+                 DELETE FROM output WHERE attempt_id IN (SELECT id FROM gone_attempts)) \
+             SELECT count(*) FROM gone",
         )
         .await?;
-    Ok(tx
-        .execute(&stmt, &[&micros(before), &i64::from(limit)])
-        .await?)
+    let row = tx
+        .query_one(
+            &stmt,
+            &[&micros(before), &i64::from(limit), &live_starts, &live_ends],
+        )
+        .await?;
+    let deleted: i64 = row.try_get(0)?;
+    Ok(u64::try_from(deleted).unwrap_or(0))
 }

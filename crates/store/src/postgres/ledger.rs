@@ -870,29 +870,38 @@ pub async fn start_attempts(
     let ids = sorted(starts.iter().map(|s| s.run_id));
     let stmt = tx
         .prepare_cached(
-            "SELECT id, state, attempts FROM runs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+            "SELECT id, state, attempts, scheduled_for FROM runs WHERE id = ANY($1) \
+             ORDER BY id FOR UPDATE",
         )
         .await?;
-    let mut queued: HashMap<i64, u32> = HashMap::new();
+    // Each queued run's attempts so far, and its instant (its attempts' partition key).
+    let mut queued: HashMap<i64, (u32, i64)> = HashMap::new();
     for row in tx.query(&stmt, &[&ids]).await? {
         let state: &str = row.try_get(1)?;
         if state == RunState::Queued.as_str() {
             let attempts = rows::count("attempts", row.try_get::<_, i32>(2)?)?;
-            queued.insert(row.try_get(0)?, attempts);
+            queued.insert(row.try_get(0)?, (attempts, row.try_get(3)?));
         }
     }
     let mut numbers = Vec::with_capacity(starts.len());
-    let (mut run_ids, mut nums, mut workers, mut tokens, mut leases) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut run_ids, mut instants, mut nums, mut workers, mut tokens, mut leases) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
     for start in starts {
         // Removed once started: the same run twice in a batch gets one attempt.
-        let Some(attempts) = queued.remove(&start.run_id) else {
+        let Some((attempts, instant)) = queued.remove(&start.run_id) else {
             numbers.push(None);
             continue;
         };
         let number = attempts + 1;
         numbers.push(Some(number));
         run_ids.push(start.run_id);
+        instants.push(instant);
         nums.push(rows::int("attempt number", number)?);
         workers.push(start.worker_id.as_str());
         tokens.push(start.token);
@@ -903,17 +912,27 @@ pub async fn start_attempts(
         let stmt = tx
             .prepare_cached(
                 "INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
-                 lease_expires_at) \
-                 SELECT u.run_id, u.number, u.worker_id, u.token, 'running', $6, u.lease \
-                 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bigint[]) \
-                     AS u(run_id, number, worker_id, token, lease) \
+                 lease_expires_at, run_scheduled_for) \
+                 SELECT u.run_id, u.number, u.worker_id, u.token, 'running', $6, u.lease, \
+                     u.instant \
+                 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bigint[], \
+                     $7::bigint[]) \
+                     AS u(run_id, number, worker_id, token, lease, instant) \
                  RETURNING run_id, id",
             )
             .await?;
         let inserted = tx
             .query(
                 &stmt,
-                &[&run_ids, &nums, &workers, &tokens, &leases, &micros(now)],
+                &[
+                    &run_ids,
+                    &nums,
+                    &workers,
+                    &tokens,
+                    &leases,
+                    &micros(now),
+                    &instants,
+                ],
             )
             .await?;
         for row in inserted {

@@ -29,6 +29,7 @@ mod ledger;
 mod namespaces;
 mod notifications;
 mod notify;
+mod partitions;
 mod rows;
 mod schema;
 mod tokens;
@@ -39,6 +40,9 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use notify::{Announcer, Channel, Kind};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, NoTls};
+
+#[doc(hidden)]
+pub use schema::migrations_through;
 
 /// The transaction every query function runs in.
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
@@ -559,6 +563,25 @@ impl Store for PgStore {
             &tx, before, limit
         )
         .await?)
+    }
+
+    async fn prepare_run_partitions(&self, now: Instant, width: Duration) -> Result<u32> {
+        transact!(self, write, |tx| partitions::prepare(&tx, now, width)
+            .await?)
+    }
+
+    async fn drop_expired_run_partitions(&self, before: Instant) -> Result<u64> {
+        let droppable = transact!(self, read, |tx| partitions::droppable(&tx, before).await?)?;
+        let mut dropped = 0;
+        for (span, runs) in droppable {
+            // One transaction each: the parents stay locked only while one partition goes.
+            if transact!(self, write, |tx| partitions::drop_one(&tx, &span, before)
+                .await?)?
+            {
+                dropped += runs;
+            }
+        }
+        Ok(dropped)
     }
 
     async fn delete_audit_before(&self, before: Instant, limit: u32) -> Result<u64> {
