@@ -282,6 +282,9 @@ enum Scenario {
         /// Seconds between samples.
         #[arg(long, default_value_t = 60)]
         sample_seconds: u64,
+        /// Have the node make time partitions of runs (`sked server --partition-runs`).
+        #[arg(long)]
+        partition_runs: bool,
     },
     /// Takeover of a killed node's partitions: three `sked server` processes on PostgreSQL
     /// (needs --database-url), one killed with SIGKILL at a time.
@@ -445,6 +448,7 @@ fn main() -> Result<()> {
                 slots,
                 retention_seconds,
                 sample_seconds,
+                partition_runs,
             } => {
                 let options = soak::Options {
                     schedules,
@@ -452,6 +456,7 @@ fn main() -> Result<()> {
                     slots,
                     retention: std::time::Duration::from_secs(retention_seconds),
                     sample: std::time::Duration::from_secs(sample_seconds.max(1)),
+                    partition_runs,
                 };
                 soak::run(database_url, options).await
             }

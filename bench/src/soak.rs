@@ -22,6 +22,7 @@ pub struct Options {
     pub slots: u32,
     pub retention: Duration,
     pub sample: Duration,
+    pub partition_runs: bool,
 }
 
 pub async fn run(database_url: Option<&str>, options: Options) -> Result<Value> {
@@ -39,6 +40,7 @@ pub async fn run(database_url: Option<&str>, options: Options) -> Result<Value> 
     let (store, place) = store_with_jobs(database_url, jobs).await?;
     let config = ServerConfig {
         retention: Some(options.retention),
+        partition_runs: options.partition_runs,
         ..ServerConfig::default()
     };
     let mut server = start_configured(store, place, 1, config).await?;
@@ -81,6 +83,7 @@ pub async fn run(database_url: Option<&str>, options: Options) -> Result<Value> 
         "schedules": options.schedules,
         "seconds": options.seconds,
         "retention_seconds": options.retention.as_secs(),
+        "partition_runs": options.partition_runs,
         "completions_sent": completed?,
         "samples": samples?,
     }))

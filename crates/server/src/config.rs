@@ -23,6 +23,8 @@ pub struct ServerConfig {
     pub max_lease_wait: Duration,
     /// Finished runs older than this are deleted with their output; `None` keeps them forever.
     pub retention: Option<Duration>,
+    /// Make time partitions of runs (on a store that has them) for retention to drop whole.
+    pub partition_runs: bool,
     /// Most instants written to the ledger in one transaction.
     pub fire_batch: usize,
     /// How long this node's partition and maintenance leases last unrenewed; it renews them
@@ -99,6 +101,7 @@ impl Default for ServerConfig {
             output_cap: 1024 * 1024,
             max_lease_wait: Duration::from_secs(30),
             retention: Some(Duration::from_secs(30 * 24 * 3600)),
+            partition_runs: false,
             fire_batch: 2000,
             node_lease: Duration::from_secs(3),
             node_name: "sked".to_string(),

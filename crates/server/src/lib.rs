@@ -247,7 +247,7 @@ pub async fn serve(
         "retention",
         maintenance::retention::run(state.clone(), stop_rx.clone()),
     ));
-    if let Some(retention) = config.retention {
+    if let (Some(retention), true) = (config.retention, config.partition_runs) {
         duties.spawn(duty(
             "partitions of runs",
             maintenance::retention::prepare_partitions(state.clone(), retention, stop_rx.clone()),

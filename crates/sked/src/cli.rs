@@ -270,6 +270,10 @@ pub struct ServerArgs {
     /// Finished runs older than this are deleted ("0s" keeps them forever).
     #[arg(long, env = "SKED_RETENTION", default_value = "30days")]
     pub retention: HumanDuration,
+    /// On PostgreSQL, make time partitions of runs so that retention drops expired runs a
+    /// partition at a time (experimental: docs/OPERATIONS.md, "PostgreSQL").
+    #[arg(long, env = "SKED_PARTITION_RUNS")]
+    pub partition_runs: bool,
     /// Workers declared dead are forgotten once silent this long.
     #[arg(long, env = "SKED_WORKER_RETENTION", default_value = "1day")]
     pub worker_retention: HumanDuration,

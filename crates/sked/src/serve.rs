@@ -334,6 +334,7 @@ fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConf
         heartbeat_timeout: args.heartbeat_timeout.0,
         output_cap: args.output_cap,
         retention: Some(args.retention.0).filter(|r| !r.is_zero()),
+        partition_runs: args.partition_runs,
         node_lease: args.node_lease.0,
         node_name: host_name(),
         connections: ConnectionLimits {

@@ -1872,6 +1872,19 @@ pub async fn expired_partitions_of_runs_go_whole(store: &dyn Store) {
     assert!(store.get_run(backfilled.run_id).await.unwrap().is_some());
 }
 
+/// For a store that partitions runs by instant (PostgreSQL): a run recorded ahead of the
+/// clock, before any partition covered its instant, does not stop partitions being made.
+pub async fn a_run_ahead_of_the_partitions_does_not_stop_them(store: &dyn Store) {
+    let hour = Duration::from_secs(3600);
+    let base = Utc::now();
+    let j = put(store, "ahead", every_second(serde_json::json!({}))).await;
+    let ahead = fire_one(store, fire(j.id, base + Span::minutes(30))).await;
+    assert!(store.prepare_run_partitions(base, hour).await.unwrap() >= 1);
+    assert!(store.get_run(ahead.run_id).await.unwrap().is_some());
+    let next = fire_one(store, fire(j.id, base + Span::minutes(100))).await;
+    assert!(store.get_run(next.run_id).await.unwrap().is_some());
+}
+
 pub async fn queued_runs_carry_dispatch_details(store: &dyn Store) {
     let j = put(
         store,

@@ -139,6 +139,16 @@ async fn expired_partitions_of_runs_go_whole() {
     sked_store::contract::expired_partitions_of_runs_go_whole(&store).await;
 }
 
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test]
+async fn a_run_ahead_of_the_partitions_does_not_stop_them() {
+    let (store, _schema) = open().await;
+    sked_store::contract::a_run_ahead_of_the_partitions_does_not_stop_them(&store).await;
+}
+
 fn job() -> sked_core::job::ValidJob {
     sked_store::contract::job(
         "kept",

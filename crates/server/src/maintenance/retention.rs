@@ -6,10 +6,11 @@
 //! than the run retention. Active runs and live workers are never
 //! touched.
 //!
-//! On a store that partitions runs by instant (PostgreSQL), a quarter of the run retention is
-//! one partition ([`partition_width`]): partitions are made ahead of the clock every minute,
-//! and a retention pass drops those whose runs have all expired before it deletes what is left
-//! row by row. A run is then kept for at least the retention and at most a partition longer.
+//! On a store that partitions runs by instant (PostgreSQL), a retention pass first drops the
+//! partitions whose runs have all expired, then deletes what is left row by row. Time
+//! partitions, a quarter of the run retention each ([`partition_width`]), are made ahead of
+//! the clock every minute only with `partition_runs` (experimental); a run in one is kept for
+//! at least the retention and at most a partition longer.
 
 use crate::AppState;
 use chrono::Utc;

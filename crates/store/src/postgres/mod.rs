@@ -150,6 +150,7 @@ impl PgStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
+
         let where_ = describe(&config);
         let manager = Manager::from_config(
             config.clone(),

@@ -24,13 +24,21 @@ use chrono::{DateTime, Utc};
 use std::time::Duration;
 
 /// How long partition maintenance waits for its locks before it gives up for this pass.
-const LOCK_WAIT: &str = "500ms";
+const LOCK_WAIT: &str = "200ms";
 /// A new partition starts at least this far ahead of the clock, so no run recorded for an
 /// instant just before it (by a node whose clock is a little ahead) sits in the default
 /// partition across its bounds, which would make creating it fail.
 const LEAD: i64 = 60 * 1_000_000;
-/// The three tables partitioned alike, in the store's lock order.
-const TABLES: [&str; 3] = ["runs", "attempts", "output"];
+/// The three tables partitioned alike, in the store's lock order, with the keys each of their
+/// partitions has of its own. A partitioned table's keys must hold its partition key, and
+/// these do not: they hold within a partition, and so everywhere, since a run's attempts and
+/// output sit in its partition and ids come from one sequence per table. Kept per partition
+/// rather than with the instant added, so a lookup by id is planned as one row per partition.
+const LOCAL_KEYS: [(&str, &str); 3] = [
+    ("runs", "PRIMARY KEY (id)"),
+    ("attempts", "PRIMARY KEY (id), ADD UNIQUE (run_id, number)"),
+    ("output", "PRIMARY KEY (attempt_id, \"offset\")"),
+];
 
 /// One row of `run_partitions`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,16 +49,15 @@ pub struct Span {
     pub ends: i64,
 }
 
-/// The spans to create so that instants up to `now + 2 × width` have a partition: from where
-/// the last partition ends (or from just ahead of the clock, if that is already past) to the
-/// next multiple of `width` since the epoch, then a whole `width` each. A first piece shorter
-/// than half a width is joined to the next. All in microseconds.
-pub fn spans_to_create(last_end: i64, now: i64, width: i64) -> Vec<(i64, i64)> {
+/// The spans to create so that instants up to `until` have a partition: from where the last
+/// partition ends, but not before `not_before`, to the next multiple of `width` since the
+/// epoch, then a whole `width` each. A first piece shorter than half a width is joined to the
+/// next. All in microseconds.
+pub fn spans_to_create(last_end: i64, not_before: i64, until: i64, width: i64) -> Vec<(i64, i64)> {
     let width = width.max(1);
-    let horizon = now.saturating_add(width.saturating_mul(2));
-    let mut start = last_end.max(now.saturating_add(LEAD));
+    let mut start = last_end.max(not_before);
     let mut spans = Vec::new();
-    while start < horizon {
+    while start < until {
         let mut end = (start.div_euclid(width) + 1).saturating_mul(width);
         if end - start < width / 2 {
             end = end.saturating_add(width);
@@ -94,8 +101,9 @@ pub async fn spans(tx: &Tx<'_>) -> PgResult<Vec<Span>> {
     Ok(spans)
 }
 
-/// Creates the partitions instants up to `now + 2 × width` need, under a transaction-wide
-/// advisory lock so that two nodes never create the same one. Returns how many were created.
+/// Creates the partitions instants up to `now + 2 × width` need, starting at least [`LEAD`]
+/// ahead of the clock, under a transaction-wide advisory lock so that two nodes never create
+/// the same one. Returns how many were created.
 pub async fn prepare(tx: &Tx<'_>, now: Instant, width: Duration) -> PgResult<u32> {
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtext('sked.run_partitions'))",
@@ -104,18 +112,42 @@ pub async fn prepare(tx: &Tx<'_>, now: Instant, width: Duration) -> PgResult<u32
     .await?;
     let last_end = spans(tx).await?.last().map_or(i64::MIN, |s| s.ends);
     let width = i64::try_from(width.as_micros()).unwrap_or(i64::MAX);
-    let planned = spans_to_create(last_end, micros(now), width);
-    if planned.is_empty() {
-        return Ok(0);
-    }
+    let (now, until) = (
+        micros(now),
+        micros(now).saturating_add(width.saturating_mul(2)),
+    );
+    // A run the default partition holds in the span of a new partition (recorded by a node
+    // whose clock ran far ahead) would make creating it fail: the partitions start after it.
+    let stmt = tx
+        .prepare_cached(
+            "SELECT max(scheduled_for) FROM runs_default \
+             WHERE scheduled_for >= $1 AND scheduled_for < $2",
+        )
+        .await?;
+    let mut not_before = now.saturating_add(LEAD);
+    let planned = loop {
+        let planned = spans_to_create(last_end, not_before, until, width);
+        let (Some(first), Some(last)) = (planned.first(), planned.last()) else {
+            return Ok(0);
+        };
+        let occupied: Option<i64> = tx
+            .query_one(&stmt, &[&first.0, &last.1])
+            .await?
+            .try_get(0)?;
+        match occupied {
+            Some(instant) => not_before = instant.saturating_add(1),
+            None => break planned,
+        }
+    };
     tx.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_WAIT}'"))
         .await?;
     for (starts, ends) in &planned {
         let name = name_of(*starts)?;
-        for table in TABLES {
+        for (table, keys) in LOCAL_KEYS {
             tx.batch_execute(&format!(
                 "CREATE TABLE {table}_{name} PARTITION OF {table} \
-                 FOR VALUES FROM ({starts}) TO ({ends})"
+                 FOR VALUES FROM ({starts}) TO ({ends}); \
+                 ALTER TABLE {table}_{name} ADD {keys}"
             ))
             .await?;
         }
@@ -195,9 +227,10 @@ mod tests {
     fn partitions_are_made_ahead_of_the_clock_on_multiples_of_the_width() {
         let width = 60 * MINUTE;
         let now = 1000 * width + 10 * MINUTE;
+        let until = now + 2 * width;
         // Nothing yet: from just ahead of the clock to the next boundary, then whole widths,
         // until two widths ahead.
-        let spans = spans_to_create(i64::MIN, now, width);
+        let spans = spans_to_create(i64::MIN, now + LEAD, until, width);
         assert_eq!(
             spans,
             vec![
@@ -208,14 +241,19 @@ mod tests {
         );
         // Contiguous with the last partition while it ends ahead of the clock.
         assert_eq!(
-            spans_to_create(1002 * width, now, width),
+            spans_to_create(1002 * width, now + LEAD, until, width),
             vec![(1002 * width, 1003 * width)]
         );
-        assert!(spans_to_create(1003 * width, now, width).is_empty());
-        // A last partition that ended behind the clock leaves the gap to the default one.
+        assert!(spans_to_create(1003 * width, now + LEAD, until, width).is_empty());
+        // A last partition that ended behind the clock leaves the gap to the default one, and
+        // so does a run the default partition holds ahead of the last partition.
         assert_eq!(
-            spans_to_create(990 * width, now, width)[0],
+            spans_to_create(990 * width, now + LEAD, until, width)[0],
             (now + LEAD, 1001 * width)
+        );
+        assert_eq!(
+            spans_to_create(1001 * width, 1001 * width + 5 * MINUTE, until, width)[0],
+            (1001 * width + 5 * MINUTE, 1002 * width)
         );
     }
 
@@ -223,7 +261,7 @@ mod tests {
     fn a_sliver_before_the_first_boundary_is_joined_to_the_next_partition() {
         let width = 60 * MINUTE;
         let now = 1000 * width + 50 * MINUTE;
-        let spans = spans_to_create(i64::MIN, now, width);
+        let spans = spans_to_create(i64::MIN, now + LEAD, now + 2 * width, width);
         assert_eq!(spans[0], (now + LEAD, 1002 * width));
         for pair in spans.windows(2) {
             assert_eq!(pair[0].1, pair[1].0, "no gaps: {spans:?}");

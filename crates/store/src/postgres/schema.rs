@@ -333,25 +333,24 @@ CREATE INDEX runs_queued ON runs (id) WHERE state = 'queued';
 -- drops a partition of expired runs whole instead of deleting them row by row
 -- (`partitions.rs`). A partitioned table's unique keys must hold its partition key: the
 -- ledger key has `scheduled_for`, so that is the key, and attempts and output carry their
--- run's instant (`run_scheduled_for`) to be partitioned alike. A run's or an attempt's id is
--- unique with the instant beside it (the ids come from one sequence each, so alone as well),
--- and no table references another: retention deletes a run's attempts and output with it.
+-- run's instant (`run_scheduled_for`) to be partitioned alike. Ids are keys of each partition
+-- (`partitions::LOCAL_KEYS`): a run's attempts and output sit in its partition, and the ids
+-- come from one sequence each, so they are unique across them too. No table references
+-- another: retention deletes a run's attempts and output with it.
 --
--- What the tables held becomes one partition of each, `*_legacy`, for every instant before
--- the upgrade (its attempts and output say instant 0, which is below them all). Later
--- instants go to `*_default` until time partitions are created ahead of the clock.
+-- What the tables held becomes one partition of each, `*_legacy`, with its keys and indexes,
+-- for every instant before the upgrade (its attempts and output say instant 0, below them
+-- all). Later instants go to `*_default` until time partitions are made ahead of the clock.
 ALTER TABLE output DROP CONSTRAINT output_attempt_id_fkey;
 ALTER TABLE attempts DROP CONSTRAINT attempts_run_id_fkey;
 ALTER TABLE attempts ADD COLUMN run_scheduled_for BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE output ADD COLUMN run_scheduled_for BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE runs DROP CONSTRAINT runs_pkey;
-ALTER TABLE attempts DROP CONSTRAINT attempts_pkey, DROP CONSTRAINT attempts_run_id_number_key;
-ALTER TABLE output DROP CONSTRAINT output_pkey;
 ALTER TABLE runs ALTER COLUMN id DROP IDENTITY;
 ALTER TABLE attempts ALTER COLUMN id DROP IDENTITY;
 ALTER TABLE runs RENAME TO runs_legacy;
 ALTER TABLE attempts RENAME TO attempts_legacy;
 ALTER TABLE output RENAME TO output_legacy;
+ALTER INDEX runs_pkey RENAME TO runs_legacy_pkey;
 ALTER INDEX runs_ledger_key RENAME TO runs_legacy_ledger_key;
 ALTER INDEX runs_by_job_name RENAME TO runs_legacy_by_job_name;
 ALTER INDEX runs_by_namespace RENAME TO runs_legacy_by_namespace;
@@ -362,8 +361,11 @@ ALTER INDEX runs_waiting_pings RENAME TO runs_legacy_waiting_pings;
 ALTER INDEX runs_pinned RENAME TO runs_legacy_pinned;
 ALTER INDEX runs_overlap_waiting RENAME TO runs_legacy_overlap_waiting;
 ALTER INDEX runs_queued RENAME TO runs_legacy_queued;
+ALTER INDEX attempts_pkey RENAME TO attempts_legacy_pkey;
+ALTER INDEX attempts_run_id_number_key RENAME TO attempts_legacy_run_id_number_key;
 ALTER INDEX attempts_running RENAME TO attempts_legacy_running;
 ALTER INDEX attempts_leases RENAME TO attempts_legacy_leases;
+ALTER INDEX output_pkey RENAME TO output_legacy_pkey;
 
 CREATE SEQUENCE runs_id_seq;
 SELECT setval('runs_id_seq', coalesce(max(id), 0) + 1, false) FROM runs_legacy;
@@ -371,7 +373,6 @@ CREATE TABLE runs (LIKE runs_legacy INCLUDING DEFAULTS) PARTITION BY RANGE (sche
 ALTER TABLE runs ALTER COLUMN id SET DEFAULT nextval('runs_id_seq');
 ALTER SEQUENCE runs_id_seq OWNED BY runs.id;
 ALTER TABLE runs ADD CONSTRAINT runs_ledger_key UNIQUE (job_id, scheduled_for, shard);
-CREATE UNIQUE INDEX runs_by_id ON runs (id, scheduled_for);
 CREATE INDEX runs_by_job_name ON runs (namespace, job, scheduled_for DESC, id DESC);
 CREATE INDEX runs_by_namespace ON runs (namespace, scheduled_for DESC, id DESC);
 CREATE INDEX runs_active ON runs (job_id, state) WHERE state IN ('waiting', 'queued', 'running');
@@ -393,16 +394,12 @@ CREATE TABLE attempts (LIKE attempts_legacy INCLUDING DEFAULTS)
 ALTER TABLE attempts ALTER COLUMN id SET DEFAULT nextval('attempts_id_seq'),
     ALTER COLUMN run_scheduled_for DROP DEFAULT;
 ALTER SEQUENCE attempts_id_seq OWNED BY attempts.id;
-ALTER TABLE attempts ADD CONSTRAINT attempts_run_number_key
-    UNIQUE (run_id, number, run_scheduled_for);
-CREATE UNIQUE INDEX attempts_by_id ON attempts (id, run_scheduled_for);
 CREATE INDEX attempts_running ON attempts (worker_id) WHERE state = 'running';
 CREATE INDEX attempts_leases ON attempts (lease_expires_at) WHERE state = 'running';
 
 CREATE TABLE output (LIKE output_legacy INCLUDING DEFAULTS)
     PARTITION BY RANGE (run_scheduled_for);
 ALTER TABLE output ALTER COLUMN run_scheduled_for DROP DEFAULT;
-ALTER TABLE output ADD CONSTRAINT output_pkey PRIMARY KEY (attempt_id, "offset", run_scheduled_for);
 
 -- The time partitions: `name` makes the tables' names (`runs_<name>` and its siblings);
 -- `starts` is NULL for the legacy partition, which holds every instant before `ends`.
@@ -427,9 +424,13 @@ BEGIN
     INSERT INTO run_partitions (name, starts, ends) VALUES ('legacy', NULL, upgraded);
 END
 $$;
+-- With the keys every partition has (`partitions::LOCAL_KEYS`).
 CREATE TABLE runs_default PARTITION OF runs DEFAULT;
+ALTER TABLE runs_default ADD PRIMARY KEY (id);
 CREATE TABLE attempts_default PARTITION OF attempts DEFAULT;
+ALTER TABLE attempts_default ADD PRIMARY KEY (id), ADD UNIQUE (run_id, number);
 CREATE TABLE output_default PARTITION OF output DEFAULT;
+ALTER TABLE output_default ADD PRIMARY KEY (attempt_id, "offset");
 "#,
 ];
 
