@@ -1767,10 +1767,11 @@ pub async fn stats_count_outcomes_and_lateness(store: &dyn Store) {
     );
 }
 
-pub async fn retention_deletes_only_finished_runs(store: &dyn Store) {
-    let j = put(store, "ret", every_second(serde_json::json!({}))).await;
-    let done = fire_one(store, fire(j.id, t0() + secs(1))).await;
-    let attempt = start(store, done.run_id, "w", 1, t0() + secs(1)).await;
+/// A run of `job_id` at `at` that wrote some output and succeeded a second later: its id and
+/// its attempt's.
+async fn succeeded_with_output(store: &dyn Store, job_id: i64, at: Instant) -> (i64, i64) {
+    let fired = fire_one(store, fire(job_id, at)).await;
+    let attempt = start(store, fired.run_id, "w", 1, at).await;
     store
         .append_output(attempt, 1, "w", b"some output", 1024)
         .await
@@ -1778,16 +1779,22 @@ pub async fn retention_deletes_only_finished_runs(store: &dyn Store) {
     complete(
         store,
         report(attempt, 1, AttemptOutcome::Succeeded),
-        t0() + secs(2),
+        at + secs(1),
     )
     .await;
+    (fired.run_id, attempt)
+}
+
+pub async fn retention_deletes_only_finished_runs(store: &dyn Store) {
+    let j = put(store, "ret", every_second(serde_json::json!({}))).await;
+    let (done, attempt) = succeeded_with_output(store, j.id, t0() + secs(1)).await;
     let queued = fire_one(store, fire(j.id, t0() + secs(2))).await;
     let deleted = store
         .delete_finished_runs(t0() + secs(100), 1000)
         .await
         .unwrap();
     assert_eq!(deleted, 1);
-    assert!(store.get_run(done.run_id).await.unwrap().is_none());
+    assert!(store.get_run(done).await.unwrap().is_none());
     assert!(store.read_output(attempt, 0).await.unwrap().is_empty());
     assert!(store.get_run(queued.run_id).await.unwrap().is_some());
 }
@@ -1811,21 +1818,7 @@ pub async fn expired_partitions_of_runs_go_whole(store: &dyn Store) {
     );
     assert_eq!(store.prepare_run_partitions(base, hour).await.unwrap(), 0);
     let j = put(store, "parts", every_second(serde_json::json!({}))).await;
-    let finished = |at: Instant| async move {
-        let fired = fire_one(store, fire(j.id, at)).await;
-        let attempt = start(store, fired.run_id, "w", 1, at).await;
-        store
-            .append_output(attempt, 1, "w", b"some output", 1024)
-            .await
-            .unwrap();
-        complete(
-            store,
-            report(attempt, 1, AttemptOutcome::Succeeded),
-            at + secs(1),
-        )
-        .await;
-        (fired.run_id, attempt)
-    };
+    let finished = |at: Instant| succeeded_with_output(store, j.id, at);
     // In the first time partition, which ends at least half an hour after `base`: one run
     // finished, one still queued.
     let (early, early_attempt) = finished(base + minutes(2)).await;
