@@ -210,10 +210,11 @@ pub async fn drop_one(tx: &Tx<'_>, span: &Span, before: Instant) -> PgResult<boo
     }
     let name = &span.name;
     tx.batch_execute(&format!(
-        "DROP TABLE output_{name}, attempts_{name}, runs_{name}; \
-         DELETE FROM run_partitions WHERE name = '{name}'"
+        "DROP TABLE output_{name}, attempts_{name}, runs_{name}"
     ))
     .await?;
+    tx.execute("DELETE FROM run_partitions WHERE name = $1", &[name])
+        .await?;
     Ok(true)
 }
 
