@@ -812,7 +812,8 @@ pub trait Store: Send + Sync + 'static {
     /// them whole later.
     async fn delete_finished_runs(&self, before: Instant, limit: u32) -> Result<u64>;
     /// Makes the partitions runs up to `now + 2 × width` will need, each `width` of instants
-    /// long, and says how many it made. A store that does not partition runs makes none.
+    /// long, and says how many it made; keeps the planner's view of those filling up to date.
+    /// A store that does not partition runs makes none.
     async fn prepare_run_partitions(&self, _now: Instant, _width: Duration) -> Result<u32> {
         Ok(0)
     }

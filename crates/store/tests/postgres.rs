@@ -8,7 +8,8 @@
 //! cannot pass for green.
 
 use sked_core::cluster::{partition_of, PARTITIONS, PARTITION_SQL};
-use sked_store::{NodeInfo, PgStore, PutMode, Store, StoreError, StoreEvent};
+use sked_core::run::Trigger;
+use sked_store::{Fire, NodeInfo, PgStore, PutMode, Store, StoreError, StoreEvent};
 use std::time::Duration;
 use tokio_postgres::NoTls;
 
@@ -147,6 +148,125 @@ async fn expired_partitions_of_runs_go_whole() {
 async fn a_run_ahead_of_the_partitions_does_not_stop_them() {
     let (store, _schema) = open().await;
     sked_store::contract::a_run_ahead_of_the_partitions_does_not_stop_them(&store).await;
+}
+
+/// A time partition filling faster than autovacuum looks at it is analyzed by the partition
+/// upkeep, so statements on it are planned for the rows it holds rather than for an empty
+/// table; and only again once it has changed as much as it held.
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test]
+async fn a_filling_partition_is_analyzed_by_the_upkeep() {
+    let (store, schema) = open().await;
+    let base = chrono::Utc::now();
+    let hour = Duration::from_secs(3600);
+    assert!(store.prepare_run_partitions(base, hour).await.unwrap() >= 1);
+    let first = schema
+        .query_one("SELECT name, starts FROM run_partitions WHERE starts IS NOT NULL ORDER BY starts LIMIT 1")
+        .await;
+    let (name, starts): (String, i64) = (first.get(0), first.get(1));
+    let runs = format!("runs_{name}");
+    // Autovacuum is left out of it, so what analyzes the partition is the upkeep.
+    admin(&schema.url())
+        .await
+        .batch_execute(&format!(
+            "ALTER TABLE {runs} SET (autovacuum_enabled = false)"
+        ))
+        .await
+        .unwrap();
+    let (_, j) = store
+        .put_job("default", &job(), PutMode::CreateOnly, base)
+        .await
+        .unwrap();
+    let starts = chrono::DateTime::from_timestamp_micros(starts).unwrap();
+    for batch in 0..4 {
+        let fires: Vec<Fire> = (0..500)
+            .map(|i| {
+                let at = starts + chrono::Duration::milliseconds(batch * 500 + i);
+                Fire {
+                    job_id: j.id,
+                    scheduled_for: at,
+                    trigger: Trigger::Manual,
+                    skip: None,
+                    ready_at: at,
+                    advance: None,
+                }
+            })
+            .collect();
+        assert_eq!(
+            store.record_fires(&fires, base).await.unwrap().runs.len(),
+            500
+        );
+    }
+    let analyzed = format!(
+        "SELECT s.analyze_count, c.reltuples::bigint FROM pg_stat_user_tables s \
+         JOIN pg_class c ON c.oid = s.relid WHERE s.relid = '{runs}'::regclass"
+    );
+    // A backend reports its changes to the statistics views within seconds, not at once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        store.prepare_run_partitions(base, hour).await.unwrap();
+        let row = schema.query_one(&analyzed).await;
+        if row.get::<_, i64>(0) > 0 {
+            assert_eq!(row.get::<_, i64>(0), 1);
+            assert_eq!(row.get::<_, i64>(1), 2000, "analyzed with all its runs");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{runs} was never analyzed"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    store.prepare_run_partitions(base, hour).await.unwrap();
+    let row = schema.query_one(&analyzed).await;
+    assert_eq!(
+        row.get::<_, i64>(0),
+        1,
+        "not again while it has not changed"
+    );
+}
+
+/// Making partitions waits for a reader of `runs` a few times over, so a query of a few
+/// seconds delays it rather than stopping it; one that outlasts every try makes it give up
+/// for this pass, with nothing half made.
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test]
+async fn a_long_reader_of_runs_delays_making_partitions() {
+    let (store, schema) = open().await;
+    let hour = Duration::from_secs(3600);
+    let now = chrono::Utc::now();
+    let reader = admin(&schema.url()).await;
+    let read = "BEGIN; SELECT count(*) FROM runs";
+    reader.batch_execute(read).await.unwrap();
+    let err = store.prepare_run_partitions(now, hour).await.unwrap_err();
+    assert!(err.to_string().contains("lock timeout"), "{err}");
+    let listed = "SELECT count(*) FROM run_partitions";
+    assert_eq!(
+        schema.query_one(listed).await.get::<_, i64>(0),
+        1,
+        "the legacy one alone"
+    );
+    let partitions = "SELECT count(*) FROM pg_inherits WHERE inhparent = 'runs'::regclass";
+    assert_eq!(schema.query_one(partitions).await.get::<_, i64>(0), 2);
+    reader.batch_execute("COMMIT").await.unwrap();
+
+    // A reader that is done within the tries.
+    reader.batch_execute(read).await.unwrap();
+    let done = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        reader.batch_execute("COMMIT").await.unwrap();
+    });
+    let made = store.prepare_run_partitions(now, hour).await.unwrap();
+    assert!(made >= 2, "made {made}");
+    done.await.unwrap();
+    let listed_now = schema.query_one(listed).await.get::<_, i64>(0);
+    assert_eq!(listed_now, 1 + i64::from(made));
 }
 
 fn job() -> sked_core::job::ValidJob {

@@ -9,8 +9,9 @@
 //! On a store that partitions runs by instant (PostgreSQL), a retention pass first drops the
 //! partitions whose runs have all expired, then deletes what is left row by row. Time
 //! partitions, a quarter of the run retention each ([`partition_width`]), are made ahead of
-//! the clock every minute only with `partition_runs` (experimental); a run in one is kept for
-//! at least the retention and at most a partition longer.
+//! the clock only with `partition_runs` (experimental), by a duty that also keeps the
+//! statistics of those filling up to date; a run in one is kept for at least the retention and
+//! at most a partition longer.
 
 use crate::AppState;
 use chrono::Utc;
@@ -27,10 +28,11 @@ const EVENT_FLOOR: Duration = Duration::from_secs(
         + 24 * 3600,
 );
 
-/// How often partitions of runs are made ahead of the clock; each pass makes what the next
-/// two partition widths need, so a node that holds maintenance only now and then still keeps
-/// them ahead.
-const PARTITION_PASS: Duration = Duration::from_secs(60);
+/// How often partitions of runs are made ahead of the clock and their statistics refreshed.
+/// Each pass makes what the next two partition widths need, so a node that holds maintenance
+/// only now and then still keeps them ahead; the pass is this short for the statistics, which
+/// a partition that has just started filling needs within seconds.
+const PARTITION_PASS: Duration = Duration::from_secs(15);
 /// The shortest partition: retention passes come every ten minutes, so a thinner partition
 /// would not go any sooner.
 const PARTITION_MIN: Duration = Duration::from_secs(600);
@@ -41,8 +43,9 @@ pub fn partition_width(retention: Duration) -> Duration {
     (retention / 4).max(PARTITION_MIN)
 }
 
-/// Makes partitions of runs ahead of the clock, each [`partition_width`] of `retention` long;
-/// a duty only while a run retention is set (without one, nothing would drop them).
+/// Makes partitions of runs ahead of the clock, each [`partition_width`] of `retention` long,
+/// and refreshes the statistics of those filling; a duty only while a run retention is set
+/// (without one, nothing would drop them).
 pub async fn prepare_partitions(
     state: AppState,
     retention: Duration,
@@ -129,8 +132,12 @@ async fn delete_old(state: &AppState, retention: Duration) {
             tracing::info!("retention dropped partitions holding {dropped} runs");
             state.metrics.runs_deleted.inc_by(dropped);
         }
-        // The rows are still deleted below, except those of partitions within retention.
-        Err(e) => tracing::error!("retention of partitions of runs: {e}"),
+        // An expired partition left standing would be deleted below row by row, millions of
+        // dead rows where a drop leaves none: the next pass tries the drop again instead.
+        Err(e) => {
+            tracing::error!("retention of partitions of runs (runs kept until the next pass): {e}");
+            return;
+        }
     }
     let deleted = in_batches("runs", || state.store.delete_finished_runs(before, BATCH)).await;
     state.metrics.runs_deleted.inc_by(deleted);

@@ -567,6 +567,13 @@ impl Store for PgStore {
     }
 
     async fn prepare_run_partitions(&self, now: Instant, width: Duration) -> Result<u32> {
+        // Statistics first, in a transaction of their own: they matter every pass, and making
+        // partitions may wait for its locks and give up.
+        let analyzed = transact!(self, write, |tx| partitions::refresh_statistics(&tx)
+            .await?)?;
+        if analyzed > 0 {
+            tracing::debug!("analyzed {analyzed} filling partitions of runs");
+        }
         transact!(self, write, |tx| partitions::prepare(&tx, now, width)
             .await?)
     }

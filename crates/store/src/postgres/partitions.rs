@@ -11,9 +11,16 @@
 //! deletes from those two row by row, as it does from a time partition it cannot drop yet.
 //!
 //! Creating or dropping a partition locks the three parent tables for a moment (a partition of
-//! a table that has a default one cannot be attached or detached concurrently); these
-//! statements give up after [`LOCK_WAIT`] rather than hold the hot path up behind a long
-//! reader, and the next retention pass tries again.
+//! a table that has a default one cannot be attached or detached concurrently). The lock is
+//! asked for on the parents alone ([`lock_parents`]), so a vacuum of a partition does not hold
+//! it up; each try gives up after [`LOCK_WAIT`] rather than hold the hot path up behind a long
+//! reader, and after [`LOCK_TRIES`] the next pass tries again.
+//!
+//! A partition starts empty, and PostgreSQL plans statements on it by what it knew at its last
+//! ANALYZE; autovacuum gets to a partition filling at thousands of runs a second too late, and
+//! plans made for an empty table (a scan of the whole partition for one run) then bring a busy
+//! node down within minutes. So [`refresh_statistics`] analyzes a time partition each time
+//! it has changed as much as it held at its last ANALYZE.
 //!
 //! This module decides nothing about when runs expire: the caller gives the instant.
 
@@ -22,9 +29,19 @@ use crate::shared::micros;
 use crate::{Instant, StoreError};
 use chrono::{DateTime, Utc};
 use std::time::Duration;
+use tokio_postgres::error::SqlState;
 
-/// How long partition maintenance waits for its locks before it gives up for this pass.
-const LOCK_WAIT: &str = "200ms";
+/// How long one try at the parents' lock waits. The hot path queues behind the waiting lock,
+/// so this is what a node may stall for; shorter waits never got the lock at 5,000 runs a
+/// second, whose batches hold theirs for hundreds of milliseconds.
+const LOCK_WAIT: &str = "1s";
+/// Tries at the parents' lock in one pass, [`LOCK_PAUSE`] apart.
+const LOCK_TRIES: u32 = 3;
+const LOCK_PAUSE: Duration = Duration::from_secs(2);
+/// How long, once the parents are held, creating or dropping waits for the partitions it
+/// touches: only a vacuum or ANALYZE can hold those then, and PostgreSQL cancels an automatic
+/// one that blocks a lock after `deadlock_timeout` (1 s by default).
+const PARTITION_LOCK_WAIT: &str = "5s";
 /// A new partition starts at least this far ahead of the clock, so no run recorded for an
 /// instant just before it (by a node whose clock is a little ahead) sits in the default
 /// partition across its bounds, which would make creating it fail.
@@ -39,6 +56,12 @@ const LOCAL_KEYS: [(&str, &str); 3] = [
     ("attempts", "PRIMARY KEY (id), ADD UNIQUE (run_id, number)"),
     ("output", "PRIMARY KEY (attempt_id, \"offset\")"),
 ];
+
+/// A time partition is analyzed again once its rows changed since its last ANALYZE (inserted,
+/// updated or deleted) number as many as it then held, and this many more: its statistics are
+/// never far from its size, and a partition filling at a steady rate is analyzed a number of
+/// times that grows only with the logarithm of its size.
+const CHANGES_BEFORE_ANALYZE: i64 = 1000;
 
 /// One row of `run_partitions`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,8 +162,7 @@ pub async fn prepare(tx: &Tx<'_>, now: Instant, width: Duration) -> PgResult<u32
             None => break planned,
         }
     };
-    tx.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_WAIT}'"))
-        .await?;
+    lock_parents(tx).await?;
     for (starts, ends) in &planned {
         let name = name_of(*starts)?;
         for (table, keys) in LOCAL_KEYS {
@@ -158,6 +180,74 @@ pub async fn prepare(tx: &Tx<'_>, now: Instant, width: Duration) -> PgResult<u32
         .await?;
     }
     Ok(planned.len() as u32)
+}
+
+/// Analyzes each table of a time partition that has changed as much as it held at its last
+/// ANALYZE (see [`CHANGES_BEFORE_ANALYZE`]); returns how many it analyzed. Under a
+/// transaction-wide advisory lock taken only if free: another node at it is doing the same.
+pub async fn refresh_statistics(tx: &Tx<'_>) -> PgResult<u32> {
+    let free: bool = tx
+        .query_one(
+            "SELECT pg_try_advisory_xact_lock(hashtext('sked.run_partitions.statistics'))",
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    if !free {
+        return Ok(0);
+    }
+    let tables: Vec<&str> = LOCAL_KEYS.iter().map(|(table, _)| *table).collect();
+    // `to_regclass` finds each table on the search path the store uses; the statistics views
+    // count changes since the last ANALYZE by anyone, autovacuum included.
+    let stale = tx
+        .query(
+            "SELECT quote_ident(c.relname) FROM run_partitions p \
+             CROSS JOIN unnest($1::text[]) AS t(name) \
+             JOIN pg_class c ON c.oid = to_regclass(t.name || '_' || p.name) \
+             JOIN pg_stat_user_tables s ON s.relid = c.oid \
+             WHERE p.starts IS NOT NULL \
+               AND s.n_mod_since_analyze >= greatest(c.reltuples, 0)::bigint + $2",
+            &[&tables, &CHANGES_BEFORE_ANALYZE],
+        )
+        .await?;
+    for row in &stale {
+        let table: String = row.try_get(0)?;
+        tx.batch_execute(&format!("ANALYZE {table}")).await?;
+    }
+    Ok(stale.len() as u32)
+}
+
+/// Locks `runs`, `attempts` and `output` (in the store's lock order, without their
+/// partitions) for creating or dropping a partition: up to [`LOCK_TRIES`] tries of
+/// [`LOCK_WAIT`] each, [`LOCK_PAUSE`] apart, each undone by a savepoint when it times out.
+/// Every statement of the hot path names a parent, so holding them is enough to keep it out.
+async fn lock_parents(tx: &Tx<'_>) -> PgResult<()> {
+    tx.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_WAIT}'"))
+        .await?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        tx.batch_execute("SAVEPOINT lock_parents").await?;
+        match tx
+            .batch_execute(
+                "LOCK TABLE ONLY runs, ONLY attempts, ONLY output IN ACCESS EXCLUSIVE MODE",
+            )
+            .await
+        {
+            Ok(()) => break,
+            Err(e) if tries < LOCK_TRIES && e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                tx.batch_execute("ROLLBACK TO SAVEPOINT lock_parents")
+                    .await?;
+                tokio::time::sleep(LOCK_PAUSE).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    tx.batch_execute(&format!(
+        "RELEASE SAVEPOINT lock_parents; SET LOCAL lock_timeout = '{PARTITION_LOCK_WAIT}'"
+    ))
+    .await?;
+    Ok(())
 }
 
 /// Whether the partition's runs are not all finished before `before`: some still active, or
@@ -200,11 +290,7 @@ pub async fn droppable(tx: &Tx<'_>, before: Instant) -> PgResult<Vec<(Span, u64)
 /// the parents are locked first (in the store's lock order), so no run can be recorded into it
 /// between that check and the drop. Says whether it went.
 pub async fn drop_one(tx: &Tx<'_>, span: &Span, before: Instant) -> PgResult<bool> {
-    tx.batch_execute(&format!(
-        "SET LOCAL lock_timeout = '{LOCK_WAIT}'; \
-         LOCK TABLE runs, attempts, output IN ACCESS EXCLUSIVE MODE"
-    ))
-    .await?;
+    lock_parents(tx).await?;
     if holds_kept_runs(tx, &span.name, micros(before)).await? {
         return Ok(false);
     }
