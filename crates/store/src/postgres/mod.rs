@@ -572,7 +572,7 @@ impl Store for PgStore {
         let analyzed = transact!(self, write, |tx| partitions::refresh_statistics(&tx)
             .await?)?;
         if analyzed > 0 {
-            tracing::debug!("analyzed {analyzed} filling partitions of runs");
+            tracing::debug!("analyzed {analyzed} tables of filling partitions of runs");
         }
         transact!(self, write, |tx| partitions::prepare(&tx, now, width)
             .await?)
