@@ -11,7 +11,8 @@
 //! partitions, a quarter of the run retention each ([`partition_width`]), are made ahead of
 //! the clock only with `partition_runs` (experimental), by a duty that also keeps the
 //! statistics of those filling up to date; a run in one is kept for at least the retention and
-//! at most a partition longer.
+//! at most a partition and a retention pass longer (longer still while its drop fails, since a
+//! failed drop keeps the pass from deleting runs row by row).
 
 use crate::AppState;
 use chrono::Utc;
