@@ -568,11 +568,16 @@ impl Store for PgStore {
 
     async fn prepare_run_partitions(&self, now: Instant, width: Duration) -> Result<u32> {
         // Statistics first, in a transaction of their own: they matter every pass, and making
-        // partitions may wait for its locks and give up.
-        let analyzed = transact!(self, write, |tx| partitions::refresh_statistics(&tx)
-            .await?)?;
-        if analyzed > 0 {
-            tracing::debug!("analyzed {analyzed} tables of filling partitions of runs");
+        // partitions may wait for its locks and give up. Neither failure stops the other (a
+        // partition dropped between listing and ANALYZE fails this one, harmlessly).
+        match transact!(self, write, |tx| partitions::refresh_statistics(&tx)
+            .await?)
+        {
+            Ok(0) => {}
+            Ok(analyzed) => {
+                tracing::debug!("analyzed {analyzed} tables of filling partitions of runs")
+            }
+            Err(e) => tracing::error!("analyzing filling partitions of runs: {e}"),
         }
         transact!(self, write, |tx| partitions::prepare(&tx, now, width)
             .await?)
