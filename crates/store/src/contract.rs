@@ -95,6 +95,7 @@ macro_rules! store_contract_tests {
             a_runs_end_records_each_notification_once,
             recovered_follows_a_failure_and_a_namespace_default_applies,
             late_runs_are_found_waiting_and_at_their_end,
+            a_namespaces_late_rule_reaches_only_the_jobs_that_follow_it,
             claims_are_exclusive_and_reports_under_a_lapsed_claim_change_nothing,
             a_heartbeat_run_waits_for_a_ping_and_fails_without_one,
             a_job_that_asks_is_named_in_its_completions,
@@ -3988,6 +3989,55 @@ pub async fn late_runs_are_found_waiting_and_at_their_end(store: &dyn Store) {
     assert_eq!(late.len(), 2, "{late:?}");
     assert!(late.contains(&(waiting.run_id, NotifyEvent::Late)));
     assert!(late.contains(&(started_late.run_id, NotifyEvent::Late)));
+}
+
+/// The scan reads a namespace's jobs only when the namespace has a `late` rule; those with
+/// rules of their own keep them.
+pub async fn a_namespaces_late_rule_reaches_only_the_jobs_that_follow_it(store: &dyn Store) {
+    use sked_core::notify::NotifyEvent;
+    let late = serde_json::json!([{"on": ["late"], "late_after": "30s",
+        "webhook": {"url": "https://hooks.example.com/late"}}]);
+    let follows = put(store, "follows", every_second(serde_json::json!({}))).await;
+    let own = put(
+        store,
+        "own",
+        every_second(serde_json::json!({"notify": hook(&["failed"])})),
+    )
+    .await;
+    let opted_out = put(
+        store,
+        "opted-out",
+        every_second(serde_json::json!({"notify": []})),
+    )
+    .await;
+    for job in [&follows, &own, &opted_out] {
+        fire_one(store, fire(job.id, t0() + secs(1))).await;
+    }
+    let scan = |at: i64| store.record_late_notifications(t0() + secs(at));
+    assert_eq!(scan(40).await.unwrap(), 0, "no rule for late anywhere yet");
+    store
+        .put_namespace(
+            "default",
+            &settings(serde_json::json!({"notify": late})),
+            t0(),
+        )
+        .await
+        .expect("put_namespace");
+    assert_eq!(scan(41).await.unwrap(), 1);
+    assert_eq!(scan(42).await.unwrap(), 0, "once");
+    let events = |job| async move {
+        notifications_of(store, job)
+            .await
+            .iter()
+            .map(|n| n.event)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(events("follows").await, [NotifyEvent::Late]);
+    assert!(events("own").await.is_empty(), "its own rules win");
+    assert!(
+        events("opted-out").await.is_empty(),
+        "`notify: []` opts out"
+    );
 }
 
 pub async fn claims_are_exclusive_and_reports_under_a_lapsed_claim_change_nothing(

@@ -993,6 +993,24 @@ pub fn notify_columns(
     Ok((json, late))
 }
 
+/// A job the scan for late runs looks at: it has a `late` rule of its own, or follows its
+/// namespace's rules and the namespace has one.
+pub struct LateJob {
+    pub job_id: i64,
+    pub job_rules: Option<String>,
+    pub namespace_rules: Option<String>,
+}
+
+impl LateJob {
+    pub fn rules(&self) -> Vec<sked_core::notify::NotifyRule> {
+        effective_rules(
+            self.job_rules.as_deref(),
+            self.namespace_rules.as_deref(),
+            format_args!("job {}", self.job_id),
+        )
+    }
+}
+
 /// The rules a job's runs go by, from its row's and its namespace's `notify` columns. Rules
 /// that no longer parse are logged and left out rather than returned as an error: they are read
 /// in the transaction that ends a run, and an alert that cannot be sent must never keep the

@@ -144,29 +144,47 @@ fn insert(
     Ok(inserted == 1)
 }
 
-pub fn record_late(tx: &Transaction<'_>, now: Instant) -> Result<u64> {
-    // Each job with a `late` rule of its own, or in a namespace with one: its id, and the
-    // job's and the namespace's rules.
-    type LateJob = (i64, Option<String>, Option<String>);
-    let jobs: Vec<LateJob> = tx
+/// Each job with a `late` rule: its id, its own rules and its namespace's. As on PostgreSQL,
+/// jobs that follow their namespace's rules are read only for the namespaces that have a
+/// `late` rule, through the jobs' `(namespace, name)` key, never by scanning every job.
+fn late_jobs(tx: &Transaction<'_>) -> Result<Vec<shared::LateJob>> {
+    let mut jobs = tx
         .prepare_cached(
             "SELECT j.id, j.notify, n.notify FROM jobs j \
-             LEFT JOIN namespaces n ON n.name = j.namespace \
-             WHERE j.notify_late = 1 \
-             UNION ALL \
-             SELECT j.id, NULL, n.notify FROM namespaces n \
-             JOIN jobs j ON j.namespace = n.name \
-             WHERE n.notify_late = 1 AND j.notify IS NULL",
+             LEFT JOIN namespaces n ON n.name = j.namespace WHERE j.notify_late = 1",
         )?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .query_map([], |r| {
+            Ok(shared::LateJob {
+                job_id: r.get(0)?,
+                job_rules: r.get(1)?,
+                namespace_rules: r.get(2)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let namespaces: Vec<(String, Option<String>)> = tx
+        .prepare_cached("SELECT name, notify FROM namespaces WHERE notify_late = 1")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
+    let mut followers =
+        tx.prepare_cached("SELECT id FROM jobs WHERE namespace = ?1 AND notify IS NULL")?;
+    for (name, rules) in namespaces {
+        let ids = followers
+            .query_map([&name], |r| r.get::<_, i64>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        jobs.extend(ids.into_iter().map(|job_id| shared::LateJob {
+            job_id,
+            job_rules: None,
+            namespace_rules: rules.clone(),
+        }));
+    }
+    Ok(jobs)
+}
+
+pub fn record_late(tx: &Transaction<'_>, now: Instant) -> Result<u64> {
     let mut recorded = 0;
-    for (job_id, job_rules, namespace_rules) in jobs {
-        let rules = shared::effective_rules(
-            job_rules.as_deref(),
-            namespace_rules.as_deref(),
-            format_args!("job {job_id}"),
-        );
+    for job in late_jobs(tx)? {
+        let job_id = job.job_id;
+        let rules = job.rules();
         let Some(earliest) = notify::earliest_late_after(&rules) else {
             continue;
         };
