@@ -432,6 +432,13 @@ ALTER TABLE attempts_default ADD PRIMARY KEY (id), ADD UNIQUE (run_id, number);
 CREATE TABLE output_default PARTITION OF output DEFAULT;
 ALTER TABLE output_default ADD PRIMARY KEY (attempt_id, "offset");
 "#,
+    r#"
+-- Version 14: no index on a job's next instant. Every fire moves `next_fire_at`, and an
+-- indexed column that moves makes PostgreSQL write the row anew with an entry in every index
+-- of `jobs` (no HOT update), so each fire grew all of them. Nothing reads jobs in that order:
+-- the schedule is read a page at a time by id.
+DROP INDEX jobs_scheduled;
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).
