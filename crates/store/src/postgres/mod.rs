@@ -42,7 +42,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{IsolationLevel, NoTls};
 
 #[doc(hidden)]
-pub use schema::migrations_through;
+pub use schema::{latest_version, migrations_through};
 
 /// The transaction every query function runs in.
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
