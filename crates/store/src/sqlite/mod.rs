@@ -6,15 +6,16 @@
 //! `synchronous = NORMAL`: a commit survives the process being killed; only a power cut can lose
 //! the last commits, and no run pays an fsync of its own.
 //!
-//! Checkpoints (copying the WAL back into the database, with its fsync) run on a thread of their
-//! own with a third connection, so no commit of the firing loop waits for one: every 10 ms while
-//! the writer is mostly idle, so each one's fsync is short, and every 100 ms while it is busy;
-//! the writer's own auto-checkpoint stays as a distant safety net.
+//! Checkpoints (copying the WAL back into the database, with its fsyncs) run on a thread of their
+//! own with a third connection ([`checkpoint`]), so that commits do not wait for them: the
+//! thread also ends each cycle of the WAL, holding the writer only for a short last pass; the
+//! writer's own auto-checkpoint stays as a distant safety net.
 //!
 //! The blocking calls run on tokio's blocking pool. Each submodule holds the queries of one
 //! part of the trait as plain functions over a connection or transaction.
 
 mod audit;
+mod checkpoint;
 mod dependencies;
 mod events;
 mod heartbeats;
@@ -30,7 +31,6 @@ mod workers;
 
 use crate::*;
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
-use sked_core::throttle::Throttle;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -49,25 +49,12 @@ pub struct SqliteStore {
     _checkpointer: std::sync::mpsc::Sender<()>,
 }
 
-/// The checkpoint thread's pause while the writer is mostly idle. A checkpoint's fsync stalls
-/// the writer's WAL appends for its length (ext4's journal), so checkpoints are kept short by
-/// running often; while the writer is mostly idle, few transactions meet a stall.
-const CHECKPOINT_PAUSE_LIGHT: std::time::Duration = std::time::Duration::from_millis(10);
-/// Its pause while the writer is busy, or nothing is written: a writer that never stops meets
-/// every stall, so a hundred of them a second cost throughput; and an idle store is not woken
-/// a hundred times a second.
-const CHECKPOINT_PAUSE_HEAVY: std::time::Duration = std::time::Duration::from_millis(100);
-/// The share of the last pause the writer may have spent in transactions for writing to count
-/// as light. At half, 1,000 runs a second with a worker counted as heavy some of the time (the
-/// stalls themselves lengthen its transactions) and its firing p99 was 5.6–6.2 ms.
-const LIGHT_WRITER_SHARE: f64 = 0.85;
-/// Pages of WAL after which a commit checkpoints by itself. Under a writer that is never idle
-/// this is what restarts the WAL: the thread's PASSIVE checkpoints never copy the last frames
-/// before more are appended. So it is a stall in the writer's path that grows with the pages
-/// to copy and sync, and it is kept small: at 20,000 pages it cost 100-190 ms once the ledger
-/// held millions of runs, at 2,000 pages under 45 ms (docs/BENCHMARKS.md, "The ledger alone
-/// as it grows").
-const WRITER_AUTOCHECKPOINT_PAGES: i64 = 2_000;
+/// Pages of WAL after which a commit checkpoints by itself: a safety net for when the checkpoint
+/// thread fails or falls behind, since it ends the WAL's cycles at a fifth of this. The
+/// writer's own checkpoint copies and syncs everything the thread has not inside a commit: at
+/// 20,000 pages it cost 100-190 ms once the ledger held millions of runs, at 2,000 pages under
+/// 45 ms (docs/BENCHMARKS.md, "The ledger alone as it grows").
+const WRITER_AUTOCHECKPOINT_PAGES: i64 = 10_000;
 
 /// Read connections: two reads (an API request beside a page of schedules being loaded, or two
 /// such pages) run at once, which on two cores is what there is to gain.
@@ -80,7 +67,7 @@ const READER_CACHE_KIB: i64 = CACHE_KIB / READERS as i64;
 struct Connections {
     writer: Mutex<Connection>,
     /// Time the writer has spent in transactions, for the checkpoint thread's pace.
-    writer_busy: Arc<WriterBusy>,
+    writer_busy: checkpoint::WriterBusy,
     readers: Vec<Mutex<Connection>>,
     /// Which reader the next read waits for when all are busy: waiters are spread over them.
     next_reader: std::sync::atomic::AtomicUsize,
@@ -376,18 +363,21 @@ impl SqliteStore {
                 .map_err(open_err)?;
             readers.push(Mutex::new(reader));
         }
-        let writer_busy = Arc::new(WriterBusy::default());
+        // The checkpoint thread syncs the database file through a handle of its own.
+        let db_file = std::fs::File::open(path)
+            .map_err(|e| StoreError::Open(format!("{}: {e}", path.display())))?;
+        let inner = Arc::new(Connections {
+            writer: Mutex::new(writer),
+            writer_busy: Default::default(),
+            readers,
+            next_reader: Default::default(),
+        });
+        let checkpointer = checkpoint::spawn(checkpointer, db_file, Arc::downgrade(&inner))
+            .map_err(|e| StoreError::Open(format!("cannot start the checkpoint thread: {e}")))?;
         Ok(SqliteStore {
             node: Mutex::new(None),
-            inner: Arc::new(Connections {
-                writer: Mutex::new(writer),
-                writer_busy: writer_busy.clone(),
-                readers,
-                next_reader: Default::default(),
-            }),
-            _checkpointer: spawn_checkpointer(checkpointer, writer_busy).map_err(|e| {
-                StoreError::Open(format!("cannot start the checkpoint thread: {e}"))
-            })?,
+            inner,
+            _checkpointer: checkpointer,
         })
     }
 
@@ -433,115 +423,6 @@ fn write_transaction<T>(
     let value = work(&tx)?;
     tx.commit()?;
     Ok(value)
-}
-
-/// Nanoseconds the writer has spent in transactions, ever.
-#[derive(Debug, Default)]
-struct WriterBusy(std::sync::atomic::AtomicU64);
-
-impl WriterBusy {
-    fn add(&self, spent: std::time::Duration) {
-        let nanos = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
-        self.0
-            .fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn nanos(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
-    }
-}
-
-/// What a PASSIVE checkpoint reports: the frames in the WAL, and how many of them are copied
-/// back into the database.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct WalFrames {
-    log: i64,
-    checkpointed: i64,
-}
-
-/// How long the checkpoint thread pauses after a checkpoint that found `now` (and the one
-/// before, `previous`), when the writer spent `writer_share` of the last pause in transactions.
-/// At 1,000 instants a second (each its own transaction, a worker's starts and completions
-/// beside them; the writer about half busy) checkpoints every 10 ms took the firing p99 from
-/// 2.2–2.5 ms to 1.3 ms. A writer that never stops meets every checkpoint's stall, and at 25,000
-/// runs a second checkpoints every 10 ms recorded 8–18% fewer runs than every 100 ms
-/// (docs/BENCHMARKS.md, "Batches that follow the commits").
-fn checkpoint_pause(previous: WalFrames, now: WalFrames, writer_share: f64) -> std::time::Duration {
-    let idle = now == previous && now.log == now.checkpointed;
-    if idle || writer_share > LIGHT_WRITER_SHARE {
-        CHECKPOINT_PAUSE_HEAVY
-    } else {
-        CHECKPOINT_PAUSE_LIGHT
-    }
-}
-
-/// Checkpoints, pausing [`checkpoint_pause`] between two, until the returned sender is
-/// dropped. PASSIVE never blocks the writer or readers; what it cannot copy yet is copied next
-/// time.
-fn spawn_checkpointer(
-    conn: Connection,
-    writer_busy: Arc<WriterBusy>,
-) -> std::io::Result<std::sync::mpsc::Sender<()>> {
-    let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    std::thread::Builder::new()
-        .name("sked-sqlite-checkpoint".into())
-        .spawn(move || keep_checkpointing(&conn, &stopped, &writer_busy))?;
-    Ok(stop)
-}
-
-fn keep_checkpointing(
-    conn: &Connection,
-    stopped: &std::sync::mpsc::Receiver<()>,
-    writer_busy: &WriterBusy,
-) {
-    use std::sync::mpsc::RecvTimeoutError;
-    // A checkpoint that fails (a full disk) fails every time: report it with a count, not
-    // ten lines a second.
-    let mut throttle = Throttle::new(std::time::Duration::from_secs(10));
-    let mut pause = CHECKPOINT_PAUSE_HEAVY;
-    let mut previous = WalFrames::default();
-    let mut busy_before = writer_busy.nanos();
-    loop {
-        match stopped.recv_timeout(pause) {
-            Err(RecvTimeoutError::Timeout) => {}
-            _ => return,
-        }
-        let checkpointed = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-            Ok(WalFrames {
-                log: row.get(1)?,
-                checkpointed: row.get(2)?,
-            })
-        });
-        match checkpointed {
-            Ok(now) => {
-                let busy = writer_busy.nanos();
-                let share =
-                    busy.saturating_sub(busy_before) as f64 / pause.as_nanos().max(1) as f64;
-                busy_before = busy;
-                pause = checkpoint_pause(previous, now, share);
-                previous = now;
-                let unreported = throttle.reset();
-                if unreported > 0 {
-                    tracing::info!(
-                        "sqlite checkpoints succeed again ({unreported} more had failed)"
-                    );
-                }
-            }
-            Err(e) => {
-                pause = CHECKPOINT_PAUSE_HEAVY;
-                match throttle.admit(std::time::Instant::now()) {
-                    Some(0) => tracing::warn!(
-                        "sqlite checkpoint failed (the writer will checkpoint instead): {e}"
-                    ),
-                    Some(n) => tracing::warn!(
-                        "sqlite checkpoint failed (the writer will checkpoint instead): {e} \
-                         ({n} more failures since the last report)"
-                    ),
-                    None => {}
-                }
-            }
-        }
-    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -999,28 +880,4 @@ fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
     stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get(3))
         .and_then(|steps| steps.collect())
         .expect("a plan")
-}
-
-#[cfg(test)]
-mod checkpoint_tests {
-    use super::*;
-
-    #[test]
-    fn checkpoints_are_frequent_while_the_writer_is_mostly_idle_and_not_otherwise() {
-        let frames = |log, checkpointed| WalFrames { log, checkpointed };
-        let (before, after) = (frames(40, 40), frames(90, 90));
-        assert_eq!(checkpoint_pause(before, after, 0.1), CHECKPOINT_PAUSE_LIGHT);
-        assert_eq!(checkpoint_pause(before, after, 0.9), CHECKPOINT_PAUSE_HEAVY);
-        let behind = frames(90, 60);
-        assert_eq!(
-            checkpoint_pause(behind, behind, 0.0),
-            CHECKPOINT_PAUSE_LIGHT,
-            "frames still to copy"
-        );
-        assert_eq!(
-            checkpoint_pause(after, after, 0.0),
-            CHECKPOINT_PAUSE_HEAVY,
-            "nothing written since the last"
-        );
-    }
 }
