@@ -11,7 +11,7 @@
 //! of each second's runs, which shows whether a backlog grows smoothly or collapses. On
 //! PostgreSQL it also reports what each completed run cost the database (`pgcost.rs`).
 
-use crate::harness::{cluster, ms, start, store_with_jobs, Running};
+use crate::harness::{by_second, cluster, ms, start, store_with_jobs, Running};
 use crate::noop;
 use crate::pgcost;
 use anyhow::Result;
@@ -99,7 +99,14 @@ pub async fn run(
         .filter_map(|r| r.finished_at.map(|f| ms(f - r.scheduled_for)))
         .collect();
     let p = percentiles(&mut end_to_end);
-    let by_second = lateness_by_second(&window, from, seconds);
+    // Each second's median time from instant to result recorded, of the runs due in it.
+    let p50_by_second = by_second(
+        &window,
+        from,
+        seconds,
+        |r| r.finished_at.map(|f| ms(f - r.scheduled_for)),
+        |values| percentiles(values).p50,
+    );
     let per_second = |end: f64, start: f64| (end - start) / seconds as f64;
     let mut figures = json!({
         "scenario": "e2e",
@@ -117,7 +124,7 @@ pub async fn run(
         "completed_per_second": per_second(at_end.completions, at_start.completions),
         "fired_per_second": per_second(at_end.fires, at_start.fires),
         "skipped_backlog_per_second": per_second(at_end.backlog, at_start.backlog),
-        "instant_to_recorded_p50_by_second_ms": by_second,
+        "instant_to_recorded_p50_by_second_ms": p50_by_second,
     });
     if let Some(shares) = shares {
         figures["partitions_per_node"] = json!(shares);
@@ -146,27 +153,4 @@ impl Counters {
             backlog: read("sked_fires_skipped_backlog_total").await?,
         })
     }
-}
-
-/// For each second of the window, the median time from instant to result recorded of the runs
-/// due in it that finished (null for a second none of whose runs finished).
-fn lateness_by_second(
-    runs: &[sked_core::records::RunRecord],
-    from: chrono::DateTime<Utc>,
-    seconds: u64,
-) -> Vec<Option<f64>> {
-    let mut buckets = vec![Vec::new(); seconds as usize];
-    for run in runs {
-        let second = (run.scheduled_for - from).num_seconds();
-        let bucket = usize::try_from(second)
-            .ok()
-            .and_then(|s| buckets.get_mut(s));
-        if let (Some(bucket), Some(finished)) = (bucket, run.finished_at) {
-            bucket.push(ms(finished - run.scheduled_for));
-        }
-    }
-    buckets
-        .iter_mut()
-        .map(|b| (!b.is_empty()).then(|| percentiles(b).p50))
-        .collect()
 }

@@ -6,7 +6,7 @@
 //! so the firing happens beside dispatch and completion, and the time from each instant to its
 //! attempt's start is reported too.
 
-use crate::harness::{cluster, ms, period_us, start, store_with_jobs};
+use crate::harness::{by_second, cluster, ms, period_us, start, store_with_jobs};
 use crate::noop;
 use anyhow::Result;
 use chrono::{Duration, Utc};
@@ -92,6 +92,14 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         .map(|r| ms(r.created_at - r.scheduled_for))
         .collect();
     let p = percentiles(&mut lateness);
+    // The worst lateness of each second's instants: where in the window a tail happened.
+    let worst_by_second = by_second(
+        &window,
+        from,
+        seconds,
+        |r| Some(ms(r.created_at - r.scheduled_for)),
+        |values| values.iter().copied().fold(0.0, f64::max),
+    );
     // Instant -> attempt started: the first attempt's start (there are no retries here).
     let mut start_lateness: Vec<f64> = window
         .iter()
@@ -139,6 +147,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         "fires_doubled": doubled,
         "fires_unexpected": unexpected,
         "lateness_ms": {"p50": p.p50, "p90": p.p90, "p99": p.p99, "max": p.max},
+        "lateness_max_by_second_ms": worst_by_second,
         "create_jobs_seconds": create_s,
         "start_to_ready_seconds": ready_s,
         "fire_batches": fire_batches,

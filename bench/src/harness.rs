@@ -458,6 +458,31 @@ pub fn ms(d: chrono::Duration) -> f64 {
     d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0
 }
 
+/// For each second of the window from `from`, `summary` of the values `value` gives the runs
+/// due in it (null for a second with none), so a tail can be placed in time.
+pub fn by_second(
+    runs: &[RunRecord],
+    from: Instant,
+    seconds: u64,
+    value: impl Fn(&RunRecord) -> Option<f64>,
+    summary: impl Fn(&mut Vec<f64>) -> f64,
+) -> Vec<Option<f64>> {
+    let mut buckets = vec![Vec::new(); seconds as usize];
+    for run in runs {
+        let second = (run.scheduled_for - from).num_seconds();
+        let bucket = usize::try_from(second)
+            .ok()
+            .and_then(|s| buckets.get_mut(s));
+        if let (Some(bucket), Some(value)) = (bucket, value(run)) {
+            bucket.push(value);
+        }
+    }
+    buckets
+        .iter_mut()
+        .map(|b| (!b.is_empty()).then(|| summary(b)))
+        .collect()
+}
+
 pub fn in_window(t: Instant, from: Instant, to: Instant) -> bool {
     t >= from && t < to
 }

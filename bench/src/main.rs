@@ -1,7 +1,8 @@
 //! sked's benchmarks, as commands that print their figures and write them as JSON.
 //!
 //! - `firing`: N schedules firing every `--every` (a minute by default), spread evenly; reports
-//!   firing lateness (instant -> run queued in the ledger) p50/p90/p99/max; with `--worker`, a
+//!   firing lateness (instant -> run queued in the ledger) p50/p90/p99/max, and each second's
+//!   worst, to place a tail in time; with `--worker`, a
 //!   no-op worker also completes the runs and the time from instant to attempt started is
 //!   reported.
 //! - `e2e`: durable no-op runs end to end (fire -> worker over HTTP -> result recorded) per
