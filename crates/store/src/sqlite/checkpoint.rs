@@ -40,6 +40,13 @@ const LIGHT_WRITER_SHARE: f64 = 0.85;
 /// no figure.
 const CYCLE_FRAMES: i64 = 2_000;
 
+/// Pages of WAL after which the writer's commit checkpoints by itself: a safety net for when
+/// the thread fails or falls behind, kept well past [`CYCLE_FRAMES`] so that it does not fire
+/// while the thread keeps up. The writer's own checkpoint copies and syncs everything the thread
+/// has not inside a commit: at 20,000 pages it cost 100-190 ms once the ledger held millions of
+/// runs, at 2,000 pages under 45 ms (docs/BENCHMARKS.md, "The ledger alone as it grows").
+pub(super) const WRITER_AUTOCHECKPOINT_PAGES: i64 = 5 * CYCLE_FRAMES;
+
 /// What a PASSIVE checkpoint reports: the frames in the WAL, and how many of them are copied
 /// back into the database.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -49,13 +49,6 @@ pub struct SqliteStore {
     _checkpointer: std::sync::mpsc::Sender<()>,
 }
 
-/// Pages of WAL after which a commit checkpoints by itself: a safety net for when the checkpoint
-/// thread fails or falls behind, since it ends the WAL's cycles at a fifth of this. The
-/// writer's own checkpoint copies and syncs everything the thread has not inside a commit: at
-/// 20,000 pages it cost 100-190 ms once the ledger held millions of runs, at 2,000 pages under
-/// 45 ms (docs/BENCHMARKS.md, "The ledger alone as it grows").
-const WRITER_AUTOCHECKPOINT_PAGES: i64 = 10_000;
-
 /// Read connections: two reads (an API request beside a page of schedules being loaded, or two
 /// such pages) run at once, which on two cores is what there is to gain.
 const READERS: usize = 2;
@@ -346,7 +339,11 @@ impl SqliteStore {
             .map_err(|e| StoreError::Open(format!("{}: {e}", marker.display())))?;
         }
         writer
-            .pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT_PAGES)
+            .pragma_update(
+                None,
+                "wal_autocheckpoint",
+                checkpoint::WRITER_AUTOCHECKPOINT_PAGES,
+            )
             .map_err(open_err)?;
         let checkpointer = Connection::open(path).map_err(open_err)?;
         configure(&checkpointer).map_err(open_err)?;
