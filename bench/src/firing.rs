@@ -98,7 +98,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         from,
         seconds,
         |r| Some(ms(r.created_at - r.scheduled_for)),
-        |values| values.iter().copied().fold(0.0, f64::max),
+        |values| percentiles(values).max,
     );
     // Instant -> attempt started: the first attempt's start (there are no retries here).
     let mut start_lateness: Vec<f64> = window

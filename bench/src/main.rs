@@ -2,9 +2,8 @@
 //!
 //! - `firing`: N schedules firing every `--every` (a minute by default), spread evenly; reports
 //!   firing lateness (instant -> run queued in the ledger) p50/p90/p99/max, and each second's
-//!   worst, to place a tail in time; with `--worker`, a
-//!   no-op worker also completes the runs and the time from instant to attempt started is
-//!   reported.
+//!   worst, to place a tail in time; with `--worker`, a no-op worker also completes the runs
+//!   and the time from instant to attempt started is reported.
 //! - `e2e`: durable no-op runs end to end (fire -> worker over HTTP -> result recorded) per
 //!   second, with a worker that completes each attempt at once.
 //! - `overload`: `e2e` at rising offered rates; the completions per second at each, to show that
