@@ -4,7 +4,7 @@
 //!
 //! With a worker (`--worker`), the no-op worker of `noop.rs` also leases and completes the runs,
 //! so the firing happens beside dispatch and completion, and the time from each instant to its
-//! attempt's start is reported too.
+//! attempt's start is reported too, and from its row to that start (the dispatch hop).
 
 use crate::harness::{by_second, cluster, ms, period_us, start, store_with_jobs};
 use crate::noop;
@@ -106,6 +106,12 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         .filter_map(|r| r.started_at.map(|s| ms(s - r.scheduled_for)))
         .collect();
     let sp = percentiles(&mut start_lateness);
+    // Run recorded -> attempt started: the dispatch hop alone, without the firing's lateness.
+    let mut hop: Vec<f64> = window
+        .iter()
+        .filter_map(|r| r.started_at.map(|s| ms(s - r.created_at)))
+        .collect();
+    let hp = percentiles(&mut hop);
     let succeeded = window
         .iter()
         .filter(|r| r.state == RunState::Succeeded)
@@ -162,6 +168,8 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         figures["runs_succeeded"] = json!(succeeded);
         figures["started_lateness_ms"] =
             json!({"p50": sp.p50, "p90": sp.p90, "p99": sp.p99, "max": sp.max});
+        figures["recorded_to_started_ms"] =
+            json!({"p50": hp.p50, "p90": hp.p90, "p99": hp.p99, "max": hp.max});
     }
     Ok(figures)
 }

@@ -1,6 +1,7 @@
 //! The no-op worker: a minimal client of the HTTP worker protocol that completes every attempt
 //! it leases at once, successfully. The benchmarks that run it measure sked's own cost of
-//! handing out and recording runs, with nothing executed.
+//! handing out and recording runs, with nothing executed. Like `sked worker`, it polls for more
+//! work while its completions are on their way.
 //!
 //! A worker registers at most [`MAX_SLOTS`] slots, so a larger number of slots is split
 //! between several such workers.
@@ -12,6 +13,7 @@ use sked_core::run::AttemptOutcome;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant as Clock};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 /// The most slots the server accepts for one worker.
@@ -19,6 +21,9 @@ pub const MAX_SLOTS: u32 = 10_000;
 
 /// How long one lease request waits for work (long poll).
 const LEASE_WAIT_MS: u64 = 200;
+
+/// The most completions in one report: a request body under the server's 1 MiB limit.
+const REPORT_BATCH: usize = 2_000;
 
 /// When the no-op workers stop: at `deadline`, or as soon as they have completed `enough`
 /// attempts between them.
@@ -142,7 +147,16 @@ async fn lease_loop(
     slots: u32,
     until: &Until,
 ) -> Result<u64> {
-    let mut completed = 0u64;
+    // Completions go out on a task of their own while the next lease poll is already waiting,
+    // as `sked worker` reports them: a worker that polls only after its last report commits
+    // would make every instant that falls due meanwhile wait for that commit.
+    let (ended, reports) = mpsc::unbounded_channel();
+    let reporter = tokio::spawn(report_loop(
+        http.clone(),
+        format!("{base}/api/v1/workers/{worker}/complete"),
+        reports,
+        until.clone(),
+    ));
     while !until.done() {
         let lease: LeaseResponse = http
             .post(format!("{base}/api/v1/workers/{worker}/lease"))
@@ -155,30 +169,53 @@ async fn lease_loop(
         if lease.attempts.is_empty() {
             continue;
         }
-        let completions: Vec<Completion> = lease
-            .attempts
-            .iter()
-            .map(|a| Completion {
-                attempt_id: a.attempt_id,
-                token: a.token,
-                outcome: AttemptOutcome::Succeeded,
-                exit_code: Some(0),
-                http_status: None,
-                error: None,
-            })
-            .collect();
-        let resp = http
-            .post(format!("{base}/api/v1/workers/{worker}/complete"))
-            .json(&json!({"completions": completions}))
-            .send()
-            .await?;
-        if !resp.status().is_success() {
-            bail!("complete: {}", resp.text().await?);
+        let completions = lease.attempts.iter().map(|a| Completion {
+            attempt_id: a.attempt_id,
+            token: a.token,
+            outcome: AttemptOutcome::Succeeded,
+            exit_code: Some(0),
+            http_status: None,
+            error: None,
+        });
+        if ended.send(completions.collect()).is_err() {
+            // The reporter stopped on an error, which joining it returns.
+            break;
         }
-        completed += completions.len() as u64;
-        until
-            .completed
-            .fetch_add(completions.len() as u64, Ordering::Relaxed);
+    }
+    drop(ended);
+    reporter.await.context("the no-op worker's reporter")?
+}
+
+/// Sends the completions of `reports` to `url` until the lease loop ends, each request carrying
+/// all that ended meanwhile (at most [`REPORT_BATCH`]); returns how many it sent.
+async fn report_loop(
+    http: reqwest::Client,
+    url: String,
+    mut reports: mpsc::UnboundedReceiver<Vec<Completion>>,
+    until: Until,
+) -> Result<u64> {
+    let mut completed = 0u64;
+    let mut ended: Vec<Completion> = Vec::new();
+    while let Some(first) = reports.recv().await {
+        ended.extend(first);
+        while let Ok(more) = reports.try_recv() {
+            ended.extend(more);
+        }
+        while !ended.is_empty() {
+            let batch: Vec<Completion> = ended.drain(..ended.len().min(REPORT_BATCH)).collect();
+            let resp = http
+                .post(&url)
+                .json(&json!({"completions": batch}))
+                .send()
+                .await?;
+            if !resp.status().is_success() {
+                bail!("complete: {}", resp.text().await?);
+            }
+            completed += batch.len() as u64;
+            until
+                .completed
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
     }
     Ok(completed)
 }
