@@ -1,8 +1,9 @@
 //! The embedded store on SQLite: one database file in WAL mode.
 //!
-//! Writes go through one connection (SQLite has one writer at a time anyway), each batch in one
-//! `IMMEDIATE` transaction; reads use [`READERS`] more connections, which WAL lets run beside the
-//! writer and beside each other.
+//! Writes go through one connection (SQLite has one writer at a time anyway), on a thread of
+//! their own ([`writer`]): each in a savepoint of an `IMMEDIATE` transaction that the writes
+//! queued behind it share (group commit). Reads use [`READERS`] more connections, which WAL lets
+//! run beside the writer and beside each other.
 //! `synchronous = NORMAL`: a commit survives the process being killed; only a power cut can lose
 //! the last commits, and no run pays an fsync of its own.
 //!
@@ -11,8 +12,8 @@
 //! thread also ends each cycle of the WAL, holding the writer only for a short last pass; the
 //! writer's own auto-checkpoint stays as a distant safety net.
 //!
-//! The blocking calls run on tokio's blocking pool. Each submodule holds the queries of one
-//! part of the trait as plain functions over a connection or transaction.
+//! Reads run on tokio's blocking pool. Each submodule holds the queries of one part of the trait
+//! as plain functions over a connection or transaction.
 
 mod audit;
 mod checkpoint;
@@ -28,6 +29,7 @@ mod rows;
 mod schema;
 mod tokens;
 mod workers;
+mod writer;
 
 use crate::*;
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
@@ -45,6 +47,8 @@ pub struct SqliteStore {
     /// The one server node a file serves: it holds every partition and the maintenance duty,
     /// so there is nothing to lease. Kept for `cluster_nodes`.
     node: Mutex<Option<NodeRecord>>,
+    /// Where writes queue for the writer thread; dropping it stops the thread.
+    writes: std::sync::mpsc::Sender<Box<dyn writer::Request>>,
     /// Dropping it stops the checkpoint thread.
     _checkpointer: std::sync::mpsc::Sender<()>,
 }
@@ -371,28 +375,30 @@ impl SqliteStore {
         });
         let checkpointer = checkpoint::spawn(checkpointer, db_file, Arc::downgrade(&inner))
             .map_err(|e| StoreError::Open(format!("cannot start the checkpoint thread: {e}")))?;
+        let writes = writer::spawn(inner.clone())
+            .map_err(|e| StoreError::Open(format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteStore {
             node: Mutex::new(None),
             inner,
+            writes,
             _checkpointer: checkpointer,
         })
     }
 
-    /// Runs `work` in one write transaction on the blocking pool; it commits if `work` succeeds.
+    /// Runs `work` on the writer thread, in a savepoint of a transaction other writes may share;
+    /// what it wrote is kept if it succeeds, and answered once the transaction has committed.
     async fn write<T, F>(&self, work: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
     {
-        let inner = self.inner.clone();
-        blocking(move || {
-            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let began = std::time::Instant::now();
-            let written = write_transaction(&mut conn, work);
-            inner.writer_busy.add(began.elapsed());
-            written
-        })
-        .await
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.writes
+            .send(Box::new(writer::Pending { work, answer }))
+            .map_err(|_| StoreError::Database("the store's writer has stopped".into()))?;
+        answered.await.map_err(|_| {
+            StoreError::Database("a store write failed unexpectedly (see the log)".into())
+        })?
     }
 
     /// Runs `work` on the read connection, in one read transaction so it sees one snapshot.
@@ -409,17 +415,6 @@ impl SqliteStore {
         })
         .await
     }
-}
-
-/// `work` in one `IMMEDIATE` transaction, committed if it succeeds.
-fn write_transaction<T>(
-    conn: &mut Connection,
-    work: impl FnOnce(&Transaction<'_>) -> Result<T>,
-) -> Result<T> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let value = work(&tx)?;
-    tx.commit()?;
-    Ok(value)
 }
 
 async fn blocking<T: Send + 'static>(
