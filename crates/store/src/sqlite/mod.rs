@@ -47,8 +47,8 @@ pub struct SqliteStore {
     /// The one server node a file serves: it holds every partition and the maintenance duty,
     /// so there is nothing to lease. Kept for `cluster_nodes`.
     node: Mutex<Option<NodeRecord>>,
-    /// Where writes queue for the writer thread; dropping it stops the thread.
-    writes: std::sync::mpsc::Sender<Box<dyn writer::Request>>,
+    /// The writer thread; dropping it waits for the writes already queued.
+    writer: writer::Writer,
     /// Dropping it stops the checkpoint thread.
     _checkpointer: std::sync::mpsc::Sender<()>,
 }
@@ -375,12 +375,12 @@ impl SqliteStore {
         });
         let checkpointer = checkpoint::spawn(checkpointer, db_file, Arc::downgrade(&inner))
             .map_err(|e| StoreError::Open(format!("cannot start the checkpoint thread: {e}")))?;
-        let writes = writer::spawn(inner.clone())
+        let writer = writer::Writer::spawn(inner.clone())
             .map_err(|e| StoreError::Open(format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteStore {
             node: Mutex::new(None),
             inner,
-            writes,
+            writer,
             _checkpointer: checkpointer,
         })
     }
@@ -393,9 +393,8 @@ impl SqliteStore {
         F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
     {
         let (answer, answered) = tokio::sync::oneshot::channel();
-        self.writes
-            .send(Box::new(writer::Pending { work, answer }))
-            .map_err(|_| StoreError::Database("the store's writer has stopped".into()))?;
+        self.writer
+            .send(Box::new(writer::Pending { work, answer }))?;
         answered.await.map_err(|_| {
             StoreError::Database("a store write failed unexpectedly (see the log)".into())
         })?

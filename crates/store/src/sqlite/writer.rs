@@ -104,21 +104,48 @@ impl<T: Send> Reply for Written<T> {
     }
 }
 
-/// Starts the writer thread on `connections`' write connection. It stops once every sender
-/// of the returned channel is dropped, after the writes already queued.
-pub(super) fn spawn(connections: Arc<Connections>) -> std::io::Result<Sender<Box<dyn Request>>> {
-    spawn_grouping(connections, GROUP)
+/// The writer thread and the queue of writes it serves. Dropping it lets the thread finish
+/// the writes already queued and waits for it to end, so that once the store is dropped its
+/// write connection is closed (and SQLite checkpoints the WAL into the database at close).
+pub(super) struct Writer {
+    requests: Option<Sender<Box<dyn Request>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-fn spawn_grouping(
-    connections: Arc<Connections>,
-    group: Group,
-) -> std::io::Result<Sender<Box<dyn Request>>> {
-    let (requests, queued) = std::sync::mpsc::channel::<Box<dyn Request>>();
-    std::thread::Builder::new()
-        .name("sked-sqlite-writer".into())
-        .spawn(move || keep_writing(&connections, &queued, group))?;
-    Ok(requests)
+impl Writer {
+    /// Starts the writer thread on `connections`' write connection.
+    pub(super) fn spawn(connections: Arc<Connections>) -> std::io::Result<Writer> {
+        Writer::grouping(connections, GROUP)
+    }
+
+    fn grouping(connections: Arc<Connections>, group: Group) -> std::io::Result<Writer> {
+        let (requests, queued) = std::sync::mpsc::channel::<Box<dyn Request>>();
+        let thread = std::thread::Builder::new()
+            .name("sked-sqlite-writer".into())
+            .spawn(move || keep_writing(&connections, &queued, group))?;
+        Ok(Writer {
+            requests: Some(requests),
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues `request`; an error if the thread has stopped.
+    pub(super) fn send(&self, request: Box<dyn Request>) -> Result<()> {
+        self.requests
+            .as_ref()
+            .and_then(|requests| requests.send(request).ok())
+            .ok_or_else(|| StoreError::Database("the store's writer has stopped".into()))
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.requests.take());
+        if let Some(thread) = self.thread.take() {
+            // A write that panicked was caught; the thread itself does not panic.
+            let _ = thread.join();
+        }
+    }
 }
 
 fn keep_writing(connections: &Connections, queued: &Receiver<Box<dyn Request>>, group: Group) {
@@ -233,11 +260,11 @@ mod tests {
     }
 
     fn send<T: Send + 'static>(
-        requests: &Sender<Box<dyn Request>>,
+        writer: &Writer,
         work: impl FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
     ) -> oneshot::Receiver<Result<T>> {
         let (answer, answered) = oneshot::channel();
-        requests
+        writer
             .send(Box::new(Pending { work, answer }))
             .expect("the writer thread runs");
         answered
@@ -277,21 +304,21 @@ mod tests {
     #[test]
     fn queued_writes_share_a_commit_and_a_failed_one_is_undone_alone() {
         let (_dir, path, connections) = database();
-        let requests = spawn_grouping(connections.clone(), UNTIMED).expect("the writer thread");
+        let writer = Writer::grouping(connections.clone(), UNTIMED).expect("the writer thread");
         // Holding the write connection keeps the thread from beginning until all are queued.
         let held = connections.writer.lock().expect("the write connection");
         let (go, gate) = std::sync::mpsc::channel::<()>();
         let (reached, under_way) = std::sync::mpsc::channel::<()>();
-        let mut first = send(&requests, |tx| insert(tx, 1));
-        let mut second = send(&requests, move |tx| {
+        let mut first = send(&writer, |tx| insert(tx, 1));
+        let mut second = send(&writer, move |tx| {
             insert(tx, 2)?;
             reached.send(()).expect("the test waits for it");
             gate.recv().expect("the test lets it go on");
             Ok(())
         });
-        let failed = send(&requests, failing(3));
-        let panicked = send(&requests, panicking(4));
-        let last = send(&requests, |tx| insert(tx, 5));
+        let failed = send(&writer, failing(3));
+        let panicked = send(&writer, panicking(4));
+        let last = send(&writer, |tx| insert(tx, 5));
         drop(held);
 
         // The second write is under way, the first done but not committed: invisible to a
@@ -325,7 +352,7 @@ mod tests {
         assert_eq!(ids(&reader), vec![1, 2, 5]);
 
         // The thread goes on after a panic, and a write that finds it idle runs alone.
-        send(&requests, |tx| insert(tx, 6))
+        send(&writer, |tx| insert(tx, 6))
             .blocking_recv()
             .expect("an answer")
             .expect("a later write");
@@ -337,11 +364,11 @@ mod tests {
     #[test]
     fn a_failed_first_write_is_rolled_back_alone() {
         let (_dir, path, connections) = database();
-        let requests = spawn_grouping(connections.clone(), UNTIMED).expect("the writer thread");
+        let writer = Writer::grouping(connections.clone(), UNTIMED).expect("the writer thread");
         let held = connections.writer.lock().expect("the write connection");
-        let failed = send(&requests, failing(1));
-        let panicked = send(&requests, panicking(2));
-        let kept = send(&requests, |tx| insert(tx, 3));
+        let failed = send(&writer, failing(1));
+        let panicked = send(&writer, panicking(2));
+        let kept = send(&writer, |tx| insert(tx, 3));
         drop(held);
         assert!(matches!(
             failed.blocking_recv().expect("an answer"),
@@ -353,5 +380,11 @@ mod tests {
             .expect("the write behind them");
         let reader = Connection::open(&path).expect("a reader");
         assert_eq!(ids(&reader), vec![3]);
+        drop(writer);
+        assert_eq!(
+            Arc::strong_count(&connections),
+            1,
+            "dropping the writer waits for its thread, which lets go of the connections"
+        );
     }
 }
