@@ -3,7 +3,7 @@
 //! - `firing`: N schedules firing every `--every` (a minute by default), spread evenly; reports
 //!   firing lateness (instant -> run queued in the ledger) p50/p90/p99/max, and each second's
 //!   worst, to place a tail in time; with `--worker`, a no-op worker also completes the runs
-//!   and the time from instant to attempt started is reported.
+//!   and the time from instant to attempt started is reported, and from the run's row to it.
 //! - `e2e`: durable no-op runs end to end (fire -> worker over HTTP -> result recorded) per
 //!   second, with a worker that completes each attempt at once.
 //! - `overload`: `e2e` at rising offered rates; the completions per second at each, to show that
@@ -143,7 +143,7 @@ enum Scenario {
         #[arg(long, default_value_t = 1)]
         nodes: usize,
         /// Also run the no-op worker, so runs are started and completed, and report the time
-        /// from each instant to its attempt's start.
+        /// from each instant, and from each run's row, to its attempt's start.
         #[arg(long)]
         worker: bool,
         /// Slots of the no-op worker, with --worker (split between one worker per node).
