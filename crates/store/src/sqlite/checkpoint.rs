@@ -105,19 +105,39 @@ fn ends_cycle(previous: WalFrames, now: WalFrames) -> bool {
     now.log >= CYCLE_FRAMES && now != previous
 }
 
+/// The checkpoint thread. Dropping it stops the thread and waits for it, so that its connection
+/// closes with the store's others: the last connection to close merges the WAL into the
+/// database and removes it.
+pub(super) struct Checkpointer {
+    stop: Option<Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Starts the thread on `conn`, a connection of its own to the database `db_file` is open on.
-/// It stops when the returned sender is dropped, or when `connections` (for the writer's lock and
-/// its busy time) is gone.
+/// It stops when the returned [`Checkpointer`] is dropped, or when `connections` (for the
+/// writer's lock and its busy time) is gone.
 pub(super) fn spawn(
     conn: Connection,
     db_file: File,
     connections: Weak<Connections>,
-) -> std::io::Result<Sender<()>> {
+) -> std::io::Result<Checkpointer> {
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("sked-sqlite-checkpoint".into())
         .spawn(move || keep_checkpointing(&conn, &db_file, &stopped, &connections))?;
-    Ok(stop)
+    Ok(Checkpointer {
+        stop: Some(stop),
+        thread: Some(thread),
+    })
 }
 
 fn keep_checkpointing(

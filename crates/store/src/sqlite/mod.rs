@@ -49,8 +49,8 @@ pub struct SqliteStore {
     node: Mutex<Option<NodeRecord>>,
     /// The writer thread; dropping it waits for the writes already queued.
     writer: writer::Writer,
-    /// Dropping it stops the checkpoint thread.
-    _checkpointer: std::sync::mpsc::Sender<()>,
+    /// The checkpoint thread; dropped last, so that its connection is the last to close.
+    _checkpointer: checkpoint::Checkpointer,
 }
 
 /// Read connections: two reads (an API request beside a page of schedules being loaded, or two
