@@ -1,9 +1,9 @@
 //! The embedded store on SQLite: one database file in WAL mode.
 //!
 //! Writes go through one connection (SQLite has one writer at a time anyway), on a thread of
-//! their own ([`writer`]): each in a savepoint of an `IMMEDIATE` transaction that the writes
-//! queued behind it share (group commit). Reads use [`READERS`] more connections, which WAL lets
-//! run beside the writer and beside each other.
+//! their own ([`writer`]): the writes that queue while one runs share the next `IMMEDIATE`
+//! transaction (group commit), each after the first in a savepoint. Reads use [`READERS`] more
+//! connections, which WAL lets run beside the writer and beside each other.
 //! `synchronous = NORMAL`: a commit survives the process being killed; only a power cut can lose
 //! the last commits, and no run pays an fsync of its own.
 //!
