@@ -15,11 +15,12 @@
 //! the last milliseconds' frames to copy and sync (docs/BENCHMARKS.md, "Checkpoints that end
 //! their own cycles").
 
+use super::owned_thread::OwnedThread;
 use super::Connections;
 use rusqlite::Connection;
 use sked_core::throttle::Throttle;
 use std::fs::File;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Weak;
 use std::time::Duration;
 
@@ -108,19 +109,7 @@ fn ends_cycle(previous: WalFrames, now: WalFrames) -> bool {
 /// The checkpoint thread. Dropping it stops the thread and waits for it, so that its connection
 /// closes with the store's others: the last connection to close merges the WAL into the
 /// database and removes it.
-pub(super) struct Checkpointer {
-    stop: Option<Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Checkpointer {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
+pub(super) type Checkpointer = OwnedThread<()>;
 
 /// Starts the thread on `conn`, a connection of its own to the database `db_file` is open on.
 /// It stops when the returned [`Checkpointer`] is dropped, or when `connections` (for the
@@ -130,13 +119,8 @@ pub(super) fn spawn(
     db_file: File,
     connections: Weak<Connections>,
 ) -> std::io::Result<Checkpointer> {
-    let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("sked-sqlite-checkpoint".into())
-        .spawn(move || keep_checkpointing(&conn, &db_file, &stopped, &connections))?;
-    Ok(Checkpointer {
-        stop: Some(stop),
-        thread: Some(thread),
+    OwnedThread::spawn("sked-sqlite-checkpoint", move |stopped| {
+        keep_checkpointing(&conn, &db_file, &stopped, &connections)
     })
 }
 

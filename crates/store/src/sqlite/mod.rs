@@ -25,6 +25,7 @@ mod jobs;
 mod ledger;
 mod namespaces;
 mod notifications;
+mod owned_thread;
 mod rows;
 mod schema;
 mod tokens;
@@ -385,8 +386,9 @@ impl SqliteStore {
         })
     }
 
-    /// Runs `work` on the writer thread, in a savepoint of a transaction other writes may share;
-    /// what it wrote is kept if it succeeds, and answered once the transaction has committed.
+    /// Runs `work` on the writer thread, in a transaction other writes may share; what it wrote
+    /// is kept if it succeeds and undone alone if it fails, and its value is answered once the
+    /// transaction has committed.
     async fn write<T, F>(&self, work: F) -> Result<T>
     where
         T: Send + 'static,

@@ -18,11 +18,12 @@
 //! rolls the transaction back before anything else joins it. A write's value is sent only once
 //! its transaction has committed, so nothing is answered that a failed commit undoes.
 
+use super::owned_thread::OwnedThread;
 use super::Connections;
 use crate::{Result, StoreError};
 use rusqlite::{Transaction, TransactionBehavior};
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -106,11 +107,8 @@ impl<T: Send> Reply for Written<T> {
 
 /// The writer thread and the queue of writes it serves. Dropping it lets the thread finish
 /// the writes already queued and waits for it to end, so that once the store is dropped its
-/// write connection is closed (and SQLite checkpoints the WAL into the database at close).
-pub(super) struct Writer {
-    requests: Option<Sender<Box<dyn Request>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+/// write connection is closed.
+pub(super) struct Writer(OwnedThread<Box<dyn Request>>);
 
 impl Writer {
     /// Starts the writer thread on `connections`' write connection.
@@ -119,32 +117,17 @@ impl Writer {
     }
 
     fn grouping(connections: Arc<Connections>, group: Group) -> std::io::Result<Writer> {
-        let (requests, queued) = std::sync::mpsc::channel::<Box<dyn Request>>();
-        let thread = std::thread::Builder::new()
-            .name("sked-sqlite-writer".into())
-            .spawn(move || keep_writing(&connections, &queued, group))?;
-        Ok(Writer {
-            requests: Some(requests),
-            thread: Some(thread),
+        OwnedThread::spawn("sked-sqlite-writer", move |queued| {
+            keep_writing(&connections, &queued, group)
         })
+        .map(Writer)
     }
 
     /// Queues `request`; an error if the thread has stopped.
     pub(super) fn send(&self, request: Box<dyn Request>) -> Result<()> {
-        self.requests
-            .as_ref()
-            .and_then(|requests| requests.send(request).ok())
-            .ok_or_else(|| StoreError::Database("the store's writer has stopped".into()))
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        drop(self.requests.take());
-        if let Some(thread) = self.thread.take() {
-            // A write that panicked was caught; the thread itself does not panic.
-            let _ = thread.join();
-        }
+        self.0
+            .send(request)
+            .map_err(|_| StoreError::Database("the store's writer has stopped".into()))
     }
 }
 
