@@ -6,7 +6,9 @@
 //! so the firing happens beside dispatch and completion, and the time from each instant to its
 //! attempt's start is reported too, and from its row to that start (the dispatch hop).
 
-use crate::harness::{by_second, cluster, ms, period_us, start, store_with_jobs};
+use crate::harness::{
+    by_second, cluster, ms, percentiles_of, period_us, start, store_with_jobs, tail_json,
+};
 use crate::noop;
 use anyhow::Result;
 use chrono::{Duration, Utc};
@@ -87,11 +89,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     server.stop().await;
 
     let window = server.finish_with_runs(store.as_ref(), from, to).await?;
-    let mut lateness: Vec<f64> = window
-        .iter()
-        .map(|r| ms(r.created_at - r.scheduled_for))
-        .collect();
-    let p = percentiles(&mut lateness);
+    let p = percentiles_of(&window, |r| Some(ms(r.created_at - r.scheduled_for)));
     // The worst lateness of each second's instants: where in the window a tail happened.
     let worst_by_second = by_second(
         &window,
@@ -101,17 +99,9 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         |values| percentiles(values).max,
     );
     // Instant -> attempt started: the first attempt's start (there are no retries here).
-    let mut start_lateness: Vec<f64> = window
-        .iter()
-        .filter_map(|r| r.started_at.map(|s| ms(s - r.scheduled_for)))
-        .collect();
-    let sp = percentiles(&mut start_lateness);
+    let sp = percentiles_of(&window, |r| r.started_at.map(|s| ms(s - r.scheduled_for)));
     // Run recorded -> attempt started: the dispatch hop alone, without the firing's lateness.
-    let mut hop: Vec<f64> = window
-        .iter()
-        .filter_map(|r| r.started_at.map(|s| ms(s - r.created_at)))
-        .collect();
-    let hp = percentiles(&mut hop);
+    let hp = percentiles_of(&window, |r| r.started_at.map(|s| ms(s - r.created_at)));
     let succeeded = window
         .iter()
         .filter(|r| r.state == RunState::Succeeded)
@@ -152,7 +142,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         "fires_lost": lost,
         "fires_doubled": doubled,
         "fires_unexpected": unexpected,
-        "lateness_ms": {"p50": p.p50, "p90": p.p90, "p99": p.p99, "max": p.max},
+        "lateness_ms": tail_json(&p),
         "lateness_max_by_second_ms": worst_by_second,
         "create_jobs_seconds": create_s,
         "start_to_ready_seconds": ready_s,
@@ -166,10 +156,8 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         figures["completions_sent"] = json!(completions);
         figures["runs_started"] = json!(sp.count);
         figures["runs_succeeded"] = json!(succeeded);
-        figures["started_lateness_ms"] =
-            json!({"p50": sp.p50, "p90": sp.p90, "p99": sp.p99, "max": sp.max});
-        figures["recorded_to_started_ms"] =
-            json!({"p50": hp.p50, "p90": hp.p90, "p99": hp.p99, "max": hp.max});
+        figures["started_lateness_ms"] = tail_json(&sp);
+        figures["recorded_to_started_ms"] = tail_json(&hp);
     }
     Ok(figures)
 }

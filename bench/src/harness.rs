@@ -7,6 +7,7 @@ use serde::Deserialize;
 use sked_core::cluster::PARTITIONS;
 use sked_core::job::JobSpec;
 use sked_core::records::RunRecord;
+use sked_core::stats::{percentiles, Percentiles};
 use sked_core::Instant;
 use sked_server::ServerConfig;
 use sked_store::{PgStore, PutMode, RunQuery, SqliteStore, Store};
@@ -456,6 +457,20 @@ pub async fn all_runs(store: &dyn Store) -> Result<Vec<RunRecord>> {
 
 pub fn ms(d: chrono::Duration) -> f64 {
     d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0
+}
+
+/// The percentiles of the values `value` gives `runs` (runs it gives none are left out).
+pub fn percentiles_of(
+    runs: &[RunRecord],
+    value: impl Fn(&RunRecord) -> Option<f64>,
+) -> Percentiles {
+    let mut values: Vec<f64> = runs.iter().filter_map(value).collect();
+    percentiles(&mut values)
+}
+
+/// A latency's summary as every benchmark prints it.
+pub fn tail_json(p: &Percentiles) -> serde_json::Value {
+    serde_json::json!({"p50": p.p50, "p90": p.p90, "p99": p.p99, "max": p.max})
 }
 
 /// For each second of the window from `from`, `summary` of the values `value` gives the runs

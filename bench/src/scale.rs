@@ -18,7 +18,7 @@
 //!
 //! Without `--data-dir` the store is prepared in a temporary directory, removed afterwards.
 
-use crate::harness::{metric, ms};
+use crate::harness::{metric, ms, percentiles_of, tail_json};
 use crate::noop;
 use crate::process::{free_port, memory, sked_bin, spawn, terminate, Memory};
 use anyhow::{bail, Context, Result};
@@ -518,7 +518,7 @@ impl Samples {
             "per_second": (p.count + self.errors) as f64 / seconds as f64,
             "errors": self.errors,
             "first_error": self.first_error,
-            "latency_ms": {"p50": p.p50, "p90": p.p90, "p99": p.p99, "max": p.max},
+            "latency_ms": tail_json(&p),
         })
     }
 }
@@ -683,11 +683,7 @@ async fn firing_figures(
         .map(|r| ms(r.created_at - r.scheduled_for))
         .collect();
     let p = percentiles(&mut lateness);
-    let mut started: Vec<f64> = window
-        .iter()
-        .filter_map(|r| r.started_at.map(|s| ms(s - r.scheduled_for)))
-        .collect();
-    let sp = percentiles(&mut started);
+    let sp = percentiles_of(&window, |r| r.started_at.map(|s| ms(s - r.scheduled_for)));
     Ok(json!({
         "window": {"from": from.to_rfc3339(), "to": to.to_rfc3339()},
         "fires_expected": owed.len(),
@@ -695,8 +691,8 @@ async fn firing_figures(
         "fires_lost": owed.values().filter(|&&c| c == 0).count(),
         "fires_doubled": owed.values().filter(|&&c| c > 1).count(),
         "fires_unexpected": unexpected,
-        "lateness_ms": {"p50": p.p50, "p90": p.p90, "p99": p.p99, "max": p.max},
+        "lateness_ms": tail_json(&p),
         "runs_started": sp.count,
-        "started_lateness_ms": {"p50": sp.p50, "p90": sp.p90, "p99": sp.p99, "max": sp.max},
+        "started_lateness_ms": tail_json(&sp),
     }))
 }
