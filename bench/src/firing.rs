@@ -137,6 +137,8 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         "every": every,
         "fires_per_second": schedules as f64 * 1e6 / period_us as f64,
         "window_seconds": seconds,
+        // The window's first instant, to line its seconds up with a trace taken beside it.
+        "window_from": from.to_rfc3339(),
         "fires_expected": owed.len(),
         "fires_recorded": p.count,
         "fires_lost": lost,
