@@ -35,18 +35,22 @@ const PAUSE_HEAVY: Duration = Duration::from_millis(100);
 /// as light. At half, 1,000 runs a second with a worker counted as heavy some of the time (the
 /// stalls themselves lengthen its transactions) and its firing p99 was 5.6–6.2 ms.
 const LIGHT_WRITER_SHARE: f64 = 0.85;
-/// WAL frames (pages) after which the thread ends the WAL's cycle. Each end costs the writer
-/// one short stall and the WAL's restart one fsync of its header, so cycles are not ended more
-/// often than this; at 1,000 instants a second a longer WAL (8,000 and 20,000 frames) lowered
-/// no figure.
-const CYCLE_FRAMES: i64 = 2_000;
+/// WAL frames (pages) after which the thread ends the WAL's cycle. Each end holds the writer
+/// for a pass with two syncs, and the WAL's restart costs the next commit a sync of its header:
+/// three flushes of the disk on the writer's path, where a slow flush stalls every write. At
+/// 1,000 instants a second with a worker the WAL grows by about 16,000 frames a second, so
+/// cycles of 2,000 frames ended 8 times a second; 8,000 end 2 times, with the same lateness and
+/// throughput on a fast disk (docs/BENCHMARKS.md, "The writer's share of the syncs").
+const CYCLE_FRAMES: i64 = 8_000;
 
 /// Pages of WAL after which the writer's commit checkpoints by itself: a safety net for when
-/// the thread fails or falls behind, kept well past [`CYCLE_FRAMES`] so that it does not fire
-/// while the thread keeps up. The writer's own checkpoint copies and syncs everything the thread
-/// has not inside a commit: at 20,000 pages it cost 100-190 ms once the ledger held millions of
-/// runs, at 2,000 pages under 45 ms (docs/BENCHMARKS.md, "The ledger alone as it grows").
-pub(super) const WRITER_AUTOCHECKPOINT_PAGES: i64 = 5 * CYCLE_FRAMES;
+/// the thread fails or falls behind, kept past [`CYCLE_FRAMES`] so that it does not fire while
+/// the thread keeps up (a saturated writer appends another cycle's worth while the thread
+/// catches up: the WAL reached 16,500 pages at 25,000 runs a second). The writer's own
+/// checkpoint copies and syncs everything the thread has not inside a commit: at 20,000 pages
+/// it cost 100-190 ms once the ledger held millions of runs, at 2,000 pages under 45 ms
+/// (docs/BENCHMARKS.md, "The ledger alone as it grows").
+pub(super) const WRITER_AUTOCHECKPOINT_PAGES: i64 = 3 * CYCLE_FRAMES;
 
 /// What a PASSIVE checkpoint reports: the frames in the WAL, and how many of them are copied
 /// back into the database.
@@ -283,10 +287,11 @@ mod tests {
         let conn = Connection::open(&path).expect("the thread's connection");
         let db_file = File::open(&path).expect("the database file");
         let _stop = spawn(conn, db_file, Arc::downgrade(&connections)).expect("the thread");
-        // At least four pages a commit: over 10,000 frames, five cycles' worth.
-        let body = vec![7u8; 4 * 4096 - 200];
+        // At least sixteen pages a commit, and five cycles' worth of frames.
+        const PAGES_PER_COMMIT: i64 = 16;
+        let body = vec![7u8; PAGES_PER_COMMIT as usize * 4096 - 200];
         let mut largest_wal = 0;
-        for i in 0..2_500i64 {
+        for i in 0..5 * CYCLE_FRAMES / PAGES_PER_COMMIT {
             {
                 let conn = connections.writer.lock().expect("the writer");
                 conn.execute(
