@@ -185,6 +185,30 @@ async fn server_worker_and_cli_speak_tls_on_loopback() {
     let https = client(Some(&ca));
     wait_ready(&https, &base).await;
 
+    // A console cookie that no longer opens is ended with the attributes of every session
+    // cookie, `Secure` among them, so a browser never sends its replacement in the clear.
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(&ca).expect("ca.pem")).expect("pem"),
+        )
+        .build()
+        .expect("client");
+    let turned = no_redirects
+        .get(format!("{base}/jobs"))
+        .header(reqwest::header::COOKIE, "sked_session=AAAA")
+        .send()
+        .await
+        .expect("GET /jobs");
+    assert_eq!(turned.status().as_u16(), 303);
+    let ended = turned.headers()[reqwest::header::SET_COOKIE]
+        .to_str()
+        .expect("ascii");
+    assert!(
+        ended.contains("Max-Age=0") && ended.ends_with("; Secure"),
+        "{ended}"
+    );
+
     // Without the CA the handshake fails; plain HTTP on the TLS port gets no answer.
     assert!(client(None)
         .get(format!("{base}/readyz"))

@@ -127,8 +127,13 @@ impl Visitor {
 
 /// A request the console turns away before any page runs.
 pub(crate) enum Turned {
-    /// No session (or one whose token no longer works): to the login page.
-    ToLogin { next: String, clear: bool },
+    /// No session (or one whose token no longer works): to the login page, ending the
+    /// session's cookie with `clear` (the sessions' own `Set-Cookie`, so it keeps their
+    /// attributes, `Secure` among them) when the request carried one.
+    ToLogin {
+        next: String,
+        clear: Option<HeaderValue>,
+    },
     /// A form posted from another origin or without its CSRF token.
     Forged,
 }
@@ -139,13 +144,8 @@ impl IntoResponse for Turned {
             Turned::ToLogin { next, clear } => {
                 let target = format!("/login?{}", api::query(&[("next", &next)]));
                 let mut response = Redirect::to(&target).into_response();
-                if clear {
-                    response.headers_mut().insert(
-                        header::SET_COOKIE,
-                        HeaderValue::from_static(
-                            "sked_session=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
-                        ),
-                    );
+                if let Some(clear) = clear {
+                    response.headers_mut().insert(header::SET_COOKIE, clear);
                 }
                 response
             }
@@ -176,7 +176,10 @@ impl FromRequestParts<Console> for Visitor {
                 (console.sessions.seal(None, now), true)
             }
             None => {
-                let clear = parts.headers.contains_key(header::COOKIE);
+                let clear = parts
+                    .headers
+                    .contains_key(header::COOKIE)
+                    .then(|| console.sessions.clear_cookie());
                 return Err(Turned::ToLogin { next: path, clear });
             }
         };
@@ -187,7 +190,7 @@ impl FromRequestParts<Console> for Visitor {
             .await
             .map_err(|_| Turned::ToLogin {
                 next: path.clone(),
-                clear: true,
+                clear: Some(console.sessions.clear_cookie()),
             })?;
         if parts.method != Method::GET && !same_origin(&parts.headers) {
             return Err(Turned::Forged);

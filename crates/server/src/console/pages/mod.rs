@@ -92,7 +92,7 @@ pub fn refused(console: &Console, visitor: &Visitor, title: &str, failure: Failu
     if failure.status == StatusCode::UNAUTHORIZED {
         return Turned::ToLogin {
             next: visitor.path.clone(),
-            clear: true,
+            clear: Some(console.sessions.clear_cookie()),
         }
         .into_response();
     }
