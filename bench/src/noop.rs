@@ -157,32 +157,42 @@ async fn lease_loop(
         reports,
         until.clone(),
     ));
-    while !until.done() {
-        let lease: LeaseResponse = http
-            .post(format!("{base}/api/v1/workers/{worker}/lease"))
-            .json(&json!({"max": slots, "wait_ms": LEASE_WAIT_MS}))
-            .send()
-            .await?
-            .json()
-            .await
-            .context("lease")?;
-        if lease.attempts.is_empty() {
-            continue;
+    let leasing: Result<()> = async {
+        while !until.done() {
+            let lease: LeaseResponse = http
+                .post(format!("{base}/api/v1/workers/{worker}/lease"))
+                .json(&json!({"max": slots, "wait_ms": LEASE_WAIT_MS}))
+                .send()
+                .await?
+                .json()
+                .await
+                .context("lease")?;
+            if lease.attempts.is_empty() {
+                continue;
+            }
+            let completions = lease.attempts.iter().map(|a| Completion {
+                attempt_id: a.attempt_id,
+                token: a.token,
+                outcome: AttemptOutcome::Succeeded,
+                exit_code: Some(0),
+                http_status: None,
+                error: None,
+            });
+            if ended.send(completions.collect()).is_err() {
+                // The reporter stopped on an error, which joining it returns.
+                break;
+            }
         }
-        let completions = lease.attempts.iter().map(|a| Completion {
-            attempt_id: a.attempt_id,
-            token: a.token,
-            outcome: AttemptOutcome::Succeeded,
-            exit_code: Some(0),
-            http_status: None,
-            error: None,
-        });
-        if ended.send(completions.collect()).is_err() {
-            // The reporter stopped on an error, which joining it returns.
-            break;
-        }
+        Ok(())
     }
+    .await;
     drop(ended);
+    if let Err(e) = leasing {
+        // The benchmark has failed: what the reporter still holds must not reach a server
+        // that is being stopped, nor outlive the worker.
+        reporter.abort();
+        return Err(e);
+    }
     reporter.await.context("the no-op worker's reporter")?
 }
 
