@@ -39,18 +39,21 @@ const LIGHT_WRITER_SHARE: f64 = 0.85;
 /// for a pass with two syncs, and the WAL's restart costs the next commit a sync of its header:
 /// three flushes of the disk on the writer's path, where a slow flush stalls every write. At
 /// 1,000 instants a second with a worker the WAL grows by about 16,000 frames a second, so
-/// cycles of 2,000 frames ended 8 times a second; 8,000 end 2 times, with the same lateness and
-/// throughput on a fast disk (docs/BENCHMARKS.md, "The writer's share of the syncs").
+/// cycles of 2,000 frames ended 8 times a second; 8,000 end 2 times. On a fast disk that left
+/// 1,000 fires a second and 25,000 runs a second as they were, and took the p99 at 10,000 fires
+/// a second from 2.1-5.8 ms to 1.2-1.6 ms (docs/BENCHMARKS.md, "The writer's share of the
+/// syncs").
 const CYCLE_FRAMES: i64 = 8_000;
 
 /// Pages of WAL after which the writer's commit checkpoints by itself: a safety net for when
 /// the thread fails or falls behind, kept past [`CYCLE_FRAMES`] so that it does not fire while
-/// the thread keeps up (a saturated writer appends another cycle's worth while the thread
-/// catches up: the WAL reached 16,500 pages at 25,000 runs a second). The writer's own
+/// the thread keeps up: a busy writer appends more than another cycle's worth while the thread
+/// catches up (the WAL reached 16,500 pages at 25,000 runs a second and 18,700 at 10,000 fires
+/// a second, when the net at 5 cycles of 2,000 pages was passed at 11,400). The writer's own
 /// checkpoint copies and syncs everything the thread has not inside a commit: at 20,000 pages
 /// it cost 100-190 ms once the ledger held millions of runs, at 2,000 pages under 45 ms
 /// (docs/BENCHMARKS.md, "The ledger alone as it grows").
-pub(super) const WRITER_AUTOCHECKPOINT_PAGES: i64 = 3 * CYCLE_FRAMES;
+pub(super) const WRITER_AUTOCHECKPOINT_PAGES: i64 = 4 * CYCLE_FRAMES;
 
 /// What a PASSIVE checkpoint reports: the frames in the WAL, and how many of them are copied
 /// back into the database.
