@@ -9,7 +9,7 @@
 //! it the batch, just before the batch's transaction: the transaction's own time is not in it.
 //! "Started" is the attempt's start, written when the run had been committed and handed out.
 
-use crate::harness::{ms, start, store_with_jobs};
+use crate::harness::{ms, percentiles_of, start, store_with_jobs};
 use crate::noop;
 use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Duration, Utc};
@@ -17,7 +17,6 @@ use serde_json::{json, Value};
 use sked_core::job::JobSpec;
 use sked_core::records::RunRecord;
 use sked_core::run::RunState;
-use sked_core::stats::percentiles;
 use sked_core::Instant;
 use std::collections::BTreeMap;
 use std::time::Instant as Clock;
@@ -167,11 +166,7 @@ fn spread(
     instant: Instant,
     at: impl Fn(&RunRecord) -> Option<Instant>,
 ) -> Spread {
-    let mut values: Vec<f64> = runs
-        .iter()
-        .filter_map(|r| at(r).map(|t| ms(t - instant)))
-        .collect();
-    let p = percentiles(&mut values);
+    let p = percentiles_of(runs.iter().copied(), |r| at(r).map(|t| ms(t - instant)));
     Spread {
         count: p.count,
         p50: p.p50,

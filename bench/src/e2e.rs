@@ -11,7 +11,7 @@
 //! of each second's runs, which shows whether a backlog grows smoothly or collapses. On
 //! PostgreSQL it also reports what each completed run cost the database (`pgcost.rs`).
 
-use crate::harness::{by_second, cluster, ms, start, store_with_jobs, Running};
+use crate::harness::{by_second, cluster, ms, percentiles_of, start, store_with_jobs, Running};
 use crate::noop;
 use crate::pgcost;
 use anyhow::Result;
@@ -94,11 +94,7 @@ pub async fn run(
         .iter()
         .filter(|r| r.state == RunState::Succeeded)
         .count();
-    let mut end_to_end: Vec<f64> = window
-        .iter()
-        .filter_map(|r| r.finished_at.map(|f| ms(f - r.scheduled_for)))
-        .collect();
-    let p = percentiles(&mut end_to_end);
+    let p = percentiles_of(&window, |r| r.finished_at.map(|f| ms(f - r.scheduled_for)));
     // Each second's median time from instant to result recorded, of the runs due in it.
     let p50_by_second = by_second(
         &window,

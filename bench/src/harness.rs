@@ -460,11 +460,11 @@ pub fn ms(d: chrono::Duration) -> f64 {
 }
 
 /// The percentiles of the values `value` gives `runs` (runs it gives none are left out).
-pub fn percentiles_of(
-    runs: &[RunRecord],
+pub fn percentiles_of<'a>(
+    runs: impl IntoIterator<Item = &'a RunRecord>,
     value: impl Fn(&RunRecord) -> Option<f64>,
 ) -> Percentiles {
-    let mut values: Vec<f64> = runs.iter().filter_map(value).collect();
+    let mut values: Vec<f64> = runs.into_iter().filter_map(value).collect();
     percentiles(&mut values)
 }
 

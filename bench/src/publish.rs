@@ -18,7 +18,7 @@
 //! one percentile of the whole window hides. The first instants fall due a lead after the jobs
 //! are written, so the window opens on the steady state rather than on a catch-up burst.
 
-use crate::harness::{ms, period_us, start_with, store_with_jobs};
+use crate::harness::{ms, percentiles_of, period_us, start_with, store_with_jobs};
 use anyhow::{Context, Result};
 use chrono::{Duration, Utc};
 use futures_util::StreamExt;
@@ -440,17 +440,13 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         .filter(|r| received.get(r.id).is_none())
         .count();
     let duplicated = received.duplicated();
-    let mut publish_lag: Vec<f64> = succeeded
-        .iter()
-        .filter_map(|r| received.get(r.id).and_then(|m| m.lag_ms))
-        .collect();
-    let publish = percentiles(&mut publish_lag);
+    let publish = percentiles_of(succeeded.iter().copied(), |r| {
+        received.get(r.id).and_then(|m| m.lag_ms)
+    });
     let by_minute = lag_by_minute(&succeeded, &received, from);
-    let mut recorded_lag: Vec<f64> = succeeded
-        .iter()
-        .filter_map(|r| r.finished_at.map(|f| ms(f - r.scheduled_for)))
-        .collect();
-    let recorded = percentiles(&mut recorded_lag);
+    let recorded = percentiles_of(succeeded.iter().copied(), |r| {
+        r.finished_at.map(|f| ms(f - r.scheduled_for))
+    });
     let expected = window.len();
     Ok(json!({
         "scenario": "publish",

@@ -678,11 +678,7 @@ async fn firing_figures(
             None => unexpected += 1,
         }
     }
-    let mut lateness: Vec<f64> = window
-        .iter()
-        .map(|r| ms(r.created_at - r.scheduled_for))
-        .collect();
-    let p = percentiles(&mut lateness);
+    let p = percentiles_of(&window, |r| Some(ms(r.created_at - r.scheduled_for)));
     let sp = percentiles_of(&window, |r| r.started_at.map(|s| ms(s - r.scheduled_for)));
     Ok(json!({
         "window": {"from": from.to_rfc3339(), "to": to.to_rfc3339()},

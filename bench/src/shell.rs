@@ -9,7 +9,7 @@
 //! succeeded a little after it, the time from instant to result, and the worker process's CPU
 //! time (its own and its children's, from `/proc/PID/stat`) per run over the window.
 
-use crate::harness::{ms, start, store_with_jobs};
+use crate::harness::{ms, percentiles_of, start, store_with_jobs};
 use crate::process::{cpu_time, sked_bin, spawn, terminate, CpuTime};
 use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Duration, Utc};
@@ -18,7 +18,6 @@ use serde_json::{json, Value};
 use sked_core::job::JobSpec;
 use sked_core::records::WorkerRecord;
 use sked_core::run::RunState;
-use sked_core::stats::percentiles;
 use sked_core::HumanDuration;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -130,16 +129,12 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
             r.state == RunState::Succeeded && r.finished_at.is_some_and(|f| f >= from && f < to)
         })
         .count();
-    let mut to_finished: Vec<f64> = in_window
-        .iter()
-        .filter_map(|r| r.finished_at.map(|f| ms(f - r.scheduled_for)))
-        .collect();
-    let finished_p = percentiles(&mut to_finished);
-    let mut to_started: Vec<f64> = in_window
-        .iter()
-        .filter_map(|r| r.started_at.map(|s| ms(s - r.scheduled_for)))
-        .collect();
-    let started_p = percentiles(&mut to_started);
+    let finished_p = percentiles_of(in_window.iter().copied(), |r| {
+        r.finished_at.map(|f| ms(f - r.scheduled_for))
+    });
+    let started_p = percentiles_of(in_window.iter().copied(), |r| {
+        r.started_at.map(|s| ms(s - r.scheduled_for))
+    });
     let seconds = (to - from).num_milliseconds() as f64 / 1000.0;
     let per_second = succeeded_during as f64 / seconds;
     let per_run_ms = |cpu_s: f64| {
