@@ -11,6 +11,7 @@
 # `sked_completions_accepted_total`) is what one more run costs. What does not grow with the
 # runs (start-up, the schema, the nodes' and the database's own timers, each statement's first
 # planning) cancels out.
+#
 # Callgrind cannot be asked for a count in the middle of a run here: PostgreSQL's backends are
 # forked, and a forked process under valgrind has no control pipe of its own.
 #
@@ -44,6 +45,8 @@ while [ $# -gt 0 ]; do
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
+[[ "$jobs" =~ ^([0-9]+):([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -lt "${BASH_REMATCH[2]}" ] ||
+    { echo "--jobs wants LOW:HIGH, two job counts with LOW below HIGH" >&2; exit 2; }
 here="$(cd "$(dirname "$0")/.." && pwd)"
 sked_bin="${sked_bin:-$here/target/release/sked}"
 [ -x "$sked_bin" ] || { echo "no sked binary at $sked_bin (cargo build --release -p sked)" >&2; exit 2; }
@@ -56,6 +59,11 @@ chmod 755 "$top"   # PostgreSQL may run as another user
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill -9 "$pid" 2> /dev/null || true; done
+    # Run as another user, PostgreSQL is not among `pids` (its parent, runuser, is).
+    for data in "$top"/run.*/pg; do
+        [ -e "$data/postmaster.pid" ] &&
+            "${as_pg[@]}" "$pg_bin/pg_ctl" stop -D "$data" -m immediate > /dev/null 2>&1
+    done
     wait 2> /dev/null || true
     rm -rf "$top"
 }
