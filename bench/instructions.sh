@@ -82,9 +82,10 @@ ready() {
     echo "$1 did not become ready" >&2
     return 1
 }
-# The sum of each counted process's instructions, from the files callgrind wrote at exit.
+# The sum of each counted process's instructions, from the files callgrind wrote at exit
+# (each file's `summary:` line; its `totals:` line says the same again).
 instructions() {
-    cat "$@" | awk '/^(totals|summary):/ {sum += $2; next} END {printf "%d\n", sum}'
+    cat "$@" | awk '/^summary:/ {sum += $2} END {printf "%d\n", sum}'
 }
 
 # One timeline with `$1` jobs; prints "runs sked_instructions postgres_instructions".
