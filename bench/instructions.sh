@@ -10,7 +10,10 @@
 # difference in instructions over the difference in runs completed (the nodes'
 # `sked_completions_accepted_total`) is what one more run costs. What does not grow with the
 # runs (start-up, the schema, the nodes' and the database's own timers, each statement's first
-# planning) cancels out.
+# planning) cancels out. What the nodes' loops do each second over timelines whose lengths
+# differ under callgrind, or a connection more in a pool, does not: the figure spreads between
+# runs (docs/BENCHMARKS.md, "Instructions per run, counted by callgrind"), so read it as an
+# order of magnitude.
 #
 # Callgrind cannot be asked for a count in the middle of a run here: PostgreSQL's backends are
 # forked, and a forked process under valgrind has no control pipe of its own.
@@ -154,6 +157,8 @@ measure() {
     wait "${servers[@]}" 2> /dev/null || true
     "${as_pg[@]}" "$pg_bin/pg_ctl" stop -D "$dir/pg" -m fast -w -t 120 > /dev/null
     echo "$completed $(instructions "$dir"/cg/sked.*) $(instructions "$dir"/cg/postgres.*)"
+    # All stopped: their ids may be another process's by the time `cleanup` runs.
+    pids=()
 }
 
 # In this shell, not a subshell, so that `cleanup` knows every process to stop.
