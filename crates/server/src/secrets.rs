@@ -73,7 +73,7 @@ impl SecretKey {
         let cipher =
             Aes256Gcm::new_from_slice(&bytes).map_err(|e| SecretError::BadKey(e.to_string()))?;
         let digest = Sha256::digest(&bytes);
-        let id = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        let id = hex::encode(&digest[..4]);
         let completion = Sha256::new()
             .chain_update(b"sked completion tokens v1\0")
             .chain_update(&bytes)

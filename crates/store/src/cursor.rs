@@ -37,7 +37,7 @@ pub enum CursorKey {
 impl Cursor {
     pub fn encode(&self) -> String {
         match &self.key {
-            CursorKey::Text(text) => format!("t.{}.{}", self.id, hex(text.as_bytes())),
+            CursorKey::Text(text) => format!("t.{}.{}", self.id, hex::encode(text)),
             CursorKey::Micros(micros) => format!("m.{}.{micros}", self.id),
         }
     }
@@ -52,7 +52,7 @@ impl Cursor {
         let id: i64 = id.parse().map_err(|_| bad())?;
         let key = match kind {
             "t" => {
-                let bytes = unhex(key).ok_or_else(bad)?;
+                let bytes = hex::decode(key).map_err(|_| bad())?;
                 CursorKey::Text(String::from_utf8(bytes).map_err(|_| bad())?)
             }
             "m" => CursorKey::Micros(key.parse().map_err(|_| bad())?),
@@ -132,20 +132,6 @@ pub fn after_notification(record: &sked_core::notify::NotificationRecord) -> Cur
         key: CursorKey::Micros(micros(record.created_at)),
         id: record.id,
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 #[cfg(test)]
