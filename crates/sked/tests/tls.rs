@@ -84,8 +84,7 @@ fn certificates(dir: &Path) {
 }
 
 fn client(ca: Option<&Path>) -> reqwest::Client {
-    let mut builder = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
+    builder(ca)
         .default_headers(
             [(
                 reqwest::header::AUTHORIZATION,
@@ -93,12 +92,19 @@ fn client(ca: Option<&Path>) -> reqwest::Client {
             )]
             .into_iter()
             .collect(),
-        );
+        )
+        .build()
+        .expect("client")
+}
+
+/// A client with a timeout, trusting `ca` when given, and sending no token.
+fn builder(ca: Option<&Path>) -> reqwest::ClientBuilder {
+    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(10));
     if let Some(ca) = ca {
         let pem = std::fs::read(ca).expect("ca.pem");
         builder = builder.add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("pem"));
     }
-    builder.build().expect("client")
+    builder
 }
 
 /// Waits until the server at `base` answers `/readyz` over HTTPS.
@@ -187,11 +193,8 @@ async fn server_worker_and_cli_speak_tls_on_loopback() {
 
     // A console cookie that no longer opens is ended with the attributes of every session
     // cookie, `Secure` among them, so a browser never sends its replacement in the clear.
-    let no_redirects = reqwest::Client::builder()
+    let no_redirects = builder(Some(&ca))
         .redirect(reqwest::redirect::Policy::none())
-        .add_root_certificate(
-            reqwest::Certificate::from_pem(&std::fs::read(&ca).expect("ca.pem")).expect("pem"),
-        )
         .build()
         .expect("client");
     let turned = no_redirects
