@@ -51,6 +51,7 @@ macro_rules! store_contract_tests {
             manual_runs_ignore_overlap,
             skipped_runs_are_finished_with_their_reason,
             attempts_are_fenced_by_token_and_state,
+            a_batch_of_starts_is_answered_start_by_start,
             retries_follow_the_policy_then_fail,
             lost_attempts_are_requeued_without_spending_retries,
             heartbeats_extend_leases_and_relay_cancels,
@@ -1149,6 +1150,54 @@ pub async fn skipped_runs_are_finished_with_their_reason(store: &dyn Store) {
         assert!(r.finished_at.is_some(), "a skipped run has ended");
     }
     assert!(store.queued_runs(None).await.unwrap().is_empty());
+}
+
+/// A batch of starts is answered in its own order: each queued run's first start gets the
+/// run's attempt; a second start of it in the same batch, a run already ended and a run that
+/// does not exist get none.
+pub async fn a_batch_of_starts_is_answered_start_by_start(store: &dyn Store) {
+    let j = put(store, "batch", every_second(serde_json::json!({}))).await;
+    let now = t0() + secs(3);
+    let a = fire_one(store, fire(j.id, t0() + secs(1))).await.run_id;
+    let b = fire_one(store, fire(j.id, t0() + secs(2))).await.run_id;
+    let mut skipped = fire(j.id, t0() + secs(3));
+    skipped.skip = Some(SkipReason::Paused);
+    let ended = fire_one(store, skipped).await.run_id;
+    let start_as = |run_id: i64, worker: &str, token: i64| AttemptStart {
+        run_id,
+        worker_id: worker.to_string(),
+        token,
+        lease_expires_at: now + secs(10),
+    };
+    let batch = [
+        start_as(a, "w1", 1),
+        start_as(b, "w2", 2),
+        start_as(a, "w3", 3),
+        start_as(ended, "w4", 4),
+        start_as(b.max(a).max(ended) + 1000, "w5", 5),
+    ];
+    let answers = store.start_attempts(&batch, now).await.unwrap();
+    let numbers: Vec<Option<u32>> = answers.iter().map(|s| s.map(|s| s.number)).collect();
+    assert_eq!(numbers, [Some(1), Some(1), None, None, None]);
+    let (first, second) = (answers[0].unwrap(), answers[1].unwrap());
+    assert_ne!(first.attempt_id, second.attempt_id);
+    for (run_id, started, worker, token) in [(a, first, "w1", 1), (b, second, "w2", 2)] {
+        let (r, attempts) = run(store, run_id).await;
+        assert_eq!(
+            (r.state, r.attempts, r.started_at),
+            (RunState::Running, 1, Some(now))
+        );
+        assert_eq!(attempts.len(), 1, "one attempt for run {run_id}");
+        assert_eq!(attempts[0].id, started.attempt_id);
+        assert_eq!(
+            (attempts[0].worker_id.as_str(), attempts[0].token),
+            (worker, token)
+        );
+        assert_eq!(attempts[0].lease_expires_at, now + secs(10));
+    }
+    let (r, attempts) = run(store, ended).await;
+    assert_eq!((r.state, r.attempts), (RunState::Skipped, 0));
+    assert!(attempts.is_empty());
 }
 
 pub async fn attempts_are_fenced_by_token_and_state(store: &dyn Store) {

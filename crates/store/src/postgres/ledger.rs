@@ -5,9 +5,10 @@
 //! Each decision is taken over locked rows, locked in the order of `mod.rs` (jobs, then runs,
 //! then attempts, each by id): the job's row where its overlap policy reads how many of its
 //! runs are active (the overlap decision, and the release of runs held back), the run's row for
-//! its state, the attempt's row for its lease. A job whose policy is `allow` holds nothing back,
-//! so its completions take no lock of it; runs left held back by a policy changed meanwhile are
-//! released by the reaper's pass (`HELD_BACK`).
+//! its state (a start locks it by the update that moves it while queued), the attempt's row
+//! for its lease. A job whose policy is `allow` holds nothing back, so its completions take no
+//! lock of it; runs left held back by a policy changed meanwhile are released by the reaper's
+//! pass (`HELD_BACK`).
 
 use super::dependencies::{self, dependants_of, settle};
 use super::events;
@@ -26,7 +27,7 @@ use sked_core::records::RunRecord;
 use sked_core::run::{AfterAttempt, RunState, SkipReason, Trigger, WaitReason};
 use sked_core::Instant;
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use tokio_postgres::types::ToSql;
 
 /// What the fire path needs of a job.
@@ -344,11 +345,7 @@ impl<'a> BulkFires<'a> {
 /// Advances the firing state of the fires at `indexes` (at most one per job) in one statement,
 /// each only while its job's firing state is the one the loop started from; returns the jobs
 /// advanced.
-async fn advance_in_bulk(
-    tx: &Tx<'_>,
-    fires: &[Fire],
-    indexes: &[usize],
-) -> PgResult<std::collections::HashSet<i64>> {
+async fn advance_in_bulk(tx: &Tx<'_>, fires: &[Fire], indexes: &[usize]) -> PgResult<HashSet<i64>> {
     let (mut ids, mut epochs, mut before, mut next) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for &index in indexes {
@@ -364,7 +361,7 @@ async fn advance_in_bulk(
         );
         next.push(advance.next_fire_at.map(micros));
     }
-    let mut advanced = std::collections::HashSet::new();
+    let mut advanced = HashSet::new();
     if ids.is_empty() {
         return Ok(advanced);
     }
@@ -866,100 +863,55 @@ pub async fn start_attempts(
     if starts.is_empty() {
         return Ok(Vec::new());
     }
-    // The runs are locked in id order; only a queued one gets an attempt, and only once.
-    let ids = sorted(starts.iter().map(|s| s.run_id));
-    let stmt = tx
-        .prepare_cached(
-            "SELECT id, state, attempts, scheduled_for FROM runs WHERE id = ANY($1) \
-             ORDER BY id FOR UPDATE",
-        )
-        .await?;
-    // Each queued run's attempts so far, and its instant (its attempts' partition key).
-    let mut queued: HashMap<i64, (u32, i64)> = HashMap::new();
-    for row in tx.query(&stmt, &[&ids]).await? {
-        let state: &str = row.try_get(1)?;
-        if state == RunState::Queued.as_str() {
-            let attempts = rows::count("attempts", row.try_get::<_, i32>(2)?)?;
-            queued.insert(row.try_get(0)?, (attempts, row.try_get(3)?));
-        }
-    }
-    let mut numbers = Vec::with_capacity(starts.len());
-    let (mut run_ids, mut instants, mut nums, mut workers, mut tokens, mut leases) = (
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-    );
-    for start in starts {
-        // Removed once started: the same run twice in a batch gets one attempt.
-        let Some((attempts, instant)) = queued.remove(&start.run_id) else {
-            numbers.push(None);
-            continue;
-        };
-        let number = attempts + 1;
-        numbers.push(Some(number));
+    // The first start of each run in the batch; a second start of the same run gets nothing.
+    let mut firsts = HashSet::new();
+    let (mut run_ids, mut workers, mut tokens, mut leases) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for start in starts.iter().filter(|s| firsts.insert(s.run_id)) {
         run_ids.push(start.run_id);
-        instants.push(instant);
-        nums.push(rows::int("attempt number", number)?);
         workers.push(start.worker_id.as_str());
         tokens.push(start.token);
         leases.push(micros(start.lease_expires_at));
     }
-    let mut attempt_ids: HashMap<i64, i64> = HashMap::new();
-    if !run_ids.is_empty() {
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
+    // The update is the decision: it moves a run only while the run is still queued, rechecking
+    // that on the row's newest version if another transaction held it, so a run gets one
+    // attempt however many nodes hand it out. No row is read and locked before it: a lock taken
+    // ahead of an update of the same row is a WAL record and a round trip of its own. Rows are
+    // locked as the update meets them (partition by partition, by id within one); a deadlock
+    // with another batch is rolled back by PostgreSQL and run again (`tx!`).
+    let stmt = tx
+        .prepare_cached(
+            "WITH started AS ( \
+                 UPDATE runs SET state = 'running', attempts = runs.attempts + 1, \
+                     started_at = coalesce(runs.started_at, $5) \
+                 WHERE runs.id = ANY($1) AND runs.state = 'queued' \
+                 RETURNING runs.id, runs.attempts, runs.scheduled_for) \
+             INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
                  lease_expires_at, run_scheduled_for) \
-                 SELECT u.run_id, u.number, u.worker_id, u.token, 'running', $6, u.lease, \
-                     u.instant \
-                 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bigint[], \
-                     $7::bigint[]) \
-                     AS u(run_id, number, worker_id, token, lease, instant) \
-                 RETURNING run_id, id",
-            )
-            .await?;
-        let inserted = tx
-            .query(
-                &stmt,
-                &[
-                    &run_ids,
-                    &nums,
-                    &workers,
-                    &tokens,
-                    &leases,
-                    &micros(now),
-                    &instants,
-                ],
-            )
-            .await?;
-        for row in inserted {
-            attempt_ids.insert(row.try_get(0)?, row.try_get(1)?);
-        }
-        let stmt = tx
-            .prepare_cached(
-                "UPDATE runs SET state = 'running', attempts = u.number, \
-                 started_at = coalesce(started_at, $3) \
-                 FROM unnest($1::bigint[], $2::int[]) AS u(id, number) WHERE runs.id = u.id",
-            )
-            .await?;
-        tx.execute(&stmt, &[&run_ids, &nums, &micros(now)]).await?;
+             SELECT s.id, s.attempts, u.worker_id, u.token, 'running', $5, u.lease, \
+                 s.scheduled_for \
+             FROM started s \
+             JOIN unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[]) \
+                 AS u(run_id, worker_id, token, lease) ON u.run_id = s.id \
+             RETURNING run_id, id, number",
+        )
+        .await?;
+    let mut started: HashMap<i64, StartedAttempt> = HashMap::new();
+    for row in tx
+        .query(&stmt, &[&run_ids, &workers, &tokens, &leases, &micros(now)])
+        .await?
+    {
+        let attempt = StartedAttempt {
+            attempt_id: row.try_get(1)?,
+            number: rows::count("attempt number", row.try_get::<_, i32>(2)?)?,
+        };
+        started.insert(row.try_get(0)?, attempt);
     }
-    starts
+    // Removed once answered, so only the first start of a run is told it started.
+    Ok(starts
         .iter()
-        .zip(numbers)
-        .map(|(start, number)| {
-            let Some(number) = number else {
-                return Ok(None);
-            };
-            let attempt_id = attempt_ids.get(&start.run_id).copied().ok_or_else(|| {
-                StoreError::Database(format!("the attempt of run {} vanished", start.run_id))
-            })?;
-            Ok(Some(StartedAttempt { attempt_id, number }))
-        })
-        .collect()
+        .map(|start| started.remove(&start.run_id))
+        .collect())
 }
 
 pub async fn complete_attempts(

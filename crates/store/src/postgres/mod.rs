@@ -11,7 +11,11 @@
 //! A job's row is the lock that serialises everything touching how many of its runs are active:
 //! recording its instants (the overlap decision), ending one of its runs (releasing a waiting
 //! one), cancelling, deleting. Starting an attempt only moves a run from queued to running,
-//! which leaves that count alone, so it locks just the runs. A transaction PostgreSQL still
+//! which leaves that count alone, so it locks just the runs, and it locks them by updating
+//! them: the update's own condition (still queued) is the decision, rechecked by PostgreSQL on
+//! the newest version of a row another transaction held, so no lock is taken ahead of it.
+//! Those locks follow the update's plan (partition by partition, by id within one) rather than
+//! strictly by id. A transaction PostgreSQL still
 //! aborts as a deadlock or a serialization failure is run again from the start: it wrote
 //! nothing.
 //!
