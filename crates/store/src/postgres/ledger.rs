@@ -5,7 +5,7 @@
 //! Each decision is taken over locked rows, locked in the order of `mod.rs` (jobs, then runs,
 //! then attempts, each by id): the job's row where its overlap policy reads how many of its
 //! runs are active (the overlap decision, and the release of runs held back), the run's row for
-//! its state (a start locks it by the update that moves it while queued), the attempt's row
+//! its state (a start locks it in the statement that moves it while queued), the attempt's row
 //! for its lease. A job whose policy is `allow` holds nothing back, so its completions take no
 //! lock of it; runs left held back by a policy changed meanwhile are released by the reaper's
 //! pass (`HELD_BACK`).
@@ -706,6 +706,15 @@ pub(super) async fn cancel_active(
     ended: &mut Vec<Ended>,
 ) -> PgResult<Vec<i64>> {
     let sparing = sparing.map(micros);
+    // By id first, as every transaction locks runs: the updates below meet them in their
+    // plans' order, which a node starting some of them at the same time does not share.
+    let stmt = tx
+        .prepare_cached(
+            "SELECT id FROM runs WHERE job_id = $1 AND state IN ('queued', 'waiting', 'running') \
+             ORDER BY id FOR UPDATE",
+        )
+        .await?;
+    tx.execute(&stmt, &[&job_id]).await?;
     let stmt = tx
         .prepare_cached(
             "UPDATE runs SET state = 'cancelled', finished_at = $2, error = $3 \
@@ -873,18 +882,22 @@ pub async fn start_attempts(
         tokens.push(start.token);
         leases.push(micros(start.lease_expires_at));
     }
-    // The update is the decision: it moves a run only while the run is still queued, rechecking
-    // that on the row's newest version if another transaction held it, so a run gets one
-    // attempt however many nodes hand it out. No row is read and locked before it: a lock taken
-    // ahead of an update of the same row is a WAL record and a round trip of its own. Rows are
-    // locked as the update meets them (partition by partition, by id within one); a deadlock
-    // with another batch is rolled back by PostgreSQL and run again (`tx!`).
+    // One statement, so one round trip. Its runs are locked first, by id, as every transaction
+    // locks runs: an update alone locks them in the order its plan meets them, which differs
+    // between plans (an index scan, a bitmap scan), and two nodes starting the same runs
+    // deadlocked, each deadlock costing PostgreSQL's `deadlock_timeout` while the leases ran
+    // out. The lock rechecks `state = 'queued'` on the newest version of a row another
+    // transaction held, so a run started meanwhile drops out: a run gets one attempt however
+    // many nodes hand it out.
     let stmt = tx
         .prepare_cached(
-            "WITH started AS ( \
+            "WITH queued AS MATERIALIZED ( \
+                 SELECT id FROM runs WHERE id = ANY($1) AND state = 'queued' \
+                 ORDER BY id FOR UPDATE), \
+             started AS ( \
                  UPDATE runs SET state = 'running', attempts = runs.attempts + 1, \
                      started_at = coalesce(runs.started_at, $5) \
-                 WHERE runs.id = ANY($1) AND runs.state = 'queued' \
+                 FROM queued WHERE runs.id = queued.id AND runs.state = 'queued' \
                  RETURNING runs.id, runs.attempts, runs.scheduled_for) \
              INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
                  lease_expires_at, run_scheduled_for) \

@@ -11,11 +11,11 @@
 //! A job's row is the lock that serialises everything touching how many of its runs are active:
 //! recording its instants (the overlap decision), ending one of its runs (releasing a waiting
 //! one), cancelling, deleting. Starting an attempt only moves a run from queued to running,
-//! which leaves that count alone, so it locks just the runs, and it locks them by updating
-//! them: the update's own condition (still queued) is the decision, rechecked by PostgreSQL on
-//! the newest version of a row another transaction held, so no lock is taken ahead of it.
-//! Those locks follow the update's plan (partition by partition, by id within one) rather than
-//! strictly by id. A transaction PostgreSQL still
+//! which leaves that count alone, so it locks just the runs, by id like everyone else, in the
+//! statement that moves them (the lock's recheck of "still queued" on a row's newest version is
+//! the decision). An update alone would lock rows in the order its plan meets them: two nodes
+//! starting the same runs did so and deadlocked, and each deadlock waits out PostgreSQL's
+//! `deadlock_timeout` (a second) before it is broken. A transaction PostgreSQL still
 //! aborts as a deadlock or a serialization failure is run again from the start: it wrote
 //! nothing.
 //!
@@ -106,15 +106,16 @@ impl From<tokio_postgres::Error> for StoreError {
 }
 
 impl Fail {
-    /// The transaction was rolled back whole by PostgreSQL and may simply be run again.
-    fn retryable(&self) -> bool {
-        match self {
-            Fail::Pg(e) => matches!(
-                e.code(),
-                Some(code) if code == &SqlState::T_R_DEADLOCK_DETECTED
-                    || code == &SqlState::T_R_SERIALIZATION_FAILURE
-            ),
-            Fail::Store(_) => false,
+    /// Why PostgreSQL rolled the transaction back whole, when it did: it may simply be run
+    /// again.
+    fn rolled_back(&self) -> Option<&'static str> {
+        let Fail::Pg(e) = self else { return None };
+        match e.code() {
+            Some(code) if code == &SqlState::T_R_DEADLOCK_DETECTED => Some("a deadlock"),
+            Some(code) if code == &SqlState::T_R_SERIALIZATION_FAILURE => {
+                Some("a serialization failure")
+            }
+            _ => None,
         }
     }
 }
@@ -236,13 +237,16 @@ macro_rules! transact {
                 Ok(value)
             }
             .await;
-            match result {
-                Err(e) if tries < TRIES && e.retryable() => {
-                    tracing::debug!("a PostgreSQL transaction was aborted; running it again");
-                    continue;
-                }
-                other => break other.map_err(StoreError::from),
+            let rolled_back = match &result {
+                Err(e) if tries < TRIES => e.rolled_back(),
+                _ => None,
+            };
+            if let Some(why) = rolled_back {
+                // Locks taken in one order make these rare: many of them are worth a look.
+                tracing::warn!("PostgreSQL rolled a transaction back ({why}); running it again");
+                continue;
             }
+            break result.map_err(StoreError::from);
         }
     }};
     (@begin write, $client:ident) => {
