@@ -36,6 +36,11 @@ pub struct NamespaceSpec {
     /// when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_queued_runs: Option<u64>,
+    /// Its weight in the fair share of worker slots between namespaces whose runs wait
+    /// (`crate::dispatch::fair_order`): a namespace of weight 2 holds twice the slots of one
+    /// of weight 1 while both wait. [`crate::dispatch::DEFAULT_WEIGHT`] when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
     /// The `notify` rules of the namespace's jobs that give none of their own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notify: Vec<crate::notify::NotifyRule>,
@@ -51,6 +56,7 @@ impl Default for NamespaceSpec {
             allow_shell: true,
             max_jobs: None,
             max_queued_runs: None,
+            weight: None,
             notify: Vec::new(),
         }
     }
@@ -73,7 +79,21 @@ impl NamespaceSpec {
                 }
             }
         }
+        if let Some(weight) = self.weight {
+            let max = crate::dispatch::MAX_WEIGHT;
+            if !(1..=max).contains(&weight) {
+                return Err(SpecError::new(
+                    "weight",
+                    format!("must be between 1 and {max} (leave it out for 1)"),
+                ));
+            }
+        }
         crate::notify::validate("notify", &self.notify)
+    }
+
+    /// Its weight in the fair share of worker slots.
+    pub fn dispatch_weight(&self) -> u32 {
+        self.weight.unwrap_or(crate::dispatch::DEFAULT_WEIGHT)
     }
 }
 

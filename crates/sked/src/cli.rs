@@ -113,6 +113,10 @@ pub enum NamespaceCommand {
         /// `--max-queued-per-namespace`).
         #[arg(long)]
         max_queued_runs: Option<String>,
+        /// Its weight in the fair share of worker slots between namespaces whose runs wait
+        /// (1 to 1000), or `none` (1).
+        #[arg(long)]
+        weight: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -901,6 +905,7 @@ async fn namespace(cmd: NamespaceCommand) -> Result<()> {
             shell,
             max_jobs,
             max_queued_runs,
+            weight,
             client,
         } => {
             let mut changes = serde_json::Map::new();
@@ -912,6 +917,9 @@ async fn namespace(cmd: NamespaceCommand) -> Result<()> {
             }
             if let Some(text) = max_queued_runs {
                 changes.insert("max_queued_runs".into(), cap("max-queued-runs", &text)?);
+            }
+            if let Some(text) = weight {
+                changes.insert("weight".into(), cap("weight", &text)?);
             }
             client::Client::new(&client)?.namespace_set(changes).await
         }

@@ -681,6 +681,11 @@ impl Client {
         println!("shell targets   {shell}");
         println!("max jobs        {}", cap(&value["max_jobs"]));
         println!("max queued runs {}", cap(&value["max_queued_runs"]));
+        let weight = match &value["weight"] {
+            Value::Null => "1".to_string(),
+            other => text(other),
+        };
+        println!("weight          {weight}");
         if value["configured"].as_bool() == Some(false) {
             println!("(the defaults: nothing was set)");
         }
@@ -712,12 +717,24 @@ impl Client {
                     },
                     cap(&n["max_jobs"]),
                     cap(&n["max_queued_runs"]),
+                    if n["weight"].is_null() {
+                        "1".into()
+                    } else {
+                        text(&n["weight"])
+                    },
                     text(&n["updated_at"]),
                 ]
             })
             .collect();
         print_table(
-            &["NAME", "SHELL", "MAX JOBS", "MAX QUEUED", "UPDATED"],
+            &[
+                "NAME",
+                "SHELL",
+                "MAX JOBS",
+                "MAX QUEUED",
+                "WEIGHT",
+                "UPDATED",
+            ],
             &table,
         );
         Ok(())
@@ -727,7 +744,7 @@ impl Client {
     pub async fn namespace_set(&self, changes: serde_json::Map<String, Value>) -> Result<()> {
         let current = self.get_json(&self.namespace_path(), &[]).await?;
         let mut settings = serde_json::Map::new();
-        for field in ["allow_shell", "max_jobs", "max_queued_runs"] {
+        for field in ["allow_shell", "max_jobs", "max_queued_runs", "weight"] {
             let value = changes.get(field).unwrap_or(&current[field]);
             if !value.is_null() {
                 settings.insert(field.to_string(), value.clone());

@@ -1,13 +1,17 @@
 //! Dispatch policies: which worker gets an attempt, and in what order queued runs are served.
 //!
 //! Eligibility first (what the worker executes, its namespaces, labels, a free slot), then the
-//! worker pool's overload control (`overload`), then the job's host strategy (`host`). These
+//! worker pool's overload control (`overload`), then the job's host strategy (`host`); the
+//! order in which runs are offered is their queue position within a namespace, and fair share
+//! between namespaces (`fair`). These
 //! are the functions the server's dispatcher calls and the simulator (`sked-sim`) runs: they
 //! see plain snapshots of worker load, do no IO and decide nothing else.
 
+mod fair;
 mod host;
 mod overload;
 
+pub use fair::{fair_order, Tenant, DEFAULT_WEIGHT, MAX_WEIGHT};
 pub use host::Strategy;
 pub use overload::{Overload, OverloadControl, OverloadState, StallLimits, ADMIT_ALL};
 
