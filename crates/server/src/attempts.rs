@@ -106,6 +106,12 @@ pub async fn start(
         });
     }
     state.metrics.attempts_started.inc_by(attempts.len() as u64);
+    state.dispatcher.started(
+        worker_id,
+        attempts
+            .iter()
+            .map(|a| (a.attempt_id, a.namespace.as_str())),
+    );
     Ok(attempts)
 }
 

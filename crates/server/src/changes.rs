@@ -12,9 +12,8 @@
 //! may take it) still reaches every other node's workers, a grace later.
 //!
 //! Runs are announced just after their writes commit, so a node that stops in between takes
-//! some announcements with it. Every [`SWEEP_EVERY`] this node pages through the ids of the
-//! store's queued runs and takes those queued for longer than [`SWEEP_AGE`] that it does not
-//! hold: no run stays queued unseen for longer than that.
+//! some announcements with it: the dispatcher's reconciliation (`crate::dispatch::reconcile`)
+//! finds those runs a while later.
 
 use crate::dispatch::Dispatcher;
 use crate::firing::FiringHandle;
@@ -27,13 +26,6 @@ use tokio::sync::watch;
 
 /// How long a run queued by another node is left to that node's workers.
 pub const FOREIGN_GRACE: Duration = Duration::from_millis(250);
-/// How often the store's queued runs are swept for runs no announcement brought here.
-pub const SWEEP_EVERY: Duration = Duration::from_secs(15);
-/// How long a run must have been ready before a sweep takes it: announced runs have long
-/// arrived by then.
-pub const SWEEP_AGE: Duration = Duration::from_secs(5);
-/// How many run ids one page of a sweep reads.
-const SWEEP_PAGE: u32 = 5_000;
 
 pub async fn run(
     mut events: StoreEvents,
@@ -43,10 +35,6 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut pending = Pending::default();
-    let mut sweep = tokio::time::interval(SWEEP_EVERY);
-    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first tick is at once; the dispatcher has just read every queued run.
-    sweep.tick().await;
     loop {
         let due = pending
             .next_due()
@@ -54,10 +42,6 @@ pub async fn run(
         let first = tokio::select! {
             _ = crate::stopped(&mut shutdown) => return,
             _ = tokio::time::sleep(due.unwrap_or_default()), if due.is_some() => None,
-            _ = sweep.tick() => {
-                sweep_queued(&*store, &dispatcher, SWEEP_PAGE, &mut shutdown).await;
-                continue;
-            }
             event = events.recv() => match event {
                 Some(event) => Some(event),
                 None => {
@@ -101,43 +85,6 @@ pub async fn run(
                 dispatcher.enqueue(runs);
             }
         }
-    }
-}
-
-/// Takes the store's runs ready for longer than [`SWEEP_AGE`] that this node does not hold,
-/// reading their ids `page_size` at a time and the details of the missing ones alone. A page
-/// that fails ends this sweep; the next one starts over.
-pub(crate) async fn sweep_queued(
-    store: &dyn Store,
-    dispatcher: &Dispatcher,
-    page_size: u32,
-    shutdown: &mut watch::Receiver<bool>,
-) {
-    let before = chrono::Utc::now() - SWEEP_AGE;
-    let mut after = 0;
-    let mut unseen = 0;
-    loop {
-        let page = match store.queued_before(before, after, page_size).await {
-            Ok(page) => page,
-            Err(e) => {
-                tracing::warn!("changes: cannot sweep the queued runs: {e}");
-                break;
-            }
-        };
-        let missing = dispatcher.unheld(&page);
-        if !missing.is_empty() {
-            let Some(runs) = crate::read_queued(store, Some(&missing), shutdown).await else {
-                return;
-            };
-            unseen += dispatcher.enqueue_unheld(runs);
-        }
-        match page.last() {
-            Some(&last) if page.len() == page_size as usize && !*shutdown.borrow() => after = last,
-            _ => break,
-        }
-    }
-    if unseen > 0 {
-        tracing::info!("changes: {unseen} queued runs no announcement brought here were found");
     }
 }
 
@@ -210,59 +157,6 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
-    use sked_store::Fire;
-
-    /// A run whose announcement never came (its node stopped between commit and announcing)
-    /// is found by the sweep once it has been ready for a while, and only then.
-    #[tokio::test]
-    async fn a_sweep_takes_runs_queued_long_ago_that_no_announcement_brought() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = sked_store::SqliteStore::open(&dir.path().join("sked.db")).unwrap();
-        let now = chrono::Utc::now();
-        let job = sked_store::contract::job(
-            "swept",
-            serde_json::json!({"schedule": {"every": "1h"}, "target": {"shell": {"command": "true"}}}),
-            now,
-        );
-        let (_, job) = store
-            .put_job("default", &job, sked_store::PutMode::Upsert, now)
-            .await
-            .unwrap();
-        let long_ago = now - chrono::Duration::from_std(SWEEP_AGE * 2).unwrap();
-        let fire = |at| Fire {
-            job_id: job.id,
-            scheduled_for: at,
-            trigger: sked_core::run::Trigger::Manual,
-            skip: None,
-            ready_at: at,
-            advance: None,
-        };
-        let older = long_ago - chrono::Duration::seconds(1);
-        let fired = store
-            .record_fires(&[fire(older), fire(long_ago), fire(now)], now)
-            .await
-            .unwrap();
-        let ids: Vec<i64> = fired.runs.iter().map(|run| run.run_id).collect();
-        let (held, old, new) = (ids[0], ids[1], ids[2]);
-
-        let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
-        dispatcher.enqueue(store.queued_runs(Some(&[held])).await.unwrap());
-        let (_stop, mut shutdown) = watch::channel(false);
-        // One id a page: the sweep reads on past a page of runs it already holds.
-        sweep_queued(&store, &dispatcher, 1, &mut shutdown).await;
-        assert!(dispatcher.holds(old), "the old run was taken");
-        assert!(
-            !dispatcher.holds(new),
-            "a run ready just now is left to its announcement"
-        );
-        // A run already held is not taken twice.
-        assert_eq!(
-            dispatcher.enqueue_unheld(store.queued_runs(None).await.unwrap()),
-            1,
-            "only the new run was not held"
-        );
-    }
 
     #[test]
     fn a_run_is_due_after_its_grace_unless_it_was_started_meanwhile() {

@@ -220,6 +220,10 @@ pub async fn serve(
         dispatcher.clone().run(store.clone(), stop_rx.clone()),
     ));
     duties.spawn(duty(
+        "queue reconciliation",
+        dispatch::reconcile::run(store.clone(), dispatcher.clone(), stop_rx.clone()),
+    ));
+    duties.spawn(duty(
         "publisher",
         publish::run(state.clone(), stop_rx.clone()),
     ));

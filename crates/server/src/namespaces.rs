@@ -1,5 +1,6 @@
 //! This node's copy of the namespace settings the hot path reads: each namespace's own cap on
-//! queued runs, which admission weighs every instant against. Read at start, again every
+//! queued runs, which admission weighs every instant against, and its weight in the fair
+//! share of worker slots, which every dispatch match reads. Read at start, again every
 //! [`REFRESH`] (so a change made through another node applies here within it) and at once
 //! after a change through this node. The store holds the settings; this is only a copy.
 //!
@@ -15,14 +16,17 @@ use tokio::sync::watch;
 pub const REFRESH: Duration = Duration::from_secs(2);
 
 async fn refresh(state: &AppState) -> Result<(), sked_store::StoreError> {
-    let caps: HashMap<String, u64> = state
-        .store
-        .list_namespaces()
-        .await?
-        .into_iter()
-        .filter_map(|n| n.spec.max_queued_runs.map(|cap| (n.name, cap)))
-        .collect();
-    state.dispatcher.set_namespace_caps(caps);
+    let mut caps: HashMap<String, u64> = HashMap::new();
+    let mut weights: HashMap<String, u32> = HashMap::new();
+    for namespace in state.store.list_namespaces().await? {
+        if let Some(cap) = namespace.spec.max_queued_runs {
+            caps.insert(namespace.name.clone(), cap);
+        }
+        if let Some(weight) = namespace.spec.weight {
+            weights.insert(namespace.name, weight);
+        }
+    }
+    state.dispatcher.set_namespace_settings(caps, weights);
     Ok(())
 }
 

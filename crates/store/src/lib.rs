@@ -210,6 +210,8 @@ pub struct DeletedJob {
     pub job: JobRecord,
     /// The jobs that depended on it, as they are now (paused).
     pub paused_dependants: Vec<JobRecord>,
+    /// Its runs that were queued or waiting, cancelled with it.
+    pub cancelled: Vec<i64>,
 }
 
 /// A posted event and what recording it did.

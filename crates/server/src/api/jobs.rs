@@ -397,6 +397,8 @@ pub async fn delete(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))?;
     state.firing.reload(deleted.job.id);
+    // Other nodes learn it from the store's announcement.
+    state.dispatcher.remove(&deleted.cancelled);
     let change = Change {
         action: "job.delete",
         namespace: Some(&namespace),

@@ -167,6 +167,8 @@ pub async fn cancel(
             state
                 .metrics
                 .run_ended(&run.namespace, RunState::Cancelled, None);
+            // Other nodes learn it from the store's announcement.
+            state.dispatcher.remove(&[run.id]);
             if !released.is_empty() {
                 state
                     .dispatcher

@@ -236,7 +236,8 @@ pub async fn heartbeat(
         return Err(unknown_worker(&id));
     }
     let report = LoadReport {
-        running: req.running.len() as u32,
+        attempts: req.running,
+        started_before: forgotten_before,
         stall: req.stall,
         warm_keys: req.warm_keys,
     };
@@ -408,7 +409,8 @@ pub async fn complete(
         .collect();
     let results = crate::attempts::complete(&state, &reports).await?;
     // Accepted or refused as final, the worker holds these attempts no more.
-    state.dispatcher.completed(&id, results.len() as u32);
+    let ended: Vec<i64> = results.iter().map(|r| r.attempt_id).collect();
+    state.dispatcher.completed(&id, &ended);
     Ok(Json(CompleteResponse { results }))
 }
 

@@ -7,48 +7,47 @@
 //! stall gauge, warm keys, its pool's overload control) is kept here with what this node
 //! handed it since (keys then assumed warm), and goes into every choice. Runs with no
 //! eligible worker wait (never dropped); runs not ready yet (retry backoff, jitter) wait for
-//! their `ready_at`. The queue is memory only: the store's queued runs are the truth, loaded at
-//! start. In a cluster a node holds the runs it queued, and those other nodes queued that were
+//! their `ready_at`. The queue is indexed by what can serve each run (`queue`), so runs no
+//! polling worker can take are never looked at by a match, however many wait ahead; and the
+//! runs of several namespaces are offered to free slots by fair share (`holding` counts what
+//! each holds; `sked_core::dispatch::fair_order` decides). The queue is memory only: the
+//! store's queued runs are the truth, loaded at start, and compared with it again and again
+//! (`reconcile`). In a cluster a node holds the runs it queued, and those other nodes queued that were
 //! not started within a grace (`crate::changes`), so a worker gets work whichever node it
 //! polls; when two nodes hand out the same run at once, the store starts it once and the
 //! other start finds it no longer queued.
 
+mod holding;
+mod queue;
+pub mod reconcile;
+
 use crate::metrics::Metrics;
 use chrono::Utc;
+use holding::Holding;
+use queue::{Queue, ReadyKey};
 use rand::Rng;
 use sked_core::dispatch::{
-    assign, queue_position, Demand, NoWorker, OverloadControl, WorkerLoad, AGING_STEP,
+    assign, fair_order, serves, Demand, NoWorker, OverloadControl, Tenant, WorkerLoad,
+    DEFAULT_WEIGHT,
 };
 use sked_core::Instant;
-use sked_store::{QueuedRun, Store};
-use std::cmp::Reverse;
+use sked_store::QueuedRun;
+use sked_store::Store;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch, Notify};
 
-/// A ready run's place: its aged queue position, then the higher priority, then the id.
-type ReadyKey = (Instant, Reverse<i32>, i64);
-type DelayedKey = (Instant, i64);
-
 #[derive(Default)]
 struct State {
-    /// Runs ready now, by queue position: highest priority first, unless a lower one has
-    /// waited longer than the difference is worth.
-    ready: BTreeMap<ReadyKey, QueuedRun>,
-    /// Runs whose `ready_at` is still ahead.
-    delayed: BTreeMap<DelayedKey, QueuedRun>,
-    /// Where each queued run sits: its priority and `ready_at`, which make both keys, and its
-    /// job, whose backlog it counts in.
-    held: HashMap<i64, (i32, Instant, i64)>,
-    /// Runs queued here, by job (with the job's namespace) and by namespace: what admission
-    /// weighs a new instant against.
-    per_job: HashMap<i64, JobBacklog>,
-    per_namespace: HashMap<String, u64>,
-    /// Runs queued here by priority (for `sked_queue_depth`).
-    per_priority: BTreeMap<i32, u64>,
+    /// The runs queued here, by what can serve them.
+    queue: Queue,
+    /// Attempts handed to the workers this node knows, by namespace.
+    holding: Holding,
     /// Namespaces with a cap of their own on queued runs (`max_queued_runs`).
     namespace_caps: HashMap<String, u64>,
+    /// Namespaces with a weight of their own in the fair share of slots.
+    namespace_weights: HashMap<String, u32>,
     /// Open long polls, by worker id.
     polls: HashMap<String, Poll>,
     /// The node is stopping: polls are answered at once, empty, so that workers go to
@@ -95,74 +94,7 @@ pub struct Backlog {
     pub namespace_cap: Option<u64>,
 }
 
-/// How many runs of one job are queued here.
-struct JobBacklog {
-    queued: u64,
-    namespace: String,
-}
-
-fn ready_key(priority: i32, ready_at: Instant, run_id: i64) -> ReadyKey {
-    (
-        queue_position(ready_at, priority, AGING_STEP),
-        Reverse(priority),
-        run_id,
-    )
-}
-
 impl State {
-    /// Queues `run`, replacing any earlier copy of it (never doubling it).
-    fn insert(&mut self, run: QueuedRun, now: Instant) {
-        self.remove(run.run_id);
-        self.held
-            .insert(run.run_id, (run.priority, run.ready_at, run.job_id));
-        self.per_job
-            .entry(run.job_id)
-            .or_insert_with(|| JobBacklog {
-                queued: 0,
-                namespace: run.namespace.clone(),
-            })
-            .queued += 1;
-        *self.per_namespace.entry(run.namespace.clone()).or_default() += 1;
-        *self.per_priority.entry(run.priority).or_default() += 1;
-        if run.ready_at <= now {
-            self.ready
-                .insert(ready_key(run.priority, run.ready_at, run.run_id), run);
-        } else {
-            self.delayed.insert((run.ready_at, run.run_id), run);
-        }
-    }
-
-    fn remove(&mut self, run_id: i64) -> Option<QueuedRun> {
-        let (priority, ready_at, job_id) = self.held.remove(&run_id)?;
-        self.uncount(job_id);
-        if let Some(n) = self.per_priority.get_mut(&priority) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_priority.remove(&priority);
-            }
-        }
-        self.ready
-            .remove(&ready_key(priority, ready_at, run_id))
-            .or_else(|| self.delayed.remove(&(ready_at, run_id)))
-    }
-
-    /// One run of `job_id` left the queue.
-    fn uncount(&mut self, job_id: i64) {
-        let Some(job) = self.per_job.get_mut(&job_id) else {
-            return;
-        };
-        job.queued = job.queued.saturating_sub(1);
-        if let Some(n) = self.per_namespace.get_mut(&job.namespace) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.per_namespace.remove(&job.namespace);
-            }
-        }
-        if job.queued == 0 {
-            self.per_job.remove(&job_id);
-        }
-    }
-
     /// The load of the worker polling as `id`: its free slots as its poll gave them, and what
     /// its heartbeats reported since, which a long poll would otherwise hold stale (a breaker
     /// that opened before the poll must close as soon as a heartbeat says so).
@@ -176,15 +108,6 @@ impl State {
             load.recent_keys.clone_from(&known.recent_keys);
         }
         load
-    }
-}
-
-#[cfg(test)]
-impl State {
-    fn depth(&self) -> u64 {
-        let depth = (self.ready.len() + self.delayed.len()) as u64;
-        assert_eq!(self.per_priority.values().sum::<u64>(), depth);
-        depth
     }
 }
 
@@ -237,20 +160,39 @@ impl Dispatcher {
 
     pub fn forget_worker(&self, id: &str) {
         let mut state = self.lock();
+        state.holding.forget_worker(id);
         if state.workers.remove(id).is_some() {
             self.count_overloaded(&state);
         }
     }
 
-    /// Takes a worker's heartbeat into account: its warm keys and stall gauge, under its
-    /// pool's overload control (`overload`: its policy and thresholds, the state is kept).
+    /// Worker `id` was handed these attempts (attempt id, namespace): they count in their
+    /// namespaces' shares until they end. Attempts of a worker this node does not know (the
+    /// server's own publisher) are a pool of their own and are not counted.
+    pub fn started<'a>(&self, id: &str, attempts: impl IntoIterator<Item = (i64, &'a str)>) {
+        let now = Utc::now();
+        let mut state = self.lock();
+        if !state.workers.contains_key(id) {
+            return;
+        }
+        for (attempt_id, namespace) in attempts {
+            state.holding.started(id, attempt_id, namespace, now);
+        }
+    }
+
+    /// Takes a worker's heartbeat into account: the attempts it holds, its warm keys and stall
+    /// gauge, under its pool's overload control (`overload`: its policy and thresholds, the
+    /// state is kept).
     pub fn report_load(&self, id: &str, report: LoadReport, overload: OverloadControl) {
         let LoadReport {
-            running,
+            attempts,
+            started_before,
             stall,
             warm_keys,
         } = report;
+        let running = attempts.len() as u32;
         let mut state = self.lock();
+        state.holding.listed(id, &attempts, started_before);
         let Some(worker) = state.workers.get_mut(id) else {
             return;
         };
@@ -284,15 +226,19 @@ impl Dispatcher {
         self.metrics.workers_overloaded.set(overloaded as i64);
     }
 
-    /// Worker `id` reported `n` attempts it no longer holds (completions, whether the store
-    /// took them or had ended the run already): slots freed since its open poll counted them.
-    pub fn completed(&self, id: &str, n: u32) {
-        if n == 0 {
+    /// Worker `id` reported attempts it no longer holds (completions, whether the store took
+    /// them or had ended the run already): slots freed since its open poll counted them.
+    pub fn completed(&self, id: &str, attempt_ids: &[i64]) {
+        if attempt_ids.is_empty() {
             return;
         }
-        if let Some(worker) = self.lock().workers.get_mut(id) {
+        let n = attempt_ids.len() as u32;
+        let mut state = self.lock();
+        state.holding.ended(attempt_ids);
+        if let Some(worker) = state.workers.get_mut(id) {
             worker.in_flight = worker.in_flight.saturating_sub(n);
         }
+        drop(state);
         // Its open poll may now take runs that waited for a free slot.
         self.wake.notify_one();
     }
@@ -300,7 +246,7 @@ impl Dispatcher {
     /// Whether run `run_id` is queued here.
     #[cfg(test)]
     pub(crate) fn holds(&self, run_id: i64) -> bool {
-        self.lock().held.contains_key(&run_id)
+        self.lock().queue.holds(run_id)
     }
 
     /// Those of `run_ids` not queued here.
@@ -309,7 +255,7 @@ impl Dispatcher {
         run_ids
             .iter()
             .copied()
-            .filter(|id| !state.held.contains_key(id))
+            .filter(|id| !state.queue.holds(*id))
             .collect()
     }
 
@@ -318,8 +264,7 @@ impl Dispatcher {
     /// here, not ready yet, or some worker could take it.
     pub fn waiting_for_workers(&self, run_id: i64) -> Option<String> {
         let state = self.lock();
-        let (priority, ready_at, _) = *state.held.get(&run_id)?;
-        let run = state.ready.get(&ready_key(priority, ready_at, run_id))?;
+        let run = state.queue.ready(run_id)?;
         let loads: Vec<WorkerLoad> = state
             .workers
             .iter()
@@ -343,9 +288,9 @@ impl Dispatcher {
         let now = Utc::now();
         let mut state = self.lock();
         for run in runs {
-            state.insert(run, now);
+            state.queue.insert(run, now);
         }
-        self.metrics.queue(&state.per_priority);
+        self.metrics.queue(&state.queue.per_priority);
         drop(state);
         self.wake.notify_one();
     }
@@ -358,13 +303,13 @@ impl Dispatcher {
         let mut state = self.lock();
         let mut added = 0;
         for run in runs {
-            if !state.held.contains_key(&run.run_id) {
-                state.insert(run, now);
+            if !state.queue.holds(run.run_id) {
+                state.queue.insert(run, now);
                 added += 1;
             }
         }
         if added > 0 {
-            self.metrics.queue(&state.per_priority);
+            self.metrics.queue(&state.queue.per_priority);
             drop(state);
             self.wake.notify_one();
         }
@@ -373,15 +318,7 @@ impl Dispatcher {
 
     /// Replaces the whole queue with the store's queued runs (after events may have been missed).
     pub fn replace(&self, runs: Vec<QueuedRun>) {
-        {
-            let mut state = self.lock();
-            state.ready.clear();
-            state.delayed.clear();
-            state.held.clear();
-            state.per_job.clear();
-            state.per_namespace.clear();
-            state.per_priority.clear();
-        }
+        self.lock().queue.clear();
         self.enqueue(runs);
     }
 
@@ -391,32 +328,34 @@ impl Dispatcher {
     /// namespace lets each job past the cap by one run at most.
     pub fn backlog(&self, job_id: i64) -> Backlog {
         let state = self.lock();
-        match state.per_job.get(&job_id) {
+        match state.queue.backlog(job_id) {
             None => Backlog::default(),
-            Some(job) => Backlog {
-                job: job.queued,
-                namespace: state
-                    .per_namespace
-                    .get(&job.namespace)
-                    .copied()
-                    .unwrap_or(0),
-                namespace_cap: state.namespace_caps.get(&job.namespace).copied(),
+            Some((job, namespace, in_namespace)) => Backlog {
+                job,
+                namespace: in_namespace,
+                namespace_cap: state.namespace_caps.get(namespace).copied(),
             },
         }
     }
 
-    /// Replaces the namespaces' own caps on queued runs.
-    pub fn set_namespace_caps(&self, caps: HashMap<String, u64>) {
-        self.lock().namespace_caps = caps;
+    /// Replaces the namespaces' own caps on queued runs and their weights in the fair share.
+    pub fn set_namespace_settings(
+        &self,
+        caps: HashMap<String, u64>,
+        weights: HashMap<String, u32>,
+    ) {
+        let mut state = self.lock();
+        state.namespace_caps = caps;
+        state.namespace_weights = weights;
     }
 
-    /// Forgets runs that are no longer queued (started or cancelled through another node).
+    /// Forgets runs that are no longer queued (started, cancelled or ended anywhere).
     pub fn remove(&self, run_ids: &[i64]) {
         let mut state = self.lock();
         for id in run_ids {
-            state.remove(*id);
+            state.queue.remove(*id);
         }
-        self.metrics.queue(&state.per_priority);
+        self.metrics.queue(&state.queue.per_priority);
     }
 
     /// Waits up to `wait` for runs for worker `load` (its free slots are `load.slots -
@@ -464,32 +403,27 @@ impl Dispatcher {
 
     /// Matches ready runs with open polls. Called by the dispatcher loop whenever something
     /// changed.
+    ///
+    /// The candidates are the first runs of each service class some polling worker serves,
+    /// as many as those workers have free slots (runs nobody polling can take are not looked
+    /// at); they are offered to the slots in fair-share order between namespaces, each
+    /// namespace's in queue order, and `assign` picks a worker for each by its job's policy.
     fn match_polls(&self) -> Option<Instant> {
         let now = Utc::now();
         let mut state = self.lock();
         let state = &mut *state;
-        let due: Vec<DelayedKey> = state
-            .delayed
-            .range(..=(now, i64::MAX))
-            .map(|(k, _)| *k)
-            .collect();
-        for key in due {
-            if let Some(run) = state.delayed.remove(&key) {
-                state.insert(run, now);
-            }
-        }
-        let next_delayed = state.delayed.keys().next().map(|(at, _)| *at);
-        if state.polls.is_empty() || state.ready.is_empty() {
+        let next_delayed = state.queue.promote_due(now);
+        if state.polls.is_empty() || !state.queue.any_ready() {
             return next_delayed;
         }
         let ids: Vec<String> = state.polls.keys().cloned().collect();
         let mut loads: Vec<WorkerLoad> = ids.iter().map(|id| state.polled_load(id)).collect();
-        let free: u32 = loads.iter().map(|w| w.free_slots()).sum();
-        // Look a bounded way down the queue: runs that fit no polling worker must not make
-        // every match scan the whole queue.
-        let window = (free as usize).saturating_mul(4).max(256);
-        let keys: Vec<ReadyKey> = state.ready.keys().take(window).copied().collect();
-        let demands: Vec<Demand<'_>> = keys.iter().map(|k| demand(&state.ready[k])).collect();
+        let keys = candidates(state, &loads);
+        let demands: Vec<Demand<'_>> = keys
+            .iter()
+            .filter_map(|k| state.queue.get(k))
+            .map(demand)
+            .collect();
         let mut rng = rand::thread_rng();
         let pairs = assign(&demands, &mut loads, state.turn, || rng.gen());
         drop(demands);
@@ -506,7 +440,7 @@ impl Dispatcher {
         }
         let mut per_worker: HashMap<usize, Vec<QueuedRun>> = HashMap::new();
         for (run_index, worker_index) in pairs {
-            if let Some(run) = state.remove(keys[run_index].2) {
+            if let Some(run) = state.queue.remove(keys[run_index].2) {
                 per_worker.entry(worker_index).or_default().push(run);
             }
         }
@@ -515,12 +449,12 @@ impl Dispatcher {
                 if let Err(runs) = poll.tx.send(runs) {
                     // The poller is gone; its runs go back in line.
                     for run in runs {
-                        state.insert(run, now);
+                        state.queue.insert(run, now);
                     }
                 }
             }
         }
-        self.metrics.queue(&state.per_priority);
+        self.metrics.queue(&state.queue.per_priority);
         next_delayed
     }
 
@@ -568,13 +502,70 @@ impl Dispatcher {
     }
 }
 
+/// The runs one match offers to the polling workers `loads`, in the order they are offered:
+/// from each service class some of them serve, its first runs, as many as those workers have
+/// free slots; the namespaces' runs interleaved by fair share (the attempts each holds here,
+/// over its weight), each namespace's in queue order.
+fn candidates(state: &State, loads: &[WorkerLoad]) -> Vec<ReadyKey> {
+    let per_class = state.queue.candidates(|class| {
+        let demand = class.demand();
+        loads
+            .iter()
+            .filter(|w| serves(&demand, w))
+            .map(|w| w.free_slots() as usize)
+            .sum()
+    });
+    let mut per_namespace: BTreeMap<&str, Vec<ReadyKey>> = BTreeMap::new();
+    for (namespace, keys) in per_class {
+        per_namespace.entry(namespace).or_default().extend(keys);
+    }
+    let queues: Vec<(&str, Vec<ReadyKey>)> = per_namespace
+        .into_iter()
+        .map(|(namespace, mut keys)| {
+            keys.sort_unstable();
+            (namespace, keys)
+        })
+        .collect();
+    let tenants: Vec<Tenant<'_, ReadyKey>> = queues
+        .iter()
+        .map(|(namespace, keys)| Tenant {
+            queue: keys,
+            holding: state.holding.of(namespace),
+            weight: state
+                .namespace_weights
+                .get(*namespace)
+                .copied()
+                .unwrap_or(DEFAULT_WEIGHT),
+        })
+        .collect();
+    fair_order(&tenants)
+        .into_iter()
+        .map(|(tenant, at)| queues[tenant].1[at])
+        .collect()
+}
+
 /// What a worker's heartbeat says of its load.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct LoadReport {
-    /// Attempts it holds.
-    pub running: u32,
+    /// The attempts it holds.
+    pub attempts: Vec<i64>,
+    /// Attempts started before this that it does not list have ended (a later one may have
+    /// crossed the heartbeat on its way).
+    pub started_before: Instant,
     pub stall: u32,
     pub warm_keys: Vec<String>,
+}
+
+impl LoadReport {
+    /// A worker that holds nothing, as of `now`.
+    pub fn idle(now: Instant) -> LoadReport {
+        LoadReport {
+            attempts: Vec::new(),
+            started_before: now,
+            stall: 0,
+            warm_keys: Vec::new(),
+        }
+    }
 }
 
 /// What a queued run asks of a worker.
@@ -740,14 +731,18 @@ mod tests {
         dispatcher.enqueue(vec![queued(1), queued(2)]);
         let handout = poll_once(&dispatcher).await;
         assert_eq!(ids(handout.runs()), vec![1, 2]);
-        assert_eq!(dispatcher.lock().depth(), 0, "taken out while handed out");
+        assert_eq!(
+            dispatcher.lock().queue.depth(),
+            0,
+            "taken out while handed out"
+        );
         // The request went away before the attempts were started.
         drop(handout);
-        assert_eq!(dispatcher.lock().depth(), 2);
+        assert_eq!(dispatcher.lock().queue.depth(), 2);
 
         let handout = poll_once(&dispatcher).await;
         assert_eq!(ids(&handout.started()), vec![1, 2]);
-        assert_eq!(dispatcher.lock().depth(), 0, "started runs stay out");
+        assert_eq!(dispatcher.lock().queue.depth(), 0, "started runs stay out");
     }
 
     /// A stopping node answers its open long polls at once, and every later one, empty: its
@@ -806,7 +801,7 @@ mod tests {
         dispatcher.remember_worker("w", known);
         let stalled = |stall| LoadReport {
             stall,
-            ..LoadReport::default()
+            ..LoadReport::idle(Utc::now())
         };
         dispatcher.report_load("w", stalled(9), control);
         assert_eq!(dispatcher.metrics.workers_overloaded.get(), 1);
@@ -846,8 +841,8 @@ mod tests {
             };
             dispatcher.remember_worker(id, known);
             let report = LoadReport {
-                running,
-                ..LoadReport::default()
+                attempts: (0..running).collect(),
+                ..LoadReport::idle(Utc::now())
             };
             dispatcher.report_load(id, report, control);
         }
@@ -861,7 +856,7 @@ mod tests {
         let matcher = async {
             tokio::task::yield_now().await;
             // `a` reports its three attempts ended while its poll is open.
-            dispatcher.completed("a", 3);
+            dispatcher.completed("a", &[0, 1, 2]);
             dispatcher.enqueue(vec![run]);
             dispatcher.match_polls();
         };
@@ -881,11 +876,11 @@ mod tests {
         dispatcher.enqueue(vec![queued(7)]);
         dispatcher.enqueue(vec![later]);
         assert_eq!(
-            dispatcher.lock().depth(),
+            dispatcher.lock().queue.depth(),
             1,
             "the second copy replaced the first"
         );
         dispatcher.remove(&[7, 8]);
-        assert_eq!(dispatcher.lock().depth(), 0);
+        assert_eq!(dispatcher.lock().queue.depth(), 0);
     }
 }

@@ -413,10 +413,12 @@ pub async fn delete(
     super::dependencies::rerank_above(tx, namespace, &above).await?;
     // Its dependants, paused now, learn that the runs they waited for will not come.
     super::events::remove_subscriptions(tx, namespace, name).await?;
+    let cancelled = ended.iter().map(|run| run.run_id).collect();
     super::dependencies::settle(tx, ended, Vec::new(), now).await?;
     Ok(Some(DeletedJob {
         job,
         paused_dependants: paused,
+        cancelled,
     }))
 }
 

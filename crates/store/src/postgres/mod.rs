@@ -306,7 +306,7 @@ impl Store for PgStore {
         force: bool,
         now: Instant,
     ) -> Result<Option<DeletedJob>> {
-        transact!(self, write, |tx| {
+        let deleted = transact!(self, write, |tx| {
             let deleted = jobs::delete(&tx, namespace, name, force, now).await?;
             if let Some(deleted) = &deleted {
                 // One notification per job: a job change names one job.
@@ -317,7 +317,13 @@ impl Store for PgStore {
                 }
             }
             deleted
-        })
+        })?;
+        if let Some(deleted) = &deleted {
+            // Every node's queue lets its cancelled runs go.
+            self.announcer
+                .announce(Kind::RunsDequeued, deleted.cancelled.clone());
+        }
+        Ok(deleted)
     }
 
     async fn set_paused(

@@ -302,10 +302,12 @@ pub fn delete(
     dependencies::rerank_above(tx, namespace, &dependency::upstreams(&job.spec.depends_on))?;
     // Its dependants, paused now, learn that the runs they waited for will not come.
     events::remove_subscriptions(tx, namespace, name)?;
+    let cancelled = ended.iter().map(|run| run.run_id).collect();
     dependencies::settle(tx, ended, Vec::new(), now)?;
     Ok(Some(DeletedJob {
         job,
         paused_dependants: paused,
+        cancelled,
     }))
 }
 
