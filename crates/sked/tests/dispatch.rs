@@ -236,3 +236,164 @@ async fn what_a_heartbeat_and_a_routing_may_carry_is_bounded() {
     let (status, answer) = sked.put_job("fine", job("k".repeat(200))).await;
     assert_eq!(status, 201, "{answer}");
 }
+
+async fn put(sked: &Sked, path: &str, body: Value) -> (u16, Value) {
+    common::call(&sked.http, reqwest::Method::PUT, sked.url(path), Some(body)).await
+}
+
+/// Asks for at most `max` attempts for `wait_ms`; returns them as the server answered.
+async fn lease_attempts(sked: &Sked, worker: &str, max: u32, wait_ms: u64) -> Vec<Value> {
+    let (status, answer) = sked
+        .post(
+            &format!("/workers/{worker}/lease"),
+            json!({"max": max, "wait_ms": wait_ms}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    answer["attempts"].as_array().expect("attempts").clone()
+}
+
+/// Reports `attempts` succeeded.
+async fn complete(sked: &Sked, worker: &str, attempts: &[Value]) {
+    let completions: Vec<Value> = attempts
+        .iter()
+        .map(
+            |a| json!({"attempt_id": a["attempt_id"], "token": a["token"], "outcome": "succeeded"}),
+        )
+        .collect();
+    let (status, answer) = sked
+        .post(
+            &format!("/workers/{worker}/complete"),
+            json!({ "completions": completions }),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// Records the instants of `job` (in `namespace`) between `from_s` and `to_s` seconds ago;
+/// returns how many runs it recorded.
+async fn backfill(sked: &Sked, namespace: &str, job: &str, from_s: i64, to_s: i64) -> usize {
+    let now = chrono::Utc::now();
+    let (status, answer) = sked
+        .post(
+            &format!("/jobs/{job}/backfill?namespace={namespace}"),
+            json!({
+                "from": now - chrono::Duration::seconds(from_s),
+                "to": now - chrono::Duration::seconds(to_s),
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    answer["recorded"].as_array().expect("recorded").len()
+}
+
+fn namespaces_of(attempts: &[Value]) -> Vec<String> {
+    attempts
+        .iter()
+        .map(|a| a["namespace"].as_str().expect("a namespace").to_string())
+        .collect()
+}
+
+/// A tenant cannot stall dispatch for others by queueing runs nobody can take: 10,000 runs at
+/// priority 100 that need a label no worker carries sit ahead of another namespace's run,
+/// which an idle worker still gets at once; deleting their job takes them out of the node's
+/// queue, so `sked_queue_depth` agrees with the store again.
+#[tokio::test]
+async fn runs_nobody_can_take_never_stall_another_namespace_and_leave_with_their_job() {
+    let mut sked = Sked::new();
+    sked.start_server(&[
+        "--heartbeat-timeout",
+        "60s",
+        "--max-queued-per-job",
+        "20000",
+    ])
+    .await;
+    let hog = json!({
+        "schedule": {"every": "1s"},
+        "priority": 100,
+        "routing": {"labels": {"gpu": "none"}},
+        "target": {"shell": {"command": "true"}},
+    });
+    let (status, answer) = put(&sked, "/jobs/hog?namespace=team-y", hog).await;
+    assert_eq!(status, 201, "{answer}");
+    let recorded = backfill(&sked, "team-y", "hog", 10_000, 5_000).await
+        + backfill(&sked, "team-y", "hog", 5_000, 0).await;
+    assert!(recorded >= 9_990, "{recorded} runs recorded");
+    assert!(sked.metric("sked_queue_depth").await >= 9_990);
+
+    let worker = register(&sked, "idle").await;
+    let (status, answer) = heartbeat(&sked, &worker, json!({})).await;
+    assert_eq!(status, 200, "{answer}");
+    let small = json!({"target": {"shell": {"command": "true"}}});
+    let (status, answer) = put(&sked, "/jobs/small?namespace=team-x", small).await;
+    assert_eq!(status, 201, "{answer}");
+    let (status, run) = sked
+        .post("/jobs/small/trigger?namespace=team-x", json!({}))
+        .await;
+    assert_eq!(status, 201, "{run}");
+    // Within one second of asking, the idle worker has it.
+    let attempts = lease_attempts(&sked, &worker, 4, 1_000).await;
+    let runs: Vec<&Value> = attempts.iter().map(|a| &a["run_id"]).collect();
+    assert_eq!(runs, vec![&run["id"]], "{attempts:?}");
+
+    let (status, answer) = common::call(
+        &sked.http,
+        reqwest::Method::DELETE,
+        sked.url("/jobs/hog?namespace=team-y"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    // Nothing is queued in the store any more (the hog's runs were cancelled, the other
+    // started), and the node's queue says the same at once.
+    assert_eq!(sked.metric("sked_queue_depth").await, 0);
+}
+
+/// Namespaces share a worker pool by weighted fair share, whatever their priorities: one that
+/// holds more than its share gets a freed slot only once the others waiting have theirs, and a
+/// namespace of weight 3 holds three slots of four against one of weight 1.
+#[tokio::test]
+async fn namespaces_share_a_pool_by_weight_whatever_their_priorities() {
+    let mut sked = Sked::new();
+    sked.start_server(&["--heartbeat-timeout", "60s"]).await;
+    for (namespace, priority) in [("team-a", 50), ("team-b", 0)] {
+        let job = json!({
+            "schedule": {"every": "1h"},
+            "priority": priority,
+            "target": {"shell": {"command": "true"}},
+        });
+        let (status, answer) = put(&sked, &format!("/jobs/work?namespace={namespace}"), job).await;
+        assert_eq!(status, 201, "{answer}");
+    }
+    let worker = register(&sked, "pool").await;
+    heartbeat(&sked, &worker, json!({})).await;
+
+    // team-a alone: it takes every slot.
+    assert!(backfill(&sked, "team-a", "work", 12 * 3600 + 1800, 1800).await >= 12);
+    let mut held = lease_attempts(&sked, &worker, 4, 1_000).await;
+    assert_eq!(namespaces_of(&held), vec!["team-a"; 4]);
+    // team-b arrives with lower-priority runs: each slot team-a frees goes to team-b until
+    // they hold as many.
+    assert!(backfill(&sked, "team-b", "work", 12 * 3600 + 1800, 1800).await >= 12);
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let at = held
+            .iter()
+            .position(|a| a["namespace"] == "team-a")
+            .expect("a team-a attempt held");
+        let done = held.remove(at);
+        complete(&sked, &worker, &[done]).await;
+        let next = lease_attempts(&sked, &worker, 1, 1_000).await;
+        order.extend(namespaces_of(&next));
+        held.extend(next);
+    }
+    assert_eq!(order, vec!["team-b", "team-b", "team-a"]);
+
+    // Weight 3 against 1: three slots of four.
+    let (status, answer) = put(&sked, "/namespaces/team-a", json!({"weight": 3})).await;
+    assert_eq!(status, 201, "{answer}");
+    complete(&sked, &worker, &held).await;
+    let shared = namespaces_of(&lease_attempts(&sked, &worker, 4, 1_000).await);
+    let a = shared.iter().filter(|n| *n == "team-a").count();
+    assert_eq!((a, shared.len() - a), (3, 1), "{shared:?}");
+}
