@@ -1693,6 +1693,11 @@ pub async fn deleting_a_job_keeps_its_runs(store: &dyn Store) {
         .unwrap();
     assert_eq!(deleted.job.id, j.id);
     assert!(deleted.paused_dependants.is_empty());
+    assert_eq!(
+        deleted.cancelled,
+        vec![queued.run_id],
+        "the runs every dispatcher lets go"
+    );
     assert_eq!(store.get_job("default", "gone").await.unwrap(), None);
     assert_eq!(
         store
