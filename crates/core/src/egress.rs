@@ -19,9 +19,15 @@
 //!   private, shared (carrier-grade NAT), unique-local, site-local, multicast, broadcast) is
 //!   refused unless `internal_allowed`.
 //!
-//! An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is judged as its IPv4 address, and a network
-//! rule inside `::ffff:0:0/96` as the IPv4 network it maps, so the two spellings of one address
-//! always get one verdict.
+//! An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, also the IPv4-compatible `::a.b.c.d` and the
+//! IPv4-translated `::ffff:0:a.b.c.d`) is judged as its IPv4 address, and a network rule inside
+//! `::ffff:0:0/96` as the IPv4 network it maps, so the spellings of one address always get one
+//! verdict. An IPv6 address that reaches an IPv4 one through a translator or a tunnel — NAT64
+//! `64:ff9b::/96`, 6to4 `2002::/16`, Teredo `2001::/32` (its client address) — is judged by the
+//! embedded IPv4 address, and is also refused by a deny rule matching the IPv6 address itself; an
+//! allow rule can only let it through by allowing the IPv4 address. The local-use NAT64 prefix
+//! `64:ff9b:1::/48`, where the embedded address sits wherever the local translator puts it, is
+//! internal: refused unless a rule allows it.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -179,10 +185,24 @@ impl EgressPolicy {
     /// The network rules' verdict on an address.
     pub fn address_verdict(&self, address: IpAddr) -> Verdict {
         let address = canonical(address);
-        self.verdict(|rule| match rule {
-            EgressRule::Network(net) if net.contains(&address) => Some(u32::from(net.prefix_len())),
-            _ => None,
-        })
+        let own = |address: IpAddr| {
+            self.verdict(|rule| match rule {
+                EgressRule::Network(net) if net.contains(&address) => {
+                    Some(u32::from(net.prefix_len()))
+                }
+                _ => None,
+            })
+        };
+        match address {
+            IpAddr::V6(v6) => match routed_v4(v6) {
+                Some(v4) => match own(address) {
+                    denied @ Verdict::Denied(_) => denied,
+                    _ => own(IpAddr::V4(v4)),
+                },
+                None => own(address),
+            },
+            v4 => own(v4),
+        }
     }
 
     /// The most specific matching rule; deny wins a tie.
@@ -281,19 +301,55 @@ fn literal(host: &str) -> Option<IpAddr> {
     normal_host(host).parse().ok()
 }
 
-/// An IPv4-mapped IPv6 address as the IPv4 address it maps; any other address as it is.
+/// An IPv6 spelling of an IPv4 address (mapped `::ffff:a.b.c.d`, compatible `::a.b.c.d`,
+/// translated `::ffff:0:a.b.c.d`) as that IPv4 address; any other address as it is. `::` and
+/// `::1` stay themselves: they are IPv6's own unspecified and loopback addresses.
 fn canonical(address: IpAddr) -> IpAddr {
-    match address {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
+    let IpAddr::V6(v6) = address else {
+        return address;
+    };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return IpAddr::V4(v4);
+    }
+    let [a, b, c, d, e, f, g, h] = v6.segments();
+    let low = Ipv4Addr::from((u32::from(g) << 16) | u32::from(h));
+    match [a, b, c, d, e, f] {
+        [0, 0, 0, 0, 0, 0] if g != 0 => IpAddr::V4(low),
+        [0, 0, 0, 0, 0xffff, 0] => IpAddr::V4(low),
+        _ => address,
     }
 }
 
-/// What kind of internal address this is, or `None` for a public one.
+/// The IPv4 address an IPv6 address reaches through a translator or a tunnel: NAT64's
+/// well-known prefix (RFC 6052), 6to4 (RFC 3056), and a Teredo client (RFC 4380, whose
+/// address is stored inverted).
+pub fn routed_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let [a, b, c, d, e, f, g, h] = v6.segments();
+    let v4 = |high: u16, low: u16| Ipv4Addr::from((u32::from(high) << 16) | u32::from(low));
+    match (a, b) {
+        (0x0064, 0xff9b) if [c, d, e, f] == [0, 0, 0, 0] => Some(v4(g, h)),
+        (0x2002, _) => Some(v4(b, c)),
+        (0x2001, 0x0000) => Some(v4(!g, !h)),
+        _ => None,
+    }
+}
+
+/// The local-use NAT64 prefix `64:ff9b:1::/48` (RFC 8215).
+fn is_local_nat64(v6: Ipv6Addr) -> bool {
+    let [a, b, c, ..] = v6.segments();
+    [a, b, c] == [0x0064, 0xff9b, 0x0001]
+}
+
+/// What kind of internal address this is, or `None` for a public one. An address that reaches
+/// an IPv4 one (see [`routed_v4`]) is what that address is.
 pub fn internal_kind(address: IpAddr) -> Option<&'static str> {
     match canonical(address) {
         IpAddr::V4(v4) => internal_v4(v4),
-        IpAddr::V6(v6) => internal_v6(v6),
+        IpAddr::V6(v6) if is_local_nat64(v6) => Some("local-use NAT64"),
+        IpAddr::V6(v6) => match routed_v4(v6) {
+            Some(v4) => internal_v4(v4),
+            None => internal_v6(v6),
+        },
     }
 }
 
@@ -647,6 +703,48 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_address_that_reaches_an_ipv4_one_is_judged_by_it() {
+        let p = policy(&[], &[], false);
+        for (address, kind) in [
+            ("::127.0.0.1", "loopback"),
+            ("::ffff:0:127.0.0.1", "loopback"),
+            ("::ffff:0:a9fe:a9fe", "link-local"),
+            ("::10.0.0.1", "private"),
+            ("64:ff9b::7f00:1", "loopback"),
+            ("64:ff9b::a9fe:a9fe", "link-local"),
+            ("64:ff9b:1::7f00:1", "local-use NAT64"),
+            ("64:ff9b:1:7f00:1::", "local-use NAT64"),
+            ("2002:7f00:1::", "loopback"),
+            ("2002:c0a8:101:5::1", "private"),
+            ("2002:a9fe:a9fe::1", "link-local"),
+            // Teredo stores its client's address inverted: 127.0.0.1 here.
+            ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback"),
+        ] {
+            match p.check_addresses(address, &[ip(address)]) {
+                Err(Refusal::Internal { kind: k, .. }) => assert_eq!(k, kind, "{address}"),
+                other => panic!("{address}: {other:?}"),
+            }
+        }
+        for public in ["64:ff9b::808:808", "2002:808:808::1", "::8.8.8.8"] {
+            assert_eq!(p.check_addresses(public, &[ip(public)]), Ok(()), "{public}");
+        }
+        // Allowing the IPv6 range does not let an internal IPv4 address through; allowing the
+        // IPv4 address does, and a deny of either refuses.
+        let p = policy(&["2002::/16", "64:ff9b::/96"], &[], false);
+        assert!(p.check_addresses("x", &[ip("2002:7f00:1::")]).is_err());
+        assert!(p.check_addresses("x", &[ip("64:ff9b::7f00:1")]).is_err());
+        let p = policy(&["127.0.0.0/8"], &[], false);
+        assert_eq!(p.check_addresses("x", &[ip("2002:7f00:1::")]), Ok(()));
+        let p = policy(&[], &["2002::/16"], false);
+        assert!(p.check_addresses("x", &[ip("2002:808:808::")]).is_err());
+        let p = policy(&[], &["8.8.8.0/24"], false);
+        assert!(p.check_addresses("x", &[ip("64:ff9b::808:808")]).is_err());
+        assert!(p
+            .check_addresses("x", &[ip("2001:0:1:2:3:4:f7f7:f7f7")])
+            .is_err());
+    }
+
+    #[test]
     fn refusals_say_what_to_do() {
         let p = policy(&[], &[], false);
         let text = |r: Result<(), Refusal>| r.err().map(|e| e.to_string()).unwrap_or_default();
@@ -811,6 +909,40 @@ mod tests {
                 p.check_addresses("h.example", &[mapped]).is_ok()
             );
             prop_assert_eq!(p.address_verdict(v4), p.address_verdict(mapped));
+        }
+
+        #[test]
+        fn every_ipv6_form_of_a_refused_ipv4_address_is_refused(
+            address in any_v4(),
+            site in any::<u64>(),
+            allow in proptest::collection::vec(any_rule(), 0..4),
+            deny in proptest::collection::vec(any_rule(), 0..4),
+            internal in any::<bool>(),
+        ) {
+            // `::` and `::1` are IPv6's own addresses, not spellings of 0.0.0.0 and 0.0.0.1.
+            prop_assume!(address.octets()[0] != 0);
+            let allow: Vec<&str> = allow.iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
+            let deny: Vec<&str> = deny.iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
+            let p = policy(&allow, &deny, internal);
+            let n = u128::from(u32::from(address));
+            let site = u128::from(site);
+            let spellings = [n, (0xffff_0000u128 << 32) | n];
+            for form in spellings {
+                let v6 = IpAddr::V6(Ipv6Addr::from(form));
+                prop_assert_eq!(p.address_verdict(v6), p.address_verdict(IpAddr::V4(address)));
+            }
+            let routed = [
+                (0x0064_ff9bu128 << 96) | n,
+                (0x2002u128 << 112) | (n << 80) | (site & ((1 << 80) - 1)),
+                (0x2001_0000u128 << 96) | (site << 32 & ((1 << 96) - 1)) | (!n & 0xffff_ffff),
+            ];
+            let v4_refused = p.check_addresses("h.example", &[IpAddr::V4(address)]).is_err();
+            for form in spellings.into_iter().chain(routed) {
+                let v6 = IpAddr::V6(Ipv6Addr::from(form));
+                if v4_refused {
+                    prop_assert!(p.check_addresses("h.example", &[v6]).is_err(), "{}", v6);
+                }
+            }
         }
 
         #[test]
