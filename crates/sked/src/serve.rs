@@ -286,11 +286,33 @@ async fn read_private(path: &Path, what: &str) -> Result<Option<String>> {
             }
         };
         if !text.trim().is_empty() {
+            refuse_shared(path, what)?;
             return Ok(Some(text.trim().to_string()));
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     bail!("the {what} file {} is empty", path.display())
+}
+
+/// Refuses a key or token file that users other than its owner may read: the key opens every
+/// sealed secret and the token is an administrator's, so starting with either exposed would
+/// hand them out silently.
+fn refuse_shared(path: &Path, what: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .with_context(|| format!("cannot read the {what} {}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "the {what} file {} may be read by other users (mode {:o}): run `chmod 600 {}` \
+             (and replace the {what} if others may have read it)",
+            path.display(),
+            mode & 0o777,
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Writes a new file only its owner may read. An existing file is never overwritten: `false`
