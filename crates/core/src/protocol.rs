@@ -172,6 +172,10 @@ pub struct LeasedAttempt {
     /// For a run of a sharded job: which shard of its instant it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<crate::shard::Shard>,
+    /// The names of the target's headers whose values were secrets (sealed or a namespace
+    /// secret), opened for this attempt: a redirect never carries them to another origin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_headers: Vec<String>,
 }
 
 impl LeasedAttempt {

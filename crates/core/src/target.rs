@@ -286,6 +286,20 @@ impl TargetSpec {
             })
     }
 
+    /// The names of the HTTP headers whose values are secrets (sealed or a namespace secret's
+    /// reference): what a redirect to another origin must not carry once they are opened.
+    pub fn secret_headers(&self) -> Vec<String> {
+        match self {
+            TargetSpec::Http(http) => http
+                .headers
+                .iter()
+                .filter(|(_, value)| !matches!(value, TargetValue::Plain(_)))
+                .map(|(name, _)| name.clone())
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Every env and header value: where secrets are.
     pub fn values_mut(&mut self) -> impl Iterator<Item = (&String, &mut TargetValue)> {
         let values = match self {

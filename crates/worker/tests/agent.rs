@@ -292,6 +292,7 @@ fn shell_attempt(attempt_id: i64, command: &str, timeout_ms: Option<u64>) -> Lea
         event: None,
         affinity_key: None,
         shard: None,
+        secret_headers: Vec::new(),
     }
 }
 
@@ -762,6 +763,7 @@ async fn heartbeats_report_the_stall_gauge_warm_keys_and_the_pools_overload_cont
         }),
         affinity_key: Some(key.to_string()),
         shard: None,
+        secret_headers: Vec::new(),
         ..shell_attempt(attempt_id, "true", None)
     };
     {

@@ -98,6 +98,7 @@ fn info() -> RunInfo {
         completion: None,
         event: None,
         shard: None,
+        secret_headers: Vec::new(),
     }
 }
 

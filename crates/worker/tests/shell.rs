@@ -21,6 +21,7 @@ fn info() -> RunInfo {
         completion: None,
         event: None,
         shard: None,
+        secret_headers: Vec::new(),
     }
 }
 

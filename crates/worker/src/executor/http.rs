@@ -11,7 +11,7 @@ use super::{await_report, expire, human, ExecOptions, ExecResult, RunInfo, StopS
 use crate::error_chain;
 use crate::output::OutputBuffer;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use reqwest::{Method, RequestBuilder, Url};
+use reqwest::{Method, Request, Url};
 use sked_core::protocol::{
     HEADER_ATTEMPT, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_JOB, HEADER_RUN_ID,
     HEADER_SCHEDULED_FOR, HEADER_SHARD, HEADER_SHARDS,
@@ -19,7 +19,7 @@ use sked_core::protocol::{
 use sked_core::publish::{HEADER_COMPLETE_TOKEN, HEADER_COMPLETE_URL};
 use sked_core::target::HttpTarget;
 use sked_core::AttemptOutcome;
-use sked_egress::{refusal_behind, TargetClient};
+use sked_egress::{refusal_behind, SendError, TargetClient};
 use std::time::Duration;
 
 /// Sends the request and returns how the attempt ended.
@@ -31,7 +31,7 @@ pub async fn run(
     mut stop: StopSignal,
     output: &OutputBuffer,
 ) -> ExecResult {
-    let request = match build(client, target, info) {
+    let (request, secret) = match build(client, target, info) {
         Ok(request) => request,
         Err(message) => {
             output.write(format!("[sked-worker: {message}]\n").as_bytes());
@@ -41,7 +41,7 @@ pub async fn run(
     let started = tokio::time::Instant::now();
     let limit = shorter(options.timeout, target.timeout.map(|t| t.0));
     tokio::select! {
-        result = exchange(request, options.http_body_cap, output) => match result {
+        result = exchange(client, request, &secret, options.http_body_cap, output) => match result {
             Ok(status) if target.status_is_expected(status) && target.callback => {
                 let waiting = format!("HTTP {status}");
                 ExecResult {
@@ -78,15 +78,14 @@ pub async fn run(
 }
 
 /// Why the request failed; a refusal of the HTTP target policy in its own words.
-fn failure(e: &reqwest::Error) -> String {
-    match refusal_behind(e) {
-        // The URL a redirect error carries is the one that answered with the redirect.
-        Some(refused) if e.is_redirect() => match e.url() {
-            Some(url) => format!("{refused} (redirected from {url})"),
-            None => refused.to_string(),
+fn failure(e: &SendError) -> String {
+    match e {
+        SendError::Http(e) => match refusal_behind(e) {
+            Some(refused) => refused.to_string(),
+            None => format!("request failed: {}", error_chain(e)),
         },
-        Some(refused) => refused.to_string(),
-        None => format!("request failed: {}", error_chain(e)),
+        // It names the URL that answered with the redirect.
+        redirect => redirect.to_string(),
     }
 }
 
@@ -98,11 +97,14 @@ fn shorter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     }
 }
 
+/// The request, and the names of its headers that carry secrets (never sent to another origin
+/// by a redirect): the target's headers the server opened for this attempt, and the
+/// completion token.
 fn build(
     client: &TargetClient,
     target: &HttpTarget,
     info: &RunInfo,
-) -> Result<RequestBuilder, String> {
+) -> Result<(Request, Vec<HeaderName>), String> {
     let method = Method::from_bytes(target.method.to_ascii_uppercase().as_bytes())
         .map_err(|_| format!("{:?} is not an HTTP method", target.method))?;
     let url = Url::parse(target.url.trim())
@@ -162,16 +164,28 @@ fn build(
     } else if let Some(event) = event_body {
         request = request.body(event.payload_text());
     }
-    Ok(request)
+    let request = request
+        .build()
+        .map_err(|e| format!("the request cannot be built: {}", error_chain(&e)))?;
+    let secret = info
+        .secret_headers
+        .iter()
+        .map(String::as_str)
+        .chain([HEADER_COMPLETE_TOKEN])
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
+        .collect();
+    Ok((request, secret))
 }
 
 /// Sends the request; copies at most `cap` bytes of the body to the output.
 async fn exchange(
-    request: RequestBuilder,
+    client: &TargetClient,
+    request: Request,
+    secret: &[HeaderName],
     cap: usize,
     output: &OutputBuffer,
-) -> Result<u16, reqwest::Error> {
-    let mut response = request.send().await?;
+) -> Result<u16, SendError> {
+    let mut response = client.send(request, secret).await?;
     let status = response.status().as_u16();
     let mut kept = 0usize;
     loop {

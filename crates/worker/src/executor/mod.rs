@@ -33,6 +33,8 @@ pub struct RunInfo {
     pub event: Option<RunEvent>,
     /// For a run of a sharded job: `SKED_SHARD`/`SKED_SHARDS`, or their headers.
     pub shard: Option<sked_core::shard::Shard>,
+    /// The HTTP target's headers whose values were secrets: never sent to another origin.
+    pub secret_headers: Vec<String>,
 }
 
 impl RunInfo {
@@ -45,6 +47,7 @@ impl RunInfo {
             completion: attempt.completion.clone(),
             event: attempt.event.clone(),
             shard: attempt.shard,
+            secret_headers: attempt.secret_headers.clone(),
         }
     }
 
