@@ -531,6 +531,36 @@ pub enum StoreEvent {
 /// A namespace secret: `(namespace, name)`.
 pub type SecretName = (String, String);
 
+/// One stored column that may hold sealed values, and where it is. What the values are bound
+/// to follows from it: a job's (`job` is `Some`) or its namespace's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SealedColumn {
+    /// `jobs.spec` of the job with this id.
+    JobSpec(i64),
+    /// `jobs.notify`, the copy of its `notify` rules.
+    JobNotify(i64),
+    /// `job_versions.spec` of `(job id, version)`.
+    JobVersion(i64, i64),
+    /// `namespaces.spec` of the namespace.
+    NamespaceSpec(String),
+    /// `namespaces.notify`, the copy of its default `notify` rules.
+    NamespaceNotify(String),
+    /// `secrets.sealed` of `(namespace, name)`.
+    Secret(String, String),
+    /// `notifications.channel` of the notification with this id.
+    Notification(i64),
+}
+
+/// A stored text that holds sealed values (see [`Store::sealed_texts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSeal {
+    pub column: SealedColumn,
+    pub namespace: String,
+    /// The job a job's definition, version or notification belongs to.
+    pub job: Option<String>,
+    pub text: String,
+}
+
 /// Changes committed by other server nodes: job changes in commit order, run events in the
 /// order each node made them.
 pub type StoreEvents = tokio::sync::mpsc::UnboundedReceiver<StoreEvent>;
@@ -770,6 +800,17 @@ pub trait Store: Send + Sync + 'static {
     /// The sealed values of the secrets `(namespace, name)` that exist, for the attempts being
     /// handed out.
     async fn sealed_secrets(&self, wanted: &[SecretName]) -> Result<BTreeMap<SecretName, String>>;
+
+    // --- sealed values in an older format ------------------------------------------------------
+
+    /// Every stored text that contains `marker` (a sealed format's prefix such as `v1:`, with no
+    /// `%` or `_`): job definitions and their versions, the copies of `notify` rules, namespace
+    /// settings, namespace secrets and notifications' channels. Read at start, to seal again
+    /// what an older format sealed.
+    async fn sealed_texts(&self, marker: &str) -> Result<Vec<StoredSeal>>;
+    /// Writes `text` where `stored` was read, if it still holds `stored.text` (a write since
+    /// wins); whether it did.
+    async fn replace_sealed(&self, stored: &StoredSeal, text: &str) -> Result<bool>;
 
     // --- heartbeats -----------------------------------------------------------------------------
 

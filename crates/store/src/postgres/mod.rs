@@ -36,6 +36,7 @@ mod notify;
 mod partitions;
 mod rows;
 mod schema;
+mod sealed;
 mod tokens;
 mod workers;
 
@@ -725,6 +726,14 @@ impl Store for PgStore {
             return Ok(BTreeMap::new());
         }
         transact!(self, read, |tx| namespaces::sealed(&tx, wanted).await?)
+    }
+
+    async fn sealed_texts(&self, marker: &str) -> Result<Vec<StoredSeal>> {
+        transact!(self, read, |tx| sealed::texts(&tx, marker).await?)
+    }
+
+    async fn replace_sealed(&self, stored: &StoredSeal, text: &str) -> Result<bool> {
+        transact!(self, write, |tx| sealed::replace(&tx, stored, text).await?)
     }
 
     async fn create_token(&self, token: &NewToken, now: Instant) -> Result<TokenRecord> {

@@ -28,6 +28,7 @@ mod notifications;
 mod owned_thread;
 mod rows;
 mod schema;
+mod sealed;
 mod tokens;
 mod workers;
 mod writer;
@@ -781,6 +782,17 @@ impl Store for SqliteStore {
         }
         let wanted = wanted.to_vec();
         self.read(move |tx| namespaces::sealed(tx, &wanted)).await
+    }
+
+    async fn sealed_texts(&self, marker: &str) -> Result<Vec<StoredSeal>> {
+        let marker = marker.to_string();
+        self.read(move |tx| sealed::texts(tx, &marker)).await
+    }
+
+    async fn replace_sealed(&self, stored: &StoredSeal, text: &str) -> Result<bool> {
+        let (stored, text) = (stored.clone(), text.to_string());
+        self.write(move |tx| sealed::replace(tx, &stored, &text))
+            .await
     }
 
     async fn create_token(&self, token: &NewToken, now: Instant) -> Result<TokenRecord> {
