@@ -6,7 +6,7 @@
 use crate::api::error::log_throttled;
 use crate::api::ApiError;
 use crate::dispatch::Handout;
-use crate::secrets::open_target;
+use crate::secrets::{open_target, Binding};
 use crate::AppState;
 use chrono::Utc;
 use rand::Rng;
@@ -75,12 +75,22 @@ pub async fn start(
         // Secrets are opened here, for this attempt only; one that cannot be opened stays
         // sealed and the worker fails the attempt naming it.
         let mut target = run.target;
+        let secret_headers = target.secret_headers();
         let refs: BTreeMap<&str, &str> = namespace_secrets
             .iter()
             .filter(|((namespace, _), _)| *namespace == run.namespace)
             .map(|((_, name), sealed)| (name.as_str(), sealed.as_str()))
             .collect();
-        if let Err(e) = open_target(state.config.secret_key.as_ref(), &mut target, &refs) {
+        let binding = Binding::Job {
+            namespace: &run.namespace,
+            job: &run.job,
+        };
+        if let Err(e) = open_target(
+            state.config.secret_key.as_ref(),
+            binding,
+            &mut target,
+            &refs,
+        ) {
             // A node given the wrong key meets this on every run of such a job.
             static UNOPENED: Mutex<Throttle> = Mutex::new(Throttle::new(Duration::from_secs(1)));
             let (run_id, job) = (run.run_id, &run.job);
@@ -103,6 +113,7 @@ pub async fn start(
             event: run.event,
             affinity_key: run.routing.affinity_key,
             shard: run.shard,
+            secret_headers,
         });
     }
     state.metrics.attempts_started.inc_by(attempts.len() as u64);

@@ -145,6 +145,25 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let config = Arc::new(config);
+    if let Some(key) = &config.secret_key {
+        // Before anything reads a definition: from here on, only bound values open.
+        let done = secrets::migrate::reseal(store.as_ref(), key).await?;
+        if done.values > 0 || done.urls > 0 {
+            tracing::info!(
+                "sealed {} values again for where they are stored ({} stored texts) and {} \
+                 default webhook URLs",
+                done.values,
+                done.texts,
+                done.urls
+            );
+        }
+        for place in &done.unopened {
+            tracing::warn!(
+                "a sealed value in {place} does not open with key {}",
+                key.id()
+            );
+        }
+    }
     let metrics = Arc::new(metrics::Metrics::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let (ready_tx, ready_rx) = watch::channel(false);

@@ -3,9 +3,11 @@
 //!
 //! Each server holds its own registry, so several servers in one process (the tests, the
 //! benchmarks) never add into each other's figures. Labels are bounded by design: a namespace,
-//! an outcome, a skip reason, a priority, a store call; never a job's name or a run id, whose
-//! number grows without limit. The duties own the events; this module owns only their names,
-//! help texts, units and buckets.
+//! an outcome, a skip reason, a priority, a store call; never a run id, and a job's name only
+//! for the jobs that ask (`job_metrics`, at most [`MAX_NAMED_JOBS`]). Those per-job series are
+//! kept in a registry of their own and rendered only for a caller with a token, and only for
+//! the namespaces it sees ([`Metrics::render`]): `/metrics` without a token names no job. The
+//! duties own the events; this module owns only their names, help texts, units and buckets.
 
 use chrono::TimeDelta;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
@@ -110,6 +112,8 @@ fn store_call() -> Histogram {
 /// the labelled families are reached through the methods below, which name their labels.
 pub struct Metrics {
     registry: Registry,
+    /// The series labelled by a job's name: served only to callers that see its namespace.
+    job_registry: Registry,
     pub fires: Counter,
     pub fires_skipped: Counter,
     pub fires_skipped_backlog: Counter,
@@ -265,15 +269,16 @@ impl Metrics {
             "Sends of notifications, by event and outcome (sent, retried, failed)",
             notifications.clone(),
         );
+        let mut job_registry = Registry::default();
         let job_runs = Family::default();
-        registry.register(
+        job_registry.register(
             "sked_job_runs",
             "Runs of the jobs that ask for it (job_metrics) that reached an end as their last \
              attempt was recorded, by namespace, job and outcome",
             job_runs.clone(),
         );
         let job_durations = Histograms::new_with_constructor(duration as fn() -> Histogram);
-        registry.register(
+        job_registry.register(
             "sked_job_attempt_duration_seconds",
             "Attempt durations of the jobs that ask for it (job_metrics), by namespace, job and \
              outcome",
@@ -294,6 +299,7 @@ impl Metrics {
         );
         Metrics {
             registry,
+            job_registry,
             fires,
             fires_skipped,
             fires_skipped_backlog,
@@ -463,15 +469,36 @@ impl Metrics {
     }
 
     /// The OpenMetrics text of every metric, with `more` (families kept elsewhere, in the same
-    /// text format) before the end marker.
-    pub fn render(&self, more: &str) -> String {
+    /// text format) before the end marker. The per-job series are there only when `sees` is
+    /// given, and only their samples of the namespaces it says yes to.
+    pub fn render(&self, more: &str, sees: Option<&dyn Fn(&str) -> bool>) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode_registry(&mut out, &self.registry);
+        if let Some(sees) = sees {
+            let mut jobs = String::new();
+            let _ = encode_registry(&mut jobs, &self.job_registry);
+            for line in jobs.lines() {
+                if line.starts_with('#') || sample_namespace(line).is_some_and(sees) {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
         out.push_str(more);
         let _ = encode_eof(&mut out);
         out
     }
+}
+
+/// The `namespace` label of a sample line. Namespace names are plain (letters, digits, `-`,
+/// `_`, `.`), so the label's value holds no quote to unescape.
+fn sample_namespace(line: &str) -> Option<&str> {
+    let labels = line.split_once('{')?.1;
+    let value = labels
+        .split(',')
+        .find_map(|pair| pair.strip_prefix("namespace=\""))?;
+    value.split_once('"').map(|(namespace, _)| namespace)
 }
 
 fn namespace_label(namespace: &str) -> NamespaceLabel {
@@ -505,7 +532,7 @@ mod tests {
         metrics.fires.inc_by(3);
         metrics.fired("team-a", TimeDelta::milliseconds(7));
         metrics.run_ended("team-a", RunState::Skipped, Some(SkipReason::Overlap));
-        let text = metrics.render("");
+        let text = metrics.render("", Some(&|_| true));
         assert!(text.contains("# TYPE sked_fires counter\n"), "{text}");
         assert!(text.contains("\nsked_fires_total 3\n"), "{text}");
         assert!(
@@ -528,7 +555,7 @@ mod tests {
     fn a_negative_span_counts_as_zero_and_a_gauge_held_is_given_back() {
         let metrics = Metrics::new();
         metrics.started("ns", TimeDelta::milliseconds(-40));
-        let text = metrics.render("");
+        let text = metrics.render("", Some(&|_| true));
         assert!(
             text.contains("sked_start_lateness_seconds_sum{namespace=\"ns\"} 0.0"),
             "{text}"
@@ -558,7 +585,7 @@ mod tests {
             took,
             RunState::Failed,
         );
-        let text = metrics.render("");
+        let text = metrics.render("", Some(&|_| true));
         assert!(
             text.contains(
                 r#"sked_job_runs_total{namespace="ns",job="billing",outcome="failed"} 1"#
@@ -566,12 +593,21 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains(r#"job="""#), "{text}");
+        // Without a caller that sees the namespace, no job is named.
+        for sees in [
+            None,
+            Some(&(|ns: &str| ns != "ns") as &dyn Fn(&str) -> bool),
+        ] {
+            let text = metrics.render("", sees);
+            assert!(!text.contains("billing"), "{text}");
+            assert!(text.contains("sked_job_metrics_refused_total 0"), "{text}");
+        }
         for i in 0..MAX_NAMED_JOBS + 5 {
             let job = format!("job-{i}");
             let state = RunState::Succeeded;
             metrics.attempt_ended("ns", Some(&job), AttemptOutcome::Succeeded, took, state);
         }
-        let text = metrics.render("");
+        let text = metrics.render("", Some(&|_| true));
         let named = text.matches("sked_job_runs_total{").count();
         assert_eq!(named, MAX_NAMED_JOBS, "billing and the first 999 others");
         assert!(text.contains("sked_job_metrics_refused_total 6"), "{text}");
@@ -582,7 +618,7 @@ mod tests {
         let metrics = Metrics::new();
         metrics.queue(&BTreeMap::from([(0, 4), (9, 1)]));
         metrics.queue(&BTreeMap::from([(0, 2)]));
-        let text = metrics.render("");
+        let text = metrics.render("", Some(&|_| true));
         assert!(
             text.contains("sked_queue_depth{priority=\"0\"} 2"),
             "{text}"
@@ -649,7 +685,7 @@ mod tests {
                 .parse()
                 .expect("a connection")];
         let health = crate::publish::BrokerHealth::new(&brokers);
-        let text = metrics.render(&health.render_metrics());
+        let text = metrics.render(&health.render_metrics(), Some(&|_| true));
         // Each series a query names, as the text has it: a counter's with `_total`, a
         // histogram's with `_bucket`, `_sum` or `_count`.
         let series: BTreeSet<&str> = text

@@ -66,6 +66,7 @@ impl From<crate::secrets::SecretError> for ApiError {
         let field = match &e {
             SecretError::OtherKey { field, .. }
             | SecretError::NotSealed { field }
+            | SecretError::Unbound { field }
             | SecretError::TooLong { field }
             | SecretError::NoKey { field }
             | SecretError::MissingRef { field, .. } => field.clone(),

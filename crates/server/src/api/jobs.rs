@@ -5,7 +5,7 @@ use super::{body, parse_json, ApiError, Namespace};
 use crate::audit::{self, Change};
 use crate::auth::Caller;
 use crate::firing::queued_run;
-use crate::secrets::{seal_notify, seal_target};
+use crate::secrets::{seal_notify, seal_target, Binding};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -120,7 +120,15 @@ pub(super) async fn store_job(
         &state.config.broker_allowances,
     )?;
     caller.may_define(matches!(job.spec.target, TargetSpec::Shell(_)))?;
-    seal_target(state.config.secret_key.as_ref(), &mut job.spec.target)?;
+    let binding = Binding::Job {
+        namespace,
+        job: &job.name,
+    };
+    seal_target(
+        state.config.secret_key.as_ref(),
+        binding,
+        &mut job.spec.target,
+    )?;
     if let Some(rules) = &mut job.spec.notify {
         for rule in rules.iter().filter_map(|r| r.webhook.as_ref()) {
             refused_url(
@@ -129,7 +137,7 @@ pub(super) async fn store_job(
                 &rule.url,
             )?;
         }
-        seal_notify(state.config.secret_key.as_ref(), rules)?;
+        seal_notify(state.config.secret_key.as_ref(), binding, rules)?;
     }
     let before = match mode {
         PutMode::Upsert => state.store.get_job(namespace, &job.name).await?,

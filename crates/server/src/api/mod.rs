@@ -426,11 +426,44 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
     (status, body)
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+/// `/metrics` is open for the aggregate series. The series a job asked for by name
+/// (`job_metrics`) are served only to a caller whose token reads, for the namespaces it sees
+/// (in open mode, everyone); a token that is sent must be valid.
+async fn metrics(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+) -> axum::response::Response {
+    let peer = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    let authorization = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let open = state.auth.mode() == crate::auth::AuthMode::Open;
+    let caller = if authorization.is_some() || open {
+        match state
+            .auth
+            .caller(authorization, peer, chrono::Utc::now())
+            .await
+        {
+            Ok(caller) => Some(caller),
+            Err(refusal) => return refusal.into_response(),
+        }
+    } else {
+        None
+    };
+    let reader = caller.filter(|c| c.permits(Permission::Read).is_ok());
+    let sees = |namespace: &str| reader.as_ref().is_some_and(|c| c.sees(namespace));
+    let job_series: Option<&dyn Fn(&str) -> bool> = reader.as_ref().map(|_| &sees as _);
     (
         [("content-type", crate::metrics::CONTENT_TYPE)],
-        state.metrics.render(&state.brokers.render_metrics()),
+        state
+            .metrics
+            .render(&state.brokers.render_metrics(), job_series),
     )
+        .into_response()
 }
 
 /// The `namespace` query parameter, `default` when absent.

@@ -6,6 +6,7 @@ use super::extract::Path;
 use super::{body, parse_json, ApiError};
 use crate::audit::{self, Change};
 use crate::auth::Caller;
+use crate::secrets::{is_sealed, open_value, seal_notify, seal_value, Binding};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -16,6 +17,7 @@ use chrono::Utc;
 use serde::Serialize;
 use sked_core::job::validate_name;
 use sked_core::namespace::{NamespaceRecord, NamespaceSpec};
+use sked_core::notify::Webhook;
 use sked_core::Instant;
 
 /// A namespace's settings; `configured` is false (and the times absent) for one that has only
@@ -97,6 +99,15 @@ pub async fn put(
 ) -> Result<(StatusCode, Json<NamespaceView>), ApiError> {
     entered(&caller, &name)?;
     let mut spec: NamespaceSpec = parse_json(&body(raw)?)?;
+    let key = state.config.secret_key.as_ref();
+    let binding = Binding::Namespace(&name);
+    // A default webhook URL is a secret (it often carries a token): sent back as it was read,
+    // sealed, it is opened here to be judged like a new one, and sealed again below.
+    for (i, hook) in webhooks(&mut spec) {
+        if is_sealed(&hook.url) {
+            hook.url = open_value(key, &[binding], &url_field(i), &hook.url)?;
+        }
+    }
     spec.validate()
         .map_err(|e| ApiError::invalid(&e.field, e.message))?;
     for rule in spec.notify.iter().filter_map(|r| r.webhook.as_ref()) {
@@ -106,7 +117,10 @@ pub async fn put(
             &rule.url,
         )?;
     }
-    crate::secrets::seal_notify(state.config.secret_key.as_ref(), &mut spec.notify)?;
+    seal_notify(key, binding, &mut spec.notify)?;
+    for (i, hook) in webhooks(&mut spec) {
+        hook.url = seal_value(key, binding, &url_field(i), &hook.url)?;
+    }
     let (before, after) = state.store.put_namespace(&name, &spec, Utc::now()).await?;
     crate::namespaces::refresh_now(&state).await;
     let status = if before.is_some() {
@@ -147,6 +161,18 @@ pub async fn delete(
     };
     audit::record(&state, &caller, change).await;
     Ok(Json(deleted.into()))
+}
+
+/// The default rules' webhooks, with their rule's place.
+fn webhooks(spec: &mut NamespaceSpec) -> impl Iterator<Item = (usize, &mut Webhook)> {
+    spec.notify
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, rule)| rule.webhook.as_mut().map(|hook| (i, hook)))
+}
+
+fn url_field(rule: usize) -> String {
+    format!("notify[{rule}].webhook.url")
 }
 
 fn snapshot(spec: &NamespaceSpec) -> serde_json::Value {

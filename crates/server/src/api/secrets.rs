@@ -7,7 +7,7 @@ use super::extract::{Path, Query};
 use super::{body, parse_json, ApiError, Namespace};
 use crate::audit::{self, Change};
 use crate::auth::Caller;
-use crate::secrets::seal_value;
+use crate::secrets::{seal_value, Binding};
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -59,6 +59,7 @@ pub async fn put(
     let req: SecretValue = parse_json(&body(raw)?)?;
     let sealed = seal_value(
         state.config.secret_key.as_ref(),
+        Binding::Namespace(&namespace),
         &format!("secret {name}"),
         &req.value,
     )

@@ -2,11 +2,12 @@
 //! only here, just before the request), through the HTTP client that enforces the HTTP target
 //! policy, so a webhook reaches nothing an HTTP target could not.
 
-use crate::secrets::open_values;
+use crate::secrets::{is_sealed, open_value, open_values, Binding};
 use crate::AppState;
+use reqwest::header::HeaderName;
 use sked_core::notify::{NotificationRecord, SendOutcome, Webhook};
 use sked_core::target::TargetValue;
-use sked_egress::{refusal_behind, SharedPolicy, TargetClient};
+use sked_egress::{refusal_behind, SendError, SharedPolicy, TargetClient};
 use sked_store::SecretName;
 use std::collections::BTreeMap;
 
@@ -30,14 +31,39 @@ impl Sender {
         notification: &NotificationRecord,
         hook: &Webhook,
     ) -> SendOutcome {
-        let url = match reqwest::Url::parse(hook.url.trim()) {
+        // A job's rule's values are sealed for the job; a namespace's default rule's (its URL
+        // too), for the namespace.
+        let bindings = [
+            Binding::Job {
+                namespace: &notification.namespace,
+                job: &notification.job,
+            },
+            Binding::Namespace(&notification.namespace),
+        ];
+        let url = if is_sealed(&hook.url) {
+            let key = state.config.secret_key.as_ref();
+            match open_value(key, &bindings, "webhook.url", &hook.url) {
+                Ok(url) => url,
+                Err(e) => return SendOutcome::Refused(e.to_string()),
+            }
+        } else {
+            hook.url.clone()
+        };
+        let url = match reqwest::Url::parse(url.trim()) {
             Ok(url) => url,
             Err(e) => return SendOutcome::Refused(format!("the webhook URL is not usable: {e}")),
         };
         if let Err(refused) = self.client.permits(&url) {
             return SendOutcome::Refused(refused.to_string());
         }
-        let headers = match opened_headers(state, &notification.namespace, hook).await {
+        // Headers whose values are secrets never follow a redirect to another origin.
+        let secret: Vec<HeaderName> = hook
+            .headers
+            .iter()
+            .filter(|(_, value)| !matches!(value, TargetValue::Plain(_)))
+            .filter_map(|(name, _)| HeaderName::from_bytes(name.as_bytes()).ok())
+            .collect();
+        let headers = match opened_headers(state, &bindings, hook).await {
             Ok(headers) => headers,
             Err(outcome) => return outcome,
         };
@@ -51,13 +77,24 @@ impl Sender {
         for (name, value) in &headers {
             request = request.header(name.as_str(), value.as_str());
         }
-        match request.send().await {
+        let request = match request.build() {
+            Ok(request) => request,
+            Err(e) => return SendOutcome::Refused(error_chain(&e.without_url())),
+        };
+        match self.client.send(request, &secret).await {
             Ok(response) => judge(response.status()),
-            Err(e) => match refusal_behind(&e) {
+            Err(SendError::Http(e)) => match refusal_behind(&e) {
                 Some(refused) => SendOutcome::Refused(refused.to_string()),
                 // reqwest names the URL in its errors; a webhook URL often holds a token.
                 None => SendOutcome::Failed(error_chain(&e.without_url())),
             },
+            Err(SendError::RedirectRefused { refused, .. }) => {
+                SendOutcome::Refused(format!("{refused} (on a redirect)"))
+            }
+            Err(SendError::BadRedirect { why, .. }) => SendOutcome::Refused(why),
+            Err(SendError::TooManyRedirects { .. }) => {
+                SendOutcome::Refused("the webhook redirected too many times".to_string())
+            }
         }
     }
 }
@@ -92,9 +129,10 @@ fn judge(status: reqwest::StatusCode) -> SendOutcome {
 /// from the namespace's secrets. A header that cannot be opened fails the send, naming it.
 async fn opened_headers(
     state: &AppState,
-    namespace: &str,
+    bindings: &[Binding<'_>],
     hook: &Webhook,
 ) -> Result<BTreeMap<String, String>, SendOutcome> {
+    let namespace = bindings.first().map_or("", Binding::namespace);
     let mut headers = hook.headers.clone();
     let wanted: Vec<SecretName> = headers
         .values()
@@ -117,6 +155,7 @@ async fn opened_headers(
         .collect();
     open_values(
         state.config.secret_key.as_ref(),
+        bindings,
         "webhook.headers",
         headers.iter_mut(),
         &refs,
