@@ -650,6 +650,85 @@ async fn a_new_server_writes_its_admin_token_privately_and_never_logs_it() {
     assert!(!logs.contains(&secret), "the token is not");
 }
 
+/// Starts `sked server` with `args` and waits for it to exit: the exit status and what it printed.
+fn start_that_stops(sked: &Sked, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let data = sked.data_dir();
+    let mut all = vec!["server", "--listen", &listen, "--data-dir"];
+    all.push(data.to_str().expect("utf-8"));
+    all.extend_from_slice(args);
+    let log = sked.dir.path().join(format!("refused-{}.log", free_port()));
+    let out = std::fs::File::create(&log).expect("log file");
+    let mut child = sked_command()
+        // The key file is the data directory's unless the arguments name one.
+        .env_remove("SKED_SECRET_KEY_FILE")
+        .args(&all)
+        .stdout(out.try_clone().expect("log file"))
+        .stderr(out)
+        .spawn()
+        .expect("start sked");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return (status, std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "sked server {args:?} did not stop: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn a_key_or_token_file_others_may_read_stops_the_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let sked = Sked::new();
+    let dir = sked.dir.path();
+    let (token_file, key_file) = (dir.join("admin.token"), dir.join("elsewhere.key"));
+    std::fs::write(&token_file, ADMIN_TOKEN).expect("write");
+    std::fs::write(&key_file, common::SECRET_KEY).expect("write");
+    let chmod = |path: &std::path::Path, mode| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod")
+    };
+    let (token_arg, key_arg) = (
+        token_file.to_str().expect("utf-8"),
+        key_file.to_str().expect("utf-8"),
+    );
+    let args = [
+        "--admin-token-file",
+        token_arg,
+        "--secret-key-file",
+        key_arg,
+    ];
+    for (exposed, mode) in [(&token_file, 0o644), (&key_file, 0o640), (&key_file, 0o604)] {
+        chmod(&token_file, 0o600);
+        chmod(&key_file, 0o600);
+        chmod(exposed, mode);
+        let (status, said) = start_that_stops(&sked, &args);
+        assert!(!status.success(), "{said}");
+        let fix = format!("chmod 600 {}", exposed.display());
+        assert!(said.contains(&fix), "names the file and the fix: {said}");
+        assert!(!said.contains(ADMIN_TOKEN), "{said}");
+    }
+    // The key file in the data directory is judged the same way.
+    chmod(&token_file, 0o600);
+    let own_key = sked.data_dir().join("secret.key");
+    std::fs::create_dir_all(sked.data_dir()).expect("mkdir");
+    std::fs::write(&own_key, common::SECRET_KEY).expect("write");
+    chmod(&own_key, 0o644);
+    let (status, said) = start_that_stops(&sked, &["--admin-token-file", token_arg]);
+    assert!(!status.success(), "{said}");
+    assert!(
+        said.contains(&format!("chmod 600 {}", own_key.display())),
+        "{said}"
+    );
+}
+
 #[tokio::test]
 async fn the_cli_creates_lists_and_revokes_tokens() {
     let mut sked = Sked::new();
@@ -880,7 +959,7 @@ async fn a_secret_is_sealed_at_rest_never_shown_and_opened_only_for_the_run() {
         .as_str()
         .expect("a sealed value")
         .to_string();
-    assert!(sealed.starts_with("v1:"), "{sealed}");
+    assert!(sealed.starts_with("v2:"), "{sealed}");
 
     let (_, run) = sked.post("/jobs/uses-secret/trigger", json!(null)).await;
     let id = run["id"].as_i64().expect("run id");
@@ -904,7 +983,7 @@ async fn a_secret_is_sealed_at_rest_never_shown_and_opened_only_for_the_run() {
     );
 
     // A made-up sealed value is refused, naming the field.
-    let forged = json!({"target": {"shell": {"command": "true", "env": {"X": {"sealed": "v1:00000000:AAAA"}}}}});
+    let forged = json!({"target": {"shell": {"command": "true", "env": {"X": {"sealed": "v2:00000000:AAAA"}}}}});
     let (status, answer) = sked.put_job("forged", forged).await;
     assert_eq!(status, 400, "{answer}");
     assert_eq!(answer["error"]["field"], "target.shell.env.X", "{answer}");
@@ -934,6 +1013,264 @@ async fn a_secret_is_sealed_at_rest_never_shown_and_opened_only_for_the_run() {
         !files.windows(needle.len()).any(|w| w == needle),
         "the secret is in a file of the data directory or a log"
     );
+}
+
+/// `method path` (under `/api/v1`) as `client`.
+async fn api(
+    sked: &Sked,
+    client: &reqwest::Client,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    call(client, method, sked.url(path), body).await
+}
+
+/// Triggers `job` of `namespace` and waits for its run: the run and its log.
+async fn run_job(sked: &Sked, namespace: &str, job: &str) -> (Value, String) {
+    let path = format!("/jobs/{job}/trigger?namespace={namespace}");
+    let (status, run) = sked.post(&path, json!(null)).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().expect("run id");
+    let run = sked.wait_finished(id, Duration::from_secs(20)).await;
+    let log = sked.run_log(id).await;
+    (run, log)
+}
+
+/// The embedded store of a stopped deployment, as the files hold it.
+fn stopped_store(sked: &mut Sked) -> sked_store::SqliteStore {
+    sked.server
+        .as_mut()
+        .expect("server")
+        .stop(Duration::from_secs(10));
+    sked_store::SqliteStore::open(&sked.data_dir().join("sked.db")).expect("open the store")
+}
+
+#[tokio::test]
+async fn a_sealed_value_opens_only_in_the_namespace_and_job_it_was_sealed_for() {
+    use sked_store::{SealedColumn, Store};
+    const SECRET: &str = "team-a-only-secret-5d1c0e";
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    sked.start_worker("w", 2);
+    let admin = sked.http.clone();
+    let viewer_a = client_for(
+        &sked,
+        "viewer-a",
+        json!({"role": "viewer", "namespaces": ["team-a"]}),
+    )
+    .await;
+    let editor_b = client_for(
+        &sked,
+        "editor-b",
+        json!({"role": "editor", "namespaces": ["team-b"], "shell": true}),
+    )
+    .await;
+    let printing = |env: Value| json!({"target": {"shell": {"command": "printf %s \"$PASSWORD\"", "env": env}}});
+    let (status, answer) = api(
+        &sked,
+        &admin,
+        Method::PUT,
+        "/jobs/nightly?namespace=team-a",
+        Some(printing(json!({"PASSWORD": {"secret": SECRET}}))),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+
+    // A viewer of team-a reads the sealed value; an editor of team-b pastes it in vain.
+    let (status, read) = api(
+        &sked,
+        &viewer_a,
+        Method::GET,
+        "/jobs/nightly?namespace=team-a",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{read}");
+    let sealed = read["target"]["shell"]["env"]["PASSWORD"].clone();
+    assert!(
+        sealed["sealed"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("v2:")),
+        "{read}"
+    );
+    let pasted = printing(json!({"PASSWORD": sealed}));
+    let (status, answer) = api(
+        &sked,
+        &editor_b,
+        Method::PUT,
+        "/jobs/steal?namespace=team-b",
+        Some(pasted.clone()),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(
+        answer["error"]["field"], "target.shell.env.PASSWORD",
+        "{answer}"
+    );
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("opens only in the job")),
+        "{answer}"
+    );
+    let (status, _) = api(
+        &sked,
+        &editor_b,
+        Method::GET,
+        "/jobs/steal?namespace=team-b",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "nothing was written");
+    // Nor does it open in another job of its own namespace.
+    let (status, answer) = api(
+        &sked,
+        &admin,
+        Method::PUT,
+        "/jobs/other?namespace=team-a",
+        Some(pasted),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    let (run, log) = run_job(&sked, "team-a", "nightly").await;
+    assert_eq!(run["state"], "succeeded", "{run}");
+    assert_eq!(log, SECRET, "it opens where it was sealed");
+
+    // A namespace secret's sealed value copied in the store into another namespace.
+    for (namespace, value) in [("team-a", SECRET), ("team-b", "team-b-own-value")] {
+        let path = format!("/secrets/db?namespace={namespace}");
+        let (status, answer) = api(
+            &sked,
+            &admin,
+            Method::PUT,
+            &path,
+            Some(json!({"value": value})),
+        )
+        .await;
+        assert_eq!(status, 201, "{answer}");
+    }
+    let uses_db = json!({"target": {"shell": {"command": "printf %s \"$PASSWORD\"", "env": {"PASSWORD": {"secret_ref": "db"}}}}});
+    let (status, answer) = api(
+        &sked,
+        &editor_b,
+        Method::PUT,
+        "/jobs/uses-db?namespace=team-b",
+        Some(uses_db),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    let (run, log) = run_job(&sked, "team-b", "uses-db").await;
+    assert_eq!(
+        (run["state"].as_str(), log.as_str()),
+        (Some("succeeded"), "team-b-own-value")
+    );
+    let store = stopped_store(&mut sked);
+    let stored = store.sealed_texts("v2:").await.expect("read the store");
+    let of = |namespace: &str| {
+        stored
+            .iter()
+            .find(|s| s.column == SealedColumn::Secret(namespace.into(), "db".into()))
+            .cloned()
+            .expect("the secret's row")
+    };
+    let (theirs, ours) = (of("team-a"), of("team-b"));
+    assert!(store
+        .replace_sealed(&ours, &theirs.text)
+        .await
+        .expect("copy"));
+    drop(store);
+    sked.start_server(&[]).await;
+    let (run, log) = run_job(&sked, "team-b", "uses-db").await;
+    assert_eq!(run["state"], "failed", "{run}");
+    assert!(!log.contains(SECRET), "{log}");
+    let error = run["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("PASSWORD") && !error.contains(SECRET),
+        "{run}"
+    );
+}
+
+#[tokio::test]
+async fn unbound_sealed_values_of_an_older_store_are_bound_where_they_are_at_start() {
+    use sked_server::secrets::{seal_unbound, SecretKey};
+    use sked_store::{SealedColumn, Store};
+    const SECRET: &str = "sealed-before-bindings-8c2e";
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    sked.start_worker("w", 2);
+    let job = json!({"target": {"shell": {"command": "printf %s \"$PASSWORD\"", "env": {"PASSWORD": {"secret": SECRET}}}}});
+    let (status, answer) = sked.put_job("keeper", job).await;
+    assert_eq!(status, 201, "{answer}");
+    let (status, answer) = call(
+        &sked.http,
+        Method::PUT,
+        sked.url("/secrets/db"),
+        Some(json!({"value": SECRET})),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+
+    // The store as a server before bindings left it: every value `v1:`.
+    let key = SecretKey::from_base64(common::SECRET_KEY).expect("the test key");
+    let store = stopped_store(&mut sked);
+    let v1 = seal_unbound(&key, SECRET);
+    for stored in store.sealed_texts("v2:").await.expect("read") {
+        let text = match stored.column {
+            SealedColumn::Secret(..) => v1.clone(),
+            _ => {
+                let json: Value = serde_json::from_str(&stored.text).expect("JSON");
+                let v2 = json["target"]["shell"]["env"]["PASSWORD"]["sealed"]
+                    .as_str()
+                    .expect("the sealed value")
+                    .to_string();
+                stored.text.replace(&v2, &v1)
+            }
+        };
+        assert!(store.replace_sealed(&stored, &text).await.expect("write"));
+    }
+    assert!(store.sealed_texts("v2:").await.expect("read").is_empty());
+    drop(store);
+
+    sked.start_server(&[]).await;
+    let (run, log) = run_job(&sked, "default", "keeper").await;
+    assert_eq!(
+        (run["state"].as_str(), log.as_str()),
+        (Some("succeeded"), SECRET),
+        "{run}"
+    );
+    let (_, read) = sked.get("/jobs/keeper").await;
+    let sealed = read["target"]["shell"]["env"]["PASSWORD"]["sealed"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(sealed.starts_with("v2:"), "{read}");
+    let uses_db = json!({"target": {"shell": {"command": "printf %s \"$PASSWORD\"", "env": {"PASSWORD": {"secret_ref": "db"}}}}});
+    assert_eq!(sked.put_job("uses-db", uses_db).await.0, 201);
+    let (run, log) = run_job(&sked, "default", "uses-db").await;
+    assert_eq!(
+        (run["state"].as_str(), log.as_str()),
+        (Some("succeeded"), SECRET),
+        "{run}"
+    );
+    // The old text opens nowhere now: pasted elsewhere, it is refused.
+    let pasted =
+        json!({"target": {"shell": {"command": "true", "env": {"PASSWORD": {"sealed": v1}}}}});
+    let (status, answer) = call(
+        &sked.http,
+        Method::PUT,
+        sked.url("/jobs/pasted?namespace=team-b"),
+        Some(pasted),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("v1")),
+        "{answer}"
+    );
+    let store = stopped_store(&mut sked);
+    assert_eq!(store.sealed_texts("v1:").await.expect("read"), Vec::new());
 }
 
 #[tokio::test]

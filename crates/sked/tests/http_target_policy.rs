@@ -1,7 +1,8 @@
 //! The HTTP target policy through the real binary: `sked server` keeps HTTP targets off
 //! internal addresses unless allowed, the worker refuses after resolving a name (and the target
 //! never hears of it), allow and deny rules decide, a redirect hop is judged like the first
-//! request, and a URL the policy refuses by itself is refused when the job is written.
+//! request and carries no secret header to another origin, a URL the policy refuses by itself
+//! is refused when the job is written, and so is every IPv6 form of an internal IPv4 address.
 
 mod common;
 
@@ -152,4 +153,142 @@ async fn allow_and_deny_rules_decide_for_every_hop() {
         "host localhost is denied by the rule localhost",
     )
     .await;
+}
+
+/// What a capturing server got: each request's path and headers.
+type Captured = Arc<std::sync::Mutex<Vec<(String, std::collections::BTreeMap<String, String>)>>>;
+
+/// A local HTTP server that records every request to `/capture` and sends any request to
+/// `/redirect/HOST:PORT/PATH` on to `http://HOST:PORT/PATH` (307: same method, same body).
+async fn capturing_server() -> (u16, Captured) {
+    let got: Captured = Arc::default();
+    let seen = got.clone();
+    let app = axum::Router::new()
+        .route(
+            "/capture",
+            axum::routing::any(
+                move |uri: axum::http::Uri, headers: axum::http::HeaderMap| {
+                    let seen = seen.clone();
+                    async move {
+                        let headers = headers
+                            .iter()
+                            .map(|(k, v)| {
+                                (k.to_string(), v.to_str().unwrap_or_default().to_string())
+                            })
+                            .collect();
+                        seen.lock().expect("lock").push((uri.to_string(), headers));
+                        "captured"
+                    }
+                },
+            ),
+        )
+        .route(
+            "/redirect/{*to}",
+            axum::routing::any(|Path(to): Path<String>| async move {
+                Redirect::temporary(&format!("http://{to}"))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, got)
+}
+
+#[tokio::test]
+async fn a_redirect_to_another_origin_carries_no_secret_header() {
+    let (a, got_a) = capturing_server().await;
+    let (b, got_b) = capturing_server().await;
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let (status, answer) = common::call(
+        &sked.http,
+        reqwest::Method::PUT,
+        sked.url("/secrets/api-token"),
+        Some(json!({"value": "from-a-reference"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    let headers = json!({
+        "X-Api-Key": {"secret": "sealed-api-key"},
+        "X-Token": {"secret_ref": "api-token"},
+        "Authorization": "Bearer given-in-clear",
+        "Cookie": "session=given-in-clear",
+        "X-Plain": "visible"
+    });
+    let job = |url: String| json!({"target": {"http": {"url": url, "headers": headers.clone()}}});
+    for (name, url) in [
+        (
+            "elsewhere",
+            format!("http://127.0.0.1:{a}/redirect/127.0.0.1:{b}/capture"),
+        ),
+        (
+            "same-origin",
+            format!("http://127.0.0.1:{a}/redirect/127.0.0.1:{a}/capture"),
+        ),
+    ] {
+        let (status, answer) = sked.put_job(name, job(url)).await;
+        assert_eq!(status, 201, "{answer}");
+        let (_, run) = sked.post(&format!("/jobs/{name}/trigger"), json!({})).await;
+        let id = run["id"].as_i64().expect("a run id");
+        let run = sked.wait_finished(id, Duration::from_secs(20)).await;
+        assert_eq!(run["state"], "succeeded", "{run}");
+    }
+    let elsewhere = got_b.lock().expect("lock").clone();
+    assert_eq!(elsewhere.len(), 1, "{elsewhere:?}");
+    let sent = &elsewhere[0].1;
+    assert_eq!(
+        sent.get("x-plain").map(String::as_str),
+        Some("visible"),
+        "{sent:?}"
+    );
+    for dropped in ["x-api-key", "x-token", "authorization", "cookie"] {
+        assert!(
+            !sent.contains_key(dropped),
+            "{dropped} went to another origin: {sent:?}"
+        );
+    }
+    // Within one origin, the request keeps what the job gave it.
+    let same = got_a.lock().expect("lock").clone();
+    assert_eq!(same.len(), 1, "{same:?}");
+    let kept = &same[0].1;
+    assert_eq!(
+        kept.get("x-api-key").map(String::as_str),
+        Some("sealed-api-key")
+    );
+    assert_eq!(
+        kept.get("x-token").map(String::as_str),
+        Some("from-a-reference")
+    );
+    assert_eq!(
+        kept.get("authorization").map(String::as_str),
+        Some("Bearer given-in-clear")
+    );
+}
+
+#[tokio::test]
+async fn every_ipv6_form_of_an_internal_ipv4_address_is_refused() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    for (url, kind) in [
+        ("http://[::127.0.0.1]/", "loopback"),
+        ("http://[::ffff:127.0.0.1]/", "loopback"),
+        ("http://[64:ff9b::7f00:1]/", "loopback"),
+        (
+            "http://[64:ff9b::a9fe:a9fe]/latest/meta-data/",
+            "link-local",
+        ),
+        ("http://[64:ff9b:1::7f00:1]/", "local-use NAT64"),
+        ("http://[2002:7f00:1::]/", "loopback"),
+        ("http://[2002:a00:1::1]/", "private"),
+        ("http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/", "loopback"),
+    ] {
+        refused_at_write(&sked, url, kind).await;
+    }
+    // The public address behind a NAT64 form is reachable as it would be itself.
+    let (status, answer) = sked
+        .put_job("public", http_job("http://[64:ff9b::808:808]/"))
+        .await;
+    assert_eq!(status, 201, "{answer}");
 }

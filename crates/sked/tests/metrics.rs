@@ -1,10 +1,12 @@
 //! `/metrics` through the real binary: the histograms and labelled counters an operator graphs
-//! fill as jobs run, and no job's name reaches a label. (That the Grafana dashboard queries
+//! fill as jobs run, no job's name reaches a label unless the job asks, and a job's own series
+//! are served only to a token that sees its namespace. (That the Grafana dashboard queries
 //! only metrics the server has is checked beside the registry, in `sked-server`'s metrics.)
 
 mod common;
 
-use common::{shell, Sked};
+use common::{call, client_with_token, shell, token, Sked};
+use reqwest::Method;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -151,4 +153,76 @@ async fn metrics_are_served_as_openmetrics_text() {
         "{text}"
     );
     assert!(text.ends_with("# EOF\n"), "{text}");
+}
+
+/// `/metrics` as `client` gets it: the status and the text.
+async fn metrics_as(sked: &Sked, client: &reqwest::Client) -> (u16, String) {
+    let resp = client
+        .get(format!("{}/metrics", sked.base()))
+        .send()
+        .await
+        .expect("metrics");
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_jobs_own_series_are_served_only_to_a_token_that_sees_its_namespace() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    sked.start_worker("w", 4);
+    for (namespace, name) in [("team-a", "alpha-named-job"), ("team-b", "bravo-named-job")] {
+        let job =
+            json!({"schedule": {"every": "200ms"}, "target": shell("true"), "job_metrics": true});
+        let url = sked.url(&format!("/jobs/{name}?namespace={namespace}"));
+        let (status, body) = call(&sked.http, Method::PUT, url, Some(job)).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let named = |text: &str, job: &str| {
+        text.lines()
+            .any(|l| l.starts_with("sked_job_runs_total{") && l.contains(job))
+    };
+    // The admin token sees every namespace, so both jobs' series.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, text) = metrics_as(&sked, &sked.http).await;
+        if named(&text, "alpha-named-job") && named(&text, "bravo-named-job") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no per-job series yet:\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Without a token: the aggregate series, no job's name.
+    let (status, text) = metrics_as(&sked, &client_with_token(None)).await;
+    assert_eq!(status, 200);
+    assert!(
+        sample(
+            &text,
+            "sked_runs_total",
+            &[("namespace", "team-a"), ("outcome", "succeeded")]
+        )
+        .is_some_and(|v| v >= 1.0),
+        "{text}"
+    );
+    for job in ["alpha-named-job", "bravo-named-job"] {
+        assert!(!text.contains(job), "{job} shown without a token:\n{text}");
+    }
+    assert!(text.ends_with("# EOF\n"), "{text}");
+
+    // A viewer of team-a: team-a's job, not team-b's.
+    let viewer = token(
+        &sked,
+        "viewer-a",
+        json!({"role": "viewer", "namespaces": ["team-a"]}),
+    )
+    .await;
+    let (status, text) = metrics_as(&sked, &client_with_token(Some(&viewer))).await;
+    assert_eq!(status, 200);
+    assert!(named(&text, "alpha-named-job"), "{text}");
+    assert!(!text.contains("bravo-named-job"), "{text}");
+
+    // A token that is sent must be valid.
+    let (status, _) = metrics_as(&sked, &client_with_token(Some("sked_not-a-token"))).await;
+    assert_eq!(status, 401);
 }

@@ -1,7 +1,8 @@
 //! Alerts, black-box: a job's `notify` rules send a webhook or an email when a run fails,
 //! recovers or is missed; a send that fails is retried, survives a SIGKILL of the server, and
-//! each notification is delivered once; secrets in webhook headers reach only the request, and
-//! definitions a rule cannot honour are refused with the field at fault.
+//! each notification is delivered once; secrets in webhook headers reach only the request (never
+//! another origin a redirect names), a namespace's default webhook URL is a secret no answer
+//! shows, and definitions a rule cannot honour are refused with the field at fault.
 
 mod common;
 
@@ -406,4 +407,190 @@ async fn rules_that_cannot_be_honoured_are_refused_with_the_field_at_fault() {
     let (status, body) = sked.get("/notifications?state=lost").await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["field"], "state");
+}
+
+/// What a capturing receiver got: each request's URI and headers.
+type Captured = Arc<Mutex<Vec<(String, BTreeMap<String, String>)>>>;
+
+/// A receiver that records every request to `/capture` and sends any request to
+/// `/redirect/HOST:PORT/PATH` on to `http://HOST:PORT/PATH` (307: still a POST with its body).
+async fn capturing_receiver() -> (u16, Captured) {
+    let got: Captured = Arc::default();
+    let seen = got.clone();
+    let app = axum::Router::new()
+        .route(
+            "/capture",
+            axum::routing::any(
+                move |uri: axum::http::Uri, headers: axum::http::HeaderMap| {
+                    let seen = seen.clone();
+                    async move {
+                        let headers = headers
+                            .iter()
+                            .map(|(k, v)| {
+                                (k.to_string(), v.to_str().unwrap_or_default().to_string())
+                            })
+                            .collect();
+                        seen.lock().unwrap().push((uri.to_string(), headers));
+                        "captured"
+                    }
+                },
+            ),
+        )
+        .route(
+            "/redirect/{*to}",
+            axum::routing::any(
+                |axum::extract::Path(to): axum::extract::Path<String>| async move {
+                    axum::response::Redirect::temporary(&format!("http://{to}"))
+                },
+            ),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, got)
+}
+
+/// Waits until `got` holds `count` requests.
+async fn captured(got: &Captured, count: usize) -> Vec<(String, BTreeMap<String, String>)> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = got.lock().unwrap().clone();
+        if now.len() >= count {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {count}: {now:?}",
+            now.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_webhook_redirected_to_another_origin_carries_no_secret_header() {
+    let (a, _) = capturing_receiver().await;
+    let (b, got_b) = capturing_receiver().await;
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let job = json!({
+        "target": shell("exit 1"),
+        "notify": [{
+            "on": ["failed"],
+            "webhook": {
+                "url": format!("http://127.0.0.1:{a}/redirect/127.0.0.1:{b}/capture"),
+                "headers": {
+                    "X-Api-Key": {"secret": "sealed-hook-key"},
+                    "Authorization": "Bearer clear-hook-token",
+                    "X-Plain": "visible"
+                }
+            }
+        }]
+    });
+    let (status, body) = sked.put_job("fails", job).await;
+    assert_eq!(status, 201, "{body}");
+    let run = trigger(&sked, "fails").await;
+    sked.wait_finished(run, Duration::from_secs(20)).await;
+    let got = captured(&got_b, 1).await;
+    let sent = &got[0].1;
+    assert_eq!(
+        sent.get("sked-event").map(String::as_str),
+        Some("failed"),
+        "{sent:?}"
+    );
+    assert_eq!(
+        sent.get("x-plain").map(String::as_str),
+        Some("visible"),
+        "{sent:?}"
+    );
+    for dropped in ["x-api-key", "authorization"] {
+        assert!(
+            !sent.contains_key(dropped),
+            "{dropped} went to another origin: {sent:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_namespaces_default_webhook_url_is_a_secret_no_answer_shows() {
+    const TOKEN: &str = "hook-token-in-url-77e1";
+    let (port, got) = capturing_receiver().await;
+    let mut sked = Sked::new();
+    sked.start_server(&["--http-target-allow", "127.0.0.1/32"])
+        .await;
+    sked.start_worker("w", 2);
+    let url = format!("http://127.0.0.1:{port}/capture?token={TOKEN}");
+    let settings = json!({"notify": [{"on": ["failed"], "webhook": {"url": url}}]});
+    let (status, body) = common::call(
+        &sked.http,
+        reqwest::Method::PUT,
+        sked.url("/namespaces/team-a"),
+        Some(settings),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let shown = body["notify"][0]["webhook"]["url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        shown.starts_with("v2:") && !body.to_string().contains(TOKEN),
+        "{body}"
+    );
+
+    // Neither a viewer nor the admin reads it back in clear, in any answer.
+    let viewer = common::client_for(
+        &sked,
+        "viewer-a",
+        json!({"role": "viewer", "namespaces": ["team-a"]}),
+    )
+    .await;
+    for client in [&viewer, &sked.http] {
+        for path in ["/namespaces/team-a", "/namespaces"] {
+            let (status, body) =
+                common::call(client, reqwest::Method::GET, sked.url(path), None).await;
+            assert_eq!(status, 200, "{body}");
+            assert!(!body.to_string().contains(TOKEN), "{path}: {body}");
+        }
+    }
+    let (_, audit) = sked.get("/audit?limit=100").await;
+    assert!(!audit.to_string().contains(TOKEN), "{audit}");
+
+    // Sent back as it was read, it is kept; a failed run of the namespace is delivered to it.
+    let (status, body) = common::call(
+        &sked.http,
+        reqwest::Method::PUT,
+        sked.url("/namespaces/team-a"),
+        Some(json!({"notify": [{"on": ["failed"], "webhook": {"url": shown}}]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = common::call(
+        &sked.http,
+        reqwest::Method::PUT,
+        sked.url("/jobs/fails?namespace=team-a"),
+        Some(json!({"target": shell("exit 1")})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, run) = sked
+        .post("/jobs/fails/trigger?namespace=team-a", json!(null))
+        .await;
+    assert_eq!(status, 201, "{run}");
+    let got = captured(&got, 1).await;
+    assert_eq!(got[0].0, format!("/capture?token={TOKEN}"), "{got:?}");
+    let (_, listed) = sked.get("/notifications?namespace=team-a").await;
+    assert!(!listed.to_string().contains(TOKEN), "{listed}");
+    // Pasted into another namespace's settings, the sealed URL does not open.
+    let (status, body) = common::call(
+        &sked.http,
+        reqwest::Method::PUT,
+        sked.url("/namespaces/team-b"),
+        Some(json!({"notify": [{"on": ["failed"], "webhook": {"url": shown}}]})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["field"], "notify[0].webhook.url", "{body}");
 }
