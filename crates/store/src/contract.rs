@@ -2856,6 +2856,28 @@ pub async fn namespace_secrets_are_kept_sealed_and_listed_without_values(store: 
     assert_eq!(found[&key("team-b", "db-password")], "v1:sealed-b");
     assert!(store.sealed_secrets(&[]).await.unwrap().is_empty());
 
+    // Sealed again in place (a newer format): only while the text is still the one read.
+    let stored = store.sealed_texts("v1:sealed-b").await.unwrap();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(
+        stored[0].column,
+        crate::SealedColumn::Secret("team-b".into(), "db-password".into())
+    );
+    assert_eq!(
+        (stored[0].namespace.as_str(), stored[0].job.as_deref()),
+        ("team-b", None)
+    );
+    assert!(store
+        .replace_sealed(&stored[0], "v2:sealed-b")
+        .await
+        .unwrap());
+    assert!(!store.replace_sealed(&stored[0], "v2:stale").await.unwrap());
+    let found = store
+        .sealed_secrets(&[key("team-b", "db-password")])
+        .await
+        .unwrap();
+    assert_eq!(found[&key("team-b", "db-password")], "v2:sealed-b");
+
     assert_eq!(
         store.delete_secret("team-a", "db-password").await.unwrap(),
         Some(again)
