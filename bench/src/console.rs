@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use sked_core::job::JobSpec;
 use sked_core::stats::percentiles;
 use sked_core::{AttemptOutcome, RunState, Trigger};
-use sked_store::{AttemptReport, AttemptStart, Fire, NewWorker, PutMode, Store};
+use sked_store::{AttemptReport, AttemptStart, Audit, Fire, NewWorker, PutMode, Store};
 use std::sync::Arc;
 
 pub struct Options<'a> {
@@ -149,7 +149,9 @@ async fn write_jobs(store: &Arc<dyn Store>, jobs: usize) -> Result<Vec<i64>> {
                 let job = spec
                     .validate(Some(&format!("console-{i:07}")), now)
                     .context("benchmark job")?;
-                let (_, record) = store.put_job("default", &job, PutMode::Upsert, now).await?;
+                let (_, record) = store
+                    .put_job("default", &job, PutMode::Upsert, now, Audit::none())
+                    .await?;
                 anyhow::Ok(record.id)
             }
         })
@@ -173,6 +175,7 @@ async fn write_runs(store: &dyn Store, ids: &[i64], runs: usize) -> Result<(i64,
                 slots: BATCH as u32,
                 namespaces: vec!["*".into()],
                 token_id: None,
+                publisher: false,
             },
             Utc::now(),
         )
@@ -196,7 +199,7 @@ async fn write_runs(store: &dyn Store, ids: &[i64], runs: usize) -> Result<(i64,
             })
             .collect();
         let now = Utc::now();
-        let fired = store.record_fires(&fires, now).await?;
+        let fired = store.record_fires(&fires, now, Audit::none()).await?;
         let starts: Vec<AttemptStart> = fired
             .runs
             .iter()

@@ -10,7 +10,7 @@ use sked_core::records::RunRecord;
 use sked_core::stats::{percentiles, Percentiles};
 use sked_core::Instant;
 use sked_server::ServerConfig;
-use sked_store::{PgStore, PutMode, RunQuery, SqliteStore, Store};
+use sked_store::{Audit, PgStore, PutMode, RunQuery, SqliteStore, Store};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -107,7 +107,9 @@ pub async fn store_with_jobs(
             async move {
                 let now = Utc::now();
                 let job = spec.validate(Some(&name), now).context("benchmark job")?;
-                store.put_job("default", &job, PutMode::Upsert, now).await?;
+                store
+                    .put_job("default", &job, PutMode::Upsert, now, Audit::none())
+                    .await?;
                 anyhow::Ok(())
             }
         })

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use sked_core::job::JobSpec;
 use sked_core::stats::percentiles;
 use sked_core::{AttemptOutcome, RunState, Trigger};
-use sked_store::{AttemptReport, AttemptStart, Fire, NewWorker, PutMode};
+use sked_store::{AttemptReport, AttemptStart, Audit, Fire, NewWorker, PutMode};
 
 pub struct Options<'a> {
     pub database_url: Option<&'a str>,
@@ -48,7 +48,9 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
                 let job = spec
                     .validate(Some(&format!("ledger-{i:07}")), now)
                     .context("benchmark job")?;
-                let (_, record) = store.put_job("default", &job, PutMode::Upsert, now).await?;
+                let (_, record) = store
+                    .put_job("default", &job, PutMode::Upsert, now, Audit::none())
+                    .await?;
                 anyhow::Ok(record.id)
             }
         })
@@ -67,6 +69,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
                 slots: u32::try_from(batch).unwrap_or(u32::MAX),
                 namespaces: vec!["*".into()],
                 token_id: None,
+                publisher: false,
             },
             Utc::now(),
         )
@@ -98,7 +101,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
             .collect();
         let now = Utc::now();
         let t = std::time::Instant::now();
-        let fired = store.record_fires(&fires, now).await?;
+        let fired = store.record_fires(&fires, now, Audit::none()).await?;
         timings[0].push(ms(t));
         let starts: Vec<AttemptStart> = fired
             .runs

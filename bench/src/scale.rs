@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use sked_core::job::JobSpec;
 use sked_core::records::RunRecord;
 use sked_core::stats::percentiles;
-use sked_store::{PutMode, RunQuery, SqliteStore, Store};
+use sked_store::{Audit, PutMode, RunQuery, SqliteStore, Store};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration as Span, Instant as Clock};
@@ -251,7 +251,9 @@ async fn prepare(dir: &Path, n: usize) -> Result<(Marker, Value)> {
         let now = Utc::now();
         let name = job_name(i);
         let job = spec.validate(Some(&name), now).context("benchmark job")?;
-        store.put_job("default", &job, PutMode::Upsert, now).await?;
+        store
+            .put_job("default", &job, PutMode::Upsert, now, Audit::none())
+            .await?;
         if last_report.elapsed() > Span::from_secs(10) {
             last_report = Clock::now();
             let done = i + 1 - from;

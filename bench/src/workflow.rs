@@ -20,7 +20,7 @@ use sked_core::records::RunRecord;
 use sked_core::run::RunState;
 use sked_core::stats::percentiles;
 use sked_core::Instant;
-use sked_store::PutMode;
+use sked_store::{Audit, PutMode};
 use std::collections::HashMap;
 use std::time::Instant as Clock;
 
@@ -100,7 +100,13 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     for (job, spec) in specs {
         let valid = spec.validate(Some(&job), now).context("benchmark job")?;
         store
-            .put_job("default", &valid, PutMode::Upsert, Utc::now())
+            .put_job(
+                "default",
+                &valid,
+                PutMode::Upsert,
+                Utc::now(),
+                Audit::none(),
+            )
             .await?;
     }
     let create_s = created.elapsed().as_secs_f64();

@@ -199,6 +199,49 @@ pub struct WorkerRecord {
     /// development server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_id: Option<i64>,
+    /// Where it stands: what `alive`, `draining` and a clean stop say together.
+    #[serde(default)]
+    pub state: WorkerState,
+    /// A server node's own publisher of broker targets, not a worker process: shown apart
+    /// from the workers, and its slots (messages published at once) are no worker pool's.
+    #[serde(default)]
+    pub publisher: bool,
+}
+
+/// Where a worker stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    /// Heartbeating and handed attempts.
+    #[default]
+    Active,
+    /// Heartbeating, handed nothing new, and exiting once what it runs ends.
+    Draining,
+    /// It stopped cleanly and said so (`POST /workers/{id}/deregister`): nothing was lost.
+    Stopped,
+    /// It stopped heartbeating and was declared dead: its attempts were lost.
+    Lost,
+}
+
+impl WorkerState {
+    /// The state of a worker row: `stopped` is a clean stop the worker reported.
+    pub fn of(alive: bool, draining: bool, stopped: bool) -> WorkerState {
+        match (alive, draining, stopped) {
+            (true, false, _) => WorkerState::Active,
+            (true, true, _) => WorkerState::Draining,
+            (false, _, true) => WorkerState::Stopped,
+            (false, _, false) => WorkerState::Lost,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Active => "active",
+            WorkerState::Draining => "draining",
+            WorkerState::Stopped => "stopped",
+            WorkerState::Lost => "lost",
+        }
+    }
 }
 
 /// A server node of the cluster, as the lease tables see it.
@@ -269,4 +312,22 @@ pub struct AuditRecord {
     pub id: i64,
     #[serde(flatten)]
     pub entry: AuditEntry,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clean_stop_is_stopped_and_silence_is_lost() {
+        assert_eq!(WorkerState::of(true, false, false), WorkerState::Active);
+        assert_eq!(WorkerState::of(true, true, false), WorkerState::Draining);
+        assert_eq!(WorkerState::of(false, true, true), WorkerState::Stopped);
+        assert_eq!(WorkerState::of(false, false, true), WorkerState::Stopped);
+        assert_eq!(WorkerState::of(false, true, false), WorkerState::Lost);
+        assert_eq!(
+            serde_json::to_value(WorkerState::Stopped).ok(),
+            Some(serde_json::json!("stopped"))
+        );
+    }
 }

@@ -57,13 +57,10 @@ pub async fn start(
     };
     // Dropped before this (the request went away, or starting failed), the handout puts its
     // runs back in line.
-    let started = state.health.report(
-        "attempt start",
-        state
-            .metrics
-            .store_call("start_attempts", state.store.start_attempts(&starts, now))
-            .await,
-    )?;
+    let started = state
+        .metrics
+        .store_call("start_attempts", state.store.start_attempts(&starts, now))
+        .await?;
     let runs = handout.started();
     let mut attempts = Vec::with_capacity(runs.len());
     for ((run, start), started) in runs.into_iter().zip(starts).zip(started) {
@@ -150,16 +147,13 @@ pub async fn complete(
     reports: &[AttemptReport],
 ) -> Result<Vec<CompletionResult>, ApiError> {
     let now = Utc::now();
-    let effects = state.health.report(
-        "completion",
-        state
-            .metrics
-            .store_call(
-                "complete_attempts",
-                state.store.complete_attempts(reports, now),
-            )
-            .await,
-    )?;
+    let effects = state
+        .metrics
+        .store_call(
+            "complete_attempts",
+            state.store.complete_attempts(reports, now),
+        )
+        .await?;
     let mut requeued = Vec::new();
     let mut retries = 0;
     let mut results = Vec::with_capacity(effects.len());

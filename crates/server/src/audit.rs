@@ -1,11 +1,12 @@
 //! The audit trail as handlers write it: who changed what, from where, before and after, with
-//! the values that may hold secrets taken out. Reading it is `api/audit.rs`; keeping it is the
-//! store's.
+//! the values that may hold secrets taken out. A handler hands its audit to the store with the
+//! write ([`by`]), so that the change and its entry commit together or not at all. Reading it is
+//! `api/audit.rs`; keeping it is the store's.
 
 use crate::auth::Caller;
-use crate::AppState;
 use serde_json::Value;
 use sked_core::records::AuditEntry;
+use sked_store::Audit;
 
 /// What replaces a value that may be a secret.
 pub const REDACTED: &str = "(redacted)";
@@ -15,36 +16,43 @@ pub const REDACTED: &str = "(redacted)";
 const SECRET_MAPS: &[&str] = &["env", "headers"];
 
 /// One change to record.
-pub struct Change<'a> {
+pub struct Change {
     /// `job.put`, `job.delete`, `run.cancel`, `token.create`…
-    pub action: &'a str,
-    pub namespace: Option<&'a str>,
+    pub action: &'static str,
+    pub namespace: Option<String>,
     pub object: Option<String>,
     pub before: Option<Value>,
     pub after: Option<Value>,
 }
 
-/// Appends `change` by `caller` to the audit trail before the request is answered. A store
-/// that cannot take it does not undo the change: the failure is logged as an error.
-pub async fn record(state: &AppState, caller: &Caller, change: Change<'_>) {
-    let entry = AuditEntry {
-        at: chrono::Utc::now(),
-        actor: caller.name.clone(),
-        actor_id: caller.token_id,
-        peer: caller.peer.map(|p| p.to_string()),
-        action: change.action.to_string(),
-        namespace: change.namespace.map(str::to_string),
-        object: change.object,
-        before: change.before.map(redacted),
-        after: change.after.map(redacted),
-    };
-    if let Err(e) = state.store.append_audit(&[entry]).await {
-        tracing::error!(
-            "cannot record {} by {} in the audit trail: {e}",
-            change.action,
-            caller.name
-        );
-    }
+/// The audit of a write by `caller`, for the store to write in the change's own transaction:
+/// `changes` says, from what the write did, which changes it made (none when it changed
+/// nothing). A change whose entry cannot be written is not made: the request fails instead.
+pub fn by<T, C>(caller: &Caller, changes: impl Fn(&T) -> C + Send + Sync + 'static) -> Audit<T>
+where
+    T: 'static,
+    C: IntoIterator<Item = Change> + 'static,
+{
+    let actor = caller.name.clone();
+    let actor_id = caller.token_id;
+    let peer = caller.peer.map(|p| p.to_string());
+    Audit::new(move |outcome| {
+        let at = chrono::Utc::now();
+        changes(outcome)
+            .into_iter()
+            .map(|change| AuditEntry {
+                at,
+                actor: actor.clone(),
+                actor_id,
+                peer: peer.clone(),
+                action: change.action.to_string(),
+                namespace: change.namespace,
+                object: change.object,
+                before: change.before.map(redacted),
+                after: change.after.map(redacted),
+            })
+            .collect()
+    })
 }
 
 /// `value` with every value under an `env` or `headers` object replaced by [`REDACTED`].

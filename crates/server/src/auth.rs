@@ -15,7 +15,7 @@ use sked_core::auth::{Denied, Grant, TokenRecord};
 use sked_core::records::AuditEntry;
 use sked_core::throttle::Throttle;
 use sked_core::Instant;
-use sked_store::{NewToken, Store, StoreError};
+use sked_store::{Audit, NewToken, Store, StoreError};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -288,7 +288,7 @@ pub async fn ensure_admin_token(
         hash,
         expires_at: None,
     };
-    match store.create_token(&token, now).await {
+    match store.create_token(&token, now, Audit::none()).await {
         Ok(_) => Ok(name),
         // Another node of the cluster, started with the same file, made it first; anything
         // else holding the name (a token made by hand, another secret with the same hash
@@ -324,14 +324,17 @@ mod tests {
             ensure_admin_token(&store, &secret, now).await.unwrap(),
             name
         );
-        store.revoke_token(&name).await.unwrap();
+        store.revoke_token(&name, Audit::none()).await.unwrap();
         let squatter = NewToken {
             name: name.clone(),
             grant: Grant::open(),
             hash: hash_secret("another secret"),
             expires_at: None,
         };
-        store.create_token(&squatter, now).await.unwrap();
+        store
+            .create_token(&squatter, now, Audit::none())
+            .await
+            .unwrap();
         assert!(matches!(
             ensure_admin_token(&store, &secret, now).await,
             Err(StoreError::Conflict(_))

@@ -181,11 +181,11 @@ pub async fn serve(
     let events = store.subscribe().await?;
     let dispatcher = Arc::new(dispatch::Dispatcher::new(metrics.clone()));
     let health = Arc::new(health::StoreHealth::default());
+    store.observe_writes(health.clone());
     let (firing, firing_loop) = firing::FiringLoop::new(
         store.clone(),
         dispatcher.clone(),
         metrics.clone(),
-        health.clone(),
         config.fire_batch,
         config.backlog,
     );

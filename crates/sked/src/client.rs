@@ -544,10 +544,15 @@ impl Client {
                     .unwrap_or_default();
                 vec![
                     text(&w["id"]),
-                    match (w["alive"].as_bool(), w["draining"].as_bool()) {
-                        (Some(true), Some(true)) => "draining".into(),
-                        (Some(true), _) => "alive".into(),
-                        _ => "dead".into(),
+                    match (w["state"].as_str(), w["publisher"].as_bool()) {
+                        (Some(state), Some(true)) => format!("{state} (publisher)"),
+                        (Some(state), _) => state.to_string(),
+                        // A server from before worker states.
+                        (None, _) => match (w["alive"].as_bool(), w["draining"].as_bool()) {
+                            (Some(true), Some(true)) => "draining".into(),
+                            (Some(true), _) => "alive".into(),
+                            _ => "dead".into(),
+                        },
                     },
                     format!("{}/{}", text(&w["running"]), text(&w["slots"])),
                     match &w["load"] {

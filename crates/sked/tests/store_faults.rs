@@ -336,3 +336,180 @@ async fn a_running_store_is_backed_up_and_the_copy_restores() {
         );
     }
 }
+
+/// The audit trail's entries, newest first, as `(action, object)`.
+async fn audit_trail(sked: &Sked) -> Vec<(String, String)> {
+    let (status, page) = sked.get("/audit?limit=100").await;
+    assert_eq!(status, 200, "{page}");
+    page["entries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| {
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+            (text(&e["action"]), text(&e["object"]))
+        })
+        .collect()
+}
+
+/// A change and its audit entry commit together or not at all, for every audited write. While
+/// the store refuses audit entries (a trigger on the table stands in for a disk that refuses
+/// them), each change fails with nothing changed and no entry, and `/readyz` says the store
+/// cannot commit; once entries are taken again, the node is ready and the same changes are
+/// made with their entries.
+#[tokio::test]
+async fn a_change_is_made_only_with_its_audit_entry_and_readyz_says_when_writes_fail() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let job = json!({"target": shell("sleep 30")});
+    assert_eq!(sked.put_job("kept", job.clone()).await.0, 201);
+    let (status, run) = sked.post("/jobs/kept/trigger", json!({})).await;
+    assert_eq!(status, 201, "{run}");
+    let run_id = run["id"].as_i64().expect("run id");
+    let (status, _) = sked
+        .post(
+            "/tokens",
+            json!({"name": "old", "role": "viewer", "namespaces": ["default"]}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let trail = audit_trail(&sked).await;
+
+    let db = rusqlite::Connection::open(db(&sked)).expect("open the store beside the server");
+    db.busy_timeout(Duration::from_secs(10))
+        .expect("busy timeout");
+    db.execute_batch(
+        "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit \
+         BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END;",
+    )
+    .expect("refuse audit entries");
+
+    // Each audited write, with a look that says whether it was made.
+    let changes: [(reqwest::Method, &str, serde_json::Value); 9] = [
+        (reqwest::Method::PUT, "/jobs/fresh", job.clone()),
+        (
+            reqwest::Method::PUT,
+            "/jobs/kept",
+            json!({"target": shell("sleep 31")}),
+        ),
+        (reqwest::Method::POST, "/jobs/kept/trigger", json!({})),
+        (reqwest::Method::POST, "/jobs/kept/pause", json!({})),
+        (
+            reqwest::Method::POST,
+            &format!("/runs/{run_id}/cancel"),
+            json!({}),
+        ),
+        (
+            reqwest::Method::POST,
+            "/tokens",
+            json!({"name": "new", "role": "viewer", "namespaces": ["default"]}),
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/tokens/old",
+            serde_json::Value::Null,
+        ),
+        (
+            reqwest::Method::PUT,
+            "/namespaces/team",
+            json!({"max_jobs": 5}),
+        ),
+        (
+            reqwest::Method::PUT,
+            "/secrets/pw?namespace=default",
+            json!({"value": "x"}),
+        ),
+    ];
+    let runs_before = sked.runs("kept").await.len();
+    for (method, path, body) in &changes {
+        let body = (!body.is_null()).then(|| body.clone());
+        let (status, answer) = common::call(&sked.http, method.clone(), sked.url(path), body).await;
+        assert_eq!(status, 500, "{method} {path} without its entry: {answer}");
+    }
+    let (status, body) = readyz(&sked).await;
+    assert_eq!(
+        status, 503,
+        "a failed API write makes the node unready: {body}"
+    );
+    assert!(body.contains("cannot commit"), "{body}");
+
+    // Nothing changed.
+    assert_eq!(sked.get("/jobs/fresh").await.0, 404);
+    let (_, kept) = sked.get("/jobs/kept").await;
+    assert_eq!(kept["target"]["shell"]["command"], "sleep 30", "{kept}");
+    assert_eq!(kept["paused"], json!(false), "{kept}");
+    assert_eq!(sked.runs("kept").await.len(), runs_before);
+    assert_eq!(sked.run(run_id).await["state"], "queued");
+    let (_, tokens) = sked.get("/tokens").await;
+    let names: Vec<&str> = tokens["tokens"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        names.contains(&"old") && !names.contains(&"new"),
+        "{tokens}"
+    );
+    assert_eq!(
+        sked.get("/namespaces/team").await.1["configured"],
+        json!(false)
+    );
+    let (_, secrets) = sked.get("/secrets?namespace=default").await;
+    assert_eq!(secrets["secrets"], json!([]), "{secrets}");
+    assert_eq!(audit_trail(&sked).await, trail);
+
+    // Entries are taken again: the node is ready once a write commits past the hold, and the
+    // same changes are made, each with its entry.
+    db.execute_batch("DROP TRIGGER refuse_audit;")
+        .expect("take audit entries again");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = readyz(&sked).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/readyz stayed {status}: {body}");
+        // A write of its own, in case nothing else writes meanwhile.
+        let (status, _) = sked.put_job("kept", job.clone()).await;
+        assert_eq!(status, 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (method, path, body) in &changes {
+        let body = (!body.is_null()).then(|| body.clone());
+        let (status, answer) = common::call(&sked.http, method.clone(), sked.url(path), body).await;
+        assert!(status < 300, "{method} {path}: {status} {answer}");
+    }
+    let actions: Vec<String> = audit_trail(&sked)
+        .await
+        .into_iter()
+        .take(changes.len())
+        .map(|(action, _)| action)
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "secret.put",
+            "namespace.put",
+            "token.revoke",
+            "token.create",
+            "run.cancel",
+            "job.pause",
+            "job.trigger",
+            "job.put",
+            "job.put",
+        ],
+    );
+}
+
+async fn readyz(sked: &Sked) -> (u16, String) {
+    let resp = sked
+        .http
+        .get(format!("{}/readyz", sked.base()))
+        .send()
+        .await
+        .expect("readyz");
+    (
+        resp.status().as_u16(),
+        resp.text().await.unwrap_or_default(),
+    )
+}

@@ -201,3 +201,105 @@ async fn a_drained_worker_finishes_its_attempts_takes_nothing_more_and_exits() {
     let run = sked.wait_finished(quick, Duration::from_secs(20)).await;
     assert_eq!(run["state"], "succeeded", "{run}");
 }
+
+/// A console page as the admin sees it: logs in with the admin token, then gets `path`.
+async fn console_page(sked: &Sked, path: &str) -> String {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let login = client
+        .post(format!("{}/login", sked.base()))
+        .form(&[("token", common::ADMIN_TOKEN), ("next", "/")])
+        .send()
+        .await
+        .expect("login");
+    let cookie = login
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    let page = client
+        .get(format!("{}{path}", sked.base()))
+        .header(reqwest::header::COOKIE, cookie)
+        .send()
+        .await
+        .expect("page");
+    assert_eq!(page.status(), 200, "{path}");
+    page.text().await.unwrap_or_default()
+}
+
+/// The registered workers, by name.
+async fn workers_by_name(sked: &Sked) -> std::collections::BTreeMap<String, Value> {
+    let (status, list) = sked.get("/workers").await;
+    assert_eq!(status, 200, "{list}");
+    list["workers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|w| (w["name"].as_str().unwrap_or_default().to_string(), w))
+        .collect()
+}
+
+/// A worker stopped with SIGTERM says so as it exits: it is `stopped` at once, not lost, and
+/// the console shows it so, not in red. A node's broker publisher is listed apart from the
+/// workers (`publisher`), and its 4,096 slots are in no slot count of the console.
+#[tokio::test]
+async fn a_stopped_worker_is_stopped_not_lost_and_the_publisher_is_no_worker() {
+    let amqp = std::env::var("SKED_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string());
+    let mut sked = Sked::new();
+    sked.start_server(&["--broker", &format!("main={amqp}")])
+        .await;
+    let worker = sked.start_worker("leaving", 3);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let publisher = loop {
+        let workers = workers_by_name(&sked).await;
+        let publisher = workers.values().find(|w| w["publisher"] == true).cloned();
+        if let (Some(publisher), Some(_)) = (publisher, workers.get("leaving")) {
+            break publisher;
+        }
+        assert!(Instant::now() < deadline, "not registered: {workers:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(publisher["slots"], 4096, "{publisher}");
+    assert_eq!(publisher["state"], "active", "{publisher}");
+    assert_eq!(workers_by_name(&sked).await["leaving"]["publisher"], false);
+    let overview = console_page(&sked, "/").await;
+    assert!(
+        overview.contains("<dd>0 / 3</dd>"),
+        "slots busy counts the worker only: {overview}"
+    );
+
+    sked.workers[worker].stop(Duration::from_secs(10));
+    let stopped = workers_by_name(&sked).await["leaving"].clone();
+    assert_eq!(
+        (&stopped["state"], &stopped["alive"]),
+        (&json!("stopped"), &json!(false)),
+        "a clean stop is recorded as the worker exits: {stopped}"
+    );
+    // Past the heartbeat timeout and a reaper pass it is still stopped, not lost.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(workers_by_name(&sked).await["leaving"]["state"], "stopped");
+    assert_eq!(
+        sked.metric("sked_workers_declared_dead_total").await,
+        0,
+        "no worker was declared dead"
+    );
+
+    let page = console_page(&sked, "/workers").await;
+    assert!(
+        page.contains(r#"class="badge quiet">stopped"#),
+        "the stopped worker is shown stopped, not red: {page}"
+    );
+    assert!(!page.contains(">lost<"), "{page}");
+    assert!(page.contains("Broker publishers"), "{page}");
+    let overview = console_page(&sked, "/").await;
+    assert!(
+        overview.contains("<dd>0 / 0</dd>") && !overview.contains("4096"),
+        "no slot count holds the publisher's: {overview}"
+    );
+}

@@ -10,6 +10,7 @@ use crate::*;
 use chrono::{Duration as Span, TimeZone, Utc};
 use sked_core::auth::{LabelRule, Role};
 use sked_core::job::JobSpec;
+use sked_core::records::WorkerState;
 use sked_core::run::{AttemptOutcome, AttemptState, WaitReason};
 use sked_core::JobState;
 
@@ -74,6 +75,8 @@ macro_rules! store_contract_tests {
             audit_pages_reach_each_entry_once,
             audit_retention_deletes_the_oldest_first,
             workers_keep_their_namespaces_and_token,
+            a_clean_stop_is_stopped_not_lost_and_takes_back_its_attempts,
+            an_audited_write_commits_its_entries_with_it,
             namespace_settings_are_kept_listed_and_forgotten,
             namespace_settings_refuse_jobs_inside_the_write,
             namespace_secrets_are_kept_sealed_and_listed_without_values,
@@ -156,7 +159,13 @@ fn every_second(extra: serde_json::Value) -> serde_json::Value {
 
 async fn put(store: &dyn Store, name: &str, json: serde_json::Value) -> JobRecord {
     store
-        .put_job("default", &job(name, json, t0()), PutMode::Upsert, t0())
+        .put_job(
+            "default",
+            &job(name, json, t0()),
+            PutMode::Upsert,
+            t0(),
+            Audit::none(),
+        )
         .await
         .expect("put_job")
         .1
@@ -175,7 +184,10 @@ fn fire(job_id: i64, at: Instant) -> Fire {
 
 async fn fire_one(store: &dyn Store, f: Fire) -> FiredRun {
     let now = f.scheduled_for;
-    let mut out = store.record_fires(&[f], now).await.expect("record_fires");
+    let mut out = store
+        .record_fires(&[f], now, Audit::none())
+        .await
+        .expect("record_fires");
     assert_eq!(out.runs.len(), 1);
     out.runs.remove(0)
 }
@@ -237,6 +249,7 @@ async fn worker(store: &dyn Store, id: &str, now: Instant) {
         slots: 4,
         namespaces: vec!["*".into()],
         token_id: None,
+        publisher: false,
     };
     store.register_worker(&w, now).await.expect("register");
 }
@@ -244,7 +257,7 @@ async fn worker(store: &dyn Store, id: &str, now: Instant) {
 pub async fn put_creates_replaces_and_detects_no_change(store: &dyn Store) {
     let v1 = job("a", every_second(serde_json::json!({})), t0());
     let (outcome, created) = store
-        .put_job("default", &v1, PutMode::Upsert, t0())
+        .put_job("default", &v1, PutMode::Upsert, t0(), Audit::none())
         .await
         .unwrap();
     assert_eq!(outcome, PutOutcome::Created);
@@ -255,7 +268,7 @@ pub async fn put_creates_replaces_and_detects_no_change(store: &dyn Store) {
 
     let later = t0() + secs(30);
     let (outcome, same) = store
-        .put_job("default", &v1, PutMode::Upsert, later)
+        .put_job("default", &v1, PutMode::Upsert, later, Audit::none())
         .await
         .unwrap();
     assert_eq!(outcome, PutOutcome::Unchanged);
@@ -267,7 +280,7 @@ pub async fn put_creates_replaces_and_detects_no_change(store: &dyn Store) {
         later,
     );
     let (outcome, updated) = store
-        .put_job("default", &v2, PutMode::Upsert, later)
+        .put_job("default", &v2, PutMode::Upsert, later, Audit::none())
         .await
         .unwrap();
     assert_eq!(outcome, PutOutcome::Updated);
@@ -286,7 +299,7 @@ pub async fn put_creates_replaces_and_detects_no_change(store: &dyn Store) {
         later,
     );
     let (_, rescheduled) = store
-        .put_job("default", &v3, PutMode::Upsert, later)
+        .put_job("default", &v3, PutMode::Upsert, later, Audit::none())
         .await
         .unwrap();
     assert_eq!(rescheduled.schedule_epoch, later);
@@ -312,6 +325,7 @@ pub async fn every_change_keeps_a_version_and_runs_name_theirs(store: &dyn Store
             &job("v", command("one"), at(0)),
             PutMode::Upsert,
             at(0),
+            Audit::none(),
         )
         .await
         .unwrap();
@@ -323,6 +337,7 @@ pub async fn every_change_keeps_a_version_and_runs_name_theirs(store: &dyn Store
             &job("v", command("one"), at(2)),
             PutMode::Upsert,
             at(2),
+            Audit::none(),
         )
         .await
         .unwrap();
@@ -337,6 +352,7 @@ pub async fn every_change_keeps_a_version_and_runs_name_theirs(store: &dyn Store
             &job("v", command("two"), at(3)),
             PutMode::Upsert,
             at(3),
+            Audit::none(),
         )
         .await
         .unwrap();
@@ -360,7 +376,7 @@ pub async fn every_change_keeps_a_version_and_runs_name_theirs(store: &dyn Store
     // `paused` is part of the definition: pausing is a version; pausing again is none.
     for _ in 0..2 {
         let paused = store
-            .set_paused("default", "v", true, at(5))
+            .set_paused("default", "v", true, at(5), Audit::none())
             .await
             .unwrap()
             .unwrap();
@@ -379,6 +395,7 @@ pub async fn every_change_keeps_a_version_and_runs_name_theirs(store: &dyn Store
                 &job("v", command(&format!("v{n}")), at(10)),
                 PutMode::Upsert,
                 at(10),
+                Audit::none(),
             )
             .await
             .unwrap();
@@ -391,7 +408,7 @@ pub async fn every_change_keeps_a_version_and_runs_name_theirs(store: &dyn Store
 
     // A job deleted and created again starts over.
     store
-        .delete_job("default", "v", false, at(20))
+        .delete_job("default", "v", false, at(20), Audit::none())
         .await
         .unwrap();
     let (_, again) = store
@@ -400,6 +417,7 @@ pub async fn every_change_keeps_a_version_and_runs_name_theirs(store: &dyn Store
             &job("v", command("new"), at(21)),
             PutMode::Upsert,
             at(21),
+            Audit::none(),
         )
         .await
         .unwrap();
@@ -411,7 +429,7 @@ pub async fn every_change_keeps_a_version_and_runs_name_theirs(store: &dyn Store
 pub async fn create_only_conflicts_and_writes_nothing(store: &dyn Store) {
     let first = job("a", every_second(serde_json::json!({})), t0());
     store
-        .put_job("default", &first, PutMode::CreateOnly, t0())
+        .put_job("default", &first, PutMode::CreateOnly, t0(), Audit::none())
         .await
         .unwrap();
     let second = job(
@@ -420,7 +438,7 @@ pub async fn create_only_conflicts_and_writes_nothing(store: &dyn Store) {
         t0(),
     );
     let err = store
-        .put_job("default", &second, PutMode::CreateOnly, t0())
+        .put_job("default", &second, PutMode::CreateOnly, t0(), Audit::none())
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Conflict(_)), "{err:?}");
@@ -428,7 +446,7 @@ pub async fn create_only_conflicts_and_writes_nothing(store: &dyn Store) {
     assert_eq!(kept.spec.description, None);
     // The same name in another namespace is another job.
     store
-        .put_job("team-b", &second, PutMode::CreateOnly, t0())
+        .put_job("team-b", &second, PutMode::CreateOnly, t0(), Audit::none())
         .await
         .unwrap();
 }
@@ -444,7 +462,7 @@ pub async fn list_jobs_pages_searches_and_filters(store: &dyn Store) {
     }
     put(store, "under_score", every_second(serde_json::json!({}))).await;
     store
-        .set_paused("default", "job-03", true, t0())
+        .set_paused("default", "job-03", true, t0(), Audit::none())
         .await
         .unwrap();
 
@@ -550,14 +568,14 @@ pub async fn jobs_filter_by_schedule_kind_and_newest_run(store: &dyn Store) {
     // a queued one (instants decide which is newest, not ids); `manual` has none.
     let older = fire_one(store, fire(every.id, t0() + secs(1))).await;
     store
-        .cancel_run(older.run_id, t0() + secs(2))
+        .cancel_run(older.run_id, t0() + secs(2), Audit::none())
         .await
         .unwrap();
     fire_one(store, fire(every.id, t0() + secs(3))).await;
     let newer = fire_one(store, fire(cron.id, t0() + secs(3))).await;
     fire_one(store, fire(cron.id, t0() + secs(1))).await;
     store
-        .cancel_run(newer.run_id, t0() + secs(4))
+        .cancel_run(newer.run_id, t0() + secs(4), Audit::none())
         .await
         .unwrap();
 
@@ -622,7 +640,7 @@ pub async fn a_bad_cursor_is_an_error(store: &dyn Store) {
 pub async fn pause_and_resume_keep_the_firing_state(store: &dyn Store) {
     let created = put(store, "p", every_second(serde_json::json!({}))).await;
     let paused = store
-        .set_paused("default", "p", true, t0() + secs(5))
+        .set_paused("default", "p", true, t0() + secs(5), Audit::none())
         .await
         .unwrap()
         .unwrap();
@@ -632,7 +650,7 @@ pub async fn pause_and_resume_keep_the_firing_state(store: &dyn Store) {
     let stored = store.get_job("default", "p").await.unwrap().unwrap();
     assert_eq!(stored.state, JobState::Paused);
     let resumed = store
-        .set_paused("default", "p", false, t0() + secs(6))
+        .set_paused("default", "p", false, t0() + secs(6), Audit::none())
         .await
         .unwrap()
         .unwrap();
@@ -640,7 +658,7 @@ pub async fn pause_and_resume_keep_the_firing_state(store: &dyn Store) {
     assert!(!resumed.spec.paused);
     assert_eq!(
         store
-            .set_paused("default", "nope", true, t0())
+            .set_paused("default", "nope", true, t0(), Audit::none())
             .await
             .unwrap(),
         None
@@ -661,7 +679,7 @@ pub async fn each_instant_has_one_run(store: &dyn Store) {
     // Twice in one batch, too.
     let next = t0() + secs(2);
     let out = store
-        .record_fires(&[fire(j.id, next), fire(j.id, next)], next)
+        .record_fires(&[fire(j.id, next), fire(j.id, next)], next, Audit::none())
         .await
         .unwrap();
     assert!(out.runs[0].inserted && !out.runs[1].inserted);
@@ -714,7 +732,13 @@ pub async fn advances_apply_only_to_the_state_they_started_from(store: &dyn Stor
         t0() + secs(3),
     );
     store
-        .put_job("default", &changed, PutMode::Upsert, t0() + secs(3))
+        .put_job(
+            "default",
+            &changed,
+            PutMode::Upsert,
+            t0() + secs(3),
+            Audit::none(),
+        )
         .await
         .unwrap();
     let mut old_loop = fire(j.id, at + secs(1));
@@ -751,7 +775,7 @@ pub async fn a_used_up_schedule_completes_the_job(store: &dyn Store) {
     assert!(store.scheduled_jobs(None, 0, 100).await.unwrap().is_empty());
     // Pausing a completed job keeps it completed.
     let paused = store
-        .set_paused("default", "one-off", true, at)
+        .set_paused("default", "one-off", true, at, Audit::none())
         .await
         .unwrap()
         .unwrap();
@@ -863,7 +887,7 @@ pub async fn overlap_cancel_running(store: &dyn Store) {
     let attempt = start(store, first.run_id, "w", 9, t0() + secs(1)).await;
     let second = fire_one(store, fire(j.id, t0() + secs(2))).await;
     let out = store
-        .record_fires(&[fire(j.id, t0() + secs(3))], t0() + secs(3))
+        .record_fires(&[fire(j.id, t0() + secs(3))], t0() + secs(3), Audit::none())
         .await
         .unwrap();
     assert_eq!(out.runs[0].state, RunState::Queued);
@@ -979,7 +1003,7 @@ pub async fn cancel_running_spares_the_shards_of_its_own_instant(store: &dyn Sto
     let first = fire_one(store, fire(j.id, t0() + secs(1))).await;
     start(store, first.run_id, "w", 3, t0() + secs(1)).await;
     let out = store
-        .record_fires(&[fire(j.id, t0() + secs(2))], t0() + secs(2))
+        .record_fires(&[fire(j.id, t0() + secs(2))], t0() + secs(2), Audit::none())
         .await
         .unwrap();
     let second = &out.runs[0];
@@ -1072,7 +1096,7 @@ pub async fn a_broadcast_is_one_pinned_run_per_live_worker_and_fails_where_its_w
     worker(store, "w-a", t0() + secs(10)).await;
     worker(store, "w-b", t0()).await;
     worker(store, "w-d", t0() + secs(10)).await;
-    store.drain_worker("w-d").await.unwrap();
+    store.drain_worker("w-d", Audit::none()).await.unwrap();
     let us = NewWorker {
         id: "w-c".into(),
         name: "w-c".into(),
@@ -1080,6 +1104,7 @@ pub async fn a_broadcast_is_one_pinned_run_per_live_worker_and_fails_where_its_w
         slots: 4,
         namespaces: vec!["*".into()],
         token_id: None,
+        publisher: false,
     };
     store.register_worker(&us, t0() + secs(10)).await.unwrap();
     let fired = fire_one(store, fire(j.id, t0() + secs(2))).await;
@@ -1537,7 +1562,11 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
         .unwrap();
     assert_eq!(hb.stop, vec![attempt + 99]);
     // A cancel reaches the worker through its heartbeat.
-    let outcome = store.cancel_run(fired.run_id, at).await.unwrap().unwrap();
+    let outcome = store
+        .cancel_run(fired.run_id, at, Audit::none())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(matches!(outcome, CancelOutcome::Requested(ref r) if r.cancel_requested));
     let hb = store
         .heartbeat("w", &[attempt], at, at + secs(10), t0())
@@ -1552,10 +1581,17 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
             ..
         }
     ));
-    let finished = store.cancel_run(fired.run_id, at).await.unwrap().unwrap();
+    let finished = store
+        .cancel_run(fired.run_id, at, Audit::none())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(matches!(finished, CancelOutcome::AlreadyFinished(_)));
     assert_eq!(
-        store.cancel_run(fired.run_id + 1000, at).await.unwrap(),
+        store
+            .cancel_run(fired.run_id + 1000, at, Audit::none())
+            .await
+            .unwrap(),
         None
     );
 }
@@ -1569,7 +1605,7 @@ pub async fn a_drained_worker_learns_it_at_its_heartbeat_and_keeps_its_leases(st
     let attempt = start(store, fired.run_id, "w", 3, now).await;
 
     let drained = store
-        .drain_worker("w")
+        .drain_worker("w", Audit::none())
         .await
         .unwrap()
         .expect("a live worker");
@@ -1577,7 +1613,11 @@ pub async fn a_drained_worker_learns_it_at_its_heartbeat_and_keeps_its_leases(st
     assert!(drained.worker.draining && drained.worker.alive);
     assert_eq!(drained.worker.running, 1);
     // Asking again changes nothing; another worker is not touched.
-    let again = store.drain_worker("w").await.unwrap().unwrap();
+    let again = store
+        .drain_worker("w", Audit::none())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(again.worker.draining && !again.newly);
     assert!(!store.get_worker("other").await.unwrap().unwrap().draining);
     // The worker hears it at its heartbeat, and its running attempt keeps its lease.
@@ -1600,9 +1640,15 @@ pub async fn a_drained_worker_learns_it_at_its_heartbeat_and_keeps_its_leases(st
     let hb = store.heartbeat("other", &[], at, at, t0()).await.unwrap();
     assert!(!hb.draining);
     // A worker unknown or declared dead cannot be drained.
-    assert_eq!(store.drain_worker("nobody").await.unwrap(), None);
+    assert_eq!(
+        store.drain_worker("nobody", Audit::none()).await.unwrap(),
+        None
+    );
     store.reap(at + secs(60), at + secs(60)).await.unwrap();
-    assert_eq!(store.drain_worker("other").await.unwrap(), None);
+    assert_eq!(
+        store.drain_worker("other", Audit::none()).await.unwrap(),
+        None
+    );
 }
 
 pub async fn cancelling_queued_runs_releases_waiting_ones(store: &dyn Store) {
@@ -1616,7 +1662,7 @@ pub async fn cancelling_queued_runs_releases_waiting_ones(store: &dyn Store) {
     let second = fire_one(store, fire(j.id, t0() + secs(2))).await;
     assert_eq!(second.state, RunState::Waiting);
     let outcome = store
-        .cancel_run(first.run_id, t0() + secs(3))
+        .cancel_run(first.run_id, t0() + secs(3), Audit::none())
         .await
         .unwrap()
         .unwrap();
@@ -1687,7 +1733,7 @@ pub async fn deleting_a_job_keeps_its_runs(store: &dyn Store) {
     start(store, running.run_id, "w", 1, t0() + secs(1)).await;
     let queued = fire_one(store, fire(j.id, t0() + secs(2))).await;
     let deleted = store
-        .delete_job("default", "gone", false, t0() + secs(3))
+        .delete_job("default", "gone", false, t0() + secs(3), Audit::none())
         .await
         .unwrap()
         .unwrap();
@@ -1701,7 +1747,7 @@ pub async fn deleting_a_job_keeps_its_runs(store: &dyn Store) {
     assert_eq!(store.get_job("default", "gone").await.unwrap(), None);
     assert_eq!(
         store
-            .delete_job("default", "gone", false, t0())
+            .delete_job("default", "gone", false, t0(), Audit::none())
             .await
             .unwrap(),
         None
@@ -1742,7 +1788,10 @@ pub async fn deleting_a_job_keeps_its_runs(store: &dyn Store) {
 pub async fn runs_page_newest_first(store: &dyn Store) {
     let j = put(store, "pg", every_second(serde_json::json!({}))).await;
     let fires: Vec<Fire> = (1..=25).map(|i| fire(j.id, t0() + secs(i))).collect();
-    store.record_fires(&fires, t0() + secs(30)).await.unwrap();
+    store
+        .record_fires(&fires, t0() + secs(30), Audit::none())
+        .await
+        .unwrap();
     let mut seen = Vec::new();
     let mut cursor = None;
     loop {
@@ -1782,7 +1831,7 @@ pub async fn stats_count_outcomes_and_lateness(store: &dyn Store) {
         let at = t0() + secs(i);
         // Written 2 ms after its instant.
         let out = store
-            .record_fires(&[fire(j.id, at)], at + Span::milliseconds(2))
+            .record_fires(&[fire(j.id, at)], at + Span::milliseconds(2), Audit::none())
             .await
             .unwrap();
         let attempt = start(store, out.runs[0].run_id, "w", i, at + secs(0)).await;
@@ -1997,7 +2046,10 @@ pub async fn racing_writers_decide_once(store: &dyn Store) {
     .await;
     let now = t0() + secs(1);
     let (one, two) = ([fire(j.id, now)], [fire(j.id, now)]);
-    let (a, b) = tokio::join!(store.record_fires(&one, now), store.record_fires(&two, now));
+    let (a, b) = tokio::join!(
+        store.record_fires(&one, now, Audit::none()),
+        store.record_fires(&two, now, Audit::none())
+    );
     let (a, b) = (a.unwrap().runs.remove(0), b.unwrap().runs.remove(0));
     assert!(
         a.inserted != b.inserted,
@@ -2073,8 +2125,8 @@ pub async fn racing_writers_decide_once(store: &dyn Store) {
 
     // Two cancels of one queued run: one cancels it, the other finds it finished.
     let (x, y) = tokio::join!(
-        store.cancel_run(waiting.run_id, done),
-        store.cancel_run(waiting.run_id, done)
+        store.cancel_run(waiting.run_id, done, Audit::none()),
+        store.cancel_run(waiting.run_id, done, Audit::none())
     );
     let outcomes = [x.unwrap().unwrap(), y.unwrap().unwrap()];
     let cancelled = outcomes
@@ -2098,7 +2150,7 @@ pub async fn racing_writers_decide_once(store: &dyn Store) {
         let next = [fire(j.id, at + secs(1))];
         let ends = [report_as("w1", attempt, token, AttemptOutcome::Succeeded)];
         let (fired, completed) = tokio::join!(
-            store.record_fires(&next, at + secs(1)),
+            store.record_fires(&next, at + secs(1), Audit::none()),
             store.complete_attempts(&ends, at + secs(1)),
         );
         let fired = fired.unwrap().runs.remove(0);
@@ -2114,7 +2166,10 @@ pub async fn racing_writers_decide_once(store: &dyn Store) {
         let (_, attempts) = run(store, fired.run_id).await;
         assert!(attempts.is_empty());
         // Clear it for the next round.
-        store.cancel_run(fired.run_id, at + secs(1)).await.unwrap();
+        store
+            .cancel_run(fired.run_id, at + secs(1), Audit::none())
+            .await
+            .unwrap();
         at += secs(10);
     }
 }
@@ -2227,7 +2282,10 @@ pub async fn tokens_are_found_by_hash_listed_by_name_and_revoked(store: &dyn Sto
     ];
     let mut created = Vec::new();
     for token in &wanted {
-        let record = store.create_token(token, t0()).await.unwrap();
+        let record = store
+            .create_token(token, t0(), Audit::none())
+            .await
+            .unwrap();
         assert_eq!(record.name, token.name);
         assert_eq!(record.grant, token.grant, "the grant round-trips");
         assert_eq!(record.created_at, t0());
@@ -2268,7 +2326,10 @@ pub async fn tokens_are_found_by_hash_listed_by_name_and_revoked(store: &dyn Sto
     // A taken name is a conflict, and nothing of the second token is kept.
     let mut again = new_token("admin", grant(Role::Viewer, &["team-a"]));
     again.hash = "another-secret".into();
-    let err = store.create_token(&again, t0()).await.unwrap_err();
+    let err = store
+        .create_token(&again, t0(), Audit::none())
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, StoreError::Conflict(m) if m.contains("admin")),
         "{err:?}"
@@ -2287,18 +2348,33 @@ pub async fn tokens_are_found_by_hash_listed_by_name_and_revoked(store: &dyn Sto
         },
     );
     let (a, b) = tokio::join!(
-        store.create_token(&one, t0()),
-        store.create_token(&two, t0())
+        store.create_token(&one, t0(), Audit::none()),
+        store.create_token(&two, t0(), Audit::none())
     );
     assert!(a.is_ok() != b.is_ok(), "{a:?} {b:?}");
     assert!(matches!(a.err().or(b.err()), Some(StoreError::Conflict(_))));
 
     // Revoked: gone from lookups and the list; the record deleted is returned once.
-    let revoked = store.revoke_token("ci-deploy").await.unwrap();
+    let revoked = store
+        .revoke_token("ci-deploy", Audit::none())
+        .await
+        .unwrap();
     assert_eq!(revoked.as_ref(), Some(&created[0]));
     assert_eq!(token_named(store, "ci-deploy").await, None);
-    assert_eq!(store.revoke_token("ci-deploy").await.unwrap(), None);
-    assert_eq!(store.revoke_token("never-was").await.unwrap(), None);
+    assert_eq!(
+        store
+            .revoke_token("ci-deploy", Audit::none())
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .revoke_token("never-was", Audit::none())
+            .await
+            .unwrap(),
+        None
+    );
     let left: Vec<String> = store
         .list_tokens()
         .await
@@ -2317,9 +2393,17 @@ pub async fn tokens_are_found_by_hash_listed_by_name_and_revoked(store: &dyn Sto
         .map(|t| t.id)
         .max()
         .unwrap();
-    store.revoke_token("racer").await.unwrap().unwrap();
+    store
+        .revoke_token("racer", Audit::none())
+        .await
+        .unwrap()
+        .unwrap();
     let renewed = store
-        .create_token(&new_token("ci-deploy", editor), t0() + secs(1))
+        .create_token(
+            &new_token("ci-deploy", editor),
+            t0() + secs(1),
+            Audit::none(),
+        )
         .await
         .unwrap();
     assert!(renewed.id > highest, "{} after {highest}", renewed.id);
@@ -2328,11 +2412,19 @@ pub async fn tokens_are_found_by_hash_listed_by_name_and_revoked(store: &dyn Sto
 
 pub async fn token_use_is_recorded_and_never_goes_back(store: &dyn Store) {
     let a = store
-        .create_token(&new_token("a", grant(Role::Viewer, &["*"])), t0())
+        .create_token(
+            &new_token("a", grant(Role::Viewer, &["*"])),
+            t0(),
+            Audit::none(),
+        )
         .await
         .unwrap();
     let b = store
-        .create_token(&new_token("b", grant(Role::Viewer, &["*"])), t0())
+        .create_token(
+            &new_token("b", grant(Role::Viewer, &["*"])),
+            t0(),
+            Audit::none(),
+        )
         .await
         .unwrap();
     let used =
@@ -2627,6 +2719,7 @@ pub async fn workers_keep_their_namespaces_and_token(store: &dyn Store) {
             slots: 2,
             namespaces: vec!["*".into()],
             token_id: None,
+            publisher: false,
         },
         NewWorker {
             id: "w-ab".into(),
@@ -2635,6 +2728,7 @@ pub async fn workers_keep_their_namespaces_and_token(store: &dyn Store) {
             slots: 8,
             namespaces: vec!["team-a".into(), "team-b".into()],
             token_id: Some(42),
+            publisher: false,
         },
     ];
     for w in &registered {
@@ -2653,6 +2747,145 @@ pub async fn workers_keep_their_namespaces_and_token(store: &dyn Store) {
     }
 }
 
+pub async fn a_clean_stop_is_stopped_not_lost_and_takes_back_its_attempts(store: &dyn Store) {
+    let now = t0() + secs(1);
+    let leaving = NewWorker {
+        id: "w-leaving".into(),
+        name: "leaving".into(),
+        labels: BTreeMap::new(),
+        slots: 2,
+        namespaces: vec!["*".into()],
+        token_id: None,
+        publisher: false,
+    };
+    let publisher = NewWorker {
+        id: "publisher-n1".into(),
+        name: "publisher of n1".into(),
+        publisher: true,
+        ..leaving.clone()
+    };
+    for w in [&leaving, &publisher] {
+        store.register_worker(w, now).await.unwrap();
+    }
+    let got = store
+        .get_worker("publisher-n1")
+        .await
+        .unwrap()
+        .expect("registered");
+    assert_eq!((got.publisher, got.state), (true, WorkerState::Active));
+    let job = job(
+        "j",
+        serde_json::json!({"target": {"shell": {"command": "true"}}}),
+        now,
+    );
+    let (_, job) = store
+        .put_job("default", &job, PutMode::Upsert, now, Audit::none())
+        .await
+        .unwrap();
+    let fire = Fire {
+        job_id: job.id,
+        scheduled_for: now,
+        trigger: Trigger::Manual,
+        skip: None,
+        ready_at: now,
+        advance: None,
+    };
+    let fired = store
+        .record_fires(&[fire], now, Audit::none())
+        .await
+        .unwrap();
+    let run_id = fired.runs[0].run_id;
+    let start = AttemptStart {
+        run_id,
+        worker_id: "w-leaving".into(),
+        token: 1,
+        lease_expires_at: now + secs(60),
+    };
+    store.start_attempts(&[start], now).await.unwrap();
+
+    let stopped = store
+        .deregister_worker("w-leaving", now + secs(2))
+        .await
+        .unwrap()
+        .expect("a live worker");
+    assert_eq!(
+        (stopped.alive, stopped.state, stopped.publisher),
+        (false, WorkerState::Stopped, false)
+    );
+    // Once only; an unknown worker is none.
+    assert_eq!(
+        store
+            .deregister_worker("w-leaving", now + secs(3))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(store.deregister_worker("nobody", now).await.unwrap(), None);
+    // Its attempt's lease ended with it: the reaper queues the run again at once, without
+    // declaring the worker dead, and it stays stopped.
+    let reaped = store.reap(now - secs(60), now + secs(3)).await.unwrap();
+    assert_eq!(reaped.requeued, [run_id]);
+    assert!(reaped.dead_workers.is_empty(), "{reaped:?}");
+    let got = store.get_worker("w-leaving").await.unwrap().expect("kept");
+    assert_eq!(got.state, WorkerState::Stopped);
+    let beat = store
+        .heartbeat("w-leaving", &[], now + secs(4), now + secs(60), now)
+        .await
+        .unwrap();
+    assert!(!beat.known, "a stopped worker must register again");
+}
+
+pub async fn an_audited_write_commits_its_entries_with_it(store: &dyn Store) {
+    let now = t0();
+    let entry = move |action: &str, object: &str| AuditEntry {
+        at: now,
+        actor: "deploy".into(),
+        actor_id: Some(7),
+        peer: None,
+        action: action.into(),
+        namespace: Some("default".into()),
+        object: Some(object.into()),
+        before: None,
+        after: None,
+    };
+    let audit = Audit::new(move |(outcome, record): &(PutOutcome, JobRecord)| {
+        if *outcome == PutOutcome::Unchanged {
+            Vec::new()
+        } else {
+            vec![entry("job.put", &record.name)]
+        }
+    });
+    let spec = job(
+        "audited",
+        serde_json::json!({"target": {"shell": {"command": "true"}}}),
+        now,
+    );
+    store
+        .put_job("default", &spec, PutMode::Upsert, now, audit.clone())
+        .await
+        .unwrap();
+    // Nothing changed: the audit says no entry, and none is written.
+    let (outcome, _) = store
+        .put_job("default", &spec, PutMode::Upsert, now, audit)
+        .await
+        .unwrap();
+    assert_eq!(outcome, PutOutcome::Unchanged);
+    let trail = store
+        .list_audit(&AuditQuery {
+            limit: 10,
+            ..AuditQuery::default()
+        })
+        .await
+        .unwrap()
+        .items;
+    let written: Vec<(&str, Option<&str>)> = trail
+        .iter()
+        .map(|r| (r.entry.action.as_str(), r.entry.object.as_deref()))
+        .collect();
+    assert_eq!(written, [("job.put", Some("audited"))]);
+    assert_eq!(trail[0].entry.actor_id, Some(7));
+}
+
 // --- namespaces and their secrets -------------------------------------------------------------
 
 fn settings(json: serde_json::Value) -> NamespaceSpec {
@@ -2662,14 +2895,17 @@ fn settings(json: serde_json::Value) -> NamespaceSpec {
 pub async fn namespace_settings_are_kept_listed_and_forgotten(store: &dyn Store) {
     assert_eq!(store.get_namespace("team-a").await.unwrap(), None);
     let capped = settings(serde_json::json!({"max_jobs": 10, "max_queued_runs": 50}));
-    let (before, first) = store.put_namespace("team-a", &capped, t0()).await.unwrap();
+    let (before, first) = store
+        .put_namespace("team-a", &capped, t0(), Audit::none())
+        .await
+        .unwrap();
     assert_eq!(before, None);
     assert_eq!((first.name.as_str(), &first.spec), ("team-a", &capped));
     assert_eq!((first.created_at, first.updated_at), (t0(), t0()));
 
     let strict = settings(serde_json::json!({"allow_shell": false}));
     let (before, second) = store
-        .put_namespace("team-a", &strict, t0() + secs(5))
+        .put_namespace("team-a", &strict, t0() + secs(5), Audit::none())
         .await
         .unwrap();
     assert_eq!(before.as_ref(), Some(&first));
@@ -2684,7 +2920,7 @@ pub async fn namespace_settings_are_kept_listed_and_forgotten(store: &dyn Store)
     );
 
     store
-        .put_namespace("Billing", &NamespaceSpec::default(), t0())
+        .put_namespace("Billing", &NamespaceSpec::default(), t0(), Audit::none())
         .await
         .unwrap();
     let names: Vec<String> = store
@@ -2697,10 +2933,19 @@ pub async fn namespace_settings_are_kept_listed_and_forgotten(store: &dyn Store)
     assert_eq!(names, ["Billing", "team-a"]);
 
     assert_eq!(
-        store.delete_namespace("team-a").await.unwrap(),
+        store
+            .delete_namespace("team-a", Audit::none())
+            .await
+            .unwrap(),
         Some(second)
     );
-    assert_eq!(store.delete_namespace("team-a").await.unwrap(), None);
+    assert_eq!(
+        store
+            .delete_namespace("team-a", Audit::none())
+            .await
+            .unwrap(),
+        None
+    );
     assert_eq!(store.get_namespace("team-a").await.unwrap(), None);
 }
 
@@ -2712,7 +2957,13 @@ async fn put_in(
 ) -> Result<PutOutcome> {
     let json = serde_json::json!({"schedule": {"every": "1s"}, "target": target});
     store
-        .put_job(namespace, &job(name, json, t0()), PutMode::Upsert, t0())
+        .put_job(
+            namespace,
+            &job(name, json, t0()),
+            PutMode::Upsert,
+            t0(),
+            Audit::none(),
+        )
         .await
         .map(|(outcome, _)| outcome)
 }
@@ -2727,6 +2978,7 @@ pub async fn namespace_settings_refuse_jobs_inside_the_write(store: &dyn Store) 
             "capped",
             &settings(serde_json::json!({"max_jobs": 2})),
             t0(),
+            Audit::none(),
         )
         .await
         .unwrap();
@@ -2754,7 +3006,12 @@ pub async fn namespace_settings_refuse_jobs_inside_the_write(store: &dyn Store) 
 
     // Eight creates racing for the last three places: three win.
     store
-        .put_namespace("race", &settings(serde_json::json!({"max_jobs": 3})), t0())
+        .put_namespace(
+            "race",
+            &settings(serde_json::json!({"max_jobs": 3})),
+            t0(),
+            Audit::none(),
+        )
         .await
         .unwrap();
     let names: Vec<String> = (0..8).map(|i| format!("racer-{i}")).collect();
@@ -2769,7 +3026,7 @@ pub async fn namespace_settings_refuse_jobs_inside_the_write(store: &dyn Store) 
     // new ones.
     let no_shell = settings(serde_json::json!({"allow_shell": false}));
     let err = store
-        .put_namespace("capped", &no_shell, t0())
+        .put_namespace("capped", &no_shell, t0(), Audit::none())
         .await
         .unwrap_err();
     assert!(
@@ -2788,7 +3045,7 @@ pub async fn namespace_settings_refuse_jobs_inside_the_write(store: &dyn Store) 
     );
     put_in(store, "capped", "two", http.clone()).await.unwrap();
     store
-        .put_namespace("capped", &no_shell, t0())
+        .put_namespace("capped", &no_shell, t0(), Audit::none())
         .await
         .unwrap();
     let err = put_in(store, "capped", "two", shell.clone())
@@ -2806,7 +3063,7 @@ pub async fn namespace_settings_refuse_jobs_inside_the_write(store: &dyn Store) 
 
 pub async fn namespace_secrets_are_kept_sealed_and_listed_without_values(store: &dyn Store) {
     let (created, first) = store
-        .put_secret("team-a", "db-password", "v1:sealed-1", t0())
+        .put_secret("team-a", "db-password", "v1:sealed-1", t0(), Audit::none())
         .await
         .unwrap();
     assert!(created);
@@ -2819,17 +3076,23 @@ pub async fn namespace_secrets_are_kept_sealed_and_listed_without_values(store: 
         ("team-a", "db-password", t0())
     );
     let (created, again) = store
-        .put_secret("team-a", "db-password", "v1:sealed-2", t0() + secs(1))
+        .put_secret(
+            "team-a",
+            "db-password",
+            "v1:sealed-2",
+            t0() + secs(1),
+            Audit::none(),
+        )
         .await
         .unwrap();
     assert!(!created);
     assert_eq!((again.created_at, again.updated_at), (t0(), t0() + secs(1)));
     store
-        .put_secret("team-a", "api-key", "v1:sealed-3", t0())
+        .put_secret("team-a", "api-key", "v1:sealed-3", t0(), Audit::none())
         .await
         .unwrap();
     store
-        .put_secret("team-b", "db-password", "v1:sealed-b", t0())
+        .put_secret("team-b", "db-password", "v1:sealed-b", t0(), Audit::none())
         .await
         .unwrap();
 
@@ -2879,11 +3142,17 @@ pub async fn namespace_secrets_are_kept_sealed_and_listed_without_values(store: 
     assert_eq!(found[&key("team-b", "db-password")], "v2:sealed-b");
 
     assert_eq!(
-        store.delete_secret("team-a", "db-password").await.unwrap(),
+        store
+            .delete_secret("team-a", "db-password", Audit::none())
+            .await
+            .unwrap(),
         Some(again)
     );
     assert_eq!(
-        store.delete_secret("team-a", "db-password").await.unwrap(),
+        store
+            .delete_secret("team-a", "db-password", Audit::none())
+            .await
+            .unwrap(),
         None
     );
     assert_eq!(store.list_secrets("team-a").await.unwrap().len(), 1);
@@ -2891,12 +3160,12 @@ pub async fn namespace_secrets_are_kept_sealed_and_listed_without_values(store: 
     // A namespace keeps at most so many secrets; replacing one of them is still possible.
     for i in 0..sked_core::namespace::MAX_SECRETS_PER_NAMESPACE {
         store
-            .put_secret("full", &format!("s{i}"), "v1:x", t0())
+            .put_secret("full", &format!("s{i}"), "v1:x", t0(), Audit::none())
             .await
             .unwrap();
     }
     let err = store
-        .put_secret("full", "one-more", "v1:x", t0())
+        .put_secret("full", "one-more", "v1:x", t0(), Audit::none())
         .await
         .unwrap_err();
     assert!(
@@ -2906,7 +3175,10 @@ pub async fn namespace_secrets_are_kept_sealed_and_listed_without_values(store: 
         ),
         "{err:?}"
     );
-    store.put_secret("full", "s0", "v1:y", t0()).await.unwrap();
+    store
+        .put_secret("full", "s0", "v1:y", t0(), Audit::none())
+        .await
+        .unwrap();
 }
 
 // --- dependencies ------------------------------------------------------------------------
@@ -2969,6 +3241,7 @@ pub async fn dependencies_are_checked_when_written_and_deleted(store: &dyn Store
             &job("load", step(serde_json::json!([{"job": "extract"}])), t0()),
             PutMode::Upsert,
             t0(),
+            Audit::none(),
         )
         .await
         .unwrap_err();
@@ -3014,6 +3287,7 @@ pub async fn dependencies_are_checked_when_written_and_deleted(store: &dyn Store
             ),
             PutMode::Upsert,
             t0() + secs(1),
+            Audit::none(),
         )
         .await
         .unwrap_err();
@@ -3031,7 +3305,7 @@ pub async fn dependencies_are_checked_when_written_and_deleted(store: &dyn Store
 
     // A job others depend on is deleted only with force, which pauses them.
     let refused = store
-        .delete_job("default", "extract", false, t0() + secs(2))
+        .delete_job("default", "extract", false, t0() + secs(2), Audit::none())
         .await
         .unwrap_err();
     assert!(
@@ -3040,7 +3314,7 @@ pub async fn dependencies_are_checked_when_written_and_deleted(store: &dyn Store
     );
     assert!(store.get_job("default", "extract").await.unwrap().is_some());
     let deleted = store
-        .delete_job("default", "extract", true, t0() + secs(2))
+        .delete_job("default", "extract", true, t0() + secs(2), Audit::none())
         .await
         .unwrap()
         .unwrap();
@@ -3054,7 +3328,7 @@ pub async fn dependencies_are_checked_when_written_and_deleted(store: &dyn Store
     // Dropping a dependency lets the job be deleted after all.
     put(store, "load", step(serde_json::json!([]))).await;
     let deleted = store
-        .delete_job("default", "transform", false, t0() + secs(3))
+        .delete_job("default", "transform", false, t0() + secs(3), Audit::none())
         .await
         .unwrap()
         .unwrap();
@@ -3401,7 +3675,7 @@ async fn post(
 ) -> PostedEvent {
     let payload = serde_json::json!({"id": id});
     store
-        .post_event(namespace, &event(key, id, payload), now)
+        .post_event(namespace, &event(key, id, payload), now, Audit::none())
         .await
         .unwrap()
 }
@@ -3462,7 +3736,7 @@ pub async fn an_event_starts_one_run_per_event_of_its_key(store: &dyn Store) {
 
     // A paused job's run is recorded skipped, not queued.
     store
-        .set_paused("default", "on-sales", true, at)
+        .set_paused("default", "on-sales", true, at, Audit::none())
         .await
         .unwrap();
     let paused = post(store, "default", "sales.ready", "2026-11-26", at).await;
@@ -3475,7 +3749,7 @@ pub async fn an_event_starts_one_run_per_event_of_its_key(store: &dyn Store) {
     );
     // A deleted job no longer listens.
     store
-        .delete_job("default", "on-sales", false, at)
+        .delete_job("default", "on-sales", false, at, Audit::none())
         .await
         .unwrap();
     let after = post(store, "default", "sales.ready", "2026-11-27", at).await;
@@ -3665,7 +3939,10 @@ pub async fn backfilled_instants_each_run_once_in_turn(store: &dyn Store) {
             ..fire(daily.id, t0() - secs(100 - i))
         })
         .collect();
-    let outcome = store.record_fires(&backfill, now).await.unwrap();
+    let outcome = store
+        .record_fires(&backfill, now, Audit::none())
+        .await
+        .unwrap();
     let states: Vec<RunState> = outcome.runs.iter().map(|r| r.state).collect();
     assert_eq!(
         states,
@@ -3673,7 +3950,10 @@ pub async fn backfilled_instants_each_run_once_in_turn(store: &dyn Store) {
         "none skipped: they wait their turn"
     );
     assert!(outcome.runs.iter().all(|r| r.inserted));
-    let again = store.record_fires(&backfill, now).await.unwrap();
+    let again = store
+        .record_fires(&backfill, now, Audit::none())
+        .await
+        .unwrap();
     assert!(again.runs.iter().all(|r| !r.inserted), "each instant once");
     let (record, _) = run(store, outcome.runs[0].run_id).await;
     assert_eq!(record.trigger, Trigger::Backfill);
@@ -3705,7 +3985,7 @@ pub async fn backfilled_instants_each_run_once_in_turn(store: &dyn Store) {
 
 async fn retry(store: &dyn Store, run_id: i64, now: Instant) -> RetryOutcome {
     store
-        .retry_run(run_id, now)
+        .retry_run(run_id, now, Audit::none())
         .await
         .unwrap()
         .expect("the run exists")
@@ -3733,6 +4013,7 @@ pub async fn a_retried_run_reopens_with_its_skipped_dependants(store: &dyn Store
             &spec.validate(Some("impatient"), t0()).unwrap(),
             PutMode::Upsert,
             t0(),
+            Audit::none(),
         )
         .await
         .unwrap();
@@ -3747,7 +4028,11 @@ pub async fn a_retried_run_reopens_with_its_skipped_dependants(store: &dyn Store
             "{name}"
         );
     }
-    assert!(store.retry_run(999_999, at).await.unwrap().is_none());
+    assert!(store
+        .retry_run(999_999, at, Audit::none())
+        .await
+        .unwrap()
+        .is_none());
 
     // Two minutes later: the step that waits up to a minute stays skipped, the pipeline
     // waits for extract again, all the way down.
@@ -3864,7 +4149,10 @@ pub async fn auto_priority_ranks_by_the_jobs_downstream(store: &dyn Store) {
         "runs take the rank"
     );
     // The graph shrinks: ranks above follow, at every level.
-    store.delete_job("default", "c", false, t0()).await.unwrap();
+    store
+        .delete_job("default", "c", false, t0(), Audit::none())
+        .await
+        .unwrap();
     assert_eq!((rank("root").await, rank("a").await), (2, 0));
     // A definition that stops waiting for root takes its subtree away from root's rank.
     let mut b = store.get_job("default", "b").await.unwrap().unwrap().spec;
@@ -3875,6 +4163,7 @@ pub async fn auto_priority_ranks_by_the_jobs_downstream(store: &dyn Store) {
             &b.validate(Some("b"), t0()).unwrap(),
             PutMode::Upsert,
             t0(),
+            Audit::none(),
         )
         .await
         .unwrap();
@@ -3974,7 +4263,7 @@ pub async fn recovered_follows_a_failure_and_a_namespace_default_applies(store: 
     worker(store, "w", t0()).await;
     let defaults = settings(serde_json::json!({"notify": hook(&["failed", "recovered"])}));
     store
-        .put_namespace("default", &defaults, t0())
+        .put_namespace("default", &defaults, t0(), Audit::none())
         .await
         .expect("put_namespace");
     let j = put(store, "flaky", every_second(serde_json::json!({}))).await;
@@ -4096,6 +4385,7 @@ pub async fn a_namespaces_late_rule_reaches_only_the_jobs_that_follow_it(store: 
             "default",
             &settings(serde_json::json!({"notify": late})),
             t0(),
+            Audit::none(),
         )
         .await
         .expect("put_namespace");
@@ -4314,7 +4604,7 @@ pub async fn a_heartbeat_run_waits_for_a_ping_and_fails_without_one(store: &dyn 
     );
     // A heartbeat run is not retried.
     let retried = store
-        .retry_run(second.run_id, t0() + secs(20_000))
+        .retry_run(second.run_id, t0() + secs(20_000), Audit::none())
         .await
         .unwrap();
     assert!(

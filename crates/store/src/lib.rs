@@ -30,6 +30,7 @@ use sked_core::schedule::ScheduleKind;
 use sked_core::target::TargetSpec;
 use sked_core::Instant;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use postgres::PgStore;
@@ -66,6 +67,59 @@ pub enum StoreError {
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// The audit trail's entries for one change, made from what the change did and written in the
+/// change's own transaction: the change and its entries commit together, or neither does.
+/// [`Audit::none`] for a write nobody is accountable for (the firing loop, tests).
+pub struct Audit<T>(Option<Arc<AuditFn<T>>>);
+
+type AuditFn<T> = dyn Fn(&T) -> Vec<AuditEntry> + Send + Sync;
+
+impl<T: 'static> Audit<T> {
+    /// No entry: the write is not audited.
+    pub fn none() -> Self {
+        Audit(None)
+    }
+
+    /// The entries `make` says the change's outcome calls for (none, one, or several).
+    pub fn new(make: impl Fn(&T) -> Vec<AuditEntry> + Send + Sync + 'static) -> Self {
+        Audit(Some(Arc::new(make)))
+    }
+
+    /// The entries for `outcome`. It may be asked more than once: a transaction that is run
+    /// again (PostgreSQL rolled it back) writes them again.
+    pub fn entries(&self, outcome: &T) -> Vec<AuditEntry> {
+        self.0
+            .as_ref()
+            .map(|make| make(outcome))
+            .unwrap_or_default()
+    }
+}
+
+impl<T> Clone for Audit<T> {
+    fn clone(&self) -> Self {
+        Audit(self.0.clone())
+    }
+}
+
+/// Told how every write transaction of a store ended, for readiness (`/readyz`): a commit,
+/// or a failure of the database itself (a full disk, a lost connection). A write the store
+/// refused for what it asked (a conflict, a namespace's cap) is neither: it says nothing about
+/// whether the store commits.
+pub trait WriteObserver: Send + Sync + 'static {
+    fn committed(&self);
+    fn failed(&self, error: &StoreError);
+}
+
+/// Tells `observer` how a write ended.
+pub(crate) fn observe_write<T>(observer: Option<&dyn WriteObserver>, result: &Result<T>) {
+    let Some(observer) = observer else { return };
+    match result {
+        Ok(_) => observer.committed(),
+        Err(e @ (StoreError::Database(_) | StoreError::Open(_))) => observer.failed(e),
+        Err(_) => {}
+    }
+}
 
 /// How `put_job` treats an existing job of the same name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -337,6 +391,8 @@ pub struct NewWorker {
     pub namespaces: Vec<String>,
     /// The token it registered with; `None` on an open development server.
     pub token_id: Option<i64>,
+    /// A server node's broker publisher (`WorkerRecord::publisher`).
+    pub publisher: bool,
 }
 
 /// A token to keep: what it grants, and the hash of its secret. The secret itself is never
@@ -577,6 +633,7 @@ pub trait Store: Send + Sync + 'static {
         job: &ValidJob,
         mode: PutMode,
         now: Instant,
+        audit: Audit<(PutOutcome, JobRecord)>,
     ) -> Result<(PutOutcome, JobRecord)>;
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>>;
     async fn get_job_by_id(&self, id: i64) -> Result<Option<JobRecord>>;
@@ -593,6 +650,7 @@ pub trait Store: Send + Sync + 'static {
         name: &str,
         force: bool,
         now: Instant,
+        audit: Audit<Option<DeletedJob>>,
     ) -> Result<Option<DeletedJob>>;
     /// Pauses or resumes. A completed job stays completed.
     async fn set_paused(
@@ -601,6 +659,7 @@ pub trait Store: Send + Sync + 'static {
         name: &str,
         paused: bool,
         now: Instant,
+        audit: Audit<Option<JobRecord>>,
     ) -> Result<Option<JobRecord>>;
     /// The dependency edges of namespace `namespace` on the `toward` side of `jobs`: those
     /// whose dependant (upstream side) or whose upstream (downstream side) is one of them.
@@ -625,7 +684,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes a batch of instants in one transaction: one run per `(job, scheduled_for)` (a
     /// second insert is a no-op), the overlap policy applied, firing states advanced.
-    async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome>;
+    async fn record_fires(
+        &self,
+        fires: &[Fire],
+        now: Instant,
+        audit: Audit<FireOutcome>,
+    ) -> Result<FireOutcome>;
     /// Queued runs with their dispatch details: the given ones, or all when `ids` is `None`.
     async fn queued_runs(&self, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>>;
     /// The ids of queued runs ready before `ready_before`, ascending, at most `limit` of those
@@ -655,13 +719,23 @@ pub trait Store: Send + Sync + 'static {
         reports: &[AttemptReport],
         now: Instant,
     ) -> Result<Vec<CompletionEffect>>;
-    async fn cancel_run(&self, run_id: i64, now: Instant) -> Result<Option<CancelOutcome>>;
+    async fn cancel_run(
+        &self,
+        run_id: i64,
+        now: Instant,
+        audit: Audit<Option<CancelOutcome>>,
+    ) -> Result<Option<CancelOutcome>>;
     /// Reopens a run that ended otherwise than succeeded (`RunState::may_reopen`), with a fresh
     /// retry budget: queued at once (overlap does not hold back what a user asked for), or
     /// waiting when its own dependencies are unmet (refused when they can no longer be met).
     /// Its dependants' runs skipped because it failed wait for it again while their
     /// `deps_timeout`, counted from when they were recorded, lasts; and theirs in turn.
-    async fn retry_run(&self, run_id: i64, now: Instant) -> Result<Option<RetryOutcome>>;
+    async fn retry_run(
+        &self,
+        run_id: i64,
+        now: Instant,
+        audit: Audit<Option<RetryOutcome>>,
+    ) -> Result<Option<RetryOutcome>>;
     async fn get_run(&self, run_id: i64) -> Result<Option<(RunRecord, Vec<AttemptRecord>)>>;
     async fn list_runs(&self, query: &RunQuery) -> Result<Page<RunRecord>>;
     /// Counts and lateness percentiles over the job's runs (all jobs of that name).
@@ -677,6 +751,7 @@ pub trait Store: Send + Sync + 'static {
         namespace: &str,
         event: &sked_core::event::EventSpec,
         now: Instant,
+        audit: Audit<PostedEvent>,
     ) -> Result<PostedEvent>;
     /// Recorded events of a namespace, newest first.
     async fn list_events(&self, query: &EventQuery) -> Result<Vec<EventRecord>>;
@@ -712,6 +787,10 @@ pub trait Store: Send + Sync + 'static {
         lease_until: Instant,
         forgotten_before: Instant,
     ) -> Result<HeartbeatOutcome>;
+    /// A worker's clean stop: it is no longer alive and is `stopped`, not lost; the attempts
+    /// it still holds lose their lease now, so the reaper queues their runs again without
+    /// spending their retry budget. `None` when it is unknown or no longer alive.
+    async fn deregister_worker(&self, id: &str, now: Instant) -> Result<Option<WorkerRecord>>;
     /// Registered workers in id order, a page of at most `limit` after `cursor`.
     async fn list_workers(&self, limit: u32, cursor: Option<&str>) -> Result<Page<WorkerRecord>>;
     /// One worker by id.
@@ -719,7 +798,11 @@ pub trait Store: Send + Sync + 'static {
     /// Asks a live worker to drain: no new attempts for it, which its next heartbeat tells it
     /// (`HeartbeatOutcome::draining`). The worker as it is now; `None` when it is unknown or
     /// declared dead. Asking again changes nothing (`Drained::newly` is false).
-    async fn drain_worker(&self, id: &str) -> Result<Option<Drained>>;
+    async fn drain_worker(
+        &self,
+        id: &str,
+        audit: Audit<Option<Drained>>,
+    ) -> Result<Option<Drained>>;
     /// Deletes up to `limit` workers declared dead whose last heartbeat was before `before`,
     /// and says how many. Their attempts keep the worker's id.
     async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64>;
@@ -748,18 +831,30 @@ pub trait Store: Send + Sync + 'static {
     async fn cluster_nodes(&self, now: Instant) -> Result<Vec<NodeRecord>>;
     /// Changes other server nodes commit from now on; `None` for a store only one node uses.
     async fn subscribe(&self) -> Result<Option<StoreEvents>>;
+    /// Tells `observer` how each write transaction ends from now on (a second observer is
+    /// ignored).
+    fn observe_writes(&self, observer: Arc<dyn WriteObserver>);
 
     // --- tokens and the audit trail -----------------------------------------------------------
 
     /// Keeps a new token. A token of the same name is a [`StoreError::Conflict`].
-    async fn create_token(&self, token: &NewToken, now: Instant) -> Result<TokenRecord>;
+    async fn create_token(
+        &self,
+        token: &NewToken,
+        now: Instant,
+        audit: Audit<TokenRecord>,
+    ) -> Result<TokenRecord>;
     /// The token whose secret hashes to `hash`, expired or not.
     async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>>;
     /// Every token, by name.
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>>;
     /// Deletes the token named `name` and returns it; nothing it authenticated before is
     /// undone.
-    async fn revoke_token(&self, name: &str) -> Result<Option<TokenRecord>>;
+    async fn revoke_token(
+        &self,
+        name: &str,
+        audit: Audit<Option<TokenRecord>>,
+    ) -> Result<Option<TokenRecord>>;
     /// Records when tokens were last used; an earlier instant than the one kept is ignored.
     async fn touch_tokens(&self, used: &[(i64, Instant)]) -> Result<()>;
     /// Appends entries to the audit trail, in one transaction.
@@ -781,9 +876,14 @@ pub trait Store: Send + Sync + 'static {
         name: &str,
         spec: &NamespaceSpec,
         now: Instant,
+        audit: Audit<(Option<NamespaceRecord>, NamespaceRecord)>,
     ) -> Result<(Option<NamespaceRecord>, NamespaceRecord)>;
     /// Forgets a namespace's settings (its jobs stay, under the defaults).
-    async fn delete_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>>;
+    async fn delete_namespace(
+        &self,
+        name: &str,
+        audit: Audit<Option<NamespaceRecord>>,
+    ) -> Result<Option<NamespaceRecord>>;
     /// Keeps a secret's sealed value (the server seals it; the store never sees it in clear).
     /// Returns whether it was created, and its record. Refused past
     /// [`sked_core::namespace::MAX_SECRETS_PER_NAMESPACE`] secrets in the namespace.
@@ -793,10 +893,16 @@ pub trait Store: Send + Sync + 'static {
         name: &str,
         sealed: &str,
         now: Instant,
+        audit: Audit<(bool, SecretRecord)>,
     ) -> Result<(bool, SecretRecord)>;
     /// The secrets of a namespace, by name, without their values.
     async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>>;
-    async fn delete_secret(&self, namespace: &str, name: &str) -> Result<Option<SecretRecord>>;
+    async fn delete_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        audit: Audit<Option<SecretRecord>>,
+    ) -> Result<Option<SecretRecord>>;
     /// The sealed values of the secrets `(namespace, name)` that exist, for the attempts being
     /// handed out.
     async fn sealed_secrets(&self, wanted: &[SecretName]) -> Result<BTreeMap<SecretName, String>>;

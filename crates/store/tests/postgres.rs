@@ -9,7 +9,7 @@
 
 use sked_core::cluster::{partition_of, PARTITIONS, PARTITION_SQL};
 use sked_core::run::Trigger;
-use sked_store::{Fire, NodeInfo, PgStore, PutMode, Store, StoreError, StoreEvent};
+use sked_store::{Audit, Fire, NodeInfo, PgStore, PutMode, Store, StoreError, StoreEvent};
 use std::time::Duration;
 use tokio_postgres::NoTls;
 
@@ -177,7 +177,7 @@ async fn a_filling_partition_is_analyzed_by_the_upkeep() {
         .await
         .unwrap();
     let (_, j) = store
-        .put_job("default", &job(), PutMode::CreateOnly, base)
+        .put_job("default", &job(), PutMode::CreateOnly, base, Audit::none())
         .await
         .unwrap();
     let starts = chrono::DateTime::from_timestamp_micros(starts).unwrap();
@@ -196,7 +196,12 @@ async fn a_filling_partition_is_analyzed_by_the_upkeep() {
             })
             .collect();
         assert_eq!(
-            store.record_fires(&fires, base).await.unwrap().runs.len(),
+            store
+                .record_fires(&fires, base, Audit::none())
+                .await
+                .unwrap()
+                .runs
+                .len(),
             500
         );
     }
@@ -312,7 +317,7 @@ async fn nodes_connecting_at_once_migrate_once() {
     );
     // Both nodes see one database.
     let now = chrono::Utc::now();
-    a.put_job("default", &job(), PutMode::CreateOnly, now)
+    a.put_job("default", &job(), PutMode::CreateOnly, now, Audit::none())
         .await
         .unwrap();
     assert!(b.get_job("default", "kept").await.unwrap().is_some());
@@ -332,7 +337,7 @@ async fn data_survives_reconnecting() {
     {
         let store = PgStore::connect(&schema.url()).await.unwrap();
         store
-            .put_job("default", &job(), PutMode::Upsert, now)
+            .put_job("default", &job(), PutMode::Upsert, now, Audit::none())
             .await
             .unwrap();
     }
@@ -428,7 +433,13 @@ async fn a_version_2_database_upgrades_and_keeps_its_runs_and_workers() {
         b"hello".to_vec()
     );
     let (_, job) = store
-        .put_job("default", &job(), PutMode::Upsert, chrono::Utc::now())
+        .put_job(
+            "default",
+            &job(),
+            PutMode::Upsert,
+            chrono::Utc::now(),
+            Audit::none(),
+        )
         .await
         .unwrap();
     let fired = store
@@ -442,6 +453,7 @@ async fn a_version_2_database_upgrades_and_keeps_its_runs_and_workers() {
                 advance: None,
             }],
             chrono::Utc::now(),
+            Audit::none(),
         )
         .await
         .unwrap();
@@ -645,7 +657,7 @@ async fn other_nodes_hear_of_changes_and_a_node_not_of_its_own() {
         .expect("PostgreSQL has events");
     let now = chrono::Utc::now();
     let (_, created) = writer
-        .put_job("default", &job(), PutMode::Upsert, now)
+        .put_job("default", &job(), PutMode::Upsert, now, Audit::none())
         .await
         .unwrap();
     assert_eq!(
@@ -663,6 +675,7 @@ async fn other_nodes_hear_of_changes_and_a_node_not_of_its_own() {
                 advance: None,
             }],
             now,
+            Audit::none(),
         )
         .await
         .unwrap();

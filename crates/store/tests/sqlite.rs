@@ -1,6 +1,6 @@
 //! The store contract on SQLite, plus what only a file-backed store can show.
 
-use sked_store::{SqliteStore, Store};
+use sked_store::{Audit, SqliteStore, Store};
 
 async fn open() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temporary directory");
@@ -23,7 +23,13 @@ async fn data_survives_reopening() {
     {
         let store = SqliteStore::open(&path).unwrap();
         store
-            .put_job("default", &job, sked_store::PutMode::Upsert, now)
+            .put_job(
+                "default",
+                &job,
+                sked_store::PutMode::Upsert,
+                now,
+                Audit::none(),
+            )
             .await
             .unwrap();
     }
@@ -48,7 +54,13 @@ async fn a_dropped_store_leaves_its_commits_in_the_database_file_alone() {
             now,
         );
         store
-            .put_job("default", &job, sked_store::PutMode::Upsert, now)
+            .put_job(
+                "default",
+                &job,
+                sked_store::PutMode::Upsert,
+                now,
+                Audit::none(),
+            )
             .await
             .expect("a write");
     }

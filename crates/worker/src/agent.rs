@@ -156,6 +156,7 @@ async fn serve(
             task.abort();
         }
     }
+    agent.deregister().await;
     Ok(())
 }
 
@@ -662,6 +663,26 @@ impl Agent {
                     }
                 }
             }
+        }
+    }
+
+    /// Tells the server this worker stopped cleanly, once everything is reported: it is then
+    /// listed `stopped`, not lost. Tried once; a server that does not answer declares the
+    /// worker dead after the heartbeat timeout, as before.
+    async fn deregister(&self) {
+        let worker_id = self.session.borrow().worker_id.clone();
+        let path = format!("/api/v1/workers/{}/deregister", segment(&worker_id));
+        let sent = self
+            .client
+            .post_json::<_, serde_json::Value>(
+                &path,
+                &serde_json::json!({}),
+                self.config.request_timeout.min(Duration::from_secs(3)),
+            )
+            .await;
+        match sent {
+            Ok(_) => tracing::info!("worker {worker_id} stopped"),
+            Err(e) => tracing::warn!("could not tell the server this worker stopped: {e}"),
         }
     }
 

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use sked_core::run::{RunState, Trigger};
 use sked_core::schedule::Schedule;
 use sked_core::Instant;
-use sked_store::Fire;
+use sked_store::{Fire, FireOutcome};
 
 /// The most runs one backfill records: a larger range is backfilled in parts. For a job that
 /// is not sharded, that many instants; a sharded job's instant is its shards, and a
@@ -132,7 +132,33 @@ pub async fn backfill(
                 advance: None,
             })
             .collect();
-        let outcome = state.store.record_fires(&fires, now).await?;
+        // Each part is audited in its own transaction: an entry for every part recorded.
+        let (ns, job_name) = (namespace.clone(), name.clone());
+        let (from, to) = (req.from, req.to);
+        let part = (chunk.first().copied(), chunk.last().copied());
+        let audit = audit::by(&caller, move |outcome: &FireOutcome| {
+            let recorded: usize = outcome
+                .runs
+                .iter()
+                .filter(|run| run.inserted)
+                .map(|run| run.all_runs().count())
+                .sum();
+            let existing = outcome.runs.iter().filter(|run| !run.inserted).count();
+            Some(Change {
+                action: "job.backfill",
+                namespace: Some(ns.clone()),
+                object: Some(job_name.clone()),
+                before: None,
+                after: Some(serde_json::json!({
+                    "from": from,
+                    "to": to,
+                    "part": {"from": part.0, "to": part.1},
+                    "recorded": recorded,
+                    "existing": existing,
+                })),
+            })
+        });
+        let outcome = state.store.record_fires(&fires, now, audit).await?;
         let mut queued = outcome.released;
         for run in &outcome.runs {
             if run.inserted {
@@ -150,18 +176,5 @@ pub async fn backfill(
                 .enqueue(state.store.queued_runs(Some(&queued)).await?);
         }
     }
-    let change = Change {
-        action: "job.backfill",
-        namespace: Some(&namespace),
-        object: Some(name),
-        before: None,
-        after: Some(serde_json::json!({
-            "from": req.from,
-            "to": req.to,
-            "recorded": answer.recorded.len(),
-            "existing": answer.existing,
-        })),
-    };
-    audit::record(&state, &caller, change).await;
     Ok(Json(answer))
 }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sked_core::event::EventSpec;
 use sked_core::records::EventRecord;
 use sked_core::Instant;
-use sked_store::EventQuery;
+use sked_store::{EventQuery, PostedEvent};
 
 /// A recorded event, and what posting it did.
 #[derive(Debug, Serialize)]
@@ -43,9 +43,19 @@ pub async fn post(
     let namespace = ns.checked(&caller)?;
     let spec: EventSpec = parse_json(&body(raw)?)?;
     spec.validate()?;
+    let (ns, key, id) = (namespace.clone(), spec.key.clone(), spec.id.clone());
+    let audit = audit::by(&caller, move |posted: &PostedEvent| {
+        posted.created.then(|| Change {
+            action: "event.post",
+            namespace: Some(ns.clone()),
+            object: Some(key.clone()),
+            before: None,
+            after: Some(serde_json::json!({"id": id, "started": posted.started})),
+        })
+    });
     let posted = state
         .store
-        .post_event(&namespace, &spec, Utc::now())
+        .post_event(&namespace, &spec, Utc::now(), audit)
         .await?;
     if !posted.created {
         // The same id with another payload is a mistake the sender should hear about, not a
@@ -76,14 +86,6 @@ pub async fn post(
             .dispatcher
             .enqueue(state.store.queued_runs(Some(&posted.queued)).await?);
     }
-    let change = Change {
-        action: "event.post",
-        namespace: Some(&namespace),
-        object: Some(spec.key.clone()),
-        before: None,
-        after: Some(serde_json::json!({"id": spec.id, "started": posted.started})),
-    };
-    audit::record(&state, &caller, change).await;
     Ok((
         StatusCode::CREATED,
         Json(PostedView {

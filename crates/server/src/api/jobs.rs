@@ -23,7 +23,9 @@ use sked_core::run::{RunState, Trigger};
 use sked_core::schedule::{Schedule, ScheduleKind, ScheduleSpec};
 use sked_core::target::TargetSpec;
 use sked_core::{Instant, SpecError};
-use sked_store::{Fire, JobQuery, JobSort, Page, PutMode, PutOutcome, RunQuery};
+use sked_store::{
+    DeletedJob, Fire, FireOutcome, JobQuery, JobSort, Page, PutMode, PutOutcome, RunQuery,
+};
 use std::collections::BTreeMap;
 
 /// The fields a [`JobView`] adds to the definition: what a client removes from a job it read
@@ -143,17 +145,26 @@ pub(super) async fn store_job(
         PutMode::Upsert => state.store.get_job(namespace, &job.name).await?,
         PutMode::CreateOnly => None,
     };
-    let (outcome, record) = state.store.put_job(namespace, &job, mode, now).await?;
+    let before = before.map(|b| definition(&b.spec));
+    let ns = namespace.to_string();
+    let audit = audit::by(
+        caller,
+        move |(outcome, record): &(PutOutcome, JobRecord)| {
+            (*outcome != PutOutcome::Unchanged).then(|| Change {
+                action,
+                namespace: Some(ns.clone()),
+                object: Some(record.name.clone()),
+                before: before.clone(),
+                after: Some(definition(&record.spec)),
+            })
+        },
+    );
+    let (outcome, record) = state
+        .store
+        .put_job(namespace, &job, mode, now, audit)
+        .await?;
     if outcome != PutOutcome::Unchanged {
         state.firing.reload(record.id);
-        let change = Change {
-            action,
-            namespace: Some(namespace),
-            object: Some(record.name.clone()),
-            before: before.map(|b| definition(&b.spec)),
-            after: Some(definition(&record.spec)),
-        };
-        audit::record(state, caller, change).await;
     }
     let status = if outcome == PutOutcome::Created {
         StatusCode::CREATED
@@ -399,32 +410,37 @@ pub async fn delete(
         namespace: params.namespace,
     }
     .checked(&caller)?;
+    let ns = namespace.clone();
+    let audit = audit::by(&caller, move |deleted: &Option<DeletedJob>| {
+        let Some(deleted) = deleted else {
+            return Vec::new();
+        };
+        let mut changes = vec![Change {
+            action: "job.delete",
+            namespace: Some(ns.clone()),
+            object: Some(deleted.job.name.clone()),
+            before: Some(definition(&deleted.job.spec)),
+            after: None,
+        }];
+        changes.extend(deleted.paused_dependants.iter().map(|dependant| Change {
+            action: "job.pause",
+            namespace: Some(ns.clone()),
+            object: Some(dependant.name.clone()),
+            before: None,
+            after: Some(serde_json::json!({"because_deleted": deleted.job.name})),
+        }));
+        changes
+    });
     let deleted = state
         .store
-        .delete_job(&namespace, &name, params.force, Utc::now())
+        .delete_job(&namespace, &name, params.force, Utc::now(), audit)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))?;
     state.firing.reload(deleted.job.id);
     // Other nodes learn it from the store's announcement.
     state.dispatcher.remove(&deleted.cancelled);
-    let change = Change {
-        action: "job.delete",
-        namespace: Some(&namespace),
-        object: Some(name.clone()),
-        before: Some(definition(&deleted.job.spec)),
-        after: None,
-    };
-    audit::record(&state, &caller, change).await;
     for dependant in &deleted.paused_dependants {
         state.firing.reload(dependant.id);
-        let change = Change {
-            action: "job.pause",
-            namespace: Some(&namespace),
-            object: Some(dependant.name.clone()),
-            before: None,
-            after: Some(serde_json::json!({"because_deleted": name})),
-        };
-        audit::record(&state, &caller, change).await;
     }
     Ok(Json(DeletedView {
         paused_dependants: deleted
@@ -444,20 +460,22 @@ async fn set_paused(
     paused: bool,
 ) -> Result<Json<JobView>, ApiError> {
     let namespace = ns.checked(caller)?;
+    let ns = namespace.clone();
+    let audit = audit::by(caller, move |job: &Option<JobRecord>| {
+        job.as_ref().map(|job| Change {
+            action: if paused { "job.pause" } else { "job.resume" },
+            namespace: Some(ns.clone()),
+            object: Some(job.name.clone()),
+            before: None,
+            after: None,
+        })
+    });
     let job = state
         .store
-        .set_paused(&namespace, &name, paused, Utc::now())
+        .set_paused(&namespace, &name, paused, Utc::now(), audit)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("job {name:?} in namespace {namespace:?}")))?;
     state.firing.reload(job.id);
-    let change = Change {
-        action: if paused { "job.pause" } else { "job.resume" },
-        namespace: Some(&namespace),
-        object: Some(name),
-        before: None,
-        after: None,
-    };
-    audit::record(state, caller, change).await;
     Ok(Json(JobView::from(job)))
 }
 
@@ -499,9 +517,23 @@ pub async fn trigger(
             ready_at: instant,
             advance: None,
         };
+        let (ns, job_name) = (namespace.clone(), name.clone());
+        let audit = audit::by(&caller, move |outcome: &FireOutcome| {
+            outcome
+                .runs
+                .first()
+                .filter(|run| run.inserted)
+                .map(|run| Change {
+                    action: "job.trigger",
+                    namespace: Some(ns.clone()),
+                    object: Some(job_name.clone()),
+                    before: None,
+                    after: Some(serde_json::json!({"run_id": run.run_id})),
+                })
+        });
         let outcome = state
             .store
-            .record_fires(std::slice::from_ref(&fire), Utc::now())
+            .record_fires(std::slice::from_ref(&fire), Utc::now(), audit)
             .await?;
         let Some(run) = outcome.runs.first() else {
             break;
@@ -522,14 +554,6 @@ pub async fn trigger(
                 .get_run(run.run_id)
                 .await?
                 .ok_or_else(|| ApiError::not_found(format!("run {}", run.run_id)))?;
-            let change = Change {
-                action: "job.trigger",
-                namespace: Some(&namespace),
-                object: Some(name.clone()),
-                before: None,
-                after: Some(serde_json::json!({"run_id": record.id})),
-            };
-            audit::record(&state, &caller, change).await;
             return Ok((StatusCode::CREATED, Json(record)));
         }
         instant += chrono::Duration::microseconds(1);

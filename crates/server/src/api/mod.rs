@@ -218,6 +218,12 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
         ),
         route(
             Method::POST,
+            "/api/v1/workers/{id}/deregister",
+            Worker,
+            post(workers::deregister),
+        ),
+        route(
+            Method::POST,
             "/api/v1/workers/{id}/drain",
             Admin,
             post(workers::drain),

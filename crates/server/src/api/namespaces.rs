@@ -121,21 +121,27 @@ pub async fn put(
     for (i, hook) in webhooks(&mut spec) {
         hook.url = seal_value(key, binding, &url_field(i), &hook.url)?;
     }
-    let (before, after) = state.store.put_namespace(&name, &spec, Utc::now()).await?;
+    let ns = name.clone();
+    type Put = (Option<NamespaceRecord>, NamespaceRecord);
+    let audit = audit::by(&caller, move |(before, after): &Put| {
+        Some(Change {
+            action: "namespace.put",
+            namespace: Some(ns.clone()),
+            object: Some(ns.clone()),
+            before: before.as_ref().map(|b| snapshot(&b.spec)),
+            after: Some(snapshot(&after.spec)),
+        })
+    });
+    let (before, after) = state
+        .store
+        .put_namespace(&name, &spec, Utc::now(), audit)
+        .await?;
     crate::namespaces::refresh_now(&state).await;
     let status = if before.is_some() {
         StatusCode::OK
     } else {
         StatusCode::CREATED
     };
-    let change = Change {
-        action: "namespace.put",
-        namespace: Some(&name),
-        object: Some(name.clone()),
-        before: before.map(|b| snapshot(&b.spec)),
-        after: Some(snapshot(&after.spec)),
-    };
-    audit::record(&state, &caller, change).await;
     Ok((status, Json(after.into())))
 }
 
@@ -146,20 +152,22 @@ pub async fn delete(
     Path(name): Path<String>,
 ) -> Result<Json<NamespaceView>, ApiError> {
     entered(&caller, &name)?;
+    let ns = name.clone();
+    let audit = audit::by(&caller, move |deleted: &Option<NamespaceRecord>| {
+        deleted.as_ref().map(|deleted| Change {
+            action: "namespace.delete",
+            namespace: Some(ns.clone()),
+            object: Some(ns.clone()),
+            before: Some(snapshot(&deleted.spec)),
+            after: None,
+        })
+    });
     let deleted = state
         .store
-        .delete_namespace(&name)
+        .delete_namespace(&name, audit)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("settings of namespace {name:?}")))?;
     crate::namespaces::refresh_now(&state).await;
-    let change = Change {
-        action: "namespace.delete",
-        namespace: Some(&name),
-        object: Some(name.clone()),
-        before: Some(snapshot(&deleted.spec)),
-        after: None,
-    };
-    audit::record(&state, &caller, change).await;
     Ok(Json(deleted.into()))
 }
 

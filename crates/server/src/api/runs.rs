@@ -157,9 +157,23 @@ pub async fn cancel(
 ) -> Result<Json<CancelView>, ApiError> {
     // The namespace is checked before anything changes.
     find(&state, &caller, id).await?;
+    let audit = audit::by(&caller, move |outcome: &Option<CancelOutcome>| {
+        let (cancel, run) = match outcome.as_ref()? {
+            CancelOutcome::Cancelled { run, .. } => ("cancelled", run),
+            CancelOutcome::Requested(run) => ("requested", run),
+            CancelOutcome::AlreadyFinished(run) => ("already_finished", run),
+        };
+        Some(Change {
+            action: "run.cancel",
+            namespace: Some(run.namespace.clone()),
+            object: Some(id.to_string()),
+            before: None,
+            after: Some(serde_json::json!({"cancel": cancel, "job": run.job})),
+        })
+    });
     let outcome = state
         .store
-        .cancel_run(id, Utc::now())
+        .cancel_run(id, Utc::now(), audit)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("run {id}")))?;
     let (cancel, run) = match outcome {
@@ -179,14 +193,6 @@ pub async fn cancel(
         CancelOutcome::Requested(run) => ("requested", run),
         CancelOutcome::AlreadyFinished(run) => ("already_finished", run),
     };
-    let change = Change {
-        action: "run.cancel",
-        namespace: Some(&run.namespace),
-        object: Some(id.to_string()),
-        before: None,
-        after: Some(serde_json::json!({"cancel": cancel, "job": run.job})),
-    };
-    audit::record(&state, &caller, change).await;
     Ok(Json(CancelView { cancel, run }))
 }
 
@@ -206,18 +212,40 @@ pub async fn retry(
 ) -> Result<Json<RetryView>, ApiError> {
     // The namespace is checked before anything changes.
     let (before, _) = find(&state, &caller, id).await?;
+    let ended = serde_json::json!({
+        "job": before.job,
+        "skip_reason": before.skip_reason,
+        "error": before.error,
+    });
+    let audit = audit::by(&caller, move |outcome: &Option<RetryOutcome>| {
+        let Some(RetryOutcome::Retried {
+            run, was, reopened, ..
+        }) = outcome
+        else {
+            return None;
+        };
+        let mut before = ended.clone();
+        before["state"] = serde_json::json!(was);
+        Some(Change {
+            action: "run.retry",
+            namespace: Some(run.namespace.clone()),
+            object: Some(id.to_string()),
+            before: Some(before),
+            after: Some(serde_json::json!({"state": run.state, "reopened": reopened})),
+        })
+    });
     let outcome = state
         .store
-        .retry_run(id, Utc::now())
+        .retry_run(id, Utc::now(), audit)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("run {id}")))?;
-    let (run, was, queued, reopened) = match outcome {
+    let (run, queued, reopened) = match outcome {
         RetryOutcome::Retried {
             run,
-            was,
             queued,
             reopened,
-        } => (run, was, queued, reopened),
+            ..
+        } => (run, queued, reopened),
         RetryOutcome::Refused { run, reason } => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -231,19 +259,6 @@ pub async fn retry(
             .dispatcher
             .enqueue(state.store.queued_runs(Some(&queued)).await?);
     }
-    let change = Change {
-        action: "run.retry",
-        namespace: Some(&run.namespace),
-        object: Some(id.to_string()),
-        before: Some(serde_json::json!({
-            "job": before.job,
-            "state": was,
-            "skip_reason": before.skip_reason,
-            "error": before.error,
-        })),
-        after: Some(serde_json::json!({"state": run.state, "reopened": reopened})),
-    };
-    audit::record(&state, &caller, change).await;
     Ok(Json(RetryView { run, reopened }))
 }
 

@@ -64,18 +64,20 @@ pub async fn put(
         &req.value,
     )
     .map_err(|e| ApiError::invalid("value", e.to_string()))?;
+    let ns = namespace.clone();
+    let audit = audit::by(&caller, move |(_, record): &(bool, SecretRecord)| {
+        Some(Change {
+            action: "secret.put",
+            namespace: Some(ns.clone()),
+            object: Some(record.name.clone()),
+            before: None,
+            after: serde_json::to_value(record).ok(),
+        })
+    });
     let (created, record) = state
         .store
-        .put_secret(&namespace, &name, &sealed, Utc::now())
+        .put_secret(&namespace, &name, &sealed, Utc::now(), audit)
         .await?;
-    let change = Change {
-        action: "secret.put",
-        namespace: Some(&namespace),
-        object: Some(name),
-        before: None,
-        after: serde_json::to_value(&record).ok(),
-    };
-    audit::record(&state, &caller, change).await;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -91,20 +93,22 @@ pub async fn delete(
     Query(ns): Query<Namespace>,
 ) -> Result<Json<SecretRecord>, ApiError> {
     let namespace = ns.checked(&caller)?;
+    let ns = namespace.clone();
+    let audit = audit::by(&caller, move |deleted: &Option<SecretRecord>| {
+        deleted.as_ref().map(|record| Change {
+            action: "secret.delete",
+            namespace: Some(ns.clone()),
+            object: Some(record.name.clone()),
+            before: serde_json::to_value(record).ok(),
+            after: None,
+        })
+    });
     let record = state
         .store
-        .delete_secret(&namespace, &name)
+        .delete_secret(&namespace, &name, audit)
         .await?
         .ok_or_else(|| {
             ApiError::not_found(format!("secret {name:?} in namespace {namespace:?}"))
         })?;
-    let change = Change {
-        action: "secret.delete",
-        namespace: Some(&namespace),
-        object: Some(name),
-        before: serde_json::to_value(&record).ok(),
-        after: None,
-    };
-    audit::record(&state, &caller, change).await;
     Ok(Json(record))
 }

@@ -109,7 +109,16 @@ pub async fn create(
         hash: hash_secret(&secret),
         expires_at,
     };
-    let record = match state.store.create_token(&token, now).await {
+    let audit = audit::by(&caller, |record: &TokenRecord| {
+        Some(Change {
+            action: "token.create",
+            namespace: None,
+            object: Some(record.name.clone()),
+            before: None,
+            after: serde_json::to_value(record).ok(),
+        })
+    });
+    let record = match state.store.create_token(&token, now, audit).await {
         Ok(record) => record,
         Err(StoreError::Conflict(_)) => {
             return Err(ApiError::new(
@@ -121,14 +130,6 @@ pub async fn create(
         }
         Err(e) => return Err(e.into()),
     };
-    let change = Change {
-        action: "token.create",
-        namespace: None,
-        object: Some(name),
-        before: None,
-        after: serde_json::to_value(&record).ok(),
-    };
-    audit::record(&state, &caller, change).await;
     Ok((
         StatusCode::CREATED,
         Json(CreatedToken {
@@ -158,18 +159,21 @@ pub async fn revoke(
 ) -> Result<Json<TokenRecord>, ApiError> {
     let record = state
         .store
-        .revoke_token(&name)
+        .revoke_token(
+            &name,
+            audit::by(&caller, |revoked: &Option<TokenRecord>| {
+                revoked.as_ref().map(|record| Change {
+                    action: "token.revoke",
+                    namespace: None,
+                    object: Some(record.name.clone()),
+                    before: serde_json::to_value(record).ok(),
+                    after: None,
+                })
+            }),
+        )
         .await?
         .ok_or_else(|| ApiError::not_found(format!("token {name:?}")))?;
     state.auth.forget_all();
-    let change = Change {
-        action: "token.revoke",
-        namespace: None,
-        object: Some(name),
-        before: serde_json::to_value(&record).ok(),
-        after: None,
-    };
-    audit::record(&state, &caller, change).await;
     Ok(Json(record))
 }
 

@@ -22,7 +22,7 @@ use sked_core::protocol::{
     LeaseResponse, RegisterRequest, RegisterResponse, MAX_WORKER_BROKERS,
 };
 use sked_core::records::WorkerRecord;
-use sked_store::{AppendOutcome, AttemptReport, NewWorker};
+use sked_store::{AppendOutcome, AttemptReport, Drained, NewWorker};
 use std::time::Duration;
 
 #[derive(Debug, Serialize)]
@@ -131,6 +131,7 @@ pub async fn register(
         slots: req.slots,
         namespaces: namespaces.clone(),
         token_id: caller.token_id,
+        publisher: false,
     };
     state.store.register_worker(&worker, Utc::now()).await?;
     state.dispatcher.remember_worker(
@@ -263,22 +264,41 @@ pub async fn drain(
 ) -> Result<Json<WorkerRecord>, ApiError> {
     let drained = state
         .store
-        .drain_worker(&id)
+        .drain_worker(
+            &id,
+            // Audited once: by the request that drained it.
+            audit::by(&caller, |drained: &Option<Drained>| {
+                drained.as_ref().filter(|d| d.newly).map(|drained| Change {
+                    action: "worker.drain",
+                    namespace: None,
+                    object: Some(drained.worker.id.clone()),
+                    before: None,
+                    after: serde_json::to_value(&drained.worker).ok(),
+                })
+            }),
+        )
         .await?
         .ok_or_else(|| ApiError::not_found(format!("live worker {id:?}")))?;
     state.dispatcher.drain_worker(&id);
-    // Audited once: by the request that drained it.
-    if drained.newly {
-        let change = Change {
-            action: "worker.drain",
-            namespace: None,
-            object: Some(id),
-            before: None,
-            after: serde_json::to_value(&drained.worker).ok(),
-        };
-        audit::record(&state, &caller, change).await;
-    }
     Ok(Json(drained.worker))
+}
+
+/// A worker's clean stop, at the end of its shutdown: it is listed `stopped`, not lost, and
+/// any attempt it still holds is taken back now rather than after the heartbeat timeout.
+/// Answers the worker as it is now; afterwards its id is unknown (410), as for a worker
+/// declared dead.
+pub async fn deregister(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<WorkerRecord>, ApiError> {
+    owned_worker(&state, &caller, &id).await?;
+    state.dispatcher.drain_worker(&id);
+    let stopped = state.store.deregister_worker(&id, Utc::now()).await?;
+    state.dispatcher.forget_worker(&id);
+    let stopped = stopped.ok_or_else(|| unknown_worker(&id))?;
+    tracing::info!("worker {id} stopped");
+    Ok(Json(stopped))
 }
 
 /// The worker's registration, from memory or, after a server restart, from the store.

@@ -135,7 +135,7 @@ pub(crate) async fn pass(
 mod tests {
     use super::*;
     use crate::metrics::Metrics;
-    use sked_store::{Fire, Store};
+    use sked_store::{Audit, Fire, Store};
 
     /// A run whose announcement never came (its node stopped between commit and announcing)
     /// is found once it has been ready for a while, and only then; a run held here that the
@@ -151,7 +151,13 @@ mod tests {
             now,
         );
         let (_, job) = store
-            .put_job("default", &job, sked_store::PutMode::Upsert, now)
+            .put_job(
+                "default",
+                &job,
+                sked_store::PutMode::Upsert,
+                now,
+                Audit::none(),
+            )
             .await
             .unwrap();
         let long_ago = now - chrono::Duration::from_std(AGE * 2).unwrap();
@@ -166,7 +172,11 @@ mod tests {
         let older = long_ago - chrono::Duration::seconds(1);
         let oldest = older - chrono::Duration::seconds(1);
         let fired = store
-            .record_fires(&[fire(oldest), fire(older), fire(long_ago), fire(now)], now)
+            .record_fires(
+                &[fire(oldest), fire(older), fire(long_ago), fire(now)],
+                now,
+                Audit::none(),
+            )
             .await
             .unwrap();
         let ids: Vec<i64> = fired.runs.iter().map(|run| run.run_id).collect();
@@ -174,7 +184,10 @@ mod tests {
 
         let dispatcher = Dispatcher::new(Arc::new(Metrics::default()));
         dispatcher.enqueue(store.queued_runs(Some(&[cancelled, held])).await.unwrap());
-        store.cancel_run(cancelled, now).await.unwrap();
+        store
+            .cancel_run(cancelled, now, Audit::none())
+            .await
+            .unwrap();
         let (_stop, mut shutdown) = watch::channel(false);
         // One id a page: the pass reads on past a page of runs it already holds.
         let done = pass(&store, &dispatcher, 1, &mut shutdown).await.unwrap();

@@ -19,7 +19,6 @@
 mod slots;
 
 use crate::dispatch::Dispatcher;
-use crate::health::StoreHealth;
 use crate::metrics::Metrics;
 use chrono::Utc;
 use sked_core::cluster::partition_of;
@@ -28,7 +27,7 @@ use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::schedule::Schedule;
 use sked_core::Instant;
-use sked_store::{Advance, Fire, QueuedRun, Store};
+use sked_store::{Advance, Audit, Fire, QueuedRun, Store};
 use slots::{is_frequent, Slot, Slots};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -78,7 +77,6 @@ pub struct FiringLoop {
     store: Arc<dyn Store>,
     dispatcher: Arc<Dispatcher>,
     metrics: Arc<Metrics>,
-    health: Arc<StoreHealth>,
     backlog: BacklogLimits,
     batch: usize,
     rx: mpsc::UnboundedReceiver<Change>,
@@ -101,7 +99,6 @@ impl FiringLoop {
         store: Arc<dyn Store>,
         dispatcher: Arc<Dispatcher>,
         metrics: Arc<Metrics>,
-        health: Arc<StoreHealth>,
         batch: usize,
         backlog: BacklogLimits,
     ) -> (FiringHandle, FiringLoop) {
@@ -110,7 +107,6 @@ impl FiringLoop {
             store,
             dispatcher,
             metrics,
-            health,
             backlog,
             batch: batch.max(1),
             rx,
@@ -146,7 +142,8 @@ impl FiringLoop {
                 }
                 _ = until(next_due) => {
                     let written = self.fire_due(&mut shutdown).await;
-                    if self.health.report("ledger write", written).is_err() {
+                    // The store told readiness about the failure.
+                    if written.is_err() {
                         // The instants stay due in the store; rebuild from it after a pause.
                         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                         self.reload_held(&mut shutdown).await;
@@ -383,7 +380,10 @@ impl FiringLoop {
         let fires: Vec<Fire> = pending.iter().map(|p| p.fire.clone()).collect();
         let outcome = self
             .metrics
-            .store_call("record_fires", self.store.record_fires(&fires, now))
+            .store_call(
+                "record_fires",
+                self.store.record_fires(&fires, now, Audit::none()),
+            )
             .await?;
         let mut queued = Vec::new();
         let mut read_back = Vec::new();

@@ -175,6 +175,7 @@ async fn register(state: &AppState, shutdown: &mut watch::Receiver<bool>) -> Opt
         slots: SLOTS,
         namespaces: vec![sked_core::auth::ALL_NAMESPACES.to_string()],
         token_id: None,
+        publisher: true,
     };
     loop {
         match state.store.register_worker(&worker, Utc::now()).await {
@@ -334,6 +335,11 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     }
     drop(outcomes);
     let _ = tokio::time::timeout_at(deadline + Duration::from_secs(5), recorder).await;
+    // A clean stop: listed as stopped, not lost, and its awaiting runs are taken back now.
+    let stop = state.store.deregister_worker(&id, Utc::now());
+    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(2), stop).await {
+        tracing::warn!("the publisher could not record its stop: {e}");
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -8,7 +8,7 @@
 
 use super::{is_sealed, Binding, SecretError, SecretKey};
 use crate::secrets::seal_value;
-use sked_store::{SealedColumn, Store, StoreError, StoredSeal};
+use sked_store::{Audit, SealedColumn, Store, StoreError, StoredSeal};
 
 /// What [`reseal`] did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -153,7 +153,12 @@ async fn seal_default_urls(store: &dyn Store, key: &SecretKey) -> Result<u64, St
         }
         if changed {
             store
-                .put_namespace(&namespace.name, &namespace.spec, chrono::Utc::now())
+                .put_namespace(
+                    &namespace.name,
+                    &namespace.spec,
+                    chrono::Utc::now(),
+                    Audit::none(),
+                )
                 .await?;
         }
     }

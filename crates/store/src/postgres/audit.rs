@@ -2,17 +2,27 @@
 //! refused), read newest first, and trimmed oldest first by retention.
 //!
 //! Owns the `audit` table and nothing else; an entry is never changed once written. What an
-//! entry says (the actor, the redacted snapshots) is decided by the server. Appends lock
+//! entry says (the actor, the redacted snapshots) is decided by the server; a change's entries are
+//! appended in the change's own transaction (`append_for`). Appends lock
 //! nothing another transaction waits for, so they stand outside the lock order of `mod.rs`.
 
 use super::rows::{self, micros, AUDIT_COLUMNS};
 use super::{PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
 use crate::shared::to_json;
-use crate::{AuditQuery, Page};
+use crate::{Audit, AuditQuery, Page};
 use sked_core::records::{AuditEntry, AuditRecord};
 use sked_core::Instant;
 use tokio_postgres::types::ToSql;
+
+/// Appends the entries `audit` makes of `outcome`, in the transaction of the change.
+pub async fn append_for<T: 'static>(tx: &Tx<'_>, audit: &Audit<T>, outcome: &T) -> PgResult<()> {
+    let entries = audit.entries(outcome);
+    if entries.is_empty() {
+        return Ok(());
+    }
+    append(tx, &entries).await
+}
 
 pub async fn append(tx: &Tx<'_>, entries: &[AuditEntry]) -> PgResult<()> {
     let stmt = tx

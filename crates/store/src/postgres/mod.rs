@@ -131,6 +131,8 @@ pub struct PgStore {
     channel: Channel,
     /// Announces runs queued and dequeued, after their transactions commit.
     announcer: Announcer,
+    /// Told how each write ended (`Store::observe_writes`).
+    observer: std::sync::OnceLock<Arc<dyn WriteObserver>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -189,6 +191,7 @@ impl PgStore {
             pool,
             config,
             channel,
+            observer: std::sync::OnceLock::new(),
         })
     }
 
@@ -228,7 +231,7 @@ pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
 macro_rules! transact {
     ($store:expr, $kind:ident, |$tx:ident| $body:expr) => {{
         let mut tries = 0;
-        loop {
+        let outcome = loop {
             tries += 1;
             let result: PgResult<_> = async {
                 let mut client = $store.client().await?;
@@ -248,8 +251,16 @@ macro_rules! transact {
                 continue;
             }
             break result.map_err(StoreError::from);
-        }
+        };
+        transact!(@observe $kind, $store, &outcome);
+        outcome
     }};
+    (@observe write, $store:expr, $outcome:expr) => {
+        observe_write($store.observer.get().map(|o| o.as_ref()), $outcome)
+    };
+    (@observe read, $store:expr, $outcome:expr) => {
+        ()
+    };
     (@begin write, $client:ident) => {
         $client.transaction().await?
     };
@@ -271,6 +282,7 @@ impl Store for PgStore {
         job: &ValidJob,
         mode: PutMode,
         now: Instant,
+        audit: Audit<(PutOutcome, JobRecord)>,
     ) -> Result<(PutOutcome, JobRecord)> {
         transact!(self, write, |tx| {
             let (outcome, job) = jobs::put(&tx, namespace, job, mode, now).await?;
@@ -279,7 +291,9 @@ impl Store for PgStore {
                     .notify(&tx, Kind::JobChanged, &[job.id])
                     .await?;
             }
-            (outcome, job)
+            let written = (outcome, job);
+            audit::append_for(&tx, &audit, &written).await?;
+            written
         })
     }
 
@@ -306,6 +320,7 @@ impl Store for PgStore {
         name: &str,
         force: bool,
         now: Instant,
+        audit: Audit<Option<DeletedJob>>,
     ) -> Result<Option<DeletedJob>> {
         let deleted = transact!(self, write, |tx| {
             let deleted = jobs::delete(&tx, namespace, name, force, now).await?;
@@ -317,6 +332,7 @@ impl Store for PgStore {
                     self.channel.notify(&tx, Kind::JobChanged, &[id]).await?;
                 }
             }
+            audit::append_for(&tx, &audit, &deleted).await?;
             deleted
         })?;
         if let Some(deleted) = &deleted {
@@ -333,6 +349,7 @@ impl Store for PgStore {
         name: &str,
         paused: bool,
         now: Instant,
+        audit: Audit<Option<JobRecord>>,
     ) -> Result<Option<JobRecord>> {
         transact!(self, write, |tx| {
             let changed = jobs::set_paused(&tx, namespace, name, paused, now).await?;
@@ -341,6 +358,7 @@ impl Store for PgStore {
                     .notify(&tx, Kind::JobChanged, &[job.id])
                     .await?;
             }
+            audit::append_for(&tx, &audit, &changed).await?;
             changed
         })
     }
@@ -369,9 +387,17 @@ impl Store for PgStore {
         .await?)
     }
 
-    async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
-        let outcome = transact!(self, write, |tx| ledger::record_fires(&tx, fires, now)
-            .await?)?;
+    async fn record_fires(
+        &self,
+        fires: &[Fire],
+        now: Instant,
+        audit: Audit<FireOutcome>,
+    ) -> Result<FireOutcome> {
+        let outcome = transact!(self, write, |tx| {
+            let outcome = ledger::record_fires(&tx, fires, now).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })?;
         let queued: Vec<i64> = outcome
             .runs
             .iter()
@@ -453,9 +479,17 @@ impl Store for PgStore {
         Ok(effects)
     }
 
-    async fn cancel_run(&self, run_id: i64, now: Instant) -> Result<Option<CancelOutcome>> {
-        let outcome = transact!(self, write, |tx| ledger::cancel_run(&tx, run_id, now)
-            .await?)?;
+    async fn cancel_run(
+        &self,
+        run_id: i64,
+        now: Instant,
+        audit: Audit<Option<CancelOutcome>>,
+    ) -> Result<Option<CancelOutcome>> {
+        let outcome = transact!(self, write, |tx| {
+            let outcome = ledger::cancel_run(&tx, run_id, now).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })?;
         if let Some(CancelOutcome::Cancelled { run, released }) = &outcome {
             self.announcer.announce(Kind::RunsDequeued, vec![run.id]);
             self.announcer.announce(Kind::RunsQueued, released.clone());
@@ -463,9 +497,17 @@ impl Store for PgStore {
         Ok(outcome)
     }
 
-    async fn retry_run(&self, run_id: i64, now: Instant) -> Result<Option<RetryOutcome>> {
-        let outcome = transact!(self, write, |tx| ledger::retry_run(&tx, run_id, now)
-            .await?)?;
+    async fn retry_run(
+        &self,
+        run_id: i64,
+        now: Instant,
+        audit: Audit<Option<RetryOutcome>>,
+    ) -> Result<Option<RetryOutcome>> {
+        let outcome = transact!(self, write, |tx| {
+            let outcome = ledger::retry_run(&tx, run_id, now).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })?;
         if let Some(RetryOutcome::Retried { queued, .. }) = &outcome {
             self.announcer.announce(Kind::RunsQueued, queued.clone());
         }
@@ -490,9 +532,13 @@ impl Store for PgStore {
         namespace: &str,
         event: &sked_core::event::EventSpec,
         now: Instant,
+        audit: Audit<PostedEvent>,
     ) -> Result<PostedEvent> {
-        let posted = transact!(self, write, |tx| events::post(&tx, namespace, event, now)
-            .await?)?;
+        let posted = transact!(self, write, |tx| {
+            let outcome = events::post(&tx, namespace, event, now).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })?;
         self.announcer
             .announce(Kind::RunsQueued, posted.queued.clone());
         Ok(posted)
@@ -555,8 +601,20 @@ impl Store for PgStore {
         transact!(self, read, |tx| workers::get(&tx, id).await?)
     }
 
-    async fn drain_worker(&self, id: &str) -> Result<Option<crate::Drained>> {
-        transact!(self, write, |tx| workers::drain(&tx, id).await?)
+    async fn deregister_worker(&self, id: &str, now: Instant) -> Result<Option<WorkerRecord>> {
+        transact!(self, write, |tx| workers::deregister(&tx, id, now).await?)
+    }
+
+    async fn drain_worker(
+        &self,
+        id: &str,
+        audit: Audit<Option<crate::Drained>>,
+    ) -> Result<Option<crate::Drained>> {
+        transact!(self, write, |tx| {
+            let outcome = workers::drain(&tx, id).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })
     }
 
     async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64> {
@@ -687,13 +745,25 @@ impl Store for PgStore {
         name: &str,
         spec: &NamespaceSpec,
         now: Instant,
+        audit: Audit<(Option<NamespaceRecord>, NamespaceRecord)>,
     ) -> Result<(Option<NamespaceRecord>, NamespaceRecord)> {
-        transact!(self, write, |tx| namespaces::put(&tx, name, spec, now)
-            .await?)
+        transact!(self, write, |tx| {
+            let outcome = namespaces::put(&tx, name, spec, now).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })
     }
 
-    async fn delete_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>> {
-        transact!(self, write, |tx| namespaces::delete(&tx, name).await?)
+    async fn delete_namespace(
+        &self,
+        name: &str,
+        audit: Audit<Option<NamespaceRecord>>,
+    ) -> Result<Option<NamespaceRecord>> {
+        transact!(self, write, |tx| {
+            let outcome = namespaces::delete(&tx, name).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })
     }
 
     async fn put_secret(
@@ -702,11 +772,13 @@ impl Store for PgStore {
         name: &str,
         sealed: &str,
         now: Instant,
+        audit: Audit<(bool, SecretRecord)>,
     ) -> Result<(bool, SecretRecord)> {
-        transact!(self, write, |tx| namespaces::put_secret(
-            &tx, namespace, name, sealed, now
-        )
-        .await?)
+        transact!(self, write, |tx| {
+            let outcome = namespaces::put_secret(&tx, namespace, name, sealed, now).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })
     }
 
     async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>> {
@@ -714,11 +786,17 @@ impl Store for PgStore {
             .await?)
     }
 
-    async fn delete_secret(&self, namespace: &str, name: &str) -> Result<Option<SecretRecord>> {
-        transact!(self, write, |tx| namespaces::delete_secret(
-            &tx, namespace, name
-        )
-        .await?)
+    async fn delete_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        audit: Audit<Option<SecretRecord>>,
+    ) -> Result<Option<SecretRecord>> {
+        transact!(self, write, |tx| {
+            let outcome = namespaces::delete_secret(&tx, namespace, name).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })
     }
 
     async fn sealed_secrets(&self, wanted: &[SecretName]) -> Result<BTreeMap<SecretName, String>> {
@@ -736,8 +814,17 @@ impl Store for PgStore {
         transact!(self, write, |tx| sealed::replace(&tx, stored, text).await?)
     }
 
-    async fn create_token(&self, token: &NewToken, now: Instant) -> Result<TokenRecord> {
-        transact!(self, write, |tx| tokens::create(&tx, token, now).await?)
+    async fn create_token(
+        &self,
+        token: &NewToken,
+        now: Instant,
+        audit: Audit<TokenRecord>,
+    ) -> Result<TokenRecord> {
+        transact!(self, write, |tx| {
+            let outcome = tokens::create(&tx, token, now).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })
     }
 
     async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
@@ -748,8 +835,16 @@ impl Store for PgStore {
         transact!(self, read, |tx| tokens::list(&tx).await?)
     }
 
-    async fn revoke_token(&self, name: &str) -> Result<Option<TokenRecord>> {
-        transact!(self, write, |tx| tokens::revoke(&tx, name).await?)
+    async fn revoke_token(
+        &self,
+        name: &str,
+        audit: Audit<Option<TokenRecord>>,
+    ) -> Result<Option<TokenRecord>> {
+        transact!(self, write, |tx| {
+            let outcome = tokens::revoke(&tx, name).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })
     }
 
     async fn touch_tokens(&self, used: &[(i64, Instant)]) -> Result<()> {
@@ -786,6 +881,10 @@ impl Store for PgStore {
 
     async fn cluster_nodes(&self, now: Instant) -> Result<Vec<NodeRecord>> {
         transact!(self, read, |tx| cluster::nodes(&tx, now).await?)
+    }
+
+    fn observe_writes(&self, observer: Arc<dyn WriteObserver>) {
+        let _ = self.observer.set(observer);
     }
 
     async fn subscribe(&self) -> Result<Option<StoreEvents>> {

@@ -9,7 +9,7 @@ pub use crate::shared::{
 use crate::StoreError;
 use sked_core::auth::{Grant, TokenRecord};
 use sked_core::records::{
-    AttemptRecord, AuditEntry, AuditRecord, JobRecord, RunRecord, WorkerRecord,
+    AttemptRecord, AuditEntry, AuditRecord, JobRecord, RunRecord, WorkerRecord, WorkerState,
 };
 use sked_core::shard::Shard;
 use tokio_postgres::Row;
@@ -135,7 +135,7 @@ pub fn attempt(row: &Row) -> PgResult<AttemptRecord> {
 pub const WORKER_COLUMNS: &str = "w.id, w.name, w.labels, w.slots, w.registered_at, \
      w.last_heartbeat_at, w.alive, \
      (SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'running'), \
-     w.namespaces, w.token_id, w.draining";
+     w.namespaces, w.token_id, w.draining, w.stopped, w.publisher";
 
 pub fn worker(row: &Row) -> PgResult<WorkerRecord> {
     let labels: &str = row.try_get(2)?;
@@ -152,6 +152,8 @@ pub fn worker(row: &Row) -> PgResult<WorkerRecord> {
         namespaces: shared::namespaces("worker namespaces", row.try_get(8)?)?,
         token_id: row.try_get(9)?,
         draining: row.try_get(10)?,
+        state: WorkerState::of(row.try_get(6)?, row.try_get(10)?, row.try_get(11)?),
+        publisher: row.try_get(12)?,
     })
 }
 

@@ -439,6 +439,12 @@ ALTER TABLE output_default ADD PRIMARY KEY (attempt_id, "offset");
 -- the schedule is read a page at a time by id.
 DROP INDEX jobs_scheduled;
 "#,
+    r#"
+-- Version 15: a worker that stopped cleanly says so (`stopped`: not alive, and not lost), and a
+-- server node's broker publisher is told apart from the workers (`publisher`).
+ALTER TABLE workers ADD COLUMN stopped BOOLEAN NOT NULL DEFAULT false;
+ALTER TABLE workers ADD COLUMN publisher BOOLEAN NOT NULL DEFAULT false;
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

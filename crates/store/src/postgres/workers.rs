@@ -1,4 +1,5 @@
-//! Workers: registration, heartbeats (which extend the leases of their attempts), the list.
+//! Workers: registration, heartbeats (which extend the leases of their attempts), a clean
+//! stop, the list.
 
 use super::rows::{self, micros, WORKER_COLUMNS};
 use super::{PgResult, Tx};
@@ -15,7 +16,8 @@ pub async fn register(tx: &Tx<'_>, worker: &NewWorker, now: Instant) -> PgResult
     let stmt = tx
         .prepare_cached(
             "INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, \
-             alive, namespaces, token_id) VALUES ($1, $2, $3, $4, $5, $5, true, $6, $7)",
+             alive, namespaces, token_id, publisher) \
+             VALUES ($1, $2, $3, $4, $5, $5, true, $6, $7, $8)",
         )
         .await?;
     tx.execute(
@@ -28,10 +30,34 @@ pub async fn register(tx: &Tx<'_>, worker: &NewWorker, now: Instant) -> PgResult
             &micros(now),
             &namespaces,
             &worker.token_id,
+            &worker.publisher,
         ],
     )
     .await?;
     Ok(())
+}
+
+/// A worker's clean stop: no longer alive, and stopped rather than lost. The attempts it still
+/// holds lose their lease now, for the reaper to queue their runs again. `None` when the
+/// worker is unknown or no longer alive (declared dead, or stopped already).
+pub async fn deregister(tx: &Tx<'_>, id: &str, now: Instant) -> PgResult<Option<WorkerRecord>> {
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE workers SET alive = false, stopped = true, last_heartbeat_at = $2 \
+             WHERE id = $1 AND alive",
+        )
+        .await?;
+    if tx.execute(&stmt, &[&id, &micros(now)]).await? == 0 {
+        return Ok(None);
+    }
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE attempts SET lease_expires_at = $2 \
+             WHERE worker_id = $1 AND state = 'running' AND lease_expires_at > $2",
+        )
+        .await?;
+    tx.execute(&stmt, &[&id, &micros(now)]).await?;
+    get(tx, id).await
 }
 
 pub async fn heartbeat(

@@ -49,6 +49,8 @@ pub struct SqliteStore {
     /// The one server node a file serves: it holds every partition and the maintenance duty,
     /// so there is nothing to lease. Kept for `cluster_nodes`.
     node: Mutex<Option<NodeRecord>>,
+    /// Told how each write ended (`Store::observe_writes`).
+    observer: std::sync::OnceLock<Arc<dyn WriteObserver>>,
     /// The writer thread; dropping it waits for the writes already queued.
     writer: writer::Writer,
     /// The checkpoint thread; dropped last, so that its connection is the last to close.
@@ -381,6 +383,7 @@ impl SqliteStore {
             .map_err(|e| StoreError::Open(format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteStore {
             node: Mutex::new(None),
+            observer: std::sync::OnceLock::new(),
             inner,
             writer,
             _checkpointer: checkpointer,
@@ -398,9 +401,31 @@ impl SqliteStore {
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.writer
             .send(Box::new(writer::Pending { work, answer }))?;
-        answered.await.map_err(|_| {
-            StoreError::Database("a store write failed unexpectedly (see the log)".into())
-        })?
+        let result = answered.await.unwrap_or_else(|_| {
+            Err(StoreError::Database(
+                "a store write failed unexpectedly (see the log)".into(),
+            ))
+        });
+        observe_write(self.observer.get().map(|o| o.as_ref()), &result);
+        result
+    }
+
+    /// [`SqliteStore::write`] that also appends the audit entries `audit` makes from the
+    /// outcome, in the same transaction (its savepoint, when it shares one).
+    async fn write_audited<T, F>(&self, audit: Audit<T>, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
+    {
+        self.write(move |tx| {
+            let outcome = work(tx)?;
+            let entries = audit.entries(&outcome);
+            if !entries.is_empty() {
+                audit::append(tx, &entries)?;
+            }
+            Ok(outcome)
+        })
+        .await
     }
 
     /// Runs `work` on the read connection, in one read transaction so it sees one snapshot.
@@ -435,9 +460,10 @@ impl Store for SqliteStore {
         job: &ValidJob,
         mode: PutMode,
         now: Instant,
+        audit: Audit<(PutOutcome, JobRecord)>,
     ) -> Result<(PutOutcome, JobRecord)> {
         let (namespace, job) = (namespace.to_string(), job.clone());
-        self.write(move |tx| jobs::put(tx, &namespace, &job, mode, now))
+        self.write_audited(audit, move |tx| jobs::put(tx, &namespace, &job, mode, now))
             .await
     }
 
@@ -467,10 +493,13 @@ impl Store for SqliteStore {
         name: &str,
         force: bool,
         now: Instant,
+        audit: Audit<Option<DeletedJob>>,
     ) -> Result<Option<DeletedJob>> {
         let (namespace, name) = (namespace.to_string(), name.to_string());
-        self.write(move |tx| jobs::delete(tx, &namespace, &name, force, now))
-            .await
+        self.write_audited(audit, move |tx| {
+            jobs::delete(tx, &namespace, &name, force, now)
+        })
+        .await
     }
 
     async fn set_paused(
@@ -479,10 +508,13 @@ impl Store for SqliteStore {
         name: &str,
         paused: bool,
         now: Instant,
+        audit: Audit<Option<JobRecord>>,
     ) -> Result<Option<JobRecord>> {
         let (namespace, name) = (namespace.to_string(), name.to_string());
-        self.write(move |tx| jobs::set_paused(tx, &namespace, &name, paused, now))
-            .await
+        self.write_audited(audit, move |tx| {
+            jobs::set_paused(tx, &namespace, &name, paused, now)
+        })
+        .await
     }
 
     async fn dependency_edges(
@@ -507,9 +539,14 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn record_fires(&self, fires: &[Fire], now: Instant) -> Result<FireOutcome> {
+    async fn record_fires(
+        &self,
+        fires: &[Fire],
+        now: Instant,
+        audit: Audit<FireOutcome>,
+    ) -> Result<FireOutcome> {
         let fires = fires.to_vec();
-        self.write(move |tx| ledger::record_fires(tx, &fires, now))
+        self.write_audited(audit, move |tx| ledger::record_fires(tx, &fires, now))
             .await
     }
 
@@ -560,13 +597,23 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn cancel_run(&self, run_id: i64, now: Instant) -> Result<Option<CancelOutcome>> {
-        self.write(move |tx| ledger::cancel_run(tx, run_id, now))
+    async fn cancel_run(
+        &self,
+        run_id: i64,
+        now: Instant,
+        audit: Audit<Option<CancelOutcome>>,
+    ) -> Result<Option<CancelOutcome>> {
+        self.write_audited(audit, move |tx| ledger::cancel_run(tx, run_id, now))
             .await
     }
 
-    async fn retry_run(&self, run_id: i64, now: Instant) -> Result<Option<RetryOutcome>> {
-        self.write(move |tx| ledger::retry_run(tx, run_id, now))
+    async fn retry_run(
+        &self,
+        run_id: i64,
+        now: Instant,
+        audit: Audit<Option<RetryOutcome>>,
+    ) -> Result<Option<RetryOutcome>> {
+        self.write_audited(audit, move |tx| ledger::retry_run(tx, run_id, now))
             .await
     }
 
@@ -590,9 +637,10 @@ impl Store for SqliteStore {
         namespace: &str,
         event: &sked_core::event::EventSpec,
         now: Instant,
+        audit: Audit<PostedEvent>,
     ) -> Result<PostedEvent> {
         let (namespace, event) = (namespace.to_string(), event.clone());
-        self.write(move |tx| events::post(tx, &namespace, &event, now))
+        self.write_audited(audit, move |tx| events::post(tx, &namespace, &event, now))
             .await
     }
 
@@ -652,9 +700,20 @@ impl Store for SqliteStore {
         self.read(move |tx| workers::get(tx, &id)).await
     }
 
-    async fn drain_worker(&self, id: &str) -> Result<Option<crate::Drained>> {
+    async fn deregister_worker(&self, id: &str, now: Instant) -> Result<Option<WorkerRecord>> {
         let id = id.to_string();
-        self.write(move |tx| workers::drain(tx, &id)).await
+        self.write(move |tx| workers::deregister(tx, &id, now))
+            .await
+    }
+
+    async fn drain_worker(
+        &self,
+        id: &str,
+        audit: Audit<Option<crate::Drained>>,
+    ) -> Result<Option<crate::Drained>> {
+        let id = id.to_string();
+        self.write_audited(audit, move |tx| workers::drain(tx, &id))
+            .await
     }
 
     async fn delete_dead_workers(&self, before: Instant, limit: u32) -> Result<u64> {
@@ -740,15 +799,21 @@ impl Store for SqliteStore {
         name: &str,
         spec: &NamespaceSpec,
         now: Instant,
+        audit: Audit<(Option<NamespaceRecord>, NamespaceRecord)>,
     ) -> Result<(Option<NamespaceRecord>, NamespaceRecord)> {
         let (name, spec) = (name.to_string(), spec.clone());
-        self.write(move |tx| namespaces::put(tx, &name, &spec, now))
+        self.write_audited(audit, move |tx| namespaces::put(tx, &name, &spec, now))
             .await
     }
 
-    async fn delete_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>> {
+    async fn delete_namespace(
+        &self,
+        name: &str,
+        audit: Audit<Option<NamespaceRecord>>,
+    ) -> Result<Option<NamespaceRecord>> {
         let name = name.to_string();
-        self.write(move |tx| namespaces::delete(tx, &name)).await
+        self.write_audited(audit, move |tx| namespaces::delete(tx, &name))
+            .await
     }
 
     async fn put_secret(
@@ -757,11 +822,14 @@ impl Store for SqliteStore {
         name: &str,
         sealed: &str,
         now: Instant,
+        audit: Audit<(bool, SecretRecord)>,
     ) -> Result<(bool, SecretRecord)> {
         let (namespace, name, sealed) =
             (namespace.to_string(), name.to_string(), sealed.to_string());
-        self.write(move |tx| namespaces::put_secret(tx, &namespace, &name, &sealed, now))
-            .await
+        self.write_audited(audit, move |tx| {
+            namespaces::put_secret(tx, &namespace, &name, &sealed, now)
+        })
+        .await
     }
 
     async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>> {
@@ -770,10 +838,17 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn delete_secret(&self, namespace: &str, name: &str) -> Result<Option<SecretRecord>> {
+    async fn delete_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+        audit: Audit<Option<SecretRecord>>,
+    ) -> Result<Option<SecretRecord>> {
         let (namespace, name) = (namespace.to_string(), name.to_string());
-        self.write(move |tx| namespaces::delete_secret(tx, &namespace, &name))
-            .await
+        self.write_audited(audit, move |tx| {
+            namespaces::delete_secret(tx, &namespace, &name)
+        })
+        .await
     }
 
     async fn sealed_secrets(&self, wanted: &[SecretName]) -> Result<BTreeMap<SecretName, String>> {
@@ -795,9 +870,15 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn create_token(&self, token: &NewToken, now: Instant) -> Result<TokenRecord> {
+    async fn create_token(
+        &self,
+        token: &NewToken,
+        now: Instant,
+        audit: Audit<TokenRecord>,
+    ) -> Result<TokenRecord> {
         let token = token.clone();
-        self.write(move |tx| tokens::create(tx, &token, now)).await
+        self.write_audited(audit, move |tx| tokens::create(tx, &token, now))
+            .await
     }
 
     async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
@@ -809,9 +890,14 @@ impl Store for SqliteStore {
         self.read(tokens::list).await
     }
 
-    async fn revoke_token(&self, name: &str) -> Result<Option<TokenRecord>> {
+    async fn revoke_token(
+        &self,
+        name: &str,
+        audit: Audit<Option<TokenRecord>>,
+    ) -> Result<Option<TokenRecord>> {
         let name = name.to_string();
-        self.write(move |tx| tokens::revoke(tx, &name)).await
+        self.write_audited(audit, move |tx| tokens::revoke(tx, &name))
+            .await
     }
 
     async fn touch_tokens(&self, used: &[(i64, Instant)]) -> Result<()> {
@@ -867,6 +953,10 @@ impl Store for SqliteStore {
     async fn cluster_nodes(&self, _now: Instant) -> Result<Vec<NodeRecord>> {
         let held = self.node.lock().unwrap_or_else(|p| p.into_inner());
         Ok(held.iter().cloned().collect())
+    }
+
+    fn observe_writes(&self, observer: Arc<dyn WriteObserver>) {
+        let _ = self.observer.set(observer);
     }
 
     async fn subscribe(&self) -> Result<Option<StoreEvents>> {

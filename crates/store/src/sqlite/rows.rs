@@ -8,7 +8,7 @@ use crate::StoreError;
 use rusqlite::Row;
 use sked_core::auth::{Grant, TokenRecord};
 use sked_core::records::{
-    AttemptRecord, AuditEntry, AuditRecord, JobRecord, RunRecord, WorkerRecord,
+    AttemptRecord, AuditEntry, AuditRecord, JobRecord, RunRecord, WorkerRecord, WorkerState,
 };
 use sked_core::shard::Shard;
 
@@ -100,7 +100,7 @@ pub fn attempt(row: &Row<'_>) -> Result<AttemptRecord, StoreError> {
 pub const WORKER_COLUMNS: &str = "w.id, w.name, w.labels, w.slots, w.registered_at, \
      w.last_heartbeat_at, w.alive, \
      (SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'running'), \
-     w.namespaces, w.token_id, w.draining";
+     w.namespaces, w.token_id, w.draining, w.stopped, w.publisher";
 
 pub fn worker(row: &Row<'_>) -> Result<WorkerRecord, StoreError> {
     let labels: String = row.get(2)?;
@@ -117,6 +117,8 @@ pub fn worker(row: &Row<'_>) -> Result<WorkerRecord, StoreError> {
         namespaces: shared::namespaces("worker namespaces", &row.get::<_, String>(8)?)?,
         token_id: row.get(9)?,
         draining: row.get(10)?,
+        state: WorkerState::of(row.get(6)?, row.get(10)?, row.get(11)?),
+        publisher: row.get(12)?,
     })
 }
 

@@ -364,6 +364,12 @@ CREATE INDEX runs_pinned ON runs (pinned_worker)
 CREATE INDEX runs_overlap_waiting ON runs (job_id)
     WHERE state = 'waiting' AND waiting_reason = 'overlap';
 "#,
+    r#"
+-- Version 12: a worker that stopped cleanly says so (`stopped`: not alive, and not lost), and a
+-- server node's broker publisher is told apart from the workers (`publisher`).
+ALTER TABLE workers ADD COLUMN stopped INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE workers ADD COLUMN publisher INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.

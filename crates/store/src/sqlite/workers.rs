@@ -1,4 +1,5 @@
-//! Workers: registration, heartbeats (which extend the leases of their attempts), the list.
+//! Workers: registration, heartbeats (which extend the leases of their attempts), a clean
+//! stop, the list.
 
 use super::rows::{self, micros, WORKER_COLUMNS};
 use crate::cursor::{self, page_size, Cursor};
@@ -13,7 +14,7 @@ pub fn register(tx: &Transaction<'_>, worker: &NewWorker, now: Instant) -> Resul
     let namespaces = crate::shared::to_json("worker namespaces", &worker.namespaces)?;
     tx.prepare_cached(
         "INSERT INTO workers (id, name, labels, slots, registered_at, last_heartbeat_at, alive, \
-         namespaces, token_id) VALUES (?1, ?2, ?3, ?4, ?5, ?5, 1, ?6, ?7)",
+         namespaces, token_id, publisher) VALUES (?1, ?2, ?3, ?4, ?5, ?5, 1, ?6, ?7, ?8)",
     )?
     .execute(params![
         worker.id,
@@ -23,8 +24,30 @@ pub fn register(tx: &Transaction<'_>, worker: &NewWorker, now: Instant) -> Resul
         micros(now),
         namespaces,
         worker.token_id,
+        worker.publisher,
     ])?;
     Ok(())
+}
+
+/// A worker's clean stop: no longer alive, and stopped rather than lost. The attempts it still
+/// holds lose their lease now, for the reaper to queue their runs again. `None` when the
+/// worker is unknown or no longer alive (declared dead, or stopped already).
+pub fn deregister(tx: &Transaction<'_>, id: &str, now: Instant) -> Result<Option<WorkerRecord>> {
+    let changed = tx
+        .prepare_cached(
+            "UPDATE workers SET alive = 0, stopped = 1, last_heartbeat_at = ?2 \
+             WHERE id = ?1 AND alive = 1",
+        )?
+        .execute(params![id, micros(now)])?;
+    if changed == 0 {
+        return Ok(None);
+    }
+    tx.prepare_cached(
+        "UPDATE attempts SET lease_expires_at = ?2 \
+         WHERE worker_id = ?1 AND state = 'running' AND lease_expires_at > ?2",
+    )?
+    .execute(params![id, micros(now)])?;
+    get(tx, id)
 }
 
 pub fn heartbeat(

@@ -167,10 +167,12 @@ pub async fn page(
             div { dt { "firing lateness p50" } dd { (millis(lateness.p50)) } }
             div { dt { "firing lateness p99" } dd { (millis(lateness.p99)) } }
             @if let Ok(w) = &workers {
-                div { dt { "workers alive" } dd { (w.workers.iter().filter(|w| w.alive).count()) } }
+                // A broker publisher is no worker: its 4,096 slots would swamp the pool's.
+                @let alive = || w.workers.iter().filter(|w| w.alive && !w.publisher);
+                div { dt { "workers alive" } dd { (alive().count()) } }
                 div { dt { "slots busy" } dd {
-                    (w.workers.iter().filter(|w| w.alive).map(|w| w.running).sum::<u32>()) " / "
-                    (w.workers.iter().filter(|w| w.alive).map(|w| w.slots).sum::<u32>()) } }
+                    (alive().map(|w| w.running).sum::<u32>()) " / "
+                    (alive().map(|w| w.slots).sum::<u32>()) } }
             }
             div { dt { "failing jobs" } dd.bad[!failing.is_empty()] { (failing.len()) } }
         }

@@ -1,4 +1,5 @@
-//! The workers that may run the visitor's namespaces: labels, slots, load, heartbeat.
+//! The workers that may run the visitor's namespaces: labels, slots, load, heartbeat, state
+//! (a clean stop is `stopped`, not lost); the nodes' broker publishers apart from them.
 
 use super::refused;
 use crate::console::layout::{self, when};
@@ -37,8 +38,12 @@ pub async fn page(State(console): State<Console>, visitor: Visitor) -> Response 
         Ok(list) => list,
         Err(failure) => return refused(&console, &visitor, "Workers", failure),
     };
+    // A node's broker publisher is no worker process: its slots are messages in flight, so it
+    // is shown apart and counted in no worker pool.
+    let (publishers, workers): (Vec<&Worker>, Vec<&Worker>) =
+        list.workers.iter().partition(|w| w.worker.publisher);
     let body = html! {
-        @if list.workers.is_empty() {
+        @if workers.is_empty() {
             p.empty { "No worker has registered. Start one with " code { "sked worker" } "." }
         } @else {
             div.table-wrap { table.workers {
@@ -47,16 +52,34 @@ pub async fn page(State(console): State<Console>, visitor: Visitor) -> Response 
                     th scope="col" { "Slots busy" } th scope="col" { "Stall" } th scope="col" { "Last heartbeat" }
                     th scope="col" { "State" }
                 } }
-                tbody { @for w in &list.workers { tr {
+                tbody { @for w in &workers { tr {
                     td { (w.worker.name) div.sub { code { (w.worker.id) } } }
                     td { @for (k, v) in &w.worker.labels { span.label { (k) "=" (v) } " " } }
                     td { (w.worker.namespaces.join(", ")) }
                     td.num { (w.worker.running) " / " (w.worker.slots) }
                     td.num { @match &w.load { Some(l) => { (l.stall) @if l.overloaded { " (held back)" } }, None => { "—" } } }
                     td { (when(Some(w.worker.last_heartbeat_at))) }
-                    td { (layout::state(if !w.worker.alive { "lost" } else if w.worker.draining { "draining" } else { "active" })) }
+                    td { (layout::state(w.worker.state.as_str())) }
                 } } }
             } }
+        }
+        @if !publishers.is_empty() {
+            section aria-labelledby="publishers" {
+                h2 #publishers { "Broker publishers" }
+                p.hint { "Each server node with broker connections publishes broker targets itself; these are not workers, and their runs are not counted in the workers' slots." }
+                div.table-wrap { table.publishers {
+                    thead { tr {
+                        th scope="col" { "Publisher" } th scope="col" { "Publishing" }
+                        th scope="col" { "Last heartbeat" } th scope="col" { "State" }
+                    } }
+                    tbody { @for w in &publishers { tr {
+                        td { (w.worker.name) div.sub { code { (w.worker.id) } } }
+                        td.num { (w.worker.running) }
+                        td { (when(Some(w.worker.last_heartbeat_at))) }
+                        td { (layout::state(w.worker.state.as_str())) }
+                    } } }
+                } }
+            }
         }
     };
     layout::page(&console, &visitor, "Workers", body)
