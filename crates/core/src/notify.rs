@@ -31,6 +31,9 @@ pub const MAX_LATE_AFTER: Duration = Duration::from_secs(31 * 24 * 3600);
 pub const MAX_SENDS: u32 = 12;
 /// The error text a message carries, at most (a run's error can be long).
 pub const MAX_ERROR_BYTES: usize = 1024;
+/// The shortest and longest `repeat`.
+pub const MIN_REPEAT: Duration = Duration::from_secs(1);
+pub const MAX_REPEAT: Duration = Duration::from_secs(31 * 24 * 3600);
 
 /// What a notification is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -56,6 +59,24 @@ string_enum!(NotifyEvent {
     Late => "late",
 });
 
+/// Which failures (`failed`, `timed_out`) of a job a rule tells of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Failures {
+    /// Every failed or timed-out run.
+    #[default]
+    Every,
+    /// The first of a streak: the job's run before it succeeded (or there was none). With
+    /// `repeat`, again while the streak lasts, at most once per that duration.
+    First,
+}
+
+impl Failures {
+    fn is_every(&self) -> bool {
+        *self == Failures::Every
+    }
+}
+
 /// One rule: the events it is for and the one channel they go to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,6 +85,13 @@ pub struct NotifyRule {
     /// For `late`: how long after its instant a run may wait to start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late_after: Option<HumanDuration>,
+    /// Which failures notify: every one (the default), or the first of a streak.
+    #[serde(default, skip_serializing_if = "Failures::is_every")]
+    pub failures: Failures,
+    /// With `failures: first`: while the job keeps failing, tell again once this long has
+    /// passed since the rule last told of one of its failures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<HumanDuration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<Webhook>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -156,6 +184,31 @@ pub fn validate(field: &str, rules: &[NotifyRule]) -> Result<(), SpecError> {
             }
             _ => {}
         }
+        let names_failures = rule
+            .on
+            .iter()
+            .any(|e| matches!(e, NotifyEvent::Failed | NotifyEvent::TimedOut));
+        if rule.failures == Failures::First && !names_failures {
+            return Err(SpecError::new(
+                format!("{at}.failures"),
+                "applies to `failed` and `timed_out`, which `on` does not name",
+            ));
+        }
+        match (rule.failures, rule.repeat) {
+            (Failures::Every, Some(_)) => {
+                return Err(SpecError::new(
+                    format!("{at}.repeat"),
+                    "applies only with `failures: first` (with `every`, each failure notifies)",
+                ))
+            }
+            (Failures::First, Some(every)) if every.0 < MIN_REPEAT || every.0 > MAX_REPEAT => {
+                return Err(SpecError::new(
+                    format!("{at}.repeat"),
+                    "must be between 1s and 31 days",
+                ))
+            }
+            _ => {}
+        }
         match (&rule.webhook, &rule.email) {
             (Some(webhook), None) => {
                 let field = format!("{at}.webhook.url");
@@ -226,18 +279,77 @@ pub struct EndedRun {
     pub started_at: Option<Instant>,
 }
 
-/// Whether judging a succeeded run needs the state of the job's run before it (`recovered`).
+/// Whether judging a run that ended in `state` needs the state of the job's run before it: for
+/// `recovered` when it succeeded, for a rule that tells only the first failure of a streak
+/// when it failed.
 pub fn needs_previous(rules: &[NotifyRule], state: RunState) -> bool {
-    state == RunState::Succeeded && rules.iter().any(|r| r.on.contains(&NotifyEvent::Recovered))
+    match state {
+        RunState::Succeeded => rules.iter().any(|r| r.on.contains(&NotifyEvent::Recovered)),
+        RunState::Failed | RunState::TimedOut => {
+            rules.iter().any(|r| r.failures == Failures::First)
+        }
+        _ => false,
+    }
+}
+
+fn is_failure(state: Option<RunState>) -> bool {
+    matches!(state, Some(RunState::Failed | RunState::TimedOut))
+}
+
+/// The rules (by index) that need to know when they last told of a failure of the job, to
+/// judge a run that ended in `state` after a run that ended `previous`: those that repeat,
+/// when the run continues a streak of failures.
+pub fn needs_last_notice(
+    rules: &[NotifyRule],
+    state: RunState,
+    previous: Option<RunState>,
+) -> Vec<usize> {
+    if !is_failure(Some(state)) || !is_failure(previous) {
+        return Vec::new();
+    }
+    rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.failures == Failures::First && r.repeat.is_some())
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Whether a run that failed (or timed out) is told of under `rule`. `previous`: how the job's
+/// run before it ended (among succeeded, failed and timed out); `last_notice`: when the rule
+/// last told of a failure of the job, when [`needs_last_notice`] asked for it.
+///
+/// - `failures: every`: always.
+/// - `failures: first`: when the run starts a streak (the one before did not fail). Within a
+///   streak, with `repeat`, once `repeat` has passed since the last notice, or when there is
+///   none to go by (the rule is newer than the streak, or retention took the notice).
+pub fn failure_notifies(
+    rule: &NotifyRule,
+    previous: Option<RunState>,
+    last_notice: Option<Instant>,
+    now: Instant,
+) -> bool {
+    match rule.failures {
+        Failures::Every => true,
+        Failures::First if !is_failure(previous) => true,
+        Failures::First => match (rule.repeat, last_notice) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(every), Some(last)) => elapsed(last, now) >= every.0,
+        },
+    }
 }
 
 /// The events the end of `run` raises, by the index of the rule each goes to. `previous` is how
 /// the job's run before it ended (among succeeded, failed and timed out), when
-/// [`needs_previous`] asked for it.
+/// [`needs_previous`] asked for it; `last_notices` holds, for the rules
+/// [`needs_last_notice`] named, when each last told of a failure of the job.
 pub fn raised_by_end(
     rules: &[NotifyRule],
     run: &EndedRun,
     previous: Option<RunState>,
+    last_notices: &BTreeMap<usize, Instant>,
+    now: Instant,
 ) -> Vec<(usize, NotifyEvent)> {
     let ended_as = match (run.state, run.skip_reason) {
         (RunState::Failed, _) => Some(NotifyEvent::Failed),
@@ -253,7 +365,15 @@ pub fn raised_by_end(
     let mut raised = Vec::new();
     for (i, rule) in rules.iter().enumerate() {
         if let Some(event) = ended_as.filter(|e| rule.on.contains(e)) {
-            raised.push((i, event));
+            let told = match event {
+                NotifyEvent::Failed | NotifyEvent::TimedOut => {
+                    failure_notifies(rule, previous, last_notices.get(&i).copied(), now)
+                }
+                _ => true,
+            };
+            if told {
+                raised.push((i, event));
+            }
         }
         // A run that started late, however it ended; the notifier's scan catches those still
         // waiting, and the store's key keeps the two from raising it twice.
@@ -443,6 +563,15 @@ mod tests {
         Instant::UNIX_EPOCH + chrono::Duration::seconds(1_700_000_000 + secs as i64)
     }
 
+    /// What the end raises with no notice to go by, at a fixed instant.
+    fn raised(
+        rules: &[NotifyRule],
+        run: &EndedRun,
+        previous: Option<RunState>,
+    ) -> Vec<(usize, NotifyEvent)> {
+        raised_by_end(rules, run, previous, &BTreeMap::new(), at(100))
+    }
+
     fn ended(state: RunState) -> EndedRun {
         EndedRun {
             state,
@@ -568,11 +697,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            raised_by_end(&rules, &ended(RunState::Failed), None),
+            raised(&rules, &ended(RunState::Failed), None),
             [(0, NotifyEvent::Failed)]
         );
         assert_eq!(
-            raised_by_end(&rules, &ended(RunState::TimedOut), None),
+            raised(&rules, &ended(RunState::TimedOut), None),
             [(0, NotifyEvent::TimedOut)]
         );
         let missed = EndedRun {
@@ -580,16 +709,13 @@ mod tests {
             started_at: None,
             ..ended(RunState::Skipped)
         };
-        assert_eq!(
-            raised_by_end(&rules, &missed, None),
-            [(0, NotifyEvent::Missed)]
-        );
+        assert_eq!(raised(&rules, &missed, None), [(0, NotifyEvent::Missed)]);
         let overlap = EndedRun {
             skip_reason: Some(SkipReason::Overlap),
             ..missed
         };
-        assert!(raised_by_end(&rules, &overlap, None).is_empty());
-        assert!(raised_by_end(&rules, &ended(RunState::Cancelled), None).is_empty());
+        assert!(raised(&rules, &overlap, None).is_empty());
+        assert!(raised(&rules, &ended(RunState::Cancelled), None).is_empty());
     }
 
     #[test]
@@ -606,11 +732,117 @@ mod tests {
             (None, false),
         ] {
             assert_eq!(
-                !raised_by_end(&rules, &success, previous).is_empty(),
+                !raised(&rules, &success, previous).is_empty(),
                 expected,
                 "{previous:?}"
             );
         }
+    }
+
+    #[test]
+    fn first_failures_tell_a_streak_once_and_recovery_ends_it() {
+        let rules = rules(
+            r#"[{"on": ["failed", "timed_out", "recovered"], "failures": "first",
+                 "webhook": {"url": "https://x.example"}}]"#,
+        )
+        .unwrap();
+        assert!(needs_previous(&rules, RunState::Failed));
+        assert!(needs_previous(&rules, RunState::TimedOut));
+        let failed = ended(RunState::Failed);
+        // The first failure after a success (or of a new job) is told; the next ones are not.
+        for (previous, told) in [
+            (None, true),
+            (Some(RunState::Succeeded), true),
+            (Some(RunState::Failed), false),
+            (Some(RunState::TimedOut), false),
+        ] {
+            assert_eq!(
+                !raised(&rules, &failed, previous).is_empty(),
+                told,
+                "{previous:?}"
+            );
+        }
+        assert!(needs_last_notice(&rules, RunState::Failed, Some(RunState::Failed)).is_empty());
+        // Recovery is told, and the next failure starts a new streak.
+        assert_eq!(
+            raised(&rules, &ended(RunState::Succeeded), Some(RunState::Failed)),
+            [(0, NotifyEvent::Recovered)]
+        );
+    }
+
+    #[test]
+    fn a_streak_is_told_again_at_most_every_repeat() {
+        let rules = rules(
+            r#"[{"on": ["failed"], "failures": "first", "repeat": "1h",
+                 "webhook": {"url": "https://x.example"}},
+                {"on": ["failed"], "webhook": {"url": "https://y.example"}}]"#,
+        )
+        .unwrap();
+        let failed = ended(RunState::Failed);
+        let streak = Some(RunState::Failed);
+        assert_eq!(needs_last_notice(&rules, RunState::Failed, streak), [0]);
+        assert!(needs_last_notice(&rules, RunState::Failed, Some(RunState::Succeeded)).is_empty());
+        assert!(needs_last_notice(&rules, RunState::Succeeded, streak).is_empty());
+        let hour = 3600;
+        for (last, now, told) in [
+            (at(0), at(hour - 1), false),
+            (at(0), at(hour), true),
+            (at(0), at(5 * hour), true),
+        ] {
+            let notices = BTreeMap::from([(0, last)]);
+            let raised = raised_by_end(&rules, &failed, streak, &notices, now);
+            // The second rule tells every failure, whatever the first does.
+            let expected: Vec<(usize, NotifyEvent)> = if told {
+                vec![(0, NotifyEvent::Failed), (1, NotifyEvent::Failed)]
+            } else {
+                vec![(1, NotifyEvent::Failed)]
+            };
+            assert_eq!(raised, expected, "{now}");
+        }
+        // No notice to go by (a rule newer than the streak): told.
+        assert!(failure_notifies(&rules[0], streak, None, at(0)));
+        // Without repeat, a streak is told once.
+        let once = NotifyRule {
+            repeat: None,
+            ..rules[0].clone()
+        };
+        assert!(!failure_notifies(&once, streak, None, at(0)));
+        assert!(failure_notifies(
+            &once,
+            Some(RunState::Succeeded),
+            None,
+            at(0)
+        ));
+    }
+
+    #[test]
+    fn failures_and_repeat_are_checked() {
+        let refused = |json: &str| rules(json).err().unwrap_or_default();
+        assert!(refused(
+            r#"[{"on": ["failed"], "repeat": "1h", "webhook": {"url": "https://x.example"}}]"#
+        )
+        .starts_with("notify[0].repeat"));
+        assert!(refused(
+            r#"[{"on": ["recovered"], "failures": "first", "webhook": {"url": "https://x.example"}}]"#
+        )
+        .starts_with("notify[0].failures"));
+        assert!(refused(
+            r#"[{"on": ["failed"], "failures": "first", "repeat": "0s", "webhook": {"url": "https://x.example"}}]"#
+        )
+        .starts_with("notify[0].repeat"));
+        assert!(refused(
+            r#"[{"on": ["failed"], "failures": "first", "repeat": "32d", "webhook": {"url": "https://x.example"}}]"#
+        )
+        .starts_with("notify[0].repeat"));
+        assert!(refused(
+            r#"[{"on": ["failed"], "failures": "some", "webhook": {"url": "https://x.example"}}]"#
+        )
+        .contains("unknown variant `some`"));
+        // The default is every failure, and it is not written out.
+        let every =
+            rules(r#"[{"on": ["failed"], "webhook": {"url": "https://x.example"}}]"#).unwrap();
+        assert_eq!(every[0].failures, Failures::Every);
+        assert!(!serde_json::to_string(&every).unwrap().contains("failures"));
     }
 
     #[test]
@@ -623,12 +855,12 @@ mod tests {
         assert!(is_late(&rules[0], at(0), at(31)));
         assert_eq!(earliest_late_after(&rules), Some(Duration::from_secs(30)));
         let on_time = ended(RunState::Succeeded);
-        assert!(raised_by_end(&rules, &on_time, None).is_empty());
+        assert!(raised(&rules, &on_time, None).is_empty());
         let late = EndedRun {
             started_at: Some(at(45)),
             ..on_time
         };
-        assert_eq!(raised_by_end(&rules, &late, None), [(0, NotifyEvent::Late)]);
+        assert_eq!(raised(&rules, &late, None), [(0, NotifyEvent::Late)]);
     }
 
     #[test]

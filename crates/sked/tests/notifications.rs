@@ -222,6 +222,86 @@ async fn a_failure_and_its_recovery_are_each_delivered_once_with_secrets_only_in
     assert!(!logs.contains("s3cret"), "a secret reached a log line");
 }
 
+/// Runs `job` once and waits for its end; the state it ended in.
+async fn run_once(sked: &Sked, job: &str) -> Value {
+    let id = trigger(sked, job).await;
+    sked.wait_finished(id, Duration::from_secs(20)).await["state"].clone()
+}
+
+/// Alert controls per rule, through a webhook receiver on loopback: `failures: first` tells the
+/// first failure of a streak and its recovery, `repeat` tells a streak again at most that
+/// often, and a rule without them still tells every failure.
+#[tokio::test]
+async fn a_failing_streak_is_told_once_again_after_repeat_and_at_its_recovery() {
+    let (receiver, url) = Receiver::start(0, 0).await;
+    let mut sked = Sked::new();
+    sked.start_dev(&["--slots", "2"]).await;
+    let flag = sked.dir.path().join("broken");
+    std::fs::write(&flag, "").unwrap();
+    let hook = |rule: &str| json!({"url": url, "headers": {"X-Rule": rule}});
+    let job = json!({
+        "target": shell(&format!("test ! -e {}", flag.display())),
+        "notify": [
+            {"on": ["failed", "recovered"], "failures": "first", "webhook": hook("first")},
+            {"on": ["failed"], "failures": "first", "repeat": "5s", "webhook": hook("repeat")},
+            {"on": ["failed"], "webhook": hook("every")},
+        ]
+    });
+    let (status, body) = sked.put_job("streaky", job).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["notify"][1]["repeat"], "5s", "{body}");
+
+    // A streak of three failures: the third comes after `repeat` has passed.
+    let started = Instant::now();
+    assert_eq!(run_once(&sked, "streaky").await, "failed");
+    assert_eq!(run_once(&sked, "streaky").await, "failed");
+    let second_within = started.elapsed();
+    assert!(
+        second_within < Duration::from_secs(5),
+        "two runs took {second_within:?}: the test needs them inside `repeat`"
+    );
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    assert_eq!(run_once(&sked, "streaky").await, "failed");
+    // Recovery, then a new streak.
+    std::fs::remove_file(&flag).unwrap();
+    assert_eq!(run_once(&sked, "streaky").await, "succeeded");
+    std::fs::write(&flag, "").unwrap();
+    assert_eq!(run_once(&sked, "streaky").await, "failed");
+
+    let expected: BTreeMap<&str, Vec<&str>> = BTreeMap::from([
+        ("first", vec!["failed", "recovered", "failed"]),
+        ("repeat", vec!["failed", "failed", "failed"]),
+        ("every", vec!["failed", "failed", "failed", "failed"]),
+    ]);
+    let total = expected.values().map(Vec::len).sum();
+    receiver.delivered(total, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // By rule, in the order of the runs they tell of.
+    let mut told: BTreeMap<String, Vec<(i64, String)>> = BTreeMap::new();
+    for d in receiver.requests() {
+        told.entry(d.headers.get("x-rule").cloned().unwrap_or_default())
+            .or_default()
+            .push((
+                d.body["run_id"].as_i64().unwrap_or_default(),
+                d.body["event"].as_str().unwrap_or_default().to_string(),
+            ));
+    }
+    let told: BTreeMap<&str, Vec<&str>> = told
+        .iter_mut()
+        .map(|(rule, events)| {
+            events.sort();
+            (
+                rule.as_str(),
+                events.iter().map(|(_, e)| e.as_str()).collect(),
+            )
+        })
+        .collect();
+    println!(
+        "told by rule: {told:?} (the second failure ended {second_within:?} after the first began)"
+    );
+    assert_eq!(told, expected);
+}
+
 #[tokio::test]
 async fn a_notification_its_receiver_missed_is_sent_after_the_server_is_killed_and_back() {
     // Nothing listens at the webhook's address yet: every send fails until it does.

@@ -1060,6 +1060,7 @@ pub fn raised_notifications(
     rules: &[sked_core::notify::NotifyRule],
     run: &RunRecord,
     previous: Option<RunState>,
+    last_notices: &std::collections::BTreeMap<usize, Instant>,
     now: Instant,
 ) -> Result<Vec<NewNotification>, StoreError> {
     let ended = sked_core::notify::EndedRun {
@@ -1068,7 +1069,7 @@ pub fn raised_notifications(
         scheduled_for: run.scheduled_for,
         started_at: run.started_at,
     };
-    sked_core::notify::raised_by_end(rules, &ended, previous)
+    sked_core::notify::raised_by_end(rules, &ended, previous, last_notices, now)
         .into_iter()
         .map(|(rule, event)| new_notification(rules, rule, event, run, now))
         .collect()

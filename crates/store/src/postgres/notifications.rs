@@ -12,7 +12,7 @@ use sked_core::notify::{self, NotificationRecord, NotifyEvent, NotifyRule};
 use sked_core::records::RunRecord;
 use sked_core::run::RunState;
 use sked_core::Instant;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -97,7 +97,13 @@ pub(super) async fn record_ended(tx: &Tx<'_>, ended: &[Ended], now: Instant) -> 
         } else {
             None
         };
-        for new in shared::raised_notifications(job_rules, &record, previous, now)? {
+        let mut notices = BTreeMap::new();
+        for rule in notify::needs_last_notice(job_rules, record.state, previous) {
+            if let Some(at) = last_failure_notice(tx, &record, rule).await? {
+                notices.insert(rule, at);
+            }
+        }
+        for new in shared::raised_notifications(job_rules, &record, previous, &notices, now)? {
             insert(tx, &record, &new, now).await?;
         }
     }
@@ -134,6 +140,28 @@ async fn previous_outcome(tx: &Tx<'_>, run: &RunRecord) -> PgResult<Option<RunSt
         Some(row) => Ok(Some(rows::run_state(row.try_get(0)?)?)),
         None => Ok(None),
     }
+}
+
+/// When rule `rule` of `run`'s job last told of a failure of the job (`failed`, `timed_out`).
+async fn last_failure_notice(
+    tx: &Tx<'_>,
+    run: &RunRecord,
+    rule: usize,
+) -> PgResult<Option<Instant>> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT max(created_at) FROM notifications WHERE namespace = $1 AND job = $2 \
+             AND rule = $3 AND event IN ('failed', 'timed_out')",
+        )
+        .await?;
+    let rule = i32::try_from(rule).unwrap_or(i32::MAX);
+    let row = tx
+        .query_one(&stmt, &[&run.namespace, &run.job, &rule])
+        .await?;
+    Ok(row
+        .try_get::<_, Option<i64>>(0)?
+        .map(rows::instant)
+        .transpose()?)
 }
 
 /// Stores a notification unless this run already raised this event under this rule; whether

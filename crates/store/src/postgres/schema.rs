@@ -445,6 +445,11 @@ DROP INDEX jobs_scheduled;
 ALTER TABLE workers ADD COLUMN stopped BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE workers ADD COLUMN publisher BOOLEAN NOT NULL DEFAULT false;
 "#,
+    r#"
+-- Version 16: a rule that tells only the first failure of a streak and repeats while it lasts
+-- (`failures: first`, `repeat`) reads when it last told of a failure of the job.
+CREATE INDEX notifications_by_rule ON notifications (namespace, job, rule, created_at);
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

@@ -14,6 +14,7 @@ use sked_core::records::RunRecord;
 use sked_core::run::RunState;
 use sked_core::Instant;
 use std::collections::hash_map::{Entry, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 const COLUMNS: &str = "id, namespace, job, run_id, event, rule, channel, message, state, sends, \
@@ -79,7 +80,13 @@ pub(super) fn record_ended(tx: &Transaction<'_>, ended: &[Ended], now: Instant) 
         } else {
             None
         };
-        for new in shared::raised_notifications(job_rules, &record, previous, now)? {
+        let mut notices = BTreeMap::new();
+        for rule in notify::needs_last_notice(job_rules, record.state, previous) {
+            if let Some(at) = last_failure_notice(tx, &record, rule)? {
+                notices.insert(rule, at);
+            }
+        }
+        for new in shared::raised_notifications(job_rules, &record, previous, &notices, now)? {
             insert(tx, &record, &new, now)?;
         }
     }
@@ -114,6 +121,21 @@ fn previous_outcome(tx: &Transaction<'_>, run: &RunRecord) -> Result<Option<RunS
         )
         .optional()?;
     state.as_deref().map(rows::run_state).transpose()
+}
+
+/// When rule `rule` of `run`'s job last told of a failure of the job (`failed`, `timed_out`).
+fn last_failure_notice(
+    tx: &Transaction<'_>,
+    run: &RunRecord,
+    rule: usize,
+) -> Result<Option<Instant>> {
+    let at: Option<i64> = tx
+        .prepare_cached(
+            "SELECT max(created_at) FROM notifications WHERE namespace = ?1 AND job = ?2 \
+             AND rule = ?3 AND event IN ('failed', 'timed_out')",
+        )?
+        .query_row(params![run.namespace, run.job, rule as i64], |r| r.get(0))?;
+    at.map(rows::instant).transpose()
 }
 
 /// Stores a notification unless this run already raised this event under this rule; whether

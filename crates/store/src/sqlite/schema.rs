@@ -370,6 +370,11 @@ CREATE INDEX runs_overlap_waiting ON runs (job_id)
 ALTER TABLE workers ADD COLUMN stopped INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE workers ADD COLUMN publisher INTEGER NOT NULL DEFAULT 0;
 "#,
+    r#"
+-- Version 13: a rule that tells only the first failure of a streak and repeats while it lasts
+-- (`failures: first`, `repeat`) reads when it last told of a failure of the job.
+CREATE INDEX notifications_by_rule ON notifications (namespace, job, rule, created_at);
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
