@@ -9,8 +9,15 @@ use common::{shell, Sked};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-/// The processes whose command line is `sleep <n>` for one of `markers`, by pid and state.
-fn alive(markers: &[u32]) -> Vec<String> {
+/// `sleep` durations that name this test process's processes: `<n>.<pid>` seconds, so that
+/// the same test running at once elsewhere on the machine (another checkout, another run) is
+/// never taken for this one's leftovers.
+fn marked<const N: usize>(seconds: [u32; N]) -> [String; N] {
+    seconds.map(|n| format!("{n}.{}", std::process::id()))
+}
+
+/// The processes whose command line is `sleep <m>` for one of `markers`, by pid and state.
+fn alive(markers: &[String]) -> Vec<String> {
     let mut found = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return found;
@@ -42,7 +49,7 @@ fn alive(markers: &[u32]) -> Vec<String> {
 /// A command that leaves three processes behind it, each `sleep <marker>`: one in the job's
 /// group, one that `setsid`s away, and one double-forked daemon in a session of its own; then
 /// it waits in a fourth.
-fn spreading(markers: [u32; 4]) -> String {
+fn spreading(markers: &[String; 4]) -> String {
     let [a, b, c, d] = markers;
     format!("sleep {a} & setsid sleep {b} & ( setsid sh -c 'exec sleep {c}' & ) ; sleep {d}")
 }
@@ -56,13 +63,13 @@ async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> boo
 }
 
 /// Triggers `job` and waits until every marker process is running.
-async fn start_spread(sked: &Sked, job: &str, markers: [u32; 4]) -> i64 {
+async fn start_spread(sked: &Sked, job: &str, markers: &[String; 4]) -> i64 {
     let (status, run) = sked.post(&format!("/jobs/{job}/trigger"), json!({})).await;
     assert_eq!(status, 201, "{run}");
     wait_until(
         "the job's processes did not all start",
         Duration::from_secs(15),
-        || alive(&markers).len() == 4,
+        || alive(markers).len() == 4,
     )
     .await;
     run["id"].as_i64().expect("run id")
@@ -70,24 +77,29 @@ async fn start_spread(sked: &Sked, job: &str, markers: [u32; 4]) -> i64 {
 
 #[tokio::test]
 async fn a_sigkilled_sked_dev_takes_its_jobs_processes_with_it() {
-    let markers = [7101, 7102, 7103, 7104];
+    let markers = marked([7101, 7102, 7103, 7104]);
     let mut sked = Sked::new();
     sked.start_dev(&[]).await;
-    let job = json!({"target": shell(&spreading(markers)), "retry": {"max_attempts": 1}});
+    let job = json!({"target": shell(&spreading(&markers)), "retry": {"max_attempts": 1}});
     assert_eq!(sked.put_job("spread", job).await.0, 201);
-    let id = start_spread(&sked, "spread", markers).await;
+    let id = start_spread(&sked, "spread", &markers).await;
 
     if let Some(dev) = sked.server.as_mut() {
         dev.sigkill();
     }
     // Well inside the heartbeat timeout (2 s in these tests), after which the run would be
     // handed out again.
+    let killed = Instant::now();
     wait_until(
         &format!("processes outlived their worker: {:?}", alive(&markers)),
         Duration::from_secs(2),
         || alive(&markers).is_empty(),
     )
     .await;
+    println!(
+        "sked dev: the job's processes were gone {:?} after its SIGKILL",
+        killed.elapsed()
+    );
 
     // After the restart the run gets a second attempt, and only it runs.
     sked.start_dev(&[]).await;
@@ -114,20 +126,25 @@ async fn a_sigkilled_sked_dev_takes_its_jobs_processes_with_it() {
 
 #[tokio::test]
 async fn a_sigkilled_worker_takes_its_jobs_processes_with_it() {
-    let markers = [7201, 7202, 7203, 7204];
+    let markers = marked([7201, 7202, 7203, 7204]);
     let mut sked = Sked::new();
     sked.start_server(&[]).await;
     let worker = sked.start_worker("doomed", 2);
-    let job = json!({"target": shell(&spreading(markers))});
+    let job = json!({"target": shell(&spreading(&markers))});
     assert_eq!(sked.put_job("spread", job).await.0, 201);
-    start_spread(&sked, "spread", markers).await;
+    start_spread(&sked, "spread", &markers).await;
     sked.workers[worker].sigkill();
+    let killed = Instant::now();
     wait_until(
         &format!("processes outlived their worker: {:?}", alive(&markers)),
         Duration::from_secs(2),
         || alive(&markers).is_empty(),
     )
     .await;
+    println!(
+        "worker: the job's processes were gone {:?} after its SIGKILL",
+        killed.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -135,10 +152,10 @@ async fn cancel_and_timeout_end_processes_that_left_the_group() {
     let mut sked = Sked::new();
     sked.start_dev(&[]).await;
 
-    let cancelled = [7301, 7302, 7303, 7304];
-    let job = json!({"target": shell(&spreading(cancelled))});
+    let cancelled = marked([7301, 7302, 7303, 7304]);
+    let job = json!({"target": shell(&spreading(&cancelled))});
     assert_eq!(sked.put_job("cancelled", job).await.0, 201);
-    let id = start_spread(&sked, "cancelled", cancelled).await;
+    let id = start_spread(&sked, "cancelled", &cancelled).await;
     let (status, answer) = sked.post(&format!("/runs/{id}/cancel"), json!({})).await;
     assert_eq!(status, 200, "{answer}");
     let run = sked.wait_finished(id, Duration::from_secs(15)).await;
@@ -150,11 +167,11 @@ async fn cancel_and_timeout_end_processes_that_left_the_group() {
     )
     .await;
 
-    let timed_out = [7401, 7402, 7403, 7404];
-    let job = json!({"target": shell(&spreading(timed_out)), "timeout": "2s",
+    let timed_out = marked([7401, 7402, 7403, 7404]);
+    let job = json!({"target": shell(&spreading(&timed_out)), "timeout": "2s",
                      "retry": {"max_attempts": 1}});
     assert_eq!(sked.put_job("slow", job).await.0, 201);
-    let id = start_spread(&sked, "slow", timed_out).await;
+    let id = start_spread(&sked, "slow", &timed_out).await;
     let run = sked.wait_finished(id, Duration::from_secs(20)).await;
     assert_eq!(run["state"], "timed_out", "{run}");
     wait_until(
@@ -169,9 +186,13 @@ async fn cancel_and_timeout_end_processes_that_left_the_group() {
 async fn leftovers_of_a_finished_job_are_ended_and_its_status_is_kept() {
     let mut sked = Sked::new();
     sked.start_dev(&[]).await;
-    let markers = [7501];
+    let markers = marked([7501]);
     // The main process exits 3 while a setsid child lingers with the output pipe closed.
-    let job = json!({"target": shell("setsid sleep 7501 >/dev/null 2>&1 & echo done; exit 3"),
+    let command = format!(
+        "setsid sleep {} >/dev/null 2>&1 & echo done; exit 3",
+        markers[0]
+    );
+    let job = json!({"target": shell(&command),
                      "retry": {"max_attempts": 1}});
     assert_eq!(sked.put_job("leaves", job).await.0, 201);
     let (status, run) = sked.post("/jobs/leaves/trigger", json!({})).await;
