@@ -35,6 +35,7 @@ macro_rules! store_contract_tests {
             put_creates_replaces_and_detects_no_change,
             every_change_keeps_a_version_and_runs_name_theirs,
             create_only_conflicts_and_writes_nothing,
+            a_batch_of_jobs_is_written_whole_or_not_at_all,
             list_jobs_pages_searches_and_filters,
             a_bad_cursor_is_an_error,
             jobs_filter_by_schedule_kind_and_newest_run,
@@ -449,6 +450,70 @@ pub async fn create_only_conflicts_and_writes_nothing(store: &dyn Store) {
         .put_job("team-b", &second, PutMode::CreateOnly, t0(), Audit::none())
         .await
         .unwrap();
+}
+
+pub async fn a_batch_of_jobs_is_written_whole_or_not_at_all(store: &dyn Store) {
+    let shell = |extra: serde_json::Value| every_second(extra);
+    let extract = job("extract", shell(serde_json::json!({})), t0());
+    let load = job(
+        "load",
+        serde_json::json!({"target": {"shell": {"command": "true"}}, "depends_on": [{"job": "extract"}]}),
+        t0(),
+    );
+    let orphan = job(
+        "orphan",
+        serde_json::json!({"target": {"shell": {"command": "true"}}, "depends_on": [{"job": "missing"}]}),
+        t0(),
+    );
+    // The second job is refused, so the first is not written either.
+    let refused = store
+        .put_jobs("default", &[extract.clone(), orphan], t0(), false)
+        .await
+        .expect_err("an unknown upstream");
+    assert_eq!(refused.index, Some(1), "{refused:?}");
+    assert!(
+        matches!(refused.error, StoreError::Invalid(_)),
+        "{refused:?}"
+    );
+    assert_eq!(store.get_job("default", "extract").await.unwrap(), None);
+    assert!(store.job_namespaces(10).await.unwrap().is_empty());
+
+    // A dry run answers what would happen, upstreams first, and writes nothing.
+    let batch = [extract.clone(), load.clone()];
+    let planned = store.put_jobs("default", &batch, t0(), true).await.unwrap();
+    let outcomes: Vec<PutOutcome> = planned.iter().map(|(o, _)| *o).collect();
+    assert_eq!(outcomes, [PutOutcome::Created, PutOutcome::Created]);
+    assert_eq!(store.get_job("default", "extract").await.unwrap(), None);
+
+    let written = store
+        .put_jobs("default", &batch, t0(), false)
+        .await
+        .unwrap();
+    assert_eq!(written.len(), 2);
+    assert_eq!(
+        store.get_job("default", "load").await.unwrap(),
+        Some(written[1].1.clone())
+    );
+    let again = store.put_jobs("default", &batch, t0(), true).await.unwrap();
+    assert!(again.iter().all(|(o, _)| *o == PutOutcome::Unchanged));
+
+    // The namespaces that hold jobs, each once, in order.
+    store
+        .put_job("team-b", &extract, PutMode::Upsert, t0())
+        .await
+        .unwrap();
+    store
+        .put_job("a-team", &extract, PutMode::Upsert, t0())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.job_namespaces(10).await.unwrap(),
+        ["a-team", "default", "team-b"]
+    );
+    assert_eq!(
+        store.job_namespaces(2).await.unwrap(),
+        ["a-team", "default"]
+    );
 }
 
 pub async fn list_jobs_pages_searches_and_filters(store: &dyn Store) {

@@ -121,6 +121,21 @@ pub(crate) fn observe_write<T>(observer: Option<&dyn WriteObserver>, result: &Re
     }
 }
 
+/// Why [`Store::put_jobs`] wrote nothing: the job at `index` (of those given) was refused, or,
+/// with no index, the batch's transaction failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct BatchRefusal {
+    pub index: Option<usize>,
+    pub error: StoreError,
+}
+
+impl From<StoreError> for BatchRefusal {
+    fn from(error: StoreError) -> Self {
+        BatchRefusal { index: None, error }
+    }
+}
+
 /// How `put_job` treats an existing job of the same name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutMode {
@@ -635,6 +650,17 @@ pub trait Store: Send + Sync + 'static {
         now: Instant,
         audit: Audit<(PutOutcome, JobRecord)>,
     ) -> Result<(PutOutcome, JobRecord)>;
+    /// Creates or replaces each job of `jobs` (in that order, upstreams first) in one
+    /// transaction, as [`Store::put_job`] with [`PutMode::Upsert`] would one by one: all are
+    /// written, or, when one is refused, none ([`BatchRefusal`] says which). With `dry_run`
+    /// every check is made and every outcome answered, and nothing is written.
+    async fn put_jobs(
+        &self,
+        namespace: &str,
+        jobs: &[ValidJob],
+        now: Instant,
+        dry_run: bool,
+    ) -> Result<Vec<(PutOutcome, JobRecord)>, BatchRefusal>;
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>>;
     async fn get_job_by_id(&self, id: i64) -> Result<Option<JobRecord>>;
     /// The definitions the job has had, newest first (its current one included), back to
@@ -868,6 +894,9 @@ pub trait Store: Send + Sync + 'static {
     async fn get_namespace(&self, name: &str) -> Result<Option<NamespaceRecord>>;
     /// Every namespace with settings, by name.
     async fn list_namespaces(&self) -> Result<Vec<NamespaceRecord>>;
+    /// The names of the namespaces that hold jobs, in order, at most `limit` (one index seek
+    /// each, however many jobs they hold).
+    async fn job_namespaces(&self, limit: u32) -> Result<Vec<String>>;
     /// Sets a namespace's settings and returns the previous ones with the new. Refused
     /// ([`StoreError::Refused`]) while forbidding shell targets would leave shell jobs there,
     /// and past [`sked_core::namespace::MAX_CONFIGURED_NAMESPACES`].

@@ -297,6 +297,48 @@ impl Store for PgStore {
         })
     }
 
+    async fn put_jobs(
+        &self,
+        namespace: &str,
+        jobs: &[ValidJob],
+        now: Instant,
+        dry_run: bool,
+    ) -> Result<Vec<(PutOutcome, JobRecord)>, crate::BatchRefusal> {
+        // Which job the batch reached, so a refusal names it.
+        let reached = std::sync::atomic::AtomicUsize::new(0);
+        let written = transact!(self, write, |tx| {
+            if dry_run {
+                tx.batch_execute("SAVEPOINT dry_run").await?;
+            }
+            let mut outcomes = Vec::with_capacity(jobs.len());
+            for (i, job) in jobs.iter().enumerate() {
+                reached.store(i, std::sync::atomic::Ordering::Relaxed);
+                outcomes.push(jobs::put(&tx, namespace, job, PutMode::Upsert, now).await?);
+            }
+            reached.store(usize::MAX, std::sync::atomic::Ordering::Relaxed);
+            if dry_run {
+                tx.batch_execute("ROLLBACK TO SAVEPOINT dry_run").await?;
+            } else {
+                let changed: Vec<i64> = outcomes
+                    .iter()
+                    .filter(|(outcome, _)| *outcome != PutOutcome::Unchanged)
+                    .map(|(_, job)| job.id)
+                    .collect();
+                if !changed.is_empty() {
+                    self.channel.notify(&tx, Kind::JobChanged, &changed).await?;
+                }
+            }
+            outcomes
+        });
+        written.map_err(|error| {
+            let index = reached.load(std::sync::atomic::Ordering::Relaxed);
+            crate::BatchRefusal {
+                index: (index != usize::MAX).then_some(index),
+                error,
+            }
+        })
+    }
+
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>> {
         transact!(self, read, |tx| jobs::get(&tx, namespace, name).await?)
     }
@@ -738,6 +780,10 @@ impl Store for PgStore {
 
     async fn list_namespaces(&self) -> Result<Vec<NamespaceRecord>> {
         transact!(self, read, |tx| namespaces::list(&tx).await?)
+    }
+
+    async fn job_namespaces(&self, limit: u32) -> Result<Vec<String>> {
+        transact!(self, read, |tx| namespaces::of_jobs(&tx, limit).await?)
     }
 
     async fn put_namespace(

@@ -2,8 +2,8 @@
 //!
 //! Owns the `namespaces` and `secrets` tables. Reads `jobs` only to count a namespace's jobs and
 //! find its shell jobs, for the rules of `sked_core::namespace`, which `jobs::put` and [`put`]
-//! apply inside their transactions. Secrets arrive sealed; this module never sees a value in
-//! clear.
+//! apply inside their transactions, and to list the namespaces that hold jobs. Secrets arrive
+//! sealed; this module never sees a value in clear.
 //!
 //! A namespace's rules are checked under transaction-level advisory locks on its name
 //! ([`lock`]): under READ COMMITTED, row locks alone would let two creates both count one job
@@ -89,6 +89,23 @@ pub async fn list(tx: &Tx<'_>) -> PgResult<Vec<NamespaceRecord>> {
     let sql = format!("SELECT {NAMESPACE_COLUMNS} FROM namespaces ORDER BY name");
     let stmt = tx.prepare_cached(&sql).await?;
     tx.query(&stmt, &[]).await?.iter().map(namespace).collect()
+}
+
+/// The distinct namespaces of `jobs`, each found by a seek of the `(namespace, name)` index
+/// from the one before (a scan of the index would read every job).
+pub async fn of_jobs(tx: &Tx<'_>, limit: u32) -> PgResult<Vec<String>> {
+    let stmt = tx
+        .prepare_cached(
+            "WITH RECURSIVE found(name) AS ( \
+               SELECT MIN(namespace) FROM jobs \
+               UNION ALL \
+               SELECT (SELECT MIN(namespace) FROM jobs WHERE namespace > found.name) \
+               FROM found WHERE found.name IS NOT NULL) \
+             SELECT name FROM found WHERE name IS NOT NULL LIMIT $1",
+        )
+        .await?;
+    let rows = tx.query(&stmt, &[&i64::from(limit)]).await?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
 }
 
 pub async fn put(

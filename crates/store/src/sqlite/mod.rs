@@ -467,6 +467,43 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn put_jobs(
+        &self,
+        namespace: &str,
+        jobs: &[ValidJob],
+        now: Instant,
+        dry_run: bool,
+    ) -> Result<Vec<(PutOutcome, JobRecord)>, crate::BatchRefusal> {
+        let (namespace, jobs) = (namespace.to_string(), jobs.to_vec());
+        // Which job the batch reached, so a refusal names it.
+        let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let at = reached.clone();
+        let written = self
+            .write(move |tx| {
+                if dry_run {
+                    tx.execute_batch("SAVEPOINT dry_run")?;
+                }
+                let mut outcomes = Vec::with_capacity(jobs.len());
+                for (i, job) in jobs.iter().enumerate() {
+                    at.store(i, std::sync::atomic::Ordering::Relaxed);
+                    outcomes.push(jobs::put(tx, &namespace, job, PutMode::Upsert, now)?);
+                }
+                at.store(usize::MAX, std::sync::atomic::Ordering::Relaxed);
+                if dry_run {
+                    tx.execute_batch("ROLLBACK TO dry_run; RELEASE dry_run")?;
+                }
+                Ok(outcomes)
+            })
+            .await;
+        written.map_err(|error| {
+            let index = reached.load(std::sync::atomic::Ordering::Relaxed);
+            crate::BatchRefusal {
+                index: (index != usize::MAX).then_some(index),
+                error,
+            }
+        })
+    }
+
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>> {
         let (namespace, name) = (namespace.to_string(), name.to_string());
         self.read(move |tx| jobs::get(tx, &namespace, &name)).await
@@ -792,6 +829,10 @@ impl Store for SqliteStore {
 
     async fn list_namespaces(&self) -> Result<Vec<NamespaceRecord>> {
         self.read(namespaces::list).await
+    }
+
+    async fn job_namespaces(&self, limit: u32) -> Result<Vec<String>> {
+        self.read(move |tx| namespaces::of_jobs(tx, limit)).await
     }
 
     async fn put_namespace(

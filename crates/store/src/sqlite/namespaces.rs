@@ -2,8 +2,8 @@
 //!
 //! Owns the `namespaces` and `secrets` tables. Reads `jobs` only to count a namespace's jobs and
 //! find its shell jobs, for the rules of `sked_core::namespace`, which `jobs::put` and
-//! [`put`] apply inside their transactions. Secrets arrive sealed; this module never sees a
-//! value in clear.
+//! [`put`] apply inside their transactions, and to list the namespaces that hold jobs. Secrets
+//! arrive sealed; this module never sees a value in clear.
 
 use super::rows::{instant, micros};
 use crate::shared::{namespace_spec, shell_jobs, to_json, SHELL_TARGET_PATTERN};
@@ -44,6 +44,21 @@ pub fn list(tx: &Transaction<'_>) -> Result<Vec<NamespaceRecord>> {
     }
     Ok(namespaces)
 }
+
+pub fn of_jobs(tx: &Transaction<'_>, limit: u32) -> Result<Vec<String>> {
+    let mut stmt = tx.prepare_cached(JOB_NAMESPACES)?;
+    let found = stmt.query_map(params![limit], |row| row.get(0))?;
+    Ok(found.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The distinct namespaces of `jobs`, each found by a seek of the `(namespace, name)` index
+/// from the one before (a scan of the index would read every job).
+pub const JOB_NAMESPACES: &str = "WITH RECURSIVE found(name) AS ( \
+       SELECT MIN(namespace) FROM jobs \
+       UNION ALL \
+       SELECT (SELECT MIN(namespace) FROM jobs WHERE namespace > found.name) FROM found \
+       WHERE found.name IS NOT NULL) \
+     SELECT name FROM found WHERE name IS NOT NULL LIMIT ?1";
 
 pub fn put(
     tx: &Transaction<'_>,
