@@ -46,6 +46,17 @@ impl Role {
         }
     }
 
+    /// The role's name after "a" or "an", as a sentence needs it: "an editor", "a viewer".
+    pub fn with_article(self) -> &'static str {
+        match self {
+            Role::Admin => "an admin",
+            Role::Editor => "an editor",
+            Role::Viewer => "a viewer",
+            Role::Worker => "a worker",
+            Role::Emitter => "an emitter",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Role> {
         Role::ALL.into_iter().find(|r| r.as_str() == s)
     }
@@ -207,8 +218,8 @@ impl Grant {
             Ok(())
         } else {
             Err(Denied::Forbidden(format!(
-                "a {} token may not do this (it needs {} permission)",
-                self.role,
+                "{} token may not do this (it needs {} permission)",
+                self.role.with_article(),
                 permission.as_str()
             )))
         }
@@ -391,6 +402,21 @@ mod tests {
                 [Open, Authenticated, Read, Write, Worker, Events, Admin].map(|p| role.allows(p));
             assert_eq!(got, expected, "{role}");
         }
+    }
+
+    #[test]
+    fn a_refusal_names_the_role_with_its_article() {
+        let refused = |role| match grant(role, &["a"]).permits(Permission::Admin) {
+            Err(Denied::Forbidden(message)) => message,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            refused(Role::Editor),
+            "an editor token may not do this (it needs admin permission)"
+        );
+        assert!(refused(Role::Viewer).starts_with("a viewer token"));
+        assert!(refused(Role::Emitter).starts_with("an emitter token"));
+        assert!(refused(Role::Worker).starts_with("a worker token"));
     }
 
     #[test]

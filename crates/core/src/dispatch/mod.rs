@@ -249,6 +249,30 @@ impl NoWorker {
     }
 }
 
+impl NoWorker {
+    /// What a waiting run shows: [`NoWorker`]'s words, or, when the run is a broker target
+    /// that nobody asking for work may publish, the connection they lack.
+    pub fn describe(&self, demand: &Demand<'_>) -> String {
+        match demand.publishes_through {
+            Some(connection) if self.serving == 0 && !self.pinned => {
+                if demand.labels.is_empty() {
+                    format!(
+                        "waiting for a server with broker connection {connection:?}: no node \
+                         asking for work has it (sked server --broker {connection}=URL)"
+                    )
+                } else {
+                    format!(
+                        "waiting for workers with broker connection {connection:?}: none asking \
+                         for work that carries the run's labels and serves its namespace has it \
+                         (sked worker --broker {connection}=URL)"
+                    )
+                }
+            }
+            _ => self.to_string(),
+        }
+    }
+}
+
 impl std::fmt::Display for NoWorker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let NoWorker {
@@ -604,6 +628,38 @@ mod tests {
                 .to_string()
                 .contains("none asking for work carries the run's labels")
         );
+    }
+
+    #[test]
+    fn a_broker_run_nobody_may_publish_names_the_missing_connection() {
+        let eu: BTreeMap<_, _> = [("zone".to_string(), "eu".to_string())].into();
+        let mut worker_with = worker("w1", 4, 0, "eu");
+        worker_with.brokers = vec!["other".into()];
+        let workers = [worker_with];
+        let labelled = Demand {
+            publishes_through: Some("events"),
+            ..demand(&eu, Strategy::LeastLoaded)
+        };
+        let why = NoWorker::count(&labelled, &workers);
+        assert_eq!(why.serving, 0);
+        assert_eq!(
+            why.describe(&labelled),
+            "waiting for workers with broker connection \"events\": none asking for work that \
+             carries the run's labels and serves its namespace has it (sked worker --broker \
+             events=URL)"
+        );
+        let any = BTreeMap::new();
+        let server_side = Demand {
+            publishes_through: Some("events"),
+            ..demand(&any, Strategy::LeastLoaded)
+        };
+        assert!(NoWorker::count(&server_side, &workers)
+            .describe(&server_side)
+            .contains("sked server --broker events=URL"));
+        // Any other run keeps the counted words.
+        let plain = demand(&eu, Strategy::LeastLoaded);
+        let why = NoWorker::count(&plain, &workers);
+        assert_eq!(why.describe(&plain), why.to_string());
     }
 
     #[test]

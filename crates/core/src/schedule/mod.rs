@@ -412,6 +412,21 @@ impl Schedule {
         out
     }
 
+    /// Why a preview from `after` (its last instant, or where it started) holds fewer instants
+    /// than asked for: a person reading an empty or short list is told why.
+    pub fn preview_end(&self, after: Instant) -> String {
+        use chrono::Datelike;
+        let at = after.format("%Y-%m-%d %H:%M:%S UTC");
+        match &self.kind {
+            Kind::Cron(..) if after.year() >= cron::MAX_YEAR => format!(
+                "no instant after {at}: cron schedules end with the year {}",
+                cron::MAX_YEAR
+            ),
+            Kind::Manual => "no instants: the job has no schedule of its own".to_string(),
+            _ => format!("the schedule names no instant after {at}"),
+        }
+    }
+
     /// How long after `instant` a run is handed out: a fixed spread in `[0, jitter)` derived from
     /// `seed` (the job) and the instant, so every node computes the same offset.
     pub fn jitter_offset(&self, seed: u64, instant: Instant) -> std::time::Duration {
@@ -465,6 +480,31 @@ mod tests {
             Ok(_) => "accepted".to_string(),
             Err(e) => e.field,
         }
+    }
+
+    #[test]
+    fn a_short_preview_says_why() {
+        let cron = |expr: &str| {
+            let spec = ScheduleSpec {
+                cron: Some(expr.into()),
+                ..Default::default()
+            };
+            Schedule::compile(Some(&spec), t("2026-01-01T00:00:00Z")).unwrap()
+        };
+        let yearly = cron("0 0 1 1 *");
+        let from = t("2199-06-01T00:00:00Z");
+        assert!(yearly.preview(from, 0, 3).is_empty());
+        assert_eq!(
+            yearly.preview_end(from),
+            "no instant after 2199-06-01 00:00:00 UTC: cron schedules end with the year 2199"
+        );
+        let once = cron("0 0 0 1 1 * 2027");
+        let last = once.preview(t("2026-01-01T00:00:00Z"), 0, 3);
+        assert_eq!(last, [t("2027-01-01T00:00:00Z")]);
+        assert_eq!(
+            once.preview_end(last[0]),
+            "the schedule names no instant after 2027-01-01 00:00:00 UTC"
+        );
     }
 
     #[test]

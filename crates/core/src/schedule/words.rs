@@ -1,5 +1,5 @@
 //! A schedule in words, for people: "every day at 02:30 Europe/London", "every 5m", "once at
-//! 2026-12-01 09:00:00 UTC". Common cron shapes are spelled out; any other expression is shown
+//! 2026-12-01 09:00:00 UTC", "after extract" (a job that runs after its upstreams). Common cron shapes are spelled out; any other expression is shown
 //! as written, with its zone. Pure: no clock, no IO.
 
 use super::{ScheduleKind, ScheduleSpec};
@@ -13,6 +13,22 @@ const WEEKDAYS: [&str; 7] = [
     "Friday",
     "Saturday",
 ];
+
+/// A job's schedule in words: its schedule's, or, for a job without one that waits for
+/// upstream jobs, "after extract" (it runs after each of their runs).
+pub fn describe_job(schedule: Option<&ScheduleSpec>, upstreams: &[String]) -> String {
+    match (schedule, upstreams) {
+        (None, [first, rest @ ..]) if !first.is_empty() => {
+            let mut words = format!("after {first}");
+            for name in rest {
+                words.push_str(", ");
+                words.push_str(name);
+            }
+            words
+        }
+        _ => describe(schedule),
+    }
+}
 
 /// `schedule` in words; a job without one runs only when triggered.
 pub fn describe(schedule: Option<&ScheduleSpec>) -> String {
@@ -62,6 +78,15 @@ pub fn describe(schedule: Option<&ScheduleSpec>) -> String {
     }
 }
 
+/// "every minute", "every 5 minutes".
+fn every(step: u32, unit: &str) -> String {
+    if step == 1 {
+        format!("every {unit}")
+    } else {
+        format!("every {step} {unit}s")
+    }
+}
+
 /// A plain number within `0..=max`.
 fn number(field: &str, max: u32) -> Option<u32> {
     field.parse().ok().filter(|n| *n <= max)
@@ -85,7 +110,7 @@ fn cron_in_words(expr: &str) -> Option<String> {
             return Some("every second".into());
         }
         if let Some(step) = second.strip_prefix("*/").and_then(|s| number(s, 59)) {
-            return Some(format!("every {step} seconds"));
+            return Some(every(step, "second"));
         }
     }
     let second = number(second, 59)?;
@@ -101,7 +126,7 @@ fn cron_in_words(expr: &str) -> Option<String> {
             return Some(at_second("every minute".into()));
         }
         if let Some(step) = minute.strip_prefix("*/").and_then(|s| number(s, 59)) {
-            return Some(at_second(format!("every {step} minutes")));
+            return Some(at_second(every(step, "minute")));
         }
         let minute = number(minute, 59)?;
         return Some(at_second(format!("every hour at :{minute:02}")));
@@ -109,7 +134,10 @@ fn cron_in_words(expr: &str) -> Option<String> {
     let minute = number(minute, 59)?;
     if any(dom) && any(dow) {
         if let Some(step) = hour.strip_prefix("*/").and_then(|s| number(s, 23)) {
-            return Some(at_second(format!("every {step} hours at :{minute:02}")));
+            return Some(at_second(format!(
+                "{} at :{minute:02}",
+                every(step, "hour")
+            )));
         }
     }
     let hour = number(hour, 23)?;
@@ -155,6 +183,9 @@ mod tests {
         assert_eq!(cron("* * * * * *", None), "every second UTC");
         assert_eq!(cron("*/2 * * * * *", None), "every 2 seconds UTC");
         assert_eq!(cron("0 */5 * * * *", None), "every 5 minutes UTC");
+        assert_eq!(cron("0 */1 * * * *", None), "every minute UTC");
+        assert_eq!(cron("*/1 * * * * *", None), "every second UTC");
+        assert_eq!(cron("0 0 */1 * * *", None), "every hour at :00 UTC");
         assert_eq!(cron("0 15 * * * *", None), "every hour at :15 UTC");
         assert_eq!(cron("0 0 */6 * * *", None), "every 6 hours at :00 UTC");
         assert_eq!(cron("0 0 9 * * 1-5", None), "every weekday at 09:00 UTC");
@@ -174,6 +205,26 @@ mod tests {
         assert_eq!(cron("0 0 4 1 * 1", None), "cron 0 0 4 1 * 1 UTC");
         assert_eq!(cron("0 1,2 4 * * *", None), "cron 0 1,2 4 * * * UTC");
         assert_eq!(cron("@daily", None), "cron @daily UTC");
+    }
+
+    #[test]
+    fn a_job_without_a_schedule_runs_after_its_upstreams() {
+        let after = |names: &[&str]| {
+            let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+            describe_job(None, &names)
+        };
+        assert_eq!(after(&["extract"]), "after extract");
+        assert_eq!(after(&["extract", "prices"]), "after extract, prices");
+        assert_eq!(after(&[]), "only when triggered");
+        let every = ScheduleSpec {
+            every: Some("5m".parse().unwrap()),
+            ..ScheduleSpec::default()
+        };
+        // A schedule of its own comes first: the dependencies only hold its runs back.
+        assert_eq!(
+            describe_job(Some(&every), &["extract".to_string()]),
+            "every 5m"
+        );
     }
 
     #[test]

@@ -227,6 +227,15 @@ fn day_of_month(text: &str) -> Result<(u32, Vec<DomSpecial>), String> {
         } else if upper == "LW" {
             DomSpecial::LastWeekday
         } else if let Some(n) = upper.strip_prefix("L-") {
+            if n.ends_with('W') {
+                return Err(DOM.error(
+                    text,
+                    format!(
+                        "{item:?}: L-nW is not in the grammar; day-of-month takes L, L-n, LW \
+                         or nW (e.g. L-3 or 15W)"
+                    ),
+                ));
+            }
             match n.parse::<u32>() {
                 Ok(before) if before <= 30 => DomSpecial::Last { before },
                 _ => {

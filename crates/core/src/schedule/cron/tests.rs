@@ -346,6 +346,10 @@ fn errors_name_the_field_and_the_problem() {
             r#"day-of-week field "9L": in 9L, 9 is out of range 0-7"#,
         ),
         (
+            "0 0 L-5W * *",
+            r#"day-of-month field "L-5W": "L-5W": L-nW is not in the grammar; day-of-month takes L, L-n, LW or nW (e.g. L-3 or 15W)"#,
+        ),
+        (
             "0 0 L-31 * *",
             r#"day-of-month field "L-31": in L-31, the days before the last day must be 0-30"#,
         ),
