@@ -246,6 +246,11 @@ pub async fn serve(
         "publisher",
         publish::run(state.clone(), stop_rx.clone()),
     ));
+    // Once, beside the start: it only warns, so it is no duty.
+    tokio::spawn(publish::warn_missing_connections(
+        store.clone(),
+        config.brokers.clone(),
+    ));
     duties.spawn(duty(
         "namespace settings",
         namespaces::run(state.clone(), stop_rx.clone()),

@@ -783,10 +783,61 @@ async fn real_answers_fit_the_documented_statuses_and_schemas() {
         audit_trail(&api).await;
         events(&api).await;
         backfill(&api).await;
+        apply_files(&api).await;
         server.stop().await;
     })
     .await
     .expect("the test took too long");
+}
+
+/// A file of jobs: a dry run, the write, a write that changes nothing, a refusal that writes
+/// nothing; a dependant without a schedule says what it runs after; a short preview says why.
+async fn apply_files(api: &Client<'_>) {
+    let shell = json!({"shell": {"command": "true"}});
+    let file = |dry_run: bool| {
+        json!({"dry_run": dry_run, "jobs": [
+            {"name": "doc-apply-down", "target": shell, "depends_on": [{"job": "doc-apply-up"}]},
+            {"name": "doc-apply-up", "schedule": {"every": "1h"}, "target": shell},
+        ]})
+    };
+    let dry = api.call("post", "/api/v1/apply", Some(file(true))).await;
+    assert_eq!(dry.status, 200, "{}", dry.body);
+    assert_eq!(dry.body["jobs"][0]["name"], "doc-apply-up", "{}", dry.body);
+    assert_eq!(dry.body["jobs"][0]["change"], "created", "{}", dry.body);
+    let absent = api.call("get", "/api/v1/jobs/doc-apply-up", None).await;
+    assert_eq!(absent.status, 404, "{}", absent.body);
+    let done = api.call("post", "/api/v1/apply", Some(file(false))).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    let again = api.call("post", "/api/v1/apply", Some(file(false))).await;
+    assert_eq!(
+        again.body["jobs"][1]["change"], "unchanged",
+        "{}",
+        again.body
+    );
+    let down = api.call("get", "/api/v1/jobs/doc-apply-down", None).await;
+    assert_eq!(down.body["after"]["upstreams"], json!(["doc-apply-up"]));
+    assert!(
+        down.body["after"]["next_fire_at"].is_string(),
+        "{}",
+        down.body
+    );
+    let bad = json!({"jobs": [
+        {"name": "doc-apply-fine", "target": shell},
+        {"name": "doc-apply-bad", "target": {"amqp": {"connection": "nowhere", "exchange": "x"}}},
+    ]});
+    let refused = api.call("post", "/api/v1/apply", Some(bad)).await;
+    assert_eq!(
+        (refused.status, &refused.body["error"]["field"]),
+        (400, &json!("jobs[1].target.amqp.connection"))
+    );
+    let unwritten = api.call("get", "/api/v1/jobs/doc-apply-fine", None).await;
+    assert_eq!(unwritten.status, 404, "{}", unwritten.body);
+    let late = json!({"schedule": {"cron": "0 0 1 1 *"}, "from": "2199-06-01T00:00:00Z"});
+    let preview = api
+        .call("post", "/api/v1/schedules/preview", Some(late))
+        .await;
+    assert_eq!(preview.status, 200, "{}", preview.body);
+    assert!(preview.body["note"].is_string(), "{}", preview.body);
 }
 
 /// A backfill: a dry run, the runs recorded once, and its refusals.

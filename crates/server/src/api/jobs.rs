@@ -17,7 +17,7 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use sked_core::dependency::Upstream;
 use sked_core::egress::EgressPolicy;
-use sked_core::job::{JobSpec, JobState};
+use sked_core::job::{JobSpec, JobState, ValidJob};
 use sked_core::records::{JobRecord, RunRecord};
 use sked_core::run::{RunState, Trigger};
 use sked_core::schedule::{Schedule, ScheduleKind, ScheduleSpec};
@@ -41,6 +41,7 @@ pub const JOB_VIEW_FIELDS: &[&str] = &[
     "version",
     "last_run",
     "counters",
+    "after",
 ];
 
 /// A job as the API returns it: the definition, flattened, with where it stands.
@@ -63,6 +64,77 @@ pub struct JobView {
     /// Runs by state.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub counters: Option<BTreeMap<String, u64>>,
+    /// A job without a schedule that runs after its upstream jobs: which, and when the next
+    /// of their runs is due.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<RunsAfter>,
+}
+
+/// When a job without a schedule of its own runs: after each run of its upstream jobs.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunsAfter {
+    /// The upstream jobs it waits for, by name.
+    pub upstreams: Vec<String>,
+    /// The soonest instant an upstream owes (following upstreams that have no schedule either,
+    /// a few levels up); `None` when none owes one.
+    pub next_fire_at: Option<Instant>,
+}
+
+/// Levels of upstreams without a schedule followed to find the next instant above a job.
+const AFTER_LEVELS: usize = 5;
+
+/// What [`RunsAfter`] says of `spec`, if it has no schedule and waits for jobs. `seen` keeps
+/// the upstreams already read (a page of jobs shares it).
+async fn runs_after(
+    state: &AppState,
+    namespace: &str,
+    spec: &JobSpec,
+    seen: &mut BTreeMap<String, Option<(Option<Instant>, Vec<String>)>>,
+) -> Result<Option<RunsAfter>, ApiError> {
+    if spec.schedule.is_some() {
+        return Ok(None);
+    }
+    let upstreams: Vec<String> = sked_core::dependency::upstreams(&spec.depends_on)
+        .into_iter()
+        .collect();
+    if upstreams.is_empty() {
+        return Ok(None);
+    }
+    let mut next: Option<Instant> = None;
+    let mut frontier = upstreams.clone();
+    for _ in 0..AFTER_LEVELS {
+        let mut above = Vec::new();
+        for name in frontier {
+            if !seen.contains_key(&name) {
+                let found = state.store.get_job(namespace, &name).await?.map(|job| {
+                    let schedule_less = job.spec.schedule.is_none();
+                    let ups = sked_core::dependency::upstreams(&job.spec.depends_on);
+                    let ups = if schedule_less {
+                        ups.into_iter().collect()
+                    } else {
+                        Vec::new()
+                    };
+                    (job.next_fire_at, ups)
+                });
+                seen.insert(name.clone(), found);
+            }
+            if let Some(Some((fire, ups))) = seen.get(&name) {
+                next = match (next, *fire) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                above.extend(ups.iter().cloned());
+            }
+        }
+        if above.is_empty() {
+            break;
+        }
+        frontier = above;
+    }
+    Ok(Some(RunsAfter {
+        upstreams,
+        next_fire_at: next,
+    }))
 }
 
 impl From<JobRecord> for JobView {
@@ -79,6 +151,7 @@ impl From<JobRecord> for JobView {
             version: job.version,
             last_run: None,
             counters: None,
+            after: None,
         }
     }
 }
@@ -94,18 +167,19 @@ fn change_name(outcome: PutOutcome) -> &'static str {
     }
 }
 
-/// Validates a definition and writes it; `action` names the change in the audit trail.
-pub(super) async fn store_job(
+/// Validates a definition as every job write does, and seals its secrets: the job the store is
+/// handed. `before` is the job's current record, if any: a definition identical to it needs no
+/// new permission, so an editor without the shell grant may re-apply a file holding shell
+/// jobs another wrote, as long as they are unchanged.
+pub(super) fn prepared(
     state: &AppState,
     caller: &Caller,
     namespace: &str,
     name_from_path: Option<&str>,
-    bytes: &[u8],
-    mode: PutMode,
-    action: &'static str,
-) -> Result<Response, ApiError> {
-    let spec: JobSpec = parse_json(bytes)?;
-    let now = Utc::now();
+    spec: JobSpec,
+    before: Option<&JobRecord>,
+    now: Instant,
+) -> Result<ValidJob, ApiError> {
     let mut job = spec.validate(name_from_path, now)?;
     if let TargetSpec::Http(http) = &job.spec.target {
         refused_url(
@@ -121,7 +195,12 @@ pub(super) async fn store_job(
         &state.config.brokers,
         &state.config.broker_allowances,
     )?;
-    caller.may_define(matches!(job.spec.target, TargetSpec::Shell(_)))?;
+    let granted = caller.may_define(matches!(job.spec.target, TargetSpec::Shell(_)));
+    // Without the grant only an unchanged job may pass (compared below, once its secrets are
+    // sealed as stored): a new one is refused before anything is sealed.
+    if before.is_none() {
+        granted.clone()?;
+    }
     let binding = Binding::Job {
         namespace,
         job: &job.name,
@@ -141,10 +220,54 @@ pub(super) async fn store_job(
         }
         seal_notify(state.config.secret_key.as_ref(), binding, rules)?;
     }
-    let before = match mode {
-        PutMode::Upsert => state.store.get_job(namespace, &job.name).await?,
-        PutMode::CreateOnly => None,
+    if let Err(denied) = granted {
+        if !before.is_some_and(|b| b.spec == job.spec) {
+            return Err(denied.into());
+        }
+    }
+    Ok(job)
+}
+
+/// Whether the caller may write `job` only because it is unchanged (see [`prepared`]): then
+/// it is not written at all, so no write of the caller's can race another's change to it.
+pub(super) fn unchanged_without_grant(caller: &Caller, job: &ValidJob) -> bool {
+    caller
+        .may_define(matches!(job.spec.target, TargetSpec::Shell(_)))
+        .is_err()
+}
+
+/// Validates a definition and writes it; `action` names the change in the audit trail.
+pub(super) async fn store_job(
+    state: &AppState,
+    caller: &Caller,
+    namespace: &str,
+    name_from_path: Option<&str>,
+    bytes: &[u8],
+    mode: PutMode,
+    action: &'static str,
+) -> Result<Response, ApiError> {
+    let spec: JobSpec = parse_json(bytes)?;
+    let now = Utc::now();
+    let before = match (mode, name_from_path.or(spec.name.as_deref())) {
+        (PutMode::Upsert, Some(name)) => state.store.get_job(namespace, name).await?,
+        _ => None,
     };
+    let job = prepared(
+        state,
+        caller,
+        namespace,
+        name_from_path,
+        spec,
+        before.as_ref(),
+        now,
+    )?;
+    if let Some(record) = before
+        .clone()
+        .filter(|_| unchanged_without_grant(caller, &job))
+    {
+        let headers = [(CHANGE_HEADER, change_name(PutOutcome::Unchanged))];
+        return Ok((StatusCode::OK, headers, Json(JobView::from(record))).into_response());
+    }
     let before = before.map(|b| definition(&b.spec));
     let ns = namespace.to_string();
     let audit = audit::by(
@@ -192,7 +315,7 @@ pub(super) fn refused_url(policy: &EgressPolicy, field: &str, text: &str) -> Res
 }
 
 /// A definition as the audit trail keeps it (secrets are redacted when it is recorded).
-fn definition(spec: &JobSpec) -> serde_json::Value {
+pub(super) fn definition(spec: &JobSpec) -> serde_json::Value {
     serde_json::to_value(spec).unwrap_or(serde_json::Value::Null)
 }
 
@@ -330,6 +453,10 @@ pub async fn list(
     };
     let Page { items, next_cursor } = state.store.list_jobs(&query).await?;
     let mut jobs: Vec<JobView> = items.into_iter().map(JobView::from).collect();
+    let mut seen = BTreeMap::new();
+    for job in &mut jobs {
+        job.after = runs_after(&state, &job.namespace, &job.spec, &mut seen).await?;
+    }
     if with_last_run {
         for job in &mut jobs {
             let newest = RunQuery {
@@ -374,7 +501,9 @@ pub async fn get(
     let namespace = ns.checked(&caller)?;
     let job = find(&state, &namespace, &name).await?;
     let stats = state.store.job_stats(&namespace, &name).await?;
+    let after = runs_after(&state, &namespace, &job.spec, &mut BTreeMap::new()).await?;
     let mut view = JobView::from(job);
+    view.after = after;
     if let Some(stats) = stats {
         view.last_run = stats.last_run;
         view.counters = Some(stats.by_state);
@@ -575,6 +704,18 @@ pub struct PreviewParams {
 #[derive(Debug, Serialize)]
 pub struct Preview {
     pub fire_times: Vec<Instant>,
+    /// Why there are fewer fire times than asked for (the schedule ends, or cron's last year
+    /// is behind); absent when the list is full.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Preview {
+    fn of(schedule: &Schedule, from: Instant, fire_times: Vec<Instant>, count: usize) -> Self {
+        let note = (fire_times.len() < count)
+            .then(|| schedule.preview_end(fire_times.last().copied().unwrap_or(from)));
+        Preview { fire_times, note }
+    }
 }
 
 fn check_count(count: Option<usize>) -> Result<usize, ApiError> {
@@ -604,7 +745,8 @@ pub async fn preview(
         fire_times.push(next);
         fire_times.extend(schedule.preview(next, job.fired_count + 1, count - 1));
     }
-    Ok(Json(Preview { fire_times }))
+    let from = job.next_fire_at.unwrap_or_else(Utc::now);
+    Ok(Json(Preview::of(&schedule, from, fire_times, count)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -626,9 +768,8 @@ pub async fn preview_schedule(
     let count = check_count(req.count)?;
     let from = req.from.unwrap_or_else(Utc::now);
     let schedule = Schedule::compile(Some(&req.schedule), from)?;
-    Ok(Json(Preview {
-        fire_times: schedule.preview(from, 0, count),
-    }))
+    let fire_times = schedule.preview(from, 0, count);
+    Ok(Json(Preview::of(&schedule, from, fire_times, count)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -879,6 +1020,10 @@ mod tests {
             version: 3,
             last_run: None,
             counters: Some(BTreeMap::from([("succeeded".to_string(), 1)])),
+            after: Some(RunsAfter {
+                upstreams: vec!["extract".into()],
+                next_fire_at: Some(at),
+            }),
         };
         let mut value = serde_json::to_value(&view).unwrap();
         let object = value.as_object_mut().unwrap();

@@ -7,6 +7,7 @@
 //! caller's namespaces, call the store, record changes in the audit trail, and tell the firing
 //! loop or the dispatcher what changed. They hold no state of their own.
 
+mod apply;
 mod audit;
 mod backfill;
 mod cluster;
@@ -75,6 +76,7 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
     vec![
         route(Method::GET, "/api/v1/jobs", Read, get(jobs::list)),
         route(Method::POST, "/api/v1/jobs", Write, post(jobs::create)),
+        route(Method::POST, "/api/v1/apply", Write, post(apply::apply)),
         route(Method::GET, "/api/v1/jobs/{name}", Read, get(jobs::get)),
         route(Method::PUT, "/api/v1/jobs/{name}", Write, put(jobs::put)),
         route(

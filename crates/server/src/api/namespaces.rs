@@ -1,6 +1,7 @@
 //! `/api/v1/namespaces`: what an administrator allows in each namespace (shell targets, a cap on
-//! its jobs and on its queued runs). Any token reads the namespaces it sees; only an admin
-//! changes them (the route table says so). A namespace without settings has the defaults.
+//! its jobs and on its queued runs). Any token reads the namespaces it sees (with settings,
+//! holding jobs, or named by the token); only an admin changes them (the route table says so).
+//! A namespace without settings has the defaults.
 
 use super::extract::Path;
 use super::{body, parse_json, ApiError};
@@ -44,6 +45,22 @@ impl From<NamespaceRecord> for NamespaceView {
     }
 }
 
+impl NamespaceView {
+    /// A namespace without settings: the defaults.
+    fn unconfigured(name: String) -> Self {
+        NamespaceView {
+            name,
+            spec: NamespaceSpec::default(),
+            configured: false,
+            created_at: None,
+            updated_at: None,
+        }
+    }
+}
+
+/// The most namespaces holding jobs that a listing reads beside the configured ones.
+const MAX_LISTED: u32 = 10_000;
+
 #[derive(Debug, Serialize)]
 pub struct NamespaceList {
     pub namespaces: Vec<NamespaceView>,
@@ -56,18 +73,34 @@ fn entered(caller: &Caller, name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The configured namespaces the caller sees, by name.
+/// The namespaces the caller sees, by name: those with settings, those that hold jobs, and
+/// those its token names (a viewer of one namespace finds it even while it is empty).
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<Json<NamespaceList>, ApiError> {
-    let namespaces = state
+    let mut found: std::collections::BTreeMap<String, NamespaceView> = state
         .store
         .list_namespaces()
         .await?
         .into_iter()
+        .map(|n| (n.name.clone(), NamespaceView::from(n)))
+        .collect();
+    let holding_jobs = state.store.job_namespaces(MAX_LISTED).await?;
+    let named = caller
+        .grant
+        .namespaces
+        .iter()
+        .filter(|n| *n != sked_core::auth::ALL_NAMESPACES)
+        .cloned();
+    for name in holding_jobs.into_iter().chain(named) {
+        if !found.contains_key(&name) {
+            found.insert(name.clone(), NamespaceView::unconfigured(name));
+        }
+    }
+    let namespaces = found
+        .into_values()
         .filter(|n| caller.sees(&n.name))
-        .map(NamespaceView::from)
         .collect();
     Ok(Json(NamespaceList { namespaces }))
 }
@@ -80,13 +113,7 @@ pub async fn get(
     entered(&caller, &name)?;
     let view = match state.store.get_namespace(&name).await? {
         Some(record) => record.into(),
-        None => NamespaceView {
-            name,
-            spec: NamespaceSpec::default(),
-            configured: false,
-            created_at: None,
-            updated_at: None,
-        },
+        None => NamespaceView::unconfigured(name),
     };
     Ok(Json(view))
 }

@@ -276,8 +276,9 @@ impl Dispatcher {
                 },
             })
             .collect();
-        let why = NoWorker::count(&demand(run), &loads);
-        (why.free == 0 || why.overloaded == why.free).then(|| why.to_string())
+        let demand = demand(run);
+        let why = NoWorker::count(&demand, &loads);
+        (why.free == 0 || why.overloaded == why.free).then(|| why.describe(&demand))
     }
 
     /// Adds queued runs (a run already present is replaced, never doubled).

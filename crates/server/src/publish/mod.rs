@@ -20,8 +20,10 @@
 //! outcome means for the connection's health and for the run.
 
 mod health;
+mod missing;
 
 pub use health::BrokerHealth;
+pub use missing::warn_missing_connections;
 
 use crate::metrics::Metrics;
 use crate::{attempts, stopped, AppState};

@@ -13,7 +13,6 @@ use maud::{html, Markup};
 use serde::Deserialize;
 use sked_core::auth::Permission;
 use sked_core::records::{JobStats, RunRecord};
-use sked_core::schedule::words;
 use sked_core::Instant;
 
 /// Runs shown per page of the job's history.
@@ -136,7 +135,7 @@ pub async fn page(
     let body = html! {
         p.lead {
             (layout::state(&job.state)) " "
-            (words::describe(job.schedule.as_ref())) " · " (job.target_kind()) " target · namespace "
+            (job.schedule_words()) " · " (job.target_kind()) " target · namespace "
             a href={ "/jobs?" (query(&[("namespace", &job.namespace)])) } { (job.namespace) }
             " · version " (job.version)
         }
@@ -177,6 +176,15 @@ pub async fn page(
                 @match &preview {
                     Ok(p) if !p.fire_times.is_empty() => {
                         ol.instants { @for t in &p.fire_times { li { (when(Some(*t))) " UTC" } } }
+                    }
+                    Ok(_) if job.after.is_some() => {
+                        p {
+                            "Runs after each run of " (job.after.as_ref().map(|a| a.upstreams.join(", ")).unwrap_or_default()) "; "
+                            @match job.next_instant() {
+                                Some(t) => { "the upstream's next instant: " (when(Some(t))) " UTC" }
+                                None => { "no upstream owes an instant" }
+                            }
+                        }
                     }
                     Ok(_) => { p.none { "none: " (if job.state == "paused" { "the job is paused" } else { "the schedule owes no more" }) } }
                     Err(failure) => { (layout::refusal(&failure.message)) }

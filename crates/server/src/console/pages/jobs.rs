@@ -1,7 +1,7 @@
 //! The jobs of a namespace: search, filter, sort, a page at a time (`GET /api/v1/jobs`, which
 //! pages by cursor, so page 1,000 costs what page 1 does).
 
-use super::{namespaces, refused, JobRow};
+use super::{chosen, refused, JobRow};
 use crate::console::api::query;
 use crate::console::layout::{self, when};
 use crate::console::{Console, Visitor};
@@ -10,7 +10,6 @@ use axum::response::Response;
 use maud::html;
 use serde::Deserialize;
 use sked_core::auth::Permission;
-use sked_core::schedule::words;
 
 /// Jobs per page.
 const PAGE: u32 = 50;
@@ -46,11 +45,8 @@ pub async fn page(
     visitor: Visitor,
     Query(f): Query<Filters>,
 ) -> Response {
-    let namespace = if f.namespace.is_empty() {
-        "default"
-    } else {
-        &f.namespace
-    };
+    let (namespace, known) = chosen(&console, &visitor, &f.namespace).await;
+    let namespace = namespace.as_str();
     let filters = [
         ("namespace", namespace),
         ("search", f.search.as_str()),
@@ -78,7 +74,6 @@ pub async fn page(
         Ok(listing) => listing,
         Err(failure) => return refused(&console, &visitor, "Jobs", failure),
     };
-    let known = namespaces(&console, &visitor).await;
     let first = format!("/jobs?{}", with(&[]));
     let next = listing
         .next_cursor
@@ -157,7 +152,7 @@ pub async fn page(
                                 td { a href=(job.href()) { (job.name) }
                                     @if let Some(d) = &job.description { div.sub { (d) } } }
                                 td { (layout::state(&job.state)) }
-                                td { (words::describe(job.schedule.as_ref())) }
+                                td { (job.schedule_words()) }
                                 td { (job.target_kind()) }
                                 td {
                                     @if let Some(run) = &job.last_run {
@@ -165,7 +160,12 @@ pub async fn page(
                                         " " (when(run.finished_at.or(run.started_at).or(Some(run.scheduled_for))))
                                     } @else { span.none { "never" } }
                                 }
-                                td { (when(job.next_fire_at)) }
+                                td {
+                                    (when(job.next_instant()))
+                                    @if job.next_fire_at.is_none() && job.next_instant().is_some() {
+                                        div.sub { "upstream's next" }
+                                    }
+                                }
                                 td.num { (job.fired_count) }
                             }
                         }

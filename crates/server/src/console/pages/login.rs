@@ -105,8 +105,8 @@ pub async fn submit(
     };
     if caller.permits(Permission::Read).is_err() {
         return refuse(&format!(
-            "this is a {} token: the console takes admin, editor and viewer tokens",
-            caller.grant.role.as_str()
+            "this is {} token: the console takes admin, editor and viewer tokens",
+            caller.grant.role.with_article()
         ));
     }
     let session = console.sessions.seal(Some(token), chrono::Utc::now());

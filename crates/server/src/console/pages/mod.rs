@@ -38,12 +38,38 @@ pub struct JobRow {
     pub version: u32,
     #[serde(default)]
     pub last_run: Option<RunRecord>,
+    /// For a job without a schedule that runs after its upstreams.
+    #[serde(default)]
+    pub after: Option<RunsAfter>,
+}
+
+/// The `after` of a job view: the upstreams a job without a schedule runs after, and their
+/// next instant.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RunsAfter {
+    pub upstreams: Vec<String>,
+    pub next_fire_at: Option<Instant>,
 }
 
 impl JobRow {
     /// The console's address of this job.
     pub fn href(&self) -> String {
         job_href(&self.namespace, &self.name)
+    }
+
+    /// Its schedule in words ("after extract" for a job that runs after its upstreams).
+    pub fn schedule_words(&self) -> String {
+        let upstreams = self
+            .after
+            .as_ref()
+            .map_or(&[][..], |a| a.upstreams.as_slice());
+        sked_core::schedule::words::describe_job(self.schedule.as_ref(), upstreams)
+    }
+
+    /// When it runs next: its own next instant, or its upstreams' next one.
+    pub fn next_instant(&self) -> Option<Instant> {
+        self.next_fire_at
+            .or(self.after.as_ref().and_then(|a| a.next_fire_at))
     }
 
     /// The kind of target: `shell`, `http`, `amqp`, ….
@@ -84,6 +110,24 @@ pub async fn namespaces(console: &Console, visitor: &Visitor) -> Vec<String> {
     }
     names.sort_by_key(|n| (n != "default", n.clone()));
     names
+}
+
+/// The namespace a page shows: the one asked for, else `default` when the visitor sees it,
+/// else the first it sees (a viewer of one namespace lands on it); with the namespaces the
+/// visitor sees, for the picker.
+pub async fn chosen(console: &Console, visitor: &Visitor, asked: &str) -> (String, Vec<String>) {
+    let known = namespaces(console, visitor).await;
+    let namespace = if !asked.is_empty() {
+        asked.to_string()
+    } else if visitor.caller.sees("default") {
+        "default".to_string()
+    } else {
+        known
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "default".to_string())
+    };
+    (namespace, known)
 }
 
 /// The page for an API refusal: to the login page when the token no longer works, otherwise

@@ -4,7 +4,7 @@
 //! Run figures come from the namespace's newest runs (at most [`SAMPLE`], one API page), so
 //! the page costs the same at ten runs or ten million; the page says how far back that goes.
 
-use super::{job_href, namespaces, refused};
+use super::{chosen, job_href, refused};
 use crate::console::api::query;
 use crate::console::layout::{self, millis, when};
 use crate::console::{Console, Visitor};
@@ -107,18 +107,15 @@ pub async fn page(
     visitor: Visitor,
     Query(p): Query<Params>,
 ) -> Response {
-    let namespace = if p.namespace.is_empty() {
-        "default"
-    } else {
-        &p.namespace
-    };
+    let (namespace, known) = chosen(&console, &visitor, &p.namespace).await;
+    let namespace = namespace.as_str();
     let who = visitor.who();
     let sample = SAMPLE.to_string();
     let recent = format!(
         "/api/v1/runs?{}",
         query(&[("namespace", namespace), ("limit", &sample)])
     );
-    let (recent, metrics, workers, cluster, known) = tokio::join!(
+    let (recent, metrics, workers, cluster) = tokio::join!(
         console.api.get::<RunPage>(who, &recent),
         console
             .api
@@ -127,7 +124,6 @@ pub async fn page(
             .api
             .get::<WorkerList>(who, "/api/v1/workers?limit=1000"),
         console.api.get::<Cluster>(who, "/api/v1/cluster"),
-        namespaces(&console, &visitor),
     );
     let recent = match recent {
         Ok(recent) => recent,
