@@ -1,10 +1,13 @@
 //! `sked job apply -f FILE`: many job definitions from one YAML or JSON file.
 //!
-//! The whole file is checked before anything is sent, so a file with one bad job changes
-//! nothing; then each job is PUT (idempotent), upstreams before the jobs that depend on them,
-//! and what changed is reported. `--dry-run` sends nothing that writes: it reads the
-//! namespace's jobs and prints what applying would change, field by field. `--prune` also
-//! deletes the namespace's jobs the file no longer lists, dependants before their upstreams.
+//! The whole file is checked here first (each definition, names, cycles), then sent in one
+//! request (`POST /api/v1/apply`), which checks it again with the server's own rules (broker
+//! connections, the HTTP target policy, permissions, the namespace's settings, upstreams) and
+//! writes every job in one transaction, upstreams before the jobs that depend on them, or none.
+//! What changed is reported. `--dry-run` sends the same request as a dry run: the server makes
+//! every check and writes nothing, so it refuses exactly what applying would refuse, and the
+//! changes are printed field by field. `--prune` also deletes the namespace's jobs the file no
+//! longer lists, dependants before their upstreams, once the file is applied.
 
 use crate::client::Client;
 use anyhow::{bail, Context, Result};
@@ -101,18 +104,28 @@ pub async fn apply(client: &Client, file: &Path, options: ApplyOptions) -> Resul
     } else {
         Vec::new()
     };
+    // The server checks the whole file, its own rules included, and writes all of it in one
+    // transaction or nothing; a dry run makes the same checks and writes nothing.
+    let request = serde_json::json!({"jobs": jobs, "dry_run": options.dry_run});
+    let answer: Value = client
+        .send(Method::POST, "/apply", &[], Some(&request))
+        .await
+        .context("nothing was applied")?
+        .json()
+        .await
+        .context("the server's answer to apply")?;
+    let applied = answer["jobs"].as_array().cloned().unwrap_or_default();
     if options.dry_run {
-        for job in &jobs {
+        for job in &applied {
             let name = job["name"].as_str().unwrap_or_default();
-            match current.get(name) {
-                None => println!("create    {name}"),
-                Some(view) => {
-                    let changes = diff(&stored_definition(view)?, &file_definition(job)?);
-                    if changes.is_empty() {
-                        println!("unchanged {name}");
-                    } else {
-                        println!("update    {name}");
-                        for change in changes {
+            match (job["change"].as_str(), current.get(name)) {
+                (Some("created"), _) | (_, None) => println!("create    {name}"),
+                (Some("unchanged"), _) => println!("unchanged {name}"),
+                (_, Some(view)) => {
+                    println!("update    {name}");
+                    let file = jobs.iter().find(|j| j["name"].as_str() == Some(name));
+                    if let Some(file) = file {
+                        for change in diff(&stored_definition(view)?, &file_definition(file)?) {
                             println!("    {change}");
                         }
                     }
@@ -128,18 +141,9 @@ pub async fn apply(client: &Client, file: &Path, options: ApplyOptions) -> Resul
         );
         return Ok(());
     }
-    for job in &jobs {
+    for job in &applied {
         let name = job["name"].as_str().unwrap_or_default();
-        let resp = client
-            .send(Method::PUT, &format!("/jobs/{name}"), &[], Some(job))
-            .await
-            .with_context(|| format!("job {name:?}"))?;
-        let change = resp
-            .headers()
-            .get("x-sked-change")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("applied")
-            .to_string();
+        let change = job["change"].as_str().unwrap_or("applied");
         println!("{change:<9} {name}");
     }
     for name in &stale {
@@ -252,15 +256,20 @@ pub fn diff(before: &Value, after: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The fields that differ between two stored definitions, by path, comma-separated; `-` for
-/// none (a rollback to an identical definition).
+/// The fields that differ between two stored definitions, by path, comma-separated (a change
+/// of `paused` as `paused` or `resumed`); `-` for none (a rollback to an identical definition).
 pub fn changed_fields(before: &Value, after: &Value) -> String {
     let (Ok(before), Ok(after)) = (normalized(before.clone()), normalized(after.clone())) else {
         return "?".to_string();
     };
     let paths: Vec<String> = differences(&before, &after)
         .into_iter()
-        .map(|(path, _, _)| path)
+        .map(|(path, _, new)| match path.as_str() {
+            // A pause and a resume each change `paused`: say which one happened.
+            "paused" if new == Some(Value::Bool(true)) => "paused".to_string(),
+            "paused" => "resumed".to_string(),
+            _ => path,
+        })
         .collect();
     if paths.is_empty() {
         "-".to_string()
@@ -402,6 +411,14 @@ mod tests {
         assert!(!text.contains("hunter2") && !text.contains("abc"), "{text}");
         assert_eq!(changes.len(), 3, "{text}");
         assert!(diff(&before, &before).is_empty());
+    }
+
+    #[test]
+    fn a_pause_and_a_resume_read_apart() {
+        let job = |paused: bool| serde_json::json!({"name": "a", "target": {"shell": {"command": "true"}}, "paused": paused});
+        assert_eq!(changed_fields(&job(false), &job(true)), "paused");
+        assert_eq!(changed_fields(&job(true), &job(false)), "resumed");
+        assert_eq!(changed_fields(&job(true), &job(true)), "-");
     }
 
     #[test]

@@ -57,8 +57,8 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Reads FILE as `sked server`, `sked worker` and `sked dev` would, each its own table,
-    /// and says what is wrong with it: an unknown table or key, or a value its flag refuses.
-    /// Exits non-zero when anything is.
+    /// and says everything that is wrong with it: each unknown table or key (with the nearest
+    /// known name), each value its flag refuses. Exits non-zero when anything is.
     Check {
         /// The config file (TOML).
         file: PathBuf,
@@ -562,6 +562,17 @@ pub enum LogFormat {
 }
 
 impl Cli {
+    /// Whether the command serves until stopped (`sked server`, `sked worker`, `sked dev`)
+    /// rather than answering and exiting.
+    pub fn is_long_running(&self) -> bool {
+        matches!(
+            &self.command,
+            Command::Dev(_)
+                | Command::Server(_)
+                | Command::Worker(WorkerCommand { list: None, .. })
+        )
+    }
+
     /// The log format the command asks for; client commands write text.
     pub fn log_format(&self) -> LogFormat {
         match &self.command {
@@ -831,11 +842,18 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Namespace(cmd) => namespace(cmd).await,
         Command::Secret(cmd) => secret(cmd).await,
         Command::Event(cmd) => event(cmd).await,
-        Command::Config(ConfigCommand::Check { file }) => {
-            crate::config::check(&file)?;
-            println!("{}: ok", file.display());
-            Ok(())
-        }
+        Command::Config(ConfigCommand::Check { file }) => match crate::config::check(&file) {
+            Ok(()) => {
+                println!("{}: ok", file.display());
+                Ok(())
+            }
+            Err(crate::config::ConfigErrors(errors)) => {
+                for e in &errors {
+                    eprintln!("error: {e}");
+                }
+                anyhow::bail!("{} mistake(s) in {}", errors.len(), file.display())
+            }
+        },
         Command::Sim(args) => crate::sim::run(args),
     }
 }

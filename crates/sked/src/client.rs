@@ -165,12 +165,20 @@ impl Client {
         let table: Vec<Vec<String>> = rows
             .iter()
             .map(|j| {
-                vec![
-                    text(&j["name"]),
-                    text(&j["state"]),
-                    schedule_summary(&j["schedule"]),
-                    text(&j["next_fire_at"]),
-                ]
+                let after = &j["after"];
+                let (schedule, next) = match after["upstreams"].as_array() {
+                    // No schedule of its own: it runs after each run of its upstreams.
+                    Some(upstreams) if j["schedule"].is_null() => {
+                        let names: Vec<String> = upstreams.iter().map(text).collect();
+                        let next = match after["next_fire_at"].as_str() {
+                            Some(at) => format!("{at} (upstream)"),
+                            None => "-".to_string(),
+                        };
+                        (format!("after {}", names.join(", ")), next)
+                    }
+                    _ => (schedule_summary(&j["schedule"]), text(&j["next_fire_at"])),
+                };
+                vec![text(&j["name"]), text(&j["state"]), schedule, next]
             })
             .collect();
         print_table(&["NAME", "STATE", "SCHEDULE", "NEXT FIRE"], &table);
@@ -317,6 +325,9 @@ impl Client {
         }
         for t in value["fire_times"].as_array().into_iter().flatten() {
             println!("{}", text(t));
+        }
+        if let Some(note) = value["note"].as_str() {
+            println!("({note})");
         }
         Ok(())
     }

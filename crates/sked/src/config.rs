@@ -34,18 +34,26 @@ pub enum ConfigError {
     Syntax { path: PathBuf, message: String },
     #[error(
         "config file {path}: [{table}] is not a command that reads a config file (one of: \
-         server, worker, dev)"
+         server, worker, dev){}",
+        did_you_mean(suggestion, "[", "]")
     )]
-    UnknownTable { path: PathBuf, table: String },
+    UnknownTable {
+        path: PathBuf,
+        table: String,
+        suggestion: Option<String>,
+    },
     #[error("config file {path}: `{key}` must be a table ([{key}]) of that command's settings")]
     NotATable { path: PathBuf, key: String },
     #[error(
-        "config file {path}: [{table}] has no setting `{key}` (`sked {table} --help` lists them)"
+        "config file {path}: [{table}] has no setting `{key}`{} (`sked {table} --help` lists \
+         them)",
+        did_you_mean(suggestion, "`", "`")
     )]
     UnknownKey {
         path: PathBuf,
         table: String,
         key: String,
+        suggestion: Option<String>,
     },
     #[error("config file {path}: [{table}] {key}: {message}")]
     BadValue {
@@ -55,6 +63,27 @@ pub enum ConfigError {
         message: String,
     },
 }
+
+/// "; did you mean `listen`?" when there is a near name, else nothing.
+fn did_you_mean(suggestion: &Option<String>, open: &str, close: &str) -> String {
+    suggestion
+        .as_deref()
+        .map(|s| format!("; did you mean {open}{s}{close}?"))
+        .unwrap_or_default()
+}
+
+/// Every mistake `sked config check` found in a file, one per line.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl std::fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let lines: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        write!(f, "{}", lines.join("\n"))
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
 
 /// `argv` with the settings of the config file its command names (by `--config` or
 /// `SKED_CONFIG`) added for every flag the command line and the environment left unset.
@@ -113,21 +142,127 @@ fn refusal(error: &clap::Error) -> String {
 }
 
 /// Checks every table of the file against its command, as `sked config check` does: each
-/// key must be one of the command's flags and its value one the flag accepts.
-pub fn check(path: &Path) -> Result<(), ConfigError> {
-    let file = read(path)?;
-    for (name, table) in &file {
-        let mut argv = vec!["sked".to_string(), name.clone()];
-        argv.extend(flags_from(path, name, table, |_| false)?);
-        if let Err(e) = Cli::command().try_get_matches_from(&argv) {
-            let key = failing_key(&e).unwrap_or_else(|| "?".into());
-            return Err(bad_value(path, name, key, &e));
+/// key must be one of the command's flags and its value one the flag accepts. Every mistake is
+/// reported, not only the first.
+pub fn check(path: &Path) -> Result<(), ConfigErrors> {
+    let text = read_text(path).map_err(|e| ConfigErrors(vec![e]))?;
+    let mut errors = Vec::new();
+    for (name, table) in &text {
+        if let Some(e) = not_a_command(path, name, table) {
+            errors.push(e);
+            continue;
+        }
+        let Some(table) = table.as_table() else {
+            continue;
+        };
+        // Each key on its own first, so that one unknown key hides no other mistake.
+        let mut flags: Vec<(String, Vec<String>)> = Vec::new();
+        for (key, value) in table {
+            let one = toml::Value::Table(toml::Table::from_iter([(key.clone(), value.clone())]));
+            match flags_from(path, name, &one, |_| false) {
+                Ok(f) => flags.push((key.clone(), f)),
+                Err(e) => errors.push(e),
+            }
+        }
+        // Then together, as the command would take them: a value a flag refuses is set aside
+        // and the rest tried again, so every refused value is named.
+        while !flags.is_empty() {
+            let mut argv = vec!["sked".to_string(), name.clone()];
+            argv.extend(flags.iter().flat_map(|(_, f)| f.iter().cloned()));
+            let Err(e) = Cli::command().try_get_matches_from(&argv) else {
+                break;
+            };
+            let key = failing_key(&e).filter(|k| flags.iter().any(|(key, _)| key == k));
+            match key {
+                Some(key) => {
+                    flags.retain(|(k, _)| *k != key);
+                    errors.push(bad_value(path, name, key, &e));
+                }
+                None => {
+                    errors.push(bad_value(path, name, "?".into(), &e));
+                    break;
+                }
+            }
         }
     }
-    Ok(())
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigErrors(errors))
+    }
 }
 
+/// The name among `known` nearest to `given`, if it is near enough to be a slip of the
+/// fingers: at most one edit for names of up to 4 characters, two up to 8, three beyond
+/// (an edit inserts, deletes or changes a character, or swaps two neighbours).
+pub fn nearest<'a>(given: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let limit = match given.chars().count() {
+        0..=4 => 1,
+        5..=8 => 2,
+        _ => 3,
+    };
+    known
+        .into_iter()
+        .map(|name| (edit_distance(given, name), name))
+        .filter(|(d, _)| *d <= limit)
+        .min()
+        .map(|(_, name)| name)
+}
+
+/// The optimal string alignment distance between `a` and `b`: the fewest insertions,
+/// deletions, substitutions and swaps of neighbouring characters that turn one into the other.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // Three rows of the table: two back (for swaps), one back, and the one being filled.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut row = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            row[j] = (previous[j] + 1)
+                .min(row[j - 1] + 1)
+                .min(previous[j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                row[j] = row[j].min(before[j - 2] + 1);
+            }
+        }
+        before = std::mem::replace(&mut previous, row);
+    }
+    previous[b.len()]
+}
+
+/// The mistake in a top-level entry that is not a command's table, if it is one.
+fn not_a_command(path: &Path, key: &str, value: &toml::Value) -> Option<ConfigError> {
+    if COMMANDS.contains(&key) {
+        return None;
+    }
+    Some(match value {
+        toml::Value::Table(_) => ConfigError::UnknownTable {
+            path: path.to_path_buf(),
+            table: key.to_string(),
+            suggestion: nearest(key, COMMANDS).map(str::to_string),
+        },
+        _ => ConfigError::NotATable {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+        },
+    })
+}
+
+/// The file's tables, each a command's.
 fn read(path: &Path) -> Result<toml::Table, ConfigError> {
+    let table = read_text(path)?;
+    for (key, value) in &table {
+        if let Some(e) = not_a_command(path, key, value) {
+            return Err(e);
+        }
+    }
+    Ok(table)
+}
+
+/// The file as TOML, whatever its tables are.
+fn read_text(path: &Path) -> Result<toml::Table, ConfigError> {
     let read_err = |source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
@@ -139,27 +274,11 @@ fn read(path: &Path) -> Result<toml::Table, ConfigError> {
         });
     }
     let text = std::fs::read_to_string(path).map_err(read_err)?;
-    let table: toml::Table = text
-        .parse()
+    text.parse()
         .map_err(|e: toml::de::Error| ConfigError::Syntax {
             path: path.to_path_buf(),
             message: e.message().to_string(),
-        })?;
-    for (key, value) in &table {
-        if !COMMANDS.contains(&key.as_str()) {
-            return Err(match value {
-                toml::Value::Table(_) => ConfigError::UnknownTable {
-                    path: path.to_path_buf(),
-                    table: key.clone(),
-                },
-                _ => ConfigError::NotATable {
-                    path: path.to_path_buf(),
-                    key: key.clone(),
-                },
-            });
-        }
-    }
-    Ok(table)
+        })
 }
 
 /// Whether the command line or the environment set the flag `id`: then the file must not.
@@ -190,6 +309,7 @@ fn flags_from(
         .ok_or_else(|| ConfigError::UnknownTable {
             path: path.to_path_buf(),
             table: name.to_string(),
+            suggestion: None,
         })?;
     let bad = |key: &str, message: &str| ConfigError::BadValue {
         path: path.to_path_buf(),
@@ -206,6 +326,7 @@ fn flags_from(
                 path: path.to_path_buf(),
                 table: name.to_string(),
                 key: key.clone(),
+                suggestion: nearest(key, settings(command)).map(str::to_string),
             })?;
         if explicit(arg.get_id().as_str()) {
             continue;
@@ -234,6 +355,14 @@ fn flags_from(
         }
     }
     Ok(flags)
+}
+
+/// The keys a command's table may hold: its long flags but `config`.
+fn settings(command: &clap::Command) -> impl Iterator<Item = &str> {
+    command
+        .get_arguments()
+        .filter(|a| a.get_id() != "config" && !a.is_hide_set())
+        .filter_map(|a| a.get_long())
 }
 
 /// The flag clap's error is about, without its dashes.
@@ -354,6 +483,51 @@ mod tests {
             assert!(message.contains(expected), "{text:?}: {message}");
             assert!(!message.contains("hunter2"), "{message}");
         }
+    }
+
+    #[test]
+    fn every_mistake_is_reported_with_the_nearest_name() {
+        let f = file(
+            "[servr]\nlisten = \"x\"\n[server]\nlisen = \"x\"\nretention = \"soon\"\n\
+             heartbeat-timout = \"5s\"\nslots = 3\nmax-connections = 0\n\
+             [worker]\nslots = \"many\"\nlables = [\"a=b\"]\n",
+        );
+        let errors = check(f.path()).expect_err("a file with mistakes").0;
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        let text = lines.join("\n");
+        for expected in [
+            "[servr] is not a command that reads a config file (one of: server, worker, dev); \
+             did you mean [server]?",
+            "[server] has no setting `lisen`; did you mean `listen`?",
+            "[server] has no setting `heartbeat-timout`; did you mean `heartbeat-timeout`?",
+            // Nothing near enough: no guess.
+            "[server] has no setting `slots` (",
+            "[server] retention",
+            "[server] max-connections",
+            "[worker] slots",
+            "[worker] has no setting `lables`; did you mean `labels`?",
+        ] {
+            assert!(text.contains(expected), "{expected:?} not in:\n{text}");
+        }
+        assert_eq!(lines.len(), 8, "{text}");
+    }
+
+    #[test]
+    fn edit_distance_counts_insertions_deletions_changes_and_swaps() {
+        assert_eq!(edit_distance("", ""), 0);
+        assert_eq!(edit_distance("listen", "listen"), 0);
+        assert_eq!(edit_distance("lisen", "listen"), 1);
+        assert_eq!(edit_distance("listen", "lisen"), 1);
+        assert_eq!(edit_distance("lsiten", "listen"), 1);
+        assert_eq!(edit_distance("slots", "slits"), 1);
+        assert_eq!(edit_distance("abc", ""), 3);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("délai", "delai"), 1);
+        assert_eq!(nearest("servr", COMMANDS), Some("server"));
+        assert_eq!(nearest("wroker", COMMANDS), Some("worker"));
+        assert_eq!(nearest("dve", COMMANDS), Some("dev"));
+        assert_eq!(nearest("database", COMMANDS), None);
+        assert_eq!(nearest("x", ["y", "xy"]), Some("xy"));
     }
 
     #[test]

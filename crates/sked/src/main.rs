@@ -27,6 +27,9 @@ fn main() -> ExitCode {
         }
     };
     let cli = cli::Cli::parse_from(argv);
+    if !cli.is_long_running() {
+        quiet_on_closed_pipe();
+    }
     let log = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -56,11 +59,29 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let json = cli.log_format() == cli::LogFormat::Json;
     match runtime.block_on(cli::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // In JSON mode every line is a log record, the last one too.
+        Err(e) if json => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A client command piped into `head` ends, like any Unix tool, by SIGPIPE once the reader has
+/// gone, rather than panicking in `println!`. Rust ignores SIGPIPE by default; the server,
+/// worker and `sked dev` keep that (their sockets' writes report a closed peer as an error),
+/// and sockets never raise it here either, since Rust sends with `MSG_NOSIGNAL`.
+fn quiet_on_closed_pipe() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: no other thread exists yet, and the default action installs no handler code.
+    if let Err(e) = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) } {
+        eprintln!("warning: cannot restore SIGPIPE's default action: {e}");
     }
 }

@@ -405,10 +405,13 @@ pub async fn server(args: ServerArgs) -> Result<()> {
     let opened = open_store(&args).await?;
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
-    println!(
-        "sked server listening on {}://{addr} (data in {}; every request needs a token)",
-        scheme(&args),
-        opened.place
+    announce(
+        &args,
+        format!(
+            "sked server listening on {}://{addr} (data in {}; every request needs a token)",
+            scheme(&args),
+            opened.place
+        ),
     );
     tracing::info!("HTTP targets: {}", config.http_target_policy.summary());
     bootstrap_admin(&args, opened.store.as_ref()).await?;
@@ -433,19 +436,25 @@ pub async fn dev(args: DevArgs) -> Result<()> {
     let opened = open_store(&args.server).await?;
     if open {
         config.auth = AuthMode::Open;
-        println!(
-            "sked dev listening on {}://{addr} (data in {}; open: no token needed on this \
-             loopback address)",
-            scheme(&args.server),
-            opened.place
+        announce(
+            &args.server,
+            format!(
+                "sked dev listening on {}://{addr} (data in {}; open: no token needed on this \
+                 loopback address)",
+                scheme(&args.server),
+                opened.place
+            ),
         );
     } else {
-        println!(
-            "sked dev listening on {}://{addr} (data in {}; every request needs a token, \
-             the admin token is in {})",
-            scheme(&args.server),
-            opened.place,
-            admin_token_path(&args.server).display()
+        announce(
+            &args.server,
+            format!(
+                "sked dev listening on {}://{addr} (data in {}; every request needs a token, \
+                 the admin token is in {})",
+                scheme(&args.server),
+                opened.place,
+                admin_token_path(&args.server).display()
+            ),
         );
     }
     tracing::info!(
@@ -561,6 +570,15 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
 /// The PEM certificates of a `--ca-file` (or a certificate chain) to trust.
 pub fn read_certificates(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("cannot read the certificates {}", path.display()))
+}
+
+/// The line saying where the server listens: for people on standard output, or with
+/// `--log-format json` a log record like every other line the process writes.
+fn announce(args: &ServerArgs, line: String) {
+    match args.log.log_format {
+        crate::cli::LogFormat::Text => println!("{line}"),
+        crate::cli::LogFormat::Json => tracing::info!("{line}"),
+    }
 }
 
 /// `https` when the server has a certificate.
