@@ -769,3 +769,71 @@ async fn definitions_name_known_connections_within_their_allowance() {
     .await;
     assert_eq!(status, 201, "a connection no allowance names is open");
 }
+
+/// Needs no broker. A job routed to worker labels may name a connection the server lacks (its
+/// workers bring their own), and a run no such worker may publish names the missing connection
+/// in its waiting reason. A job written while the server had a connection is warned of at a
+/// start without it.
+#[tokio::test]
+async fn a_missing_connection_is_named_where_runs_wait_and_at_start() {
+    let mut sked = Sked::new();
+    let broker = format!("main=amqp://guest:guest@127.0.0.1:{}/%2f", free_port());
+    sked.start_server(&["--broker", &broker]).await;
+    let target = |connection: &str| json!({"amqp": {"connection": connection, "exchange": "x", "routing_key": "k"}});
+    let routed = json!({"target": target("edge"), "routing": {"labels": {"zone": "edge"}}});
+    assert_eq!(put(&sked, "routed-edge", routed).await.0, 201);
+    let (status, answer) = put(&sked, "unrouted-edge", json!({"target": target("edge")})).await;
+    assert_eq!(status, 400, "refused at write time: {answer}");
+    assert_eq!(
+        put(&sked, "orders", json!({"target": target("main")}))
+            .await
+            .0,
+        201
+    );
+
+    sked.start_worker_with("edge-without", 2, &["--labels", "zone=edge"]);
+    let (_, run) = sked.post("/jobs/routed-edge/trigger", json!(null)).await;
+    let id = run["id"].as_i64().expect("run id");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let reason = loop {
+        let view = sked.run(id).await;
+        assert_eq!(view["state"], "queued", "{view}");
+        if let Some(reason) = view["waiting_for_workers"].as_str() {
+            break reason.to_string();
+        }
+        assert!(Instant::now() < deadline, "no waiting reason: {view}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        reason.contains("broker connection \"edge\"") && reason.contains("--broker edge=URL"),
+        "{reason}"
+    );
+
+    // Started again without `main`: the job that names it is warned of.
+    if let Some(mut server) = sked.server.take() {
+        server.stop(Duration::from_secs(10));
+    }
+    sked.start_server(&[]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let logs: String = std::fs::read_dir(sked.dir.path())
+            .expect("logs")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("server-"))
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .collect();
+        let warned = logs
+            .lines()
+            .find(|l| l.contains("which this server does not have"));
+        if let Some(line) = warned {
+            assert!(
+                line.contains("\"main\"") && line.contains("default/orders"),
+                "{line}"
+            );
+            assert!(!line.contains("routed-edge"), "{line}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no warning: {logs}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -353,7 +353,7 @@ fn a_bad_config_file_is_refused_with_its_key() {
     assert!(!dir.path().join("data").exists());
 }
 
-/// `--log-format json` writes one JSON object per line, and the lines about an attempt carry
+/// `--log-format json` writes one JSON object per line, the start banner too, and the lines about an attempt carry
 /// its run id, attempt id, namespace and job as keys.
 #[tokio::test]
 async fn json_logs_carry_the_attempts_fields() {
@@ -384,13 +384,21 @@ async fn json_logs_carry_the_attempts_fields() {
         })
         .expect("the dev log");
     // The attempt ended before its run was recorded, so its line is written by now. The file
-    // holds standard output too, where the one banner line is for people.
+    // holds standard output too: every line of both is JSON, the start banner included.
     let text = std::fs::read_to_string(&log_path).unwrap();
     let lines: Vec<serde_json::Value> = text
         .lines()
-        .filter(|l| !l.starts_with("sked dev listening on"))
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
+    let banner = lines
+        .iter()
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("sked dev listening on http://"))
+        })
+        .unwrap_or_else(|| panic!("no start banner: {text}"));
+    assert_eq!(banner["level"], "INFO", "{banner}");
     let ended = lines
         .iter()
         .find(|l| l["message"] == "attempt ended" && l["span"]["run_id"] == run_id)
@@ -439,4 +447,224 @@ async fn a_backfill_followed_to_its_end_says_how_its_runs_ended() {
         err.contains("5 of 5 backfilled runs did not succeed"),
         "{err}"
     );
+}
+
+/// `sked job apply -f` writes the whole file or nothing: a file whose second job names a broker
+/// connection the server does not have creates neither job, and `--dry-run` refuses it the
+/// same way (non-zero, naming the job and the connection); a good file's dry run still writes
+/// nothing.
+#[tokio::test]
+async fn apply_writes_the_whole_file_or_nothing_and_a_dry_run_refuses_the_same() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let file = sked.dir.path().join("jobs.yaml");
+    let path = file.to_str().unwrap();
+    std::fs::write(
+        &file,
+        "
+jobs:
+  - name: first
+    schedule: {every: 1h}
+    target: {http: {url: 'https://example.com/'}}
+  - name: second
+    schedule: {every: 1h}
+    target: {amqp: {connection: events, exchange: orders, routing_key: new}}
+",
+    )
+    .unwrap();
+    for dry_run in [true, false] {
+        let mut args = vec!["job", "apply", "-f", path];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let (ok, out, err) = sked_cli(&sked, &args);
+        assert!(!ok, "dry run {dry_run}: {out}{err}");
+        assert!(
+            err.contains("nothing was applied")
+                && err.contains("job \"second\"")
+                && err.contains("no broker connection named \"events\""),
+            "dry run {dry_run}: {err}"
+        );
+        assert!(!out.contains("create"), "dry run {dry_run}: {out}");
+        let (status, body) = sked.get("/jobs/first").await;
+        assert_eq!(
+            status, 404,
+            "dry run {dry_run}: the first job was written: {body}"
+        );
+    }
+    let (status, answer) = sked
+        .post(
+            "/apply",
+            json!({"jobs": [
+                {"name": "first", "target": {"http": {"url": "https://example.com/"}}},
+                {"name": "second", "target": {"amqp": {"connection": "events", "exchange": "o", "routing_key": "n"}}},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(
+        answer["error"]["field"], "jobs[1].target.amqp.connection",
+        "{answer}"
+    );
+
+    // Without the bad job: the dry run says what applying does and writes nothing.
+    std::fs::write(
+        &file,
+        "
+jobs:
+  - name: second
+    target: {http: {url: 'https://example.com/b'}}
+    depends_on: [{job: first}]
+  - name: first
+    schedule: {every: 1h}
+    target: {http: {url: 'https://example.com/'}}
+",
+    )
+    .unwrap();
+    let (ok, out, err) = sked_cli(&sked, &["job", "apply", "-f", path, "--dry-run"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("create    first") && out.contains("create    second"),
+        "{out}"
+    );
+    assert_eq!(sked.get("/jobs/first").await.0, 404);
+    let (ok, out, err) = sked_cli(&sked, &["job", "apply", "-f", path]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("created   first") && out.contains("created   second"),
+        "{out}"
+    );
+    let (ok, out, err) = sked_cli(&sked, &["job", "apply", "-f", path]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("unchanged first") && out.contains("unchanged second"),
+        "{out}"
+    );
+}
+
+/// A client command whose reader has gone (`sked job list | head -0`) ends quietly: by
+/// SIGPIPE, as Unix tools do, or with status 0, never with a panic.
+#[tokio::test]
+async fn a_client_whose_output_pipe_closed_exits_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    for i in 0..3 {
+        let job = json!({"schedule": {"every": "1h"}, "target": shell("true")});
+        assert_eq!(sked.put_job(&format!("job-{i}"), job).await.0, 201);
+    }
+    let mut child = sked_command()
+        .args(["job", "list"])
+        .env("SKED_SERVER", sked.base())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes before the command has read its answer from the server.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() || out.status.signal() == Some(13),
+        "{:?}: {err}",
+        out.status
+    );
+    assert!(!err.contains("panicked") && err.is_empty(), "{err}");
+}
+
+/// `sked config check` reports every mistake of a file at once, with the nearest known name
+/// for a misspelt table or key.
+#[test]
+fn config_check_reports_every_mistake_with_the_nearest_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sked.toml");
+    std::fs::write(
+        &file,
+        "[servr]\nlisten = \"x\"\n[server]\nlisen = \"127.0.0.1:0\"\nretention = \"soon\"\n\
+         [worker]\nslots = \"many\"\nlables = [\"zone=eu\"]\n",
+    )
+    .unwrap();
+    let out = sked_command()
+        .args(["config", "check", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    for expected in [
+        "[servr] is not a command that reads a config file (one of: server, worker, dev); did \
+         you mean [server]?",
+        "[server] has no setting `lisen`; did you mean `listen`?",
+        "[server] retention",
+        "[worker] slots",
+        "[worker] has no setting `lables`; did you mean `labels`?",
+        "5 mistake(s) in",
+    ] {
+        assert!(err.contains(expected), "{expected:?} not in:\n{err}");
+    }
+}
+
+/// A job that runs after another (`depends_on`, no schedule) is listed as "after <upstream>"
+/// with the upstream's next instant, in the CLI, the API and the console; its history tells a
+/// pause from a resume.
+#[tokio::test]
+async fn a_dependant_without_a_schedule_runs_after_its_upstream() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let extract = json!({"schedule": {"every": "1h"}, "target": shell("true")});
+    let (status, extract) = sked.put_job("extract", extract).await;
+    assert_eq!(status, 201, "{extract}");
+    let load = json!({"target": shell("true"), "depends_on": [{"job": "extract"}]});
+    assert_eq!(sked.put_job("load", load).await.0, 201);
+    let next = extract["next_fire_at"]
+        .as_str()
+        .expect("extract's next instant");
+
+    let (_, view) = sked.get("/jobs/load").await;
+    assert_eq!(view["after"]["upstreams"], json!(["extract"]), "{view}");
+    assert_eq!(view["after"]["next_fire_at"], next, "{view}");
+    let (_, listing) = sked.get("/jobs").await;
+    let listed = listing["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["name"] == "load")
+        .cloned()
+        .expect("load listed");
+    assert_eq!(listed["after"]["next_fire_at"], next, "{listed}");
+
+    let (ok, out, err) = sked_cli(&sked, &["job", "list"]);
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("load"))
+        .expect("load listed");
+    assert!(line.contains("after extract"), "{out}");
+    assert!(line.contains(&format!("{next} (upstream)")), "{out}");
+    assert!(!line.contains("manual"), "{out}");
+
+    let page = common::http_client()
+        .get(format!("{}/jobs/default/load", sked.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("after extract"), "{page}");
+    assert!(!page.contains("only when triggered"), "{page}");
+    assert!(page.contains("the upstream's next instant"), "{page}");
+
+    // History: a pause and a resume each read as what they were.
+    for action in ["pause", "resume"] {
+        let (ok, out, err) = sked_cli(&sked, &["job", action, "load"]);
+        assert!(ok, "{out}{err}");
+    }
+    let (ok, out, err) = sked_cli(&sked, &["job", "history", "load"]);
+    assert!(ok, "{err}");
+    let changed: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    assert_eq!(changed, ["resumed", "paused", "(created)"], "{out}");
 }

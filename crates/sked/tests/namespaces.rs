@@ -164,7 +164,14 @@ async fn a_namespace_can_forbid_shell_targets_and_cap_its_jobs() {
     let (status, _) = call(&sked, &outsider, Method::GET, "/namespaces/locked", None).await;
     assert_eq!(status, 403);
     let (_, listed) = call(&sked, &outsider, Method::GET, "/namespaces", None).await;
-    assert_eq!(listed["namespaces"], json!([]), "{listed}");
+    // Its own namespace only, with the defaults.
+    let names: Vec<&str> = listed["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert_eq!(names, ["elsewhere"], "{listed}");
     let (_, listed) = call(&sked, &editor, Method::GET, "/namespaces", None).await;
     assert_eq!(listed["namespaces"][0]["name"], "locked", "{listed}");
 
@@ -364,4 +371,161 @@ async fn namespace_secrets_are_named_by_jobs_rotated_and_never_shown() {
             "a secret is in a file of the data directory or a log"
         );
     }
+}
+
+/// Every namespace the caller may see is listed, those that only hold jobs included, in the
+/// API, `sked namespace list` and the console's picker; a viewer of one empty namespace finds
+/// it there, and the console shows it that namespace rather than a refusal.
+#[tokio::test]
+async fn namespaces_that_only_hold_jobs_are_listed_for_those_who_see_them() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let admin = client_with_token(Some(common::ADMIN_TOKEN));
+    for namespace in ["team-x", "team-z"] {
+        let path = format!("/jobs/nightly?namespace={namespace}");
+        let job = json!({"target": http_target()});
+        let (status, body) = call(&sked, &admin, Method::PUT, &path, Some(job)).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let names = |answer: &Value| -> Vec<String> {
+        answer["namespaces"]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|n| n["name"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let (status, listed) = call(&sked, &admin, Method::GET, "/namespaces", None).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(names(&listed), ["team-x", "team-z"], "{listed}");
+    assert_eq!(listed["namespaces"][0]["configured"], false, "{listed}");
+    let (ok, out, err) = cli(&sked, &["namespace", "list"], "");
+    assert!(ok, "{err}");
+    assert!(out.contains("team-x") && out.contains("team-z"), "{out}");
+
+    // A viewer of team-x sees it and no other; a viewer of an empty namespace sees that one.
+    let secret = common::token(
+        &sked,
+        "x-viewer",
+        json!({"role": "viewer", "namespaces": ["team-x"]}),
+    )
+    .await;
+    let viewer = client_with_token(Some(&secret));
+    let (_, listed) = call(&sked, &viewer, Method::GET, "/namespaces", None).await;
+    assert_eq!(names(&listed), ["team-x"], "{listed}");
+    let empty = client_for(
+        &sked,
+        "y-viewer",
+        json!({"role": "viewer", "namespaces": ["team-y"]}),
+    )
+    .await;
+    let (_, listed) = call(&sked, &empty, Method::GET, "/namespaces", None).await;
+    assert_eq!(names(&listed), ["team-y"], "{listed}");
+
+    // The console: the viewer lands on its namespace, with it in the picker.
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let login = browser
+        .post(format!("{}/login", sked.base()))
+        .form(&[("token", secret.as_str()), ("next", "/jobs")])
+        .send()
+        .await
+        .unwrap();
+    let cookie = login
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    for path in ["/jobs", "/"] {
+        let page = browser
+            .get(format!("{}{path}", sked.base()))
+            .header(reqwest::header::COOKIE, &cookie)
+            .send()
+            .await
+            .unwrap();
+        let status = page.status();
+        let body = page.text().await.unwrap();
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(
+            body.contains(r#"<option value="team-x" selected>team-x</option>"#),
+            "{path}: {body}"
+        );
+        assert!(!body.contains("team-z"), "{path}: {body}");
+    }
+}
+
+/// An editor without the shell grant may re-apply a file holding shell jobs someone else wrote,
+/// as long as they are unchanged; changing one still needs the grant.
+#[tokio::test]
+async fn an_unchanged_shell_job_needs_no_shell_grant_to_apply_again() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let file = sked.dir.path().join("jobs.yaml");
+    let path = file.to_str().unwrap();
+    let jobs = "
+jobs:
+  - name: backup
+    schedule: {every: 1h}
+    target: {shell: {command: 'echo backup'}}
+  - name: ping
+    schedule: {every: 1h}
+    target: {http: {url: 'https://example.com/'}}
+";
+    std::fs::write(&file, jobs).unwrap();
+    let (ok, out, err) = cli(&sked, &["job", "apply", "-f", path], "");
+    assert!(ok, "{out}{err}");
+    let editor = common::token(
+        &sked,
+        "no-shell-editor",
+        json!({"role": "editor", "namespaces": ["default"]}),
+    )
+    .await;
+    let as_editor = |args: &[&str]| {
+        let out = sked_command()
+            .args(args)
+            .env("SKED_SERVER", sked.base())
+            .env("SKED_TOKEN", &editor)
+            .output()
+            .expect("run sked");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = as_editor(&["job", "apply", "-f", path]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("unchanged backup") && out.contains("unchanged ping"),
+        "{out}"
+    );
+    // So is a PUT of the same definition.
+    let client = client_with_token(Some(&editor));
+    let same = json!({"schedule": {"every": "1h"}, "target": shell("echo backup")});
+    let (status, body) = call(&sked, &client, Method::PUT, "/jobs/backup", Some(same)).await;
+    assert_eq!(status, 200, "{body}");
+
+    // A changed shell job is refused, and the file with it writes nothing.
+    std::fs::write(
+        &file,
+        jobs.replace("echo backup", "echo changed")
+            .replace("example.com/", "example.com/other"),
+    )
+    .unwrap();
+    let (ok, out, err) = as_editor(&["job", "apply", "-f", path]);
+    assert!(!ok, "{out}{err}");
+    assert!(err.contains("shell permission"), "{err}");
+    let (_, ping) = sked.get("/jobs/ping").await;
+    assert_eq!(
+        ping["target"]["http"]["url"], "https://example.com/",
+        "{ping}"
+    );
+    let changed = json!({"schedule": {"every": "1h"}, "target": shell("echo changed")});
+    let (status, body) = call(&sked, &client, Method::PUT, "/jobs/backup", Some(changed)).await;
+    assert_eq!(status, 403, "{body}");
 }

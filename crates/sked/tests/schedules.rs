@@ -153,3 +153,94 @@ async fn manual_trigger_pause_and_resume() {
     let runs = sked.runs("paused").await;
     assert!(runs.iter().any(|r| r["state"] == "succeeded"), "{runs:?}");
 }
+
+/// What the schedule grammar and its previews say in the places a new user met them: `L-nW`
+/// is refused as outside the grammar, a cron preview past its last year says why it is empty,
+/// a step of 1 reads "every minute", and a refusal names a role with its article.
+#[tokio::test]
+async fn schedule_words_and_refusals_say_what_they_mean() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let target = json!({"http": {"url": "https://example.com/"}});
+    let (status, answer) = sked
+        .put_job(
+            "month-end",
+            json!({"schedule": {"cron": "0 0 L-5W * *"}, "target": target}),
+        )
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("L-nW is not in the grammar"), "{message}");
+    assert!(!message.contains("must be 0-30"), "{message}");
+
+    let (status, preview) = sked
+        .post(
+            "/schedules/preview",
+            json!({"schedule": {"cron": "0 0 1 1 *"}, "from": "2199-06-01T00:00:00Z", "count": 3}),
+        )
+        .await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["fire_times"], json!([]), "{preview}");
+    let note = preview["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("cron schedules end with the year 2199"),
+        "{preview}"
+    );
+    let (_, full) = sked
+        .post(
+            "/schedules/preview",
+            json!({"schedule": {"every": "1m"}, "count": 3}),
+        )
+        .await;
+    assert!(full.get("note").is_none(), "{full}");
+
+    let (status, _) = sked
+        .put_job(
+            "minutely",
+            json!({"schedule": {"cron": "0 */1 * * * *"}, "target": target}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let session = common::token(
+        &sked,
+        "words-editor",
+        json!({"role": "editor", "namespaces": ["default"]}),
+    )
+    .await;
+    let editor = common::client_with_token(Some(&session));
+    let (status, refused) =
+        common::call(&editor, reqwest::Method::GET, sked.url("/tokens"), None).await;
+    assert_eq!(status, 403, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("an editor token may not"), "{message}");
+
+    // The console's list reads the cron step as words.
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = browser
+        .post(format!("{}/login", sked.base()))
+        .form(&[("token", session.as_str()), ("next", "/jobs")])
+        .send()
+        .await
+        .unwrap();
+    let cookie = login
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    let page = browser
+        .get(format!("{}/jobs", sked.base()))
+        .header(reqwest::header::COOKIE, cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("every minute UTC"), "{page}");
+    assert!(!page.contains("every 1 minutes"), "{page}");
+}
