@@ -80,6 +80,10 @@ pub struct RunsAfter {
     pub next_fire_at: Option<Instant>,
 }
 
+/// An upstream as [`runs_after`] reads it: its next instant, and, when it has no schedule
+/// either, its own upstreams (`None`: no such job).
+type UpstreamSeen = Option<(Option<Instant>, Vec<String>)>;
+
 /// Levels of upstreams without a schedule followed to find the next instant above a job.
 const AFTER_LEVELS: usize = 5;
 
@@ -89,7 +93,7 @@ async fn runs_after(
     state: &AppState,
     namespace: &str,
     spec: &JobSpec,
-    seen: &mut BTreeMap<String, Option<(Option<Instant>, Vec<String>)>>,
+    seen: &mut BTreeMap<String, UpstreamSeen>,
 ) -> Result<Option<RunsAfter>, ApiError> {
     if spec.schedule.is_some() {
         return Ok(None);
