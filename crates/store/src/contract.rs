@@ -467,7 +467,13 @@ pub async fn a_batch_of_jobs_is_written_whole_or_not_at_all(store: &dyn Store) {
     );
     // The second job is refused, so the first is not written either.
     let refused = store
-        .put_jobs("default", &[extract.clone(), orphan], t0(), false)
+        .put_jobs(
+            "default",
+            &[extract.clone(), orphan],
+            t0(),
+            false,
+            Audit::none(),
+        )
         .await
         .expect_err("an unknown upstream");
     assert_eq!(refused.index, Some(1), "{refused:?}");
@@ -480,13 +486,16 @@ pub async fn a_batch_of_jobs_is_written_whole_or_not_at_all(store: &dyn Store) {
 
     // A dry run answers what would happen, upstreams first, and writes nothing.
     let batch = [extract.clone(), load.clone()];
-    let planned = store.put_jobs("default", &batch, t0(), true).await.unwrap();
+    let planned = store
+        .put_jobs("default", &batch, t0(), true, Audit::none())
+        .await
+        .unwrap();
     let outcomes: Vec<PutOutcome> = planned.iter().map(|(o, _)| *o).collect();
     assert_eq!(outcomes, [PutOutcome::Created, PutOutcome::Created]);
     assert_eq!(store.get_job("default", "extract").await.unwrap(), None);
 
     let written = store
-        .put_jobs("default", &batch, t0(), false)
+        .put_jobs("default", &batch, t0(), false, Audit::none())
         .await
         .unwrap();
     assert_eq!(written.len(), 2);
@@ -494,16 +503,19 @@ pub async fn a_batch_of_jobs_is_written_whole_or_not_at_all(store: &dyn Store) {
         store.get_job("default", "load").await.unwrap(),
         Some(written[1].1.clone())
     );
-    let again = store.put_jobs("default", &batch, t0(), true).await.unwrap();
+    let again = store
+        .put_jobs("default", &batch, t0(), true, Audit::none())
+        .await
+        .unwrap();
     assert!(again.iter().all(|(o, _)| *o == PutOutcome::Unchanged));
 
     // The namespaces that hold jobs, each once, in order.
     store
-        .put_job("team-b", &extract, PutMode::Upsert, t0())
+        .put_job("team-b", &extract, PutMode::Upsert, t0(), Audit::none())
         .await
         .unwrap();
     store
-        .put_job("a-team", &extract, PutMode::Upsert, t0())
+        .put_job("a-team", &extract, PutMode::Upsert, t0(), Audit::none())
         .await
         .unwrap();
     assert_eq!(

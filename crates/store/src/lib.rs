@@ -653,13 +653,15 @@ pub trait Store: Send + Sync + 'static {
     /// Creates or replaces each job of `jobs` (in that order, upstreams first) in one
     /// transaction, as [`Store::put_job`] with [`PutMode::Upsert`] would one by one: all are
     /// written, or, when one is refused, none ([`BatchRefusal`] says which). With `dry_run`
-    /// every check is made and every outcome answered, and nothing is written.
+    /// every check is made and every outcome answered, and nothing is written. The batch's
+    /// audit entries are written in its transaction (none for a dry run).
     async fn put_jobs(
         &self,
         namespace: &str,
         jobs: &[ValidJob],
         now: Instant,
         dry_run: bool,
+        audit: Audit<Vec<(PutOutcome, JobRecord)>>,
     ) -> Result<Vec<(PutOutcome, JobRecord)>, BatchRefusal>;
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>>;
     async fn get_job_by_id(&self, id: i64) -> Result<Option<JobRecord>>;

@@ -135,9 +135,32 @@ pub async fn apply(
         befores.push(before);
     }
     let valid: Vec<ValidJob> = jobs.iter().map(|(_, job)| job.clone()).collect();
+    // Each changed job's entry commits with the batch.
+    let definitions: Vec<Option<serde_json::Value>> = befores
+        .iter()
+        .map(|before| before.as_ref().map(|b| definition(&b.spec)))
+        .collect();
+    let ns = namespace.clone();
+    let audit = audit::by(
+        &caller,
+        move |outcomes: &Vec<(PutOutcome, sked_core::records::JobRecord)>| {
+            outcomes
+                .iter()
+                .zip(definitions.clone())
+                .filter(|((outcome, _), _)| *outcome != PutOutcome::Unchanged)
+                .map(|((_, record), before)| Change {
+                    action: "job.put",
+                    namespace: Some(ns.clone()),
+                    object: Some(record.name.clone()),
+                    before,
+                    after: Some(definition(&record.spec)),
+                })
+                .collect::<Vec<_>>()
+        },
+    );
     let outcomes = state
         .store
-        .put_jobs(&namespace, &valid, now, request.dry_run)
+        .put_jobs(&namespace, &valid, now, request.dry_run, audit)
         .await
         .map_err(|refusal| match refusal.index {
             Some(at) => {
@@ -153,17 +176,9 @@ pub async fn apply(
             change: PutOutcome::Unchanged,
         })
         .collect();
-    for ((outcome, record), before) in outcomes.into_iter().zip(befores) {
+    for (outcome, record) in outcomes {
         if !request.dry_run && outcome != PutOutcome::Unchanged {
             state.firing.reload(record.id);
-            let change = Change {
-                action: "job.put",
-                namespace: Some(&namespace),
-                object: Some(record.name.clone()),
-                before: before.map(|b| definition(&b.spec)),
-                after: Some(definition(&record.spec)),
-            };
-            audit::record(&state, &caller, change).await;
         }
         applied.push(AppliedJob {
             name: record.name,

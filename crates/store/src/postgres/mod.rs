@@ -303,6 +303,7 @@ impl Store for PgStore {
         jobs: &[ValidJob],
         now: Instant,
         dry_run: bool,
+        audit: Audit<Vec<(PutOutcome, JobRecord)>>,
     ) -> Result<Vec<(PutOutcome, JobRecord)>, crate::BatchRefusal> {
         // Which job the batch reached, so a refusal names it.
         let reached = std::sync::atomic::AtomicUsize::new(0);
@@ -327,6 +328,7 @@ impl Store for PgStore {
                 if !changed.is_empty() {
                     self.channel.notify(&tx, Kind::JobChanged, &changed).await?;
                 }
+                audit::append_for(&tx, &audit, &outcomes).await?;
             }
             outcomes
         });

@@ -473,6 +473,7 @@ impl Store for SqliteStore {
         jobs: &[ValidJob],
         now: Instant,
         dry_run: bool,
+        audit: Audit<Vec<(PutOutcome, JobRecord)>>,
     ) -> Result<Vec<(PutOutcome, JobRecord)>, crate::BatchRefusal> {
         let (namespace, jobs) = (namespace.to_string(), jobs.to_vec());
         // Which job the batch reached, so a refusal names it.
@@ -491,6 +492,11 @@ impl Store for SqliteStore {
                 at.store(usize::MAX, std::sync::atomic::Ordering::Relaxed);
                 if dry_run {
                     tx.execute_batch("ROLLBACK TO dry_run; RELEASE dry_run")?;
+                } else {
+                    let entries = audit.entries(&outcomes);
+                    if !entries.is_empty() {
+                        audit::append(tx, &entries)?;
+                    }
                 }
                 Ok(outcomes)
             })
