@@ -286,11 +286,18 @@ impl Grant {
     }
 }
 
-/// Whether a worker that may run `worker_namespaces` may take a run of `namespace`.
+/// Whether a worker that may run `worker_namespaces` may take a run of `namespace`. An entry
+/// `!name` refuses that namespace whatever else the list holds (names never start with `!`):
+/// the server's publisher passes over a namespace that holds its part of its slots this way.
 pub fn worker_serves(worker_namespaces: &[String], namespace: &str) -> bool {
-    worker_namespaces
-        .iter()
-        .any(|n| n == ALL_NAMESPACES || n == namespace)
+    let mut serves = false;
+    for n in worker_namespaces {
+        if n.strip_prefix('!') == Some(namespace) {
+            return false;
+        }
+        serves |= n == ALL_NAMESPACES || n == namespace;
+    }
+    serves
 }
 
 /// A token's secret as clients hold it. `Debug` prints no part of it, so a configuration that
@@ -441,6 +448,15 @@ mod tests {
         editor.shell = true;
         assert!(editor.may_define(true).is_ok());
         assert!(grant(Role::Admin, &["*"]).may_define(true).is_ok());
+    }
+
+    #[test]
+    fn a_refused_namespace_is_not_served_even_under_all() {
+        let list = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(worker_serves(&list(&["*"]), "team-a"));
+        assert!(!worker_serves(&list(&["*", "!team-a"]), "team-a"));
+        assert!(worker_serves(&list(&["*", "!team-a"]), "team-b"));
+        assert!(!worker_serves(&list(&["team-b"]), "team-a"));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! policy) live in `sked-core`; queries live in `sked-store`. This crate decides *when* to call
 //! them and carries the results between them.
 
+pub mod admission;
 pub mod api;
 pub mod attempts;
 pub mod audit;
@@ -59,6 +60,8 @@ pub struct AppState {
     pub config: Arc<ServerConfig>,
     pub firing: firing::FiringHandle,
     pub dispatcher: Arc<dispatch::Dispatcher>,
+    /// What new runs are admitted against (the firing loop, backfills, events).
+    pub backlog: Arc<admission::NodeBacklog>,
     pub metrics: Arc<metrics::Metrics>,
     /// Whether the store commits: `/readyz` is 503 while writes fail.
     pub health: Arc<health::StoreHealth>,
@@ -182,18 +185,25 @@ pub async fn serve(
     let dispatcher = Arc::new(dispatch::Dispatcher::new(metrics.clone()));
     let health = Arc::new(health::StoreHealth::default());
     store.observe_writes(health.clone());
+    let backlog = Arc::new(admission::NodeBacklog::new(
+        dispatcher.clone(),
+        config.backlog,
+    ));
+    // The runs the store starts by itself (an event's) are admitted against this queue too.
+    store.admit_through(backlog.clone());
     let (firing, firing_loop) = firing::FiringLoop::new(
         store.clone(),
         dispatcher.clone(),
         metrics.clone(),
         config.fire_batch,
-        config.backlog,
+        backlog.clone(),
     );
     let state = AppState {
         store: store.clone(),
         config: config.clone(),
         firing,
         dispatcher: dispatcher.clone(),
+        backlog,
         metrics: metrics.clone(),
         health,
         brokers: Arc::new(publish::BrokerHealth::new(&config.brokers)),

@@ -636,8 +636,38 @@ pub struct StoredSeal {
 /// order each node made them.
 pub type StoreEvents = tokio::sync::mpsc::UnboundedReceiver<StoreEvent>;
 
+/// Where the store learns what is queued when it starts a run by itself (the runs an event
+/// starts, as the event is recorded): the server's dispatcher holds the queue, and the store
+/// weighs each such run with `sked_core::policy::admission` against it, as the firing loop
+/// weighs a schedule's instants. A run past a cap is recorded skipped (`backlog`).
+pub trait BacklogSource: Send + Sync {
+    /// The runs of job `job_id` and of `namespace` queued now, and the caps on them.
+    fn backlog(&self, job_id: i64, namespace: &str) -> sked_core::policy::admission::Backlog;
+}
+
+/// A shared slot for the [`BacklogSource`] a server gives its store once it has a queue; until
+/// then (and in tools with no queue) every run is admitted. Clones of a store share it.
+#[derive(Default, Clone)]
+#[allow(clippy::type_complexity)]
+pub(crate) struct BacklogSlot(
+    std::sync::Arc<std::sync::RwLock<Option<std::sync::Arc<dyn BacklogSource>>>>,
+);
+
+impl BacklogSlot {
+    pub(crate) fn set(&self, source: std::sync::Arc<dyn BacklogSource>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(source);
+    }
+
+    pub(crate) fn get(&self) -> Option<std::sync::Arc<dyn BacklogSource>> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// From now on, runs the store starts by itself are admitted against `source`'s queue.
+    fn admit_through(&self, source: std::sync::Arc<dyn BacklogSource>);
+
     // --- jobs --------------------------------------------------------------------------------
 
     /// Creates or replaces a job; its firing state follows

@@ -13,7 +13,7 @@ use sked_core::job::{firing_state_after_put, FiringState, JobSpec, JobState, Val
 use sked_core::policy::{MisfirePolicy, OverlapPolicy, RetryPolicy};
 use sked_core::records::{JobRecord, JobStats, RunRecord, ScheduledJob};
 use sked_core::run::{
-    after_attempt, AfterAttempt, AttemptOutcome, AttemptState, RunState, WaitReason,
+    after_attempt, AfterAttempt, AttemptOutcome, AttemptState, RunState, SkipReason, WaitReason,
 };
 use sked_core::schedule::ScheduleSpec;
 use sked_core::stats::percentiles;
@@ -1182,3 +1182,27 @@ mod notify_rule_tests {
 pub const LAST_RUN_STATE: &str = "(SELECT r.state FROM runs r \
     WHERE r.namespace = jobs.namespace AND r.job = jobs.name \
     ORDER BY r.scheduled_for DESC, r.id DESC LIMIT 1)";
+
+/// How a settle admits the runs events start: each against the server's queue
+/// ([`crate::BacklogSource`]) and the runs admitted before it in the same transaction. With no
+/// source (a store no server queues for), every run is admitted.
+pub struct EventAdmission<'a> {
+    source: Option<&'a dyn crate::BacklogSource>,
+    admission: sked_core::policy::admission::Admission,
+}
+
+impl<'a> EventAdmission<'a> {
+    pub fn new(source: Option<&'a dyn crate::BacklogSource>) -> EventAdmission<'a> {
+        EventAdmission {
+            source,
+            admission: Default::default(),
+        }
+    }
+
+    /// `Some(Backlog)` when a run of job `job_id` in `namespace` is past a cap.
+    pub fn decide(&mut self, job_id: i64, namespace: &str) -> Option<SkipReason> {
+        let source = self.source?;
+        self.admission
+            .admit(job_id, namespace, source.backlog(job_id, namespace))
+    }
+}

@@ -2,7 +2,9 @@
 //! range, as if it had been set before it (`Schedule::instants_between`), each once: an
 //! instant already in the ledger stays as it is. The runs meet the job's dependencies like
 //! scheduled ones, and its dependants follow them; they wait their turn rather than being
-//! dropped by overlap (`OverlapPolicy::for_trigger`). `dry_run` lists the instants only.
+//! dropped by overlap (`OverlapPolicy::for_trigger`), and meet the queue's caps as a
+//! schedule's instants do (`crate::admission`): past the job's or the namespace's cap an instant
+//! is recorded skipped with reason `backlog`. `dry_run` lists the instants only.
 
 use super::extract::{Path, Query};
 use super::jobs::find;
@@ -17,7 +19,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use sked_core::run::{RunState, Trigger};
+use sked_core::policy::admission::Admission;
+use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::schedule::Schedule;
 use sked_core::Instant;
 use sked_store::{Fire, FireOutcome};
@@ -47,6 +50,9 @@ pub struct Backfill {
     pub recorded: Vec<i64>,
     /// Instants that had a run already, left as they were.
     pub existing: usize,
+    /// Recorded instants skipped (reason `backlog`): the job or its namespace had as many runs
+    /// queued as its cap allows.
+    pub skipped_backlog: usize,
 }
 
 pub async fn backfill(
@@ -115,11 +121,16 @@ pub async fn backfill(
         dry_run: req.dry_run,
         recorded: Vec::new(),
         existing: 0,
+        skipped_backlog: 0,
     };
     if req.dry_run {
         return Ok(Json(answer));
     }
+    // From the first decision until the last run is queued, no other backfill decides.
+    let _turn = state.backlog.turn().await;
     for chunk in answer.instants.chunks((BATCH / per_instant).max(1)) {
+        // The queue counts the earlier chunks' runs; this one's count as they are admitted.
+        let mut admission = Admission::default();
         let now = Utc::now();
         let fires: Vec<Fire> = chunk
             .iter()
@@ -127,7 +138,7 @@ pub async fn backfill(
                 job_id: job.id,
                 scheduled_for: instant,
                 trigger: Trigger::Backfill,
-                skip: None,
+                skip: admission.admit(job.id, &namespace, state.backlog.of(job.id, &namespace)),
                 ready_at: now,
                 advance: None,
             })
@@ -160,9 +171,13 @@ pub async fn backfill(
         });
         let outcome = state.store.record_fires(&fires, now, audit).await?;
         let mut queued = outcome.released;
-        for run in &outcome.runs {
+        for (run, fire) in outcome.runs.iter().zip(&fires) {
             if run.inserted {
                 answer.recorded.extend(run.all_runs());
+                if fire.skip == Some(SkipReason::Backlog) {
+                    answer.skipped_backlog += 1;
+                    state.metrics.fires_skipped_backlog.inc();
+                }
                 if run.state == RunState::Queued {
                     queued.extend(run.all_runs());
                 }

@@ -339,6 +339,16 @@ impl Dispatcher {
         }
     }
 
+    /// How many runs of `namespace` wait here now, and its own cap if it has one (whether or
+    /// not any job of it has runs here).
+    pub fn namespace_backlog(&self, namespace: &str) -> (u64, Option<u64>) {
+        let state = self.lock();
+        (
+            state.queue.queued_in(namespace),
+            state.namespace_caps.get(namespace).copied(),
+        )
+    }
+
     /// Replaces the namespaces' own caps on queued runs and their weights in the fair share.
     pub fn set_namespace_settings(
         &self,

@@ -206,6 +206,11 @@ impl Queue {
         Some((job.queued, &job.namespace, namespace))
     }
 
+    /// Runs of `namespace` here.
+    pub fn queued_in(&self, namespace: &str) -> u64 {
+        self.per_namespace.get(namespace).copied().unwrap_or(0)
+    }
+
     /// Moves the delayed runs whose `ready_at` has come to the ready ones; returns the next
     /// `ready_at` still ahead.
     pub fn promote_due(&mut self, now: Instant) -> Option<Instant> {

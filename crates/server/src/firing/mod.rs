@@ -18,11 +18,12 @@
 
 mod slots;
 
+use crate::admission::NodeBacklog;
 use crate::dispatch::Dispatcher;
 use crate::metrics::Metrics;
 use chrono::Utc;
 use sked_core::cluster::partition_of;
-use sked_core::policy::{admission, BacklogLimits};
+use sked_core::policy::admission::Admission;
 use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::schedule::Schedule;
@@ -77,7 +78,7 @@ pub struct FiringLoop {
     store: Arc<dyn Store>,
     dispatcher: Arc<Dispatcher>,
     metrics: Arc<Metrics>,
-    backlog: BacklogLimits,
+    backlog: Arc<NodeBacklog>,
     batch: usize,
     rx: mpsc::UnboundedReceiver<Change>,
     /// The partitions whose schedules this loop fires.
@@ -100,7 +101,7 @@ impl FiringLoop {
         dispatcher: Arc<Dispatcher>,
         metrics: Arc<Metrics>,
         batch: usize,
-        backlog: BacklogLimits,
+        backlog: Arc<NodeBacklog>,
     ) -> (FiringHandle, FiringLoop) {
         let (tx, rx) = mpsc::unbounded_channel();
         let looper = FiringLoop {
@@ -330,6 +331,8 @@ impl FiringLoop {
         loop {
             let now = Utc::now();
             let mut pending = Vec::new();
+            // The batch's runs count against the caps of those after them.
+            let mut admission = Admission::default();
             while pending.len() < self.batch {
                 let Some(mut slot) = self.slots.take_due(now) else {
                     break;
@@ -338,12 +341,9 @@ impl FiringLoop {
                 let skip = if slot.paused {
                     Some(SkipReason::Paused)
                 } else {
-                    let backlog = self.dispatcher.backlog(slot.job_id);
-                    let limits = BacklogLimits {
-                        per_namespace: backlog.namespace_cap.unwrap_or(self.backlog.per_namespace),
-                        ..self.backlog
-                    };
-                    admission::admit(backlog.job, backlog.namespace, limits)
+                    let namespace = self.namespaces.name(slot.namespace);
+                    let backlog = self.backlog.of(slot.job_id, namespace);
+                    admission.admit(slot.job_id, namespace, backlog)
                 };
                 if skip == Some(SkipReason::Backlog) {
                     self.metrics.fires_skipped_backlog.inc();

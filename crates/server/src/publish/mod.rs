@@ -21,6 +21,7 @@
 
 mod health;
 mod missing;
+mod shares;
 
 pub use health::BrokerHealth;
 pub use missing::warn_missing_connections;
@@ -45,6 +46,7 @@ use tokio::task::JoinSet;
 const SLOTS: u32 = 4096;
 /// Runs one node holds while they wait for their consumers' reports; past it, further runs
 /// that await completion stay queued until some end (each is listed in every heartbeat).
+/// Shared between namespaces ([`shares`]): one holds at most its fair part while others wait.
 const MAX_AWAITING: usize = 10_000;
 
 /// How long one poll of the dispatcher waits for runs.
@@ -217,6 +219,8 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     // not reported yet: this node holds both, and heartbeats them.
     let mut running: HashSet<i64> = HashSet::new();
     let mut awaiting: HashMap<i64, Awaiting> = HashMap::new();
+    // Which namespaces hold the awaiting slots (attempts awaiting, or being published to).
+    let mut shares = shares::Shares::new(MAX_AWAITING);
     // Outcomes go to the store in batches of their own, so recording them never holds up
     // taking and publishing runs; until recorded, they are held (and heartbeated) too.
     let recording = Arc::new(Mutex::new(HashSet::new()));
@@ -238,13 +242,20 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     let mut heartbeat = tokio::time::interval(state.config.heartbeat_interval);
     let connections = brokers.brokers.names();
     loop {
+        let (full, room) = shares.limits();
+        // A namespace at its part of the awaiting slots is passed over ("!name" never names
+        // a namespace); a handout brings no more than any other namespace has room for.
+        let mut namespaces = vec![sked_core::auth::ALL_NAMESPACES.to_string()];
+        namespaces.extend(full.into_iter().map(|n| format!("!{n}")));
         let load = WorkerLoad {
             running: running.len() as u32,
             publisher: true,
             brokers: connections.clone(),
+            cap: u32::try_from(room).unwrap_or(u32::MAX),
+            namespaces,
             ..WorkerLoad::idle(id.clone(), SLOTS)
         };
-        let free = load.free_slots() > 0 && awaiting.len() < MAX_AWAITING && linger.is_none();
+        let free = load.free_slots() > 0 && room > 0 && linger.is_none();
         tokio::select! {
             _ = stopped(&mut shutdown) => break,
             () = sleep_until(linger), if linger.is_some() => linger = None,
@@ -260,6 +271,9 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                     Ok(started) => {
                         for attempt in started {
                             running.insert(attempt.attempt_id);
+                            if attempt.completion.is_some() {
+                                shares.hold(attempt.attempt_id, &attempt.namespace);
+                            }
                             publishing.spawn(publish_one(
                                 brokers.clone(),
                                 state.metrics.clone(),
@@ -277,6 +291,7 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                     match done {
                         Ok(Published::Report(report)) => {
                             running.remove(&report.attempt_id);
+                            shares.release(report.attempt_id);
                             count(&state, &report);
                             send(report);
                         }
@@ -292,6 +307,7 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
             }
             _ = heartbeat.tick() => {
                 for report in overdue(&mut awaiting, &id) {
+                    shares.release(report.attempt_id);
                     send(report);
                 }
                 let held: Vec<i64> = running
@@ -305,7 +321,9 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                         // An awaiting attempt the store no longer has running was reported
                         // by its consumer (or cancelled): it is no longer this node's.
                         for attempt_id in stop {
-                            awaiting.remove(&attempt_id);
+                            if awaiting.remove(&attempt_id).is_some() {
+                                shares.release(attempt_id);
+                            }
                         }
                     }
                     None => {
@@ -314,6 +332,7 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                         // refused; start again under a new id.
                         running.clear();
                         awaiting.clear();
+                        shares.clear();
                         publishing.abort_all();
                         match register(&state, &mut shutdown).await {
                             Some(new_id) => id = new_id,

@@ -15,7 +15,7 @@ use super::ledger::{admit_by_overlap, skip_run};
 use super::rows::{self, micros};
 use super::{PgResult, Tx};
 use crate::shared::{
-    first_ended, timed_out_error, verdict_from, Ended, Graph, Settled, WindowRuns,
+    first_ended, timed_out_error, verdict_from, Ended, EventAdmission, Graph, Settled, WindowRuns,
 };
 use crate::{DependencyEdge, StoreError, Toward};
 use sked_core::dependency::{self, Upstream, Verdict};
@@ -468,6 +468,19 @@ pub(super) async fn settle(
     events: Vec<EventRecord>,
     now: Instant,
 ) -> PgResult<Settled> {
+    settle_admitting(tx, ended, events, None, now).await
+}
+
+/// [`settle`], the runs the events start admitted against `backlog` (the server's queue), as
+/// `sqlite::dependencies::settle_admitting` does.
+pub(super) async fn settle_admitting(
+    tx: &Tx<'_>,
+    ended: Vec<Ended>,
+    events: Vec<EventRecord>,
+    backlog: Option<&dyn crate::BacklogSource>,
+    now: Instant,
+) -> PgResult<Settled> {
+    let mut admission = EventAdmission::new(backlog);
     let mut settled = Settled::default();
     let mut generation = ended;
     let mut events = events;
@@ -498,6 +511,7 @@ pub(super) async fn settle(
                         instant: run.scheduled_for,
                         trigger: Trigger::Dependency,
                         event: None,
+                        skip: None,
                     };
                     start(tx, &at, dependant, now, &mut next).await?;
                 }
@@ -508,10 +522,11 @@ pub(super) async fn settle(
             for (starts, dependant) in subscribers(tx, &event.namespace, &event.key).await? {
                 let dependant = Arc::new(dependant);
                 if starts {
+                    let skip = admission.decide(dependant.id, &event.namespace);
                     let (runs, instant) =
-                        start_by_event(tx, &event, &dependant, now, &mut next).await?;
+                        start_by_event(tx, &event, &dependant, skip, now, &mut next).await?;
                     settled.started.extend(&runs);
-                    if !dependant.spec.paused {
+                    if !dependant.spec.paused && skip.is_none() {
                         for run_id in runs {
                             let judged = (dependant.clone(), instant, event.namespace.clone());
                             candidates.insert(run_id, judged);
@@ -669,11 +684,14 @@ struct At<'a> {
     instant: Instant,
     trigger: Trigger,
     event: Option<&'a EventRecord>,
+    /// Recorded skipped for this reason (admission's `backlog`) instead of waiting.
+    skip: Option<SkipReason>,
 }
 
 /// Records the dependant's run `at` (one per shard of a sharded job), once, waiting for its
-/// dependencies (the caller judges it next); a paused job's run is recorded skipped. Returns
-/// the new runs, none when the instant was recorded already.
+/// dependencies (the caller judges it next); a paused job's run, or one admission refused
+/// (`at.skip`), is recorded skipped. Returns the new runs, none when the instant was recorded
+/// already.
 async fn start(
     tx: &Tx<'_>,
     at: &At<'_>,
@@ -681,11 +699,16 @@ async fn start(
     now: Instant,
     ended: &mut Vec<Ended>,
 ) -> PgResult<Vec<i64>> {
-    let paused = dependant.spec.paused;
-    let (state, skip, waiting_reason) = if paused {
-        (RunState::Skipped, Some(SkipReason::Paused), None)
+    let skip = if dependant.spec.paused {
+        Some(SkipReason::Paused)
     } else {
-        (RunState::Waiting, None, Some("dependencies"))
+        at.skip
+    };
+    let skipped = skip.is_some();
+    let (state, waiting_reason) = if skipped {
+        (RunState::Skipped, None)
+    } else {
+        (RunState::Waiting, Some("dependencies"))
     };
     let (waiting_for, until) = crate::shared::waiting_columns(&dependant.spec, &[], now)?;
     let stmt = tx
@@ -716,7 +739,7 @@ async fn start(
                 &skip.map(SkipReason::as_str),
                 &dependant.priority,
                 &micros(now),
-                &paused.then(|| micros(now)),
+                &skipped.then(|| micros(now)),
                 &waiting_reason,
                 &waiting_reason.map(|_| waiting_for),
                 &waiting_reason.map(|_| until),
@@ -732,7 +755,7 @@ async fn start(
         .map(|row| row.try_get::<_, i64>(0))
         .collect::<Result<Vec<_>, _>>()?;
     runs.sort_unstable();
-    if paused {
+    if skipped {
         for run_id in &runs {
             ended.push(Ended {
                 namespace: at.namespace.to_string(),
@@ -752,6 +775,7 @@ async fn start_by_event(
     tx: &Tx<'_>,
     event: &EventRecord,
     dependant: &Dependant,
+    skip: Option<SkipReason>,
     now: Instant,
     ended: &mut Vec<Ended>,
 ) -> PgResult<(Vec<i64>, Instant)> {
@@ -761,6 +785,7 @@ async fn start_by_event(
             instant,
             trigger: Trigger::Event,
             event: Some(event),
+            skip,
         };
         let runs = start(tx, &at, dependant, now, ended).await?;
         if !runs.is_empty() {

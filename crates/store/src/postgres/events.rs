@@ -3,7 +3,7 @@
 //! per namespace orders new events), the subscriptions a definition makes, reads and pruning.
 //! What an event moves is `dependencies::settle`'s, in the same transaction.
 
-use super::dependencies::{lock_subscribers, settle};
+use super::dependencies::{lock_subscribers, settle_admitting};
 use super::rows::{self, micros};
 use super::{PgResult, Tx};
 use crate::{EventQuery, PostedEvent};
@@ -123,6 +123,7 @@ pub(super) async fn post(
     tx: &Tx<'_>,
     namespace: &str,
     spec: &EventSpec,
+    backlog: Option<&dyn crate::BacklogSource>,
     now: Instant,
 ) -> PgResult<PostedEvent> {
     lock_subscribers(tx, namespace, &spec.key).await?;
@@ -130,7 +131,7 @@ pub(super) async fn post(
     if !created {
         return Ok(crate::shared::posted_before(event));
     }
-    let settled = settle(tx, Vec::new(), vec![event.clone()], now).await?;
+    let settled = settle_admitting(tx, Vec::new(), vec![event.clone()], backlog, now).await?;
     Ok(PostedEvent {
         event,
         created,

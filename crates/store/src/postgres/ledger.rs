@@ -930,6 +930,7 @@ pub async fn start_attempts(
 pub async fn complete_attempts(
     tx: &Tx<'_>,
     reports: &[AttemptReport],
+    backlog: Option<&dyn crate::BacklogSource>,
     now: Instant,
 ) -> PgResult<Vec<CompletionEffect>> {
     if reports.is_empty() {
@@ -1061,7 +1062,9 @@ pub async fn complete_attempts(
     }
     // The batch's runs that ended, and the events they emitted, move their dependants together.
     let ended = ended.into_iter().map(|(run, _)| run).collect();
-    let released = settle(tx, ended, events, now).await?.queued;
+    let released = super::dependencies::settle_admitting(tx, ended, events, backlog, now)
+        .await?
+        .queued;
     crate::shared::list_released(&mut effects, released);
     Ok(effects)
 }

@@ -133,6 +133,8 @@ pub struct PgStore {
     announcer: Announcer,
     /// Told how each write ended (`Store::observe_writes`).
     observer: std::sync::OnceLock<Arc<dyn WriteObserver>>,
+    /// What the runs events start are admitted against.
+    backlog: crate::BacklogSlot,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -192,6 +194,7 @@ impl PgStore {
             config,
             channel,
             observer: std::sync::OnceLock::new(),
+            backlog: Default::default(),
         })
     }
 
@@ -276,6 +279,10 @@ macro_rules! transact {
 
 #[async_trait]
 impl Store for PgStore {
+    fn admit_through(&self, source: std::sync::Arc<dyn crate::BacklogSource>) {
+        self.backlog.set(source);
+    }
+
     async fn put_job(
         &self,
         namespace: &str,
@@ -507,8 +514,12 @@ impl Store for PgStore {
         reports: &[AttemptReport],
         now: Instant,
     ) -> Result<Vec<CompletionEffect>> {
+        let backlog = self.backlog.get();
         let effects = transact!(self, write, |tx| ledger::complete_attempts(
-            &tx, reports, now
+            &tx,
+            reports,
+            backlog.as_deref(),
+            now
         )
         .await?)?;
         let requeued: Vec<i64> = effects
@@ -578,8 +589,9 @@ impl Store for PgStore {
         now: Instant,
         audit: Audit<PostedEvent>,
     ) -> Result<PostedEvent> {
+        let backlog = self.backlog.get();
         let posted = transact!(self, write, |tx| {
-            let outcome = events::post(&tx, namespace, event, now).await?;
+            let outcome = events::post(&tx, namespace, event, backlog.as_deref(), now).await?;
             audit::append_for(&tx, &audit, &outcome).await?;
             outcome
         })?;

@@ -6,7 +6,7 @@
 use super::ledger::{admit_by_overlap, skip_run};
 use super::rows::{self, micros};
 use crate::shared::{
-    timed_out_error, verdict_from, Ended, Graph, InstantShards, Settled, WindowRuns,
+    timed_out_error, verdict_from, Ended, EventAdmission, Graph, InstantShards, Settled, WindowRuns,
 };
 use crate::{DependencyEdge, Result, Toward};
 use rusqlite::{params, OptionalExtension, Transaction};
@@ -327,6 +327,19 @@ pub(super) fn settle(
     events: Vec<EventRecord>,
     now: Instant,
 ) -> Result<Settled> {
+    settle_admitting(tx, ended, events, None, now)
+}
+
+/// [`settle`], the runs the events start admitted against `backlog` (the server's queue): past
+/// a cap, such a run is recorded skipped (`backlog`) and settled as ended.
+pub(super) fn settle_admitting(
+    tx: &Transaction<'_>,
+    ended: Vec<Ended>,
+    events: Vec<EventRecord>,
+    backlog: Option<&dyn crate::BacklogSource>,
+    now: Instant,
+) -> Result<Settled> {
+    let mut admission = EventAdmission::new(backlog);
     let mut settled = Settled::default();
     let mut generation = ended;
     let mut events = events;
@@ -355,6 +368,7 @@ pub(super) fn settle(
                         instant: run.scheduled_for,
                         trigger: Trigger::Dependency,
                         event: None,
+                        skip: None,
                     };
                     start(tx, &at, dependant, now, &mut next)?;
                 }
@@ -365,9 +379,11 @@ pub(super) fn settle(
             for (starts, dependant) in subscribers(tx, &event.namespace, &event.key)? {
                 let dependant = Rc::new(dependant);
                 if starts {
-                    let (runs, instant) = start_by_event(tx, &event, &dependant, now, &mut next)?;
+                    let skip = admission.decide(dependant.id, &event.namespace);
+                    let (runs, instant) =
+                        start_by_event(tx, &event, &dependant, skip, now, &mut next)?;
                     settled.started.extend(&runs);
-                    if !dependant.spec.paused {
+                    if !dependant.spec.paused && skip.is_none() {
                         for run_id in runs {
                             let judged = (dependant.clone(), instant, event.namespace.clone());
                             candidates.insert(run_id, judged);
@@ -527,12 +543,15 @@ struct At<'a> {
     instant: Instant,
     trigger: Trigger,
     event: Option<&'a EventRecord>,
+    /// Recorded skipped for this reason (admission's `backlog`) instead of waiting.
+    skip: Option<SkipReason>,
 }
 
 /// Records the dependant's run `at` (one per shard of a sharded job), once: a second upstream
 /// at the same instant finds it recorded. It waits for its dependencies (the caller judges it
-/// next; with none, it is released at once); a paused job's run is recorded skipped. Returns
-/// the new runs, none when the instant was recorded already.
+/// next; with none, it is released at once); a paused job's run, or one admission refused
+/// (`at.skip`), is recorded skipped. Returns the new runs, none when the instant was recorded
+/// already.
 fn start(
     tx: &Transaction<'_>,
     at: &At<'_>,
@@ -540,11 +559,16 @@ fn start(
     now: Instant,
     ended: &mut Vec<Ended>,
 ) -> Result<Vec<i64>> {
-    let paused = dependant.spec.paused;
-    let (state, skip, waiting_reason) = if paused {
-        (RunState::Skipped, Some(SkipReason::Paused), None)
+    let skip = if dependant.spec.paused {
+        Some(SkipReason::Paused)
     } else {
-        (RunState::Waiting, None, Some("dependencies"))
+        at.skip
+    };
+    let skipped = skip.is_some();
+    let (state, waiting_reason) = if skipped {
+        (RunState::Skipped, None)
+    } else {
+        (RunState::Waiting, Some("dependencies"))
     };
     let (waiting_for, until) = crate::shared::waiting_columns(&dependant.spec, &[], now)?;
     let places = super::ledger::placements_of(tx, &dependant.spec, at.namespace)?;
@@ -571,7 +595,7 @@ fn start(
                 skip.map(SkipReason::as_str),
                 dependant.priority,
                 micros(now),
-                paused.then(|| micros(now)),
+                skipped.then(|| micros(now)),
                 waiting_reason,
                 waiting_reason.map(|_| &waiting_for),
                 waiting_reason.map(|_| until),
@@ -587,7 +611,7 @@ fn start(
         }
         let run_id = tx.last_insert_rowid();
         runs.push(run_id);
-        if paused {
+        if skipped {
             ended.push(Ended {
                 namespace: at.namespace.to_string(),
                 job: dependant.name.clone(),
@@ -607,6 +631,7 @@ fn start_by_event(
     tx: &Transaction<'_>,
     event: &EventRecord,
     dependant: &Dependant,
+    skip: Option<SkipReason>,
     now: Instant,
     ended: &mut Vec<Ended>,
 ) -> Result<(Vec<i64>, Instant)> {
@@ -616,6 +641,7 @@ fn start_by_event(
             instant,
             trigger: Trigger::Event,
             event: Some(event),
+            skip,
         };
         let runs = start(tx, &at, dependant, now, ended)?;
         if !runs.is_empty() {

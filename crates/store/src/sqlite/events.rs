@@ -3,7 +3,7 @@
 //! which wait for it), and reading and pruning them. What an event moves — the runs it starts
 //! or releases — is `dependencies::settle`'s, in the same transaction.
 
-use super::dependencies::settle;
+use super::dependencies::settle_admitting;
 use super::rows::{self, micros};
 use crate::{EventQuery, PostedEvent, Result};
 use rusqlite::{params, OptionalExtension, Transaction};
@@ -105,13 +105,14 @@ pub(super) fn post(
     tx: &Transaction<'_>,
     namespace: &str,
     spec: &EventSpec,
+    backlog: Option<&dyn crate::BacklogSource>,
     now: Instant,
 ) -> Result<PostedEvent> {
     let (event, created) = record(tx, namespace, spec, None, now)?;
     if !created {
         return Ok(crate::shared::posted_before(event));
     }
-    let settled = settle(tx, Vec::new(), vec![event.clone()], now)?;
+    let settled = settle_admitting(tx, Vec::new(), vec![event.clone()], backlog, now)?;
     Ok(PostedEvent {
         event,
         created,

@@ -632,6 +632,7 @@ pub fn start_attempts(
 pub fn complete_attempts(
     tx: &Transaction<'_>,
     reports: &[AttemptReport],
+    backlog: Option<&dyn crate::BacklogSource>,
     now: Instant,
 ) -> Result<Vec<CompletionEffect>> {
     let mut effects = Vec::with_capacity(reports.len());
@@ -712,7 +713,7 @@ pub fn complete_attempts(
         });
     }
     // The batch's runs that ended, and the events they emitted, move their dependants together.
-    let released = settle(tx, ended, events, now)?.queued;
+    let released = dependencies::settle_admitting(tx, ended, events, backlog, now)?.queued;
     crate::shared::list_released(&mut effects, released);
     Ok(effects)
 }

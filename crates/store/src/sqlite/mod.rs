@@ -53,6 +53,8 @@ pub struct SqliteStore {
     observer: std::sync::OnceLock<Arc<dyn WriteObserver>>,
     /// The writer thread; dropping it waits for the writes already queued.
     writer: writer::Writer,
+    /// What the runs events start are admitted against.
+    backlog: crate::BacklogSlot,
     /// The checkpoint thread; dropped last, so that its connection is the last to close.
     _checkpointer: checkpoint::Checkpointer,
 }
@@ -386,6 +388,7 @@ impl SqliteStore {
             observer: std::sync::OnceLock::new(),
             inner,
             writer,
+            backlog: Default::default(),
             _checkpointer: checkpointer,
         })
     }
@@ -454,6 +457,10 @@ async fn blocking<T: Send + 'static>(
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn admit_through(&self, source: Arc<dyn crate::BacklogSource>) {
+        self.backlog.set(source);
+    }
+
     async fn put_job(
         &self,
         namespace: &str,
@@ -636,7 +643,8 @@ impl Store for SqliteStore {
         now: Instant,
     ) -> Result<Vec<CompletionEffect>> {
         let reports = reports.to_vec();
-        self.write(move |tx| ledger::complete_attempts(tx, &reports, now))
+        let backlog = self.backlog.get();
+        self.write(move |tx| ledger::complete_attempts(tx, &reports, backlog.as_deref(), now))
             .await
     }
 
@@ -683,7 +691,10 @@ impl Store for SqliteStore {
         audit: Audit<PostedEvent>,
     ) -> Result<PostedEvent> {
         let (namespace, event) = (namespace.to_string(), event.clone());
-        self.write_audited(audit, move |tx| events::post(tx, &namespace, &event, now))
+        let backlog = self.backlog.get();
+        self.write_audited(audit, move |tx| {
+            events::post(tx, &namespace, &event, backlog.as_deref(), now)
+        })
             .await
     }
 
