@@ -48,9 +48,37 @@ pub const HEADER_SHARDS: &str = "X-Sked-Shards";
 #[serde(deny_unknown_fields)]
 pub struct RegisterRequest {
     pub name: String,
+    /// At most [`MAX_WORKER_LABELS`], of [`MAX_WORKER_LABEL_BYTES`] in all.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     pub slots: u32,
+}
+
+/// The most labels one worker may carry. A pool is told apart by a handful (zone, pool, gpu,
+/// os, ...); every label is stored with the worker, listed with it and matched against every
+/// run it asks for.
+pub const MAX_WORKER_LABELS: usize = 64;
+/// The most bytes a worker's labels may take, keys and values together.
+pub const MAX_WORKER_LABEL_BYTES: usize = 8 * 1024;
+
+/// Whether a worker's labels are within bounds; the reason when they are not.
+pub fn check_worker_labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
+    if labels.len() > MAX_WORKER_LABELS {
+        return Err(format!(
+            "{} labels; a worker carries at most {MAX_WORKER_LABELS}",
+            labels.len()
+        ));
+    }
+    if labels.keys().any(String::is_empty) {
+        return Err("a label has an empty key".into());
+    }
+    let bytes: usize = labels.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_WORKER_LABEL_BYTES {
+        return Err(format!(
+            "labels of {bytes} bytes; at most {MAX_WORKER_LABEL_BYTES} in all"
+        ));
+    }
+    Ok(())
 }
 
 /// How a worker pool is guarded against overload (`sked worker --overload`), as a worker
@@ -265,4 +293,28 @@ pub struct CompletionResult {
     /// `unknown_attempt` (no such attempt). A rejection is final.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_labels_are_bounded_in_count_and_bytes() {
+        let labels = |n: usize, value: usize| -> BTreeMap<String, String> {
+            (0..n)
+                .map(|i| (format!("k{i}"), "v".repeat(value)))
+                .collect()
+        };
+        assert!(check_worker_labels(&labels(3, 10)).is_ok());
+        assert!(check_worker_labels(&labels(MAX_WORKER_LABELS, 100)).is_ok());
+        assert!(check_worker_labels(&labels(MAX_WORKER_LABELS + 1, 1))
+            .unwrap_err()
+            .contains("at most 64"));
+        assert!(check_worker_labels(&labels(2, 5_000))
+            .unwrap_err()
+            .contains("bytes"));
+        let empty: BTreeMap<String, String> = [(String::new(), "x".into())].into();
+        assert!(check_worker_labels(&empty).is_err());
+    }
 }

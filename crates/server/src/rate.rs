@@ -34,6 +34,14 @@ pub const PINGS_PER_JOB: RateLimit = RateLimit {
     burst: 20,
 };
 
+/// Worker registrations one token may make: a pool restarting registers each worker once, so
+/// even a large fleet sharing a token re-registers within seconds (a worker refused 429 tries
+/// again after `Retry-After`), while a token registering at line rate is held to this.
+pub const REGISTRATIONS_PER_TOKEN: RateLimit = RateLimit {
+    per_second: 10,
+    burst: 100,
+};
+
 /// Tokens are counted by id (or, for pings, jobs by theirs); requests of an open development
 /// server without a token share one bucket.
 pub struct RequestRate {

@@ -1,13 +1,14 @@
 //! Many workers through the real binary: registrations are listed a bounded page at a time,
 //! every one of them reachable by its cursor; reports from worker ids that do not exist are
 //! refused as unknown; a heartbeat cannot carry an unbounded list of running attempts; a
-//! drained worker finishes what it runs, takes nothing more and exits. (Dead
+//! drained worker finishes what it runs, takes nothing more and exits; registration is bounded
+//! in labels and rate, and the list in bytes per page. (Dead
 //! workers' deletion after the retention is the store contract's
 //! `workers_page_by_id_and_dead_ones_are_deleted`.)
 
 mod common;
 
-use common::Sked;
+use common::{client_for, Sked};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -302,4 +303,152 @@ async fn a_stopped_worker_is_stopped_not_lost_and_the_publisher_is_no_worker() {
         overview.contains("<dd>0 / 0</dd>") && !overview.contains("4096"),
         "no slot count holds the publisher's: {overview}"
     );
+}
+
+/// `count` labels whose keys and values take about `bytes` in all.
+fn labels(count: usize, bytes: usize) -> Value {
+    let value = "v".repeat((bytes / count).saturating_sub(4).max(1));
+    let map: serde_json::Map<String, Value> = (0..count)
+        .map(|i| (format!("k{i:03}"), json!(value)))
+        .collect();
+    Value::Object(map)
+}
+
+/// Registration is bounded: a worker's labels in count and bytes, a token's registrations in
+/// rate (429 with `Retry-After`, another token unaffected); the list of workers comes in pages
+/// bounded in bytes, every worker reachable, and the console's workers page answers whatever
+/// the fleet's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_are_bounded_and_the_list_is_paged_by_size() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let grant = json!({"role": "worker", "namespaces": ["*"]});
+    let pool = client_for(&sked, "pool", grant.clone()).await;
+    let register = |client: &reqwest::Client, body: Value| {
+        let request = client.post(sked.url("/workers")).json(&body);
+        async move {
+            let response = request.send().await.expect("register");
+            let status = response.status().as_u16();
+            let retry_after = response.headers().get("retry-after").cloned();
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            (status, retry_after, body)
+        }
+    };
+
+    // Labels: 64 within 8 KiB are taken; one more label, or more bytes, are refused.
+    let (status, _, answer) = register(
+        &pool,
+        json!({"name": "wide", "slots": 1, "labels": labels(64, 8_000)}),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    for too_many in [labels(65, 1_000), labels(2, 9_000), labels(1_100, 80_000)] {
+        let (status, _, answer) = register(
+            &pool,
+            json!({"name": "wider", "slots": 1, "labels": too_many}),
+        )
+        .await;
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["error"]["field"], "labels", "{answer}");
+    }
+
+    // A token registering at line rate is held back with a clear 429.
+    let started = Instant::now();
+    let (mut accepted, mut refused) = (0u64, 0u64);
+    for i in 0..300 {
+        let (status, retry_after, answer) =
+            register(&pool, json!({"name": format!("flood-{i}"), "slots": 1})).await;
+        match status {
+            201 => accepted += 1,
+            429 => {
+                refused += 1;
+                assert_eq!(
+                    answer["error"]["code"], "too_many_registrations",
+                    "{answer}"
+                );
+                assert!(retry_after.is_some(), "429 without Retry-After");
+            }
+            other => panic!("registration answered {other}: {answer}"),
+        }
+    }
+    let took = started.elapsed().as_secs_f64();
+    println!("300 registrations in {took:.2} s: {accepted} accepted, {refused} refused");
+    assert!(refused > 0, "no registration was refused");
+    assert!(
+        accepted as f64 <= 100.0 + 10.0 * took + 1.0,
+        "{accepted} accepted in {took:.2} s"
+    );
+    // Another token is not held back by the first one's flood.
+    let other = client_for(&sked, "other-pool", grant).await;
+    let (status, _, answer) = register(&other, json!({"name": "other", "slots": 1})).await;
+    assert_eq!(status, 201, "{answer}");
+
+    // 150 workers with labels of about 8 KiB each (an admin registers at its own pace): the
+    // list comes in pages of at most 1 MiB, and its cursors reach every worker once.
+    for i in 0..150 {
+        let body =
+            json!({"name": format!("a-labelled-{i}"), "slots": 1, "labels": labels(64, 8_000)});
+        let (status, answer) = sked.post("/workers", body).await;
+        assert_eq!(status, 201, "{answer}");
+    }
+    let mut seen = BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut path = sked.url("/workers?limit=1000");
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let response = sked.http.get(&path).send().await.expect("list");
+        assert_eq!(response.status().as_u16(), 200);
+        let bytes = response.bytes().await.expect("body");
+        assert!(
+            bytes.len() <= 1024 * 1024 + 16 * 1024,
+            "a page of {} bytes",
+            bytes.len()
+        );
+        let page: Value = serde_json::from_slice(&bytes).expect("JSON");
+        pages += 1;
+        for w in page["workers"].as_array().expect("workers") {
+            assert!(
+                seen.insert(w["id"].as_str().expect("id").to_string()),
+                "twice: {w}"
+            );
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    println!("{} workers listed in {pages} pages", seen.len());
+    assert!(pages >= 2, "1.2 MB of workers in one page");
+    assert_eq!(seen.len() as u64, 1 + accepted + 1 + 150);
+
+    // The console's workers page answers, a page at a time.
+    let login = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+        .post(format!("{}/login", sked.base()))
+        .form(&[("token", common::ADMIN_TOKEN), ("next", "/workers")])
+        .send()
+        .await
+        .expect("login");
+    let cookie = login
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    let page = reqwest::Client::new()
+        .get(format!("{}/workers", sked.base()))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("workers page");
+    assert_eq!(page.status().as_u16(), 200);
+    let html = page.text().await.expect("html");
+    assert!(html.contains("Next page"), "no way to the next page");
+    assert!(html.contains("and 52 more"), "labels are not cut short");
 }

@@ -18,8 +18,8 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use sked_core::dispatch::{WorkerLoad, MAX_AFFINITY_KEY_BYTES, MAX_WARM_KEYS};
 use sked_core::protocol::{
-    CompleteRequest, CompleteResponse, HeartbeatRequest, HeartbeatResponse, LeaseRequest,
-    LeaseResponse, RegisterRequest, RegisterResponse, MAX_WORKER_BROKERS,
+    check_worker_labels, CompleteRequest, CompleteResponse, HeartbeatRequest, HeartbeatResponse,
+    LeaseRequest, LeaseResponse, RegisterRequest, RegisterResponse, MAX_WORKER_BROKERS,
 };
 use sked_core::records::WorkerRecord;
 use sked_store::{AppendOutcome, AttemptReport, Drained, NewWorker};
@@ -61,8 +61,13 @@ pub struct WorkerListParams {
     cursor: Option<String>,
 }
 
+/// The most bytes of workers one page of the list holds (at least one worker, whatever its
+/// size): past it the page ends early, with a cursor to the rest.
+pub const MAX_LIST_BYTES: usize = 1024 * 1024;
+
 /// Registered workers in id order, a page at a time: those that may run jobs of a namespace
-/// the caller sees (a page may hold fewer than `limit` for a token of few namespaces).
+/// the caller sees (a page may hold fewer than `limit` for a token of few namespaces), and at
+/// most [`MAX_LIST_BYTES`] of them.
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
@@ -70,23 +75,37 @@ pub async fn list(
 ) -> Result<Json<WorkerList>, ApiError> {
     let limit = check_limit(p.limit)?;
     let page = state.store.list_workers(limit, p.cursor.as_deref()).await?;
+    let mut workers = Vec::new();
+    let mut bytes = 0usize;
+    let mut next_cursor = page.next_cursor;
+    for worker in page.items {
+        if !caller.sees_any(&worker.namespaces) {
+            continue;
+        }
+        let view = WorkerView {
+            load: state.dispatcher.known_worker(&worker.id).map(|k| LoadView {
+                stall: k.stall,
+                assigned_since_heartbeat: k.assigned,
+                warm_keys: k.warm_keys.len(),
+                overload: k.overload.policy,
+                overloaded: k.overload.overloaded(),
+            }),
+            worker,
+        };
+        let size = serde_json::to_vec(&view).map_or(0, |v| v.len());
+        if !workers.is_empty() && bytes + size > MAX_LIST_BYTES {
+            // The page is full: the next one starts after the last worker in this one.
+            next_cursor = workers
+                .last()
+                .map(|last: &WorkerView| sked_store::cursor::after_worker(&last.worker).encode());
+            break;
+        }
+        bytes += size;
+        workers.push(view);
+    }
     Ok(Json(WorkerList {
-        workers: page
-            .items
-            .into_iter()
-            .filter(|w| caller.sees_any(&w.namespaces))
-            .map(|worker| WorkerView {
-                load: state.dispatcher.known_worker(&worker.id).map(|k| LoadView {
-                    stall: k.stall,
-                    assigned_since_heartbeat: k.assigned,
-                    warm_keys: k.warm_keys.len(),
-                    overload: k.overload.policy,
-                    overloaded: k.overload.overloaded(),
-                }),
-                worker,
-            })
-            .collect(),
-        next_cursor: page.next_cursor,
+        workers,
+        next_cursor,
     }))
 }
 
@@ -107,7 +126,27 @@ pub async fn register(
     caller: Caller,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
+    // An admin (and an open development server) is trusted with its own pace.
+    let limited = caller.role != sked_core::auth::Role::Admin;
+    if let Some(Err(wait)) = state
+        .registrations
+        .as_ref()
+        .filter(|_| limited)
+        .map(|rate| rate.check(caller.token_id))
+    {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_registrations",
+            format!(
+                "this token registered more workers than the server allows per second; \
+                 register again in {} ms",
+                wait.as_millis().max(1)
+            ),
+        )
+        .retry_after(wait));
+    }
     let req: RegisterRequest = parse_json(&body(raw)?)?;
+    check_worker_labels(&req.labels).map_err(|why| ApiError::invalid("labels", why))?;
     caller.may_claim(&req.labels)?;
     if req.slots == 0 || req.slots > MAX_SLOTS {
         return Err(ApiError::invalid(

@@ -695,7 +695,7 @@ impl Store for SqliteStore {
         self.write_audited(audit, move |tx| {
             events::post(tx, &namespace, &event, backlog.as_deref(), now)
         })
-            .await
+        .await
     }
 
     async fn list_events(&self, query: &EventQuery) -> Result<Vec<EventRecord>> {
