@@ -17,6 +17,7 @@ pub mod config;
 pub mod console;
 pub mod dispatch;
 pub mod firing;
+pub mod follows;
 pub mod health;
 pub mod http;
 pub mod maintenance;
@@ -67,8 +68,8 @@ pub struct AppState {
     pub health: Arc<health::StoreHealth>,
     /// Whether each broker connection works, for `/readyz` and `/metrics`.
     pub brokers: Arc<publish::BrokerHealth>,
-    /// Permits for log follows, at most `config.max_log_follows` at once.
-    pub follows: Arc<tokio::sync::Semaphore>,
+    /// Log follows, at most `config.max_log_follows` at once, shared by tokens and namespaces.
+    pub follows: Arc<follows::Follows>,
     /// Set once the firing loop has loaded the schedules of its first partitions.
     pub ready: watch::Receiver<bool>,
     /// This server node, as the cluster knows it.
@@ -85,6 +86,8 @@ pub struct AppState {
     pub completion_refusals: Arc<rate::Refusals>,
     /// Pings each heartbeat job may take through its ping address (`/ping/{token}`).
     pub pings: Option<Arc<rate::RequestRate>>,
+    /// Worker registrations each token may make.
+    pub registrations: Option<Arc<rate::RequestRate>>,
 }
 
 impl AppState {
@@ -207,7 +210,7 @@ pub async fn serve(
         metrics: metrics.clone(),
         health,
         brokers: Arc::new(publish::BrokerHealth::new(&config.brokers)),
-        follows: Arc::new(tokio::sync::Semaphore::new(config.max_log_follows)),
+        follows: Arc::new(follows::Follows::new(config.max_log_follows)),
         ready: ready_rx,
         node: node.clone(),
         maintenance: maintenance_rx,
@@ -216,6 +219,7 @@ pub async fn serve(
         completion: Arc::new(completion::CompletionKey::new(config.secret_key.as_ref())),
         completion_refusals: Arc::new(rate::Refusals::new(rate::REFUSALS_PER_SECOND)),
         pings: rate::RequestRate::new(rate::PINGS_PER_JOB).map(Arc::new),
+        registrations: rate::RequestRate::new(rate::REGISTRATIONS_PER_TOKEN).map(Arc::new),
     };
 
     let mut duties = tokio::task::JoinSet::new();

@@ -6,11 +6,12 @@ use super::jobs::{check_limit, parse_run_state, RunPage};
 use super::{ApiError, Namespace};
 use crate::audit::{self, Change};
 use crate::auth::Caller;
+use crate::follows::Refusal;
 use crate::metrics::Metrics;
 use crate::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::Utc;
@@ -275,12 +276,14 @@ const FOLLOW_POLL: Duration = Duration::from_millis(250);
 const FOLLOW_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// The output of one attempt as text; with `follow=true` the response streams until the run
-/// has ended and all its output is sent.
+/// has ended and all its output is sent, or the token it was opened with is revoked or
+/// expires (within [`FOLLOW_POLL`] and the token cache's half second).
 pub async fn log(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<i64>,
     Query(p): Query<LogParams>,
+    request_headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (run, attempts) = find(&state, &caller, id).await?;
     let pick = |attempts: &[AttemptRecord]| match p.attempt {
@@ -301,20 +304,42 @@ pub async fn log(
         };
         return Ok((headers, bytes).into_response());
     }
-    // Each follow polls the store until its run ends: bounded in number, and ended as soon
-    // as its client goes.
-    let Ok(slot) = state.follows.clone().try_acquire_owned() else {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too_many_follows",
-            format!(
-                "{} logs are being followed, the most this server allows; read the log without \
-                 follow=true, or try again later",
-                state.config.max_log_follows
-            ),
-        )
-        .retry_after(FOLLOW_RETRY_AFTER));
+    // Each follow polls the store until its run ends: bounded in number, shared between
+    // tokens and namespaces, and ended as soon as its client goes.
+    let admin = caller.role == sked_core::auth::Role::Admin;
+    let slot = match state.follows.take(caller.token_id, &run.namespace, admin) {
+        Ok(slot) => slot,
+        Err(refusal) => {
+            let why = match refusal {
+                Refusal::Full => format!(
+                    "{} logs are being followed, the most this server allows",
+                    state.follows.total()
+                ),
+                Refusal::Token(part) => format!(
+                    "this token follows {part} logs, its share of the {} this server allows",
+                    state.follows.total()
+                ),
+                Refusal::Namespace(part) => format!(
+                    "namespace {:?} has {part} logs followed, its share of the {} this server \
+                     allows",
+                    run.namespace,
+                    state.follows.total()
+                ),
+            };
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_follows",
+                format!("{why}; read the log without follow=true, or try again later"),
+            )
+            .retry_after(FOLLOW_RETRY_AFTER));
+        }
     };
+    // Asked again as the follow goes on: a revoked or expired token's follow ends.
+    let authorization = request_headers
+        .get(header::AUTHORIZATION)
+        .map(|value| value.as_bytes().to_vec());
+    let auth = state.auth.clone();
+    let peer = caller.peer;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let store = state.store.clone();
     let mut attempt_id = pick(&attempts);
@@ -324,7 +349,20 @@ pub async fn log(
         let _slot = slot;
         let _counted = Metrics::hold(&metrics.log_follows);
         let mut offset = 0u64;
+        let mut checked = Instant::now();
         loop {
+            if checked.elapsed() >= FOLLOW_POLL {
+                checked = Instant::now();
+                if auth
+                    .caller(authorization.as_deref(), peer, Utc::now())
+                    .await
+                    .is_err()
+                {
+                    // The token was revoked or expired (or the store cannot say): the stream
+                    // ends here, as if the run had.
+                    return;
+                }
+            }
             if let Some(aid) = attempt_id {
                 match store.read_output(aid, offset).await {
                     Ok(bytes) if !bytes.is_empty() => {
