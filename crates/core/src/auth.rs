@@ -338,6 +338,9 @@ pub struct TokenRecord {
     pub expires_at: Option<Instant>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_used_at: Option<Instant>,
+    /// Console sessions of this token made at or before this instant are over (a logout).
+    #[serde(skip)]
+    pub sessions_ended_at: Option<Instant>,
 }
 
 impl TokenRecord {

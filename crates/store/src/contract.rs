@@ -72,6 +72,7 @@ macro_rules! store_contract_tests {
             scheduled_jobs_come_by_partition,
             tokens_are_found_by_hash_listed_by_name_and_revoked,
             token_use_is_recorded_and_never_goes_back,
+            a_tokens_sessions_end_at_a_logout_and_never_come_back,
             audit_entries_list_newest_first_and_filter,
             audit_pages_reach_each_entry_once,
             audit_retention_deletes_the_oldest_first,
@@ -2536,6 +2537,33 @@ pub async fn token_use_is_recorded_and_never_goes_back(store: &dyn Store) {
         .map(|t| t.last_used_at)
         .collect();
     assert_eq!(listed, [Some(t0() + secs(30)), Some(t0() + secs(7))]);
+}
+
+pub async fn a_tokens_sessions_end_at_a_logout_and_never_come_back(store: &dyn Store) {
+    let a = store
+        .create_token(&new_token("a", grant(Role::Viewer, &["*"])), t0())
+        .await
+        .unwrap();
+    let b = store
+        .create_token(&new_token("b", grant(Role::Viewer, &["*"])), t0())
+        .await
+        .unwrap();
+    assert_eq!(a.sessions_ended_at, None);
+    let ended = |name: &'static str| async move {
+        token_named(store, name).await.unwrap().sessions_ended_at
+    };
+    assert!(store.end_sessions(a.id, t0() + secs(10)).await.unwrap());
+    assert_eq!(ended("a").await, Some(t0() + secs(10)));
+    assert_eq!(ended("b").await, None, "only the token named");
+    // An earlier logout (a node whose clock is behind) does not bring sessions back.
+    assert!(store.end_sessions(a.id, t0() + secs(5)).await.unwrap());
+    assert_eq!(ended("a").await, Some(t0() + secs(10)));
+    assert!(store.end_sessions(a.id, t0() + secs(20)).await.unwrap());
+    assert_eq!(ended("a").await, Some(t0() + secs(20)));
+    assert!(!store
+        .end_sessions(a.id.max(b.id) + 1000, t0())
+        .await
+        .unwrap());
 }
 
 fn entry(at: i64, actor: &str, action: &str, namespace: Option<&str>, object: &str) -> AuditEntry {

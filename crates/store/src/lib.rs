@@ -913,6 +913,9 @@ pub trait Store: Send + Sync + 'static {
         name: &str,
         audit: Audit<Option<TokenRecord>>,
     ) -> Result<Option<TokenRecord>>;
+    /// Ends the console sessions of token `token_id` made at or before `at` (a logout); an
+    /// earlier instant than the one kept is ignored. False when there is no such token.
+    async fn end_sessions(&self, token_id: i64, at: Instant) -> Result<bool>;
     /// Records when tokens were last used; an earlier instant than the one kept is ignored.
     async fn touch_tokens(&self, used: &[(i64, Instant)]) -> Result<()>;
     /// Appends entries to the audit trail, in one transaction.

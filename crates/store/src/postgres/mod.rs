@@ -907,6 +907,11 @@ impl Store for PgStore {
         })
     }
 
+    async fn end_sessions(&self, token_id: i64, at: Instant) -> Result<bool> {
+        transact!(self, write, |tx| tokens::end_sessions(&tx, token_id, at)
+            .await?)
+    }
+
     async fn touch_tokens(&self, used: &[(i64, Instant)]) -> Result<()> {
         if used.is_empty() {
             return Ok(());

@@ -158,7 +158,8 @@ pub fn worker(row: &Row) -> PgResult<WorkerRecord> {
 }
 
 pub const TOKEN_COLUMNS: &str =
-    "id, name, role, namespaces, shell, labels, created_at, expires_at, last_used_at";
+    "id, name, role, namespaces, shell, labels, created_at, expires_at, last_used_at, \
+     sessions_ended_at";
 
 pub fn token(row: &Row) -> PgResult<TokenRecord> {
     Ok(TokenRecord {
@@ -173,6 +174,7 @@ pub fn token(row: &Row) -> PgResult<TokenRecord> {
         created_at: instant(row.try_get(6)?)?,
         expires_at: opt_instant(row.try_get(7)?)?,
         last_used_at: opt_instant(row.try_get(8)?)?,
+        sessions_ended_at: opt_instant(row.try_get(9)?)?,
     })
 }
 

@@ -450,6 +450,11 @@ ALTER TABLE workers ADD COLUMN publisher BOOLEAN NOT NULL DEFAULT false;
 -- (`failures: first`, `repeat`) reads when it last told of a failure of the job.
 CREATE INDEX notifications_by_rule ON notifications (namespace, job, rule, created_at);
 "#,
+    r#"
+-- Version 17: a logout ends every console session of its token made before it (SQLite's
+-- version 14).
+ALTER TABLE tokens ADD COLUMN sessions_ended_at BIGINT;
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

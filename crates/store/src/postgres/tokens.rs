@@ -79,6 +79,18 @@ pub async fn revoke(tx: &Tx<'_>, name: &str) -> PgResult<Option<TokenRecord>> {
         .transpose()
 }
 
+/// Ends the console sessions of token `id` made at or before `at`; false when there is no
+/// such token.
+pub async fn end_sessions(tx: &Tx<'_>, id: i64, at: Instant) -> PgResult<bool> {
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE tokens SET sessions_ended_at = GREATEST(coalesce(sessions_ended_at, $2), $2) \
+             WHERE id = $1 RETURNING id",
+        )
+        .await?;
+    Ok(tx.query_opt(&stmt, &[&id, &micros(at)]).await?.is_some())
+}
+
 pub async fn touch(tx: &Tx<'_>, used: &[(i64, Instant)]) -> PgResult<()> {
     let stmt = tx
         .prepare_cached(

@@ -958,6 +958,11 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn end_sessions(&self, token_id: i64, at: Instant) -> Result<bool> {
+        self.write(move |tx| tokens::end_sessions(tx, token_id, at))
+            .await
+    }
+
     async fn touch_tokens(&self, used: &[(i64, Instant)]) -> Result<()> {
         if used.is_empty() {
             return Ok(());

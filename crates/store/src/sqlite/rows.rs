@@ -123,7 +123,8 @@ pub fn worker(row: &Row<'_>) -> Result<WorkerRecord, StoreError> {
 }
 
 pub const TOKEN_COLUMNS: &str =
-    "id, name, role, namespaces, shell, labels, created_at, expires_at, last_used_at";
+    "id, name, role, namespaces, shell, labels, created_at, expires_at, last_used_at, \
+     sessions_ended_at";
 
 pub fn token(row: &Row<'_>) -> Result<TokenRecord, StoreError> {
     Ok(TokenRecord {
@@ -138,6 +139,7 @@ pub fn token(row: &Row<'_>) -> Result<TokenRecord, StoreError> {
         created_at: instant(row.get(6)?)?,
         expires_at: opt_instant(row.get(7)?)?,
         last_used_at: opt_instant(row.get(8)?)?,
+        sessions_ended_at: opt_instant(row.get(9)?)?,
     })
 }
 

@@ -375,6 +375,12 @@ ALTER TABLE workers ADD COLUMN publisher INTEGER NOT NULL DEFAULT 0;
 -- (`failures: first`, `repeat`) reads when it last told of a failure of the job.
 CREATE INDEX notifications_by_rule ON notifications (namespace, job, rule, created_at);
 "#,
+    r#"
+-- Version 14: a logout ends every console session of its token made before it
+-- (`Store::end_sessions`): the instant, in micros, that the token's sessions must be younger
+-- than. Read with the token, so a console request costs no more than before.
+ALTER TABLE tokens ADD COLUMN sessions_ended_at INTEGER;
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.

@@ -64,6 +64,18 @@ pub fn revoke(tx: &Transaction<'_>, name: &str) -> Result<Option<TokenRecord>> {
     found.next()?.map(rows::token).transpose()
 }
 
+/// Ends the console sessions of token `id` made at or before `at`; false when there is no
+/// such token.
+pub fn end_sessions(tx: &Transaction<'_>, id: i64, at: Instant) -> Result<bool> {
+    let mut stmt = tx.prepare_cached(
+        "UPDATE tokens SET sessions_ended_at = ?2 \
+         WHERE id = ?1 AND (sessions_ended_at IS NULL OR sessions_ended_at < ?2)",
+    )?;
+    stmt.execute(params![id, micros(at)])?;
+    let mut known = tx.prepare_cached("SELECT 1 FROM tokens WHERE id = ?1")?;
+    Ok(known.exists(params![id])?)
+}
+
 pub fn touch(tx: &Transaction<'_>, used: &[(i64, Instant)]) -> Result<()> {
     let mut stmt = tx.prepare_cached(
         "UPDATE tokens SET last_used_at = ?2 \
