@@ -61,6 +61,7 @@ pub mod shard;
 pub mod stats;
 pub mod target;
 pub mod throttle;
+pub mod web;
 
 pub use duration::HumanDuration;
 pub use error::SpecError;

@@ -6,6 +6,7 @@
 //! permission each route needs and calls [`Authenticator::caller`] before the handler runs.
 
 use crate::api::ApiError;
+use crate::rate::Refusals;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
@@ -67,6 +68,8 @@ pub struct Caller {
     /// The token's name, or `anonymous`.
     pub name: String,
     pub peer: Option<SocketAddr>,
+    /// Console sessions of the token made at or before this are over (a logout).
+    pub sessions_ended_at: Option<Instant>,
 }
 
 impl std::ops::Deref for Caller {
@@ -115,12 +118,20 @@ struct Remembered {
     read_at: std::time::Instant,
 }
 
+/// Failed authentications (a token unknown, expired or malformed) one address may cause in a
+/// second; past it, its requests with a token are answered 429 until the second is over,
+/// unless the token is one this node remembers as valid. Each failure may have cost a store
+/// lookup, so this bounds what guessed tokens cost per address.
+pub const FAILURES_PER_SECOND: u32 = 100;
+
 /// Finds the token behind a request, remembering each for [`TOKEN_CACHE_TTL`].
 pub struct Authenticator {
     mode: AuthMode,
     store: Arc<dyn Store>,
     remembered: Mutex<HashMap<String, Remembered>>,
     failures: Mutex<Throttle>,
+    /// Failed authentications per client address.
+    failed_by_address: Refusals,
 }
 
 impl Authenticator {
@@ -130,6 +141,7 @@ impl Authenticator {
             store,
             remembered: Mutex::new(HashMap::new()),
             failures: Mutex::new(Throttle::new(FAILURE_AUDIT_INTERVAL)),
+            failed_by_address: Refusals::new(FAILURES_PER_SECOND),
         }
     }
 
@@ -137,12 +149,40 @@ impl Authenticator {
         self.mode
     }
 
-    /// The caller behind an `Authorization` header value (or its absence). Refusals are 401.
+    /// The caller behind an `Authorization` header value (or its absence). Refusals are 401;
+    /// 429 for an address past [`FAILURES_PER_SECOND`] whose token this node does not
+    /// remember as valid.
     pub async fn caller(
         &self,
         authorization: Option<&[u8]>,
         peer: Option<SocketAddr>,
         now: Instant,
+    ) -> Result<Caller, ApiError> {
+        let address = peer.map(|p| p.ip());
+        let tripped = address.and_then(|a| {
+            self.failed_by_address
+                .check(a, std::time::Instant::now())
+                .err()
+        });
+        let found = self.find_caller(authorization, peer, now, tripped).await;
+        if let (Err(refusal), Some(address)) = (&found, address) {
+            if refusal.status == StatusCode::UNAUTHORIZED && authorization.is_some() {
+                self.failed_by_address
+                    .refused(address, std::time::Instant::now());
+            }
+        }
+        found
+    }
+
+    /// [`Authenticator::caller`] without the counting. `tripped`: how long the caller's
+    /// address must wait, when it is past its failures; then only a remembered token is
+    /// looked at.
+    async fn find_caller(
+        &self,
+        authorization: Option<&[u8]>,
+        peer: Option<SocketAddr>,
+        now: Instant,
+        tripped: Option<Duration>,
     ) -> Result<Caller, ApiError> {
         let Some(header) = authorization else {
             return match self.mode {
@@ -151,6 +191,7 @@ impl Authenticator {
                     token_id: None,
                     name: "anonymous".to_string(),
                     peer,
+                    sessions_ended_at: None,
                 }),
                 AuthMode::Tokens => Err(unauthorized(
                     "this request needs a token: send `Authorization: Bearer <token>`",
@@ -163,10 +204,20 @@ impl Authenticator {
             .map(str::trim)
             .filter(|s| !s.is_empty() && s.len() <= MAX_SECRET_LEN)
             .ok_or_else(|| unauthorized("the Authorization header is not `Bearer <token>`"))?;
-        let token = self
-            .lookup(&hash_secret(secret))
-            .await?
-            .ok_or_else(|| unauthorized("this token is not known (revoked, or mistyped)"))?;
+        let hash = hash_secret(secret);
+        let token = match tripped {
+            None => self.lookup(&hash).await?,
+            Some(wait) => Some(self.remembered(&hash).flatten().ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    "too many failed authentications from this address; wait before sending \
+                     a token again",
+                )
+                .retry_after(wait)
+            })?),
+        }
+        .ok_or_else(|| unauthorized("this token is not known (revoked, or mistyped)"))?;
         if token.expired(now) {
             return Err(unauthorized("this token has expired"));
         }
@@ -181,16 +232,22 @@ impl Authenticator {
             token_id: Some(token.id),
             name: token.name,
             peer,
+            sessions_ended_at: token.sessions_ended_at,
         })
     }
 
-    async fn lookup(&self, hash: &str) -> Result<Option<TokenRecord>, ApiError> {
-        if let Some(fresh) = self
-            .lock()
+    /// What this node remembers of a token, while that is fresh: `Some(None)` for one the
+    /// store did not know.
+    fn remembered(&self, hash: &str) -> Option<Option<TokenRecord>> {
+        self.lock()
             .get(hash)
             .filter(|r| r.read_at.elapsed() < TOKEN_CACHE_TTL)
-        {
-            return Ok(fresh.token.clone());
+            .map(|r| r.token.clone())
+    }
+
+    async fn lookup(&self, hash: &str) -> Result<Option<TokenRecord>, ApiError> {
+        if let Some(fresh) = self.remembered(hash) {
+            return Ok(fresh);
         }
         let token = self.store.token_by_hash(hash).await?;
         let mut remembered = self.lock();
@@ -252,6 +309,16 @@ impl Authenticator {
                 tracing::warn!("cannot record a failed authentication in the audit trail: {e}");
             }
         });
+    }
+
+    /// Ends the console sessions of token `token_id` made until `now` (a logout), on every
+    /// node: the store keeps the instant with the token, which every node reads with it, and
+    /// this node forgets what it remembered of the token at once.
+    pub async fn end_sessions(&self, token_id: i64, now: Instant) -> Result<(), ApiError> {
+        self.store.end_sessions(token_id, now).await?;
+        self.lock()
+            .retain(|_, r| r.token.as_ref().is_none_or(|t| t.id != token_id));
+        Ok(())
     }
 
     /// Forgets every remembered token at once (this node revoked one).

@@ -6,9 +6,13 @@
 //! (`crate::attempts`), the API takes reports (`crate::api::runs`).
 //!
 //! A token is an HMAC-SHA256 of one attempt (its id and fencing token) under a key derived
-//! from the secret key. Any node with the same secret key checks a token another node issued,
-//! nothing is stored, and a token opens only its own attempt, and only while that attempt
-//! runs: once the run ends, or a later attempt took it over, the token is refused.
+//! from the secret key, after the attempt's id and fencing token in clear (`c2.`). Any node
+//! with the same secret key checks a token another node issued, nothing is stored, and a token
+//! opens only its own attempt, and only while that attempt runs: once the run ends, or a later
+//! attempt took it over, the token is refused. Since the ids travel with the tag, a token the
+//! server made is told from a made-up one before anything is read ([`CompletionKey::made`]),
+//! so the limit on refused reports never holds up a genuine one. Tokens of the first version
+//! (`c1.`, the tag alone), handed out before, are still taken.
 
 use crate::api::ApiError;
 use crate::secrets::SecretKey;
@@ -26,12 +30,14 @@ use sked_store::AttemptReport;
 type HmacSha256 = Hmac<sha2::Sha256>;
 
 /// Tokens start with this, so a token of another kind or version is told apart.
-const VERSION: &str = "c1.";
+const VERSION: &str = "c2.";
+/// Tokens of the first version: the tag alone.
+const VERSION_1: &str = "c1.";
 /// Ping tokens start with this.
 const PING_VERSION: &str = "p1.";
 /// Longest `message` a consumer may send; it is kept in the attempt's output or error.
 pub const MAX_MESSAGE_LEN: usize = 4096;
-/// Longest `token` taken: a real one is 46 characters.
+/// Longest `token` taken: a real one is at most 86 characters.
 const MAX_TOKEN_LEN: usize = 128;
 
 /// The key completion tokens are made and checked with.
@@ -55,7 +61,27 @@ impl CompletionKey {
     /// The token of one attempt.
     pub fn token(&self, attempt_id: i64, fencing_token: i64) -> String {
         let tag = self.mac(attempt_id, fencing_token).finalize().into_bytes();
-        format!("{VERSION}{}", URL_SAFE_NO_PAD.encode(tag))
+        format!(
+            "{VERSION}{attempt_id}.{fencing_token}.{}",
+            URL_SAFE_NO_PAD.encode(tag)
+        )
+    }
+
+    /// The attempt (id, fencing token) `given` was made for, when this key made it (checked in
+    /// constant time, before anything is read). `None` for a first-version token, which names
+    /// no attempt.
+    pub fn made(&self, given: &str) -> Option<(i64, i64)> {
+        if given.len() > MAX_TOKEN_LEN {
+            return None;
+        }
+        let mut parts = given.strip_prefix(VERSION)?.splitn(3, '.');
+        let attempt_id: i64 = parts.next()?.parse().ok()?;
+        let fencing_token: i64 = parts.next()?.parse().ok()?;
+        let tag = URL_SAFE_NO_PAD.decode(parts.next()?).ok()?;
+        self.mac(attempt_id, fencing_token)
+            .verify_slice(&tag)
+            .ok()?;
+        Some((attempt_id, fencing_token))
     }
 
     /// The token of heartbeat job `job_id`'s ping address (`/ping/{token}`): it names the job
@@ -89,7 +115,10 @@ impl CompletionKey {
 
     /// Whether `given` is the token of this attempt (compared in constant time).
     pub fn check(&self, attempt_id: i64, fencing_token: i64, given: &str) -> bool {
-        let Some(encoded) = given.strip_prefix(VERSION) else {
+        if given.starts_with(VERSION) {
+            return self.made(given) == Some((attempt_id, fencing_token));
+        }
+        let Some(encoded) = given.strip_prefix(VERSION_1) else {
             return false;
         };
         let Ok(tag) = URL_SAFE_NO_PAD.decode(encoded) else {
@@ -241,6 +270,26 @@ mod tests {
         assert!(!key.check(41, 9001, &forged));
         assert!(!key.check(41, 9001, ""));
         assert!(!key.check(41, 9001, token.trim_start_matches(VERSION)));
+        assert_eq!(key.made(&token), Some((41, 9001)));
+        assert_eq!(key.made(&forged), None);
+        let moved = token.replacen("c2.41.", "c2.42.", 1);
+        assert_eq!(
+            key.made(&moved),
+            None,
+            "another attempt under this one's tag"
+        );
+        assert!(!key.check(42, 9001, &moved));
+        assert_eq!(CompletionKey([8; 32]).made(&token), None);
+    }
+
+    #[test]
+    fn a_first_version_token_is_still_taken_but_names_no_attempt() {
+        let key = CompletionKey([7; 32]);
+        let tag = key.mac(41, 9001).finalize().into_bytes();
+        let old = format!("{VERSION_1}{}", URL_SAFE_NO_PAD.encode(tag));
+        assert!(key.check(41, 9001, &old));
+        assert!(!key.check(41, 9002, &old));
+        assert_eq!(key.made(&old), None);
     }
 
     #[test]

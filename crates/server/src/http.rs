@@ -1,12 +1,24 @@
 //! The HTTP listener: accepts connections up to a bound, speaks TLS on them when given a
-//! certificate, serves each with hyper under a timeout for reading a request's headers, and
-//! ends them gracefully at shutdown. It owns connections only; what a request does is the
-//! router's (`api`).
+//! certificate, serves each with hyper under timeouts for reading a request's headers and its
+//! body, keeps capacity for callers with a token while anonymous clients hold connections,
+//! and ends connections gracefully at shutdown. It owns connections only; what a request does
+//! is the router's (`api`).
 //!
 //! hyper starts the header timeout when a connection opens and again each time it falls idle
 //! after a response, so the one timeout closes both a client that trickles its headers
-//! (slowloris) and a keep-alive connection that sends nothing more. A request in progress (a
-//! worker's long poll, a followed log) is not idle and is never cut by it.
+//! (slowloris) and a keep-alive connection that sends nothing more. A request's body must then
+//! arrive within the body timeout ([`TimedBody`]), or reading it fails and the connection
+//! closes. A request in progress whose body was read (a worker's long poll, a followed log) is
+//! never cut by either.
+//!
+//! Capacity: of the `max_connections` a node keeps open, at most `max_anonymous_connections`
+//! belong to clients that have not yet shown a valid token (a connection [`Standing::vouch`]es
+//! for itself once a request on it is authenticated, and stops counting as anonymous). A
+//! connection accepted while the anonymous share is full is *on probation*: it has a short
+//! header timeout, a request of it that carries a body but no credentials is answered 503
+//! without being read, and after a response that did not authenticate it, it is closed. So
+//! anonymous clients holding every connection they may still leave room for workers, callers
+//! with a token and health checks.
 
 use axum::extract::ConnectInfo;
 use axum::Router;
@@ -14,10 +26,14 @@ use hyper::body::Incoming;
 use hyper::Request;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower_service::Service;
 
 /// Bounds on the connections one node serves.
@@ -26,8 +42,14 @@ pub struct ConnectionLimits {
     /// How long a client may take to send a request's headers, counted from the connection
     /// opening or from the previous response.
     pub header_read_timeout: Duration,
+    /// How long a client may take to send a request's body, counted from the end of its
+    /// headers.
+    pub body_read_timeout: Duration,
     /// Connections open at once; one more is closed as soon as it is accepted.
     pub max_connections: usize,
+    /// Of those, connections on which no valid token was shown yet; past it, new connections
+    /// are on probation (see the module's documentation).
+    pub max_anonymous_connections: usize,
     /// At shutdown, how long open requests may take to finish.
     pub shutdown_grace: Duration,
 }
@@ -91,9 +113,67 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         ConnectionLimits {
             header_read_timeout: sked_core::protocol::DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             max_connections: 1024,
+            max_anonymous_connections: anonymous_share(1024),
             shutdown_grace: Duration::from_secs(10),
         }
+    }
+}
+
+/// How long a request's body may take by default: an output chunk of 8 MiB needs 280 KiB/s.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// The header timeout of a connection on probation: a client that is not anonymous sends its
+/// request at once.
+const PROBATION_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The default share of `max_connections` anonymous clients may hold: three quarters, so a
+/// quarter is kept for callers with a token.
+pub fn anonymous_share(max_connections: usize) -> usize {
+    (max_connections - max_connections / 4).max(1)
+}
+
+/// What a connection has shown of itself, shared with the requests made on it.
+#[derive(Debug)]
+pub struct Standing {
+    /// Its place among the anonymous connections, until it shows a valid token.
+    anonymous: Mutex<Option<OwnedSemaphorePermit>>,
+    /// A request on it was authenticated with a token.
+    vouched: AtomicBool,
+    /// Accepted while the anonymous share was full.
+    probation: bool,
+}
+
+impl Standing {
+    fn new(anonymous: Option<OwnedSemaphorePermit>) -> Standing {
+        Standing {
+            probation: anonymous.is_none(),
+            anonymous: Mutex::new(anonymous),
+            vouched: AtomicBool::new(false),
+        }
+    }
+
+    /// A request on this connection was authenticated with a valid token: it no longer
+    /// counts as anonymous, and its place among them goes to another client.
+    pub fn vouch(&self) {
+        if !self.vouched.swap(true, Ordering::Relaxed) {
+            self.anonymous
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+        }
+    }
+
+    fn vouched(&self) -> bool {
+        self.vouched.load(Ordering::Relaxed)
+    }
+}
+
+/// Marks the connection a request came on as authenticated (see [`Standing::vouch`]); a
+/// request made in-process (the console's calls to the API) has no connection.
+pub fn vouch(extensions: &axum::http::Extensions) {
+    if let Some(standing) = extensions.get::<Arc<Standing>>() {
+        standing.vouch();
     }
 }
 
@@ -107,6 +187,7 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let anonymous = Arc::new(Semaphore::new(limits.max_anonymous_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut refused = 0u64;
     loop {
@@ -132,6 +213,7 @@ pub async fn serve(
             }
             continue;
         };
+        let standing = Arc::new(Standing::new(anonymous.clone().try_acquire_owned().ok()));
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         let watcher = graceful.watcher();
@@ -140,14 +222,14 @@ pub async fn serve(
             // A connection's errors (a reset, a header timeout, a failed handshake) concern
             // that client only.
             match tls {
-                None => serve_connection(stream, peer, app, limits, watcher).await,
+                None => serve_connection(stream, peer, app, limits, standing, watcher).await,
                 Some(tls) => {
                     // The handshake is bounded like the headers that would follow it.
                     let handshake = tls.acceptor.accept(stream);
                     if let Ok(Ok(stream)) =
                         tokio::time::timeout(limits.header_read_timeout, handshake).await
                     {
-                        serve_connection(stream, peer, app, limits, watcher).await;
+                        serve_connection(stream, peer, app, limits, standing, watcher).await;
                     }
                 }
             }
@@ -173,20 +255,140 @@ async fn serve_connection<S>(
     peer: std::net::SocketAddr,
     app: Router,
     limits: ConnectionLimits,
+    standing: Arc<Standing>,
     watcher: hyper_util::server::graceful::Watcher,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let mut builder = hyper::server::conn::http1::Builder::new();
+    let header_timeout = if standing.probation {
+        limits.header_read_timeout.min(PROBATION_HEADER_TIMEOUT)
+    } else {
+        limits.header_read_timeout
+    };
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
-    // Each request carries its peer's address, for the audit trail.
-    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        .header_read_timeout(header_timeout);
+    // Each request carries its peer's address, for the audit trail, and the connection's
+    // standing, which authentication raises.
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        // On probation, a body is read only once a request of the connection showed a token.
+        let gate = standing.probation.then(|| standing.clone());
+        let mut request = request.map(|body| TimedBody::new(body, limits.body_read_timeout, gate));
         request.extensions_mut().insert(ConnectInfo(peer));
+        request.extensions_mut().insert(standing.clone());
         let mut app = app.clone();
-        async move { app.call(request).await }
+        let standing = standing.clone();
+        async move {
+            if standing.probation && !standing.vouched() && unvouched_upload(&request) {
+                return Ok(busy());
+            }
+            let mut response = app.call(request).await?;
+            if standing.probation && !standing.vouched() {
+                response.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+            }
+            Ok::<_, std::convert::Infallible>(response)
+        }
     });
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     let _ = watcher.watch(connection).await;
+}
+
+/// A request with a body and no credentials (no token, no session cookie): on probation it is
+/// answered at once. (One with credentials that prove false is not read either: its body is
+/// gated, see [`TimedBody`].)
+fn unvouched_upload<B>(request: &Request<B>) -> bool {
+    use axum::http::header;
+    let headers = request.headers();
+    let has_body = headers
+        .get(header::CONTENT_LENGTH)
+        .is_some_and(|v| v.as_bytes() != b"0")
+        || headers.contains_key(header::TRANSFER_ENCODING);
+    let credentials =
+        headers.contains_key(header::AUTHORIZATION) || headers.contains_key(header::COOKIE);
+    has_body && !credentials
+}
+
+/// The answer to a request left unread on probation.
+fn busy() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut response = crate::api::ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "busy",
+        "the server holds as many connections of clients without a token as it takes; \
+         send a token, or try again",
+    )
+    .retry_after(Duration::from_secs(1))
+    .into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
+/// A request's body that must arrive by a deadline: past it, reading fails (the handler
+/// answers that the body could not be read, and hyper closes the connection). On a connection
+/// on probation (`gate`), reading fails at once until the connection is vouched for.
+pub struct TimedBody {
+    inner: Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    limit: Duration,
+    gate: Option<Arc<Standing>>,
+}
+
+impl TimedBody {
+    fn new(inner: Incoming, limit: Duration, gate: Option<Arc<Standing>>) -> TimedBody {
+        TimedBody {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(limit)),
+            limit,
+            gate,
+        }
+    }
+}
+
+/// Why a body was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyRefused {
+    #[error("the request body did not arrive within {0:?}")]
+    TimedOut(Duration),
+    #[error(
+        "the server holds as many connections of clients without a token as it takes; a body \
+         is read on this connection only after a request with a valid token"
+    )]
+    NoToken,
+}
+
+impl hyper::body::Body for TimedBody {
+    type Data = hyper::body::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let gated = self.gate.as_ref().is_some_and(|s| !s.vouched());
+        if gated && !self.inner.is_end_stream() {
+            return Poll::Ready(Some(Err(BodyRefused::NoToken.into())));
+        }
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(BodyRefused::TimedOut(self.limit).into()))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }

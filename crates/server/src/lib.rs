@@ -11,6 +11,7 @@ pub mod api;
 pub mod attempts;
 pub mod audit;
 pub mod auth;
+pub mod browsers;
 pub mod changes;
 pub mod completion;
 pub mod config;
@@ -298,7 +299,14 @@ pub async fn serve(
 
     // The console's pages call the API router in-process, as the visitor's token.
     let api = api::router(state.clone());
-    let app = api.clone().merge(console::router(&state, api));
+    let mut app = api.clone().merge(console::router(&state, api));
+    if config.auth == auth::AuthMode::Open {
+        let own = browsers::OwnAddress::from_public_url(config.public_url.as_deref());
+        app = app.layer(axum::middleware::from_fn_with_state(
+            own,
+            browsers::answer_own_hosts,
+        ));
+    }
     let http = http::serve(
         listener,
         app,

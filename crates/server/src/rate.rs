@@ -1,7 +1,8 @@
 //! How often a token may call the API: a token bucket per token (GCRA, by the governor crate),
 //! refused with 429 and `Retry-After` past it. The worker protocol is left out: a worker's calls
 //! are bounded by its slots and long polls, and refusing them would stall runs, not a client.
-//! And how often a peer may be refused on the route without a token ([`Refusals`]).
+//! And how often a peer may be refused ([`Refusals`]): on the routes that take no API token, and
+//! in authentication (`crate::auth`).
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -80,12 +81,11 @@ impl RequestRate {
     }
 }
 
-/// Refused requests per peer address on the routes anyone may call (a consumer's completion, a
-/// ping by address):
-/// past `limit` refusals within one second, the peer's further reports are answered 429
-/// before anything is read, until that second is over. So no one can make the server read its
-/// store at line rate with made-up tokens, while a consumer that reports correctly is never
-/// counted.
+/// Refused requests per peer address (a consumer's completion, a ping by address, a failed
+/// authentication): past `limit` refusals within one second, the peer's further requests of
+/// that kind are answered 429 before the store is read, until that second is over. So no one
+/// can make the server read its store at line rate with made-up tokens; what is genuine is
+/// told apart before the check and never held back.
 pub struct Refusals {
     limit: u32,
     /// Each peer's current second: when it began, and the refusals in it.

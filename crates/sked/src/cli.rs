@@ -297,10 +297,19 @@ pub struct ServerArgs {
     /// connection or from the previous response: it closes slow and idle connections alike.
     #[arg(long, env = "SKED_HEADER_READ_TIMEOUT", default_value = "10s")]
     pub header_read_timeout: HumanDuration,
+    /// How long a client may take to send a request's body, counted from the end of its
+    /// headers; past it the request fails and its connection is closed.
+    #[arg(long, env = "SKED_BODY_READ_TIMEOUT", default_value = "30s")]
+    pub body_read_timeout: HumanDuration,
     /// Connections open at once; more are closed as they arrive.
     #[arg(long, env = "SKED_MAX_CONNECTIONS", default_value_t = 1024,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
+    /// Of those, connections of clients that have not shown a valid token yet (default: three
+    /// quarters of --max-connections); the rest is kept for workers and callers with a token.
+    #[arg(long, env = "SKED_MAX_ANONYMOUS_CONNECTIONS",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_anonymous_connections: Option<u64>,
     /// Run logs followed at once (`sked run logs -f`, `?follow=true`); more are refused with
     /// 429 until one ends.
     #[arg(long, env = "SKED_MAX_LOG_FOLLOWS", default_value_t = 256,

@@ -11,7 +11,7 @@ use sked_server::auth::{
     ensure_admin_token, generate_secret, AuthMode, MAX_SECRET_LEN, MIN_SECRET_LEN,
 };
 use sked_server::config::SmtpRelay;
-use sked_server::http::{ConnectionLimits, Tls};
+use sked_server::http::{anonymous_share, ConnectionLimits, Tls};
 use sked_server::rate::RateLimit;
 use sked_server::secrets::SecretKey;
 use sked_server::ServerConfig;
@@ -347,6 +347,9 @@ fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConf
     if args.header_read_timeout.0 < std::time::Duration::from_millis(100) {
         bail!("--header-read-timeout must be at least 100ms");
     }
+    if args.body_read_timeout.0 < std::time::Duration::from_millis(100) {
+        bail!("--body-read-timeout must be at least 100ms");
+    }
     if args.node_lease.0 < std::time::Duration::from_millis(300) {
         bail!("--node-lease must be at least 300ms (nodes renew every third of it)");
     }
@@ -361,7 +364,15 @@ fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConf
         node_name: host_name(),
         connections: ConnectionLimits {
             header_read_timeout: args.header_read_timeout.0,
+            body_read_timeout: args.body_read_timeout.0,
             max_connections: args.max_connections as usize,
+            max_anonymous_connections: args
+                .max_anonymous_connections
+                .map_or_else(
+                    || anonymous_share(args.max_connections as usize),
+                    |n| n as usize,
+                )
+                .min(args.max_connections as usize),
             ..ConnectionLimits::default()
         },
         max_log_follows: args.max_log_follows as usize,

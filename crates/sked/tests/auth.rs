@@ -316,6 +316,7 @@ async fn a_worker_speaks_only_for_itself_under_its_own_token() {
     let response = rogue
         .http
         .post(&log_url)
+        .header("content-type", "application/octet-stream")
         .body("forged output")
         .send()
         .await
@@ -875,6 +876,201 @@ async fn sked_dev_is_open_only_on_loopback() {
     }
 }
 
+/// Sends `request` (a whole HTTP/1.1 request) to `port` on loopback as is; the answer's status.
+async fn raw_status(port: u16, request: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("an answer");
+    let text = String::from_utf8_lossy(&answer);
+    text.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"))
+}
+
+/// What a web page could send an open `sked dev` (tried in a real browser in `console.rs`),
+/// as raw requests: a change from another origin (403), a body that is not JSON (415), and
+/// any request under another host name than loopback's (421, so that DNS rebinding reads
+/// nothing). None of them writes anything; the same requests from the server's own origin
+/// and under loopback names are served.
+#[tokio::test]
+async fn an_open_sked_dev_takes_no_change_from_another_site_and_no_other_host_name() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let port = sked.port;
+    let job = json!({"name": "planted", "target": shell("true")}).to_string();
+    let post = |host: &str, origin: Option<&str>, content_type: &str| {
+        let origin = origin.map_or(String::new(), |o| format!("Origin: {o}\r\n"));
+        format!(
+            "POST /api/v1/jobs HTTP/1.1\r\nHost: {host}\r\n{origin}Content-Type: {content_type}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{job}",
+            job.len()
+        )
+    };
+    let own = format!("127.0.0.1:{port}");
+    let cases = [
+        (
+            "another origin",
+            post(&own, Some("http://evil.example"), "application/json"),
+            403,
+        ),
+        (
+            "another loopback port",
+            post(&own, Some("http://127.0.0.1:1"), "application/json"),
+            403,
+        ),
+        (
+            "an opaque origin",
+            post(&own, Some("null"), "application/json"),
+            403,
+        ),
+        ("text/plain", post(&own, None, "text/plain"), 415),
+        (
+            "a form",
+            post(&own, None, "application/x-www-form-urlencoded"),
+            415,
+        ),
+        (
+            "text/plain from its own origin",
+            post(&own, Some(&format!("http://{own}")), "text/plain"),
+            415,
+        ),
+        (
+            "a rebinding host",
+            post(
+                &format!("rebind.evil.example:{port}"),
+                None,
+                "application/json",
+            ),
+            421,
+        ),
+    ];
+    for (what, request, status) in &cases {
+        assert_eq!(raw_status(port, request).await, *status, "{what}");
+    }
+    let get = |host: &str, path: &str| {
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+    };
+    for path in ["/api/v1/jobs", "/", "/healthz", "/api/v1/tokens"] {
+        assert_eq!(
+            raw_status(port, &get(&format!("rebind.evil.example:{port}"), path)).await,
+            421,
+            "{path} under another name"
+        );
+    }
+    for host in [
+        own.clone(),
+        format!("localhost:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        assert_eq!(
+            raw_status(port, &get(&host, "/api/v1/jobs")).await,
+            200,
+            "{host}"
+        );
+    }
+    let (_, jobs) = sked.get("/jobs").await;
+    assert_eq!(
+        jobs["jobs"],
+        json!([]),
+        "nothing refused was written: {jobs}"
+    );
+    // The server's own origin, and clients that send no Origin, are served.
+    let own_origin = format!("http://{own}");
+    assert_eq!(
+        raw_status(
+            port,
+            &post(&own, Some(&own_origin), "application/json; charset=utf-8")
+        )
+        .await,
+        201
+    );
+    let (status, _) = sked.post("/jobs/planted/trigger", json!(null)).await;
+    assert_eq!(status, 201, "the command line's requests are served");
+}
+
+/// Random bearer tokens from one address are throttled: past 100 failed authentications in a
+/// second, the address is answered 429 with `Retry-After` without a store lookup, while a
+/// token this node remembers as valid is still taken from it and other addresses are not
+/// held up.
+#[tokio::test]
+async fn failed_authentications_are_throttled_per_address() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    // Made valid and remembered before the flood.
+    assert_eq!(sked.get("/jobs").await.0, 200);
+    let started = Instant::now();
+    let mut statuses = Vec::new();
+    let mut retry_after = None;
+    for i in 0..300 {
+        let guess = client_with_token(Some(&format!("sked_guess-{i:040}")));
+        let response = guess.get(sked.url("/jobs")).send().await.expect("request");
+        let status = response.status().as_u16();
+        if status == 429 {
+            retry_after = retry_after.or_else(|| {
+                response
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            });
+            if sked.get("/jobs").await.0 != 200 {
+                panic!("a valid, remembered token was refused from a throttled address");
+            }
+        }
+        statuses.push(status);
+    }
+    let elapsed = started.elapsed();
+    let refused = statuses.iter().filter(|s| **s == 401).count();
+    let limited = statuses.iter().filter(|s| **s == 429).count();
+    println!(
+        "300 guessed tokens in {elapsed:?}: {refused} looked up and refused (401), {limited} \
+         throttled (429)"
+    );
+    assert_eq!(refused + limited, 300, "{statuses:?}");
+    let seconds = elapsed.as_secs() as usize + 1;
+    assert!(
+        refused <= 100 * seconds,
+        "{refused} lookups in {elapsed:?}: not throttled"
+    );
+    assert!(limited > 0, "{statuses:?}");
+    assert_eq!(retry_after, Some(1), "429 says when to come back");
+    // From another address, a guess is looked up as usual.
+    let other = reqwest::Client::builder()
+        .local_address(Some("127.0.0.2".parse().expect("address")))
+        .default_headers(
+            [(
+                reqwest::header::AUTHORIZATION,
+                "Bearer sked_another-guess".parse().expect("header"),
+            )]
+            .into_iter()
+            .collect(),
+        )
+        .build()
+        .expect("client");
+    let status = other
+        .get(sked.url("/jobs"))
+        .send()
+        .await
+        .expect("request")
+        .status();
+    assert_eq!(status.as_u16(), 401, "another address is not held up");
+}
+
 #[cfg_attr(
     not(sked_pg_tests),
     ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
@@ -942,6 +1138,112 @@ async fn a_token_revoked_on_one_node_is_refused_by_every_node_within_a_second() 
         .filter_map(|e| e["action"].as_str())
         .collect();
     assert_eq!(actions, ["token.revoke", "token.create"], "{page}");
+    drop((a, b));
+    schema.drop_schema().await;
+}
+
+/// A console login on `base` with `secret`: the session cookie.
+async fn console_login(base: &str, secret: &str) -> String {
+    let bare = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let response = bare
+        .post(format!("{base}/login"))
+        .form(&[("token", secret), ("next", "/")])
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(response.status().as_u16(), 303);
+    response.headers()[reqwest::header::SET_COOKIE]
+        .to_str()
+        .expect("cookie")
+        .split(';')
+        .next()
+        .expect("cookie value")
+        .to_string()
+}
+
+/// The status of console page `path` on `base` with `cookie`, and the CSRF token its forms carry.
+async fn console_page(base: &str, cookie: &str, path: &str) -> (u16, Option<String>) {
+    let bare = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let response = bare
+        .get(format!("{base}{path}"))
+        .header(reqwest::header::COOKIE, cookie)
+        .send()
+        .await
+        .expect("page");
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap_or_default();
+    let csrf = body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .map(str::to_string);
+    (status, csrf)
+}
+
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test]
+async fn a_logout_on_one_node_ends_the_session_on_every_node_within_a_second() {
+    let schema = Schema::create().await;
+    let logs = Logs::new();
+    let http = pg::http_client();
+    let mut a = Node::spawn(&logs, "node-a", free_port(), &schema.url);
+    let mut b = Node::spawn(&logs, "node-b", free_port(), &schema.url);
+    a.ready(&http, Duration::from_secs(30)).await;
+    b.ready(&http, Duration::from_secs(30)).await;
+    let (status, created) = call(
+        &http,
+        Method::POST,
+        format!("{}/api/v1/tokens", a.base()),
+        Some(json!({"name": "person", "role": "viewer", "namespaces": ["*"]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let secret = created["token"].as_str().expect("secret");
+    let cookie = console_login(&a.base(), secret).await;
+    let (status, csrf) = console_page(&a.base(), &cookie, "/jobs").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        console_page(&b.base(), &cookie, "/jobs").await.0,
+        200,
+        "B opens a session made on A"
+    );
+    let bare = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let out = bare
+        .post(format!("{}/logout", a.base()))
+        .header(reqwest::header::COOKIE, &cookie)
+        .form(&[("csrf", csrf.expect("csrf").as_str())])
+        .send()
+        .await
+        .expect("logout");
+    assert_eq!(out.status().as_u16(), 303);
+    let logged_out = Instant::now();
+    assert_eq!(console_page(&a.base(), &cookie, "/jobs").await.0, 303);
+    loop {
+        if console_page(&b.base(), &cookie, "/jobs").await.0 == 303 {
+            break;
+        }
+        assert!(
+            logged_out.elapsed() < Duration::from_secs(1),
+            "node B still opens the session logged out on A"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "node B refused the logged-out session after {:?}",
+        logged_out.elapsed()
+    );
     drop((a, b));
     schema.drop_schema().await;
 }

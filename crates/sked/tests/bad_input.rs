@@ -173,11 +173,22 @@ async fn bad_definitions_are_rejected_with_the_field_named() {
     let resp = sked
         .http
         .put(sked.url("/jobs/broken"))
+        .header("content-type", "application/json")
         .body("{not json")
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
+    // A body that is not JSON by its type is refused before it is read.
+    let resp = sked
+        .http
+        .put(sked.url("/jobs/broken"))
+        .header("content-type", "text/plain")
+        .body(r#"{"target": {"shell": {"command": "true"}}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 415);
 
     let (status, err) = sked
         .post("/jobs", json!({"name": "good", "target": shell("true")}))

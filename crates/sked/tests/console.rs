@@ -500,3 +500,120 @@ async fn a_person_runs_jobs_from_the_console() {
     assert!(!browser.exists("a[href='/tokens']").await);
     browser.close().await;
 }
+
+/// Serves `page` as HTML to every request on a loopback port of its own: a site the developer
+/// happens to visit. Returns its origin.
+async fn serve_page(page: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let origin = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let page = page.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 65_536 {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    origin
+}
+
+/// A page of another origin, open in the developer's browser, tries every request a page may
+/// send without asking (no CORS preflight) to an open `sked dev` on loopback: create a shell
+/// job (as `text/plain`, as a `Blob` of no type, as a `text/plain` form), and trigger an
+/// existing one (a POST without a body). None is obeyed: no job is made, no run started, no
+/// file written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(sked_browser_tests),
+    ignore = "needs SKED_TEST_CHROMEDRIVER (Chromium and ChromeDriver)"
+)]
+async fn a_page_of_another_site_cannot_make_an_open_sked_dev_run_anything() {
+    let mut sked = Sked::new();
+    sked.start_dev(&["--slots", "2"]).await;
+    let planted = sked.dir.path().join("planted");
+    let triggered = sked.dir.path().join("triggered");
+    let (status, body) = sked
+        .put_job(
+            "victim",
+            json!({"target": {"shell": {"command": format!("touch {}", triggered.display())}}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let job = json!({
+        "name": "planted",
+        "schedule": {"every": "1s"},
+        "target": {"shell": {"command": format!("touch {}", planted.display())}}
+    })
+    .to_string();
+    let api = format!("{}/api/v1", sked.base());
+    let page = format!(
+        r#"<!doctype html><html><head><title>loading</title></head><body>
+<form id="f" method="post" enctype="text/plain" action="{api}/jobs" target="sink">
+<input type="hidden" name='{{"x":"' value='"}}'></form>
+<iframe name="sink"></iframe>
+<script>
+const job = {job};
+const api = "{api}";
+const tries = [
+  fetch(api + "/jobs", {{method: "POST", mode: "no-cors", body: JSON.stringify(job)}}),
+  fetch(api + "/jobs", {{method: "POST", mode: "no-cors",
+                          headers: {{"Content-Type": "text/plain"}}, body: JSON.stringify(job)}}),
+  fetch(api + "/jobs", {{method: "POST", mode: "no-cors", body: new Blob([JSON.stringify(job)])}}),
+  fetch(api + "/jobs/victim/trigger", {{method: "POST", mode: "no-cors"}}),
+  fetch(api + "/jobs", {{method: "POST", headers: {{"Content-Type": "application/json"}},
+                          body: JSON.stringify(job)}}),
+];
+document.getElementById("f").submit();
+Promise.allSettled(tries).then(() => setTimeout(() => {{ document.title = "done"; }}, 500));
+</script></body></html>"#
+    );
+    let evil = serve_page(page).await;
+    let browser = Browser::start(&evil).await;
+    browser
+        .client
+        .goto(&format!("{evil}/"))
+        .await
+        .expect("open the other site's page");
+    let deadline = Instant::now() + PATIENCE;
+    while browser.client.title().await.unwrap_or_default() != "done" {
+        assert!(
+            Instant::now() < deadline,
+            "the page never finished its requests"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Time for a run to start and write, had anything been obeyed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, jobs) = sked.get("/jobs").await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = jobs["jobs"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|j| j["name"].as_str())
+        .collect();
+    assert_eq!(names, ["victim"], "{jobs}");
+    assert!(
+        sked.runs("victim").await.is_empty(),
+        "the victim was triggered"
+    );
+    assert!(!planted.exists(), "a planted job ran");
+    assert!(!triggered.exists(), "the victim ran");
+    browser.close().await;
+}

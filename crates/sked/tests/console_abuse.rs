@@ -257,3 +257,96 @@ async fn only_tokens_that_read_may_log_in_and_a_revoked_one_is_logged_out() {
     let (status, _, _) = page(&sked, &cookie, "/jobs").await;
     assert_eq!(status, StatusCode::SEE_OTHER);
 }
+
+/// A login's `next` is followed only when it is a path of this console: one `/`, then neither
+/// `/`, `\` nor a control character (browsers read `/<TAB>/host` as another site), and never a
+/// 500 for a CR or LF.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_returns_only_to_a_path_of_this_console_and_a_broken_next_is_no_error() {
+    let sked = started().await;
+    for next in [
+        "/\t/evil.example",
+        "/\n/evil.example",
+        "/jobs\r\nSet-Cookie: planted=1",
+        "/\r",
+        "/\\evil.example",
+        "//evil.example",
+        "\t/jobs",
+        "https://evil.example/",
+    ] {
+        let (status, cookie, location) = log_in(&sked, ADMIN_TOKEN, next).await;
+        assert_eq!(status, StatusCode::SEE_OTHER, "{next:?}");
+        assert!(cookie.is_some(), "{next:?}");
+        assert_eq!(location, "/", "{next:?}");
+    }
+    // The same through the login page's query: percent-encoded tabs and line ends.
+    for query in [
+        "next=/%09/evil.example",
+        "next=/jobs%0d%0aX:1",
+        "next=%2F%2Fevil",
+    ] {
+        let response = bare()
+            .get(at(&sked, &format!("/login?{query}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{query}");
+        let body = response.text().await.unwrap();
+        assert!(
+            body.contains("name=\"next\" value=\"/\""),
+            "{query}: the form carries `/`"
+        );
+    }
+    let (_, _, location) = log_in(&sked, ADMIN_TOKEN, "/runs/1?x=%2F").await;
+    assert_eq!(location, "/runs/1?x=%2F");
+}
+
+/// A logout ends the session on the server: the cookie, copied before, opens nothing
+/// afterwards; the token itself still works for the API and for a new login.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logout_ends_the_session_so_a_copied_cookie_opens_nothing() {
+    let sked = started().await;
+    let editor = token(
+        &sked,
+        "an-editor",
+        json!({"role": "editor", "namespaces": ["default"]}),
+    )
+    .await;
+    let (_, cookie, _) = log_in(&sked, &editor, "/").await;
+    let cookie = cookie.expect("a session");
+    let copied = cookie.clone();
+    let (status, _, csrf) = page(&sked, &cookie, "/jobs").await;
+    assert_eq!(status, StatusCode::OK);
+    let csrf = csrf.expect("the logout form carries the CSRF token");
+    let status = post_form(&sked, &cookie, "/logout", &[("csrf", &csrf)], None).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let (status, _, _) = page(&sked, &copied, "/jobs").await;
+    assert_eq!(
+        status,
+        StatusCode::SEE_OTHER,
+        "the copied cookie still opens pages"
+    );
+    let status = post_form(
+        &sked,
+        &copied,
+        "/jobs/default/guarded/trigger",
+        &[("csrf", &csrf)],
+        None,
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::SEE_OTHER,
+        "the copied cookie still posts"
+    );
+    assert!(sked.runs("guarded").await.is_empty());
+    // The token is not revoked: the API takes it, and a new login makes a new session.
+    let api = common::client_with_token(Some(&editor));
+    let (status, _) = common::call(&api, reqwest::Method::GET, sked.url("/jobs"), None).await;
+    assert_eq!(status, 200);
+    let (_, fresh, _) = log_in(&sked, &editor, "/").await;
+    let (status, _, _) = page(&sked, &fresh.expect("a new session"), "/jobs").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = page(&sked, &copied, "/jobs").await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "the old session stays over");
+}

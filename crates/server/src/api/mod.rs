@@ -49,6 +49,8 @@ use std::sync::Arc;
 pub const MAX_BODY: usize = 1024 * 1024;
 /// Largest output chunk a worker may send at once.
 pub const MAX_OUTPUT_CHUNK: usize = 8 * 1024 * 1024;
+/// Largest report a consumer may send without an API token (its message is at most 4 KiB).
+pub const MAX_REPORT: usize = 16 * 1024;
 
 /// One route of the API and who may call it. Every route is registered from [`route_table`],
 /// so none can be served without a permission.
@@ -191,7 +193,7 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             Method::POST,
             "/api/v1/runs/{id}/complete",
             Open,
-            post(runs::complete),
+            post(runs::complete).layer(DefaultBodyLimit::max(MAX_REPORT)),
         ),
         route(Method::GET, "/api/v1/workers", Read, get(workers::list)),
         route(
@@ -308,10 +310,15 @@ pub fn routes() -> Vec<Route> {
 
 pub fn router(state: AppState) -> Router {
     let mut router = Router::new();
+    let own = Arc::new(crate::browsers::OwnAddress::from_public_url(
+        state.config.public_url.as_deref(),
+    ));
     for (route, handler) in route_table() {
         let guard = Guard {
             auth: state.auth.clone(),
             permission: route.permission,
+            own: own.clone(),
+            body: crate::browsers::BodyKind::of(route.path),
             rate: state
                 .rate
                 .clone()
@@ -335,18 +342,30 @@ pub fn router(state: AppState) -> Router {
 struct Guard {
     auth: Arc<Authenticator>,
     permission: Permission,
+    /// The server's own origin, which alone may send it changes from a browser.
+    own: Arc<crate::browsers::OwnAddress>,
+    /// What body the route reads.
+    body: crate::browsers::BodyKind,
     /// Counts the caller's requests on this route; `None` for routes not counted.
     rate: Option<Arc<RequestRate>>,
 }
 
-/// Finds the caller, checks the route's permission, and hands the caller to the handler.
-/// Runs before the handler reads the body, so a refused upload is never read.
+/// Refuses a change sent by a page of another origin, finds the caller, checks the route's
+/// permission and the body's type, and hands the caller to the handler. Runs before the
+/// handler reads the body, so a refused upload is never read.
 async fn authorize(
     State(guard): State<Guard>,
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    use crate::browsers::{foreign_origin, wrong_body};
+    if let Some(refusal) = foreign_origin(request.method(), request.headers(), &guard.own) {
+        return refusal.into_response();
+    }
     if guard.permission == Permission::Open {
+        if let Some(refusal) = wrong_body(request.method(), request.headers(), guard.body) {
+            return refusal.into_response();
+        }
         return next.run(request).await;
     }
     let peer = request
@@ -363,6 +382,9 @@ async fn authorize(
         .await
     {
         Ok(caller) => caller,
+        Err(refusal) if refusal.status == StatusCode::TOO_MANY_REQUESTS => {
+            return refusal.into_response();
+        }
         Err(refusal) => {
             guard.auth.failed(
                 peer,
@@ -378,8 +400,14 @@ async fn authorize(
             return response;
         }
     };
+    if caller.token_id.is_some() {
+        crate::http::vouch(request.extensions());
+    }
     if let Err(denied) = caller.permits(guard.permission) {
         return ApiError::from(denied).into_response();
+    }
+    if let Some(refusal) = wrong_body(request.method(), request.headers(), guard.body) {
+        return refusal.into_response();
     }
     if let Some(Err(wait)) = guard.rate.as_ref().map(|rate| rate.check(caller.token_id)) {
         return ApiError::new(
@@ -500,6 +528,8 @@ impl Namespace {
 fn body_limit(path: &str) -> usize {
     if path.starts_with("/api/v1/attempts/") {
         MAX_OUTPUT_CHUNK
+    } else if path.starts_with("/api/v1/runs/") && path.ends_with("/complete") {
+        MAX_REPORT
     } else {
         MAX_BODY
     }

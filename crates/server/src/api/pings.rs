@@ -75,15 +75,17 @@ pub async fn ping_by_token(
     Path(token): Path<String>,
 ) -> Result<Json<PingAnswer>, ApiError> {
     let peer = peer.map(|axum::Extension(info)| info.0.ip());
-    if let Some(Err(wait)) = peer.map(|p| state.completion_refusals.check(p, Instant::now())) {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            "too many refused pings from this address; wait and use the job's ping address",
-        )
-        .retry_after(wait));
-    }
+    // A genuine address is known without reading anything, and is heard even from a peer
+    // past its refusals: only refusals are counted, and only they are held back.
     let Some(job_id) = state.completion.ping_job(&token) else {
+        if let Some(Err(wait)) = peer.map(|p| state.completion_refusals.check(p, Instant::now())) {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                "too many refused pings from this address; wait and use the job's ping address",
+            )
+            .retry_after(wait));
+        }
         if let Some(peer) = peer {
             state.completion_refusals.refused(peer, Instant::now());
         }

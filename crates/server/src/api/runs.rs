@@ -105,7 +105,8 @@ pub async fn get(
 ///
 /// A peer whose reports were refused (no such run, a wrong token) more than
 /// [`REFUSALS_PER_SECOND`](crate::rate::REFUSALS_PER_SECOND) times in a second is answered 429
-/// before its next reports are read, until the second is over.
+/// before the store is read for its next reports, until the second is over; a token the server
+/// made is told apart without reading anything and is always heard.
 pub async fn complete(
     State(state): State<AppState>,
     peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
@@ -113,7 +114,13 @@ pub async fn complete(
     raw: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<RunRecord>, ApiError> {
     let peer = peer.map(|axum::Extension(info)| info.0.ip());
-    if let Some(Err(wait)) = peer.map(|p| state.completion_refusals.check(p, Instant::now())) {
+    let report: crate::completion::CompletionReport =
+        super::parse_json(&super::body_within(raw, super::MAX_REPORT)?)?;
+    let genuine = state.completion.made(&report.token).is_some();
+    let tripped = peer
+        .filter(|_| !genuine)
+        .and_then(|p| state.completion_refusals.check(p, Instant::now()).err());
+    if let Some(wait) = tripped {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
@@ -121,7 +128,6 @@ pub async fn complete(
         )
         .retry_after(wait));
     }
-    let report: crate::completion::CompletionReport = super::parse_json(&super::body(raw)?)?;
     let recorded = match state.store.get_run(id).await? {
         Some((run, attempts)) => crate::completion::record(&state, &run, &attempts, report).await,
         None => Err(ApiError::not_found(format!("run {id}"))),

@@ -31,6 +31,8 @@ pub use session::Sessions;
 /// Largest form a console page posts (a job definition is at most the API's 1 MiB, and a
 /// form encodes it once more).
 const MAX_FORM: usize = 3 * 1024 * 1024;
+/// Largest login form: a token and the path to return to. It is read before anyone is known.
+const MAX_LOGIN_FORM: usize = 16 * 1024;
 
 /// What every console handler shares.
 #[derive(Clone)]
@@ -54,7 +56,12 @@ pub fn router(state: &AppState, api: Router) -> Router {
     };
     Router::new()
         .route("/", get(pages::overview::page))
-        .route("/login", get(pages::login::form).post(pages::login::submit))
+        .route(
+            "/login",
+            get(pages::login::form)
+                .post(pages::login::submit)
+                .layer(axum::extract::DefaultBodyLimit::max(MAX_LOGIN_FORM)),
+        )
         .route("/logout", post(pages::login::logout))
         .route("/jobs", get(pages::jobs::page))
         .route(
@@ -78,6 +85,7 @@ pub fn router(state: &AppState, api: Router) -> Router {
         .route("/tokens", get(pages::admin::tokens))
         .route("/assets/{file}", get(assets::serve))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM))
+        .layer(axum::middleware::from_fn(refuse_declared_oversize))
         .layer(axum::middleware::from_fn(security_headers))
         .with_state(console)
 }
@@ -188,10 +196,15 @@ impl FromRequestParts<Console> for Visitor {
             .auth
             .caller(authorization.as_deref().map(str::as_bytes), peer, now)
             .await
-            .map_err(|_| Turned::ToLogin {
+            .ok()
+            .filter(|caller| !session.ended_by(caller.sessions_ended_at))
+            .ok_or_else(|| Turned::ToLogin {
                 next: path.clone(),
                 clear: Some(console.sessions.clear_cookie()),
             })?;
+        if caller.token_id.is_some() {
+            crate::http::vouch(&parts.extensions);
+        }
         if parts.method != Method::GET && !same_origin(&parts.headers) {
             return Err(Turned::Forged);
         }
@@ -250,6 +263,35 @@ impl Console {
             Err(Turned::Forged)
         }
     }
+}
+
+/// Refuses a form whose declared length is over its route's limit before reading any of it
+/// (a login is read before anyone is known, so it is not drained either).
+async fn refuse_declared_oversize(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let limit = if request.uri().path() == "/login" {
+        MAX_LOGIN_FORM
+    } else {
+        MAX_FORM
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        let mut response = (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("this form is larger than the limit of {limit} bytes"),
+        )
+            .into_response();
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return response;
+    }
+    next.run(request).await
 }
 
 /// Headers every console response carries: nothing but this origin may run, be fetched, be

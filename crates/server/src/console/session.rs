@@ -6,7 +6,10 @@
 //! is stored. A server configured without a secret key (an embedded server, as the benchmarks
 //! start) seals with a key of its own process, and its sessions end when it stops. The token
 //! is checked again on every request (`crate::auth`), so revoking it ends its sessions within
-//! the token cache's half second.
+//! the token cache's half second. A cookie also says when it was made: a logout records its
+//! instant with the token in the store (`Store::end_sessions`), and a session made at or
+//! before it is over on every node within that same half second, at no cost per request (the
+//! instant is read with the token).
 //!
 //! Forms carry a CSRF token: an HMAC of the session cookie, which a page of another origin can
 //! neither read nor compute. The cookie is `HttpOnly` and `SameSite=Strict` besides.
@@ -37,6 +40,10 @@ struct Sealed {
     token: Option<String>,
     /// Unix seconds after which the cookie is refused.
     expires: i64,
+    /// Unix microseconds at which the session was made: a logout of its token at or after
+    /// this ends it. (0 in cookies made before this was kept: any logout ends those.)
+    #[serde(default)]
+    issued: i64,
 }
 
 /// An opened session.
@@ -44,8 +51,17 @@ struct Sealed {
 pub struct Session {
     /// The API token its requests carry; `None`: none (an open development server).
     pub token: Option<String>,
+    /// When it was made, in Unix microseconds.
+    pub issued: i64,
     /// The cookie's value, which the CSRF token is derived from.
     cookie: String,
+}
+
+impl Session {
+    /// Whether a logout of its token at `ended` (`sked_store::Store::end_sessions`) ended it.
+    pub fn ended_by(&self, ended: Option<chrono::DateTime<chrono::Utc>>) -> bool {
+        ended.is_some_and(|at| self.issued <= at.timestamp_micros())
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -85,6 +101,7 @@ impl Sessions {
         let sealed = Sealed {
             token: token.map(str::to_string),
             expires: (now + LIFETIME).timestamp(),
+            issued: now.timestamp_micros(),
         };
         // Serialising a struct of a string and a number cannot fail.
         let clear = serde_json::to_vec(&sealed).unwrap_or_default();
@@ -98,6 +115,7 @@ impl Sessions {
         bytes.extend(ciphertext);
         Session {
             token: sealed.token,
+            issued: sealed.issued,
             cookie: URL_SAFE_NO_PAD.encode(bytes),
         }
     }
@@ -123,6 +141,7 @@ impl Sessions {
         }
         Some(Session {
             token: sealed.token,
+            issued: sealed.issued,
             cookie: cookie.to_string(),
         })
     }
@@ -249,6 +268,18 @@ mod tests {
             .unwrap()
             .ends_with("; Secure"));
         assert!(plain.clear_cookie().to_str().unwrap().contains("Max-Age=0"));
+    }
+
+    #[test]
+    fn a_session_is_ended_by_a_logout_of_its_token_after_it_was_made() {
+        let sessions = Sessions::new([7; 32], false);
+        let now = chrono::Utc::now();
+        let session = sessions.seal(Some("sked_secret"), now);
+        let opened = sessions.open(&with_cookie(&session.cookie), now).unwrap();
+        assert!(!opened.ended_by(None));
+        assert!(opened.ended_by(Some(now)));
+        assert!(opened.ended_by(Some(now + chrono::TimeDelta::seconds(1))));
+        assert!(!opened.ended_by(Some(now - chrono::TimeDelta::microseconds(1))));
     }
 
     #[test]

@@ -25,14 +25,10 @@ pub struct Login {
     next: String,
 }
 
-/// Where to go after logging in: a path of this console, never another site.
+/// Where to go after logging in: a path of this console, never another site
+/// (`sked_core::web::return_path`).
 fn safe_next(next: &str) -> &str {
-    let local = next.starts_with('/') && !next.starts_with("//") && !next.contains('\\');
-    if local && !next.starts_with("/login") {
-        next
-    } else {
-        "/"
-    }
+    sked_core::web::return_path(next)
 }
 
 fn login_page(console: &Console, next: &str, error: Option<&str>) -> Response {
@@ -101,6 +97,17 @@ pub async fn submit(
         .await
     {
         Ok(caller) => caller,
+        Err(refusal) if refusal.status == StatusCode::TOO_MANY_REQUESTS => {
+            let mut response = login_page(&console, next, Some(&refusal.message));
+            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            if let Some(wait) = refusal.retry_after {
+                response.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    header::HeaderValue::from(wait.as_secs().max(1)),
+                );
+            }
+            return response;
+        }
         Err(refusal) => return refuse(&refusal.message),
     };
     if caller.permits(Permission::Read).is_err() {
@@ -125,6 +132,28 @@ pub async fn logout(
     if let Err(turned) = console.check_csrf(&visitor, &form.csrf) {
         return turned.into_response();
     }
+    // The session ends on the server too, so a copy of the cookie opens nothing: every
+    // session of the token made until now (see `session`).
+    if let Some(token_id) = visitor.caller.token_id {
+        if let Err(e) = console
+            .auth
+            .end_sessions(token_id, chrono::Utc::now())
+            .await
+        {
+            let mut response = (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the logout could not be recorded, so the session is still open: {}",
+                    e.message
+                ),
+            )
+                .into_response();
+            response
+                .headers_mut()
+                .insert(header::SET_COOKIE, console.sessions.clear_cookie());
+            return response;
+        }
+    }
     let mut response = Redirect::to("/login").into_response();
     response
         .headers_mut()
@@ -141,6 +170,7 @@ mod tests {
         assert_eq!(safe_next("/jobs?namespace=x"), "/jobs?namespace=x");
         assert_eq!(safe_next("//evil.example/"), "/");
         assert_eq!(safe_next("/\\evil.example"), "/");
+        assert_eq!(safe_next("/\t/evil.example"), "/");
         assert_eq!(safe_next("https://evil.example/"), "/");
         assert_eq!(safe_next("/login?next=/"), "/");
         assert_eq!(safe_next(""), "/");
