@@ -72,7 +72,13 @@ impl Ask for Server {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Answer, reqwest::Error> {
-        let body = body.map(|bytes| ("application/json", bytes));
+        // Sent as the route's clients send it: output as bytes, everything else as JSON.
+        let content_type = if path.starts_with("/api/v1/attempts/") {
+            "application/octet-stream"
+        } else {
+            "application/json"
+        };
+        let body = body.map(|bytes| (content_type, bytes));
         let (status, headers, bytes) = self.try_send(method, path, body).await?;
         Ok(Answer {
             status,
