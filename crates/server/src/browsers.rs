@@ -219,7 +219,7 @@ mod tests {
             415
         );
         assert_eq!(
-            status(Method::POST, &[host.clone()], Json),
+            status(Method::POST, std::slice::from_ref(&host), Json),
             200,
             "no body, no type"
         );
