@@ -2541,11 +2541,19 @@ pub async fn token_use_is_recorded_and_never_goes_back(store: &dyn Store) {
 
 pub async fn a_tokens_sessions_end_at_a_logout_and_never_come_back(store: &dyn Store) {
     let a = store
-        .create_token(&new_token("a", grant(Role::Viewer, &["*"])), t0())
+        .create_token(
+            &new_token("a", grant(Role::Viewer, &["*"])),
+            t0(),
+            Audit::none(),
+        )
         .await
         .unwrap();
     let b = store
-        .create_token(&new_token("b", grant(Role::Viewer, &["*"])), t0())
+        .create_token(
+            &new_token("b", grant(Role::Viewer, &["*"])),
+            t0(),
+            Audit::none(),
+        )
         .await
         .unwrap();
     assert_eq!(a.sessions_ended_at, None);
