@@ -12,6 +12,11 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+/// The tests of this file run one at a time: each fills or bounds a server's connections, and
+/// the flood takes a thousand descriptors and ports of this process. Side by side, they have
+/// been seen to disturb each other (a worker's heartbeat answered 410 during the flood).
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Reads until the server closes the connection; how long that took, or `None` if it was
 /// still open after `limit`.
 fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
@@ -41,6 +46,7 @@ fn connect(sked: &Sked) -> TcpStream {
 
 #[tokio::test]
 async fn slow_and_idle_connections_are_closed_but_long_polls_are_not() {
+    let _alone = ALONE.lock().await;
     let mut sked = Sked::new();
     sked.start_dev(&["--header-read-timeout", "1s"]).await;
 
@@ -93,6 +99,7 @@ async fn slow_and_idle_connections_are_closed_but_long_polls_are_not() {
 
 #[tokio::test]
 async fn connections_beyond_the_bound_are_closed() {
+    let _alone = ALONE.lock().await;
     let mut sked = Sked::new();
     // Open (no tokens), every connection is anonymous: the share is the whole bound.
     sked.start_dev(&[
@@ -150,6 +157,7 @@ fn raise_open_files(wanted: u64) {
 /// timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_slow_bodies_leaves_room_for_health_workers_and_tokens() {
+    let _alone = ALONE.lock().await;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const FLOOD: usize = 1030;
     const BODY_TIMEOUT: Duration = Duration::from_secs(8);
