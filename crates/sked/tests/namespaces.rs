@@ -423,24 +423,7 @@ async fn namespaces_that_only_hold_jobs_are_listed_for_those_who_see_them() {
     assert_eq!(names(&listed), ["team-y"], "{listed}");
 
     // The console: the viewer lands on its namespace, with it in the picker.
-    let browser = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let login = browser
-        .post(format!("{}/login", sked.base()))
-        .form(&[("token", secret.as_str()), ("next", "/jobs")])
-        .send()
-        .await
-        .unwrap();
-    let cookie = login
-        .headers()
-        .get(reqwest::header::SET_COOKIE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .expect("a session cookie")
-        .to_string();
+    let (browser, cookie) = common::console_session(&sked, &secret).await;
     for path in ["/jobs", "/"] {
         let page = browser
             .get(format!("{}{path}", sked.base()))

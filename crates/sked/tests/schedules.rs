@@ -215,23 +215,7 @@ async fn schedule_words_and_refusals_say_what_they_mean() {
     assert!(message.starts_with("an editor token may not"), "{message}");
 
     // The console's list reads the cron step as words.
-    let browser = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let login = browser
-        .post(format!("{}/login", sked.base()))
-        .form(&[("token", session.as_str()), ("next", "/jobs")])
-        .send()
-        .await
-        .unwrap();
-    let cookie = login
-        .headers()
-        .get(reqwest::header::SET_COOKIE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .expect("a session cookie")
-        .to_string();
+    let (browser, cookie) = common::console_session(&sked, &session).await;
     let page = browser
         .get(format!("{}/jobs", sked.base()))
         .header(reqwest::header::COOKIE, cookie)

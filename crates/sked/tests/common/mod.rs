@@ -114,6 +114,30 @@ pub fn sha256_prefix(text: &str) -> String {
     String::from_utf8_lossy(&out.stdout)[..16].to_string()
 }
 
+/// Logs into the web console with `token`: a client that follows no redirect, and the session
+/// cookie (`name=value`) to send with its page requests.
+pub async fn console_session(sked: &Sked, token: &str) -> (reqwest::Client, String) {
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client");
+    let login = browser
+        .post(format!("{}/login", sked.base()))
+        .form(&[("token", token), ("next", "/jobs")])
+        .send()
+        .await
+        .expect("login");
+    let cookie = login
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    (browser, cookie)
+}
+
 /// An HTTP client that sends `token` (none: no `Authorization` header).
 pub fn client_with_token(token: Option<&str>) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
