@@ -330,7 +330,14 @@ pub async fn deregister(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<WorkerRecord>, ApiError> {
+    // The body says nothing yet, but one that is not an object is refused (400) before the
+    // worker is looked up, as for every worker call.
+    let raw = body(raw)?;
+    if !raw.is_empty() {
+        parse_json::<serde_json::Map<String, serde_json::Value>>(&raw)?;
+    }
     owned_worker(&state, &caller, &id).await?;
     state.dispatcher.drain_worker(&id);
     let stopped = state.store.deregister_worker(&id, Utc::now()).await?;
