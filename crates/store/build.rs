@@ -1,5 +1,5 @@
 //! Decides at build time whether a package's tests that need a real service run (this one's,
-//! and the `sked` binary's, which names this file as its build script): PostgreSQL with
+//! and the `sked` binary's, whose build script includes this file): PostgreSQL with
 //! `SKED_TEST_DATABASE_URL` set, the brokers (RabbitMQ, NATS, Redis) with
 //! `SKED_TEST_AMQP_URL`, `SKED_TEST_NATS_URL` and `SKED_TEST_REDIS_URL` set, the web console
 //! in a real Chromium with `SKED_TEST_CHROMEDRIVER` (the `chromedriver` to start); under CI, where
@@ -11,7 +11,7 @@ fn set(var: &str) -> bool {
     std::env::var(var).is_ok_and(|u| !u.trim().is_empty())
 }
 
-fn main() {
+pub fn main() {
     println!("cargo::rustc-check-cfg=cfg(sked_pg_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_broker_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_browser_tests)");

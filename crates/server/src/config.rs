@@ -71,6 +71,9 @@ pub struct ServerConfig {
     pub public_url: Option<String>,
     /// The SMTP relay `email` notifications are sent through; without it they fail, saying so.
     pub smtp: Option<SmtpRelay>,
+    /// Told `true` once, when the node first becomes ready (its first schedules loaded, as
+    /// `/readyz` first answers 200): what a service manager's readiness notice waits for.
+    pub on_ready: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 /// An SMTP relay (`--smtp-url`, `--smtp-from`). The URL may hold credentials, so it is never
@@ -120,6 +123,7 @@ impl Default for ServerConfig {
             broker_allowances: Vec::new(),
             public_url: None,
             smtp: None,
+            on_ready: None,
         }
     }
 }

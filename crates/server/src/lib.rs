@@ -223,6 +223,14 @@ pub async fn serve(
         registrations: rate::RequestRate::new(rate::REGISTRATIONS_PER_TOKEN).map(Arc::new),
     };
 
+    if let Some(on_ready) = config.on_ready.clone() {
+        let mut ready = state.ready.clone();
+        tokio::spawn(async move {
+            if ready.wait_for(|ready| *ready).await.is_ok() {
+                let _ = on_ready.send(true);
+            }
+        });
+    }
     let mut duties = tokio::task::JoinSet::new();
     duties.spawn(duty("firing", firing_loop.run(ready_tx, stop_rx.clone())));
     duties.spawn(duty(

@@ -7,8 +7,18 @@ use sked_core::egress::EgressRule;
 use sked_core::HumanDuration;
 use std::path::{Path, PathBuf};
 
+/// What `sked --version` prints after the name: the version, the commit and the build date.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SKED_COMMIT"),
+    ", built ",
+    env!("SKED_BUILD_DATE"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
-#[command(name = "sked", version, about = "A distributed job scheduler")]
+#[command(name = "sked", version = VERSION, about = "A distributed job scheduler")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -52,6 +62,17 @@ pub enum Command {
     /// Simulate the dispatch policies on a request trace (no server needed): `workload`,
     /// `matrix`, `run`.
     Sim(crate::sim::SimArgs),
+    /// Print a shell's completion script for sked (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write sked's manual pages (sked.1, and one per subcommand) into a directory.
+    Man {
+        /// Where the pages go; created when missing.
+        #[arg(long, value_name = "DIR")]
+        out_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -864,6 +885,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             }
         },
         Command::Sim(args) => crate::sim::run(args),
+        Command::Completions { shell } => {
+            crate::manual::completions(shell, &mut std::io::stdout().lock())
+        }
+        Command::Man { out_dir } => crate::manual::man_pages(&out_dir),
     }
 }
 

@@ -7,7 +7,9 @@ mod cli;
 mod client;
 mod config;
 mod graph;
+mod manual;
 mod serve;
+mod service;
 mod sim;
 
 use clap::Parser;

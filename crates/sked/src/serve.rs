@@ -21,8 +21,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// Resolves on Ctrl-C or SIGTERM.
+/// Resolves on Ctrl-C or SIGTERM, having told the service manager the drain begins.
 async fn shutdown_signal() {
+    stop_signal().await;
+    crate::service::stopping();
+}
+
+async fn stop_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -64,6 +69,7 @@ async fn open_store(args: &ServerArgs) -> Result<OpenStore> {
     }
     let dir = &args.store.data_dir;
     create_private_dir(dir)?;
+    refuse_foreign_dir(dir)?;
     let path = dir.join(DB_FILE);
     // The error names the file and says what to do.
     let store = SqliteStore::open(&path)?;
@@ -92,6 +98,47 @@ fn create_private_dir(dir: &Path) -> Result<()> {
             "the data directory {} may be read by other users (mode {:o}); it holds job              definitions with their env: chmod 700 it",
             dir.display(),
             mode & 0o777
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a data directory this process may not keep: one it cannot write to, or, when
+/// running as root, one that belongs to another user (a service's, typically): the files root
+/// created there would be unreadable to that service at its next start.
+fn refuse_foreign_dir(dir: &Path) -> Result<()> {
+    use nix::unistd::{access, AccessFlags, Uid, User};
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(dir)
+        .with_context(|| format!("cannot read the data directory {}", dir.display()))?
+        .uid();
+    let me = Uid::effective();
+    if owner == me.as_raw() {
+        return Ok(());
+    }
+    let user_name = |uid: u32| {
+        User::from_uid(Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map_or_else(|| format!("uid {uid}"), |user| user.name)
+    };
+    if me.is_root() {
+        bail!(
+            "the data directory {} belongs to {}, but sked runs as root: files it wrote there \
+             would be root's, and the directory's owner could no longer read them. Run sked as \
+             its owner (`runuser -u {} -- sked ...`), or choose another --data-dir",
+            dir.display(),
+            user_name(owner),
+            user_name(owner)
+        );
+    }
+    if access(dir, AccessFlags::W_OK | AccessFlags::X_OK).is_err() {
+        bail!(
+            "the data directory {} belongs to {}, and {} (whom sked runs as) may not write to \
+             it: run sked as its owner, `chown` it, or choose another --data-dir",
+            dir.display(),
+            user_name(owner),
+            user_name(me.as_raw())
         );
     }
     Ok(())
@@ -411,8 +458,16 @@ fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConf
     })
 }
 
+/// Readiness for the service manager: the server tells the sender, `service` the manager.
+fn notify_when_ready(config: &mut ServerConfig) {
+    let (ready, readiness) = watch::channel(false);
+    config.on_ready = Some(ready);
+    tokio::spawn(crate::service::ready_when(readiness));
+}
+
 pub async fn server(args: ServerArgs) -> Result<()> {
     let mut config = server_config(&args, false)?;
+    notify_when_ready(&mut config);
     let opened = open_store(&args).await?;
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
@@ -433,6 +488,7 @@ pub async fn server(args: ServerArgs) -> Result<()> {
 
 pub async fn dev(args: DevArgs) -> Result<()> {
     let mut config = server_config(&args.server, true)?;
+    notify_when_ready(&mut config);
     let listener = sked_server::bind(&config).await?;
     let addr = listener.local_addr()?;
     let open = !args.require_token;
