@@ -62,10 +62,9 @@ impl Place {
 
 /// A new schema in the database at `base`, and a URL whose connections use it.
 pub async fn fresh_schema(base: &str) -> Result<Place> {
-    let (admin, connection) = tokio_postgres::connect(base, tokio_postgres::NoTls)
+    let admin = sked_store::postgres::client(base)
         .await
         .context("connect to --database-url")?;
-    tokio::spawn(connection);
     let name = format!("sked_bench_{:016x}", rand::random::<u64>());
     admin
         .batch_execute(&format!("CREATE SCHEMA {name}"))

@@ -48,8 +48,7 @@ pub async fn proxied(url: &str, one_way: Duration) -> Result<String> {
 /// The median time of a trivial query through the proxy: the timer's granularity makes a
 /// delay somewhat longer than asked, and this says by how much.
 async fn round_trip(url: &str) -> Result<Duration> {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
+    let client = sked_store::postgres::client(url).await?;
     let mut times = Vec::new();
     for _ in 0..50 {
         let began = Instant::now();

@@ -144,8 +144,7 @@ async fn measure(
     let ids: Vec<String> = nodes.iter().map(|n| n.id.clone()).collect();
     wait_balanced(&http, &nodes[0].base(), NODES, Some(&ids), START_LIMIT).await?;
     // The ledger is read by this connection, with the schema's tables unqualified.
-    let (db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
+    let db = sked_store::postgres::client(url).await?;
 
     let sink = Sink::start().await?;
     let servers: Vec<String> = nodes.iter().map(Node::base).collect();

@@ -1,6 +1,8 @@
 //! Decides at build time whether a package's tests that need a real service run (this one's,
 //! and the `sked` binary's, whose build script includes this file): PostgreSQL with
-//! `SKED_TEST_DATABASE_URL` set, the brokers (RabbitMQ, NATS, Redis) with
+//! `SKED_TEST_DATABASE_URL` set (and the instances a test starts itself, over TLS, with that
+//! and PostgreSQL's server programs in `SKED_TEST_PG_BIN`, by default
+//! /usr/lib/postgresql/15/bin), the brokers (RabbitMQ, NATS, Redis) with
 //! `SKED_TEST_AMQP_URL`, `SKED_TEST_NATS_URL` and `SKED_TEST_REDIS_URL` set, the web console
 //! in a real Chromium with `SKED_TEST_CHROMEDRIVER` (the `chromedriver` to start); under CI, where
 //! their absence must fail loudly, always. Otherwise they are reported as `ignored`, never as
@@ -13,12 +15,26 @@ fn set(var: &str) -> bool {
 
 pub fn main() {
     println!("cargo::rustc-check-cfg=cfg(sked_pg_tests)");
+    println!("cargo::rustc-check-cfg=cfg(sked_pg_server_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_broker_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_browser_tests)");
     println!("cargo::rerun-if-env-changed=CI");
     let ci = std::env::var_os("CI").is_some();
-    if set("SKED_TEST_DATABASE_URL") || ci {
+    let pg = set("SKED_TEST_DATABASE_URL");
+    if pg || ci {
         println!("cargo::rustc-cfg=sked_pg_tests");
+    }
+    println!("cargo::rerun-if-env-changed=SKED_TEST_PG_BIN");
+    let pg_bin = std::env::var_os("SKED_TEST_PG_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/usr/lib/postgresql/15/bin".into());
+    if pg_bin.is_dir() {
+        // Noticed when PostgreSQL is installed or removed; a directory that does not exist
+        // cannot be watched (cargo would run this script on every build).
+        println!("cargo::rerun-if-changed={}", pg_bin.display());
+    }
+    if (pg && pg_bin.join("initdb").exists()) || ci {
+        println!("cargo::rustc-cfg=sked_pg_server_tests");
     }
     let brokers = [
         "SKED_TEST_AMQP_URL",

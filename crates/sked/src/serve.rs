@@ -59,12 +59,11 @@ struct OpenStore {
 
 async fn open_store(args: &ServerArgs) -> Result<OpenStore> {
     if let Some(url) = &args.store.database_url {
-        let store = PgStore::connect(url)
-            .await
-            .context("cannot open the PostgreSQL store")?;
+        // The error says "cannot open the store", where, and why.
+        let store = PgStore::connect(url).await?;
         return Ok(OpenStore {
+            place: store.place(),
             store: Arc::new(store),
-            place: "PostgreSQL".to_string(),
         });
     }
     let dir = &args.store.data_dir;

@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::NoTls;
 
 /// The tables copied, in an order that meets every foreign key.
 pub const TABLES: &[&str] = &[
@@ -111,8 +110,8 @@ impl Location {
     pub fn describe(&self) -> String {
         match self {
             Location::Sqlite(path) => format!("sqlite:{}", path.display()),
-            Location::Postgres(url) => match url.parse::<tokio_postgres::Config>() {
-                Ok(config) => crate::postgres::describe(&config),
+            Location::Postgres(url) => match crate::postgres::connection::DatabaseUrl::parse(url) {
+                Ok(url) => url.describe(),
                 Err(_) => "a PostgreSQL database".to_string(),
             },
         }
@@ -165,7 +164,7 @@ pub async fn migrate(from: &Location, to: &Location, progress: Progress) -> Resu
     drop(crate::SqliteStore::open(sqlite)?);
     drop(crate::PgStore::connect(postgres).await?);
     let columns = sqlite_columns(sqlite)?;
-    let pg = pg_client(postgres).await?;
+    let pg = crate::postgres::client(postgres).await?;
     let types = pg_types(&pg, &columns).await?;
     let target = to.describe();
     let totals = if into_postgres {
@@ -230,18 +229,6 @@ fn sqlite_counts(file: &Path) -> Result<Vec<u64>> {
             Ok(n.max(0) as u64)
         })
         .collect()
-}
-
-async fn pg_client(url: &str) -> Result<tokio_postgres::Client> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .map_err(|e| StoreError::Open(format!("cannot connect to PostgreSQL: {e}")))?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::warn!("the migration's PostgreSQL connection ended: {e}");
-        }
-    });
-    Ok(client)
 }
 
 async fn pg_counts(pg: &tokio_postgres::Client) -> Result<Vec<u64>> {
@@ -503,7 +490,7 @@ async fn read_postgres(
     send: mpsc::Sender<Batch>,
 ) -> Result<()> {
     use futures_util::StreamExt;
-    let mut pg = pg_client(url).await?;
+    let mut pg = crate::postgres::client(url).await?;
     let tx = pg
         .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)

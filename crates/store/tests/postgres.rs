@@ -11,7 +11,6 @@ use sked_core::cluster::{partition_of, PARTITIONS, PARTITION_SQL};
 use sked_core::run::Trigger;
 use sked_store::{Audit, Fire, NodeInfo, PgStore, PutMode, Store, StoreError, StoreEvent};
 use std::time::Duration;
-use tokio_postgres::NoTls;
 
 const URL_VAR: &str = "SKED_TEST_DATABASE_URL";
 
@@ -41,13 +40,9 @@ fn in_schema(url: &str, schema: &str) -> String {
 }
 
 async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
+    sked_store::postgres::client(url)
         .await
-        .expect("connect to the test database");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
+        .expect("connect to the test database")
 }
 
 /// An empty schema of the test's own, dropped (best effort) when the guard goes.
@@ -94,8 +89,7 @@ impl Drop for Schema {
                 .build()
                 .ok()?;
             runtime.block_on(async {
-                let (client, connection) = tokio_postgres::connect(&url, NoTls).await.ok()?;
-                let task = tokio::spawn(connection);
+                let client = sked_store::postgres::client(&url).await.ok()?;
                 // Sessions of the test still open (a connection whose task was cancelled but
                 // not yet dropped, because this very drop blocks its runtime) would hold locks
                 // the drop waits for: end them first.
@@ -108,7 +102,6 @@ impl Drop for Schema {
                     ))
                     .await;
                 drop(client);
-                let _ = task.await;
                 done.ok()
             })
         })

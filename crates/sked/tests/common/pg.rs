@@ -29,10 +29,9 @@ impl Schema {
                  postgres://postgres@127.0.0.1:5432/test)"
             )
         });
-        let (admin, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        let admin = sked_store::postgres::client(&base)
             .await
             .expect("connect to SKED_TEST_DATABASE_URL");
-        tokio::spawn(connection);
         let name = format!("sked_bb_{:016x}", rand::random::<u64>());
         admin
             .batch_execute(&format!("CREATE SCHEMA {name}"))
@@ -45,11 +44,9 @@ impl Schema {
 
     /// A connection whose unqualified table names are this schema's.
     pub async fn client(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+        sked_store::postgres::client(&self.url)
             .await
-            .expect("connect to the test schema");
-        tokio::spawn(connection);
-        client
+            .expect("connect to the test schema")
     }
 
     pub async fn drop_schema(self) {

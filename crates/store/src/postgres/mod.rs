@@ -24,6 +24,7 @@
 
 mod audit;
 mod cluster;
+pub mod connection;
 mod dependencies;
 mod events;
 mod heartbeats;
@@ -37,14 +38,16 @@ mod partitions;
 mod rows;
 mod schema;
 mod sealed;
+mod tls;
 mod tokens;
 mod workers;
 
 use crate::*;
+use connection::{Connector, PoolConnect};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use notify::{Announcer, Channel, Kind};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{IsolationLevel, NoTls};
+use tokio_postgres::IsolationLevel;
 
 #[doc(hidden)]
 pub use schema::{latest_version, migrations_through};
@@ -56,7 +59,6 @@ type Tx<'a> = deadpool_postgres::Transaction<'a>;
 const POOL_SIZE: usize = 8;
 /// How long a call waits for a free connection, or for a new one to open.
 const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Runs of a transaction PostgreSQL aborted as a deadlock or a serialization failure.
 const TRIES: u32 = 5;
 
@@ -102,8 +104,24 @@ impl From<tokio_postgres::Error> for StoreError {
             }
             return StoreError::Database(format!("{}: {}", db.severity(), db.message()));
         }
-        StoreError::Database(e.to_string())
+        StoreError::Database(said(&e))
     }
+}
+
+/// What a tokio-postgres error says, with its causes: its own words name only its kind
+/// ("error connecting to server", "db error").
+pub(crate) fn said(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {}", db.severity(), db.message());
+    }
+    let mut words = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        words.push_str(": ");
+        words.push_str(&c.to_string());
+        cause = c.source();
+    }
+    words
 }
 
 impl Fail {
@@ -125,8 +143,9 @@ impl Fail {
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
-    /// Kept for the listening connection, which lives outside the pool.
-    config: tokio_postgres::Config,
+    /// How connections are opened; kept for the listening connection, which lives outside
+    /// the pool.
+    connector: Connector,
     /// Where job changes are announced to the other nodes, inside their transactions.
     channel: Channel,
     /// Announces runs queued and dequeued, after their transactions commit.
@@ -149,22 +168,27 @@ impl PgStore {
     /// once on an empty database: the migrations run once, under an advisory lock.
     ///
     /// The tables live in the connection's current schema (the first of its `search_path`),
-    /// so `options=-csearch_path%3Dsked` in the URL puts sked in a schema of its own.
+    /// so `options=-csearch_path%3Dsked` in the URL puts sked in a schema of its own. TLS
+    /// follows libpq's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` (`tls.rs`); several
+    /// hosts are tried in order (`connection.rs`).
     pub async fn connect(url: &str) -> Result<PgStore> {
-        let mut config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| StoreError::Open(format!("bad PostgreSQL connection string: {e}")))?;
-        if config.get_application_name().is_none() {
-            config.application_name("sked");
-        }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
-        }
+        let connector = Connector::new(url)?;
+        let where_ = connector.place().to_string();
 
-        let where_ = describe(&config);
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
+        // The first connection is made here rather than by the pool, whose errors cannot say
+        // what each host answered; the schema is brought up to date on it.
+        let mut client = connector.client().await?;
+        schema::migrate(&mut client, &where_).await?;
+        let schema: Option<String> = client
+            .query_one("SELECT current_schema()", &[])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| StoreError::Open(format!("{where_}: {}", StoreError::from(e))))?;
+        drop(client);
+
+        let manager = Manager::from_connect(
+            connector.config().clone(),
+            PoolConnect(connector.clone()),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -176,26 +200,24 @@ impl PgStore {
             .create_timeout(Some(POOL_WAIT))
             .build()
             .map_err(|e| StoreError::Open(format!("{where_}: {e}")))?;
-        let mut client = pool
-            .get()
-            .await
-            .map_err(|e| StoreError::Open(format!("{where_}: {e}")))?;
-        schema::migrate(&mut client, &where_).await?;
-        let schema: Option<String> = client
-            .query_one("SELECT current_schema()", &[])
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(|e| StoreError::Open(format!("{where_}: {}", StoreError::from(e))))?;
-        drop(client);
         let channel = Channel::for_schema(&schema.unwrap_or_default());
         Ok(PgStore {
             announcer: Announcer::start(pool.clone(), channel.clone()),
             pool,
-            config,
+            connector,
             channel,
             observer: std::sync::OnceLock::new(),
             backlog: Default::default(),
         })
+    }
+
+    /// Where the data is and how the link to it is protected, for the start-up line.
+    pub fn place(&self) -> String {
+        format!(
+            "{}, {}",
+            self.connector.place(),
+            self.connector.tls_summary()
+        )
     }
 
     async fn client(&self) -> PgResult<deadpool_postgres::Client> {
@@ -210,21 +232,11 @@ async fn pooled(pool: &Pool) -> Result<deadpool_postgres::Client> {
         .map_err(|e| StoreError::Database(format!("no connection to PostgreSQL: {e}")))
 }
 
-/// Where a connection string points, without its password, for error messages.
-pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
-    use tokio_postgres::config::Host;
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(name)) => name.clone(),
-        #[cfg(unix)]
-        Some(Host::Unix(path)) => path.display().to_string(),
-        None => "localhost".to_string(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let database = config
-        .get_dbname()
-        .or(config.get_user())
-        .unwrap_or_default();
-    format!("PostgreSQL at {host}:{port}/{database}")
+/// A connection of its own to the database at `url`, opened as the store opens its own (TLS
+/// and hosts as the URL says), driven by a task until the client is dropped: for tools and
+/// tests that read or prepare the database beside the store.
+pub async fn client(url: &str) -> Result<tokio_postgres::Client> {
+    Connector::new(url)?.client().await
 }
 
 /// Runs `$body` in one transaction on a pooled connection (`write`: READ COMMITTED; `read`:
@@ -953,7 +965,7 @@ impl Store for PgStore {
     }
 
     async fn subscribe(&self) -> Result<Option<StoreEvents>> {
-        notify::subscribe(self.config.clone(), self.channel.clone())
+        notify::subscribe(self.connector.clone(), self.channel.clone())
             .await
             .map(Some)
     }

@@ -17,6 +17,7 @@
 //! A listener lives on a connection outside the pool. If that connection is lost, whatever was
 //! sent meanwhile is gone, so after reconnecting the listener reports [`StoreEvent::Resync`].
 
+use super::connection::Connector;
 use super::{PgResult, Tx};
 use crate::{Result, StoreError, StoreEvent, StoreEvents};
 use deadpool_postgres::Pool;
@@ -25,7 +26,7 @@ use std::fmt::Write;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 /// Ids per notification: PostgreSQL caps a payload at 8,000 bytes.
 const IDS_PER_NOTIFICATION: usize = 300;
@@ -213,10 +214,10 @@ async fn send(pool: &Pool, channel: &Channel, payloads: &[String]) -> Result<()>
 
 /// Starts listening; returns once the first LISTEN is in place, so nothing committed after
 /// this returns is missed.
-pub async fn subscribe(config: tokio_postgres::Config, channel: Channel) -> Result<StoreEvents> {
+pub async fn subscribe(connector: Connector, channel: Channel) -> Result<StoreEvents> {
     let (events, receiver) = mpsc::unbounded_channel();
     let (ready, listening) = oneshot::channel();
-    tokio::spawn(listen(config, channel, events, ready));
+    tokio::spawn(listen(connector, channel, events, ready));
     match listening.await {
         Ok(Ok(())) => Ok(receiver),
         Ok(Err(e)) => Err(e),
@@ -227,14 +228,14 @@ pub async fn subscribe(config: tokio_postgres::Config, channel: Channel) -> Resu
 }
 
 async fn listen(
-    config: tokio_postgres::Config,
+    connector: Connector,
     channel: Channel,
     events: mpsc::UnboundedSender<StoreEvent>,
     ready: oneshot::Sender<Result<()>>,
 ) {
     let mut ready = Some(ready);
     loop {
-        let ended = listen_once(&config, &channel, &events, &mut ready).await;
+        let ended = listen_once(&connector, &channel, &events, &mut ready).await;
         if let Some(first) = ready.take() {
             // The first connection failed: the caller hears why and decides.
             let _ = first.send(ended);
@@ -255,12 +256,12 @@ async fn listen(
 
 /// One listening connection, until it ends or nobody receives events any more.
 async fn listen_once(
-    config: &tokio_postgres::Config,
+    connector: &Connector,
     channel: &Channel,
     events: &mpsc::UnboundedSender<StoreEvent>,
     ready: &mut Option<oneshot::Sender<Result<()>>>,
 ) -> Result<()> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+    let (client, mut connection) = connector.connect().await?;
     let (messages, mut incoming) = mpsc::unbounded_channel();
     // The connection is driven by polling its messages; notifications are passed on, and the
     // stream's end (or error) closes `incoming`.

@@ -462,7 +462,7 @@ const MIGRATION_LOCK: i32 = 0x736b_6564; // "sked"
 
 /// Brings the schema to the newest version in one transaction, under the advisory lock.
 /// `where_` names the database in errors.
-pub async fn migrate(client: &mut deadpool_postgres::Client, where_: &str) -> PgResult<()> {
+pub async fn migrate(client: &mut tokio_postgres::Client, where_: &str) -> PgResult<()> {
     let open = |e: tokio_postgres::Error| {
         Fail::Store(StoreError::Open(format!(
             "{where_}: {}",
@@ -483,7 +483,7 @@ pub async fn migrate(client: &mut deadpool_postgres::Client, where_: &str) -> Pg
 }
 
 async fn apply(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &tokio_postgres::Transaction<'_>,
     where_: &str,
     open: impl Fn(tokio_postgres::Error) -> Fail + Copy,
 ) -> PgResult<()> {
