@@ -4,83 +4,20 @@
 
 mod common;
 
+use common::certs::TestCa;
 use common::{free_port, shell, sked_command, Proc, ADMIN_TOKEN};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A throwaway CA and a certificate it signed for 127.0.0.1, made with `openssl`.
+/// A throwaway CA (`ca.pem`) and a certificate it signed for 127.0.0.1 (`server.pem`,
+/// `server.key`).
 fn certificates(dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    run(&[
-        &["req", "-x509"][..],
-        &ec,
-        &[
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=sked test CA",
-        ],
-    ]
-    .concat());
-    run(&[
-        &["req"][..],
-        &ec,
-        &[
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    ]
-    .concat());
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("ext");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "1",
-        "-extfile",
-        "san.ext",
-    ]);
+    TestCa::new(dir, "ca").issue(
+        "server",
+        "127.0.0.1",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost",
+    );
 }
 
 fn client(ca: Option<&Path>) -> reqwest::Client {
