@@ -341,7 +341,8 @@ fn without_hosts(config: &Config) -> Config {
 /// in libpq): the string without them, and their values. A string this cannot read is
 /// handed on whole, for tokio-postgres to say what is wrong with it.
 fn take_keys<'k>(text: &str, keys: &[&'k str]) -> (String, Vec<(&'k str, String)>) {
-    let spans = if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+    let is_url = text.starts_with("postgres://") || text.starts_with("postgresql://");
+    let spans = if is_url {
         url_params(text)
     } else {
         keyword_params(text)
@@ -361,7 +362,7 @@ fn take_keys<'k>(text: &str, keys: &[&'k str]) -> (String, Vec<(&'k str, String)
         from = param.end;
     }
     rest.push_str(&text[from..]);
-    if text.starts_with("postgres") {
+    if is_url {
         // A query left with a dangling separator: `?&a=1`, `?a=1&`, or a bare `?`.
         rest = tidy_query(&rest);
     }

@@ -24,7 +24,7 @@
 
 mod audit;
 mod cluster;
-pub mod connection;
+pub(crate) mod connection;
 mod dependencies;
 mod events;
 mod heartbeats;
@@ -102,7 +102,6 @@ impl From<tokio_postgres::Error> for StoreError {
             {
                 return StoreError::Conflict(format!("job ({})", db.message()));
             }
-            return StoreError::Database(format!("{}: {}", db.severity(), db.message()));
         }
         StoreError::Database(said(&e))
     }
