@@ -266,8 +266,13 @@ pub struct StoreArgs {
     /// Directory of the embedded store.
     #[arg(long, env = "SKED_DATA_DIR", default_value = "./sked-data")]
     pub data_dir: PathBuf,
-    /// PostgreSQL URL (instead of --data-dir), e.g. postgres://sked@db:5432/sked. Any number
-    /// of server nodes may share one database (see docs/CLUSTER.md).
+    /// PostgreSQL URL (instead of --data-dir), e.g. postgres://sked@db:5432/sked, or libpq's
+    /// key=value form. TLS as in libpq: sslmode is disable, prefer (the default), require,
+    /// verify-ca or verify-full; sslrootcert=FILE (or system) the CA, sslcert=FILE and
+    /// sslkey=FILE a client certificate; e.g. ...?sslmode=verify-full&sslrootcert=ca.pem.
+    /// Several hosts (postgres://sked@a:5432,b:5432/sked?target_session_attrs=read-write)
+    /// are tried in order. Any number of server nodes may share one database
+    /// (docs/OPERATIONS.md, docs/CLUSTER.md).
     #[arg(long, env = "SKED_DATABASE_URL")]
     pub database_url: Option<String>,
 }
