@@ -73,6 +73,32 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         out_dir: PathBuf,
     },
+    /// Whether a server is ready: exits 0 when its `/readyz` answers 200 (`--live`:
+    /// `/healthz`), non-zero saying what went wrong otherwise. For health checks of
+    /// containers and service managers, which have no HTTP client of their own.
+    Health(HealthArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// The server to check, e.g. https://sked.example.com. Default: the server this host
+    /// runs, at the address --listen names (on loopback when it listens on every address).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// The address the server listens on, as `sked server --listen` takes it; read when no
+    /// --server is given.
+    #[arg(long, env = "SKED_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Check `/healthz` (the process answers: it is alive) instead of `/readyz` (it is ready
+    /// to serve: schedules loaded, store committing).
+    #[arg(long)]
+    pub live: bool,
+    /// Give up on an answer after this long.
+    #[arg(long, default_value = "5s")]
+    pub timeout: HumanDuration,
+    /// Certificates (PEM) to trust for an https:// server besides the public roots.
+    #[arg(long, env = "SKED_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -894,6 +920,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             crate::manual::completions(shell, &mut std::io::stdout().lock())
         }
         Command::Man { out_dir } => crate::manual::man_pages(&out_dir),
+        Command::Health(args) => client::health(&args).await,
     }
 }
 

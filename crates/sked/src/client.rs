@@ -6,9 +6,87 @@ use reqwest::{Method, Response};
 use serde_json::Value;
 use sked_core::auth::Secret;
 use std::io::Write;
+use std::path::Path;
 
 /// How many times a request refused for the token's request rate is sent.
 const RATE_LIMIT_TRIES: u32 = 5;
+
+/// `builder`, also trusting the certificates (PEM) of `ca_file` when one is given.
+fn trusting(
+    mut builder: reqwest::ClientBuilder,
+    ca_file: Option<&Path>,
+) -> Result<reqwest::ClientBuilder> {
+    if let Some(path) = ca_file {
+        let pem = crate::serve::read_certificates(path)?;
+        for certificate in reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("{} holds no PEM certificates", path.display()))?
+        {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    Ok(builder)
+}
+
+/// The most of a health answer's body that `sked health` reads and prints: a sked server's is
+/// a line per broker connection at most, and a stranger's page is no business of a check.
+const HEALTH_BODY_LIMIT: usize = 4096;
+
+/// `sked health`: asks the server's `/readyz` (or `/healthz`) and succeeds only on 200, printing
+/// what the server said either way.
+pub async fn health(args: &crate::cli::HealthArgs) -> Result<()> {
+    let base = match &args.server {
+        Some(url) => url.trim_end_matches('/').to_string(),
+        None => local_server(&args.listen),
+    };
+    let url = format!("{base}{}", if args.live { "/healthz" } else { "/readyz" });
+    let http = trusting(reqwest::Client::builder(), args.ca_file.as_deref())?
+        .timeout(args.timeout.0)
+        .build()
+        .context("cannot build the HTTP client")?;
+    let mut resp = http
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the sked server at {base}"))?;
+    let status = resp.status();
+    let mut body = Vec::new();
+    while body.len() < HEALTH_BODY_LIMIT {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            // What the status says is the answer; a body cut short only shortens the message.
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body.truncate(HEALTH_BODY_LIMIT);
+    let said = String::from_utf8_lossy(&body).trim().to_string();
+    if status == reqwest::StatusCode::OK {
+        println!("{url}: {}", if said.is_empty() { "ok" } else { &said });
+        return Ok(());
+    }
+    if said.is_empty() {
+        bail!("{url} answered {status}");
+    }
+    bail!("{url} answered {status}: {said}")
+}
+
+/// The URL of the server that listens on `listen` on this host: an address that means every
+/// address (`0.0.0.0`, `[::]`) is reached on the loopback address of its family.
+fn local_server(listen: &str) -> String {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    match listen.parse::<SocketAddr>() {
+        Ok(mut addr) => {
+            if addr.ip().is_unspecified() {
+                addr.set_ip(match addr.ip() {
+                    IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                    IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+                });
+            }
+            format!("http://{addr}")
+        }
+        // A host name and port, as `--listen localhost:8080` takes it.
+        Err(_) => format!("http://{listen}"),
+    }
+}
 
 pub struct Client {
     http: reqwest::Client,
@@ -27,16 +105,7 @@ impl Client {
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let mut builder = reqwest::Client::builder();
-        if let Some(path) = &args.ca_file {
-            let pem = crate::serve::read_certificates(path)?;
-            for certificate in reqwest::Certificate::from_pem_bundle(&pem)
-                .with_context(|| format!("{} holds no PEM certificates", path.display()))?
-            {
-                builder = builder.add_root_certificate(certificate);
-            }
-        }
-        let http = builder
+        let http = trusting(reqwest::Client::builder(), args.ca_file.as_deref())?
             .default_headers(headers)
             .pool_idle_timeout(sked_core::protocol::CLIENT_IDLE_TIMEOUT)
             .build()
@@ -974,5 +1043,19 @@ fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     line(headers.to_vec());
     for row in rows {
         line(row.iter().map(String::as_str).collect());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_server;
+
+    #[test]
+    fn the_local_server_is_reached_on_loopback_when_it_listens_everywhere() {
+        assert_eq!(local_server("0.0.0.0:8080"), "http://127.0.0.1:8080");
+        assert_eq!(local_server("[::]:9000"), "http://[::1]:9000");
+        assert_eq!(local_server("127.0.0.1:18080"), "http://127.0.0.1:18080");
+        assert_eq!(local_server("10.1.2.3:8080"), "http://10.1.2.3:8080");
+        assert_eq!(local_server("localhost:8080"), "http://localhost:8080");
     }
 }

@@ -572,6 +572,78 @@ async fn a_client_whose_output_pipe_closed_exits_quietly() {
     assert!(!err.contains("panicked") && err.is_empty(), "{err}");
 }
 
+/// `sked health`, what a container's health check runs, succeeds only when the server answers
+/// 200, and otherwise says what answered or why nothing did, within its timeout. Without
+/// `--server` it finds the server at the address `SKED_LISTEN` names, on loopback when that
+/// address is every address.
+#[tokio::test]
+async fn health_succeeds_only_when_the_server_answers_200() {
+    let mut sked = Sked::new();
+    let listen_everywhere = format!("0.0.0.0:{}", sked.port);
+    let health = |args: &[&str]| {
+        let out = sked_command()
+            .arg("health")
+            .args(args)
+            .env("SKED_LISTEN", &listen_everywhere)
+            .output()
+            .expect("run sked health");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let base = sked.base();
+
+    let (ok, out, err) = health(&[]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains(&format!("cannot reach the sked server at {base}")),
+        "{err}"
+    );
+
+    sked.start_server(&[]).await;
+    let (ok, out, err) = health(&[]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(out.trim(), format!("{base}/readyz: ready"));
+    let (ok, out, err) = health(&["--live"]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(out.trim(), format!("{base}/healthz: ok"));
+
+    // An answer other than 200 fails, naming the status.
+    let elsewhere = format!("{base}/nowhere");
+    let (ok, out, err) = health(&["--server", &elsewhere]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains(&format!("{elsewhere}/readyz answered 404 Not Found")),
+        "{err}"
+    );
+
+    // A server that takes the connection and never answers fails the check in time.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let started = std::time::Instant::now();
+    let (ok, out, err) = health(&["--server", &silent_url, "--timeout", "1s"]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains(&format!("cannot reach the sked server at {silent_url}")),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Once the server has stopped, the check fails again.
+    if let Some(server) = sked.server.as_mut() {
+        server.stop(Duration::from_secs(10));
+    }
+    let (ok, _, err) = health(&[]);
+    assert!(!ok);
+    assert!(err.contains("cannot reach the sked server"), "{err}");
+}
+
 /// `sked config check` reports every mistake of a file at once, with the nearest known name
 /// for a misspelt table or key.
 #[test]
