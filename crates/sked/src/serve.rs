@@ -344,21 +344,29 @@ async fn read_private(path: &Path, what: &str) -> Result<Option<String>> {
 /// sealed secret and the token is an administrator's, so starting with either exposed would
 /// hand them out silently.
 fn refuse_shared(path: &Path, what: &str) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path)
-        .with_context(|| format!("cannot read the {what} {}", path.display()))?
-        .permissions()
-        .mode();
-    if mode & 0o077 != 0 {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read the {what} {}", path.display()))?;
+    if exposed(meta.mode(), meta.uid()) {
         bail!(
             "the {what} file {} may be read by other users (mode {:o}): run `chmod 600 {}` \
              (and replace the {what} if others may have read it)",
             path.display(),
-            mode & 0o777,
+            meta.mode() & 0o777,
             path.display()
         );
     }
     Ok(())
+}
+
+/// Whether a private file of this mode and owner is open to more than its owner. A file root
+/// owns may also be readable by its group, as PostgreSQL allows for its key: root granted that
+/// group the file on purpose, as an administrator does with `root:sked 0640` and as
+/// Kubernetes does for a Secret volume under `fsGroup` (mode 0440, whatever `defaultMode`
+/// says).
+fn exposed(mode: u32, owner: u32) -> bool {
+    let granted = if owner == 0 { 0o040 } else { 0 };
+    mode & 0o077 & !granted != 0
 }
 
 /// Writes a new file only its owner may read. An existing file is never overwritten: `false`
@@ -662,4 +670,27 @@ fn host_name() -> String {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "sked".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exposed;
+
+    #[test]
+    fn a_private_file_is_its_owners_or_read_by_the_group_root_granted_it() {
+        const ROOT: u32 = 0;
+        const SKED: u32 = 10001;
+        for mode in [0o600, 0o400, 0o700] {
+            assert!(!exposed(mode, SKED), "{mode:o}");
+            assert!(!exposed(mode, ROOT), "{mode:o}");
+        }
+        for mode in [0o640, 0o440] {
+            assert!(exposed(mode, SKED), "{mode:o}");
+            assert!(!exposed(mode, ROOT), "{mode:o}");
+        }
+        for mode in [0o644, 0o604, 0o660, 0o620, 0o444] {
+            assert!(exposed(mode, SKED), "{mode:o}");
+            assert!(exposed(mode, ROOT), "{mode:o}");
+        }
+    }
 }

@@ -712,6 +712,13 @@ async fn a_key_or_token_file_others_may_read_stops_the_start() {
         "--secret-key-file",
         key_arg,
     ];
+    // A file root owns may be readable by its group (the next test): these are a service
+    // user's, as when the tests run as one.
+    if is_roots(&token_file) {
+        for path in [&token_file, &key_file] {
+            std::os::unix::fs::chown(path, Some(SERVICE_USER), Some(SERVICE_USER)).expect("chown");
+        }
+    }
     for (exposed, mode) in [(&token_file, 0o644), (&key_file, 0o640), (&key_file, 0o604)] {
         chmod(&token_file, 0o600);
         chmod(&key_file, 0o600);
@@ -734,6 +741,62 @@ async fn a_key_or_token_file_others_may_read_stops_the_start() {
         said.contains(&format!("chmod 600 {}", own_key.display())),
         "{said}"
     );
+}
+
+/// A uid no test process runs as, for files a service user owns.
+const SERVICE_USER: u32 = 10001;
+
+fn is_roots(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).expect("stat").uid() == 0
+}
+
+/// A key and token file root owns may be readable by its group, as PostgreSQL allows for its
+/// key: an administrator's `root:sked 0640`, and what Kubernetes makes of a Secret volume under
+/// `fsGroup` (0440). Others may still read neither.
+#[tokio::test]
+async fn a_key_or_token_file_root_owns_may_be_read_by_its_group() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut sked = Sked::new();
+    let dir = sked.dir.path();
+    let (token_file, key_file) = (dir.join("granted.token"), dir.join("granted.key"));
+    std::fs::write(&token_file, ADMIN_TOKEN).expect("write");
+    std::fs::write(&key_file, common::SECRET_KEY).expect("write");
+    if !is_roots(&token_file) {
+        // Only root can make a file root's; CI runs as root.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run this test as root, to make files root owns"
+        );
+        eprintln!("skipped: files root owns can be made only as root");
+        return;
+    }
+    for path in [&token_file, &key_file] {
+        std::os::unix::fs::chown(path, None, Some(SERVICE_USER)).expect("chown");
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o440)).expect("chmod");
+    }
+    let (token_arg, key_arg) = (
+        token_file.to_str().expect("utf-8"),
+        key_file.to_str().expect("utf-8"),
+    );
+    let args = [
+        "--admin-token-file",
+        token_arg,
+        "--secret-key-file",
+        key_arg,
+    ];
+    // Readable by all: refused, root's or not.
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o444)).expect("chmod");
+    let (status, said) = start_that_stops(&sked, &args);
+    assert!(!status.success(), "{said}");
+    assert!(
+        said.contains(&format!("chmod 600 {}", key_file.display())),
+        "{said}"
+    );
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o440)).expect("chmod");
+    sked.start_server(&args).await;
+    let (status, _) = sked.get("/jobs").await;
+    assert_eq!(status, 200);
 }
 
 #[tokio::test]
