@@ -64,6 +64,7 @@ pub enum Command {
     Sim(crate::sim::SimArgs),
     /// Print a shell's completion script for sked (bash, zsh, fish, elvish, powershell).
     Completions {
+        /// The shell the script is for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
