@@ -74,14 +74,14 @@ async fn many_workers_are_paged_and_bogus_ids_cost_nothing() {
     let (status, runs) = sked.get("/runs?limit=10").await;
     assert_eq!(status, 200, "{runs}");
     // A body that is not an object is refused as such (400), before the id is looked up.
-    let (status, refused) = sked
-        .post("/workers/bogus-0/deregister", json!([null, null]))
-        .await;
-    assert_eq!(
-        (status, &refused["error"]["code"]),
-        (400, &json!("invalid_request")),
-        "{refused}"
-    );
+    for body in [json!([null, null]), Value::Null, json!("stop"), json!(1)] {
+        let (status, refused) = sked.post("/workers/bogus-0/deregister", body.clone()).await;
+        assert_eq!(
+            (status, &refused["error"]["code"]),
+            (400, &json!("invalid_request")),
+            "{body}: {refused}"
+        );
+    }
 
     // A heartbeat lists at most as many running attempts as a worker can have slots. (A worker
     // registered now: those above have been silent for longer than the heartbeat timeout on a

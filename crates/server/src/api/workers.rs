@@ -335,8 +335,11 @@ pub async fn deregister(
     // The body says nothing yet, but one that is not an object is refused (400) before the
     // worker is looked up, as for every worker call.
     let raw = body(raw)?;
-    if !raw.is_empty() {
-        parse_json::<serde_json::Map<String, serde_json::Value>>(&raw)?;
+    if !raw.is_empty() && !parse_json::<serde_json::Value>(&raw)?.is_object() {
+        return Err(ApiError::invalid(
+            "body",
+            "the body, when there is one, must be a JSON object",
+        ));
     }
     owned_worker(&state, &caller, &id).await?;
     state.dispatcher.drain_worker(&id);
