@@ -214,23 +214,7 @@ async fn a_drained_worker_finishes_its_attempts_takes_nothing_more_and_exits() {
 
 /// A console page as the admin sees it: logs in with the admin token, then gets `path`.
 async fn console_page(sked: &Sked, path: &str) -> String {
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client");
-    let login = client
-        .post(format!("{}/login", sked.base()))
-        .form(&[("token", common::ADMIN_TOKEN), ("next", "/")])
-        .send()
-        .await
-        .expect("login");
-    let cookie = login
-        .headers()
-        .get(reqwest::header::SET_COOKIE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .expect("a session cookie")
-        .to_string();
+    let (client, cookie) = common::console_session(sked, common::ADMIN_TOKEN).await;
     let page = client
         .get(format!("{}{path}", sked.base()))
         .header(reqwest::header::COOKIE, cookie)
