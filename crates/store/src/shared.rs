@@ -111,6 +111,37 @@ impl CompletingJob {
     }
 }
 
+/// How a dependant's run begins at an upstream run's instant, the same in every store.
+pub struct DependantStart {
+    pub state: RunState,
+    /// Why it is skipped: its job is paused, or the instant was skipped for it (`at.skip`).
+    pub skip: Option<SkipReason>,
+    /// Why it waits, when it does: for its dependencies.
+    pub waiting_reason: Option<&'static str>,
+}
+
+/// A paused dependant's run is skipped (`paused`), as is one whose instant was skipped
+/// (`skip`); any other waits for its dependencies.
+pub fn dependant_start(paused: bool, skip: Option<SkipReason>) -> DependantStart {
+    let skip = if paused {
+        Some(SkipReason::Paused)
+    } else {
+        skip
+    };
+    match skip {
+        Some(reason) => DependantStart {
+            state: RunState::Skipped,
+            skip: Some(reason),
+            waiting_reason: None,
+        },
+        None => DependantStart {
+            state: RunState::Waiting,
+            skip: None,
+            waiting_reason: Some("dependencies"),
+        },
+    }
+}
+
 /// Whether deciding what follows an attempt with this outcome reads the job's retry policy:
 /// only a failure, which counts against the retry budget, does; a success reads none.
 pub fn counts_against_retries(outcome: AttemptOutcome) -> bool {

@@ -559,17 +559,12 @@ fn start(
     now: Instant,
     ended: &mut Vec<Ended>,
 ) -> Result<Vec<i64>> {
-    let skip = if dependant.spec.paused {
-        Some(SkipReason::Paused)
-    } else {
-        at.skip
-    };
+    let crate::shared::DependantStart {
+        state,
+        skip,
+        waiting_reason,
+    } = crate::shared::dependant_start(dependant.spec.paused, at.skip);
     let skipped = skip.is_some();
-    let (state, waiting_reason) = if skipped {
-        (RunState::Skipped, None)
-    } else {
-        (RunState::Waiting, Some("dependencies"))
-    };
     let (waiting_for, until) = crate::shared::waiting_columns(&dependant.spec, &[], now)?;
     let places = super::ledger::placements_of(tx, &dependant.spec, at.namespace)?;
     let count = places.len();
