@@ -40,6 +40,7 @@ macro_rules! string_enum {
 }
 
 pub mod auth;
+pub mod calendar;
 pub mod cluster;
 pub mod dependency;
 pub mod dispatch;
