@@ -405,7 +405,8 @@ pub fn firing_state_after_put(
     let now = crate::ledger_instant(now);
     let (epoch, fired, next, schedule) = match previous {
         Some((old, state)) if old.schedule == job.spec.schedule => {
-            let schedule = Schedule::compile(job.spec.schedule.as_ref(), state.schedule_epoch)?;
+            // The job's compiled schedule carries its calendar, resolved by the caller.
+            let schedule = job.schedule.clone().with_epoch(state.schedule_epoch);
             (
                 state.schedule_epoch,
                 state.fired_count,
@@ -414,7 +415,7 @@ pub fn firing_state_after_put(
             )
         }
         _ => {
-            let schedule = Schedule::compile(job.spec.schedule.as_ref(), now)?;
+            let schedule = job.schedule.clone().with_epoch(now);
             (now, 0, schedule.first(), schedule)
         }
     };

@@ -79,6 +79,10 @@ pub struct RunRecord {
     pub job_id: i64,
     /// The instant this run is for: with the job, the run's identity in the ledger.
     pub scheduled_for: Instant,
+    /// The instant its schedule named, when a calendar moved the run from a closed day to
+    /// `scheduled_for`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nominal_for: Option<Instant>,
     pub trigger: Trigger,
     pub state: RunState,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -82,6 +82,8 @@ pub enum SkipReason {
     DependenciesTimedOut,
     /// Too many runs of the job, or of its namespace, were already waiting for a worker.
     Backlog,
+    /// Its instant fell on a day its schedule's calendar closes (the run's `error` says why).
+    Calendar,
 }
 
 string_enum!(SkipReason {
@@ -91,6 +93,7 @@ string_enum!(SkipReason {
     UpstreamFailed => "upstream_failed",
     DependenciesTimedOut => "dependencies_timed_out",
     Backlog => "backlog",
+    Calendar => "calendar",
 });
 
 /// What a waiting run waits for.

@@ -181,6 +181,8 @@ fn fire(job_id: i64, at: Instant) -> Fire {
         skip: None,
         ready_at: at,
         advance: None,
+        nominal_for: None,
+        why: None,
     }
 }
 
@@ -2902,6 +2904,8 @@ pub async fn a_clean_stop_is_stopped_not_lost_and_takes_back_its_attempts(store:
         skip: None,
         ready_at: now,
         advance: None,
+        nominal_for: None,
+        why: None,
     };
     let fired = store
         .record_fires(&[fire], now, Audit::none())

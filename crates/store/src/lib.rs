@@ -9,6 +9,7 @@
 //! (PostgreSQL, shared by a cluster of server nodes). Both pass the same contract suite
 //! ([`contract`]).
 
+pub mod calendars;
 pub mod contract;
 pub mod cursor;
 pub mod postgres;
@@ -33,6 +34,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use calendars::{CalendarDeletion, CalendarStore};
 pub use postgres::PgStore;
 pub use sqlite::{CheckReport, SqliteStore};
 
@@ -213,6 +215,11 @@ pub struct Fire {
     pub ready_at: Instant,
     /// How the job's firing state moves with this instant; `None` leaves it alone (manual).
     pub advance: Option<Advance>,
+    /// The instant the schedule named, when a calendar moved the run to `scheduled_for`.
+    pub nominal_for: Option<Instant>,
+    /// Why a run recorded skipped was skipped, in words (a calendar's holiday): kept as the
+    /// run's `error`, as other skips' explanations are.
+    pub why: Option<String>,
 }
 
 /// The job's firing state after an instant. Applied only while the stored state still is the
@@ -664,7 +671,7 @@ impl BacklogSlot {
 }
 
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: CalendarStore + Send + Sync + 'static {
     /// From now on, runs the store starts by itself are admitted against `source`'s queue.
     fn admit_through(&self, source: std::sync::Arc<dyn BacklogSource>);
 

@@ -185,6 +185,8 @@ async fn a_filling_partition_is_analyzed_by_the_upkeep() {
                     skip: None,
                     ready_at: at,
                     advance: None,
+                    nominal_for: None,
+                    why: None,
                 }
             })
             .collect();
@@ -444,6 +446,8 @@ async fn a_version_2_database_upgrades_and_keeps_its_runs_and_workers() {
                 skip: None,
                 ready_at: chrono::Utc::now(),
                 advance: None,
+                nominal_for: None,
+                why: None,
             }],
             chrono::Utc::now(),
             Audit::none(),
@@ -666,6 +670,8 @@ async fn other_nodes_hear_of_changes_and_a_node_not_of_its_own() {
                 skip: None,
                 ready_at: now,
                 advance: None,
+                nominal_for: None,
+                why: None,
             }],
             now,
             Audit::none(),

@@ -181,6 +181,35 @@ impl CalendarSpec {
     }
 }
 
+/// A stored calendar.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CalendarRecord {
+    pub namespace: String,
+    pub name: String,
+    pub spec: CalendarSpec,
+    /// 1 when created, one more with each change.
+    pub version: u32,
+    pub created_at: Instant,
+    pub updated_at: Instant,
+}
+
+/// What holds a calendar in use: a job whose schedule names it, or a calendar that includes
+/// or excepts it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CalendarUsers {
+    pub jobs: Vec<String>,
+    pub calendars: Vec<String>,
+}
+
+impl CalendarUsers {
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.calendars.is_empty()
+    }
+}
+
+/// Calendars one namespace may hold.
+pub const MAX_CALENDARS_PER_NAMESPACE: usize = 1_000;
+
 const MON_TO_FRI: u8 = 0b0001_1111;
 
 fn bit(day: Weekday) -> u8 {

@@ -311,7 +311,7 @@ fn start_cursor(after: Instant, tz: Tz) -> Option<NaiveDateTime> {
 
 /// The UTC instant a matching local time fires at: itself when it exists once, its first
 /// occurrence when repeated, the end of the gap when skipped.
-fn local_to_utc(local: NaiveDateTime, tz: Tz) -> Option<Instant> {
+pub(crate) fn local_to_utc(local: NaiveDateTime, tz: Tz) -> Option<Instant> {
     match tz.from_local_datetime(&local) {
         LocalResult::Single(t) => Some(t.with_timezone(&Utc)),
         LocalResult::Ambiguous(a, b) => Some(a.min(b).with_timezone(&Utc)),

@@ -4,25 +4,34 @@
 //! Pure math over UTC instants. Local time and time zones exist only inside `cron`; nothing here
 //! reads the clock.
 
+pub mod business;
+#[cfg(test)]
+mod business_props;
 pub mod cron;
 pub mod iso8601;
 pub mod words;
 
+pub use business::{BusinessDaySpec, EveryBusinessDaysSpec, Occurrence, OnHoliday};
+
+use crate::calendar::Calendar;
 use crate::duration::HumanDuration;
 use crate::error::SpecError;
 use crate::Instant;
 use chrono::{Duration, TimeZone, Utc};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
-/// A schedule as the API takes it: exactly one of `cron`, `every`, `iso8601`, `at` or `event`,
-/// plus the optional bounds of a timer. A job without a schedule only runs when triggered.
+/// A schedule as the API takes it: exactly one of `cron`, `every`, `iso8601`, `at`, `event`,
+/// `business_day` or `every_business_days`, plus the optional bounds of a timer and the
+/// calendar it meets. A job without a schedule only runs when triggered.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cron: Option<String>,
-    /// IANA zone for `cron`; UTC when absent.
+    /// IANA zone for `cron` (and for the business-day forms without a calendar); UTC when
+    /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timezone: Option<String>,
     /// Fixed rate.
@@ -40,6 +49,19 @@ pub struct ScheduleSpec {
     /// No timer: one run per event of this key (`crate::event`), at the event's instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event: Option<String>,
+    /// The nth business day of each month, at a local time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub business_day: Option<BusinessDaySpec>,
+    /// Every Nth business day, at a local time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_business_days: Option<EveryBusinessDaysSpec>,
+    /// The namespace's calendar (`crate::calendar`) that says which days are business days.
+    /// The business-day forms without one count Monday to Friday in `timezone`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<String>,
+    /// What the calendar does to an instant on a closed day: `skip` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_holiday: Option<OnHoliday>,
     /// No instant before this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<Instant>,
@@ -63,6 +85,8 @@ pub enum ScheduleKind {
     Iso8601,
     At,
     Event,
+    BusinessDay,
+    EveryBusinessDays,
     /// No schedule: the job runs only when triggered (or as a dependant).
     Manual,
 }
@@ -73,6 +97,8 @@ string_enum!(ScheduleKind {
     Iso8601 => "iso8601",
     At => "at",
     Event => "event",
+    BusinessDay => "business_day",
+    EveryBusinessDays => "every_business_days",
     Manual => "manual",
 });
 
@@ -92,6 +118,10 @@ impl ScheduleKind {
             ScheduleKind::At
         } else if s.event.is_some() {
             ScheduleKind::Event
+        } else if s.business_day.is_some() {
+            ScheduleKind::BusinessDay
+        } else if s.every_business_days.is_some() {
+            ScheduleKind::EveryBusinessDays
         } else {
             ScheduleKind::Manual
         }
@@ -101,10 +131,24 @@ impl ScheduleKind {
 #[derive(Debug, Clone, PartialEq)]
 enum Kind {
     Cron(Box<cron::CronExpr>, Tz),
-    Every { period: Duration, anchor: Instant },
+    Every {
+        period: Duration,
+        anchor: Instant,
+    },
     // Boxed, as the cron expression is: a node holds a million schedules, most of them `every`.
     Repeating(Box<iso8601::RepeatingInterval>),
     At(Instant),
+    /// The nth business day of each month at a local time (of the calendar's zone).
+    BusinessDay {
+        nth: i32,
+        time: chrono::NaiveTime,
+    },
+    /// Every `n`th business day from the anchor's date, at a local time.
+    EveryBusinessDays {
+        n: u32,
+        time: chrono::NaiveTime,
+        anchor: Instant,
+    },
     Manual,
 }
 
@@ -126,6 +170,19 @@ struct Limits {
     end: Option<Instant>,
     max_runs: Option<u64>,
     jitter: Option<HumanDuration>,
+    calendar: Option<CalendarUse>,
+}
+
+/// The calendar a schedule meets.
+#[derive(Debug, Clone, PartialEq)]
+struct CalendarUse {
+    /// The namespace's calendar it names; `None` for Monday to Friday in `timezone`.
+    name: Option<String>,
+    on_holiday: OnHoliday,
+    /// The calendar resolved: attached by the caller for a named one
+    /// ([`Schedule::attach_calendar`]); until then, the business-day forms count Monday to
+    /// Friday and the other forms meet no calendar.
+    resolved: Option<Arc<Calendar>>,
 }
 
 /// The shortest `every` sked accepts.
@@ -149,6 +206,48 @@ fn check_instant(field: &str, t: Option<Instant>) -> Result<Option<Instant>, Spe
         ));
     }
     Ok(Some(crate::ledger_instant(t)))
+}
+
+/// The calendar a schedule meets, checked: `None` when it meets none.
+fn calendar_use(
+    spec: &ScheduleSpec,
+    tz: Tz,
+    business: bool,
+) -> Result<Option<CalendarUse>, SpecError> {
+    if let Some(name) = &spec.calendar {
+        crate::job::validate_name("schedule.calendar", name)?;
+        if spec.event.is_some() {
+            return Err(SpecError::new(
+                "schedule.calendar",
+                "an event schedule meets no calendar: its runs come with its events",
+            ));
+        }
+    }
+    if let Some(on_holiday) = spec.on_holiday {
+        if business {
+            return Err(SpecError::new(
+                "schedule.on_holiday",
+                "a business-day schedule names business days only: nothing falls on a holiday",
+            ));
+        }
+        if spec.calendar.is_none() {
+            return Err(SpecError::new(
+                "schedule.on_holiday",
+                format!("{on_holiday} needs a calendar: name one in schedule.calendar"),
+            ));
+        }
+    }
+    if spec.calendar.is_none() && !business {
+        return Ok(None);
+    }
+    Ok(Some(CalendarUse {
+        name: spec.calendar.clone(),
+        on_holiday: spec.on_holiday.unwrap_or_default(),
+        resolved: spec
+            .calendar
+            .is_none()
+            .then(|| Arc::new(Calendar::weekdays_in(tz))),
+    }))
 }
 
 impl ScheduleSpec {
@@ -187,6 +286,8 @@ impl Schedule {
             spec.iso8601.is_some(),
             spec.at.is_some(),
             spec.event.is_some(),
+            spec.business_day.is_some(),
+            spec.every_business_days.is_some(),
         ]
         .iter()
         .filter(|g| **g)
@@ -196,7 +297,8 @@ impl Schedule {
         let exactly_one = || {
             SpecError::new(
                 "schedule",
-                "give exactly one of cron, every, iso8601, at or event",
+                "give exactly one of cron, every, iso8601, at, event, business_day or \
+                 every_business_days",
             )
         };
         if given != 1 {
@@ -218,28 +320,41 @@ impl Schedule {
                 ));
             }
         }
-        if spec.timezone.is_some() && spec.cron.is_none() {
+        let business = spec.business_day.is_some() || spec.every_business_days.is_some();
+        if spec.timezone.is_some() && spec.cron.is_none() && !business {
             return Err(SpecError::new(
                 "schedule.timezone",
-                "only applies to cron schedules",
+                "only applies to cron and business-day schedules",
             ));
         }
-        if anchor.is_some() && spec.every.is_none() {
+        if spec.timezone.is_some() && business && spec.calendar.is_some() {
+            return Err(SpecError::new(
+                "schedule.timezone",
+                "a business-day schedule with a calendar runs in the calendar's zone",
+            ));
+        }
+        if anchor.is_some() && spec.every.is_none() && spec.every_business_days.is_none() {
             return Err(SpecError::new(
                 "schedule.anchor",
-                "only applies to every schedules",
+                "only applies to every and every_business_days schedules",
             ));
         }
+        let tz = match &spec.timezone {
+            None => Tz::UTC,
+            Some(name) => name.parse::<Tz>().map_err(|_| {
+                SpecError::new(
+                    "schedule.timezone",
+                    format!("{name:?} is not an IANA time zone such as Europe/London"),
+                )
+            })?,
+        };
+        let calendar = calendar_use(spec, tz, business)?;
+        let time_of = |field: &str, at: Option<&str>| -> Result<chrono::NaiveTime, SpecError> {
+            at.map_or(Ok(chrono::NaiveTime::MIN), |text| {
+                business::parse_time(text).map_err(|m| SpecError::new(field, m))
+            })
+        };
         let kind = if let Some(expr) = &spec.cron {
-            let tz = match &spec.timezone {
-                None => Tz::UTC,
-                Some(name) => name.parse::<Tz>().map_err(|_| {
-                    SpecError::new(
-                        "schedule.timezone",
-                        format!("{name:?} is not an IANA time zone such as Europe/London"),
-                    )
-                })?,
-            };
             let expr = cron::CronExpr::parse(expr)
                 .map_err(|message| SpecError::new("schedule.cron", message))?;
             Kind::Cron(Box::new(expr), tz)
@@ -270,6 +385,37 @@ impl Schedule {
             Kind::Repeating(Box::new(interval))
         } else if let Some(at) = at {
             Kind::At(at)
+        } else if let Some(day) = &spec.business_day {
+            if day.nth == 0 || day.nth.abs() > business::MAX_NTH {
+                return Err(SpecError::new(
+                    "schedule.business_day.nth",
+                    format!(
+                        "must be 1 to {max} (the nth business day of the month) or -1 to -{max} \
+                         (counted from its end)",
+                        max = business::MAX_NTH
+                    ),
+                ));
+            }
+            Kind::BusinessDay {
+                nth: day.nth,
+                time: time_of("schedule.business_day.at", day.at.as_deref())?,
+            }
+        } else if let Some(every) = &spec.every_business_days {
+            let n = every.every();
+            if n == 0 || n > business::MAX_EVERY_BUSINESS_DAYS {
+                return Err(SpecError::new(
+                    "schedule.every_business_days",
+                    format!(
+                        "must be 1 to {} business days",
+                        business::MAX_EVERY_BUSINESS_DAYS
+                    ),
+                ));
+            }
+            Kind::EveryBusinessDays {
+                n,
+                time: time_of("schedule.every_business_days.at", every.at())?,
+                anchor: anchor.unwrap_or(epoch),
+            }
         } else if spec.event.is_some() {
             // Events start the runs (the store, as each is recorded); no timer fires.
             Kind::Manual
@@ -306,6 +452,7 @@ impl Schedule {
             end,
             max_runs: spec.max_runs,
             jitter: spec.jitter,
+            calendar,
         };
         Ok(Schedule {
             kind,
@@ -337,9 +484,94 @@ impl Schedule {
         self.next_after(self.epoch, 0)
     }
 
-    /// The next instant strictly after `after`, given that `fired` instants were already produced.
-    /// `None` when the schedule is used up.
+    /// The calendar the schedule names, to be resolved and attached by the caller.
+    pub fn calendar_name(&self) -> Option<&str> {
+        self.calendar_use()?.name.as_deref()
+    }
+
+    /// Gives the schedule its named calendar, resolved.
+    pub fn attach_calendar(&mut self, calendar: Arc<Calendar>) {
+        if let Some(c) = self.limits.as_deref_mut().and_then(|l| l.calendar.as_mut()) {
+            c.resolved = Some(calendar);
+        }
+    }
+
+    /// The calendar it meets, once resolved.
+    pub fn calendar(&self) -> Option<&Arc<Calendar>> {
+        self.calendar_use()?.resolved.as_ref()
+    }
+
+    /// The same schedule, set at `epoch` instead.
+    pub fn with_epoch(mut self, epoch: Instant) -> Schedule {
+        let epoch = crate::ledger_instant(epoch);
+        if let Kind::Every { anchor, .. } | Kind::EveryBusinessDays { anchor, .. } = &mut self.kind
+        {
+            if *anchor == self.epoch {
+                *anchor = epoch;
+            }
+        }
+        self.epoch = epoch;
+        self
+    }
+
+    fn calendar_use(&self) -> Option<&CalendarUse> {
+        self.limits.as_deref()?.calendar.as_ref()
+    }
+
+    /// The calendar that moves or removes instants of a form that names its own days.
+    fn meets_calendar(&self) -> Option<(&Calendar, OnHoliday)> {
+        if matches!(
+            self.kind,
+            Kind::BusinessDay { .. } | Kind::EveryBusinessDays { .. }
+        ) {
+            return None;
+        }
+        let used = self.calendar_use()?;
+        Some((used.resolved.as_deref()?, used.on_holiday))
+    }
+
+    /// The next instant strictly after `after` at which something falls due, given that
+    /// `fired` were already produced: a run, or, where a calendar removes one, the instant it
+    /// removes ([`Schedule::occurrence`] says which). `None` when the schedule is used up.
     pub fn next_after(&self, after: Instant, fired: u64) -> Option<Instant> {
+        let first = self.nominal_next_after(after, fired);
+        match self.meets_calendar() {
+            None => first,
+            Some((calendar, on_holiday)) => {
+                business::next_due(calendar, on_holiday, &Bounded::owed(self), after, first)
+            }
+        }
+    }
+
+    /// What falls due at `due` (an instant [`Schedule::next_after`] gave): a run at its own
+    /// instant, a run moved there from a closed day, or an instant a calendar removed.
+    pub fn occurrence(&self, due: Instant) -> Occurrence {
+        match self.meets_calendar() {
+            None => Occurrence::runs(due),
+            Some((calendar, on_holiday)) => {
+                business::occurrence_at(calendar, on_holiday, &Bounded::owed(self), due)
+            }
+        }
+    }
+
+    /// What becomes of nominal instant `t` (one [`Schedule::instants_between`] gave), judged
+    /// among all the schedule's instants, however long before it was set: what a backfill
+    /// records.
+    pub fn outcome(&self, t: Instant) -> Occurrence {
+        match self.meets_calendar() {
+            None => Occurrence::runs(t),
+            Some((calendar, on_holiday)) => {
+                let every = Bounded {
+                    schedule: self,
+                    since_epoch: false,
+                };
+                business::outcome(calendar, on_holiday, &every, t)
+            }
+        }
+    }
+
+    /// The next nominal instant strictly after `after`, given that `fired` were produced.
+    fn nominal_next_after(&self, after: Instant, fired: u64) -> Option<Instant> {
         let limits = self.limits.as_deref();
         if limits
             .and_then(|l| l.max_runs)
@@ -367,7 +599,21 @@ impl Schedule {
 
     /// The next instant of the schedule's kind strictly after `floor`, bounds aside.
     fn kind_next_after(&self, floor: Instant) -> Option<Instant> {
+        let calendar = || -> Option<&Calendar> {
+            match self.calendar_use()?.resolved.as_deref() {
+                Some(c) => Some(c),
+                None => Some(&WEEKDAYS_UTC),
+            }
+        };
         match &self.kind {
+            Kind::BusinessDay { nth, time } => {
+                business::nth_business_day_after(calendar()?, *nth, *time, floor)
+            }
+            Kind::EveryBusinessDays { n, time, anchor } => {
+                let cal = calendar()?;
+                let anchor = cal.local_date(*anchor);
+                business::every_business_days_after(cal, *n, anchor, *time, floor)
+            }
             Kind::Manual => None,
             Kind::At(at) => (*at > floor).then_some(*at),
             Kind::Every { period, anchor } => every_next_after(*anchor, *period, floor),
@@ -394,6 +640,21 @@ impl Schedule {
                 }
                 _ => break,
             }
+        }
+        out
+    }
+
+    /// The next `count` outcomes falling due strictly after `after`, for previews: runs,
+    /// moved runs and removed instants, each with its reason.
+    pub fn preview_occurrences(&self, after: Instant, fired: u64, count: usize) -> Vec<Occurrence> {
+        let mut out = Vec::with_capacity(count.min(1000));
+        let mut cursor = after;
+        while out.len() < count {
+            let Some(next) = self.next_after(cursor, fired + out.len() as u64) else {
+                break;
+            };
+            out.push(self.occurrence(next));
+            cursor = next;
         }
         out
     }
@@ -437,6 +698,46 @@ impl Schedule {
         let mixed = splitmix64(seed ^ instant.timestamp_micros() as u64);
         let nanos = jitter.0.as_nanos().min(u64::MAX as u128) as u64;
         std::time::Duration::from_nanos(mixed % nanos)
+    }
+}
+
+/// What a business-day form counts before its named calendar is attached.
+static WEEKDAYS_UTC: std::sync::LazyLock<Calendar> =
+    std::sync::LazyLock::new(|| Calendar::weekdays_in(Tz::UTC));
+
+/// A schedule's nominal instants with its bounds (epoch, start, end), counts aside: what the
+/// calendar logic walks.
+/// `since_epoch` false: every instant the bounds allow, however long before the schedule was
+/// set (a backfill's).
+struct Bounded<'a> {
+    schedule: &'a Schedule,
+    since_epoch: bool,
+}
+
+impl<'a> Bounded<'a> {
+    fn owed(schedule: &'a Schedule) -> Self {
+        Bounded {
+            schedule,
+            since_epoch: true,
+        }
+    }
+}
+
+impl business::Nominal for Bounded<'_> {
+    fn next(&self, after: Instant) -> Option<Instant> {
+        if self.since_epoch {
+            return self.schedule.nominal_next_after(after, 0);
+        }
+        let next = self.schedule.kind_next_after(after)?;
+        let limits = self.schedule.limits.as_deref();
+        if limits.and_then(|l| l.start).is_some_and(|s| next < s)
+            || limits.and_then(|l| l.end).is_some_and(|e| next > e)
+        {
+            // Before `start`: the first instant from it on; past `end`: none.
+            let start = limits.and_then(|l| l.start).filter(|s| next < *s)?;
+            return self.next(start - Duration::nanoseconds(1));
+        }
+        Some(next)
     }
 }
 

@@ -2,7 +2,7 @@
 //! 2026-12-01 09:00:00 UTC", "after extract" (a job that runs after its upstreams). Common cron shapes are spelled out; any other expression is shown
 //! as written, with its zone. Pure: no clock, no IO.
 
-use super::{ScheduleKind, ScheduleSpec};
+use super::{OnHoliday, ScheduleKind, ScheduleSpec};
 
 const WEEKDAYS: [&str; 7] = [
     "Sunday",
@@ -35,6 +35,59 @@ pub fn describe(schedule: Option<&ScheduleSpec>) -> String {
     let Some(s) = schedule else {
         return "only when triggered".into();
     };
+    let words = kind_in_words(s);
+    match (&s.calendar, s.on_holiday.unwrap_or_default()) {
+        (None, _) => words,
+        (Some(_), _) if s.business_day.is_some() || s.every_business_days.is_some() => words,
+        (Some(cal), OnHoliday::Skip) => format!("{words}, business days of {cal}"),
+        (Some(cal), OnHoliday::NextBusinessDay) => {
+            format!("{words}, moved to the next business day of {cal}")
+        }
+        (Some(cal), OnHoliday::PreviousBusinessDay) => {
+            format!("{words}, moved to the previous business day of {cal}")
+        }
+    }
+}
+
+/// "3rd", "last", "2nd to last".
+fn ordinal(nth: i32) -> String {
+    let n = nth.unsigned_abs();
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    match nth {
+        -1 => "last".into(),
+        n if n < 0 => format!("{}{suffix} to last", n.unsigned_abs()),
+        _ => format!("{n}{suffix}"),
+    }
+}
+
+/// The schedule's own kind in words, its calendar aside.
+fn kind_in_words(s: &ScheduleSpec) -> String {
+    let zone = || match &s.calendar {
+        Some(cal) => format!("of {cal}"),
+        None => format!("{}", s.timezone.as_deref().unwrap_or("UTC")),
+    };
+    if let Some(day) = &s.business_day {
+        let at = day.at.as_deref().unwrap_or("00:00");
+        return format!(
+            "{} business day of the month at {at} {}",
+            ordinal(day.nth),
+            zone()
+        );
+    }
+    if let Some(every) = &s.every_business_days {
+        let at = every.at().unwrap_or("00:00");
+        let days = match every.every() {
+            1 => "every business day".to_string(),
+            n => format!("every {n} business days"),
+        };
+        return format!("{days} at {at} {}", zone());
+    }
     match (ScheduleKind::of(Some(s)), s) {
         (
             ScheduleKind::Cron,

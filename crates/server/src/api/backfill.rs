@@ -141,6 +141,8 @@ pub async fn backfill(
                 skip: admission.admit(job.id, &namespace, state.backlog.of(job.id, &namespace)),
                 ready_at: now,
                 advance: None,
+                nominal_for: None,
+                why: None,
             })
             .collect();
         // Each part is audited in its own transaction: an entry for every part recorded.

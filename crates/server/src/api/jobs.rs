@@ -649,6 +649,8 @@ pub async fn trigger(
             skip: None,
             ready_at: instant,
             advance: None,
+            nominal_for: None,
+            why: None,
         };
         let (ns, job_name) = (namespace.clone(), name.clone());
         let audit = audit::by(&caller, move |outcome: &FireOutcome| {

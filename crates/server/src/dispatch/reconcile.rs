@@ -168,6 +168,8 @@ mod tests {
             skip: None,
             ready_at: at,
             advance: None,
+            nominal_for: None,
+            why: None,
         };
         let older = long_ago - chrono::Duration::seconds(1);
         let oldest = older - chrono::Duration::seconds(1);

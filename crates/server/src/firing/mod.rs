@@ -565,6 +565,8 @@ fn advance(slot: &mut Slot, skip: Option<SkipReason>, following: Option<Instant>
             fired_before: slot.fired,
             next_fire_at: following,
         }),
+        nominal_for: None,
+        why: None,
     };
     slot.fired += 1;
     Pending {
