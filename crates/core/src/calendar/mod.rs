@@ -7,6 +7,8 @@
 //! [`Calendar::local_date`], in the calendar's own zone. Reading calendars from the store, and
 //! which schedules name them, belong to the server.
 
+pub mod ical;
+
 use crate::error::SpecError;
 use crate::Instant;
 use chrono::{Datelike, Days, NaiveDate, Weekday};
