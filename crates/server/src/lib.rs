@@ -12,6 +12,7 @@ pub mod attempts;
 pub mod audit;
 pub mod auth;
 pub mod browsers;
+pub mod calendars;
 pub mod changes;
 pub mod completion;
 pub mod config;

@@ -117,7 +117,7 @@ pub async fn apply(
             continue;
         };
         let before = state.store.get_job(&namespace, &name).await?;
-        let job = prepared(
+        let mut job = prepared(
             &state,
             &caller,
             &namespace,
@@ -127,6 +127,14 @@ pub async fn apply(
             now,
         )
         .map_err(|e| in_job(i, &name, e))?;
+        crate::calendars::attach(
+            &*state.store,
+            &namespace,
+            &mut job.schedule,
+            "schedule.calendar",
+        )
+        .await
+        .map_err(|e| in_job(i, &name, e.into()))?;
         if unchanged_without_grant(&caller, &job) {
             exempt.push(name);
             continue;

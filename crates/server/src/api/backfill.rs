@@ -75,7 +75,14 @@ pub async fn backfill(
             "must not be in the future: the schedule records those instants itself",
         ));
     }
-    let schedule = Schedule::compile(job.spec.schedule.as_ref(), job.schedule_epoch)?;
+    let mut schedule = Schedule::compile(job.spec.schedule.as_ref(), job.schedule_epoch)?;
+    crate::calendars::attach(
+        &*state.store,
+        &namespace,
+        &mut schedule,
+        "schedule.calendar",
+    )
+    .await?;
     if schedule.is_manual() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -134,15 +141,25 @@ pub async fn backfill(
         let now = Utc::now();
         let fires: Vec<Fire> = chunk
             .iter()
-            .map(|&instant| Fire {
-                job_id: job.id,
-                scheduled_for: instant,
-                trigger: Trigger::Backfill,
-                skip: admission.admit(job.id, &namespace, state.backlog.of(job.id, &namespace)),
-                ready_at: now,
-                advance: None,
-                nominal_for: None,
-                why: None,
+            .map(|&instant| {
+                // A calendar removes the instant, or moves its run to a business day.
+                let occurrence = schedule.outcome(instant);
+                let skip = match occurrence.removed {
+                    Some(_) => Some(SkipReason::Calendar),
+                    None => {
+                        admission.admit(job.id, &namespace, state.backlog.of(job.id, &namespace))
+                    }
+                };
+                Fire {
+                    job_id: job.id,
+                    scheduled_for: sked_core::ledger_instant(occurrence.due),
+                    trigger: Trigger::Backfill,
+                    skip,
+                    ready_at: now,
+                    advance: None,
+                    nominal_for: occurrence.nominal_for,
+                    why: occurrence.removed,
+                }
             })
             .collect();
         // Each part is audited in its own transaction: an entry for every part recorded.

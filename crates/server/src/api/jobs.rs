@@ -20,7 +20,7 @@ use sked_core::egress::EgressPolicy;
 use sked_core::job::{JobSpec, JobState, ValidJob};
 use sked_core::records::{JobRecord, RunRecord};
 use sked_core::run::{RunState, Trigger};
-use sked_core::schedule::{Schedule, ScheduleKind, ScheduleSpec};
+use sked_core::schedule::{Occurrence, Schedule, ScheduleKind, ScheduleSpec};
 use sked_core::target::TargetSpec;
 use sked_core::{Instant, SpecError};
 use sked_store::{
@@ -256,7 +256,7 @@ pub(super) async fn store_job(
         (PutMode::Upsert, Some(name)) => state.store.get_job(namespace, name).await?,
         _ => None,
     };
-    let job = prepared(
+    let mut job = prepared(
         state,
         caller,
         namespace,
@@ -265,6 +265,13 @@ pub(super) async fn store_job(
         before.as_ref(),
         now,
     )?;
+    crate::calendars::attach(
+        &*state.store,
+        namespace,
+        &mut job.schedule,
+        "schedule.calendar",
+    )
+    .await?;
     if let Some(record) = before
         .clone()
         .filter(|_| unchanged_without_grant(caller, &job))
@@ -709,18 +716,55 @@ pub struct PreviewParams {
 
 #[derive(Debug, Serialize)]
 pub struct Preview {
+    /// The instants runs are for, moved ones included.
     pub fire_times: Vec<Instant>,
+    /// For a schedule that meets a calendar: every instant that falls due, with what its
+    /// calendar made of it (moved from a closed day, or removed and why).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub calendar: Vec<PreviewOccurrence>,
     /// Why there are fewer fire times than asked for (the schedule ends, or cron's last year
     /// is behind); absent when the list is full.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
 
+#[derive(Debug, Serialize)]
+pub struct PreviewOccurrence {
+    pub at: Instant,
+    /// A run moved here from this instant, on a closed day.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moved_from: Option<Instant>,
+    /// The instant is removed (recorded `skipped (calendar)`), for this reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+}
+
 impl Preview {
-    fn of(schedule: &Schedule, from: Instant, fire_times: Vec<Instant>, count: usize) -> Self {
-        let note = (fire_times.len() < count)
-            .then(|| schedule.preview_end(fire_times.last().copied().unwrap_or(from)));
-        Preview { fire_times, note }
+    fn of(schedule: &Schedule, from: Instant, occurrences: Vec<Occurrence>, count: usize) -> Self {
+        let note = (occurrences.len() < count)
+            .then(|| schedule.preview_end(occurrences.last().map_or(from, |o| o.due)));
+        let fire_times = occurrences
+            .iter()
+            .filter(|o| o.removed.is_none())
+            .map(|o| o.due)
+            .collect();
+        let calendar = if schedule.calendar().is_some() {
+            occurrences
+                .into_iter()
+                .map(|o| PreviewOccurrence {
+                    at: o.due,
+                    moved_from: o.nominal_for,
+                    skipped: o.removed,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Preview {
+            fire_times,
+            calendar,
+            note,
+        }
     }
 }
 
@@ -745,14 +789,23 @@ pub async fn preview(
     .checked(&caller)?;
     let count = check_count(p.count)?;
     let job = find(&state, &namespace, &name).await?;
-    let schedule = Schedule::compile(job.spec.schedule.as_ref(), job.schedule_epoch)?;
-    let mut fire_times = Vec::with_capacity(count);
+    let mut schedule = Schedule::compile(job.spec.schedule.as_ref(), job.schedule_epoch)?;
+    crate::calendars::attach(
+        &*state.store,
+        &namespace,
+        &mut schedule,
+        "schedule.calendar",
+    )
+    .await?;
+    let mut occurrences = Vec::with_capacity(count);
     if let Some(next) = job.next_fire_at {
-        fire_times.push(next);
-        fire_times.extend(schedule.preview(next, job.fired_count + 1, count - 1));
+        // As the firing loop does: what falls due from the stored instant on, under the
+        // calendar as it is now.
+        let from = next - chrono::Duration::microseconds(1);
+        occurrences = schedule.preview_occurrences(from, job.fired_count, count);
     }
     let from = job.next_fire_at.unwrap_or_else(Utc::now);
-    Ok(Json(Preview::of(&schedule, from, fire_times, count)))
+    Ok(Json(Preview::of(&schedule, from, occurrences, count)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -766,16 +819,30 @@ pub struct PreviewRequest {
     from: Option<Instant>,
 }
 
-/// The next fire times of any schedule, without creating a job.
+/// The next fire times of any schedule, without creating a job; a calendar it names is read
+/// from the namespace.
 pub async fn preview_schedule(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(ns): Query<Namespace>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Preview>, ApiError> {
     let req: PreviewRequest = parse_json(&body(raw)?)?;
     let count = check_count(req.count)?;
     let from = req.from.unwrap_or_else(Utc::now);
-    let schedule = Schedule::compile(Some(&req.schedule), from)?;
-    let fire_times = schedule.preview(from, 0, count);
-    Ok(Json(Preview::of(&schedule, from, fire_times, count)))
+    let mut schedule = Schedule::compile(Some(&req.schedule), from)?;
+    if schedule.calendar_name().is_some() {
+        let namespace = ns.checked(&caller)?;
+        crate::calendars::attach(
+            &*state.store,
+            &namespace,
+            &mut schedule,
+            "schedule.calendar",
+        )
+        .await?;
+    }
+    let occurrences = schedule.preview_occurrences(from, 0, count);
+    Ok(Json(Preview::of(&schedule, from, occurrences, count)))
 }
 
 #[derive(Debug, Deserialize)]

@@ -10,6 +10,7 @@
 mod apply;
 mod audit;
 mod backfill;
+mod calendars;
 mod cluster;
 pub(crate) mod error;
 mod events;
@@ -269,6 +270,25 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             "/api/v1/namespaces/{name}",
             Admin,
             delete(namespaces::delete),
+        ),
+        route(Method::GET, "/api/v1/calendars", Read, get(calendars::list)),
+        route(
+            Method::GET,
+            "/api/v1/calendars/{name}",
+            Read,
+            get(calendars::get),
+        ),
+        route(
+            Method::PUT,
+            "/api/v1/calendars/{name}",
+            Write,
+            put(calendars::put),
+        ),
+        route(
+            Method::DELETE,
+            "/api/v1/calendars/{name}",
+            Write,
+            delete(calendars::delete),
         ),
         route(Method::GET, "/api/v1/secrets", Read, get(secrets::list)),
         route(

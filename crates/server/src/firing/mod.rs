@@ -19,6 +19,7 @@
 mod slots;
 
 use crate::admission::NodeBacklog;
+use crate::calendars::CalendarCache;
 use crate::dispatch::Dispatcher;
 use crate::metrics::Metrics;
 use chrono::Utc;
@@ -26,7 +27,7 @@ use sked_core::cluster::partition_of;
 use sked_core::policy::admission::Admission;
 use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::run::{RunState, SkipReason, Trigger};
-use sked_core::schedule::Schedule;
+use sked_core::schedule::{Occurrence, Schedule};
 use sked_core::Instant;
 use sked_store::{Advance, Audit, Fire, QueuedRun, Store};
 use slots::{is_frequent, Slot, Slots};
@@ -47,6 +48,8 @@ enum Change {
     Partitions(Vec<u32>),
     /// The store may have changed unannounced: read every held schedule again.
     Resync,
+    /// A calendar was written or deleted: the schedules that meet one are read again.
+    Calendars,
 }
 
 /// Tells the firing loop what changed.
@@ -72,6 +75,11 @@ impl FiringHandle {
     pub fn resync(&self) {
         let _ = self.tx.send(Change::Resync);
     }
+
+    /// Reads the schedules that meet a calendar again, with their calendars.
+    pub fn calendars_changed(&self) {
+        let _ = self.tx.send(Change::Calendars);
+    }
 }
 
 pub struct FiringLoop {
@@ -86,6 +94,8 @@ pub struct FiringLoop {
     slots: Slots,
     /// The names of the slots' namespaces.
     namespaces: Namespaces,
+    /// The calendars the slots' schedules meet.
+    calendars: CalendarCache,
 }
 
 /// A pending write: the fire and, when the loop keeps it, what dispatching its run needs.
@@ -114,16 +124,24 @@ impl FiringLoop {
             held: BTreeSet::new(),
             slots: Slots::default(),
             namespaces: Namespaces::default(),
+            calendars: CalendarCache::default(),
         };
         (FiringHandle { tx }, looper)
     }
 
     pub async fn run(mut self, ready: watch::Sender<bool>, mut shutdown: watch::Receiver<bool>) {
+        let mut calendar_check = tokio::time::interval(CALENDAR_CHECK);
+        calendar_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let next_due = self.slots.next_due();
             tokio::select! {
                 biased;
                 _ = crate::stopped(&mut shutdown) => return,
+                _ = calendar_check.tick() => {
+                    if self.calendars.changed_in(&*self.store).await {
+                        self.reload_calendar_slots(&mut shutdown).await;
+                    }
+                }
                 Some(change) = self.rx.recv() => {
                     let mut changes = vec![change];
                     while let Ok(more) = self.rx.try_recv() {
@@ -156,6 +174,7 @@ impl FiringLoop {
 
     async fn apply(&mut self, changes: Vec<Change>, shutdown: &mut watch::Receiver<bool>) {
         let mut resync = false;
+        let mut calendars = false;
         for change in changes {
             match change {
                 Change::Job(id) => {
@@ -181,7 +200,11 @@ impl FiringLoop {
                     }
                 }
                 Change::Resync => resync = true,
+                Change::Calendars => calendars = true,
             }
+        }
+        if calendars && !resync {
+            self.reload_calendar_slots(shutdown).await;
         }
         if resync {
             self.reload_held(shutdown).await;
@@ -216,8 +239,24 @@ impl FiringLoop {
         }
     }
 
+    /// Reads again, with fresh calendars, every held schedule that meets a named calendar.
+    async fn reload_calendar_slots(&mut self, shutdown: &mut watch::Receiver<bool>) {
+        self.calendars.clear();
+        let jobs = self
+            .slots
+            .jobs_where(|slot| slot.schedule.calendar_name().is_some());
+        for job_id in jobs {
+            if let Err(e) = self.reload(job_id).await {
+                tracing::error!("firing: cannot reload job {job_id}, reading all again: {e}");
+                self.reload_held(shutdown).await;
+                return;
+            }
+        }
+    }
+
     /// Drops every schedule and loads those of the held partitions again.
     async fn reload_held(&mut self, shutdown: &mut watch::Receiver<bool>) {
+        self.calendars.clear();
         self.slots.clear();
         let held: Vec<u32> = self.held.iter().copied().collect();
         self.load(&held, shutdown).await;
@@ -255,7 +294,8 @@ impl FiringLoop {
             let now = Utc::now();
             let mut pending = Vec::new();
             for job in page? {
-                if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace)) {
+                let calendar = self.calendar_of(&job).await?;
+                if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), calendar) {
                     self.catch_up(&job, slot, now, &mut pending);
                 }
                 if pending.len() >= self.batch {
@@ -287,11 +327,31 @@ impl FiringLoop {
         let job = self.store.get_job_by_id(job_id).await?;
         self.slots.remove(job_id);
         if let Some(job) = job.and_then(ScheduledJob::of) {
-            if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace)) {
+            let calendar = self.calendar_of(&job).await?;
+            if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), calendar) {
                 self.slots.insert(slot);
             }
         }
         Ok(())
+    }
+
+    /// The calendar `job`'s schedule names, resolved: `Ok(None)` when it names none, or one
+    /// that does not exist (the schedule then has no slot, which [`slot_from`] says).
+    async fn calendar_of(
+        &mut self,
+        job: &ScheduledJob,
+    ) -> Result<CalendarSlot, sked_store::StoreError> {
+        let Some(name) = job.schedule.as_ref().and_then(|s| s.calendar.as_deref()) else {
+            return Ok(CalendarSlot::None);
+        };
+        let found = self
+            .calendars
+            .get(&*self.store, &job.namespace, name)
+            .await?;
+        Ok(match found {
+            Some(calendar) => CalendarSlot::Resolved(calendar),
+            None => CalendarSlot::Missing(name.to_string()),
+        })
     }
 
     /// Records every instant of `slot` before `now` as missed, by the job's misfire policy,
@@ -307,14 +367,17 @@ impl FiringLoop {
             let instant = slot.next;
             let following = slot.schedule.next_after(instant, slot.fired + 1);
             let is_latest = following.is_none_or(|f| f >= now);
-            let skip = if slot.paused {
+            let occurrence = slot.schedule.occurrence(instant);
+            let skip = if occurrence.removed.is_some() {
+                Some(SkipReason::Calendar)
+            } else if slot.paused {
                 Some(SkipReason::Paused)
             } else if job.misfire.runs_missed(instant, is_latest, now) {
                 None
             } else {
                 Some(SkipReason::Misfire)
             };
-            pending.push(advance(&mut slot, skip, following));
+            pending.push(advance(&mut slot, skip, occurrence, following));
             match following {
                 Some(next) => slot.next = next,
                 None => return,
@@ -338,7 +401,10 @@ impl FiringLoop {
                     break;
                 };
                 let following = slot.schedule.next_after(slot.next, slot.fired + 1);
-                let skip = if slot.paused {
+                let occurrence = slot.schedule.occurrence(slot.next);
+                let skip = if occurrence.removed.is_some() {
+                    Some(SkipReason::Calendar)
+                } else if slot.paused {
                     Some(SkipReason::Paused)
                 } else {
                     let namespace = self.namespaces.name(slot.namespace);
@@ -348,7 +414,7 @@ impl FiringLoop {
                 if skip == Some(SkipReason::Backlog) {
                     self.metrics.fires_skipped_backlog.inc();
                 }
-                pending.push(advance(&mut slot, skip, following));
+                pending.push(advance(&mut slot, skip, occurrence, following));
                 if let Some(next) = following {
                     slot.next = next;
                     self.slots.insert(slot);
@@ -480,9 +546,22 @@ impl Namespaces {
     }
 }
 
-/// The slot for a scheduled job; `None` (logged) when its schedule no longer compiles.
-fn slot_from(job: &ScheduledJob, namespace: u16) -> Option<Slot> {
-    let schedule = match Schedule::compile(job.schedule.as_ref(), job.schedule_epoch) {
+/// The calendar a scheduled job's schedule meets, as the loop found it.
+enum CalendarSlot {
+    None,
+    Resolved(Arc<sked_core::calendar::Calendar>),
+    /// It names a calendar that does not exist (deleted with `force`).
+    Missing(String),
+}
+
+/// How often the loop checks whether the calendars its schedules meet changed on another node.
+const CALENDAR_CHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The slot for a scheduled job; `None` (logged) when its schedule no longer compiles or names
+/// a calendar that does not exist: it fires nothing until the calendar is written again, and
+/// then its missed instants are resolved by its misfire policy.
+fn slot_from(job: &ScheduledJob, namespace: u16, calendar: CalendarSlot) -> Option<Slot> {
+    let mut schedule = match Schedule::compile(job.schedule.as_ref(), job.schedule_epoch) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(
@@ -492,12 +571,31 @@ fn slot_from(job: &ScheduledJob, namespace: u16) -> Option<Slot> {
             return None;
         }
     };
+    let mut next = job.next_fire_at;
+    match calendar {
+        CalendarSlot::None => {}
+        CalendarSlot::Missing(name) => {
+            tracing::error!(
+                "firing: job {} names calendar {name:?}, which does not exist: it fires \
+                 nothing until the calendar is written again",
+                job.id
+            );
+            return None;
+        }
+        CalendarSlot::Resolved(calendar) => {
+            schedule.attach_calendar(calendar);
+            // The stored instant was set under the calendar as it was then: what falls due
+            // from it on is judged by the calendar as it is now.
+            next =
+                schedule.next_after(next - chrono::Duration::microseconds(1), job.fired_count)?;
+        }
+    }
     Some(Slot {
         job_id: job.id,
         namespace,
         schedule,
         fired: job.fired_count,
-        next: job.next_fire_at,
+        next,
         paused: job.paused,
         template: None,
     })
@@ -548,9 +646,14 @@ async fn until(at: Option<Instant>) {
     }
 }
 
-/// The fire for `slot`'s current instant, moving the slot's count on; the caller moves its
-/// instant to `following`.
-fn advance(slot: &mut Slot, skip: Option<SkipReason>, following: Option<Instant>) -> Pending {
+/// The fire for `slot`'s current instant (`occurrence` says what falls due there), moving the
+/// slot's count on; the caller moves its instant to `following`.
+fn advance(
+    slot: &mut Slot,
+    skip: Option<SkipReason>,
+    occurrence: Occurrence,
+    following: Option<Instant>,
+) -> Pending {
     let instant = slot.next;
     let jitter = slot.schedule.jitter_offset(slot.job_id as u64, instant);
     let ready_at = instant + chrono::Duration::from_std(jitter).unwrap_or_default();
@@ -565,8 +668,8 @@ fn advance(slot: &mut Slot, skip: Option<SkipReason>, following: Option<Instant>
             fired_before: slot.fired,
             next_fire_at: following,
         }),
-        nominal_for: None,
-        why: None,
+        nominal_for: occurrence.nominal_for,
+        why: occurrence.removed,
     };
     slot.fired += 1;
     Pending {

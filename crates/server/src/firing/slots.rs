@@ -106,6 +106,16 @@ impl Slots {
         self.table[index as usize].as_mut().map(|f| &mut f.slot)
     }
 
+    /// The jobs whose slots `pick` says yes to.
+    pub fn jobs_where(&self, pick: impl Fn(&Slot) -> bool) -> Vec<i64> {
+        self.table
+            .iter()
+            .flatten()
+            .filter(|f| pick(&f.slot))
+            .map(|f| f.slot.job_id)
+            .collect()
+    }
+
     /// Keeps the slots of the jobs `keep` says yes to.
     pub fn retain(&mut self, keep: impl Fn(i64) -> bool) {
         let gone: Vec<i64> = self.index.keys().copied().filter(|id| !keep(*id)).collect();

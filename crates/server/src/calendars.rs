@@ -1,0 +1,171 @@
+//! Calendars as schedules use them: a namespace's calendar read from the store with every
+//! calendar it includes or excepts, resolved (`sked_core::calendar::Calendar::resolve`), and
+//! attached to a compiled schedule. Every place that computes a schedule's instants (a job's
+//! write, the firing loop, previews, backfills) goes through [`attach`], so they agree.
+//!
+//! It reads calendars; writing them is the API's (`crate::api::calendars`), and what a calendar
+//! does to an instant is the core's.
+
+use sked_core::calendar::{Calendar, CalendarSpec, MAX_DEPTH, MAX_REFERENCES};
+use sked_core::schedule::Schedule;
+use sked_core::SpecError;
+use sked_store::{Store, StoreError};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The most calendars one resolution reads: a tree [`MAX_DEPTH`] deep is refused long before.
+const MAX_READ: usize = MAX_DEPTH * MAX_REFERENCES;
+
+/// Why a calendar could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// The definition is wrong: an unknown name, a cycle (the field names where).
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The specs of `root` (given, or read) and of every calendar it names, transitively, read
+/// from `namespace`. Names that do not exist are left out: resolving refuses them.
+async fn specs_from(
+    store: &dyn Store,
+    namespace: &str,
+    root: &str,
+    root_spec: Option<&CalendarSpec>,
+) -> Result<HashMap<String, CalendarSpec>, StoreError> {
+    let mut specs = HashMap::new();
+    let mut wanted = vec![root.to_string()];
+    if let Some(spec) = root_spec {
+        specs.insert(root.to_string(), spec.clone());
+        wanted = spec.include.iter().chain(&spec.except).cloned().collect();
+    }
+    let mut read = 0;
+    while let Some(name) = wanted.pop() {
+        if specs.contains_key(&name) || read >= MAX_READ {
+            continue;
+        }
+        read += 1;
+        if let Some(record) = store.get_calendar(namespace, &name).await? {
+            wanted.extend(
+                record
+                    .spec
+                    .include
+                    .iter()
+                    .chain(&record.spec.except)
+                    .cloned(),
+            );
+            specs.insert(name, record.spec);
+        }
+    }
+    Ok(specs)
+}
+
+/// Calendar `name` of `namespace`, resolved; `None` when there is no such calendar.
+pub async fn resolve(
+    store: &dyn Store,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Calendar>, ResolveError> {
+    let specs = specs_from(store, namespace, name, None).await?;
+    if !specs.contains_key(name) {
+        return Ok(None);
+    }
+    Ok(Some(Calendar::resolve(name, &|n| specs.get(n).cloned())?))
+}
+
+/// `spec`, about to be written as calendar `name` of `namespace`, resolved with the stored
+/// calendars it names: refused when one is unknown or they form a cycle.
+pub async fn resolve_new(
+    store: &dyn Store,
+    namespace: &str,
+    name: &str,
+    spec: &CalendarSpec,
+) -> Result<Calendar, ResolveError> {
+    let specs = specs_from(store, namespace, name, Some(spec)).await?;
+    Ok(Calendar::resolve_spec(name, spec, &|n| {
+        if n == name {
+            Some(spec.clone())
+        } else {
+            specs.get(n).cloned()
+        }
+    })?)
+}
+
+/// Gives `schedule` the calendar it names, resolved from `namespace`. A calendar that does
+/// not exist is refused naming `field`.
+pub async fn attach(
+    store: &dyn Store,
+    namespace: &str,
+    schedule: &mut Schedule,
+    field: &str,
+) -> Result<(), ResolveError> {
+    let Some(name) = schedule.calendar_name().map(str::to_string) else {
+        return Ok(());
+    };
+    let calendar = resolve(store, namespace, &name)
+        .await
+        .map_err(|e| match e {
+            ResolveError::Spec(s) => ResolveError::Spec(SpecError::new(field, s.to_string())),
+            other => other,
+        })?
+        .ok_or_else(|| {
+            SpecError::new(
+                field,
+                format!("there is no calendar named {name:?} in namespace {namespace:?}"),
+            )
+        })?;
+    schedule.attach_calendar(Arc::new(calendar));
+    Ok(())
+}
+
+/// Resolved calendars by (namespace, name), for the firing loop: a million schedules name a
+/// handful of calendars, each read once. Dropped whole when any calendar changes.
+#[derive(Default)]
+pub struct CalendarCache {
+    resolved: HashMap<(String, String), Option<Arc<Calendar>>>,
+}
+
+impl CalendarCache {
+    /// Calendar `name` of `namespace`: `None` when it does not exist (or does not resolve,
+    /// which is logged).
+    pub async fn get(
+        &mut self,
+        store: &dyn Store,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Calendar>>, StoreError> {
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(known) = self.resolved.get(&key) {
+            return Ok(known.clone());
+        }
+        let calendar = match resolve(store, namespace, name).await {
+            Ok(c) => c.map(Arc::new),
+            Err(ResolveError::Store(e)) => return Err(e),
+            Err(ResolveError::Spec(e)) => {
+                tracing::error!("calendars: {namespace}/{name} does not resolve: {e}");
+                None
+            }
+        };
+        self.resolved.insert(key, calendar.clone());
+        Ok(calendar)
+    }
+
+    pub fn clear(&mut self) {
+        self.resolved.clear();
+    }
+
+    /// Whether any calendar held here reads differently from the store now (another node
+    /// wrote or deleted it). A store that does not answer changes nothing.
+    pub async fn changed_in(&self, store: &dyn Store) -> bool {
+        for ((namespace, name), held) in &self.resolved {
+            match resolve(store, namespace, name).await {
+                Ok(now) if now.as_ref() != held.as_deref() => return true,
+                Ok(_) => {}
+                Err(ResolveError::Spec(_)) if held.is_some() => return true,
+                Err(_) => {}
+            }
+        }
+        false
+    }
+}
