@@ -125,6 +125,8 @@ pub enum NamespaceRefusal {
     },
     #[error("namespace {namespace:?} holds {max} secrets, its most; delete some first")]
     TooManySecrets { namespace: String, max: u64 },
+    #[error("namespace {namespace:?} holds {max} calendars, its most; delete some first")]
+    TooManyCalendars { namespace: String, max: u64 },
     #[error("{max} namespaces have settings, the most a store keeps")]
     TooManyNamespaces { max: u64 },
 }

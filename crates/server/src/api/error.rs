@@ -88,6 +88,7 @@ impl From<NamespaceRefusal> for ApiError {
             }
             NamespaceRefusal::TooManyJobs { .. }
             | NamespaceRefusal::TooManySecrets { .. }
+            | NamespaceRefusal::TooManyCalendars { .. }
             | NamespaceRefusal::TooManyNamespaces { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "limit_reached", message)
             }
