@@ -82,6 +82,7 @@ macro_rules! store_contract_tests {
             namespace_settings_are_kept_listed_and_forgotten,
             namespace_settings_refuse_jobs_inside_the_write,
             namespace_secrets_are_kept_sealed_and_listed_without_values,
+            runs_remember_a_moved_instant_and_a_calendars_skip,
             dependencies_are_checked_when_written_and_deleted,
             a_dependant_waits_and_is_released_by_its_upstreams_outcome,
             a_window_counts_upstream_runs_around_the_instant,
@@ -3296,6 +3297,92 @@ pub async fn namespace_secrets_are_kept_sealed_and_listed_without_values(store: 
         .put_secret("full", "s0", "v1:y", t0(), Audit::none())
         .await
         .unwrap();
+}
+
+// --- calendars ---------------------------------------------------------------------------
+
+/// A run a calendar moved keeps the instant its schedule named; one a calendar skipped is
+/// skipped with the holiday as its error. Both as one fire of a job at a time and as several
+/// of one job in a batch, which a store may write by different paths.
+pub async fn runs_remember_a_moved_instant_and_a_calendars_skip(store: &dyn Store) {
+    let alone = put(store, "alone", every_second(serde_json::json!({}))).await;
+    let batched = put(
+        store,
+        "batched",
+        every_second(serde_json::json!({"overlap": "buffer_all"})),
+    )
+    .await;
+    let moved = |job_id: i64, at: Instant| Fire {
+        nominal_for: Some(at - secs(86_400)),
+        ..fire(job_id, at)
+    };
+    let holiday = |job_id: i64, at: Instant| Fire {
+        skip: Some(SkipReason::Calendar),
+        why: Some("holiday: Christmas Day".into()),
+        ..fire(job_id, at)
+    };
+    let at = t0() + secs(10);
+    let one = fire_one(store, moved(alone.id, at)).await.run_id;
+    let two = fire_one(store, holiday(alone.id, at + secs(1)))
+        .await
+        .run_id;
+    let plain = fire_one(store, fire(alone.id, at + secs(2))).await.run_id;
+    let batch = store
+        .record_fires(
+            &[moved(batched.id, at), holiday(batched.id, at + secs(1))],
+            at,
+            Audit::none(),
+        )
+        .await
+        .unwrap();
+    let (three, four) = (batch.runs[0].run_id, batch.runs[1].run_id);
+
+    let run = |id: i64| async move { store.get_run(id).await.unwrap().unwrap().0 };
+    for id in [one, three] {
+        let r = run(id).await;
+        assert_eq!(
+            (r.scheduled_for, r.nominal_for, r.state),
+            (at, Some(at - secs(86_400)), RunState::Queued),
+            "{r:?}"
+        );
+        assert_eq!(r.error, None);
+    }
+    for id in [two, four] {
+        let r = run(id).await;
+        assert_eq!(
+            (r.state, r.skip_reason, r.error.as_deref(), r.nominal_for),
+            (
+                RunState::Skipped,
+                Some(SkipReason::Calendar),
+                Some("holiday: Christmas Day"),
+                None
+            ),
+            "{r:?}"
+        );
+    }
+    assert_eq!(run(plain).await.nominal_for, None);
+    // Listed as they are read one by one.
+    let listed = store
+        .list_runs(&RunQuery {
+            namespace: "default".into(),
+            job: Some("batched".into()),
+            limit: 10,
+            ..RunQuery::default()
+        })
+        .await
+        .unwrap()
+        .items;
+    let seen: Vec<(Option<Instant>, Option<&str>)> = listed
+        .iter()
+        .map(|r| (r.nominal_for, r.error.as_deref()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (None, Some("holiday: Christmas Day")),
+            (Some(at - secs(86_400)), None)
+        ]
+    );
 }
 
 // --- dependencies ------------------------------------------------------------------------

@@ -587,6 +587,12 @@ pub fn timed_out_error(waiting_for: Option<&str>) -> Result<String, StoreError> 
     })
 }
 
+/// The error a fire's run is written with: why the fire was skipped (a calendar's holiday),
+/// when it is skipped and says why.
+pub fn skip_error(fire: &crate::Fire) -> Option<&str> {
+    fire.skip.and(fire.why.as_deref())
+}
+
 /// A run about to be written by the fire path: its state, and why it is skipped or what it
 /// waits for. The default is a queued run.
 #[derive(Debug, Default)]
@@ -611,6 +617,15 @@ impl NewRun {
             state: Some(RunState::Skipped),
             skip: Some(reason),
             ..NewRun::default()
+        }
+    }
+
+    /// The run of a fire decided skipped before the store looked (`fire.skip`), with the
+    /// fire's explanation in words, if it gives one, as its error.
+    pub fn skipped_fire(reason: sked_core::run::SkipReason, fire: &crate::Fire) -> NewRun {
+        NewRun {
+            error: skip_error(fire).map(str::to_owned),
+            ..NewRun::skipped(reason)
         }
     }
 

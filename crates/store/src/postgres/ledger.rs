@@ -197,21 +197,22 @@ async fn fire_in_bulk(
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, job_version, shard, \
-             shard_count) \
+             shard_count, error, nominal_for) \
              SELECT u.job_id, u.namespace, u.job, u.scheduled_for, u.trigger, u.state, \
              u.skip_reason, u.priority, u.ready_at, $11::bigint, \
              CASE WHEN u.skip_reason IS NOT NULL THEN $11::bigint END, u.version, s.shard, \
-             u.shards \
+             u.shards, u.error, u.nominal_for \
              FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], \
-                 $6::text[], $7::int[], $8::bigint[], $9::int[], $10::int[], $12::text[]) \
+                 $6::text[], $7::int[], $8::bigint[], $9::int[], $10::int[], $12::text[], \
+                 $13::text[], $14::bigint[]) \
                  AS u(job_id, namespace, job, scheduled_for, trigger, state, priority, \
-                      ready_at, version, shards, skip_reason) \
+                      ready_at, version, shards, skip_reason, error, nominal_for) \
              CROSS JOIN LATERAL generate_series(0, u.shards - 1) AS s(shard) \
              ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING \
              RETURNING job_id, shard, id",
         )
         .await?;
-    let params: [&(dyn ToSql + Sync); 12] = [
+    let params: [&(dyn ToSql + Sync); 14] = [
         &rows.job_ids,
         &rows.namespaces,
         &rows.names,
@@ -224,6 +225,8 @@ async fn fire_in_bulk(
         &rows.shards,
         &micros(now),
         &rows.skip_reasons,
+        &rows.errors,
+        &rows.nominal_for,
     ];
     // Each job has one fire here, so its id names the fire.
     let mut written: HashMap<i64, Vec<(i32, i64)>> = HashMap::new();
@@ -320,6 +323,9 @@ struct BulkFires<'a> {
     triggers: Vec<&'static str>,
     states: Vec<&'static str>,
     skip_reasons: Vec<Option<&'static str>>,
+    /// Why a skipped fire was skipped, in words (`shared::skip_error`).
+    errors: Vec<Option<&'a str>>,
+    nominal_for: Vec<Option<i64>>,
     priorities: Vec<i32>,
     ready_at: Vec<i64>,
     versions: Vec<i32>,
@@ -327,7 +333,7 @@ struct BulkFires<'a> {
 }
 
 impl<'a> BulkFires<'a> {
-    fn push(&mut self, fire: &Fire, job: &'a FiringJob) {
+    fn push(&mut self, fire: &'a Fire, job: &'a FiringJob) {
         self.job_ids.push(fire.job_id);
         self.namespaces.push(&job.namespace);
         self.names.push(&job.name);
@@ -335,6 +341,8 @@ impl<'a> BulkFires<'a> {
         self.triggers.push(fire.trigger.as_str());
         self.states.push(bulk_state(fire).as_str());
         self.skip_reasons.push(fire.skip.map(SkipReason::as_str));
+        self.errors.push(crate::shared::skip_error(fire));
+        self.nominal_for.push(fire.nominal_for.map(micros));
         self.priorities.push(job.priority);
         self.ready_at.push(micros(fire.ready_at));
         self.versions.push(job.version);
@@ -458,9 +466,9 @@ async fn fire_one(
                     "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
                      skip_reason, priority, ready_at, created_at, finished_at, error, \
                      waiting_reason, waiting_for, waiting_until, job_version, shard, \
-                     shard_count, pinned_worker) \
+                     shard_count, pinned_worker, nominal_for) \
                      SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, \
-                     $16, (p.shard - 1)::int, $17, p.worker \
+                     $16, (p.shard - 1)::int, $17, p.worker, $19 \
                      FROM unnest($18::text[]) WITH ORDINALITY AS p(worker, shard) \
                      ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING RETURNING id, shard",
                 )
@@ -487,6 +495,7 @@ async fn fire_one(
                         &job.version,
                         &count,
                         &places,
+                        &fire.nominal_for.map(micros),
                     ],
                 )
                 .await?
@@ -602,7 +611,7 @@ async fn decide_fire(
     cancelled: &mut Vec<Ended>,
 ) -> PgResult<NewRun> {
     if let Some(reason) = fire.skip {
-        return Ok(NewRun::skipped(reason));
+        return Ok(NewRun::skipped_fire(reason, fire));
     }
     // A heartbeat's runs wait for pings, each on its own: no overlap, nothing to run. One
     // that a ping came just before already has it.

@@ -56,7 +56,7 @@ pub fn job(row: &Row) -> PgResult<JobRecord> {
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
-     job_version, shard, shard_count, pinned_worker";
+     job_version, shard, shard_count, pinned_worker, nominal_for";
 
 pub fn run(row: &Row) -> PgResult<RunRecord> {
     let skip_reason: Option<&str> = row.try_get(7)?;
@@ -66,6 +66,7 @@ pub fn run(row: &Row) -> PgResult<RunRecord> {
         job: row.try_get(2)?,
         job_id: row.try_get(3)?,
         scheduled_for: instant(row.try_get(4)?)?,
+        nominal_for: opt_instant(row.try_get(26)?)?,
         trigger: trigger(row.try_get(5)?)?,
         state: run_state(row.try_get(6)?)?,
         skip_reason: skip_reason.map(self::skip_reason).transpose()?,

@@ -455,6 +455,13 @@ CREATE INDEX notifications_by_rule ON notifications (namespace, job, rule, creat
 -- version 14).
 ALTER TABLE tokens ADD COLUMN sessions_ended_at BIGINT;
 "#,
+    r#"
+-- Version 18: runs that remember a moved instant (SQLite's version 15): the instant a
+-- schedule named when its calendar moved the run to `scheduled_for`; NULL for a run at its
+-- own instant. Added to the partitioned parent, so every partition, the legacy and default
+-- ones and those made later, has it.
+ALTER TABLE runs ADD COLUMN nominal_for BIGINT;
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

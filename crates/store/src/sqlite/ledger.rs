@@ -309,9 +309,10 @@ fn insert_run(
         .prepare_cached(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, error, waiting_reason, \
-             waiting_for, waiting_until, job_version, shard, shard_count, pinned_worker) \
+             waiting_for, waiting_until, job_version, shard, shard_count, pinned_worker, \
+             nominal_for) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-                     ?17, ?18, ?19) \
+                     ?17, ?18, ?19, ?20) \
              ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING",
         )?
         .execute(params![
@@ -334,6 +335,7 @@ fn insert_run(
             place.shard,
             place.count,
             place.pinned,
+            fire.nominal_for.map(micros),
         ])?;
     Ok((written == 1).then(|| tx.last_insert_rowid()))
 }
@@ -418,7 +420,7 @@ fn decide_fire(
     ended: &mut Vec<Ended>,
 ) -> Result<NewRun> {
     if let Some(reason) = fire.skip {
-        return Ok(NewRun::skipped(reason));
+        return Ok(NewRun::skipped_fire(reason, fire));
     }
     // A heartbeat's runs wait for pings, each on its own: no overlap, nothing to run. One
     // that a ping came just before already has it.

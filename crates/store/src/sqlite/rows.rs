@@ -36,7 +36,7 @@ pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
-     job_version, shard, shard_count, pinned_worker";
+     job_version, shard, shard_count, pinned_worker, nominal_for";
 
 pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let skip_reason: Option<String> = row.get(7)?;
@@ -46,6 +46,7 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         job: row.get(2)?,
         job_id: row.get(3)?,
         scheduled_for: instant(row.get(4)?)?,
+        nominal_for: opt_instant(row.get(26)?)?,
         trigger: trigger(&row.get::<_, String>(5)?)?,
         state: run_state(&row.get::<_, String>(6)?)?,
         skip_reason: skip_reason.as_deref().map(self::skip_reason).transpose()?,

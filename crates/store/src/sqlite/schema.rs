@@ -381,6 +381,12 @@ CREATE INDEX notifications_by_rule ON notifications (namespace, job, rule, creat
 -- than. Read with the token, so a console request costs no more than before.
 ALTER TABLE tokens ADD COLUMN sessions_ended_at INTEGER;
 "#,
+    r#"
+-- Version 15: runs that remember a moved instant.
+-- The instant a schedule named when its calendar moved the run to `scheduled_for` (micros);
+-- NULL for a run at its own instant, and for every run recorded before this version.
+ALTER TABLE runs ADD COLUMN nominal_for INTEGER;
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
@@ -536,6 +542,26 @@ mod tests {
         )
         .join("; ");
         assert!(plan.contains("runs_ledger_key"), "{plan}");
+    }
+
+    /// Version 15 leaves runs recorded before it at their own instant (no nominal one).
+    #[test]
+    fn runs_from_before_calendars_name_no_other_instant() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        for sql in &MIGRATIONS[..14] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 14).unwrap();
+        conn.execute_batch(
+            "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, priority, \
+             ready_at, created_at) VALUES (1, 'default', 'j', 5, 'schedule', 'succeeded', 0, 0, 0)",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let nominal: Option<i64> = conn
+            .query_row("SELECT nominal_for FROM runs", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(nominal, None);
     }
 
     /// Version 8 makes each existing definition its job's version 1, kept with the time it was
