@@ -9,6 +9,9 @@ use sked_core::calendar::{CalendarRecord, CalendarSpec, CalendarUsers};
 use sked_core::Instant;
 
 /// What a delete did.
+// One is made per delete and matched at once: boxing the record would save nothing that
+// matters and cost every reader a dereference.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum CalendarDeletion {
     /// There was no such calendar.

@@ -9,6 +9,7 @@
 use crate::*;
 use chrono::{Duration as Span, TimeZone, Utc};
 use sked_core::auth::{LabelRule, Role};
+use sked_core::calendar::CalendarRecord;
 use sked_core::job::JobSpec;
 use sked_core::records::WorkerState;
 use sked_core::run::{AttemptOutcome, AttemptState, WaitReason};
@@ -82,6 +83,10 @@ macro_rules! store_contract_tests {
             namespace_settings_are_kept_listed_and_forgotten,
             namespace_settings_refuse_jobs_inside_the_write,
             namespace_secrets_are_kept_sealed_and_listed_without_values,
+            calendars_are_versioned_listed_and_kept_per_namespace,
+            a_calendar_in_use_is_deleted_only_when_forced,
+            a_namespace_keeps_at_most_so_many_calendars,
+            calendar_changes_are_audited_with_them_and_no_change_is_not,
             runs_remember_a_moved_instant_and_a_calendars_skip,
             dependencies_are_checked_when_written_and_deleted,
             a_dependant_waits_and_is_released_by_its_upstreams_outcome,
@@ -3300,6 +3305,288 @@ pub async fn namespace_secrets_are_kept_sealed_and_listed_without_values(store: 
 }
 
 // --- calendars ---------------------------------------------------------------------------
+
+/// A calendar from JSON.
+fn calendar_spec(json: serde_json::Value) -> sked_core::calendar::CalendarSpec {
+    serde_json::from_value(json).expect("contract calendar JSON")
+}
+
+pub async fn calendars_are_versioned_listed_and_kept_per_namespace(store: &dyn Store) {
+    let first = calendar_spec(serde_json::json!({
+        "timezone": "Europe/London",
+        "holidays": [{"date": "2026-12-25", "label": "Christmas Day"}],
+    }));
+    let (outcome, created) = store
+        .put_calendar("team-a", "uk", &first, t0(), Audit::none())
+        .await
+        .unwrap();
+    assert_eq!(outcome, PutOutcome::Created);
+    assert_eq!(
+        (
+            created.namespace.as_str(),
+            created.name.as_str(),
+            created.version,
+            created.created_at,
+            created.updated_at,
+        ),
+        ("team-a", "uk", 1, t0(), t0())
+    );
+    assert_eq!(created.spec, first);
+
+    // The same definition again changes nothing, not even the instant it was written.
+    let (outcome, same) = store
+        .put_calendar("team-a", "uk", &first, t0() + secs(1), Audit::none())
+        .await
+        .unwrap();
+    assert_eq!(outcome, PutOutcome::Unchanged);
+    assert_eq!(same, created);
+
+    let mut second = first.clone();
+    second.weekdays = Some(vec!["mon".into(), "tue".into()]);
+    let (outcome, updated) = store
+        .put_calendar("team-a", "uk", &second, t0() + secs(2), Audit::none())
+        .await
+        .unwrap();
+    assert_eq!(outcome, PutOutcome::Updated);
+    assert_eq!(
+        (updated.version, updated.created_at, updated.updated_at),
+        (2, t0(), t0() + secs(2))
+    );
+    let (outcome, again) = store
+        .put_calendar("team-a", "uk", &first, t0() + secs(3), Audit::none())
+        .await
+        .unwrap();
+    assert_eq!((outcome, again.version), (PutOutcome::Updated, 3));
+    assert_eq!(
+        store.get_calendar("team-a", "uk").await.unwrap(),
+        Some(again.clone())
+    );
+
+    for name in ["weekends", "eu", "us"] {
+        store
+            .put_calendar("team-a", name, &second, t0(), Audit::none())
+            .await
+            .unwrap();
+    }
+    let names: Vec<String> = store
+        .list_calendars("team-a")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(names, ["eu", "uk", "us", "weekends"]);
+
+    // Another namespace sees none of them, and has its own of the same name.
+    assert_eq!(store.get_calendar("team-b", "uk").await.unwrap(), None);
+    assert!(store.list_calendars("team-b").await.unwrap().is_empty());
+    let (outcome, theirs) = store
+        .put_calendar("team-b", "uk", &second, t0(), Audit::none())
+        .await
+        .unwrap();
+    assert_eq!((outcome, theirs.version), (PutOutcome::Created, 1));
+    assert_eq!(
+        store.get_calendar("team-a", "uk").await.unwrap(),
+        Some(again)
+    );
+}
+
+pub async fn a_calendar_in_use_is_deleted_only_when_forced(store: &dyn Store) {
+    let plain = calendar_spec(serde_json::json!({}));
+    for name in ["uk", "spare"] {
+        store
+            .put_calendar("default", name, &plain, t0(), Audit::none())
+            .await
+            .unwrap();
+    }
+    let including = calendar_spec(serde_json::json!({"include": ["uk"]}));
+    let excepting = calendar_spec(serde_json::json!({"include": ["spare"], "except": ["uk"]}));
+    store
+        .put_calendar("default", "london", &including, t0(), Audit::none())
+        .await
+        .unwrap();
+    store
+        .put_calendar("default", "bank", &excepting, t0(), Audit::none())
+        .await
+        .unwrap();
+    let on_uk = serde_json::json!({
+        "schedule": {"cron": "0 9 * * *", "calendar": "uk"},
+        "target": {"shell": {"command": "true"}},
+    });
+    put(store, "report", on_uk.clone()).await;
+    put(store, "payroll", on_uk.clone()).await;
+    put(store, "other", every_second(serde_json::json!({}))).await;
+    // The same names elsewhere are not users.
+    store
+        .put_calendar("elsewhere", "london", &including, t0(), Audit::none())
+        .await
+        .unwrap();
+    store
+        .put_job(
+            "elsewhere",
+            &job("report", on_uk, t0()),
+            PutMode::Upsert,
+            t0(),
+            Audit::none(),
+        )
+        .await
+        .unwrap();
+
+    let users = store.calendar_users("default", "uk").await.unwrap();
+    let expected = sked_core::calendar::CalendarUsers {
+        jobs: vec!["payroll".into(), "report".into()],
+        calendars: vec!["bank".into(), "london".into()],
+    };
+    assert_eq!(users, expected);
+    assert_eq!(
+        store.calendar_users("default", "spare").await.unwrap(),
+        sked_core::calendar::CalendarUsers {
+            jobs: vec![],
+            calendars: vec!["bank".into()],
+        }
+    );
+    assert!(store
+        .calendar_users("default", "london")
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Named: refused, and nothing is deleted.
+    assert_eq!(
+        store
+            .delete_calendar("default", "uk", false, Audit::none())
+            .await
+            .unwrap(),
+        CalendarDeletion::InUse(expected.clone())
+    );
+    let kept = store.get_calendar("default", "uk").await.unwrap();
+    assert!(kept.is_some());
+    // Forced: deleted, and its users are said.
+    assert_eq!(
+        store
+            .delete_calendar("default", "uk", true, Audit::none())
+            .await
+            .unwrap(),
+        CalendarDeletion::Deleted(kept.unwrap(), expected)
+    );
+    assert_eq!(store.get_calendar("default", "uk").await.unwrap(), None);
+    assert_eq!(
+        store
+            .delete_calendar("default", "uk", true, Audit::none())
+            .await
+            .unwrap(),
+        CalendarDeletion::Missing
+    );
+    // One nothing names goes without force.
+    let london = store.get_calendar("default", "london").await.unwrap();
+    assert_eq!(
+        store
+            .delete_calendar("default", "london", false, Audit::none())
+            .await
+            .unwrap(),
+        CalendarDeletion::Deleted(
+            london.unwrap(),
+            sked_core::calendar::CalendarUsers {
+                jobs: vec![],
+                calendars: vec![],
+            }
+        )
+    );
+    assert!(store
+        .get_calendar("elsewhere", "london")
+        .await
+        .unwrap()
+        .is_some());
+}
+
+pub async fn a_namespace_keeps_at_most_so_many_calendars(store: &dyn Store) {
+    let plain = calendar_spec(serde_json::json!({}));
+    for i in 0..sked_core::calendar::MAX_CALENDARS_PER_NAMESPACE {
+        store
+            .put_calendar("full", &format!("c{i}"), &plain, t0(), Audit::none())
+            .await
+            .unwrap();
+    }
+    let err = store
+        .put_calendar("full", "one-more", &plain, t0(), Audit::none())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Refused(NamespaceRefusal::TooManyCalendars { .. })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(store.get_calendar("full", "one-more").await.unwrap(), None);
+    // Replacing one of them is still possible, and another namespace is not full.
+    let changed = calendar_spec(serde_json::json!({"weekdays": ["mon"]}));
+    let (outcome, _) = store
+        .put_calendar("full", "c0", &changed, t0(), Audit::none())
+        .await
+        .unwrap();
+    assert_eq!(outcome, PutOutcome::Updated);
+    store
+        .put_calendar("roomy", "one-more", &plain, t0(), Audit::none())
+        .await
+        .unwrap();
+}
+
+pub async fn calendar_changes_are_audited_with_them_and_no_change_is_not(store: &dyn Store) {
+    let now = t0();
+    let entry = move |action: &str, object: &str| AuditEntry {
+        at: now,
+        actor: "deploy".into(),
+        actor_id: Some(7),
+        peer: None,
+        action: action.into(),
+        namespace: Some("default".into()),
+        object: Some(object.into()),
+        before: None,
+        after: None,
+    };
+    // Entries for every outcome: the store writes none for a put that changed nothing.
+    let put_audit = Audit::new(move |(_, record): &(PutOutcome, CalendarRecord)| {
+        vec![entry("calendar.put", &record.name)]
+    });
+    let delete_audit = Audit::new(move |deletion: &CalendarDeletion| match deletion {
+        CalendarDeletion::Deleted(record, _) => vec![entry("calendar.delete", &record.name)],
+        _ => Vec::new(),
+    });
+    let spec = calendar_spec(serde_json::json!({}));
+    store
+        .put_calendar("default", "uk", &spec, now, put_audit.clone())
+        .await
+        .unwrap();
+    let (outcome, _) = store
+        .put_calendar("default", "uk", &spec, now, put_audit.clone())
+        .await
+        .unwrap();
+    assert_eq!(outcome, PutOutcome::Unchanged);
+    store
+        .delete_calendar("default", "uk", false, delete_audit)
+        .await
+        .unwrap();
+    let trail = store
+        .list_audit(&AuditQuery {
+            limit: 10,
+            ..AuditQuery::default()
+        })
+        .await
+        .unwrap()
+        .items;
+    let written: Vec<(&str, Option<&str>)> = trail
+        .iter()
+        .map(|r| (r.entry.action.as_str(), r.entry.object.as_deref()))
+        .collect();
+    assert_eq!(
+        written,
+        [
+            ("calendar.delete", Some("uk")),
+            ("calendar.put", Some("uk"))
+        ]
+    );
+}
 
 /// A run a calendar moved keeps the instant its schedule named; one a calendar skipped is
 /// skipped with the holiday as its error. Both as one fire of a job at a time and as several

@@ -354,6 +354,10 @@ pub fn label_rules(text: Option<&str>) -> Result<Option<Vec<LabelRule>>, StoreEr
 }
 
 /// An audit entry's before or after snapshot.
+pub fn calendar_spec(text: &str) -> Result<sked_core::calendar::CalendarSpec, StoreError> {
+    from_json("calendars", text)
+}
+
 pub fn namespace_spec(text: &str) -> Result<sked_core::namespace::NamespaceSpec, StoreError> {
     from_json("namespace settings", text)
 }

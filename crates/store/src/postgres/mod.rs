@@ -288,6 +288,9 @@ macro_rules! transact {
     };
 }
 
+// After `transact!`, which its trait implementation uses.
+mod calendars;
+
 #[async_trait]
 impl Store for PgStore {
     fn admit_through(&self, source: std::sync::Arc<dyn crate::BacklogSource>) {

@@ -456,10 +456,20 @@ CREATE INDEX notifications_by_rule ON notifications (namespace, job, rule, creat
 ALTER TABLE tokens ADD COLUMN sessions_ended_at BIGINT;
 "#,
     r#"
--- Version 18: runs that remember a moved instant (SQLite's version 15): the instant a
--- schedule named when its calendar moved the run to `scheduled_for`; NULL for a run at its
--- own instant. Added to the partitioned parent, so every partition, the legacy and default
--- ones and those made later, has it.
+-- Version 18: business-day calendars, and runs that remember a moved instant (SQLite's
+-- version 15). A namespace's calendars, each kept whole as its JSON definition.
+CREATE TABLE calendars (
+    namespace  TEXT    NOT NULL,
+    name       TEXT    COLLATE "C" NOT NULL,
+    spec       TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    created_at BIGINT  NOT NULL,
+    updated_at BIGINT  NOT NULL,
+    PRIMARY KEY (namespace, name)
+);
+-- The instant a schedule named when its calendar moved the run to `scheduled_for`; NULL for
+-- a run at its own instant. Added to the partitioned parent, so every partition, the legacy
+-- and default ones and those made later, has it.
 ALTER TABLE runs ADD COLUMN nominal_for BIGINT;
 "#,
 ];

@@ -16,6 +16,7 @@
 //! as plain functions over a connection or transaction.
 
 mod audit;
+mod calendars;
 mod checkpoint;
 mod dependencies;
 mod events;

@@ -382,7 +382,18 @@ CREATE INDEX notifications_by_rule ON notifications (namespace, job, rule, creat
 ALTER TABLE tokens ADD COLUMN sessions_ended_at INTEGER;
 "#,
     r#"
--- Version 15: runs that remember a moved instant.
+-- Version 15: business-day calendars, and runs that remember a moved instant.
+-- A namespace's calendars, each kept whole as its JSON definition; `version` is 1 when
+-- created and one more with each change.
+CREATE TABLE calendars (
+    namespace  TEXT    NOT NULL,
+    name       TEXT    NOT NULL,
+    spec       TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;
 -- The instant a schedule named when its calendar moved the run to `scheduled_for` (micros);
 -- NULL for a run at its own instant, and for every run recorded before this version.
 ALTER TABLE runs ADD COLUMN nominal_for INTEGER;
@@ -544,7 +555,8 @@ mod tests {
         assert!(plan.contains("runs_ledger_key"), "{plan}");
     }
 
-    /// Version 15 leaves runs recorded before it at their own instant (no nominal one).
+    /// Version 15 leaves runs recorded before it at their own instant (no nominal one) and
+    /// starts with no calendars.
     #[test]
     fn runs_from_before_calendars_name_no_other_instant() {
         let mut conn = Connection::open_in_memory().unwrap();
@@ -558,10 +570,14 @@ mod tests {
         )
         .unwrap();
         migrate(&mut conn).unwrap();
-        let nominal: Option<i64> = conn
-            .query_row("SELECT nominal_for FROM runs", [], |r| r.get(0))
+        let (nominal, calendars): (Option<i64>, i64) = conn
+            .query_row(
+                "SELECT nominal_for, (SELECT count(*) FROM calendars) FROM runs",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .unwrap();
-        assert_eq!(nominal, None);
+        assert_eq!((nominal, calendars), (None, 0));
     }
 
     /// Version 8 makes each existing definition its job's version 1, kept with the time it was
