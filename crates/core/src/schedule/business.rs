@@ -144,7 +144,7 @@ pub(super) fn every_business_days_after(
     let mut day = from;
     for _ in 0..=horizon {
         if cal.is_business_day(day) {
-            if index % n == 0 {
+            if index.is_multiple_of(n) {
                 if let Some(t) = at_local(cal, day, time).filter(|t| *t > floor) {
                     return Some(t);
                 }

@@ -70,7 +70,7 @@ fn ordinal(nth: i32) -> String {
 fn kind_in_words(s: &ScheduleSpec) -> String {
     let zone = || match &s.calendar {
         Some(cal) => format!("of {cal}"),
-        None => format!("{}", s.timezone.as_deref().unwrap_or("UTC")),
+        None => s.timezone.as_deref().unwrap_or("UTC").to_string(),
     };
     if let Some(day) = &s.business_day {
         let at = day.at.as_deref().unwrap_or("00:00");
