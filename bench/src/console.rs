@@ -195,6 +195,8 @@ async fn write_runs(store: &dyn Store, ids: &[i64], runs: usize) -> Result<(i64,
                     skip: None,
                     ready_at: at,
                     advance: None,
+                    nominal_for: None,
+                    why: None,
                 }
             })
             .collect();

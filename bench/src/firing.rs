@@ -13,9 +13,11 @@ use crate::noop;
 use anyhow::Result;
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
+use sked_core::calendar::{CalendarSpec, Holiday};
 use sked_core::job::JobSpec;
 use sked_core::run::RunState;
 use sked_core::stats::percentiles;
+use sked_store::Audit;
 use std::collections::HashMap;
 use std::time::Instant as Clock;
 
@@ -29,6 +31,37 @@ pub struct Options<'a> {
     pub seconds: u64,
     /// Slots of a no-op worker completing the runs (split between one per node); none without.
     pub worker_slots: Option<u32>,
+    /// Each schedule names a calendar that closes no day of the window.
+    pub calendar: bool,
+}
+
+/// The calendars `--calendar` schedules name: `bench` includes `bench-past`, whose 1,000
+/// holidays all lie before 2020, so every instant of the window runs while each one is judged.
+fn bench_calendars() -> Vec<(String, CalendarSpec)> {
+    let every_day = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"].map(String::from);
+    let first = chrono::NaiveDate::from_ymd_opt(2017, 1, 2).expect("a date");
+    let past = CalendarSpec {
+        timezone: Some("Europe/London".into()),
+        weekdays: Some(every_day.to_vec()),
+        holidays: (0..1_000u64)
+            .map(|i| Holiday {
+                date: Some(first + chrono::Days::new(i)),
+                from: None,
+                to: None,
+                label: format!("closed {i}"),
+                yearly: false,
+            })
+            .collect(),
+        include: Vec::new(),
+        except: Vec::new(),
+        description: None,
+    };
+    let bench = CalendarSpec {
+        include: vec!["bench-past".into()],
+        holidays: Vec::new(),
+        ..past.clone()
+    };
+    vec![("bench-past".into(), past), ("bench".into(), bench)]
 }
 
 pub async fn run(options: Options<'_>) -> Result<Value> {
@@ -39,21 +72,37 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         every,
         seconds,
         worker_slots,
+        calendar,
     } = options;
     let period_us = period_us(every, schedules)?;
     let base = Utc::now();
     let step_us = period_us / schedules as i64;
     let jobs = (0..schedules).map(move |i| {
         let anchor = base + Duration::microseconds(step_us * i as i64);
+        let mut schedule = json!({"every": every, "anchor": anchor.to_rfc3339()});
+        if calendar {
+            schedule["calendar"] = json!("bench");
+        }
         let spec: JobSpec = serde_json::from_value(json!({
-            "schedule": {"every": every, "anchor": anchor.to_rfc3339()},
+            "schedule": schedule,
             "target": {"shell": {"command": "true"}},
         }))
         .expect("a valid benchmark job");
         (format!("job-{i:07}"), spec)
     });
+    let calendars = if calendar {
+        bench_calendars()
+    } else {
+        Vec::new()
+    };
     let created = Clock::now();
     let (store, place) = store_with_jobs(database_url, jobs).await?;
+    // Before any node starts: the firing loop reads each calendar as it loads the schedules.
+    for (name, spec) in &calendars {
+        store
+            .put_calendar("default", name, spec, Utc::now(), Audit::none())
+            .await?;
+    }
     let create_s = created.elapsed().as_secs_f64();
     let started = Clock::now();
     let mut server = start(store.clone(), place, nodes).await?;
@@ -135,6 +184,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         "nodes": nodes,
         "schedules": schedules,
         "every": every,
+        "calendar": calendar,
         "fires_per_second": schedules as f64 * 1e6 / period_us as f64,
         "window_seconds": seconds,
         // The window's first instant, to line its seconds up with a trace taken beside it.

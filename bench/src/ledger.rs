@@ -96,6 +96,8 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
                     skip: None,
                     ready_at: at,
                     advance: None,
+                    nominal_for: None,
+                    why: None,
                 }
             })
             .collect();

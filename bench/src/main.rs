@@ -149,6 +149,10 @@ enum Scenario {
         /// Slots of the no-op worker, with --worker (split between one worker per node).
         #[arg(long, default_value_t = 1_000)]
         slots: u32,
+        /// Each schedule names a calendar (open every day, 1,000 holidays in past years, and
+        /// one it includes), as a business-day schedule would: what a calendar costs firing.
+        #[arg(long)]
+        calendar: bool,
     },
     /// N runs due at the same instant: how long until all are queued, started and recorded.
     Burst {
@@ -351,6 +355,7 @@ fn main() -> Result<()> {
                 nodes,
                 worker,
                 slots,
+                calendar,
             } => {
                 check_nodes(nodes, database_url)?;
                 firing::run(firing::Options {
@@ -360,6 +365,7 @@ fn main() -> Result<()> {
                     every: &every,
                     seconds,
                     worker_slots: worker.then_some(slots),
+                    calendar,
                 })
                 .await
             }

@@ -52,6 +52,9 @@ pub enum Command {
     /// A namespace's secrets, which job definitions name with `{"secret_ref": NAME}`.
     #[command(subcommand)]
     Secret(SecretCommand),
+    /// A namespace's calendars of business days, which schedules name in `calendar`.
+    #[command(subcommand)]
+    Calendar(CalendarCommand),
     /// Tell sked what happened: an event starts the jobs whose schedule names its key and
     /// releases the runs waiting for it.
     #[command(subcommand)]
@@ -191,6 +194,59 @@ pub enum SecretCommand {
     Delete {
         /// The secret's name.
         name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CalendarCommand {
+    /// Creates or replaces calendar NAME from a YAML or JSON file (timezone, weekdays,
+    /// holidays, include, except, description).
+    Apply {
+        /// The calendar's name, as schedules give it in `calendar`.
+        name: String,
+        /// The calendar's definition.
+        #[arg(short, long)]
+        file: PathBuf,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Creates or replaces calendar NAME with the all-day events of an iCalendar file as its
+    /// holidays (a bank-holiday feed, say). The file is read and checked here; only the
+    /// calendar is sent.
+    Import {
+        /// The calendar's name.
+        name: String,
+        /// The iCalendar (.ics) file.
+        #[arg(long)]
+        ics: PathBuf,
+        /// The calendar's IANA time zone (default UTC).
+        #[arg(long)]
+        timezone: Option<String>,
+        /// Working weekdays, comma-separated (default mon,tue,wed,thu,fri).
+        #[arg(long, value_delimiter = ',')]
+        weekdays: Option<Vec<String>>,
+        /// What the calendar is for.
+        #[arg(long)]
+        description: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// The calendars of `--namespace`.
+    List(ClientArgs),
+    /// One calendar, with the jobs and calendars that name it.
+    Show {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Deletes a calendar nothing names; with --force also a named one (the schedules naming
+    /// it then fire nothing until it is written again).
+    Delete {
+        name: String,
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -903,6 +959,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Audit(args) => client::Client::new(&args.client)?.audit(&args).await,
         Command::Namespace(cmd) => namespace(cmd).await,
         Command::Secret(cmd) => secret(cmd).await,
+        Command::Calendar(cmd) => calendar(cmd).await,
         Command::Event(cmd) => event(cmd).await,
         Command::Config(ConfigCommand::Check { file }) => match crate::config::check(&file) {
             Ok(()) => {
@@ -961,8 +1018,13 @@ const READ_LIMIT: u64 = 128 * 1024;
 
 /// A file's text, at most [`READ_LIMIT`] bytes of it.
 fn read_bounded(path: &Path) -> Result<String> {
+    read_bounded_to(path, READ_LIMIT)
+}
+
+/// A file's text, at most `limit` bytes of it.
+fn read_bounded_to(path: &Path, limit: u64) -> Result<String> {
     std::fs::File::open(path)
-        .and_then(|f| std::io::read_to_string(std::io::Read::take(f, READ_LIMIT)))
+        .and_then(|f| std::io::read_to_string(std::io::Read::take(f, limit)))
         .with_context(|| format!("cannot read {}", path.display()))
 }
 
@@ -1043,6 +1105,83 @@ async fn secret(cmd: SecretCommand) -> Result<()> {
         }
     }
 }
+
+async fn calendar(cmd: CalendarCommand) -> Result<()> {
+    use sked_core::calendar::{ical, CalendarSpec};
+    match cmd {
+        CalendarCommand::Apply { name, file, client } => {
+            let text = read_bounded_to(&file, CALENDAR_LIMIT)?;
+            // YAML is a superset of JSON, so one parser reads both.
+            let doc: serde_json::Value = serde_yaml::from_str(&text)
+                .with_context(|| format!("{} is neither valid YAML nor JSON", file.display()))?;
+            let spec: CalendarSpec = serde_json::from_value(doc)
+                .with_context(|| format!("{} is not a calendar", file.display()))?;
+            spec.validate()
+                .map_err(|e| anyhow::anyhow!("nothing was applied: {e}"))?;
+            client::Client::new(&client)?
+                .calendar_put(&name, &spec)
+                .await
+        }
+        CalendarCommand::Import {
+            name,
+            ics,
+            timezone,
+            weekdays,
+            description,
+            client,
+        } => {
+            let size = std::fs::metadata(&ics)
+                .with_context(|| format!("cannot read {}", ics.display()))?
+                .len();
+            if size > ical::MAX_ICS_BYTES as u64 {
+                anyhow::bail!(
+                    "ics: {} holds {size} bytes; an iCalendar file may hold at most {}",
+                    ics.display(),
+                    ical::MAX_ICS_BYTES
+                );
+            }
+            let text = read_bounded_to(&ics, ical::MAX_ICS_BYTES as u64)?;
+            let imported = ical::holidays_from_ics(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", ics.display()))?;
+            if imported.skipped_timed > 0 {
+                eprintln!(
+                    "{} events with a time of day were left out: a holiday is a whole day",
+                    imported.skipped_timed
+                );
+            }
+            let spec = CalendarSpec {
+                timezone,
+                weekdays,
+                holidays: imported.holidays,
+                include: Vec::new(),
+                except: Vec::new(),
+                description,
+            };
+            spec.validate()
+                .map_err(|e| anyhow::anyhow!("nothing was imported: {e}"))?;
+            client::Client::new(&client)?
+                .calendar_put(&name, &spec)
+                .await
+        }
+        CalendarCommand::List(client) => client::Client::new(&client)?.calendar_list().await,
+        CalendarCommand::Show { name, client } => {
+            client::Client::new(&client)?.calendar_show(&name).await
+        }
+        CalendarCommand::Delete {
+            name,
+            force,
+            client,
+        } => {
+            client::Client::new(&client)?
+                .calendar_delete(&name, force)
+                .await
+        }
+    }
+}
+
+/// The largest calendar file `sked calendar apply` reads: a calendar's holidays at their
+/// longest labels.
+const CALENDAR_LIMIT: u64 = 2 * 1024 * 1024;
 
 async fn token(cmd: TokenCommand) -> Result<()> {
     match cmd {

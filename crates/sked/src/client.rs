@@ -392,8 +392,23 @@ impl Client {
         if self.json {
             return Self::print_json(&value);
         }
-        for t in value["fire_times"].as_array().into_iter().flatten() {
-            println!("{}", text(t));
+        match value["calendar"].as_array() {
+            // A schedule that meets a calendar: each instant with what the calendar made of it.
+            Some(occurrences) => {
+                for o in occurrences {
+                    let at = text(&o["at"]);
+                    match (o["moved_from"].as_str(), o["skipped"].as_str()) {
+                        (Some(from), _) => println!("{at}  moved from {from}"),
+                        (None, Some(why)) => println!("{at}  skipped ({why})"),
+                        (None, None) => println!("{at}"),
+                    }
+                }
+            }
+            None => {
+                for t in value["fire_times"].as_array().into_iter().flatten() {
+                    println!("{}", text(t));
+                }
+            }
         }
         if let Some(note) = value["note"].as_str() {
             println!("({note})");
@@ -900,6 +915,134 @@ impl Client {
         Ok(())
     }
 
+    pub async fn calendar_put(
+        &self,
+        name: &str,
+        spec: &sked_core::calendar::CalendarSpec,
+    ) -> Result<()> {
+        let body = serde_json::to_value(spec)?;
+        let resp = self
+            .send(Method::PUT, &format!("/calendars/{name}"), &[], Some(&body))
+            .await?;
+        let status = resp.status();
+        let record: Value = resp.json().await?;
+        if self.json {
+            return Self::print_json(&record);
+        }
+        let what = if status == reqwest::StatusCode::CREATED {
+            "created"
+        } else {
+            "applied"
+        };
+        let holidays = record["spec"]["holidays"].as_array().map_or(0, Vec::len);
+        println!(
+            "calendar {name} in namespace {} {what} (version {}, {holidays} holidays)",
+            self.namespace,
+            text(&record["version"])
+        );
+        Ok(())
+    }
+
+    pub async fn calendar_list(&self) -> Result<()> {
+        let value = self.get_json("/calendars", &[]).await?;
+        if self.json {
+            return Self::print_json(&value["calendars"]);
+        }
+        let table: Vec<Vec<String>> = value["calendars"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let spec = &c["spec"];
+                vec![
+                    text(&c["name"]),
+                    spec["timezone"].as_str().unwrap_or("UTC").to_string(),
+                    spec["holidays"].as_array().map_or(0, Vec::len).to_string(),
+                    list_text(&spec["include"]),
+                    text(&c["version"]),
+                    text(&c["updated_at"]),
+                ]
+            })
+            .collect();
+        print_table(
+            &["NAME", "ZONE", "HOLIDAYS", "INCLUDES", "VERSION", "UPDATED"],
+            &table,
+        );
+        Ok(())
+    }
+
+    pub async fn calendar_show(&self, name: &str) -> Result<()> {
+        let value = self.get_json(&format!("/calendars/{name}"), &[]).await?;
+        if self.json {
+            return Self::print_json(&value);
+        }
+        let spec = &value["spec"];
+        println!("calendar {name} (version {})", text(&value["version"]));
+        println!("  zone      {}", spec["timezone"].as_str().unwrap_or("UTC"));
+        let weekdays = match spec["weekdays"].as_array() {
+            Some(_) => list_text(&spec["weekdays"]),
+            None => "mon, tue, wed, thu, fri".to_string(),
+        };
+        println!("  weekdays  {weekdays}");
+        for (field, label) in [("include", "includes"), ("except", "excepts")] {
+            if spec[field].as_array().is_some_and(|a| !a.is_empty()) {
+                println!("  {label:<9} {}", list_text(&spec[field]));
+            }
+        }
+        println!(
+            "  named by  {}",
+            match (
+                list_text(&value["used_by"]["jobs"]),
+                list_text(&value["used_by"]["calendars"])
+            ) {
+                (jobs, cals) if jobs.is_empty() && cals.is_empty() => "nothing".to_string(),
+                (jobs, cals) if cals.is_empty() => format!("jobs {jobs}"),
+                (jobs, cals) if jobs.is_empty() => format!("calendars {cals}"),
+                (jobs, cals) => format!("jobs {jobs}; calendars {cals}"),
+            }
+        );
+        let table: Vec<Vec<String>> = spec["holidays"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|h| {
+                let when = match (h["date"].as_str(), h["from"].as_str(), h["to"].as_str()) {
+                    (Some(d), _, _) if h["yearly"] == Value::Bool(true) => {
+                        format!("{d} and yearly")
+                    }
+                    (Some(d), _, _) => d.to_string(),
+                    (None, Some(f), Some(t)) => format!("{f} to {t}"),
+                    _ => String::new(),
+                };
+                vec![when, text(&h["label"])]
+            })
+            .collect();
+        if !table.is_empty() {
+            println!();
+            print_table(&["HOLIDAY", "LABEL"], &table);
+        }
+        Ok(())
+    }
+
+    pub async fn calendar_delete(&self, name: &str, force: bool) -> Result<()> {
+        let query = [("force", force.to_string())];
+        let deleted: Value = self
+            .send(Method::DELETE, &format!("/calendars/{name}"), &query, None)
+            .await?
+            .json()
+            .await
+            .context("the server sent a response that is not JSON")?;
+        if self.json {
+            return Self::print_json(&deleted);
+        }
+        println!("calendar {name} in namespace {} deleted", self.namespace);
+        let jobs = list_text(&deleted["still_named_by"]["jobs"]);
+        if !jobs.is_empty() {
+            println!("these jobs name it and fire nothing until it is written again: {jobs}");
+        }
+        Ok(())
+    }
+
     pub async fn event_send(&self, key: &str, id: &str, payload: Value) -> Result<()> {
         let body = serde_json::json!({"key": key, "id": id, "payload": payload});
         let posted: Value = self
@@ -1013,7 +1156,15 @@ fn list_text(v: &Value) -> String {
 }
 
 fn schedule_summary(s: &Value) -> String {
-    for key in ["cron", "every", "iso8601", "at", "event"] {
+    for key in [
+        "cron",
+        "every",
+        "iso8601",
+        "at",
+        "event",
+        "business_day",
+        "every_business_days",
+    ] {
         if let Some(v) = s.get(key).filter(|v| !v.is_null()) {
             let zone = match (key, s.get("timezone").and_then(Value::as_str)) {
                 ("cron", Some(tz)) => format!(" {tz}"),

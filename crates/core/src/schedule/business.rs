@@ -52,16 +52,46 @@ pub struct BusinessDaySpec {
 
 /// `every_business_days: N`, or `{every: N, at}`: every Nth business day, counted from the
 /// schedule's anchor date (the day it was set when absent), at a local time.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum EveryBusinessDaysSpec {
     Days(u32),
-    #[serde(rename_all = "snake_case")]
     At {
         every: u32,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         at: Option<String>,
     },
+}
+
+/// A number, or an object with exactly `every` and `at`: serde's untagged enums would also take
+/// an array for the object, and unknown fields in it.
+impl<'de> Deserialize<'de> for EveryBusinessDaysSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct At {
+            every: u32,
+            #[serde(default)]
+            at: Option<String>,
+        }
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::Number(n) => n
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .map(EveryBusinessDaysSpec::Days)
+                .ok_or_else(|| D::Error::custom("must be a whole number of business days")),
+            object @ serde_json::Value::Object(_) => serde_json::from_value::<At>(object)
+                .map(|a| EveryBusinessDaysSpec::At {
+                    every: a.every,
+                    at: a.at,
+                })
+                .map_err(D::Error::custom),
+            _ => Err(D::Error::custom(
+                "expected a number of business days, or {\"every\": N, \"at\": \"HH:MM\"}",
+            )),
+        }
+    }
 }
 
 impl EveryBusinessDaysSpec {
@@ -416,6 +446,26 @@ pub(super) fn occurrence_at(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_business_days_reads_a_number_or_an_exact_object() {
+        let read = |v: serde_json::Value| serde_json::from_value::<EveryBusinessDaysSpec>(v);
+        assert_eq!(
+            read(serde_json::json!(2)).unwrap(),
+            EveryBusinessDaysSpec::Days(2)
+        );
+        assert_eq!(
+            read(serde_json::json!({"every": 3, "at": "06:30"})).unwrap(),
+            EveryBusinessDaysSpec::At {
+                every: 3,
+                at: Some("06:30".into())
+            }
+        );
+        assert!(read(serde_json::json!([3])).is_err());
+        assert!(read(serde_json::json!({"every": 3, "zzz": 1})).is_err());
+        assert!(read(serde_json::json!(-1)).is_err());
+        assert!(read(serde_json::json!("2")).is_err());
+    }
 
     #[test]
     fn times_of_day_read_with_or_without_seconds() {

@@ -1038,7 +1038,9 @@ mod tests {
             let e = Schedule::compile(Some(&spec), epoch).unwrap_err();
             assert_eq!(e.field, "schedule", "{spec:?}");
             assert_eq!(
-                e.message, "give exactly one of cron, every, iso8601, at or event",
+                e.message,
+                "give exactly one of cron, every, iso8601, at, event, business_day or \
+                 every_business_days",
                 "{spec:?}"
             );
         };

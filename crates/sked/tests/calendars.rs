@@ -1,0 +1,486 @@
+//! Calendars, black-box: a namespace's calendars of business days, named by schedules. Every
+//! instant a holiday removes is in the ledger as `skipped (calendar)` with the holiday's label;
+//! a changed calendar reaches the firing loop at once; business-day schedules and moved
+//! instants preview as they will run; bad calendars and schedules are refused naming the field
+//! with nothing written; a calendar in use is deleted only with `force`; tokens of another
+//! namespace or without write access can do nothing with them. Also through the CLI, with an
+//! iCalendar import.
+
+mod common;
+
+use chrono::{Duration as Days, Utc};
+use common::{client_for, instant, shell, sked_command, Sked};
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+async fn call(sked: &Sked, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    common::call(&sked.http, method, sked.url(path), body).await
+}
+
+/// A calendar open every day of the week, closed from yesterday to tomorrow (UTC).
+fn closed_around_today(label: &str) -> Value {
+    let today = Utc::now().date_naive();
+    json!({
+        "weekdays": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"],
+        "holidays": [{
+            "from": (today - Days::days(1)).to_string(),
+            "to": (today + Days::days(1)).to_string(),
+            "label": label,
+        }],
+    })
+}
+
+#[tokio::test]
+async fn a_holiday_removes_instants_into_the_ledger_and_a_changed_calendar_applies_at_once() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let (status, created) = call(
+        &sked,
+        Method::PUT,
+        "/calendars/office",
+        Some(closed_around_today("Office move")),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["version"], 1);
+    let job = json!({
+        "schedule": {"every": "1s", "calendar": "office"},
+        "target": shell("true"),
+    });
+    let (status, answer) = sked.put_job("heartbeat", job).await;
+    assert_eq!(status, 201, "{answer}");
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+
+    // Every instant so far is in the ledger, removed, with the holiday's label.
+    let removed = sked.runs("heartbeat").await;
+    assert!(removed.len() >= 2, "{removed:?}");
+    for run in &removed {
+        assert_eq!(
+            (&run["state"], &run["skip_reason"]),
+            (&json!("skipped"), &json!("calendar")),
+            "{run}"
+        );
+        assert_eq!(run["error"], "holiday: Office move", "{run}");
+    }
+    for pair in removed.windows(2) {
+        let gap = instant(&pair[1]["scheduled_for"]) - instant(&pair[0]["scheduled_for"]);
+        assert_eq!(gap, Days::seconds(1), "one instant a second, none missing");
+    }
+    let skipped = sked.metrics().await;
+    assert!(
+        skipped.contains("reason=\"calendar\""),
+        "skips by calendar are counted"
+    );
+
+    // Reopened: the next instants run.
+    let open = json!({"weekdays": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]});
+    let (status, changed) = call(&sked, Method::PUT, "/calendars/office", Some(open)).await;
+    assert_eq!((status, &changed["version"]), (200, &json!(2)), "{changed}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let runs = sked.runs("heartbeat").await;
+        if runs.iter().any(|r| r["state"] == "succeeded") {
+            // Still one instant a second across the change.
+            for pair in runs.windows(2) {
+                let gap = instant(&pair[1]["scheduled_for"]) - instant(&pair[0]["scheduled_for"]);
+                assert_eq!(gap, Days::seconds(1), "{pair:?}");
+            }
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no run after reopening: {runs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The change is audited with its definition.
+    let (status, audit) = call(&sked, Method::GET, "/audit?object=office", None).await;
+    assert_eq!(status, 200, "{audit}");
+    let actions: Vec<&str> = audit["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    assert_eq!(actions, ["calendar.put", "calendar.put"], "{audit}");
+}
+
+#[tokio::test]
+async fn business_days_and_moved_instants_preview_as_they_will_run() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let ny = json!({
+        "timezone": "America/New_York",
+        "holidays": [{"date": "2026-03-31", "label": "Quarter close"}],
+    });
+    let (status, answer) = call(&sked, Method::PUT, "/calendars/ny", Some(ny)).await;
+    assert_eq!(status, 201, "{answer}");
+    let uk = json!({
+        "timezone": "Europe/London",
+        "holidays": [{"date": "2026-01-01", "label": "New Year's Day", "yearly": true}],
+    });
+    let (status, answer) = call(&sked, Method::PUT, "/calendars/uk", Some(uk)).await;
+    assert_eq!(status, 201, "{answer}");
+
+    // The last business day of each month at 18:00 in New York.
+    let last = json!({
+        "schedule": {"business_day": {"nth": -1, "at": "18:00"}, "calendar": "ny"},
+        "from": "2026-01-01T00:00:00Z",
+        "count": 3,
+    });
+    let (status, preview) = call(&sked, Method::POST, "/schedules/preview", Some(last)).await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(
+        preview["fire_times"],
+        json!([
+            "2026-01-30T23:00:00Z",
+            "2026-02-27T23:00:00Z",
+            "2026-03-30T22:00:00Z"
+        ]),
+        "31 January and 28 February are Saturdays; 31 March is closed; EDT from 8 March"
+    );
+
+    // The first of the month at 06:30 London, moved off holidays and weekends.
+    let first = json!({
+        "schedule": {"cron": "30 6 1 * *", "timezone": "Europe/London", "calendar": "uk",
+                     "on_holiday": "next_business_day"},
+        "from": "2025-12-15T00:00:00Z",
+        "count": 4,
+    });
+    let (status, preview) = call(&sked, Method::POST, "/schedules/preview", Some(first)).await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(
+        preview["calendar"],
+        json!([
+            {"at": "2026-01-02T06:30:00Z", "moved_from": "2026-01-01T06:30:00Z"},
+            {"at": "2026-02-02T06:30:00Z", "moved_from": "2026-02-01T06:30:00Z"},
+            {"at": "2026-03-02T06:30:00Z", "moved_from": "2026-03-01T06:30:00Z"},
+            {"at": "2026-04-01T05:30:00Z"},
+        ])
+    );
+
+    // The same, skipping: the removed instants are listed with their reasons.
+    let skip = json!({
+        "schedule": {"cron": "30 6 1 * *", "timezone": "Europe/London", "calendar": "uk"},
+        "from": "2025-12-15T00:00:00Z",
+        "count": 2,
+    });
+    let (_, preview) = call(&sked, Method::POST, "/schedules/preview", Some(skip)).await;
+    assert_eq!(
+        preview["calendar"],
+        json!([
+            {"at": "2026-01-01T06:30:00Z", "skipped": "holiday: New Year's Day"},
+            {"at": "2026-02-01T06:30:00Z", "skipped": "not a working day (Sun)"},
+        ])
+    );
+    assert_eq!(preview["fire_times"], json!([]));
+
+    // A job's preview reads its calendar too.
+    let job = json!({
+        "schedule": {"business_day": {"nth": 3, "at": "06:30"}, "calendar": "uk"},
+        "target": shell("true"),
+    });
+    let (status, answer) = sked.put_job("third", job).await;
+    assert_eq!(status, 201, "{answer}");
+    let (status, preview) = call(&sked, Method::GET, "/jobs/third/preview?count=12", None).await;
+    assert_eq!(status, 200, "{preview}");
+    let times = preview["fire_times"].as_array().expect("fire times");
+    assert_eq!(times.len(), 12, "{preview}");
+    for t in times {
+        // 06:30 in London is 06:30 UTC in winter and 05:30 in summer, on the same date.
+        let utc = instant(t);
+        let clock = utc.format("%H:%M").to_string();
+        assert!(clock == "06:30" || clock == "05:30", "{t}");
+        use chrono::Datelike;
+        assert!(utc.weekday().num_days_from_monday() < 5, "{t}");
+        assert!((3..=7).contains(&utc.day()), "the third business day: {t}");
+    }
+}
+
+#[tokio::test]
+async fn bad_calendars_and_schedules_are_refused_naming_the_field_and_nothing_is_written() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+
+    // A job naming no calendar that exists.
+    let job = json!({
+        "schedule": {"cron": "0 6 * * *", "calendar": "nope"},
+        "target": shell("true"),
+    });
+    let (status, answer) = sked.put_job("orphan", job).await;
+    assert_eq!(
+        (status, &answer["error"]["field"]),
+        (400, &json!("schedule.calendar"))
+    );
+    let (status, _) = call(&sked, Method::GET, "/jobs/orphan", None).await;
+    assert_eq!(status, 404, "nothing was written");
+
+    // Out-of-range business days and a time that is not one.
+    for (schedule, field) in [
+        (
+            json!({"business_day": {"nth": 0}}),
+            "schedule.business_day.nth",
+        ),
+        (
+            json!({"business_day": {"nth": 40}}),
+            "schedule.business_day.nth",
+        ),
+        (
+            json!({"business_day": {"nth": 1, "at": "25:00"}}),
+            "schedule.business_day.at",
+        ),
+        (
+            json!({"every_business_days": 0}),
+            "schedule.every_business_days",
+        ),
+        (
+            json!({"cron": "0 6 * * *", "on_holiday": "next_business_day"}),
+            "schedule.on_holiday",
+        ),
+    ] {
+        let job = json!({"schedule": schedule, "target": shell("true")});
+        let (status, answer) = sked.put_job("bad", job).await;
+        assert_eq!(
+            (status, &answer["error"]["field"]),
+            (400, &json!(field)),
+            "{answer}"
+        );
+    }
+
+    // Calendars: an unknown include, a cycle, a backwards range, a bad zone.
+    let (status, answer) = call(
+        &sked,
+        Method::PUT,
+        "/calendars/a",
+        Some(json!({"include": ["b"]})),
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["error"]["field"]),
+        (400, &json!("include[0]"))
+    );
+    let (status, _) = call(&sked, Method::PUT, "/calendars/b", Some(json!({}))).await;
+    assert_eq!(status, 201);
+    let (status, _) = call(
+        &sked,
+        Method::PUT,
+        "/calendars/a",
+        Some(json!({"include": ["b"]})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (status, answer) = call(
+        &sked,
+        Method::PUT,
+        "/calendars/b",
+        Some(json!({"except": ["a"]})),
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["error"]["field"]),
+        (400, &json!("except[0]"))
+    );
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("b -> a -> b")),
+        "{answer}"
+    );
+    let (_, b) = call(&sked, Method::GET, "/calendars/b", None).await;
+    assert_eq!(b["version"], 1, "the refused change wrote nothing: {b}");
+    for (body, field) in [
+        (
+            json!({"holidays": [{"from": "2026-08-10", "to": "2026-08-01", "label": "x"}]}),
+            "holidays[0].to",
+        ),
+        (json!({"timezone": "Mars/Olympus"}), "timezone"),
+        (json!({"weekdays": ["funday"]}), "weekdays[0]"),
+        (
+            json!({"holidays": [{"date": "2026-01-01", "label": ""}]}),
+            "holidays[0].label",
+        ),
+    ] {
+        let (status, answer) = call(&sked, Method::PUT, "/calendars/c", Some(body)).await;
+        assert_eq!(
+            (status, &answer["error"]["field"]),
+            (400, &json!(field)),
+            "{answer}"
+        );
+    }
+    let (_, list) = call(&sked, Method::GET, "/calendars", None).await;
+    let names: Vec<&str> = list["calendars"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["a", "b"], "{list}");
+
+    // In use: refused without force; with it, the users are named.
+    let job = json!({"schedule": {"cron": "0 6 * * *", "calendar": "a"}, "target": shell("true")});
+    let (status, _) = sked.put_job("uses-a", job).await;
+    assert_eq!(status, 201);
+    let (status, answer) = call(&sked, Method::DELETE, "/calendars/b", None).await;
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (409, &json!("in_use")),
+        "{answer}"
+    );
+    let (_, shown) = call(&sked, Method::GET, "/calendars/a", None).await;
+    assert_eq!(shown["used_by"]["jobs"], json!(["uses-a"]), "{shown}");
+    let (status, answer) = call(&sked, Method::DELETE, "/calendars/a", None).await;
+    assert_eq!(status, 409, "{answer}");
+    let (status, answer) = call(&sked, Method::DELETE, "/calendars/a?force=true", None).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["still_named_by"]["jobs"], json!(["uses-a"]));
+    let (status, _) = call(&sked, Method::DELETE, "/calendars/a", None).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn only_writers_of_the_namespace_change_its_calendars_and_others_see_none() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let (status, _) = call(
+        &sked,
+        Method::PUT,
+        "/calendars/uk?namespace=team-a",
+        Some(json!({"timezone": "Europe/London"})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let viewer = client_for(
+        &sked,
+        "a-viewer",
+        json!({"role": "viewer", "namespaces": ["team-a"]}),
+    )
+    .await;
+    let outsider = client_for(
+        &sked,
+        "b-editor",
+        json!({"role": "editor", "namespaces": ["team-b"]}),
+    )
+    .await;
+    let url = |path: &str| sked.url(path);
+    let (status, _) = common::call(
+        &viewer,
+        Method::GET,
+        url("/calendars/uk?namespace=team-a"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "a viewer reads");
+    let (status, _) = common::call(
+        &viewer,
+        Method::PUT,
+        url("/calendars/uk?namespace=team-a"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 403, "a viewer does not write");
+    for method in [Method::GET, Method::DELETE] {
+        let (status, _) = common::call(
+            &outsider,
+            method,
+            url("/calendars/uk?namespace=team-a"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 403, "another namespace's editor");
+    }
+    let (status, list) = common::call(
+        &outsider,
+        Method::GET,
+        url("/calendars?namespace=team-b"),
+        None,
+    )
+    .await;
+    assert_eq!((status, &list["calendars"]), (200, &json!([])));
+    // Its own namespace's job cannot name team-a's calendar.
+    let job = json!({"schedule": {"cron": "0 6 * * *", "calendar": "uk"}, "target": {"http": {"url": "https://example.com/"}}});
+    let (status, answer) = common::call(
+        &outsider,
+        Method::PUT,
+        url("/jobs/j?namespace=team-b"),
+        Some(job),
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["error"]["field"]),
+        (400, &json!("schedule.calendar"))
+    );
+}
+
+const BANK_HOLIDAYS: &str = "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//test//EN\r\n\
+BEGIN:VEVENT\r\nUID:1\r\nDTSTART;VALUE=DATE:20261225\r\nDTEND;VALUE=DATE:20261226\r\n\
+SUMMARY:Christmas Day\r\nEND:VEVENT\r\n\
+BEGIN:VEVENT\r\nUID:2\r\nDTSTART;VALUE=DATE:20261228\r\nDTEND;VALUE=DATE:20261229\r\n\
+SUMMARY:Boxing Day (substitute day)\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n";
+
+#[tokio::test]
+async fn the_cli_imports_an_icalendar_file_and_refuses_what_is_not_one() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ics = dir.path().join("uk.ics");
+    std::fs::write(&ics, BANK_HOLIDAYS).expect("write ics");
+    let cli = |args: &[&str]| {
+        let out = sked_command()
+            .args(args)
+            .env("SKED_SERVER", sked.base())
+            .output()
+            .expect("run sked");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let ics_arg = ics.to_str().expect("utf-8 path");
+    let (ok, out, err) = cli(&[
+        "calendar",
+        "import",
+        "uk",
+        "--ics",
+        ics_arg,
+        "--timezone",
+        "Europe/London",
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("2 holidays"), "{out}");
+    let (ok, out, err) = cli(&["calendar", "show", "uk"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("Boxing Day (substitute day)"), "{out}");
+    assert!(out.contains("Europe/London"), "{out}");
+
+    let not_ics = dir.path().join("notes.ics");
+    std::fs::write(&not_ics, "just some notes\n").expect("write");
+    let (ok, _, err) = cli(&[
+        "calendar",
+        "import",
+        "other",
+        "--ics",
+        not_ics.to_str().expect("utf-8"),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("ics"), "{err}");
+    let huge = dir.path().join("huge.ics");
+    std::fs::write(&huge, "X".repeat(3 * 1024 * 1024)).expect("write");
+    let (ok, _, err) = cli(&[
+        "calendar",
+        "import",
+        "other",
+        "--ics",
+        huge.to_str().expect("utf-8"),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("at most"), "{err}");
+    let (_, list) = call(&sked, Method::GET, "/calendars", None).await;
+    assert_eq!(
+        list["calendars"].as_array().map(Vec::len),
+        Some(1),
+        "{list}"
+    );
+}
