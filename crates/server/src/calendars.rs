@@ -120,7 +120,9 @@ pub async fn attach(
 }
 
 /// Resolved calendars by (namespace, name), for the firing loop: a million schedules name a
-/// handful of calendars, each read once. Dropped whole when any calendar changes.
+/// handful of calendars, each read once. Dropped whole when any calendar changes (written on
+/// this node, or announced by another through the store's events) and when every schedule is
+/// read again.
 #[derive(Default)]
 pub struct CalendarCache {
     resolved: HashMap<(String, String), Option<Arc<Calendar>>>,
@@ -153,19 +155,5 @@ impl CalendarCache {
 
     pub fn clear(&mut self) {
         self.resolved.clear();
-    }
-
-    /// Whether any calendar held here reads differently from the store now (another node
-    /// wrote or deleted it). A store that does not answer changes nothing.
-    pub async fn changed_in(&self, store: &dyn Store) -> bool {
-        for ((namespace, name), held) in &self.resolved {
-            match resolve(store, namespace, name).await {
-                Ok(now) if now.as_ref() != held.as_deref() => return true,
-                Ok(_) => {}
-                Err(ResolveError::Spec(_)) if held.is_some() => return true,
-                Err(_) => {}
-            }
-        }
-        false
     }
 }

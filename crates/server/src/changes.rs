@@ -1,6 +1,6 @@
 //! Changes other server nodes commit to a shared store, applied to what this node holds in
 //! memory: a changed job reaches the firing loop (which ignores it unless this node holds the
-//! job's partition), runs queued elsewhere join this node's dispatch queue, runs started or
+//! job's partition), as does a changed calendar, runs queued elsewhere join this node's dispatch queue, runs started or
 //! cancelled elsewhere leave it. When events may have been missed, both are rebuilt from the
 //! store. A store that one node uses alone has no events, and this duty does not run.
 //!
@@ -65,6 +65,7 @@ pub async fn run(
                     pending.forget(&ids);
                     dispatcher.remove(&ids);
                 }
+                StoreEvent::CalendarsChanged => firing.calendars_changed(),
                 StoreEvent::Resync => resync = true,
             }
         }

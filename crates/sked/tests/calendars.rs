@@ -484,3 +484,109 @@ async fn the_cli_imports_an_icalendar_file_and_refuses_what_is_not_one() {
         "{list}"
     );
 }
+
+/// Two nodes on PostgreSQL: a calendar written through one reaches the schedules the other
+/// fires at once, through the store's change events. Sixteen jobs spread over the partitions,
+/// so that (short of one chance in 65,536) both nodes fire some of them.
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test]
+async fn a_calendar_written_on_one_node_applies_on_every_node() {
+    use common::pg::{self, Logs, Node, Schema};
+    const JOBS: usize = 16;
+    let schema = Schema::create().await;
+    let logs = Logs::new();
+    let http = pg::http_client();
+    let mut a = Node::spawn(&logs, "node-a", common::free_port(), &schema.url);
+    let mut b = Node::spawn(&logs, "node-b", common::free_port(), &schema.url);
+    a.ready(&http, Duration::from_secs(60)).await;
+    b.ready(&http, Duration::from_secs(60)).await;
+    let ids = [a.id.as_str(), b.id.as_str()];
+    pg::wait_cluster(
+        &http,
+        &a.base(),
+        Duration::from_secs(30),
+        "balanced",
+        |view| {
+            pg::all_alive_and_owned(view, &ids)
+                && ids.iter().all(|id| {
+                    pg::member(view, id).is_some_and(|m| m["partitions"].as_u64() > Some(0))
+                })
+        },
+    )
+    .await;
+    let servers = format!("{},{}", a.base(), b.base());
+    let _worker = common::Proc::spawn(
+        "worker",
+        &["worker", "--server", &servers, "--slots", "16"],
+        &logs.file("worker"),
+    );
+    let api = |path: &str| format!("{}/api/v1{path}", a.base());
+    let every_day = json!({"weekdays": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]});
+    let (status, _) = common::call(
+        &http,
+        Method::PUT,
+        api("/calendars/office"),
+        Some(every_day),
+    )
+    .await;
+    assert_eq!(status, 201);
+    for i in 0..JOBS {
+        let job = json!({
+            "schedule": {"every": "1s", "calendar": "office"},
+            "target": shell("true"),
+        });
+        let (status, answer) =
+            common::call(&http, Method::PUT, api(&format!("/jobs/j{i}")), Some(job)).await;
+        assert_eq!(status, 201, "{answer}");
+    }
+    let runs_of = |i: usize| {
+        let http = http.clone();
+        let url = api(&format!("/jobs/j{i}/runs?limit=100"));
+        async move {
+            let (status, page) = common::call(&http, Method::GET, url, None).await;
+            assert_eq!(status, 200, "{page}");
+            page["runs"].as_array().cloned().unwrap_or_default()
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for i in 0..JOBS {
+        while !runs_of(i).await.iter().any(|r| r["state"] == "succeeded") {
+            assert!(std::time::Instant::now() < deadline, "job j{i} never ran");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    let changed = Utc::now();
+    let (status, answer) = common::call(
+        &http,
+        Method::PUT,
+        api("/calendars/office"),
+        Some(closed_around_today("Closed for the audit")),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // A second for the change to reach both loops; every instant after it is removed.
+    let after = changed + Days::seconds(1);
+    for i in 0..JOBS {
+        let later: Vec<Value> = runs_of(i)
+            .await
+            .into_iter()
+            .filter(|r| instant(&r["scheduled_for"]) > after)
+            .collect();
+        assert!(later.len() >= 2, "job j{i}: {later:?}");
+        for run in &later {
+            assert_eq!(
+                (&run["skip_reason"], &run["error"]),
+                (&json!("calendar"), &json!("holiday: Closed for the audit")),
+                "job j{i} ran past the change: {run}"
+            );
+        }
+    }
+    drop(a);
+    drop(b);
+    schema.drop_schema().await;
+}

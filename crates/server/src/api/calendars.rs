@@ -1,8 +1,8 @@
 //! `/api/v1/calendars`: a namespace's calendars of business days (`sked_core::calendar`), which
 //! schedules name in `schedule.calendar`. A calendar is checked whole, with every calendar it
 //! includes or excepts, before it is written; a calendar something names is deleted only with
-//! `force`. Each change is audited in its own transaction and reaches the firing loop at once
-//! (other nodes within `crate::firing`'s calendar check).
+//! `force`. Each change is audited in its own transaction and reaches the firing loop at once,
+//! and other nodes' loops through the store's change events (`crate::changes`).
 
 use super::extract::{Path, Query};
 use super::{body, parse_json, ApiError, Namespace};

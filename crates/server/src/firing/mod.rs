@@ -130,18 +130,11 @@ impl FiringLoop {
     }
 
     pub async fn run(mut self, ready: watch::Sender<bool>, mut shutdown: watch::Receiver<bool>) {
-        let mut calendar_check = tokio::time::interval(CALENDAR_CHECK);
-        calendar_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let next_due = self.slots.next_due();
             tokio::select! {
                 biased;
                 _ = crate::stopped(&mut shutdown) => return,
-                _ = calendar_check.tick() => {
-                    if self.calendars.changed_in(&*self.store).await {
-                        self.reload_calendar_slots(&mut shutdown).await;
-                    }
-                }
                 Some(change) = self.rx.recv() => {
                     let mut changes = vec![change];
                     while let Ok(more) = self.rx.try_recv() {
@@ -239,17 +232,45 @@ impl FiringLoop {
         }
     }
 
-    /// Reads again, with fresh calendars, every held schedule that meets a named calendar.
+    /// Gives every held schedule that meets a named calendar the calendar as the store holds
+    /// it now, each calendar read once: what falls due from each slot's next instant on is
+    /// judged by it. A slot whose calendar is gone is dropped (its job fires nothing until the
+    /// calendar is written again, as at a load).
     async fn reload_calendar_slots(&mut self, shutdown: &mut watch::Receiver<bool>) {
         self.calendars.clear();
         let jobs = self
             .slots
             .jobs_where(|slot| slot.schedule.calendar_name().is_some());
         for job_id in jobs {
-            if let Err(e) = self.reload(job_id).await {
-                tracing::error!("firing: cannot reload job {job_id}, reading all again: {e}");
-                self.reload_held(shutdown).await;
-                return;
+            let Some(mut slot) = self.slots.remove(job_id) else {
+                continue;
+            };
+            let Some(name) = slot.schedule.calendar_name().map(str::to_string) else {
+                continue;
+            };
+            let namespace = self.namespaces.name(slot.namespace).to_string();
+            let calendar = match self.calendars.get(&*self.store, &namespace, &name).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(
+                        "firing: cannot read calendar {name:?}, reading all again: {e}"
+                    );
+                    self.reload_held(shutdown).await;
+                    return;
+                }
+            };
+            let Some(calendar) = calendar else {
+                tracing::error!(
+                    "firing: job {job_id} names calendar {name:?}, which does not exist: it \
+                     fires nothing until the calendar is written again"
+                );
+                continue;
+            };
+            slot.schedule.attach_calendar(calendar);
+            let from = slot.next - chrono::Duration::microseconds(1);
+            if let Some(next) = slot.schedule.next_after(from, slot.fired) {
+                slot.next = next;
+                self.slots.insert(slot);
             }
         }
     }
@@ -553,9 +574,6 @@ enum CalendarSlot {
     /// It names a calendar that does not exist (deleted with `force`).
     Missing(String),
 }
-
-/// How often the loop checks whether the calendars its schedules meet changed on another node.
-const CALENDAR_CHECK: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The slot for a scheduled job; `None` (logged) when its schedule no longer compiles or names
 /// a calendar that does not exist: it fires nothing until the calendar is written again, and

@@ -175,6 +175,9 @@ impl crate::CalendarStore for PgStore {
             // An unchanged definition wrote nothing, so there is nothing to account for.
             if outcome.0 != PutOutcome::Unchanged {
                 super::audit::append_for(&tx, &audit, &outcome).await?;
+                self.channel
+                    .notify(&tx, super::notify::Kind::CalendarsChanged, &[0])
+                    .await?;
             }
             outcome
         })
@@ -202,6 +205,11 @@ impl crate::CalendarStore for PgStore {
         transact!(self, write, |tx| {
             let outcome = delete(&tx, namespace, name, force).await?;
             super::audit::append_for(&tx, &audit, &outcome).await?;
+            if matches!(outcome, CalendarDeletion::Deleted(..)) {
+                self.channel
+                    .notify(&tx, super::notify::Kind::CalendarsChanged, &[0])
+                    .await?;
+            }
             outcome
         })
     }
