@@ -73,12 +73,16 @@ pub async fn page(
         }
         dl.figures {
             div { dt { "instant" } dd { (when(Some(run.scheduled_for))) } }
+            @if let Some(nominal) = run.nominal_for {
+                div { dt { "moved from" } dd { (when(Some(nominal))) } }
+            }
             div { dt { "started" } dd { (when(run.started_at)) } }
             div { dt { "finished" } dd { (when(run.finished_at)) } }
             div { dt { "fired late" } dd { (millis(view.lateness_ms)) } }
             div { dt { "duration" } dd { (span(run.started_at, run.finished_at)) } }
             div { dt { "attempts" } dd { (run.attempts) } }
         }
+        @if let Some(reason) = run.skip_reason { p.notice { "skipped: " (reason.as_str()) } }
         @if let Some(error) = &run.error { p.error { (error) } }
         @if let Some(waiting) = &view.waiting_for_workers { p.notice { (waiting) } }
         @if let Some(reason) = &run.waiting_reason { p.notice { "waiting: " (reason.as_str())
