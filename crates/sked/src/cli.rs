@@ -237,6 +237,7 @@ pub enum CalendarCommand {
     List(ClientArgs),
     /// One calendar, with the jobs and calendars that name it.
     Show {
+        /// The calendar's name.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -244,7 +245,9 @@ pub enum CalendarCommand {
     /// Deletes a calendar nothing names; with --force also a named one (the schedules naming
     /// it then fire nothing until it is written again).
     Delete {
+        /// The calendar's name.
         name: String,
+        /// Delete it even while jobs or calendars name it.
         #[arg(long)]
         force: bool,
         #[command(flatten)]
