@@ -66,6 +66,10 @@ pub struct JobSpec {
     /// (`crate::shard`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub broadcast: bool,
+    /// Windows in which the schedule's instants do not run: each is recorded `skipped
+    /// (blackout)` with the window's reason (`crate::schedule::blackout`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blackouts: Vec<crate::schedule::BlackoutSpec>,
     #[serde(default)]
     pub paused: bool,
 }
@@ -276,7 +280,7 @@ impl JobSpec {
             crate::heartbeat::validate_job(&self)?;
         }
         crate::shard::validate(&self)?;
-        let schedule = Schedule::compile(self.schedule.as_ref(), epoch)?;
+        let schedule = self.compiled_schedule(epoch)?;
         Ok(ValidJob {
             name,
             spec: self,
@@ -286,6 +290,12 @@ impl JobSpec {
 }
 
 impl JobSpec {
+    /// The job's schedule compiled with its blackout windows, set at `epoch`. Windows need a
+    /// timer: an event's runs and a triggered run are not the schedule's instants.
+    pub fn compiled_schedule(&self, epoch: Instant) -> Result<Schedule, SpecError> {
+        compile_schedule(self.schedule.as_ref(), &self.blackouts, epoch)
+    }
+
     /// How long a run of this job waits for its dependencies.
     pub fn deps_timeout(&self) -> std::time::Duration {
         self.deps_timeout
@@ -383,6 +393,27 @@ mod tests {
         );
         assert!(unnamed.validate(Some("bad name"), now).is_err());
     }
+}
+
+/// `schedule` compiled with the blackout windows `blackouts`, set at `epoch`: refused when
+/// there are windows and no timer to apply them to.
+pub fn compile_schedule(
+    schedule: Option<&crate::schedule::ScheduleSpec>,
+    blackouts: &[crate::schedule::BlackoutSpec],
+    epoch: Instant,
+) -> Result<Schedule, SpecError> {
+    let mut compiled = Schedule::compile(schedule, epoch)?;
+    if !blackouts.is_empty() {
+        if compiled.is_manual() {
+            return Err(SpecError::new(
+                "blackouts",
+                "apply to a timer schedule's instants: this job has none (an event's runs and \
+                 triggered runs are never blacked out)",
+            ));
+        }
+        compiled.set_blackouts(crate::schedule::Blackouts::compile(blackouts)?);
+    }
+    Ok(compiled)
 }
 
 /// Where a job's schedule stands: the part of a job record the firing loop moves forward.

@@ -53,6 +53,8 @@ pub struct ScheduledJob {
     pub next_fire_at: Instant,
     pub paused: bool,
     pub misfire: MisfirePolicy,
+    /// The job's blackout windows.
+    pub blackouts: Vec<crate::schedule::BlackoutSpec>,
 }
 
 impl ScheduledJob {
@@ -67,6 +69,7 @@ impl ScheduledJob {
             fired_count: job.fired_count,
             paused: job.spec.paused,
             misfire: job.spec.misfire,
+            blackouts: job.spec.blackouts,
         })
     }
 }

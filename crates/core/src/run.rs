@@ -84,6 +84,9 @@ pub enum SkipReason {
     Backlog,
     /// Its instant fell on a day its schedule's calendar closes (the run's `error` says why).
     Calendar,
+    /// Its instant fell in one of its job's blackout windows (the run's `error` is the
+    /// window's reason).
+    Blackout,
 }
 
 string_enum!(SkipReason {
@@ -94,6 +97,7 @@ string_enum!(SkipReason {
     DependenciesTimedOut => "dependencies_timed_out",
     Backlog => "backlog",
     Calendar => "calendar",
+    Blackout => "blackout",
 });
 
 /// What a waiting run waits for.

@@ -392,14 +392,17 @@ impl Client {
         if self.json {
             return Self::print_json(&value);
         }
-        match value["calendar"].as_array() {
-            // A schedule that meets a calendar: each instant with what the calendar made of it.
+        match value["outcomes"].as_array() {
+            // A schedule that meets a calendar or blackout windows: each instant with what
+            // became of it.
             Some(occurrences) => {
                 for o in occurrences {
                     let at = text(&o["at"]);
                     match (o["moved_from"].as_str(), o["skipped"].as_str()) {
                         (Some(from), _) => println!("{at}  moved from {from}"),
-                        (None, Some(why)) => println!("{at}  skipped ({why})"),
+                        (None, Some(why)) => {
+                            println!("{at}  skipped, {}: {why}", text(&o["skip_reason"]))
+                        }
                         (None, None) => println!("{at}"),
                     }
                 }

@@ -152,7 +152,7 @@ async fn business_days_and_moved_instants_preview_as_they_will_run() {
     let (status, preview) = call(&sked, Method::POST, "/schedules/preview", Some(first)).await;
     assert_eq!(status, 200, "{preview}");
     assert_eq!(
-        preview["calendar"],
+        preview["outcomes"],
         json!([
             {"at": "2026-01-02T06:30:00Z", "moved_from": "2026-01-01T06:30:00Z"},
             {"at": "2026-02-02T06:30:00Z", "moved_from": "2026-02-01T06:30:00Z"},
@@ -169,10 +169,10 @@ async fn business_days_and_moved_instants_preview_as_they_will_run() {
     });
     let (_, preview) = call(&sked, Method::POST, "/schedules/preview", Some(skip)).await;
     assert_eq!(
-        preview["calendar"],
+        preview["outcomes"],
         json!([
-            {"at": "2026-01-01T06:30:00Z", "skipped": "holiday: New Year's Day"},
-            {"at": "2026-02-01T06:30:00Z", "skipped": "not a working day (Sun)"},
+            {"at": "2026-01-01T06:30:00Z", "skip_reason": "calendar", "skipped": "holiday: New Year's Day"},
+            {"at": "2026-02-01T06:30:00Z", "skip_reason": "calendar", "skipped": "not a working day (Sun)"},
         ])
     );
     assert_eq!(preview["fire_times"], json!([]));

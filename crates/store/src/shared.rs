@@ -410,6 +410,8 @@ struct FiringFields {
     misfire: MisfirePolicy,
     #[serde(default)]
     paused: bool,
+    #[serde(default)]
+    blackouts: Vec<sked_core::schedule::BlackoutSpec>,
 }
 
 /// A scheduled job from its row: id, namespace, definition text, epoch, fired count and next
@@ -433,6 +435,7 @@ pub fn scheduled_job(
         next_fire_at,
         paused: fields.paused,
         misfire: fields.misfire,
+        blackouts: fields.blackouts,
     })
 }
 

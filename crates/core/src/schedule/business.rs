@@ -16,6 +16,7 @@
 
 use super::cron;
 use crate::calendar::Calendar;
+use crate::run::SkipReason;
 use crate::Instant;
 use chrono::{Datelike, Days, Duration, NaiveDate, NaiveTime, TimeZone};
 use serde::{Deserialize, Serialize};
@@ -193,8 +194,16 @@ pub struct Occurrence {
     pub due: Instant,
     /// The instant the schedule named, when its run was moved to another day.
     pub nominal_for: Option<Instant>,
-    /// Why the calendar removed it: a holiday's label, a weekend, a day that has its run.
-    pub removed: Option<String>,
+    /// Why it does not run, when it does not.
+    pub removed: Option<Removed>,
+}
+
+/// What removed an instant (it is recorded skipped for this reason) and why, in words: a
+/// holiday's label, a weekend, a day that has its run, a blackout window's reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removed {
+    pub by: SkipReason,
+    pub why: String,
 }
 
 impl Occurrence {
@@ -294,7 +303,10 @@ pub(super) fn outcome(
     let removed = |why: String| Occurrence {
         due: t,
         nominal_for: None,
-        removed: Some(why),
+        removed: Some(Removed {
+            by: SkipReason::Calendar,
+            why,
+        }),
     };
     let forward = match on_holiday {
         OnHoliday::Skip => return removed(closed.to_string()),
@@ -412,10 +424,10 @@ pub(super) fn occurrence_at(
         return Occurrence {
             due,
             nominal_for: None,
-            removed: Some(format!(
-                "moved to {}",
-                o.due.format("%Y-%m-%d %H:%M:%S UTC")
-            )),
+            removed: Some(Removed {
+                by: SkipReason::Calendar,
+                why: format!("moved to {}", o.due.format("%Y-%m-%d %H:%M:%S UTC")),
+            }),
         };
     }
     let date = cal.local_date(due);

@@ -4,6 +4,7 @@
 //! Pure math over UTC instants. Local time and time zones exist only inside `cron`; nothing here
 //! reads the clock.
 
+pub mod blackout;
 pub mod business;
 #[cfg(test)]
 mod business_props;
@@ -11,7 +12,8 @@ pub mod cron;
 pub mod iso8601;
 pub mod words;
 
-pub use business::{BusinessDaySpec, EveryBusinessDaysSpec, Occurrence, OnHoliday};
+pub use blackout::{BlackoutSpec, Blackouts};
+pub use business::{BusinessDaySpec, EveryBusinessDaysSpec, Occurrence, OnHoliday, Removed};
 
 use crate::calendar::Calendar;
 use crate::duration::HumanDuration;
@@ -171,6 +173,8 @@ struct Limits {
     max_runs: Option<u64>,
     jitter: Option<HumanDuration>,
     calendar: Option<CalendarUse>,
+    /// The job's blackout windows: instants in them are removed (`skipped (blackout)`).
+    blackouts: Option<Arc<Blackouts>>,
 }
 
 /// The calendar a schedule meets.
@@ -453,6 +457,7 @@ impl Schedule {
             max_runs: spec.max_runs,
             jitter: spec.jitter,
             calendar,
+            blackouts: None,
         };
         Ok(Schedule {
             kind,
@@ -544,21 +549,47 @@ impl Schedule {
     }
 
     /// What falls due at `due` (an instant [`Schedule::next_after`] gave): a run at its own
-    /// instant, a run moved there from a closed day, or an instant a calendar removed.
+    /// instant, a run moved there from a closed day, or an instant a calendar or a blackout
+    /// window removed.
     pub fn occurrence(&self, due: Instant) -> Occurrence {
-        match self.meets_calendar() {
+        let occurrence = match self.meets_calendar() {
             None => Occurrence::runs(due),
             Some((calendar, on_holiday)) => {
                 business::occurrence_at(calendar, on_holiday, &Bounded::owed(self), due)
             }
+        };
+        self.blacked_out(occurrence)
+    }
+
+    /// Gives the schedule its job's blackout windows (none when empty).
+    pub fn set_blackouts(&mut self, blackouts: Blackouts) {
+        let blackouts = (!blackouts.is_empty()).then(|| Arc::new(blackouts));
+        if blackouts.is_none() && self.limits.is_none() {
+            return;
         }
+        self.limits.get_or_insert_with(Box::default).blackouts = blackouts;
+    }
+
+    /// `occurrence`, removed when its run would fall in a blackout window.
+    fn blacked_out(&self, mut occurrence: Occurrence) -> Occurrence {
+        if occurrence.removed.is_some() {
+            return occurrence;
+        }
+        let windows = self.limits.as_deref().and_then(|l| l.blackouts.as_deref());
+        if let Some(reason) = windows.and_then(|w| w.covering(occurrence.due)) {
+            occurrence.removed = Some(Removed {
+                by: crate::run::SkipReason::Blackout,
+                why: reason.to_string(),
+            });
+        }
+        occurrence
     }
 
     /// What becomes of nominal instant `t` (one [`Schedule::instants_between`] gave), judged
     /// among all the schedule's instants, however long before it was set: what a backfill
     /// records.
     pub fn outcome(&self, t: Instant) -> Occurrence {
-        match self.meets_calendar() {
+        let occurrence = match self.meets_calendar() {
             None => Occurrence::runs(t),
             Some((calendar, on_holiday)) => {
                 let every = Bounded {
@@ -567,7 +598,16 @@ impl Schedule {
                 };
                 business::outcome(calendar, on_holiday, &every, t)
             }
-        }
+        };
+        self.blacked_out(occurrence)
+    }
+
+    /// Whether anything can remove or move its instants (a calendar or blackout windows):
+    /// then previews list what became of each.
+    pub fn meets_rules(&self) -> bool {
+        self.limits
+            .as_deref()
+            .is_some_and(|l| l.calendar.is_some() || l.blackouts.is_some())
     }
 
     /// The next nominal instant strictly after `after`, given that `fired` were produced.

@@ -21,7 +21,6 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use sked_core::policy::admission::Admission;
 use sked_core::run::{RunState, SkipReason, Trigger};
-use sked_core::schedule::Schedule;
 use sked_core::Instant;
 use sked_store::{Fire, FireOutcome};
 
@@ -75,7 +74,7 @@ pub async fn backfill(
             "must not be in the future: the schedule records those instants itself",
         ));
     }
-    let mut schedule = Schedule::compile(job.spec.schedule.as_ref(), job.schedule_epoch)?;
+    let mut schedule = job.spec.compiled_schedule(job.schedule_epoch)?;
     crate::calendars::attach(
         &*state.store,
         &namespace,
@@ -142,10 +141,11 @@ pub async fn backfill(
         let fires: Vec<Fire> = chunk
             .iter()
             .map(|&instant| {
-                // A calendar removes the instant, or moves its run to a business day.
+                // A calendar or a blackout window removes the instant, or a calendar moves
+                // its run to a business day.
                 let occurrence = schedule.outcome(instant);
-                let skip = match occurrence.removed {
-                    Some(_) => Some(SkipReason::Calendar),
+                let skip = match &occurrence.removed {
+                    Some(removed) => Some(removed.by),
                     None => {
                         admission.admit(job.id, &namespace, state.backlog.of(job.id, &namespace))
                     }
@@ -158,7 +158,7 @@ pub async fn backfill(
                     ready_at: now,
                     advance: None,
                     nominal_for: occurrence.nominal_for,
-                    why: occurrence.removed,
+                    why: occurrence.removed.map(|r| r.why),
                 }
             })
             .collect();

@@ -19,7 +19,7 @@ use sked_core::dependency::Upstream;
 use sked_core::egress::EgressPolicy;
 use sked_core::job::{JobSpec, JobState, ValidJob};
 use sked_core::records::{JobRecord, RunRecord};
-use sked_core::run::{RunState, Trigger};
+use sked_core::run::{RunState, SkipReason, Trigger};
 use sked_core::schedule::{Occurrence, Schedule, ScheduleKind, ScheduleSpec};
 use sked_core::target::TargetSpec;
 use sked_core::{Instant, SpecError};
@@ -718,10 +718,10 @@ pub struct PreviewParams {
 pub struct Preview {
     /// The instants runs are for, moved ones included.
     pub fire_times: Vec<Instant>,
-    /// For a schedule that meets a calendar: every instant that falls due, with what its
-    /// calendar made of it (moved from a closed day, or removed and why).
+    /// For a schedule that meets a calendar or blackout windows: every instant that falls
+    /// due, with what became of it (moved from a closed day, or removed and why).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub calendar: Vec<PreviewOccurrence>,
+    pub outcomes: Vec<PreviewOccurrence>,
     /// Why there are fewer fire times than asked for (the schedule ends, or cron's last year
     /// is behind); absent when the list is full.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -734,7 +734,10 @@ pub struct PreviewOccurrence {
     /// A run moved here from this instant, on a closed day.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moved_from: Option<Instant>,
-    /// The instant is removed (recorded `skipped (calendar)`), for this reason.
+    /// The instant is removed: recorded skipped for this reason (`calendar`, `blackout`)...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skip_reason: Option<SkipReason>,
+    /// ... and why, in words.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
 }
@@ -748,13 +751,17 @@ impl Preview {
             .filter(|o| o.removed.is_none())
             .map(|o| o.due)
             .collect();
-        let calendar = if schedule.calendar().is_some() {
+        let outcomes = if schedule.meets_rules() {
             occurrences
                 .into_iter()
-                .map(|o| PreviewOccurrence {
-                    at: o.due,
-                    moved_from: o.nominal_for,
-                    skipped: o.removed,
+                .map(|o| {
+                    let (skip_reason, skipped) = o.removed.map(|r| (r.by, r.why)).unzip();
+                    PreviewOccurrence {
+                        at: o.due,
+                        moved_from: o.nominal_for,
+                        skip_reason,
+                        skipped,
+                    }
                 })
                 .collect()
         } else {
@@ -762,7 +769,7 @@ impl Preview {
         };
         Preview {
             fire_times,
-            calendar,
+            outcomes,
             note,
         }
     }
@@ -789,7 +796,7 @@ pub async fn preview(
     .checked(&caller)?;
     let count = check_count(p.count)?;
     let job = find(&state, &namespace, &name).await?;
-    let mut schedule = Schedule::compile(job.spec.schedule.as_ref(), job.schedule_epoch)?;
+    let mut schedule = job.spec.compiled_schedule(job.schedule_epoch)?;
     crate::calendars::attach(
         &*state.store,
         &namespace,

@@ -27,7 +27,7 @@ use sked_core::cluster::partition_of;
 use sked_core::policy::admission::Admission;
 use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::run::{RunState, SkipReason, Trigger};
-use sked_core::schedule::{Occurrence, Schedule};
+use sked_core::schedule::Occurrence;
 use sked_core::Instant;
 use sked_store::{Advance, Audit, Fire, QueuedRun, Store};
 use slots::{is_frequent, Slot, Slots};
@@ -389,8 +389,8 @@ impl FiringLoop {
             let following = slot.schedule.next_after(instant, slot.fired + 1);
             let is_latest = following.is_none_or(|f| f >= now);
             let occurrence = slot.schedule.occurrence(instant);
-            let skip = if occurrence.removed.is_some() {
-                Some(SkipReason::Calendar)
+            let skip = if let Some(removed) = &occurrence.removed {
+                Some(removed.by)
             } else if slot.paused {
                 Some(SkipReason::Paused)
             } else if job.misfire.runs_missed(instant, is_latest, now) {
@@ -423,8 +423,8 @@ impl FiringLoop {
                 };
                 let following = slot.schedule.next_after(slot.next, slot.fired + 1);
                 let occurrence = slot.schedule.occurrence(slot.next);
-                let skip = if occurrence.removed.is_some() {
-                    Some(SkipReason::Calendar)
+                let skip = if let Some(removed) = &occurrence.removed {
+                    Some(removed.by)
                 } else if slot.paused {
                     Some(SkipReason::Paused)
                 } else {
@@ -579,7 +579,9 @@ enum CalendarSlot {
 /// a calendar that does not exist: it fires nothing until the calendar is written again, and
 /// then its missed instants are resolved by its misfire policy.
 fn slot_from(job: &ScheduledJob, namespace: u16, calendar: CalendarSlot) -> Option<Slot> {
-    let mut schedule = match Schedule::compile(job.schedule.as_ref(), job.schedule_epoch) {
+    let compiled =
+        sked_core::job::compile_schedule(job.schedule.as_ref(), &job.blackouts, job.schedule_epoch);
+    let mut schedule = match compiled {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(
@@ -687,7 +689,7 @@ fn advance(
             next_fire_at: following,
         }),
         nominal_for: occurrence.nominal_for,
-        why: occurrence.removed,
+        why: occurrence.removed.map(|r| r.why),
     };
     slot.fired += 1;
     Pending {

@@ -1,0 +1,155 @@
+//! Blackout windows, black-box: a job's instants inside one of its windows are in the ledger as
+//! `skipped (blackout)` with the window's reason, one row an instant, and the job runs again
+//! once the window is gone; repeating windows preview as they will apply, after a calendar's
+//! moves; bad windows are refused naming the field, with nothing written.
+
+mod common;
+
+use chrono::{Duration as Span, Utc};
+use common::{instant, shell, Sked};
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+async fn call(sked: &Sked, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    common::call(&sked.http, method, sked.url(path), body).await
+}
+
+#[tokio::test]
+async fn instants_in_a_window_are_recorded_skipped_with_its_reason_and_run_again_after_it() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let now = Utc::now();
+    let window = json!({
+        "from": (now - Span::minutes(1)).to_rfc3339(),
+        "to": (now + Span::hours(1)).to_rfc3339(),
+        "reason": "Database migration",
+    });
+    let job = json!({
+        "schedule": {"every": "1s"},
+        "target": shell("true"),
+        "blackouts": [window],
+    });
+    let (status, answer) = sked.put_job("nightly", job).await;
+    assert_eq!(status, 201, "{answer}");
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let runs = sked.runs("nightly").await;
+    assert!(runs.len() >= 2, "{runs:?}");
+    for run in &runs {
+        assert_eq!(
+            (&run["state"], &run["skip_reason"], &run["error"]),
+            (
+                &json!("skipped"),
+                &json!("blackout"),
+                &json!("Database migration")
+            ),
+            "{run}"
+        );
+    }
+    for pair in runs.windows(2) {
+        let gap = instant(&pair[1]["scheduled_for"]) - instant(&pair[0]["scheduled_for"]);
+        assert_eq!(gap, Span::seconds(1), "one row an instant");
+    }
+
+    // The window dropped: the next instants run.
+    let job = json!({"schedule": {"every": "1s"}, "target": shell("true")});
+    let (status, answer) = sked.put_job("nightly", job).await;
+    assert_eq!(status, 200, "{answer}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !sked
+        .runs("nightly")
+        .await
+        .iter()
+        .any(|r| r["state"] == "succeeded")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no run after the window"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn repeating_windows_preview_after_the_calendar_and_bad_ones_are_refused() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let uk = json!({"timezone": "Europe/London"});
+    let (status, _) = call(&sked, Method::PUT, "/calendars/uk", Some(uk)).await;
+    assert_eq!(status, 201);
+    // Daily at 22:30 London, on business days: a weekend's instants would move to Monday,
+    // which has its own, so they are removed; Mondays from 22:00 for two hours are a
+    // maintenance window, which removes Monday's. The calendar first, then the window on what
+    // remains. (4 December 2037 is a Friday; London is on GMT then.)
+    let job = json!({
+        "schedule": {"cron": "30 22 * * *", "timezone": "Europe/London", "calendar": "uk",
+                     "on_holiday": "next_business_day", "start": "2037-12-04T00:00:00Z"},
+        "blackouts": [{"cron": "0 22 * * MON", "timezone": "Europe/London", "duration": "2h",
+                       "reason": "Weekly maintenance"}],
+        "target": shell("true"),
+    });
+    let (status, answer) = sked.put_job("report", job).await;
+    assert_eq!(status, 201, "{answer}");
+    let (status, preview) = call(&sked, Method::GET, "/jobs/report/preview?count=5", None).await;
+    assert_eq!(status, 200, "{preview}");
+    let outcomes = preview["outcomes"].as_array().expect("outcomes");
+    let first: Vec<(String, Option<&str>)> = outcomes
+        .iter()
+        .map(|o| {
+            (
+                o["at"].as_str().unwrap_or_default().to_string(),
+                o["skip_reason"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        first,
+        [
+            ("2037-12-04T22:30:00Z".to_string(), None),
+            ("2037-12-05T22:30:00Z".to_string(), Some("calendar")),
+            ("2037-12-06T22:30:00Z".to_string(), Some("calendar")),
+            ("2037-12-07T22:30:00Z".to_string(), Some("blackout")),
+            ("2037-12-08T22:30:00Z".to_string(), None),
+        ],
+        "{preview}"
+    );
+    assert_eq!(outcomes[3]["skipped"], "Weekly maintenance");
+
+    // Bad windows name their field and write nothing.
+    for (window, field) in [
+        (
+            json!({"from": "2026-12-20T00:00:00Z", "to": "2026-12-19T00:00:00Z", "reason": "x"}),
+            "blackouts[0].to",
+        ),
+        (
+            json!({"cron": "0 22 * * SAT", "duration": "40d", "reason": "x"}),
+            "blackouts[0].duration",
+        ),
+        (
+            json!({"cron": "0 22 * * SAT", "duration": "1h", "reason": ""}),
+            "blackouts[0].reason",
+        ),
+        (
+            json!({"from": "2026-12-20T00:00:00Z", "reason": "x"}),
+            "blackouts[0]",
+        ),
+    ] {
+        let job = json!({"schedule": {"every": "1h"}, "target": shell("true"),
+                         "blackouts": [window]});
+        let (status, answer) = sked.put_job("bad", job).await;
+        assert_eq!(
+            (status, &answer["error"]["field"]),
+            (400, &json!(field)),
+            "{answer}"
+        );
+    }
+    let manual = json!({"target": shell("true"),
+        "blackouts": [{"from": "2026-12-20T00:00:00Z", "to": "2026-12-21T00:00:00Z", "reason": "x"}]});
+    let (status, answer) = sked.put_job("bad", manual).await;
+    assert_eq!(
+        (status, &answer["error"]["field"]),
+        (400, &json!("blackouts"))
+    );
+    let (status, _) = call(&sked, Method::GET, "/jobs/bad", None).await;
+    assert_eq!(status, 404, "nothing was written");
+}
