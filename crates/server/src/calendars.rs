@@ -7,6 +7,7 @@
 //! does to an instant is the core's.
 
 use sked_core::calendar::{Calendar, CalendarSpec, MAX_DEPTH, MAX_REFERENCES};
+use sked_core::records::JobRecord;
 use sked_core::schedule::Schedule;
 use sked_core::SpecError;
 use sked_store::{Store, StoreError};
@@ -93,13 +94,13 @@ pub async fn resolve_new(
 }
 
 /// Gives `schedule` the calendar it names, resolved from `namespace`. A calendar that does
-/// not exist is refused naming `field`.
+/// not exist is refused naming `schedule.calendar`.
 pub async fn attach(
     store: &dyn Store,
     namespace: &str,
     schedule: &mut Schedule,
-    field: &str,
 ) -> Result<(), ResolveError> {
+    let field = "schedule.calendar";
     let Some(name) = schedule.calendar_name().map(str::to_string) else {
         return Ok(());
     };
@@ -117,6 +118,14 @@ pub async fn attach(
         })?;
     schedule.attach_calendar(Arc::new(calendar));
     Ok(())
+}
+
+/// Stored job `job`'s schedule as the firing loop runs it: with its blackout windows, set at
+/// its epoch, meeting its calendar as the store holds it now.
+pub async fn schedule_of(store: &dyn Store, job: &JobRecord) -> Result<Schedule, ResolveError> {
+    let mut schedule = job.spec.compiled_schedule(job.schedule_epoch)?;
+    attach(store, &job.namespace, &mut schedule).await?;
+    Ok(schedule)
 }
 
 /// Resolved calendars by (namespace, name), for the firing loop: a million schedules name a

@@ -127,14 +127,9 @@ pub async fn apply(
             now,
         )
         .map_err(|e| in_job(i, &name, e))?;
-        crate::calendars::attach(
-            &*state.store,
-            &namespace,
-            &mut job.schedule,
-            "schedule.calendar",
-        )
-        .await
-        .map_err(|e| in_job(i, &name, e.into()))?;
+        crate::calendars::attach(&*state.store, &namespace, &mut job.schedule)
+            .await
+            .map_err(|e| in_job(i, &name, e.into()))?;
         if unchanged_without_grant(&caller, &job) {
             exempt.push(name);
             continue;

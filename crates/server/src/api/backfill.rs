@@ -74,14 +74,7 @@ pub async fn backfill(
             "must not be in the future: the schedule records those instants itself",
         ));
     }
-    let mut schedule = job.spec.compiled_schedule(job.schedule_epoch)?;
-    crate::calendars::attach(
-        &*state.store,
-        &namespace,
-        &mut schedule,
-        "schedule.calendar",
-    )
-    .await?;
+    let schedule = crate::calendars::schedule_of(&*state.store, &job).await?;
     if schedule.is_manual() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
