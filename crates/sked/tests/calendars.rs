@@ -590,3 +590,46 @@ async fn a_calendar_written_on_one_node_applies_on_every_node() {
     drop(b);
     schema.drop_schema().await;
 }
+
+#[tokio::test]
+async fn a_job_whose_calendar_is_deleted_fires_nothing_until_it_is_written_again() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let open = json!({"weekdays": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]});
+    let (status, _) = call(&sked, Method::PUT, "/calendars/ops", Some(open.clone())).await;
+    assert_eq!(status, 201);
+    let job = json!({"schedule": {"every": "1s", "calendar": "ops"}, "target": shell("true")});
+    let (status, answer) = sked.put_job("tick", job).await;
+    assert_eq!(status, 201, "{answer}");
+    sked.wait_runs("tick", 1, Duration::from_secs(10)).await;
+    let (status, answer) = call(&sked, Method::DELETE, "/calendars/ops?force=true", None).await;
+    assert_eq!(status, 200, "{answer}");
+    // Past the instant that may have been on its way when the calendar went.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = sked.runs("tick").await.len();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        sked.runs("tick").await.len(),
+        before,
+        "nothing fires while the calendar is missing"
+    );
+    let (status, _) = call(&sked, Method::PUT, "/calendars/ops", Some(open)).await;
+    assert_eq!(status, 201);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sked.runs("tick").await.len() <= before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job did not fire again once its calendar was back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The instants it owed meanwhile are in the ledger, resolved by its misfire policy (the
+    // latest runs, the others are skipped): one row a second throughout.
+    let runs = sked.runs("tick").await;
+    for pair in runs.windows(2) {
+        let gap = instant(&pair[1]["scheduled_for"]) - instant(&pair[0]["scheduled_for"]);
+        assert_eq!(gap, Days::seconds(1), "{pair:?}");
+    }
+    let missed = runs.iter().filter(|r| r["skip_reason"] == "misfire").count();
+    assert!(missed >= 2, "{runs:?}");
+}

@@ -96,6 +96,9 @@ pub struct FiringLoop {
     namespaces: Namespaces,
     /// The calendars the slots' schedules meet.
     calendars: CalendarCache,
+    /// Held jobs with no slot because their calendar does not exist: read again when a
+    /// calendar is written.
+    missing_calendar: BTreeSet<i64>,
 }
 
 /// A pending write: the fire and, when the loop keeps it, what dispatching its run needs.
@@ -125,6 +128,7 @@ impl FiringLoop {
             slots: Slots::default(),
             namespaces: Namespaces::default(),
             calendars: CalendarCache::default(),
+            missing_calendar: BTreeSet::new(),
         };
         (FiringHandle { tx }, looper)
     }
@@ -186,6 +190,8 @@ impl FiringLoop {
                     if lost > 0 {
                         let held = &self.held;
                         self.slots.retain(|id| held.contains(&partition_of(id)));
+                        self.missing_calendar
+                            .retain(|id| held.contains(&partition_of(*id)));
                         tracing::info!("firing: gave up {lost} partitions");
                     }
                     if !gained.is_empty() {
@@ -238,6 +244,13 @@ impl FiringLoop {
     /// calendar is written again, as at a load).
     async fn reload_calendar_slots(&mut self, shutdown: &mut watch::Receiver<bool>) {
         self.calendars.clear();
+        if let Err(e) = self.load_missing_calendar(shutdown).await {
+            tracing::error!(
+                "firing: cannot read jobs whose calendar was missing, reading all again: {e}"
+            );
+            self.reload_held(shutdown).await;
+            return;
+        }
         let jobs = self
             .slots
             .jobs_where(|slot| slot.schedule.calendar_name().is_some());
@@ -264,6 +277,7 @@ impl FiringLoop {
                     "firing: job {job_id} names calendar {name:?}, which does not exist: it \
                      fires nothing until the calendar is written again"
                 );
+                self.missing_calendar.insert(job_id);
                 continue;
             };
             slot.schedule.attach_calendar(calendar);
@@ -275,9 +289,38 @@ impl FiringLoop {
         }
     }
 
+    /// Reads again the jobs that had no slot because their calendar was missing, as a load
+    /// does: the instants they owed meanwhile are resolved by their misfire policies.
+    async fn load_missing_calendar(
+        &mut self,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), sked_store::StoreError> {
+        let now = Utc::now();
+        let mut pending = Vec::new();
+        for job_id in std::mem::take(&mut self.missing_calendar) {
+            let Some(job) = self
+                .store
+                .get_job_by_id(job_id)
+                .await?
+                .and_then(ScheduledJob::of)
+            else {
+                continue;
+            };
+            let calendar = self.calendar_of(&job).await?;
+            if matches!(calendar, CalendarSlot::Missing(_)) {
+                self.missing_calendar.insert(job_id);
+            }
+            if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), calendar) {
+                self.catch_up(&job, slot, now, &mut pending);
+            }
+        }
+        self.write(pending, now, shutdown).await
+    }
+
     /// Drops every schedule and loads those of the held partitions again.
     async fn reload_held(&mut self, shutdown: &mut watch::Receiver<bool>) {
         self.calendars.clear();
+        self.missing_calendar.clear();
         self.slots.clear();
         let held: Vec<u32> = self.held.iter().copied().collect();
         self.load(&held, shutdown).await;
@@ -316,6 +359,10 @@ impl FiringLoop {
             let mut pending = Vec::new();
             for job in page? {
                 let calendar = self.calendar_of(&job).await?;
+                let missing = matches!(calendar, CalendarSlot::Missing(_));
+                if missing {
+                    self.missing_calendar.insert(job.id);
+                }
                 if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), calendar) {
                     self.catch_up(&job, slot, now, &mut pending);
                 }
@@ -343,12 +390,17 @@ impl FiringLoop {
         if !self.held.contains(&partition_of(job_id)) {
             // Another node fires it.
             self.slots.remove(job_id);
+            self.missing_calendar.remove(&job_id);
             return Ok(());
         }
         let job = self.store.get_job_by_id(job_id).await?;
         self.slots.remove(job_id);
+        self.missing_calendar.remove(&job_id);
         if let Some(job) = job.and_then(ScheduledJob::of) {
             let calendar = self.calendar_of(&job).await?;
+            if matches!(calendar, CalendarSlot::Missing(_)) {
+                self.missing_calendar.insert(job_id);
+            }
             if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), calendar) {
                 self.slots.insert(slot);
             }
