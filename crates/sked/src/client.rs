@@ -1159,15 +1159,17 @@ fn list_text(v: &Value) -> String {
 }
 
 fn schedule_summary(s: &Value) -> String {
-    for key in [
-        "cron",
-        "every",
-        "iso8601",
-        "at",
-        "event",
-        "business_day",
-        "every_business_days",
-    ] {
+    // Business days and calendars read best in words: "last business day of the month at
+    // 18:00 (calendar uk)".
+    let in_words = ["business_day", "every_business_days", "calendar"]
+        .iter()
+        .any(|key| s.get(key).is_some_and(|v| !v.is_null()));
+    if in_words {
+        if let Ok(spec) = serde_json::from_value::<sked_core::schedule::ScheduleSpec>(s.clone()) {
+            return sked_core::schedule::words::describe(Some(&spec));
+        }
+    }
+    for key in ["cron", "every", "iso8601", "at", "event"] {
         if let Some(v) = s.get(key).filter(|v| !v.is_null()) {
             let zone = match (key, s.get("timezone").and_then(Value::as_str)) {
                 ("cron", Some(tz)) => format!(" {tz}"),

@@ -630,6 +630,9 @@ async fn a_job_whose_calendar_is_deleted_fires_nothing_until_it_is_written_again
         let gap = instant(&pair[1]["scheduled_for"]) - instant(&pair[0]["scheduled_for"]);
         assert_eq!(gap, Days::seconds(1), "{pair:?}");
     }
-    let missed = runs.iter().filter(|r| r["skip_reason"] == "misfire").count();
+    let missed = runs
+        .iter()
+        .filter(|r| r["skip_reason"] == "misfire")
+        .count();
     assert!(missed >= 2, "{runs:?}");
 }

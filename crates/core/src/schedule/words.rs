@@ -39,12 +39,12 @@ pub fn describe(schedule: Option<&ScheduleSpec>) -> String {
     match (&s.calendar, s.on_holiday.unwrap_or_default()) {
         (None, _) => words,
         (Some(_), _) if s.business_day.is_some() || s.every_business_days.is_some() => words,
-        (Some(cal), OnHoliday::Skip) => format!("{words}, business days of {cal}"),
+        (Some(cal), OnHoliday::Skip) => format!("{words}, business days only (calendar {cal})"),
         (Some(cal), OnHoliday::NextBusinessDay) => {
-            format!("{words}, moved to the next business day of {cal}")
+            format!("{words}, or the next business day (calendar {cal})")
         }
         (Some(cal), OnHoliday::PreviousBusinessDay) => {
-            format!("{words}, moved to the previous business day of {cal}")
+            format!("{words}, or the previous business day (calendar {cal})")
         }
     }
 }
@@ -69,8 +69,11 @@ fn ordinal(nth: i32) -> String {
 /// The schedule's own kind in words, its calendar aside.
 fn kind_in_words(s: &ScheduleSpec) -> String {
     let zone = || match &s.calendar {
-        Some(cal) => format!("of {cal}"),
-        None => s.timezone.as_deref().unwrap_or("UTC").to_string(),
+        Some(cal) => format!("(calendar {cal})"),
+        None => format!(
+            "{}, Monday to Friday",
+            s.timezone.as_deref().unwrap_or("UTC")
+        ),
     };
     if let Some(day) = &s.business_day {
         let at = day.at.as_deref().unwrap_or("00:00");
@@ -298,5 +301,34 @@ mod tests {
             ..ScheduleSpec::default()
         };
         assert_eq!(describe(Some(&at)), "once at 2026-12-01 09:00:00 UTC");
+    }
+
+    #[test]
+    fn business_days_and_calendars_read_as_sentences() {
+        let read = |v: serde_json::Value| {
+            describe(Some(&serde_json::from_value::<ScheduleSpec>(v).unwrap()))
+        };
+        assert_eq!(
+            read(serde_json::json!({"business_day": {"nth": -1, "at": "18:00"}, "calendar": "ny"})),
+            "last business day of the month at 18:00 (calendar ny)"
+        );
+        assert_eq!(
+            read(serde_json::json!({"business_day": {"nth": 3}})),
+            "3rd business day of the month at 00:00 UTC, Monday to Friday"
+        );
+        assert_eq!(
+            read(serde_json::json!({"every_business_days": 2, "calendar": "uk"})),
+            "every 2 business days at 00:00 (calendar uk)"
+        );
+        assert_eq!(
+            read(
+                serde_json::json!({"cron": "0 6 1 * *", "timezone": "Europe/London",
+                                    "calendar": "uk", "on_holiday": "next_business_day"})
+            ),
+            "on day 1 of every month at 06:00 Europe/London, or the next business day (calendar uk)"
+        );
+        assert_eq!(ordinal(-2), "2nd to last");
+        assert_eq!(ordinal(11), "11th");
+        assert_eq!(ordinal(22), "22nd");
     }
 }
