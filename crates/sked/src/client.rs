@@ -789,6 +789,18 @@ impl Client {
             other => text(other),
         };
         println!("weight          {weight}");
+        for window in value["blackouts"].as_array().into_iter().flatten() {
+            let when = match (window["from"].as_str(), window["to"].as_str()) {
+                (Some(from), Some(to)) => format!("{from} to {to}"),
+                _ => format!(
+                    "cron {} {} for {}",
+                    text(&window["cron"]),
+                    window["timezone"].as_str().unwrap_or("UTC"),
+                    text(&window["duration"])
+                ),
+            };
+            println!("blackout        {when}: {}", text(&window["reason"]));
+        }
         if value["configured"].as_bool() == Some(false) {
             println!("(the defaults: nothing was set)");
         }
@@ -843,16 +855,29 @@ impl Client {
         Ok(())
     }
 
-    /// Reads the settings, applies `changes`, and writes them back whole.
+    /// The namespace's blackout windows, as its settings hold them.
+    pub async fn namespace_blackouts(&self) -> Result<Vec<Value>> {
+        let current = self.get_json(&self.namespace_path(), &[]).await?;
+        Ok(current["blackouts"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Reads the settings, applies `changes`, and writes them back whole: every setting the
+    /// server answered is sent back as it came (default webhook URLs sealed, which the server
+    /// opens), so a change to one never drops another.
     pub async fn namespace_set(&self, changes: serde_json::Map<String, Value>) -> Result<()> {
         let current = self.get_json(&self.namespace_path(), &[]).await?;
-        let mut settings = serde_json::Map::new();
-        for field in ["allow_shell", "max_jobs", "max_queued_runs", "weight"] {
-            let value = changes.get(field).unwrap_or(&current[field]);
-            if !value.is_null() {
-                settings.insert(field.to_string(), value.clone());
-            }
+        let mut settings = match current {
+            Value::Object(fields) => fields,
+            _ => bail!("the server answered namespace settings that are not an object"),
+        };
+        // What the view adds to the settings.
+        for field in ["name", "configured", "created_at", "updated_at"] {
+            settings.remove(field);
         }
+        for (field, value) in changes {
+            settings.insert(field, value);
+        }
+        settings.retain(|_, value| !value.is_null());
         let resp = self
             .send(
                 Method::PUT,
