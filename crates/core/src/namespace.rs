@@ -44,6 +44,10 @@ pub struct NamespaceSpec {
     /// The `notify` rules of the namespace's jobs that give none of their own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notify: Vec<crate::notify::NotifyRule>,
+    /// Windows in which no job of the namespace runs a scheduled instant: each is recorded
+    /// `skipped (blackout)` with the window's reason (`crate::schedule::blackout`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blackouts: Vec<crate::schedule::BlackoutSpec>,
 }
 
 fn yes() -> bool {
@@ -58,6 +62,7 @@ impl Default for NamespaceSpec {
             max_queued_runs: None,
             weight: None,
             notify: Vec::new(),
+            blackouts: Vec::new(),
         }
     }
 }
@@ -88,7 +93,16 @@ impl NamespaceSpec {
                 ));
             }
         }
-        crate::notify::validate("notify", &self.notify)
+        crate::notify::validate("notify", &self.notify)?;
+        crate::schedule::Blackouts::compile(&self.blackouts).map(|_| ())
+    }
+
+    /// Its blackout windows, checked (`None` when it has none, or when they no longer check,
+    /// which validation refuses at every write).
+    pub fn blackout_windows(&self) -> Option<crate::schedule::Blackouts> {
+        crate::schedule::Blackouts::compile(&self.blackouts)
+            .ok()
+            .filter(|b| !b.is_empty())
     }
 
     /// Its weight in the fair share of worker slots.

@@ -1,14 +1,17 @@
-//! Calendars as schedules use them: a namespace's calendar read from the store with every
-//! calendar it includes or excepts, resolved (`sked_core::calendar::Calendar::resolve`), and
-//! attached to a compiled schedule. Every place that computes a schedule's instants (a job's
-//! write, the firing loop, previews, backfills) goes through [`attach`], so they agree.
+//! What schedules meet beyond their own definition: a namespace's calendar read from the
+//! store with every calendar it includes or excepts, resolved
+//! (`sked_core::calendar::Calendar::resolve`) and attached to a compiled schedule, and the
+//! namespace's blackout windows. Every place that computes a stored schedule's instants (a
+//! job's write, the firing loop, previews, backfills) goes through [`attach`] or
+//! [`schedule_of`], or the firing loop's [`RulesCache`], so they agree.
 //!
-//! It reads calendars; writing them is the API's (`crate::api::calendars`), and what a calendar
-//! does to an instant is the core's.
+//! It reads calendars and namespace settings; writing them is the API's
+//! (`crate::api::calendars`, `crate::api::namespaces`), and what a calendar or a window does
+//! to an instant is the core's.
 
 use sked_core::calendar::{Calendar, CalendarSpec, MAX_DEPTH, MAX_REFERENCES};
 use sked_core::records::JobRecord;
-use sked_core::schedule::Schedule;
+use sked_core::schedule::{Blackouts, Schedule};
 use sked_core::SpecError;
 use sked_store::{Store, StoreError};
 use std::collections::HashMap;
@@ -120,27 +123,32 @@ pub async fn attach(
     Ok(())
 }
 
-/// Stored job `job`'s schedule as the firing loop runs it: with its blackout windows, set at
-/// its epoch, meeting its calendar as the store holds it now.
+/// Stored job `job`'s schedule as the firing loop runs it: with its and its namespace's
+/// blackout windows, set at its epoch, meeting its calendar as the store holds it now.
 pub async fn schedule_of(store: &dyn Store, job: &JobRecord) -> Result<Schedule, ResolveError> {
     let mut schedule = job.spec.compiled_schedule(job.schedule_epoch)?;
     attach(store, &job.namespace, &mut schedule).await?;
+    if !schedule.is_manual() {
+        let mut rules = RulesCache::default();
+        schedule.set_namespace_blackouts(rules.namespace_windows(store, &job.namespace).await?);
+    }
     Ok(schedule)
 }
 
-/// Resolved calendars by (namespace, name), for the firing loop: a million schedules name a
-/// handful of calendars, each read once. Dropped whole when any calendar changes (written on
-/// this node, or announced by another through the store's events) and when every schedule is
-/// read again.
+/// What the firing loop's schedules meet, read once each: resolved calendars by (namespace,
+/// name) — a million schedules name a handful — and each namespace's blackout windows. Dropped
+/// whole when any of them changes (written on this node, or announced by another through the
+/// store's events) and when every schedule is read again.
 #[derive(Default)]
-pub struct CalendarCache {
+pub struct RulesCache {
     resolved: HashMap<(String, String), Option<Arc<Calendar>>>,
+    windows: HashMap<String, Option<Arc<Blackouts>>>,
 }
 
-impl CalendarCache {
+impl RulesCache {
     /// Calendar `name` of `namespace`: `None` when it does not exist (or does not resolve,
     /// which is logged).
-    pub async fn get(
+    pub async fn calendar(
         &mut self,
         store: &dyn Store,
         namespace: &str,
@@ -162,7 +170,26 @@ impl CalendarCache {
         Ok(calendar)
     }
 
+    /// Namespace `namespace`'s blackout windows; `None` when it has none.
+    pub async fn namespace_windows(
+        &mut self,
+        store: &dyn Store,
+        namespace: &str,
+    ) -> Result<Option<Arc<Blackouts>>, StoreError> {
+        if let Some(known) = self.windows.get(namespace) {
+            return Ok(known.clone());
+        }
+        let windows = store
+            .get_namespace(namespace)
+            .await?
+            .and_then(|record| record.spec.blackout_windows())
+            .map(Arc::new);
+        self.windows.insert(namespace.to_string(), windows.clone());
+        Ok(windows)
+    }
+
     pub fn clear(&mut self) {
         self.resolved.clear();
+        self.windows.clear();
     }
 }

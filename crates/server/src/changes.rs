@@ -65,7 +65,7 @@ pub async fn run(
                     pending.forget(&ids);
                     dispatcher.remove(&ids);
                 }
-                StoreEvent::CalendarsChanged => firing.calendars_changed(),
+                StoreEvent::ScheduleRulesChanged => firing.rules_changed(),
                 StoreEvent::Resync => resync = true,
             }
         }

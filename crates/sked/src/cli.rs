@@ -1,7 +1,7 @@
 //! The command line: every subcommand and flag, and which module carries it out.
 
 use crate::{apply, client, serve};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use sked_core::egress::EgressRule;
 use sked_core::HumanDuration;
@@ -173,6 +173,22 @@ pub enum NamespaceCommand {
     },
     /// Forgets the settings of `--namespace`: its jobs stay, under the defaults.
     Reset(ClientArgs),
+    /// Stops the scheduled instants of `--namespace` until a time: a blackout window from now
+    /// to --until; its jobs' instants meanwhile are recorded skipped (blackout) with --reason.
+    /// Runs already started go on.
+    Pause {
+        /// When the window ends (RFC 3339, e.g. 2026-12-01T08:00:00Z).
+        #[arg(long)]
+        until: String,
+        /// Why, as the skipped runs will say.
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Ends the one-off blackout windows of `--namespace` that are open now (what pause
+    /// opened); repeating windows stay.
+    Resume(ClientArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -973,7 +989,7 @@ pub async fn run(cli: Cli) -> Result<()> {
                 for e in &errors {
                     eprintln!("error: {e}");
                 }
-                anyhow::bail!("{} mistake(s) in {}", errors.len(), file.display())
+                bail!("{} mistake(s) in {}", errors.len(), file.display())
             }
         },
         Command::Sim(args) => crate::sim::run(args),
@@ -1074,6 +1090,50 @@ async fn namespace(cmd: NamespaceCommand) -> Result<()> {
             client::Client::new(&client)?.namespace_set(changes).await
         }
         NamespaceCommand::Reset(client) => client::Client::new(&client)?.namespace_reset().await,
+        NamespaceCommand::Pause {
+            until,
+            reason,
+            client,
+        } => {
+            let until: chrono::DateTime<chrono::Utc> = until
+                .parse()
+                .with_context(|| format!("--until {until:?} is not an RFC 3339 instant"))?;
+            let now = chrono::Utc::now();
+            if until <= now {
+                bail!("--until {until} is not in the future");
+            }
+            let client = client::Client::new(&client)?;
+            let mut windows = client.namespace_blackouts().await?;
+            windows.push(serde_json::json!({
+                "from": now.to_rfc3339(),
+                "to": until.to_rfc3339(),
+                "reason": reason,
+            }));
+            let mut changes = serde_json::Map::new();
+            changes.insert("blackouts".into(), windows.into());
+            client.namespace_set(changes).await
+        }
+        NamespaceCommand::Resume(client) => {
+            let now = chrono::Utc::now();
+            let client = client::Client::new(&client)?;
+            let open_now = |w: &serde_json::Value| {
+                let at = |field: &str| {
+                    w[field]
+                        .as_str()
+                        .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
+                };
+                matches!((at("from"), at("to")), (Some(from), Some(to)) if from <= now && now < to)
+            };
+            let windows: Vec<serde_json::Value> = client
+                .namespace_blackouts()
+                .await?
+                .into_iter()
+                .filter(|w| !open_now(w))
+                .collect();
+            let mut changes = serde_json::Map::new();
+            changes.insert("blackouts".into(), windows.into());
+            client.namespace_set(changes).await
+        }
     }
 }
 
@@ -1137,7 +1197,7 @@ async fn calendar(cmd: CalendarCommand) -> Result<()> {
                 .with_context(|| format!("cannot read {}", ics.display()))?
                 .len();
             if size > ical::MAX_ICS_BYTES as u64 {
-                anyhow::bail!(
+                bail!(
                     "ics: {} holds {size} bytes; an iCalendar file may hold at most {}",
                     ics.display(),
                     ical::MAX_ICS_BYTES

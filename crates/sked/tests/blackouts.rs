@@ -153,3 +153,112 @@ async fn repeating_windows_preview_after_the_calendar_and_bad_ones_are_refused()
     let (status, _) = call(&sked, Method::GET, "/jobs/bad", None).await;
     assert_eq!(status, 404, "nothing was written");
 }
+
+#[tokio::test]
+async fn a_paused_namespace_records_its_instants_skipped_until_it_is_resumed() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let every_second = json!({"schedule": {"every": "1s"}, "target": shell("true")});
+    for path in ["/jobs/tick?namespace=ops", "/jobs/tick"] {
+        let (status, answer) = call(&sked, Method::PUT, path, Some(every_second.clone())).await;
+        assert_eq!(status, 201, "{answer}");
+    }
+    let runs_of = |namespace: &'static str| {
+        let sked = &sked;
+        async move {
+            let path = format!("/jobs/tick/runs?namespace={namespace}&limit=1000");
+            let (status, page) = call(sked, Method::GET, &path, None).await;
+            assert_eq!(status, 200, "{page}");
+            page["runs"].as_array().cloned().unwrap_or_default()
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !runs_of("ops")
+        .await
+        .iter()
+        .any(|r| r["state"] == "succeeded")
+    {
+        assert!(std::time::Instant::now() < deadline, "the job never ran");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Settings the pause must keep: a weight and a default webhook (its URL a secret the
+    // server hands back sealed).
+    let settings = json!({"weight": 3, "notify": [{"on": ["failed"],
+        "webhook": {"url": "https://hooks.example.com/sked?token=abc"}}]});
+    let (status, answer) = call(&sked, Method::PUT, "/namespaces/ops", Some(settings)).await;
+    assert_eq!(status, 201, "{answer}");
+    let cli = |args: &[&str]| {
+        let out = common::sked_command()
+            .args(args)
+            .env("SKED_SERVER", sked.base())
+            .output()
+            .expect("run sked");
+        assert!(
+            out.status.success(),
+            "sked {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let until = (Utc::now() + Span::hours(1)).to_rfc3339();
+    let paused_at = Utc::now();
+    let shown = cli(&[
+        "namespace",
+        "pause",
+        "--namespace",
+        "ops",
+        "--until",
+        &until,
+        "--reason",
+        "Incident 42",
+    ]);
+    assert!(shown.contains("Incident 42"), "{shown}");
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let after = |runs: Vec<Value>, since| -> Vec<Value> {
+        runs.into_iter()
+            .filter(|r| instant(&r["scheduled_for"]) > since)
+            .collect()
+    };
+    let paused = after(runs_of("ops").await, paused_at + Span::milliseconds(500));
+    assert!(paused.len() >= 2, "{paused:?}");
+    for run in &paused {
+        assert_eq!(
+            (&run["skip_reason"], &run["error"]),
+            (&json!("blackout"), &json!("Incident 42")),
+            "{run}"
+        );
+    }
+    let elsewhere = after(
+        runs_of("default").await,
+        paused_at + Span::milliseconds(500),
+    );
+    assert!(
+        elsewhere.iter().any(|r| r["state"] == "succeeded"),
+        "another namespace runs on: {elsewhere:?}"
+    );
+
+    let resumed_at = Utc::now();
+    cli(&["namespace", "resume", "--namespace", "ops"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let runs = after(runs_of("ops").await, resumed_at + Span::milliseconds(500));
+        if runs.iter().any(|r| r["state"] == "succeeded") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not run again: {runs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let shown = cli(&["namespace", "show", "--namespace", "ops"]);
+    assert!(!shown.contains("blackout"), "{shown}");
+    let (_, kept) = call(&sked, Method::GET, "/namespaces/ops", None).await;
+    assert_eq!(kept["weight"], 3, "{kept}");
+    assert_eq!(
+        kept["notify"].as_array().map(Vec::len),
+        Some(1),
+        "the default webhook survives a pause and a resume: {kept}"
+    );
+}

@@ -601,8 +601,9 @@ pub enum StoreEvent {
     RunsQueued(Vec<i64>),
     /// Runs stopped being queued (an attempt started, or they were cancelled).
     RunsDequeued(Vec<i64>),
-    /// A calendar was written or deleted: schedules that meet one must read it again.
-    CalendarsChanged,
+    /// A calendar or a namespace's settings were written or deleted: schedules must read
+    /// again what they meet (calendars, namespaces' blackout windows).
+    ScheduleRulesChanged,
     /// Events may have been missed (the connection carrying them was lost and is back):
     /// everything held in memory must be read again.
     Resync,

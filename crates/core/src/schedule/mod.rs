@@ -175,6 +175,8 @@ struct Limits {
     calendar: Option<CalendarUse>,
     /// The job's blackout windows: instants in them are removed (`skipped (blackout)`).
     blackouts: Option<Arc<Blackouts>>,
+    /// Its namespace's blackout windows, attached by the caller, which reads them.
+    namespace_blackouts: Option<Arc<Blackouts>>,
 }
 
 /// The calendar a schedule meets.
@@ -458,6 +460,7 @@ impl Schedule {
             jitter: spec.jitter,
             calendar,
             blackouts: None,
+            namespace_blackouts: None,
         };
         Ok(Schedule {
             kind,
@@ -570,13 +573,28 @@ impl Schedule {
         self.limits.get_or_insert_with(Box::default).blackouts = blackouts;
     }
 
-    /// `occurrence`, removed when its run would fall in a blackout window.
+    /// Gives the schedule its namespace's blackout windows, replacing any it had.
+    pub fn set_namespace_blackouts(&mut self, blackouts: Option<Arc<Blackouts>>) {
+        if blackouts.is_none() && self.limits.is_none() {
+            return;
+        }
+        self.limits
+            .get_or_insert_with(Box::default)
+            .namespace_blackouts = blackouts;
+    }
+
+    /// `occurrence`, removed when its run would fall in a blackout window, the job's or its
+    /// namespace's.
     fn blacked_out(&self, mut occurrence: Occurrence) -> Occurrence {
         if occurrence.removed.is_some() {
             return occurrence;
         }
-        let windows = self.limits.as_deref().and_then(|l| l.blackouts.as_deref());
-        if let Some(reason) = windows.and_then(|w| w.covering(occurrence.due)) {
+        let limits = self.limits.as_deref();
+        let windows = limits
+            .and_then(|l| l.blackouts.as_deref())
+            .into_iter()
+            .chain(limits.and_then(|l| l.namespace_blackouts.as_deref()));
+        if let Some(reason) = windows.filter_map(|w| w.covering(occurrence.due)).next() {
             occurrence.removed = Some(Removed {
                 by: crate::run::SkipReason::Blackout,
                 why: reason.to_string(),
@@ -605,9 +623,9 @@ impl Schedule {
     /// Whether anything can remove or move its instants (a calendar or blackout windows):
     /// then previews list what became of each.
     pub fn meets_rules(&self) -> bool {
-        self.limits
-            .as_deref()
-            .is_some_and(|l| l.calendar.is_some() || l.blackouts.is_some())
+        self.limits.as_deref().is_some_and(|l| {
+            l.calendar.is_some() || l.blackouts.is_some() || l.namespace_blackouts.is_some()
+        })
     }
 
     /// The next nominal instant strictly after `after`, given that `fired` were produced.

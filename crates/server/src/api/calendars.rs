@@ -105,7 +105,7 @@ pub async fn put(
         .put_calendar(&namespace, &name, &spec, Utc::now(), audit)
         .await?;
     if outcome != PutOutcome::Unchanged {
-        state.firing.calendars_changed();
+        state.firing.rules_changed();
     }
     let status = if outcome == PutOutcome::Created {
         StatusCode::CREATED
@@ -169,7 +169,7 @@ pub async fn delete(
             ),
         )),
         CalendarDeletion::Deleted(record, still_named_by) => {
-            state.firing.calendars_changed();
+            state.firing.rules_changed();
             Ok(Json(DeletedCalendar {
                 record,
                 still_named_by,

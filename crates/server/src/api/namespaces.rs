@@ -164,6 +164,7 @@ pub async fn put(
         .put_namespace(&name, &spec, Utc::now(), audit)
         .await?;
     crate::namespaces::refresh_now(&state).await;
+    state.firing.rules_changed();
     let status = if before.is_some() {
         StatusCode::OK
     } else {
@@ -195,6 +196,7 @@ pub async fn delete(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("settings of namespace {name:?}")))?;
     crate::namespaces::refresh_now(&state).await;
+    state.firing.rules_changed();
     Ok(Json(deleted.into()))
 }
 

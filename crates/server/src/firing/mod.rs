@@ -19,7 +19,7 @@
 mod slots;
 
 use crate::admission::NodeBacklog;
-use crate::calendars::CalendarCache;
+use crate::calendars::RulesCache;
 use crate::dispatch::Dispatcher;
 use crate::metrics::Metrics;
 use chrono::Utc;
@@ -48,8 +48,9 @@ enum Change {
     Partitions(Vec<u32>),
     /// The store may have changed unannounced: read every held schedule again.
     Resync,
-    /// A calendar was written or deleted: the schedules that meet one are read again.
-    Calendars,
+    /// A calendar or a namespace's settings were written or deleted: what the schedules meet
+    /// is read again.
+    Rules,
 }
 
 /// Tells the firing loop what changed.
@@ -76,9 +77,10 @@ impl FiringHandle {
         let _ = self.tx.send(Change::Resync);
     }
 
-    /// Reads the schedules that meet a calendar again, with their calendars.
-    pub fn calendars_changed(&self) {
-        let _ = self.tx.send(Change::Calendars);
+    /// Reads what the schedules meet again: their calendars and their namespaces' blackout
+    /// windows.
+    pub fn rules_changed(&self) {
+        let _ = self.tx.send(Change::Rules);
     }
 }
 
@@ -94,8 +96,8 @@ pub struct FiringLoop {
     slots: Slots,
     /// The names of the slots' namespaces.
     namespaces: Namespaces,
-    /// The calendars the slots' schedules meet.
-    calendars: CalendarCache,
+    /// The calendars and namespace blackout windows the slots' schedules meet.
+    rules: RulesCache,
     /// Held jobs with no slot because their calendar does not exist: read again when a
     /// calendar is written.
     missing_calendar: BTreeSet<i64>,
@@ -127,7 +129,7 @@ impl FiringLoop {
             held: BTreeSet::new(),
             slots: Slots::default(),
             namespaces: Namespaces::default(),
-            calendars: CalendarCache::default(),
+            rules: RulesCache::default(),
             missing_calendar: BTreeSet::new(),
         };
         (FiringHandle { tx }, looper)
@@ -171,7 +173,7 @@ impl FiringLoop {
 
     async fn apply(&mut self, changes: Vec<Change>, shutdown: &mut watch::Receiver<bool>) {
         let mut resync = false;
-        let mut calendars = false;
+        let mut rules = false;
         for change in changes {
             match change {
                 Change::Job(id) => {
@@ -199,11 +201,11 @@ impl FiringLoop {
                     }
                 }
                 Change::Resync => resync = true,
-                Change::Calendars => calendars = true,
+                Change::Rules => rules = true,
             }
         }
-        if calendars && !resync {
-            self.reload_calendar_slots(shutdown).await;
+        if rules && !resync {
+            self.reload_rules(shutdown).await;
         }
         if resync {
             self.reload_held(shutdown).await;
@@ -238,12 +240,17 @@ impl FiringLoop {
         }
     }
 
-    /// Gives every held schedule that meets a named calendar the calendar as the store holds
-    /// it now, each calendar read once: what falls due from each slot's next instant on is
-    /// judged by it. A slot whose calendar is gone is dropped (its job fires nothing until the
-    /// calendar is written again, as at a load).
-    async fn reload_calendar_slots(&mut self, shutdown: &mut watch::Receiver<bool>) {
-        self.calendars.clear();
+    /// Gives every held schedule its namespace's blackout windows and the calendar it names as
+    /// the store holds them now, each read once: what falls due from each slot's next instant
+    /// on is judged by them. A slot whose calendar is gone is dropped (its job fires nothing
+    /// until the calendar is written again, as at a load).
+    async fn reload_rules(&mut self, shutdown: &mut watch::Receiver<bool>) {
+        self.rules.clear();
+        if let Err(e) = self.reattach_namespace_windows().await {
+            tracing::error!("firing: cannot read namespace settings, reading all again: {e}");
+            self.reload_held(shutdown).await;
+            return;
+        }
         if let Err(e) = self.load_missing_calendar(shutdown).await {
             tracing::error!(
                 "firing: cannot read jobs whose calendar was missing, reading all again: {e}"
@@ -262,7 +269,7 @@ impl FiringLoop {
                 continue;
             };
             let namespace = self.namespaces.name(slot.namespace).to_string();
-            let calendar = match self.calendars.get(&*self.store, &namespace, &name).await {
+            let calendar = match self.rules.calendar(&*self.store, &namespace, &name).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::error!(
@@ -289,6 +296,21 @@ impl FiringLoop {
         }
     }
 
+    /// Gives every held schedule with a timer its namespace's blackout windows, each
+    /// namespace's read once. Windows remove instants where they fall due and move none, so
+    /// no slot's next instant changes.
+    async fn reattach_namespace_windows(&mut self) -> Result<(), sked_store::StoreError> {
+        let mut windows = Vec::with_capacity(self.namespaces.names.len());
+        for name in &self.namespaces.names {
+            windows.push(self.rules.namespace_windows(&*self.store, name).await?);
+        }
+        self.slots.for_each_mut(|slot| {
+            let of_namespace = windows.get(usize::from(slot.namespace)).cloned().flatten();
+            slot.schedule.set_namespace_blackouts(of_namespace);
+        });
+        Ok(())
+    }
+
     /// Reads again the jobs that had no slot because their calendar was missing, as a load
     /// does: the instants they owed meanwhile are resolved by their misfire policies.
     async fn load_missing_calendar(
@@ -306,11 +328,11 @@ impl FiringLoop {
             else {
                 continue;
             };
-            let calendar = self.calendar_of(&job).await?;
-            if matches!(calendar, CalendarSlot::Missing(_)) {
+            let rules = self.rules_of(&job).await?;
+            if rules.calendar_missing() {
                 self.missing_calendar.insert(job_id);
             }
-            if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), calendar) {
+            if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), rules) {
                 self.catch_up(&job, slot, now, &mut pending);
             }
         }
@@ -319,7 +341,7 @@ impl FiringLoop {
 
     /// Drops every schedule and loads those of the held partitions again.
     async fn reload_held(&mut self, shutdown: &mut watch::Receiver<bool>) {
-        self.calendars.clear();
+        self.rules.clear();
         self.missing_calendar.clear();
         self.slots.clear();
         let held: Vec<u32> = self.held.iter().copied().collect();
@@ -358,12 +380,11 @@ impl FiringLoop {
             let now = Utc::now();
             let mut pending = Vec::new();
             for job in page? {
-                let calendar = self.calendar_of(&job).await?;
-                let missing = matches!(calendar, CalendarSlot::Missing(_));
-                if missing {
+                let rules = self.rules_of(&job).await?;
+                if rules.calendar_missing() {
                     self.missing_calendar.insert(job.id);
                 }
-                if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), calendar) {
+                if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), rules) {
                     self.catch_up(&job, slot, now, &mut pending);
                 }
                 if pending.len() >= self.batch {
@@ -397,33 +418,42 @@ impl FiringLoop {
         self.slots.remove(job_id);
         self.missing_calendar.remove(&job_id);
         if let Some(job) = job.and_then(ScheduledJob::of) {
-            let calendar = self.calendar_of(&job).await?;
-            if matches!(calendar, CalendarSlot::Missing(_)) {
+            let rules = self.rules_of(&job).await?;
+            if rules.calendar_missing() {
                 self.missing_calendar.insert(job_id);
             }
-            if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), calendar) {
+            if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), rules) {
                 self.slots.insert(slot);
             }
         }
         Ok(())
     }
 
-    /// The calendar `job`'s schedule names, resolved: `Ok(None)` when it names none, or one
-    /// that does not exist (the schedule then has no slot, which [`slot_from`] says).
-    async fn calendar_of(
-        &mut self,
-        job: &ScheduledJob,
-    ) -> Result<CalendarSlot, sked_store::StoreError> {
-        let Some(name) = job.schedule.as_ref().and_then(|s| s.calendar.as_deref()) else {
-            return Ok(CalendarSlot::None);
+    /// What `job`'s schedule meets: the calendar it names, resolved (or missing: the schedule
+    /// then has no slot, which [`slot_from`] says), and its namespace's blackout windows.
+    async fn rules_of(&mut self, job: &ScheduledJob) -> Result<SlotRules, sked_store::StoreError> {
+        let namespace_windows = match &job.schedule {
+            Some(_) => {
+                self.rules
+                    .namespace_windows(&*self.store, &job.namespace)
+                    .await?
+            }
+            None => None,
         };
-        let found = self
-            .calendars
-            .get(&*self.store, &job.namespace, name)
-            .await?;
-        Ok(match found {
-            Some(calendar) => CalendarSlot::Resolved(calendar),
-            None => CalendarSlot::Missing(name.to_string()),
+        let calendar = match job.schedule.as_ref().and_then(|s| s.calendar.as_deref()) {
+            None => CalendarSlot::None,
+            Some(name) => match self
+                .rules
+                .calendar(&*self.store, &job.namespace, name)
+                .await?
+            {
+                Some(calendar) => CalendarSlot::Resolved(calendar),
+                None => CalendarSlot::Missing(name.to_string()),
+            },
+        };
+        Ok(SlotRules {
+            calendar,
+            namespace_windows,
         })
     }
 
@@ -619,6 +649,18 @@ impl Namespaces {
     }
 }
 
+/// What a scheduled job's schedule meets beyond its definition, as the loop found it.
+struct SlotRules {
+    calendar: CalendarSlot,
+    namespace_windows: Option<Arc<sked_core::schedule::Blackouts>>,
+}
+
+impl SlotRules {
+    fn calendar_missing(&self) -> bool {
+        matches!(self.calendar, CalendarSlot::Missing(_))
+    }
+}
+
 /// The calendar a scheduled job's schedule meets, as the loop found it.
 enum CalendarSlot {
     None,
@@ -630,7 +672,7 @@ enum CalendarSlot {
 /// The slot for a scheduled job; `None` (logged) when its schedule no longer compiles or names
 /// a calendar that does not exist: it fires nothing until the calendar is written again, and
 /// then its missed instants are resolved by its misfire policy.
-fn slot_from(job: &ScheduledJob, namespace: u16, calendar: CalendarSlot) -> Option<Slot> {
+fn slot_from(job: &ScheduledJob, namespace: u16, rules: SlotRules) -> Option<Slot> {
     let compiled =
         sked_core::job::compile_schedule(job.schedule.as_ref(), &job.blackouts, job.schedule_epoch);
     let mut schedule = match compiled {
@@ -643,8 +685,9 @@ fn slot_from(job: &ScheduledJob, namespace: u16, calendar: CalendarSlot) -> Opti
             return None;
         }
     };
+    schedule.set_namespace_blackouts(rules.namespace_windows);
     let mut next = job.next_fire_at;
-    match calendar {
+    match rules.calendar {
         CalendarSlot::None => {}
         CalendarSlot::Missing(name) => {
             tracing::error!(

@@ -106,6 +106,14 @@ impl Slots {
         self.table[index as usize].as_mut().map(|f| &mut f.slot)
     }
 
+    /// Changes every slot in place with `change`, which must leave its job and its next
+    /// instant as they are (the timer is not told).
+    pub fn for_each_mut(&mut self, mut change: impl FnMut(&mut Slot)) {
+        for filed in self.table.iter_mut().flatten() {
+            change(&mut filed.slot);
+        }
+    }
+
     /// The jobs whose slots `pick` says yes to.
     pub fn jobs_where(&self, pick: impl Fn(&Slot) -> bool) -> Vec<i64> {
         self.table

@@ -176,7 +176,7 @@ impl crate::CalendarStore for PgStore {
             if outcome.0 != PutOutcome::Unchanged {
                 super::audit::append_for(&tx, &audit, &outcome).await?;
                 self.channel
-                    .notify(&tx, super::notify::Kind::CalendarsChanged, &[0])
+                    .notify(&tx, super::notify::Kind::ScheduleRulesChanged, &[0])
                     .await?;
             }
             outcome
@@ -207,7 +207,7 @@ impl crate::CalendarStore for PgStore {
             super::audit::append_for(&tx, &audit, &outcome).await?;
             if matches!(outcome, CalendarDeletion::Deleted(..)) {
                 self.channel
-                    .notify(&tx, super::notify::Kind::CalendarsChanged, &[0])
+                    .notify(&tx, super::notify::Kind::ScheduleRulesChanged, &[0])
                     .await?;
             }
             outcome

@@ -824,6 +824,10 @@ impl Store for PgStore {
         transact!(self, write, |tx| {
             let outcome = namespaces::put(&tx, name, spec, now).await?;
             audit::append_for(&tx, &audit, &outcome).await?;
+            // Its blackout windows are what its schedules meet.
+            self.channel
+                .notify(&tx, Kind::ScheduleRulesChanged, &[0])
+                .await?;
             outcome
         })
     }
@@ -836,6 +840,11 @@ impl Store for PgStore {
         transact!(self, write, |tx| {
             let outcome = namespaces::delete(&tx, name).await?;
             audit::append_for(&tx, &audit, &outcome).await?;
+            if outcome.is_some() {
+                self.channel
+                    .notify(&tx, Kind::ScheduleRulesChanged, &[0])
+                    .await?;
+            }
             outcome
         })
     }

@@ -44,9 +44,9 @@ pub enum Kind {
     JobChanged,
     RunsQueued,
     RunsDequeued,
-    /// A namespace's calendar was written or deleted (its one id is 0: the receivers read
-    /// every calendar they use again).
-    CalendarsChanged,
+    /// A namespace's calendar or settings were written or deleted (its one id is 0: the
+    /// receivers read every calendar and namespace setting their schedules meet again).
+    ScheduleRulesChanged,
 }
 
 impl Kind {
@@ -55,7 +55,7 @@ impl Kind {
             Kind::JobChanged => 'j',
             Kind::RunsQueued => 'q',
             Kind::RunsDequeued => 'd',
-            Kind::CalendarsChanged => 'c',
+            Kind::ScheduleRulesChanged => 'c',
         }
     }
 }
@@ -122,7 +122,7 @@ impl Channel {
             "j" => ids.first().map(|id| StoreEvent::JobChanged(*id)),
             "q" => Some(StoreEvent::RunsQueued(ids)),
             "d" => Some(StoreEvent::RunsDequeued(ids)),
-            "c" => Some(StoreEvent::CalendarsChanged),
+            "c" => Some(StoreEvent::ScheduleRulesChanged),
             _ => None,
         }
     }
