@@ -177,6 +177,34 @@ async fn business_days_and_moved_instants_preview_as_they_will_run() {
     );
     assert_eq!(preview["fire_times"], json!([]));
 
+    // The console's job page lists what became of each instant.
+    let firsts: Vec<Value> = (1..=12)
+        .map(|m| json!({"date": format!("2026-{m:02}-01"), "label": "First of the month", "yearly": true}))
+        .collect();
+    let closed = json!({"timezone": "Europe/London", "holidays": firsts});
+    let (status, answer) = call(&sked, Method::PUT, "/calendars/no-firsts", Some(closed)).await;
+    assert_eq!(status, 201, "{answer}");
+    let job = json!({
+        "schedule": {"cron": "30 6 1 * *", "timezone": "Europe/London", "calendar": "no-firsts"},
+        "target": shell("true"),
+    });
+    let (status, answer) = sked.put_job("first-of-month", job).await;
+    assert_eq!(status, 201, "{answer}");
+    let (browser, cookie) = common::console_session(&sked, common::ADMIN_TOKEN).await;
+    let page = browser
+        .get(format!("{}/jobs/default/first-of-month", sked.base()))
+        .header(reqwest::header::COOKIE, cookie)
+        .send()
+        .await
+        .expect("the job's page");
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap_or_default();
+    assert_eq!(
+        html.matches("skipped: holiday: First of the month").count(),
+        10,
+        "ten next instants, each removed: {html}"
+    );
+
     // A job's preview reads its calendar too.
     let job = json!({
         "schedule": {"business_day": {"nth": 3, "at": "06:30"}, "calendar": "uk"},

@@ -33,6 +33,17 @@ struct RunPage {
 #[derive(Deserialize)]
 struct Preview {
     fire_times: Vec<Instant>,
+    /// For a schedule that meets a calendar or blackout windows: each instant, with what
+    /// became of it.
+    #[serde(default)]
+    outcomes: Vec<Outcome>,
+}
+
+#[derive(Deserialize)]
+struct Outcome {
+    at: Instant,
+    moved_from: Option<Instant>,
+    skipped: Option<String>,
 }
 
 /// What `GET /jobs/{name}/graph` says of the jobs around this one.
@@ -174,6 +185,13 @@ pub async fn page(
             section aria-labelledby="next" {
                 h2 #next { "Next instants" }
                 @match &preview {
+                    Ok(p) if !p.outcomes.is_empty() => {
+                        ol.instants { @for o in &p.outcomes { li {
+                            (when(Some(o.at))) " UTC"
+                            @if let Some(from) = o.moved_from { " · moved from " (when(Some(from))) }
+                            @if let Some(why) = &o.skipped { " · " span.none { "skipped: " (why) } }
+                        } } }
+                    }
                     Ok(p) if !p.fire_times.is_empty() => {
                         ol.instants { @for t in &p.fire_times { li { (when(Some(*t))) " UTC" } } }
                     }
