@@ -736,6 +736,10 @@ async fn check_ledger(
     pause_began: DateTime<Utc>,
     sink: &Sink,
 ) -> (String, usize) {
+    // What reached the target, taken before the ledger is read: every attempt a worker ran by
+    // then was recorded before it was handed out, so its row is in what is read next. (Taken
+    // after, an attempt started between the two reads looked unrecorded.)
+    let seen_before = sink.seen.lock().expect("sink lock").clone();
     let mut runs: BTreeMap<String, Vec<RunRow>> = BTreeMap::new();
     for r in db
         .query(
@@ -774,6 +778,8 @@ async fn check_ledger(
             worker_id: a.get(6),
         });
     }
+    // And taken after: a success the ledger holds was answered by the target before it was
+    // reported, so before this.
     let seen = sink.seen.lock().expect("sink lock").clone();
 
     let mut problems: Vec<String> = Vec::new();
@@ -838,7 +844,7 @@ async fn check_ledger(
         }
     }
     // Workers get an attempt only once it is recorded, so nothing reaches the target unrecorded.
-    let mut unrecorded: Vec<&(i64, i64)> = seen
+    let mut unrecorded: Vec<&(i64, i64)> = seen_before
         .iter()
         .filter(|(run, number)| {
             !attempts
@@ -852,6 +858,17 @@ async fn check_ledger(
             "{} (run, attempt) pairs reached the target with no attempt row: {:?}",
             unrecorded.len(),
             &unrecorded[..unrecorded.len().min(10)]
+        ));
+    }
+    // Every job was paused and every run had ended before the reads: nothing starts after.
+    let mut late: Vec<&(i64, i64)> = seen.difference(&seen_before).collect();
+    late.sort();
+    if !late.is_empty() {
+        problems.push(format!(
+            "{} (run, attempt) pairs reached the target after every job was paused and every \
+             run had ended: {:?}",
+            late.len(),
+            &late[..late.len().min(10)]
         ));
     }
     let shown: Vec<&String> = problems.iter().take(25).collect();
