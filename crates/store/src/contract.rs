@@ -2958,10 +2958,10 @@ pub async fn a_clean_stop_is_stopped_not_lost_and_takes_back_its_attempts(store:
     assert!(!beat.known, "a stopped worker must register again");
 }
 
-pub async fn an_audited_write_commits_its_entries_with_it(store: &dyn Store) {
-    let now = t0();
-    let entry = move |action: &str, object: &str| AuditEntry {
-        at: now,
+/// An audit entry of the `deploy` token about `object` of namespace `default`.
+fn deploy_entry(at: Instant, action: &str, object: &str) -> AuditEntry {
+    AuditEntry {
+        at,
         actor: "deploy".into(),
         actor_id: Some(7),
         peer: None,
@@ -2970,7 +2970,12 @@ pub async fn an_audited_write_commits_its_entries_with_it(store: &dyn Store) {
         object: Some(object.into()),
         before: None,
         after: None,
-    };
+    }
+}
+
+pub async fn an_audited_write_commits_its_entries_with_it(store: &dyn Store) {
+    let now = t0();
+    let entry = move |action: &str, object: &str| deploy_entry(now, action, object);
     let audit = Audit::new(move |(outcome, record): &(PutOutcome, JobRecord)| {
         if *outcome == PutOutcome::Unchanged {
             Vec::new()
@@ -3534,17 +3539,7 @@ pub async fn a_namespace_keeps_at_most_so_many_calendars(store: &dyn Store) {
 
 pub async fn calendar_changes_are_audited_with_them_and_no_change_is_not(store: &dyn Store) {
     let now = t0();
-    let entry = move |action: &str, object: &str| AuditEntry {
-        at: now,
-        actor: "deploy".into(),
-        actor_id: Some(7),
-        peer: None,
-        action: action.into(),
-        namespace: Some("default".into()),
-        object: Some(object.into()),
-        before: None,
-        after: None,
-    };
+    let entry = move |action: &str, object: &str| deploy_entry(now, action, object);
     // Entries for every outcome: the store writes none for a put that changed nothing.
     let put_audit = Audit::new(move |(_, record): &(PutOutcome, CalendarRecord)| {
         vec![entry("calendar.put", &record.name)]
