@@ -133,9 +133,10 @@ impl ScheduleKind {
 #[derive(Debug, Clone, PartialEq)]
 enum Kind {
     Cron(Box<cron::CronExpr>, Tz),
+    /// `anchor` `None`: the grid passes through the schedule's epoch.
     Every {
         period: Duration,
-        anchor: Instant,
+        anchor: Option<Instant>,
     },
     // Boxed, as the cron expression is: a node holds a million schedules, most of them `every`.
     Repeating(Box<iso8601::RepeatingInterval>),
@@ -145,11 +146,12 @@ enum Kind {
         nth: i32,
         time: chrono::NaiveTime,
     },
-    /// Every `n`th business day from the anchor's date, at a local time.
+    /// Every `n`th business day from the anchor's date (the epoch's when `None`), at a local
+    /// time.
     EveryBusinessDays {
         n: u32,
         time: chrono::NaiveTime,
-        anchor: Instant,
+        anchor: Option<Instant>,
     },
     Manual,
 }
@@ -383,7 +385,7 @@ impl Schedule {
             }
             Kind::Every {
                 period: every.as_chrono(),
-                anchor: anchor.unwrap_or(epoch),
+                anchor,
             }
         } else if let Some(text) = &spec.iso8601 {
             let interval = iso8601::RepeatingInterval::parse(text)
@@ -420,7 +422,7 @@ impl Schedule {
             Kind::EveryBusinessDays {
                 n,
                 time: time_of("schedule.every_business_days.at", every.at())?,
-                anchor: anchor.unwrap_or(epoch),
+                anchor,
             }
         } else if spec.event.is_some() {
             // Events start the runs (the store, as each is recorded); no timer fires.
@@ -511,14 +513,7 @@ impl Schedule {
 
     /// The same schedule, set at `epoch` instead.
     pub fn with_epoch(mut self, epoch: Instant) -> Schedule {
-        let epoch = crate::ledger_instant(epoch);
-        if let Kind::Every { anchor, .. } | Kind::EveryBusinessDays { anchor, .. } = &mut self.kind
-        {
-            if *anchor == self.epoch {
-                *anchor = epoch;
-            }
-        }
-        self.epoch = epoch;
+        self.epoch = crate::ledger_instant(epoch);
         self
     }
 
@@ -669,12 +664,14 @@ impl Schedule {
             }
             Kind::EveryBusinessDays { n, time, anchor } => {
                 let cal = calendar()?;
-                let anchor = cal.local_date(*anchor);
+                let anchor = cal.local_date(anchor.unwrap_or(self.epoch));
                 business::every_business_days_after(cal, *n, anchor, *time, floor)
             }
             Kind::Manual => None,
             Kind::At(at) => (*at > floor).then_some(*at),
-            Kind::Every { period, anchor } => every_next_after(*anchor, *period, floor),
+            Kind::Every { period, anchor } => {
+                every_next_after(anchor.unwrap_or(self.epoch), *period, floor)
+            }
             Kind::Cron(expr, tz) => expr.next_after(floor, *tz),
             Kind::Repeating(interval) => interval.next_after(floor, 0),
         }
