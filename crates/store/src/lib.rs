@@ -98,6 +98,16 @@ impl<T: 'static> Audit<T> {
     }
 }
 
+impl<R: 'static> Audit<(PutOutcome, R)> {
+    /// The same entries for a put that changed something, and none for one that did not.
+    pub fn of_changes(self) -> Self {
+        Audit::new(move |outcome: &(PutOutcome, R)| match outcome.0 {
+            PutOutcome::Unchanged => Vec::new(),
+            _ => self.entries(outcome),
+        })
+    }
+}
+
 impl<T> Clone for Audit<T> {
     fn clone(&self) -> Self {
         Audit(self.0.clone())

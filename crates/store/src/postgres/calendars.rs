@@ -170,11 +170,12 @@ impl crate::CalendarStore for PgStore {
         now: Instant,
         audit: Audit<(PutOutcome, CalendarRecord)>,
     ) -> Result<(PutOutcome, CalendarRecord)> {
+        let audit = audit.of_changes();
         transact!(self, write, |tx| {
             let outcome = put(&tx, namespace, name, spec, now).await?;
             // An unchanged definition wrote nothing, so there is nothing to account for.
+            super::audit::append_for(&tx, &audit, &outcome).await?;
             if outcome.0 != PutOutcome::Unchanged {
-                super::audit::append_for(&tx, &audit, &outcome).await?;
                 self.channel
                     .notify(&tx, super::notify::Kind::ScheduleRulesChanged, &[0])
                     .await?;

@@ -145,16 +145,9 @@ impl crate::CalendarStore for super::SqliteStore {
         audit: crate::Audit<(PutOutcome, CalendarRecord)>,
     ) -> Result<(PutOutcome, CalendarRecord)> {
         let (namespace, name, spec) = (namespace.to_string(), name.to_string(), spec.clone());
-        self.write(move |tx| {
-            let outcome = put(tx, &namespace, &name, &spec, now)?;
-            // An unchanged definition wrote nothing, so there is nothing to account for.
-            if outcome.0 != PutOutcome::Unchanged {
-                let entries = audit.entries(&outcome);
-                if !entries.is_empty() {
-                    super::audit::append(tx, &entries)?;
-                }
-            }
-            Ok(outcome)
+        // An unchanged definition wrote nothing, so there is nothing to account for.
+        self.write_audited(audit.of_changes(), move |tx| {
+            put(tx, &namespace, &name, &spec, now)
         })
         .await
     }
