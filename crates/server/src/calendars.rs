@@ -129,10 +129,21 @@ pub async fn schedule_of(store: &dyn Store, job: &JobRecord) -> Result<Schedule,
     let mut schedule = job.spec.compiled_schedule(job.schedule_epoch)?;
     attach(store, &job.namespace, &mut schedule).await?;
     if !schedule.is_manual() {
-        let mut rules = RulesCache::default();
-        schedule.set_namespace_blackouts(rules.namespace_windows(store, &job.namespace).await?);
+        schedule.set_namespace_blackouts(namespace_windows(store, &job.namespace).await?);
     }
     Ok(schedule)
+}
+
+/// Namespace `namespace`'s blackout windows; `None` when it has none.
+async fn namespace_windows(
+    store: &dyn Store,
+    namespace: &str,
+) -> Result<Option<Arc<Blackouts>>, StoreError> {
+    Ok(store
+        .get_namespace(namespace)
+        .await?
+        .and_then(|record| record.spec.blackout_windows())
+        .map(Arc::new))
 }
 
 /// What the firing loop's schedules meet, read once each: resolved calendars by (namespace,
@@ -179,11 +190,7 @@ impl RulesCache {
         if let Some(known) = self.windows.get(namespace) {
             return Ok(known.clone());
         }
-        let windows = store
-            .get_namespace(namespace)
-            .await?
-            .and_then(|record| record.spec.blackout_windows())
-            .map(Arc::new);
+        let windows = namespace_windows(store, namespace).await?;
         self.windows.insert(namespace.to_string(), windows.clone());
         Ok(windows)
     }

@@ -5,10 +5,10 @@
 //! and other nodes' loops through the store's change events (`crate::changes`).
 
 use super::extract::{Path, Query};
-use super::{body, parse_json, ApiError, Namespace};
+use super::{body, parse_json, ApiError, DeleteParams, Namespace};
 use crate::audit::{self, Change};
 use crate::auth::Caller;
-use crate::calendars::{resolve_new, ResolveError};
+use crate::calendars::resolve_new;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -16,19 +16,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::Utc;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sked_core::calendar::{CalendarRecord, CalendarSpec, CalendarUsers};
 use sked_core::job::validate_name;
 use sked_store::{CalendarDeletion, PutOutcome};
-
-impl From<ResolveError> for ApiError {
-    fn from(e: ResolveError) -> Self {
-        match e {
-            ResolveError::Spec(spec) => spec.into(),
-            ResolveError::Store(store) => store.into(),
-        }
-    }
-}
 
 #[derive(Debug, Serialize)]
 pub struct CalendarList {
@@ -113,14 +104,6 @@ pub async fn put(
         StatusCode::OK
     };
     Ok((status, Json(record)))
-}
-
-#[derive(Debug, Deserialize)]
-pub struct DeleteParams {
-    #[serde(default = "super::default_namespace")]
-    namespace: String,
-    #[serde(default)]
-    force: bool,
 }
 
 /// A deleted calendar, with what still names it (deleted with `force`).

@@ -99,6 +99,15 @@ impl From<NamespaceRefusal> for ApiError {
     }
 }
 
+impl From<crate::calendars::ResolveError> for ApiError {
+    fn from(e: crate::calendars::ResolveError) -> Self {
+        match e {
+            crate::calendars::ResolveError::Spec(spec) => spec.into(),
+            crate::calendars::ResolveError::Store(store) => store.into(),
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {

@@ -1,7 +1,7 @@
 //! `/api/v1/jobs`: define, list, read, delete, trigger, pause, resume, preview, runs and stats.
 
 use super::extract::{Path, Query};
-use super::{body, parse_json, ApiError, Namespace};
+use super::{body, parse_json, ApiError, DeleteParams, Namespace};
 use crate::audit::{self, Change};
 use crate::auth::Caller;
 use crate::firing::queued_run;
@@ -514,15 +514,6 @@ pub async fn get(
         view.counters = Some(stats.by_state);
     }
     Ok(Json(view))
-}
-
-#[derive(Debug, Deserialize)]
-pub struct DeleteParams {
-    #[serde(default = "super::default_namespace")]
-    namespace: String,
-    /// Delete a job others depend on, and pause them.
-    #[serde(default)]
-    force: bool,
 }
 
 /// A deleted job, with the jobs that depended on it, now paused.

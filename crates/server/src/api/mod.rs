@@ -529,6 +529,16 @@ pub struct Namespace {
     pub namespace: String,
 }
 
+/// The query of a `DELETE` whose object others may name (a job's dependants, a calendar's
+/// jobs): refused while they do, unless `force`.
+#[derive(Debug, Deserialize)]
+pub struct DeleteParams {
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    #[serde(default)]
+    pub force: bool,
+}
+
 pub(crate) fn default_namespace() -> String {
     "default".to_string()
 }
