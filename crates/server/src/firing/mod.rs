@@ -27,7 +27,7 @@ use sked_core::cluster::partition_of;
 use sked_core::policy::admission::Admission;
 use sked_core::records::{JobRecord, ScheduledJob};
 use sked_core::run::{RunState, SkipReason, Trigger};
-use sked_core::schedule::Occurrence;
+use sked_core::schedule::{Occurrence, Schedule};
 use sked_core::Instant;
 use sked_store::{Advance, Audit, Fire, QueuedRun, Store};
 use slots::{is_frequent, Slot, Slots};
@@ -280,16 +280,12 @@ impl FiringLoop {
                 }
             };
             let Some(calendar) = calendar else {
-                tracing::error!(
-                    "firing: job {job_id} names calendar {name:?}, which does not exist: it \
-                     fires nothing until the calendar is written again"
-                );
+                say_calendar_missing(job_id, &name);
                 self.missing_calendar.insert(job_id);
                 continue;
             };
-            slot.schedule.attach_calendar(calendar);
-            let from = slot.next - chrono::Duration::microseconds(1);
-            if let Some(next) = slot.schedule.next_after(from, slot.fired) {
+            let due = meet_calendar(job_id, &mut slot.schedule, calendar, slot.next, slot.fired);
+            if let Some(next) = due {
                 slot.next = next;
                 self.slots.insert(slot);
             }
@@ -328,11 +324,7 @@ impl FiringLoop {
             else {
                 continue;
             };
-            let rules = self.rules_of(&job).await?;
-            if rules.calendar_missing() {
-                self.missing_calendar.insert(job_id);
-            }
-            if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), rules) {
+            if let Some(slot) = self.slot_of(&job).await? {
                 self.catch_up(&job, slot, now, &mut pending);
             }
         }
@@ -380,11 +372,7 @@ impl FiringLoop {
             let now = Utc::now();
             let mut pending = Vec::new();
             for job in page? {
-                let rules = self.rules_of(&job).await?;
-                if rules.calendar_missing() {
-                    self.missing_calendar.insert(job.id);
-                }
-                if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), rules) {
+                if let Some(slot) = self.slot_of(&job).await? {
                     self.catch_up(&job, slot, now, &mut pending);
                 }
                 if pending.len() >= self.batch {
@@ -418,15 +406,25 @@ impl FiringLoop {
         self.slots.remove(job_id);
         self.missing_calendar.remove(&job_id);
         if let Some(job) = job.and_then(ScheduledJob::of) {
-            let rules = self.rules_of(&job).await?;
-            if rules.calendar_missing() {
-                self.missing_calendar.insert(job_id);
-            }
-            if let Some(slot) = slot_from(&job, self.namespaces.id(&job.namespace), rules) {
+            if let Some(slot) = self.slot_of(&job).await? {
                 self.slots.insert(slot);
             }
         }
         Ok(())
+    }
+
+    /// The slot for `job` with what it meets read (cached); `None` when it gets none (see
+    /// [`slot_from`]). A job left without one because its calendar is missing is kept in
+    /// `missing_calendar`, to be read again when a calendar is written.
+    async fn slot_of(
+        &mut self,
+        job: &ScheduledJob,
+    ) -> Result<Option<Slot>, sked_store::StoreError> {
+        let rules = self.rules_of(job).await?;
+        if rules.calendar_missing() {
+            self.missing_calendar.insert(job.id);
+        }
+        Ok(slot_from(job, self.namespaces.id(&job.namespace), rules))
     }
 
     /// What `job`'s schedule meets: the calendar it names, resolved (or missing: the schedule
@@ -690,19 +688,11 @@ fn slot_from(job: &ScheduledJob, namespace: u16, rules: SlotRules) -> Option<Slo
     match rules.calendar {
         CalendarSlot::None => {}
         CalendarSlot::Missing(name) => {
-            tracing::error!(
-                "firing: job {} names calendar {name:?}, which does not exist: it fires \
-                 nothing until the calendar is written again",
-                job.id
-            );
+            say_calendar_missing(job.id, &name);
             return None;
         }
         CalendarSlot::Resolved(calendar) => {
-            schedule.attach_calendar(calendar);
-            // The stored instant was set under the calendar as it was then: what falls due
-            // from it on is judged by the calendar as it is now.
-            next =
-                schedule.next_after(next - chrono::Duration::microseconds(1), job.fired_count)?;
+            next = meet_calendar(job.id, &mut schedule, calendar, next, job.fired_count)?;
         }
     }
     Some(Slot {
@@ -714,6 +704,34 @@ fn slot_from(job: &ScheduledJob, namespace: u16, rules: SlotRules) -> Option<Slo
         paused: job.paused,
         template: None,
     })
+}
+
+/// Gives `schedule` its calendar as it is now. Its instant `next` was set under the calendar
+/// as it was then: what falls due from it on is judged by the calendar as it is now. `None`
+/// (logged) when nothing more falls due.
+fn meet_calendar(
+    job_id: i64,
+    schedule: &mut Schedule,
+    calendar: Arc<sked_core::calendar::Calendar>,
+    next: Instant,
+    fired: u64,
+) -> Option<Instant> {
+    schedule.attach_calendar(calendar);
+    let due = schedule.next_after(next - chrono::Duration::microseconds(1), fired);
+    if due.is_none() {
+        tracing::warn!(
+            "firing: job {job_id} owes no instant its calendar allows any more: it fires nothing \
+             until its schedule or calendar changes"
+        );
+    }
+    due
+}
+
+fn say_calendar_missing(job_id: i64, name: &str) {
+    tracing::error!(
+        "firing: job {job_id} names calendar {name:?}, which does not exist: it fires nothing \
+         until the calendar is written again"
+    );
 }
 
 /// Sends the scheduled jobs of `partitions` to `pages`, a page at a time, then ends; on an error
