@@ -368,15 +368,17 @@ pub(super) fn next_due(
         OnHoliday::Skip => first_nominal,
         OnHoliday::PreviousBusinessDay => {
             // Outcomes fall due at or before their instants: walk on past those already due.
+            // Under one calendar only the first instant of a closed stretch falls due before
+            // `after` (on the business day before the stretch), so one step is the most taken;
+            // the walk ends in any case, as a due lies at most a stretch before its instant.
             let mut t = first_nominal?;
-            for _ in 0..4 {
+            loop {
                 let due = outcome(cal, on_holiday, nominal, t).due;
                 if due > after {
                     return Some(due);
                 }
                 t = nominal.next(t)?;
             }
-            Some(outcome(cal, on_holiday, nominal, t).due).filter(|d| *d > after)
         }
         OnHoliday::NextBusinessDay => {
             let ahead = first_nominal.map(|t| outcome(cal, on_holiday, nominal, t).due);
