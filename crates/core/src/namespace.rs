@@ -97,12 +97,12 @@ impl NamespaceSpec {
         crate::schedule::Blackouts::compile(&self.blackouts).map(|_| ())
     }
 
-    /// Its blackout windows, checked (`None` when it has none, or when they no longer check,
-    /// which validation refuses at every write).
-    pub fn blackout_windows(&self) -> Option<crate::schedule::Blackouts> {
-        crate::schedule::Blackouts::compile(&self.blackouts)
-            .ok()
-            .filter(|b| !b.is_empty())
+    /// Its blackout windows, checked; `None` when it has none. Validation refuses windows
+    /// that do not check at every write, so an error here is a stored definition this version
+    /// no longer accepts.
+    pub fn blackout_windows(&self) -> Result<Option<crate::schedule::Blackouts>, SpecError> {
+        let windows = crate::schedule::Blackouts::compile(&self.blackouts)?;
+        Ok((!windows.is_empty()).then_some(windows))
     }
 
     /// Its weight in the fair share of worker slots.

@@ -12,7 +12,6 @@ pub mod attempts;
 pub mod audit;
 pub mod auth;
 pub mod browsers;
-pub mod calendars;
 pub mod changes;
 pub mod completion;
 pub mod config;
@@ -29,6 +28,7 @@ pub mod namespaces;
 pub mod notify;
 pub mod publish;
 pub mod rate;
+pub mod schedule_rules;
 pub mod secrets;
 
 use std::future::Future;

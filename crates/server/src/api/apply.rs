@@ -127,7 +127,7 @@ pub async fn apply(
             now,
         )
         .map_err(|e| in_job(i, &name, e))?;
-        crate::calendars::attach(&*state.store, &namespace, &mut job.schedule)
+        crate::schedule_rules::attach(&*state.store, &namespace, &mut job.schedule)
             .await
             .map_err(|e| in_job(i, &name, e.into()))?;
         if unchanged_without_grant(&caller, &job) {

@@ -74,7 +74,7 @@ pub async fn backfill(
             "must not be in the future: the schedule records those instants itself",
         ));
     }
-    let schedule = crate::calendars::schedule_of(&*state.store, &job).await?;
+    let schedule = crate::schedule_rules::schedule_of(&*state.store, &job).await?;
     if schedule.is_manual() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -8,7 +8,7 @@ use super::extract::{Path, Query};
 use super::{body, parse_json, ApiError, DeleteParams, Namespace};
 use crate::audit::{self, Change};
 use crate::auth::Caller;
-use crate::calendars::resolve_new;
+use crate::schedule_rules::resolve_new;
 use crate::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

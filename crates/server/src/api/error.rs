@@ -99,11 +99,11 @@ impl From<NamespaceRefusal> for ApiError {
     }
 }
 
-impl From<crate::calendars::ResolveError> for ApiError {
-    fn from(e: crate::calendars::ResolveError) -> Self {
+impl From<crate::schedule_rules::ResolveError> for ApiError {
+    fn from(e: crate::schedule_rules::ResolveError) -> Self {
         match e {
-            crate::calendars::ResolveError::Spec(spec) => spec.into(),
-            crate::calendars::ResolveError::Store(store) => store.into(),
+            crate::schedule_rules::ResolveError::Spec(spec) => spec.into(),
+            crate::schedule_rules::ResolveError::Store(store) => store.into(),
         }
     }
 }

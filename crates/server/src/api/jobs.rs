@@ -265,7 +265,7 @@ pub(super) async fn store_job(
         before.as_ref(),
         now,
     )?;
-    crate::calendars::attach(&*state.store, namespace, &mut job.schedule).await?;
+    crate::schedule_rules::attach(&*state.store, namespace, &mut job.schedule).await?;
     if let Some(record) = before
         .clone()
         .filter(|_| unchanged_without_grant(caller, &job))
@@ -781,7 +781,7 @@ pub async fn preview(
     .checked(&caller)?;
     let count = check_count(p.count)?;
     let job = find(&state, &namespace, &name).await?;
-    let schedule = crate::calendars::schedule_of(&*state.store, &job).await?;
+    let schedule = crate::schedule_rules::schedule_of(&*state.store, &job).await?;
     let mut occurrences = Vec::with_capacity(count);
     if let Some(next) = job.next_fire_at {
         // As the firing loop does: what falls due from the stored instant on, under the
@@ -818,7 +818,7 @@ pub async fn preview_schedule(
     let mut schedule = Schedule::compile(Some(&req.schedule), from)?;
     if schedule.calendar_name().is_some() {
         let namespace = ns.checked(&caller)?;
-        crate::calendars::attach(&*state.store, &namespace, &mut schedule).await?;
+        crate::schedule_rules::attach(&*state.store, &namespace, &mut schedule).await?;
     }
     let occurrences = schedule.preview_occurrences(from, 0, count);
     Ok(Json(Preview::of(&schedule, from, occurrences, count)))

@@ -19,9 +19,9 @@
 mod slots;
 
 use crate::admission::NodeBacklog;
-use crate::calendars::RulesCache;
 use crate::dispatch::Dispatcher;
 use crate::metrics::Metrics;
+use crate::schedule_rules::RulesCache;
 use chrono::Utc;
 use sked_core::cluster::partition_of;
 use sked_core::policy::admission::Admission;

@@ -139,11 +139,20 @@ async fn namespace_windows(
     store: &dyn Store,
     namespace: &str,
 ) -> Result<Option<Arc<Blackouts>>, StoreError> {
-    Ok(store
-        .get_namespace(namespace)
-        .await?
-        .and_then(|record| record.spec.blackout_windows())
-        .map(Arc::new))
+    let Some(record) = store.get_namespace(namespace).await? else {
+        return Ok(None);
+    };
+    match record.spec.blackout_windows() {
+        Ok(windows) => Ok(windows.map(Arc::new)),
+        Err(e) => {
+            // Its jobs then run as if it had no windows: said loudly, not silently.
+            tracing::error!(
+                "namespace {namespace:?} has blackout windows that no longer check, and they \
+                 are not applied: {e}"
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// What the firing loop's schedules meet, read once each: resolved calendars by (namespace,
