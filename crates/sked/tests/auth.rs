@@ -803,16 +803,7 @@ async fn a_key_or_token_file_root_owns_may_be_read_by_its_group() {
 async fn the_cli_creates_lists_and_revokes_tokens() {
     let mut sked = Sked::new();
     sked.start_server(&[]).await;
-    let cli = |args: &[&str]| {
-        let out = sked_command()
-            .args(args)
-            .env("SKED_SERVER", sked.base())
-            .output()
-            .expect("run sked");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        (out.status.success(), text, err)
-    };
+    let cli = |args: &[&str]| sked.cli(args);
     let (ok, out, err) = cli(&[
         "token",
         "create",

@@ -189,17 +189,9 @@ async fn a_paused_namespace_records_its_instants_skipped_until_it_is_resumed() {
     let (status, answer) = call(&sked, Method::PUT, "/namespaces/ops", Some(settings)).await;
     assert_eq!(status, 201, "{answer}");
     let cli = |args: &[&str]| {
-        let out = common::sked_command()
-            .args(args)
-            .env("SKED_SERVER", sked.base())
-            .output()
-            .expect("run sked");
-        assert!(
-            out.status.success(),
-            "sked {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let (ok, out, err) = sked.cli(args);
+        assert!(ok, "sked {args:?}: {err}");
+        out
     };
     let until = (Utc::now() + Span::hours(1)).to_rfc3339();
     let paused_at = Utc::now();

@@ -9,7 +9,7 @@
 mod common;
 
 use chrono::{Duration as Days, Utc};
-use common::{client_for, instant, shell, sked_command, Sked};
+use common::{client_for, instant, shell, Sked};
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -454,18 +454,7 @@ async fn the_cli_imports_an_icalendar_file_and_refuses_what_is_not_one() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ics = dir.path().join("uk.ics");
     std::fs::write(&ics, BANK_HOLIDAYS).expect("write ics");
-    let cli = |args: &[&str]| {
-        let out = sked_command()
-            .args(args)
-            .env("SKED_SERVER", sked.base())
-            .output()
-            .expect("run sked");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let cli = |args: &[&str]| sked.cli(args);
     let ics_arg = ics.to_str().expect("utf-8 path");
     let (ok, out, err) = cli(&[
         "calendar",

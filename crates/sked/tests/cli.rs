@@ -9,16 +9,7 @@ use serde_json::json;
 use std::time::Duration;
 
 fn sked_cli(sked: &Sked, args: &[&str]) -> (bool, String, String) {
-    let out = sked_command()
-        .args(args)
-        .env("SKED_SERVER", sked.base())
-        .output()
-        .expect("run sked");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    sked.cli(args)
 }
 
 #[tokio::test]

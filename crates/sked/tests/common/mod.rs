@@ -334,6 +334,21 @@ impl Sked {
         self.workers.len() - 1
     }
 
+    /// Runs the `sked` command line with `args` against this deployment: whether it
+    /// succeeded, its standard output and its standard error.
+    pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
+        let out = sked_command()
+            .args(args)
+            .env("SKED_SERVER", self.base())
+            .output()
+            .expect("run sked");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}/api/v1{}", self.base(), path)
     }
