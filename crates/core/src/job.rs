@@ -70,6 +70,11 @@ pub struct JobSpec {
     /// (blackout)` with the window's reason (`crate::schedule::blackout`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blackouts: Vec<crate::schedule::BlackoutSpec>,
+    /// When each run must have started and finished, and how long it may run
+    /// (`crate::deadline`): a run that misses one is marked and notified, and one predicted to
+    /// miss `finish_by` is marked at risk before it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<crate::deadline::DeadlineSpec>,
     #[serde(default)]
     pub paused: bool,
 }
@@ -280,6 +285,9 @@ impl JobSpec {
             crate::heartbeat::validate_job(&self)?;
         }
         crate::shard::validate(&self)?;
+        if let Some(deadline) = &self.deadline {
+            deadline.validate("deadline")?;
+        }
         let schedule = self.compiled_schedule(epoch)?;
         Ok(ValidJob {
             name,

@@ -42,6 +42,7 @@ macro_rules! string_enum {
 pub mod auth;
 pub mod calendar;
 pub mod cluster;
+pub mod deadline;
 pub mod dependency;
 pub mod dispatch;
 pub mod duration;

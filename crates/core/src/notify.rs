@@ -49,6 +49,11 @@ pub enum NotifyEvent {
     Missed,
     /// A run had not started `late_after` past its instant.
     Late,
+    /// A run missed one of its job's deadlines (`crate::deadline`); told once per run, for
+    /// the first it missed.
+    DeadlineMissed,
+    /// A run was predicted to miss its `finish_by`, before it did; told once per run.
+    AtRisk,
 }
 
 string_enum!(NotifyEvent {
@@ -57,6 +62,8 @@ string_enum!(NotifyEvent {
     Recovered => "recovered",
     Missed => "missed",
     Late => "late",
+    DeadlineMissed => "deadline_missed",
+    AtRisk => "at_risk",
 });
 
 /// Which failures (`failed`, `timed_out`) of a job a rule tells of.
@@ -419,7 +426,25 @@ pub struct Message {
     pub skip_reason: Option<SkipReason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// For `deadline_missed` and `at_risk`: which deadline, and how it stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DeadlineNotice>,
     pub at: Instant,
+}
+
+/// The deadline a `deadline_missed` or `at_risk` notification is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadlineNotice {
+    pub kind: crate::deadline::DeadlineKind,
+    /// The deadline's instant (for `max_duration`, the start plus the duration).
+    pub deadline: Instant,
+    /// Missed: by how much, when it was told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_ms: Option<u64>,
+    /// At risk: the finish predicted (none when `warn_before` called it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_finish: Option<Instant>,
 }
 
 impl Message {
@@ -443,6 +468,8 @@ impl Message {
             NotifyEvent::Recovered => "recovered",
             NotifyEvent::Missed => "missed an instant",
             NotifyEvent::Late => "is late",
+            NotifyEvent::DeadlineMissed => "missed a deadline",
+            NotifyEvent::AtRisk => "is at risk of missing its deadline",
         };
         let subject = format!("[sked] {}/{} {what}", self.namespace, self.job);
         let mut body = format!(
@@ -460,6 +487,21 @@ impl Message {
         }
         if let Some(error) = &self.error {
             body.push_str(&format!("error:         {error}\n"));
+        }
+        if let Some(notice) = &self.deadline {
+            let at = |t: Instant| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            body.push_str(&format!(
+                "deadline:      {} {}\n",
+                notice.kind,
+                at(notice.deadline)
+            ));
+            if let Some(by) = notice.by_ms {
+                let by = crate::duration::HumanDuration(Duration::from_millis(by));
+                body.push_str(&format!("missed by:     {by}\n"));
+            }
+            if let Some(finish) = notice.estimated_finish {
+                body.push_str(&format!("expected end:  {}\n", at(finish)));
+            }
         }
         (subject, body)
     }
@@ -887,6 +929,7 @@ mod tests {
             scheduled_for: at(0),
             skip_reason: None,
             error: None,
+            deadline: None,
             at: at(1),
         }
         .with_error(Some(&"é".repeat(MAX_ERROR_BYTES)));

@@ -131,6 +131,16 @@ pub struct RunRecord {
     /// For a shard of a broadcast: the one worker it runs on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinned_worker: Option<String>,
+    /// Its deadlines, from its job's `deadline` (`crate::deadline`), once the deadline watcher
+    /// has seen it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<crate::deadline::RunDeadline>,
+    /// The deadlines it missed, and by how much.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deadline_missed: Vec<crate::deadline::Miss>,
+    /// When it was predicted to miss its `finish_by`, before it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_risk: Option<crate::deadline::AtRisk>,
 }
 
 /// A recorded event (`crate::event`).

@@ -108,6 +108,7 @@ macro_rules! store_contract_tests {
             recovered_follows_a_failure_and_a_namespace_default_applies,
             late_runs_are_found_waiting_and_at_their_end,
             a_namespaces_late_rule_reaches_only_the_jobs_that_follow_it,
+            deadline_marks_are_merged_listed_and_told_once,
             claims_are_exclusive_and_reports_under_a_lapsed_claim_change_nothing,
             a_heartbeat_run_waits_for_a_ping_and_fails_without_one,
             a_job_that_asks_is_named_in_its_completions,
@@ -5124,4 +5125,177 @@ pub async fn a_job_that_asks_is_named_in_its_completions(store: &dyn Store) {
         }
     }
     assert_eq!(labels, [Some("billing".to_string()), None]);
+}
+
+// --- deadlines ---------------------------------------------------------------------------
+
+/// The watcher reads the runs of the jobs with a deadline (open, and ended since a given
+/// instant), each mark adds only what is new, and each addition is told once.
+pub async fn deadline_marks_are_merged_listed_and_told_once(store: &dyn Store) {
+    use sked_core::deadline::{AtRisk, DeadlineKind, Miss, RunDeadline};
+    use sked_core::notify::NotifyEvent;
+    worker(store, "w", t0()).await;
+    let j = put(
+        store,
+        "report",
+        every_second(serde_json::json!({
+            "overlap": "allow",
+            "deadline": {"start_by": "10s", "finish_by": "1m"},
+            "notify": hook(&["deadline_missed", "at_risk"]),
+        })),
+    )
+    .await;
+    let plain = put(store, "plain", every_second(serde_json::json!({}))).await;
+    let late = fire_one(store, fire(j.id, t0() + secs(1))).await;
+    let risky = fire_one(store, fire(j.id, t0() + secs(2))).await;
+    let done = fire_one(store, fire(j.id, t0() + secs(3))).await;
+    fire_one(store, fire(plain.id, t0() + secs(1))).await;
+    let attempt = start(store, done.run_id, "w", 1, t0() + secs(3)).await;
+    complete(
+        store,
+        report(attempt, 1, AttemptOutcome::Succeeded),
+        t0() + secs(7),
+    )
+    .await;
+
+    let watched = store.deadline_runs(t0()).await.unwrap();
+    assert_eq!(watched.len(), 1, "only the job with a deadline");
+    assert_eq!(watched[0].job.id, j.id);
+    let ids: Vec<i64> = watched[0].runs.iter().map(|r| r.id).collect();
+    assert_eq!(ids, [late.run_id, risky.run_id, done.run_id]);
+    let later = store.deadline_runs(t0() + secs(8)).await.unwrap();
+    let ids: Vec<i64> = later[0].runs.iter().map(|r| r.id).collect();
+    assert_eq!(ids, [late.run_id, risky.run_id], "ended before the instant");
+    let open: Vec<i64> = store
+        .open_runs(&[j.id, plain.id])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(open.len(), 3);
+    assert!(open.contains(&late.run_id) && !open.contains(&done.run_id));
+    assert_eq!(
+        store.run_durations("default", "report", 10).await.unwrap(),
+        [std::time::Duration::from_secs(4)]
+    );
+
+    let deadline = RunDeadline {
+        start_by: Some(t0() + secs(11)),
+        finish_by: Some(t0() + secs(61)),
+        ..RunDeadline::default()
+    };
+    let miss = |kind, by_ms| Miss { kind, by_ms };
+    let mark = |run_id, missed: Vec<Miss>, at_risk| DeadlineMark {
+        run_id,
+        deadline,
+        missed,
+        at_risk,
+    };
+    let risk = AtRisk {
+        at: t0() + secs(20),
+        estimated_finish: Some(t0() + secs(90)),
+    };
+    let added = store
+        .mark_deadlines(
+            &[
+                mark(late.run_id, vec![miss(DeadlineKind::StartBy, 5000)], None),
+                mark(risky.run_id, vec![], Some(risk)),
+                mark(done.run_id, vec![], None),
+                mark(999_999, vec![miss(DeadlineKind::StartBy, 1)], None),
+            ],
+            t0() + secs(20),
+        )
+        .await
+        .unwrap();
+    let summary: Vec<(i64, Vec<DeadlineKind>, bool)> = added
+        .iter()
+        .map(|a| (a.run.id, a.missed.clone(), a.at_risk))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (late.run_id, vec![DeadlineKind::StartBy], false),
+            (risky.run_id, vec![], true),
+        ],
+        "a run whose only news is its deadline is recorded, not reported"
+    );
+    // Again, later: the amount grows, a second kind is new, the risk stays the first one.
+    let added = store
+        .mark_deadlines(
+            &[
+                mark(
+                    late.run_id,
+                    vec![
+                        miss(DeadlineKind::StartBy, 9000),
+                        miss(DeadlineKind::FinishBy, 1000),
+                    ],
+                    None,
+                ),
+                mark(
+                    risky.run_id,
+                    vec![],
+                    Some(AtRisk {
+                        at: t0() + secs(30),
+                        estimated_finish: None,
+                    }),
+                ),
+            ],
+            t0() + secs(62),
+        )
+        .await
+        .unwrap();
+    assert_eq!(added.len(), 1);
+    assert_eq!(added[0].missed, [DeadlineKind::FinishBy]);
+    let (late_run, _) = run(store, late.run_id).await;
+    assert_eq!(late_run.deadline, Some(deadline));
+    assert_eq!(
+        late_run.deadline_missed,
+        [
+            miss(DeadlineKind::StartBy, 9000),
+            miss(DeadlineKind::FinishBy, 1000)
+        ]
+    );
+    let (risky_run, _) = run(store, risky.run_id).await;
+    assert_eq!(risky_run.at_risk, Some(risk));
+    assert_eq!(run(store, done.run_id).await.0.deadline, Some(deadline));
+
+    let told: Vec<(i64, NotifyEvent)> = notifications_of(store, "report")
+        .await
+        .iter()
+        .map(|n| (n.run_id, n.event))
+        .collect();
+    assert_eq!(told.len(), 2, "{told:?}");
+    assert!(told.contains(&(late.run_id, NotifyEvent::DeadlineMissed)));
+    assert!(told.contains(&(risky.run_id, NotifyEvent::AtRisk)));
+    let missed_notice = notifications_of(store, "report")
+        .await
+        .into_iter()
+        .find(|n| n.event == NotifyEvent::DeadlineMissed)
+        .and_then(|n| n.message.deadline)
+        .expect("the notice names its deadline");
+    assert_eq!(missed_notice.kind, DeadlineKind::StartBy);
+    assert_eq!(missed_notice.deadline, t0() + secs(11));
+    assert_eq!(missed_notice.by_ms, Some(5000));
+
+    let listed = |deadline_missed, at_risk| async move {
+        store
+            .list_runs(&RunQuery {
+                namespace: "default".into(),
+                deadline_missed,
+                at_risk,
+                limit: 10,
+                ..RunQuery::default()
+            })
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|r| r.id)
+            .collect::<Vec<i64>>()
+    };
+    assert_eq!(listed(true, false).await, [late.run_id]);
+    assert_eq!(listed(false, true).await, [risky.run_id]);
+    assert!(listed(true, true).await.is_empty());
+    assert_eq!(listed(false, false).await.len(), 4);
 }

@@ -12,6 +12,7 @@
 pub mod calendars;
 pub mod contract;
 pub mod cursor;
+pub mod deadlines;
 pub mod postgres;
 pub mod shared;
 pub mod sqlite;
@@ -35,6 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use calendars::{CalendarDeletion, CalendarStore};
+pub use deadlines::{DeadlineJob, DeadlineMark, DeadlineStore, NewMarks};
 pub use postgres::PgStore;
 pub use sqlite::{CheckReport, SqliteStore};
 
@@ -207,6 +209,10 @@ pub struct RunQuery {
     /// Runs of this job name only (all jobs of that name, deleted ones included).
     pub job: Option<String>,
     pub state: Option<RunState>,
+    /// Only the runs that missed a deadline (`sked_core::deadline`).
+    pub deadline_missed: bool,
+    /// Only the runs that were called at risk of missing their `finish_by`.
+    pub at_risk: bool,
     pub limit: u32,
     pub cursor: Option<String>,
 }
@@ -684,7 +690,7 @@ impl BacklogSlot {
 }
 
 #[async_trait]
-pub trait Store: CalendarStore + Send + Sync + 'static {
+pub trait Store: CalendarStore + DeadlineStore + Send + Sync + 'static {
     /// From now on, runs the store starts by itself are admitted against `source`'s queue.
     fn admit_through(&self, source: std::sync::Arc<dyn BacklogSource>);
 

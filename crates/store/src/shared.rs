@@ -313,6 +313,18 @@ pub fn spec(text: &str) -> Result<JobSpec, StoreError> {
         .map_err(|e| StoreError::Corrupt(format!("a stored job definition does not parse: {e}")))
 }
 
+/// A JSON column read back (`what` names it in the error); NULL is `None`.
+pub fn json_column<T: serde::de::DeserializeOwned>(
+    what: &str,
+    text: Option<String>,
+) -> Result<Option<T>, StoreError> {
+    text.map(|t| {
+        serde_json::from_str(&t)
+            .map_err(|e| StoreError::Corrupt(format!("{what} does not parse: {e}")))
+    })
+    .transpose()
+}
+
 /// A value as the JSON text a column keeps (namespace lists, label rules, audit snapshots).
 pub fn to_json<T: serde::Serialize + ?Sized>(what: &str, value: &T) -> Result<String, StoreError> {
     serde_json::to_string(value)
@@ -1136,6 +1148,18 @@ pub fn new_notification(
     run: &RunRecord,
     now: Instant,
 ) -> Result<NewNotification, StoreError> {
+    notification_about(rules, rule, event, run, None, now)
+}
+
+/// [`new_notification`], with the deadline a `deadline_missed` or `at_risk` is about.
+pub fn notification_about(
+    rules: &[sked_core::notify::NotifyRule],
+    rule: usize,
+    event: sked_core::notify::NotifyEvent,
+    run: &RunRecord,
+    deadline: Option<sked_core::notify::DeadlineNotice>,
+    now: Instant,
+) -> Result<NewNotification, StoreError> {
     let channel = rules
         .get(rule)
         .and_then(sked_core::notify::NotifyRule::channel)
@@ -1149,6 +1173,7 @@ pub fn new_notification(
         scheduled_for: run.scheduled_for,
         skip_reason: run.skip_reason,
         error: None,
+        deadline,
         at: now,
     }
     .with_error(run.error.as_deref());

@@ -467,9 +467,8 @@ pub async fn list(
             let newest = RunQuery {
                 namespace: job.namespace.clone(),
                 job: job.spec.name.clone(),
-                state: None,
                 limit: 1,
-                cursor: None,
+                ..RunQuery::default()
             };
             job.last_run = state.store.list_runs(&newest).await?.items.pop();
         }
@@ -871,6 +870,7 @@ pub async fn runs(
         state: parse_run_state(p.state.as_deref())?,
         limit: check_limit(p.limit)?,
         cursor: p.cursor,
+        ..RunQuery::default()
     };
     let page = state.store.list_runs(&query).await?;
     Ok(Json(RunPage {

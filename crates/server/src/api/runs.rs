@@ -27,6 +27,12 @@ pub struct ListParams {
     namespace: String,
     job: Option<String>,
     state: Option<String>,
+    /// `true`: only the runs that missed a deadline.
+    #[serde(default)]
+    deadline_missed: bool,
+    /// `true`: only the runs called at risk of missing their `finish_by`.
+    #[serde(default)]
+    at_risk: bool,
     limit: Option<u32>,
     cursor: Option<String>,
 }
@@ -43,6 +49,8 @@ pub async fn list(
         .checked(&caller)?,
         job: p.job.filter(|j| !j.is_empty()),
         state: parse_run_state(p.state.as_deref())?,
+        deadline_missed: p.deadline_missed,
+        at_risk: p.at_risk,
         limit: check_limit(p.limit)?,
         cursor: p.cursor,
     };

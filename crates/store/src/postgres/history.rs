@@ -49,6 +49,13 @@ pub async fn list_runs(tx: &Tx<'_>, query: &RunQuery) -> PgResult<Page<RunRecord
         values.push(Box::new(state.as_str()));
         conditions.push(format!("state = ${}", values.len()));
     }
+    // Each matches its partial index, which holds only the marked runs.
+    if query.deadline_missed {
+        conditions.push("deadline_missed IS NOT NULL".into());
+    }
+    if query.at_risk {
+        conditions.push("at_risk IS NOT NULL".into());
+    }
     if let Some(raw) = &query.cursor {
         let cursor = Cursor::decode(raw)?;
         values.push(Box::new(cursor.micros(raw)?));

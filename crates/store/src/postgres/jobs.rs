@@ -145,7 +145,7 @@ pub async fn put(
                      schedule_epoch = $10, updated_at = $11, has_dependencies = $12, \
                      emits = $13, priority_auto = $14, notify = $15, notify_late = $16, \
                      ping_grace = $17, job_metrics = $18, shards = $19, broadcast = $20, \
-                     version = version + 1 WHERE id = $1 \
+                     has_deadline = $21, version = version + 1 WHERE id = $1 \
                      RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -173,6 +173,7 @@ pub async fn put(
                             &job.spec.job_metrics,
                             &shards,
                             &job.spec.broadcast,
+                            &job.spec.deadline.is_some(),
                         ],
                     )
                     .await?;
@@ -186,9 +187,9 @@ pub async fn put(
                     "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, \
                      retry, state, next_fire_at, fired_count, schedule_epoch, created_at, \
                      updated_at, has_dependencies, emits, priority_auto, notify, notify_late, \
-                     ping_grace, job_metrics, shards, broadcast) \
+                     ping_grace, job_metrics, shards, broadcast, has_deadline) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, \
-                     $15, $16, $17, $18, $19, $20, $21) \
+                     $15, $16, $17, $18, $19, $20, $21, $22) \
                      ON CONFLICT (namespace, name) DO NOTHING RETURNING {JOB_COLUMNS}"
                 );
                 let stmt = tx.prepare_cached(&sql).await?;
@@ -217,6 +218,7 @@ pub async fn put(
                             &job.spec.job_metrics,
                             &shards,
                             &job.spec.broadcast,
+                            &job.spec.deadline.is_some(),
                         ],
                     )
                     .await?;

@@ -288,8 +288,9 @@ macro_rules! transact {
     };
 }
 
-// After `transact!`, which its trait implementation uses.
+// After `transact!`, which their trait implementations use.
 mod calendars;
+mod deadlines;
 
 #[async_trait]
 impl Store for PgStore {

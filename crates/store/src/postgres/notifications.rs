@@ -45,7 +45,7 @@ fn notification(row: &Row) -> PgResult<NotificationRecord> {
 
 /// The rules of those of `ended`'s jobs that have any (their own, or their namespace's), in
 /// one statement for the batch.
-async fn rules_of(
+pub(super) async fn rules_of(
     tx: &Tx<'_>,
     ended: &[Ended],
 ) -> PgResult<HashMap<(String, String), Vec<NotifyRule>>> {
@@ -166,7 +166,7 @@ async fn last_failure_notice(
 
 /// Stores a notification unless this run already raised this event under this rule; whether
 /// it is new.
-async fn insert(
+pub(super) async fn insert(
     tx: &Tx<'_>,
     run: &RunRecord,
     new: &NewNotification,

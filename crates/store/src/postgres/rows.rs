@@ -56,7 +56,7 @@ pub fn job(row: &Row) -> PgResult<JobRecord> {
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
-     job_version, shard, shard_count, pinned_worker, nominal_for";
+     job_version, shard, shard_count, pinned_worker, nominal_for, deadline, deadline_missed, at_risk";
 
 pub fn run(row: &Row) -> PgResult<RunRecord> {
     let skip_reason: Option<&str> = row.try_get(7)?;
@@ -93,6 +93,10 @@ pub fn run(row: &Row) -> PgResult<RunRecord> {
             i64::from(row.try_get::<_, i32>(24)?),
         ),
         pinned_worker: row.try_get(25)?,
+        deadline: crate::shared::json_column("a run's deadline", row.try_get(27)?)?,
+        deadline_missed: crate::shared::json_column("a run's missed deadlines", row.try_get(28)?)?
+            .unwrap_or_default(),
+        at_risk: crate::shared::json_column("a run's risk", row.try_get(29)?)?,
     };
     Ok(crate::shared::with_waiting(
         record,

@@ -472,6 +472,22 @@ CREATE TABLE calendars (
 -- and default ones and those made later, has it.
 ALTER TABLE runs ADD COLUMN nominal_for BIGINT;
 "#,
+    r#"
+-- Version 19: deadlines (SQLite's version 16). A job with a `deadline` is flagged for the
+-- watcher that judges its runs.
+ALTER TABLE jobs ADD COLUMN has_deadline BOOLEAN NOT NULL DEFAULT false;
+CREATE INDEX jobs_with_deadline ON jobs (id) WHERE has_deadline;
+-- A run's deadlines as the watcher resolved them, those it missed, and when it was called at
+-- risk (JSON; NULL for the runs of jobs without a deadline). The partial indexes hold only
+-- the marked runs.
+ALTER TABLE runs ADD COLUMN deadline TEXT;
+ALTER TABLE runs ADD COLUMN deadline_missed TEXT;
+ALTER TABLE runs ADD COLUMN at_risk TEXT;
+CREATE INDEX runs_deadline_missed ON runs (namespace, scheduled_for DESC, id DESC)
+    WHERE deadline_missed IS NOT NULL;
+CREATE INDEX runs_at_risk ON runs (namespace, scheduled_for DESC, id DESC)
+    WHERE at_risk IS NOT NULL;
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

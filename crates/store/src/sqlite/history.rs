@@ -51,6 +51,13 @@ pub fn list_runs(tx: &Transaction<'_>, query: &RunQuery) -> Result<Page<RunRecor
         conditions.push("state = ?");
         values.push(state.as_str().to_string().into());
     }
+    // Each matches its partial index, which holds only the marked runs.
+    if query.deadline_missed {
+        conditions.push("deadline_missed IS NOT NULL");
+    }
+    if query.at_risk {
+        conditions.push("at_risk IS NOT NULL");
+    }
     if let Some(raw) = &query.cursor {
         let cursor = Cursor::decode(raw)?;
         conditions.push("(scheduled_for, id) < (?, ?)");

@@ -75,8 +75,8 @@ pub fn put(
                  retry = ?6, state = ?7, next_fire_at = ?8, fired_count = ?9, \
                  schedule_epoch = ?10, updated_at = ?11, has_dependencies = ?12, emits = ?13, \
                  priority_auto = ?14, notify = ?15, notify_late = ?16, ping_grace = ?17, \
-                 job_metrics = ?18, shards = ?19, broadcast = ?20, version = version + 1 \
-                 WHERE id = ?1",
+                 job_metrics = ?18, shards = ?19, broadcast = ?20, has_deadline = ?21, \
+                 version = version + 1 WHERE id = ?1",
             )?
             .execute(params![
                 old.id,
@@ -99,6 +99,7 @@ pub fn put(
                 job.spec.job_metrics,
                 sked_core::shard::count(&job.spec),
                 job.spec.broadcast,
+                job.spec.deadline.is_some(),
             ])?;
             old.id
         }
@@ -107,9 +108,9 @@ pub fn put(
                 "INSERT INTO jobs (namespace, name, description, spec, overlap, priority, retry, \
                  state, next_fire_at, fired_count, schedule_epoch, created_at, updated_at, \
                  has_dependencies, emits, priority_auto, notify, notify_late, ping_grace, \
-                 job_metrics, shards, broadcast) \
+                 job_metrics, shards, broadcast, has_deadline) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13, ?14, ?15, \
-                 ?16, ?17, ?18, ?19, ?20, ?21)",
+                 ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
             )?
             .execute(params![
                 namespace,
@@ -133,6 +134,7 @@ pub fn put(
                 job.spec.job_metrics,
                 sked_core::shard::count(&job.spec),
                 job.spec.broadcast,
+                job.spec.deadline.is_some(),
             ])?;
             tx.last_insert_rowid()
         }

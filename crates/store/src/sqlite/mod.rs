@@ -18,6 +18,7 @@
 mod audit;
 mod calendars;
 mod checkpoint;
+mod deadlines;
 mod dependencies;
 mod events;
 mod heartbeats;

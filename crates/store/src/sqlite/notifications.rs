@@ -44,7 +44,11 @@ fn notification(row: &rusqlite::Row<'_>) -> Result<NotificationRecord> {
 }
 
 /// The rules a job's runs go by: its own, or its namespace's when it gives none.
-fn rules_of(tx: &Transaction<'_>, namespace: &str, job: &str) -> Result<Vec<NotifyRule>> {
+pub(super) fn rules_of(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    job: &str,
+) -> Result<Vec<NotifyRule>> {
     let found: Option<(Option<String>, Option<String>)> = tx
         .prepare_cached(
             "SELECT j.notify, n.notify FROM jobs j LEFT JOIN namespaces n ON n.name = j.namespace \
@@ -140,7 +144,7 @@ fn last_failure_notice(
 
 /// Stores a notification unless this run already raised this event under this rule; whether
 /// it is new.
-fn insert(
+pub(super) fn insert(
     tx: &Transaction<'_>,
     run: &RunRecord,
     new: &NewNotification,

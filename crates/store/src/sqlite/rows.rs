@@ -36,7 +36,7 @@ pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
-     job_version, shard, shard_count, pinned_worker, nominal_for";
+     job_version, shard, shard_count, pinned_worker, nominal_for, deadline, deadline_missed, at_risk";
 
 pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let skip_reason: Option<String> = row.get(7)?;
@@ -67,6 +67,10 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         job_version: row.get(22)?,
         shard: Shard::of_run(row.get::<_, i64>(23)?, row.get::<_, i64>(24)?),
         pinned_worker: row.get(25)?,
+        deadline: crate::shared::json_column("a run's deadline", row.get(27)?)?,
+        deadline_missed: crate::shared::json_column("a run's missed deadlines", row.get(28)?)?
+            .unwrap_or_default(),
+        at_risk: crate::shared::json_column("a run's risk", row.get(29)?)?,
     };
     crate::shared::with_waiting(
         record,

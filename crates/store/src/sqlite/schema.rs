@@ -398,6 +398,22 @@ CREATE TABLE calendars (
 -- NULL for a run at its own instant, and for every run recorded before this version.
 ALTER TABLE runs ADD COLUMN nominal_for INTEGER;
 "#,
+    r#"
+-- Version 16: deadlines (`sked_core::deadline`). A job with a `deadline` is flagged for the
+-- watcher that judges its runs, found through a small partial index.
+ALTER TABLE jobs ADD COLUMN has_deadline INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX jobs_with_deadline ON jobs (id) WHERE has_deadline = 1;
+-- A run's deadlines as the watcher resolved them, those it missed, and when it was called at
+-- risk: JSON, NULL for the runs of jobs without a deadline. The partial indexes hold only the
+-- marked runs, so listing them never reads the rest.
+ALTER TABLE runs ADD COLUMN deadline TEXT;
+ALTER TABLE runs ADD COLUMN deadline_missed TEXT;
+ALTER TABLE runs ADD COLUMN at_risk TEXT;
+CREATE INDEX runs_deadline_missed ON runs (namespace, scheduled_for DESC, id DESC)
+    WHERE deadline_missed IS NOT NULL;
+CREATE INDEX runs_at_risk ON runs (namespace, scheduled_for DESC, id DESC)
+    WHERE at_risk IS NOT NULL;
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
