@@ -292,6 +292,10 @@ pub async fn serve(
         maintenance::ping_deadlines::run(state.clone(), stop_rx.clone()),
     ));
     duties.spawn(duty(
+        "deadlines",
+        maintenance::deadlines::run(state.clone(), stop_rx.clone()),
+    ));
+    duties.spawn(duty(
         "notifier",
         notify::run(state.clone(), stop_rx.clone()),
     ));

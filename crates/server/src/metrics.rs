@@ -61,6 +61,13 @@ struct RunLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeadlineLabels {
+    namespace: String,
+    /// `start_by`, `finish_by` or `max_duration`.
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PriorityLabel {
     priority: i32,
 }
@@ -135,6 +142,8 @@ pub struct Metrics {
     attempt_duration: Histograms<AttemptLabels>,
     publish_lag: Histograms<NamespaceLabel>,
     runs: Family<RunLabels, Counter>,
+    deadline_misses: Family<DeadlineLabels, Counter>,
+    runs_at_risk: Family<NamespaceLabel, Counter>,
     queue_by_priority: Family<PriorityLabel, Gauge>,
     /// The priorities `queue_by_priority` has had: few (a job's priority is its owner's
     /// choice, and jobs share a handful of them).
@@ -251,6 +260,18 @@ impl Metrics {
             "Runs that reached an end, by namespace, outcome and (for skipped) reason",
             runs.clone(),
         );
+        let deadline_misses = Family::default();
+        registry.register(
+            "sked_deadline_misses",
+            "Deadlines runs missed, by namespace and kind (start_by, finish_by, max_duration)",
+            deadline_misses.clone(),
+        );
+        let runs_at_risk = Family::default();
+        registry.register(
+            "sked_runs_at_risk",
+            "Runs called at risk of missing their finish_by before they did, by namespace",
+            runs_at_risk.clone(),
+        );
         let queue_by_priority = Family::default();
         registry.register(
             "sked_queue_depth",
@@ -321,6 +342,8 @@ impl Metrics {
             attempt_duration,
             publish_lag,
             runs,
+            deadline_misses,
+            runs_at_risk,
             queue_by_priority,
             priorities_seen: Mutex::default(),
             leases,
@@ -408,6 +431,23 @@ impl Metrics {
             reason: reason.map_or("", SkipReason::as_str),
         };
         self.runs.get_or_create(&labels).inc();
+    }
+
+    /// A run missed a deadline of `kind`.
+    pub fn deadline_missed(&self, namespace: &str, kind: sked_core::deadline::DeadlineKind) {
+        let labels = DeadlineLabels {
+            namespace: namespace.to_string(),
+            kind: kind.as_str(),
+        };
+        self.deadline_misses.get_or_create(&labels).inc();
+    }
+
+    /// A run was called at risk of missing its `finish_by`.
+    pub fn at_risk(&self, namespace: &str) {
+        let labels = NamespaceLabel {
+            namespace: namespace.to_string(),
+        };
+        self.runs_at_risk.get_or_create(&labels).inc();
     }
 
     /// The dispatcher's queue by priority. A priority seen before and absent now is set to

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::webhooks::{Delivery, Receiver};
 use common::{free_port, shell, Sked};
 
 use serde_json::{json, Value};
@@ -13,83 +14,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
-/// One request a webhook receiver got.
-#[derive(Debug, Clone)]
-struct Delivery {
-    headers: BTreeMap<String, String>,
-    body: Value,
-    /// The status it answered.
-    answered: u16,
-}
-
-/// A webhook receiver on `port` (or any free one) that answers 503 to its first
-/// `refuse_first` requests and 200 after.
-#[derive(Clone, Default)]
-struct Receiver {
-    got: Arc<Mutex<Vec<Delivery>>>,
-}
-
-impl Receiver {
-    async fn start(port: u16, refuse_first: usize) -> (Receiver, String) {
-        let receiver = Receiver::default();
-        let got = receiver.got.clone();
-        let app = axum::Router::new().route(
-            "/hook",
-            axum::routing::post(
-                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                    let got = got.clone();
-                    async move {
-                        let mut got = got.lock().unwrap();
-                        let answered = if got.len() < refuse_first { 503 } else { 200 };
-                        got.push(Delivery {
-                            headers: headers
-                                .iter()
-                                .map(|(k, v)| {
-                                    (k.to_string(), v.to_str().unwrap_or_default().to_string())
-                                })
-                                .collect(),
-                            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
-                            answered,
-                        });
-                        axum::http::StatusCode::from_u16(answered).unwrap()
-                    }
-                },
-            ),
-        );
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .expect("bind the receiver");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        (receiver, format!("http://{addr}/hook"))
-    }
-
-    /// The deliveries it answered 200, once `count` have arrived.
-    async fn delivered(&self, count: usize, timeout: Duration) -> Vec<Delivery> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let ok: Vec<Delivery> = {
-                let got = self.got.lock().unwrap();
-                got.iter().filter(|d| d.answered == 200).cloned().collect()
-            };
-            if ok.len() >= count {
-                return ok;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} of {count} notifications delivered; all requests: {:?}",
-                ok.len(),
-                self.got.lock().unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn requests(&self) -> Vec<Delivery> {
-        self.got.lock().unwrap().clone()
-    }
-}
 
 async fn trigger(sked: &Sked, job: &str) -> i64 {
     let (status, run) = sked

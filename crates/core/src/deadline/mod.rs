@@ -16,6 +16,9 @@ use chrono_tz::Tz;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::time::Duration;
 
+/// A time zone, as deadlines' local times are read in.
+pub type Zone = Tz;
+
 /// The latest a deadline may fall after its run's instant (and the longest `max_duration`).
 pub const MAX_DEADLINE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The most days `day_offset` moves a local time.
@@ -217,27 +220,40 @@ impl DeadlineSpec {
         Ok(())
     }
 
-    /// Whether a local time needs a zone the deadline does not name itself.
-    pub fn needs_zone(&self) -> bool {
-        self.timezone.is_none()
-            && [self.start_by, self.finish_by]
-                .iter()
-                .any(|by| matches!(by, Some(By::At(_))))
+    /// The calendar whose zone the local times are in, when the deadline names no zone and
+    /// the job's schedule gives none but names a calendar: the caller reads its zone for
+    /// [`DeadlineSpec::zone`].
+    pub fn zone_calendar<'a>(&self, job: &'a crate::job::JobSpec) -> Option<&'a str> {
+        let local = [self.start_by, self.finish_by]
+            .iter()
+            .any(|by| matches!(by, Some(By::At(_))));
+        let schedule = job.schedule.as_ref()?;
+        if !local || self.timezone.is_some() || schedule.timezone.is_some() {
+            return None;
+        }
+        schedule.calendar.as_deref()
     }
 
-    /// What this deadline makes of a run's `instant`. `zone` is the job's zone, used when the
-    /// deadline names none.
+    /// The zone of the local times: the deadline's own, the schedule's, the zone of the
+    /// calendar it names (`calendar_zone`, read by the caller), or UTC.
+    pub fn zone(&self, job: &crate::job::JobSpec, calendar_zone: Option<&str>) -> Tz {
+        let schedule_zone = job.schedule.as_ref().and_then(|s| s.timezone.as_deref());
+        self.timezone
+            .as_deref()
+            .or(schedule_zone)
+            .or(calendar_zone)
+            .and_then(|name| name.parse().ok())
+            .unwrap_or(Tz::UTC)
+    }
+
+    /// What this deadline makes of a run's `instant`, its local times in `zone`
+    /// ([`DeadlineSpec::zone`]).
     ///
     /// A local time is the first time the clock shows it at or after the instant, `day_offset`
     /// days later: `finish_by: "07:30"` of a 06:00 run is 07:30 that day, of a 23:00 run 07:30
     /// the next morning. A time a DST change skips is the first instant after the gap, a time
     /// it repeats its first pass, as cron's instants are.
     pub fn resolve(&self, instant: Instant, zone: Tz) -> RunDeadline {
-        let zone = self
-            .timezone
-            .as_deref()
-            .and_then(|name| name.parse::<Tz>().ok())
-            .unwrap_or(zone);
         let at = |by: By| -> Option<Instant> {
             match by {
                 By::After(d) => instant.checked_add_signed(d.as_chrono()),
@@ -444,8 +460,11 @@ mod tests {
             Some(Utc.with_ymd_and_hms(2026, 3, 11, 7, 30, 0).unwrap())
         );
         // New York is UTC-4 on 10 March 2026 (DST began on the 8th).
-        let ny = spec(r#"{"finish_by": "18:00", "timezone": "America/New_York"}"#);
-        assert_eq!(ny.resolve(t(12, 0), Tz::UTC).finish_by, Some(t(22, 0)));
+        let ny = spec(r#"{"finish_by": "18:00"}"#);
+        assert_eq!(
+            ny.resolve(t(12, 0), chrono_tz::America::New_York).finish_by,
+            Some(t(22, 0))
+        );
         let after = spec(r#"{"start_by": "10m", "finish_by": "1h", "warn_before": "15m"}"#);
         let resolved = after.resolve(t(6, 0), Tz::UTC);
         assert_eq!(resolved.start_by, Some(t(6, 10)));
@@ -456,10 +475,10 @@ mod tests {
     #[test]
     fn a_local_time_in_a_dst_gap_is_the_gaps_end() {
         // London skips 01:00-02:00 on 29 March 2026.
-        let d = spec(r#"{"finish_by": "01:30", "timezone": "Europe/London"}"#);
+        let d = spec(r#"{"finish_by": "01:30"}"#);
         let instant = Utc.with_ymd_and_hms(2026, 3, 29, 0, 0, 0).unwrap();
         assert_eq!(
-            d.resolve(instant, Tz::UTC).finish_by,
+            d.resolve(instant, chrono_tz::Europe::London).finish_by,
             Some(Utc.with_ymd_and_hms(2026, 3, 29, 1, 0, 0).unwrap())
         );
     }
@@ -474,6 +493,56 @@ mod tests {
             started_at: started,
             finished_at: finished,
         }
+    }
+
+    #[test]
+    fn the_zone_is_the_deadlines_the_schedules_or_its_calendars() {
+        let job =
+            |schedule: serde_json::Value, deadline: serde_json::Value| -> crate::job::JobSpec {
+                serde_json::from_value(serde_json::json!({
+                    "schedule": schedule,
+                    "target": {"shell": {"command": "true"}},
+                    "deadline": deadline,
+                }))
+                .unwrap()
+            };
+        let local = serde_json::json!({"finish_by": "07:30"});
+        let cron = job(
+            serde_json::json!({"cron": "0 6 * * *", "timezone": "Europe/London"}),
+            local.clone(),
+        );
+        let d = cron.deadline.clone().unwrap();
+        assert_eq!(d.zone_calendar(&cron), None);
+        assert_eq!(d.zone(&cron, None), chrono_tz::Europe::London);
+        let business = job(
+            serde_json::json!({"business_day": {"nth": -1, "at": "18:00"}, "calendar": "nyse"}),
+            local,
+        );
+        let d = business.deadline.clone().unwrap();
+        assert_eq!(d.zone_calendar(&business), Some("nyse"));
+        assert_eq!(
+            d.zone(&business, Some("America/New_York")),
+            chrono_tz::America::New_York
+        );
+        let own = job(
+            serde_json::json!({"every": "1h"}),
+            serde_json::json!({"finish_by": "07:30", "timezone": "Asia/Tokyo"}),
+        );
+        let d = own.deadline.clone().unwrap();
+        assert_eq!(d.zone_calendar(&own), None);
+        assert_eq!(d.zone(&own, None), chrono_tz::Asia::Tokyo);
+        let durations = job(
+            serde_json::json!({"every": "1h", "calendar": "uk"}),
+            serde_json::json!({"finish_by": "30m"}),
+        );
+        assert_eq!(
+            durations
+                .deadline
+                .clone()
+                .unwrap()
+                .zone_calendar(&durations),
+            None
+        );
     }
 
     #[test]

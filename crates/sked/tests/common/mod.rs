@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod pg;
+pub mod webhooks;
 
 use chrono::{DateTime, Utc};
 use nix::sys::signal::{kill, Signal};

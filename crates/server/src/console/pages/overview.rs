@@ -1,5 +1,6 @@
-//! The overview of a namespace: runs per minute by outcome, firing lateness, the queue, the
-//! workers, the jobs whose latest run failed, and the cluster's nodes and partitions.
+//! The overview of a namespace: first the runs that missed a deadline or are at risk of one,
+//! then runs per minute by outcome, firing lateness, the queue, the workers, the jobs whose
+//! latest run failed, and the cluster's nodes and partitions.
 //!
 //! Run figures come from the namespace's newest runs (at most [`SAMPLE`], one API page), so
 //! the page costs the same at ten runs or ten million; the page says how far back that goes.
@@ -21,6 +22,9 @@ use std::collections::{BTreeMap, HashSet};
 const SAMPLE: u32 = 1000;
 /// Minutes the runs-per-minute chart covers.
 const MINUTES: i64 = 30;
+/// Runs the "late and at risk" list shows, and reads of each kind.
+const LATE_SHOWN: usize = 20;
+const LATE_READ: &str = "50";
 
 #[derive(Debug, Default, Deserialize)]
 pub struct Params {
@@ -102,6 +106,48 @@ pub fn failing(runs: &[RunRecord]) -> Vec<&RunRecord> {
         .collect()
 }
 
+/// The runs "late and at risk" lists, from the namespace's newest runs that missed a deadline
+/// and those called at risk: the runs not ended first (a missed deadline before a risk), then
+/// the ended ones, newest end first; each once, at most [`LATE_SHOWN`].
+pub fn late_and_at_risk<'a>(
+    missed: &'a [RunRecord],
+    at_risk: &'a [RunRecord],
+) -> Vec<&'a RunRecord> {
+    let mut seen = HashSet::new();
+    let mut runs: Vec<&RunRecord> = missed
+        .iter()
+        .chain(at_risk)
+        .filter(|r| seen.insert(r.id))
+        .collect();
+    runs.sort_by_key(|r| {
+        (
+            r.state.is_terminal(),
+            r.deadline_missed.is_empty(),
+            std::cmp::Reverse(r.finished_at),
+            std::cmp::Reverse(r.scheduled_for),
+        )
+    });
+    runs.truncate(LATE_SHOWN);
+    runs
+}
+
+/// What a run of the "late and at risk" list missed, or what is expected of it.
+fn deadline_line(run: &RunRecord) -> Markup {
+    let finish_by = run.deadline.and_then(|d| d.finish_by);
+    html! {
+        @for (i, miss) in run.deadline_missed.iter().enumerate() {
+            @if i > 0 { ", " }
+            "missed " (miss.kind.as_str()) " by " (millis(miss.by_ms as f64))
+        }
+        @if run.deadline_missed.is_empty() {
+            @if let Some(risk) = run.at_risk {
+                "at risk: finish_by " (when(finish_by))
+                @if let Some(end) = risk.estimated_finish { ", expected end " (when(Some(end))) }
+            }
+        }
+    }
+}
+
 pub async fn page(
     State(console): State<Console>,
     visitor: Visitor,
@@ -115,8 +161,21 @@ pub async fn page(
         "/api/v1/runs?{}",
         query(&[("namespace", namespace), ("limit", &sample)])
     );
-    let (recent, metrics, workers, cluster) = tokio::join!(
+    let flagged = |flag: &str| {
+        format!(
+            "/api/v1/runs?{}",
+            query(&[
+                ("namespace", namespace),
+                (flag, "true"),
+                ("limit", LATE_READ)
+            ])
+        )
+    };
+    let (missed, at_risk) = (flagged("deadline_missed"), flagged("at_risk"));
+    let (recent, missed, at_risk, metrics, workers, cluster) = tokio::join!(
         console.api.get::<RunPage>(who, &recent),
+        console.api.get::<RunPage>(who, &missed),
+        console.api.get::<RunPage>(who, &at_risk),
         console
             .api
             .raw(who, axum::http::Method::GET, "/metrics", None),
@@ -149,6 +208,11 @@ pub async fn page(
     let lateness = sked_core::stats::percentiles(&mut lateness);
     let oldest = recent.runs.last().map(|r| r.scheduled_for);
     let failing = failing(&recent.runs);
+    let (missed, at_risk) = (
+        missed.map(|p| p.runs).unwrap_or_default(),
+        at_risk.map(|p| p.runs).unwrap_or_default(),
+    );
+    let late = late_and_at_risk(&missed, &at_risk);
     let body = html! {
         form.filters method="get" action="/" {
             label { "Namespace "
@@ -157,6 +221,17 @@ pub async fn page(
                 }
             }
             button type="submit" { "Show" }
+        }
+        section aria-labelledby="late" {
+            h2 #late { "Late and at risk" }
+            @if late.is_empty() { p.empty { "No run has missed a deadline or is at risk of one." } }
+            @else {
+                ul.errors { @for run in &late {
+                    li { a href=(job_href(&run.namespace, &run.job)) { (run.job) } " "
+                         a href={ "/runs/" (run.id) } { (layout::state(run.state.as_str())) } " "
+                         (when(Some(run.scheduled_for))) ": " (deadline_line(run)) }
+                } }
+            }
         }
         dl.figures.big {
             div { dt title="Runs queued in this node's dispatcher, all namespaces" { "queued here" } dd { @match queued { Some(n) => { (n) }, None => { "—" } } } }

@@ -81,6 +81,18 @@ pub async fn page(
             div { dt { "fired late" } dd { (millis(view.lateness_ms)) } }
             div { dt { "duration" } dd { (span(run.started_at, run.finished_at)) } }
             div { dt { "attempts" } dd { (run.attempts) } }
+            @if let Some(deadline) = run.deadline {
+                @if let Some(at) = deadline.start_by { div { dt { "start by" } dd { (when(Some(at))) } } }
+                @if let Some(at) = deadline.finish_by { div { dt { "finish by" } dd { (when(Some(at))) } } }
+                @if let Some(max) = deadline.max_duration { div { dt { "max duration" } dd { (max.to_string()) } } }
+            }
+        }
+        @for miss in &run.deadline_missed {
+            p.error { "missed its " (miss.kind.as_str()) " by " (millis(miss.by_ms as f64)) }
+        }
+        @if let Some(risk) = run.at_risk {
+            p.notice { "called at risk of missing its finish_by at " (when(Some(risk.at)))
+                @if let Some(end) = risk.estimated_finish { ", expected to end at " (when(Some(end))) } }
         }
         @if let Some(reason) = run.skip_reason { p.notice { "skipped: " (reason.as_str()) } }
         @if let Some(error) = &run.error { p.error { (error) } }
