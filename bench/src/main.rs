@@ -31,6 +31,9 @@
 //! - `soak`: the `e2e` load for half an hour on PostgreSQL with run retention on; each minute,
 //!   what the run and attempt tables weigh, their dead rows and autovacuum passes, and the
 //!   minute's completions and lateness.
+//! - `deadlines`: the at-risk estimator on a synthetic history (a chain of five jobs with
+//!   log-normal durations, one run a day): how early it warns of a missed deadline, and how
+//!   often it warns of one that is met. No server: a simulation, deterministic per seed.
 //! - `workflow`: N jobs in one dependency graph (chain, tree, wide fan-out, fan-in) whose root
 //!   runs once; per-edge release latency and the whole graph's scheduling overhead.
 //!
@@ -44,6 +47,7 @@
 
 mod burst;
 mod console;
+mod deadlines;
 mod dispatch;
 mod e2e;
 mod firing;
@@ -170,6 +174,17 @@ enum Scenario {
         /// Seconds after the instant every run may take to succeed.
         #[arg(long, default_value_t = 60)]
         limit: u64,
+    },
+    /// The at-risk estimator on a synthetic history: how early it warns, how often for
+    /// nothing (a simulation; no server).
+    Deadlines {
+        #[arg(long, default_value_t = 2_000)]
+        days: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The share of days the chain meets its deadline.
+        #[arg(long, default_value_t = 0.85)]
+        on_time: f64,
     },
     /// N jobs in one dependency graph whose root runs once: per-edge release latency and the
     /// whole graph's scheduling overhead, with the no-op worker.
@@ -384,6 +399,15 @@ fn main() -> Result<()> {
                 })
                 .await
             }
+            Scenario::Deadlines {
+                days,
+                seed,
+                on_time,
+            } => deadlines::run(deadlines::Options {
+                days,
+                seed,
+                on_time,
+            }),
             Scenario::Workflow {
                 jobs,
                 shape,

@@ -4,20 +4,23 @@
 //! The estimator, as docs/JOBS.md states it:
 //!
 //! - A job's *history* is the durations (first start to end) of its latest runs that
-//!   succeeded. With fewer than [`MIN_HISTORY`] of them it predicts nothing beyond what has
-//!   passed, so a new job is never called at risk by a guess.
-//! - A running run ends at now plus the [`QUANTILE`] of how much longer the past runs that
-//!   lasted longer than it has so far took ("it has run 20 minutes; of the runs that took more
-//!   than 20, nine in ten were done within 12 more"). A run longer than every past one is
-//!   expected to end now: there is nothing to go by.
-//! - A queued run starts when it becomes ready (or now), and takes the quantile of its history.
-//! - A waiting run starts when the last of its upstream runs is expected to end, each estimated
-//!   the same way; an upstream job whose run is not recorded yet (it follows its own upstreams)
-//!   is expected after them, so a chain is walked to the run that is moving.
+//!   succeeded. With fewer than [`MIN_HISTORY`] of them a step is taken to need no time, so a
+//!   new job is never called at risk by a guess.
+//! - Each step still to come adds the mean and the variance of its job's durations; the step
+//!   that runs now adds those of what the past runs that lasted longer than it has so far took
+//!   beyond that ("of the runs that took more than its 20 minutes, how much more"); a run longer
+//!   than every past one adds nothing, as there is nothing to go by. A queued run adds the time
+//!   until it is ready.
+//! - A waiting run starts after its slowest upstream (each estimated the same way); an
+//!   upstream job whose run is not recorded yet (it follows its own upstreams) comes after
+//!   them, so a chain is walked to the run that is moving.
+//! - The remaining time is taken as normal with the summed mean and variance, and the
+//!   estimate is its [`QUANTILE`]: the finish three runs in four should beat.
 //!
-//! The quantile of each step is summed along a chain, which is pessimistic (nine in ten of
-//! each is less than nine in ten of the sum): the measured cost is a few false alarms for
-//! warnings that come earlier (docs/BENCHMARKS.md, "Deadline warnings").
+//! Summing each step's own high quantile instead would call almost every run of a long chain
+//! at risk from its first second (three in four of each step is far more than three in four
+//! of the sum); docs/BENCHMARKS.md, "Deadline warnings", measures both the warnings' lead and
+//! their false alarms.
 
 use super::{plus, span};
 use crate::Instant;
@@ -27,12 +30,46 @@ use std::time::Duration;
 pub const MIN_HISTORY: usize = 5;
 /// Past durations read per job, the newest.
 pub const HISTORY_RUNS: usize = 50;
-/// The quantile of past durations a step is expected to take.
-pub const QUANTILE: f64 = 0.9;
+/// The quantile of a run's remaining time the estimate is: a run is at risk once the chance
+/// that it misses its `finish_by` passes one in four. Chosen on the measurements of
+/// docs/BENCHMARKS.md ("Deadline warnings"): higher quantiles warn earlier and of more misses,
+/// but of many more runs that end in time.
+pub const QUANTILE: f64 = 0.75;
 
 /// Durations of a job's latest succeeded runs, sorted.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct History(Vec<Duration>);
+
+/// A remaining time as a mean and a variance, in seconds and seconds squared.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Spread {
+    mean: f64,
+    var: f64,
+}
+
+impl Spread {
+    fn of(seconds: impl Iterator<Item = f64> + Clone) -> Spread {
+        let n = seconds.clone().count();
+        if n == 0 {
+            return Spread::default();
+        }
+        let mean = seconds.clone().sum::<f64>() / n as f64;
+        let var = seconds.map(|s| (s - mean) * (s - mean)).sum::<f64>() / n as f64;
+        Spread { mean, var }
+    }
+
+    fn then(self, other: Spread) -> Spread {
+        Spread {
+            mean: self.mean + other.mean,
+            var: self.var + other.var,
+        }
+    }
+
+    /// The `z` standard deviations above the mean, in seconds, never below zero.
+    fn at(self, z: f64) -> f64 {
+        (self.mean + z * self.var.sqrt()).max(0.0)
+    }
+}
 
 impl History {
     pub fn new(mut durations: Vec<Duration>) -> History {
@@ -48,36 +85,48 @@ impl History {
         self.0.is_empty()
     }
 
-    /// The `q` quantile (nearest rank) of the durations; none with too short a history.
-    pub fn quantile(&self, q: f64) -> Option<Duration> {
-        (self.0.len() >= MIN_HISTORY).then(|| nearest_rank(&self.0, q))
+    fn known(&self) -> bool {
+        self.0.len() >= MIN_HISTORY
     }
 
-    /// How much longer a run that has run `elapsed` takes: the `q` quantile of what the past
-    /// runs longer than that took beyond it. Zero with too short a history, or when no past
-    /// run lasted this long.
-    pub fn remaining(&self, elapsed: Duration, q: f64) -> Duration {
-        if self.0.len() < MIN_HISTORY {
-            return Duration::ZERO;
+    /// What a run of the job takes.
+    fn whole(&self) -> Spread {
+        if !self.known() {
+            return Spread::default();
         }
-        let beyond: Vec<Duration> = self
-            .0
-            .iter()
-            .filter(|d| **d > elapsed)
-            .map(|d| *d - elapsed)
-            .collect();
-        if beyond.is_empty() {
-            Duration::ZERO
-        } else {
-            nearest_rank(&beyond, q)
+        Spread::of(self.0.iter().map(Duration::as_secs_f64))
+    }
+
+    /// What a run that has run `elapsed` still takes: what the past runs longer than that took
+    /// beyond it.
+    fn beyond(&self, elapsed: Duration) -> Spread {
+        if !self.known() {
+            return Spread::default();
         }
+        let elapsed = elapsed.as_secs_f64();
+        Spread::of(
+            self.0
+                .iter()
+                .map(Duration::as_secs_f64)
+                .filter(move |d| *d > elapsed)
+                .map(move |d| d - elapsed),
+        )
     }
 }
 
-/// `sorted` is sorted and not empty.
-fn nearest_rank(sorted: &[Duration], q: f64) -> Duration {
-    let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+/// The standard normal quantile of `q` (Abramowitz and Stegun 26.2.23, within 5e-4).
+fn z_of(q: f64) -> f64 {
+    let q = q.clamp(1e-6, 1.0 - 1e-6);
+    let tail = |p: f64| {
+        let t = (-2.0 * p.ln()).sqrt();
+        t - (2.515_517 + 0.802_853 * t + 0.010_328 * t * t)
+            / (1.0 + 1.432_788 * t + 0.189_269 * t * t + 0.001_308 * t * t * t)
+    };
+    if q >= 0.5 {
+        tail(1.0 - q)
+    } else {
+        -tail(q)
+    }
 }
 
 /// Where one step of a chain stands.
@@ -110,29 +159,42 @@ pub struct Step {
     pub stage: Stage,
 }
 
-/// When `step` is expected to end, at `now`; `None` when nothing is pending.
+/// When `step` is expected to end at `now`: the `q` quantile of its remaining time; `None`
+/// when nothing is pending.
 pub fn finish(step: &Step, now: Instant, q: f64) -> Option<Instant> {
-    let takes = || step.history.quantile(q).unwrap_or_default();
+    let z = z_of(q);
+    let left = remaining(step, now, z)?;
+    Some(plus(now, Duration::from_secs_f64(left.at(z))))
+}
+
+/// What is left of `step` from `now`.
+fn remaining(step: &Step, now: Instant, z: f64) -> Option<Spread> {
+    let history = &step.history;
     match &step.stage {
         Stage::Ended => None,
-        Stage::Running { started_at } => {
-            Some(plus(now, step.history.remaining(span(*started_at, now), q)))
+        Stage::Running { started_at } => Some(history.beyond(span(*started_at, now))),
+        Stage::Queued { ready_at } => {
+            let wait = Spread {
+                mean: span(now, *ready_at).as_secs_f64(),
+                var: 0.0,
+            };
+            Some(wait.then(history.whole()))
         }
-        Stage::Queued { ready_at } => Some(plus((*ready_at).max(now), takes())),
-        Stage::Waiting { upstream } => {
-            let start = latest(upstream, now, q).unwrap_or(now);
-            Some(plus(start.max(now), takes()))
-        }
-        Stage::Expected { upstream } => {
-            let start = latest(upstream, now, q)?;
-            Some(plus(start.max(now), takes()))
-        }
+        Stage::Waiting { upstream } => Some(
+            slowest(upstream, now, z)
+                .unwrap_or_default()
+                .then(history.whole()),
+        ),
+        Stage::Expected { upstream } => Some(slowest(upstream, now, z)?.then(history.whole())),
     }
 }
 
-/// The latest expected end among `steps`.
-fn latest(steps: &[Step], now: Instant, q: f64) -> Option<Instant> {
-    steps.iter().filter_map(|s| finish(s, now, q)).max()
+/// The upstream step expected to end last, by its quantile.
+fn slowest(steps: &[Step], now: Instant, z: f64) -> Option<Spread> {
+    steps
+        .iter()
+        .filter_map(|s| remaining(s, now, z))
+        .max_by(|a, b| a.at(z).total_cmp(&b.at(z)))
 }
 
 #[cfg(test)]
@@ -150,36 +212,36 @@ mod tests {
 
     #[test]
     fn a_short_history_predicts_nothing() {
-        let h = minutes(&[10, 10, 10, 10]);
-        assert_eq!(h.quantile(0.9), None);
-        assert_eq!(h.remaining(Duration::from_secs(60), 0.9), Duration::ZERO);
         let step = Step {
-            history: h,
+            history: minutes(&[10, 10, 10, 10]),
             stage: Stage::Queued { ready_at: t(0) },
         };
         assert_eq!(finish(&step, t(5), 0.9), Some(t(5)));
     }
 
     #[test]
-    fn quantiles_are_nearest_rank() {
-        let h = minutes(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
-        assert_eq!(h.quantile(0.9), Some(Duration::from_secs(9 * 60)));
-        assert_eq!(h.quantile(0.5), Some(Duration::from_secs(5 * 60)));
-        assert_eq!(h.quantile(1.0), Some(Duration::from_secs(10 * 60)));
-        assert_eq!(h.quantile(0.0), Some(Duration::from_secs(60)));
+    fn the_normal_quantile_is_close() {
+        assert!((z_of(0.9) - 1.2816).abs() < 1e-3);
+        assert!((z_of(0.5)).abs() < 1e-3);
+        assert!((z_of(0.1) + 1.2816).abs() < 1e-3);
     }
 
     #[test]
     fn a_running_run_takes_what_longer_runs_took_beyond_its_elapsed_time() {
+        // Fast runs of 10 to 14 minutes and slow ones of 30 to 34.
         let h = minutes(&[10, 11, 12, 13, 14, 30, 31, 32, 33, 34]);
         let running = Step {
-            history: h.clone(),
+            history: h,
             stage: Stage::Running { started_at: t(0) },
         };
-        // At 5 minutes every past run was longer: nine in ten ended within 28 more minutes.
-        assert_eq!(finish(&running, t(5), 0.9), Some(t(33)));
-        // At 20 minutes only the slow ones are left: nine in ten ended by 33 in all.
-        assert_eq!(finish(&running, t(20), 0.9), Some(t(34)));
+        // At 20 minutes only the slow runs are left: 12 more on average, spread 1.4.
+        let at_20 = finish(&running, t(20), 0.5).unwrap();
+        assert!((at_20 - t(32)).num_seconds().abs() <= 1, "{at_20}");
+        let cautious = finish(&running, t(20), 0.9).unwrap();
+        assert!(cautious > t(33) && cautious < t(34), "{cautious}");
+        // At 5 minutes both kinds are left: the estimate covers the slow ones.
+        let early = finish(&running, t(5), 0.9).unwrap();
+        assert!(early > t(34), "{early}");
         // Longer than every past run: nothing to go by.
         assert_eq!(finish(&running, t(40), 0.9), Some(t(40)));
     }
@@ -216,6 +278,28 @@ mod tests {
             },
         };
         assert_eq!(finish(&e, t(2), 0.9), Some(t(12)));
+    }
+
+    #[test]
+    fn a_chains_spread_adds_up_less_than_its_steps_quantiles() {
+        // Five steps of 8 or 12 minutes, half and half: each one's 0.9 quantile is 12, but
+        // five of them rarely all take 12.
+        let step = || minutes(&[8, 12, 8, 12, 8, 12, 8, 12, 8, 12]);
+        let mut chain = Step {
+            history: step(),
+            stage: Stage::Queued { ready_at: t(0) },
+        };
+        for _ in 0..4 {
+            chain = Step {
+                history: step(),
+                stage: Stage::Expected {
+                    upstream: vec![chain],
+                },
+            };
+        }
+        let end = finish(&chain, t(0), 0.9).unwrap();
+        // Mean 50 minutes, sd 2 * sqrt(5) = 4.47: 0.9 is about 55.7, well under 60.
+        assert!(end > t(55) && end < t(56), "{end}");
     }
 
     #[test]
