@@ -30,13 +30,19 @@ pub enum ResolveError {
     Store(#[from] StoreError),
 }
 
-/// The specs of `root` (given, or read) and of every calendar it names, transitively, read
-/// from `namespace`. Names that do not exist are left out: resolving refuses them.
+/// Calendars about to be written (an apply's file), by name: they stand in front of the
+/// namespace's stored calendars of the same name while the batch is checked.
+pub type Pending = HashMap<String, CalendarSpec>;
+
+/// The specs of `root` (given, or read) and of every calendar it names, transitively, from
+/// `pending` or else read from `namespace`. Names that do not exist are left out: resolving
+/// refuses them.
 async fn specs_from(
     store: &dyn Store,
     namespace: &str,
     root: &str,
     root_spec: Option<&CalendarSpec>,
+    pending: &Pending,
 ) -> Result<HashMap<String, CalendarSpec>, StoreError> {
     let mut specs = HashMap::new();
     let mut wanted = vec![root.to_string()];
@@ -50,16 +56,16 @@ async fn specs_from(
             continue;
         }
         read += 1;
-        if let Some(record) = store.get_calendar(namespace, &name).await? {
-            wanted.extend(
-                record
-                    .spec
-                    .include
-                    .iter()
-                    .chain(&record.spec.except)
-                    .cloned(),
-            );
-            specs.insert(name, record.spec);
+        let spec = match pending.get(&name) {
+            Some(spec) => Some(spec.clone()),
+            None => store
+                .get_calendar(namespace, &name)
+                .await?
+                .map(|record| record.spec),
+        };
+        if let Some(spec) = spec {
+            wanted.extend(spec.include.iter().chain(&spec.except).cloned());
+            specs.insert(name, spec);
         }
     }
     Ok(specs)
@@ -71,7 +77,18 @@ pub async fn resolve(
     namespace: &str,
     name: &str,
 ) -> Result<Option<Calendar>, ResolveError> {
-    let specs = specs_from(store, namespace, name, None).await?;
+    resolve_with(store, namespace, name, &Pending::new()).await
+}
+
+/// Calendar `name`, from `pending` or else from `namespace`, resolved with those it names
+/// (each from `pending` first too); `None` when there is no such calendar.
+async fn resolve_with(
+    store: &dyn Store,
+    namespace: &str,
+    name: &str,
+    pending: &Pending,
+) -> Result<Option<Calendar>, ResolveError> {
+    let specs = specs_from(store, namespace, name, None, pending).await?;
     if !specs.contains_key(name) {
         return Ok(None);
     }
@@ -86,13 +103,27 @@ pub async fn resolve_new(
     name: &str,
     spec: &CalendarSpec,
 ) -> Result<Calendar, ResolveError> {
-    let specs = specs_from(store, namespace, name, Some(spec)).await?;
+    let pending = Pending::from([(name.to_string(), spec.clone())]);
+    resolve_pending(store, namespace, name, &pending).await
+}
+
+/// Calendar `name` of `pending`, about to be written with the others there, resolved with
+/// the calendars it names, from `pending` first and then from `namespace`: refused when one
+/// is unknown or they form a cycle (through stored calendars too).
+pub async fn resolve_pending(
+    store: &dyn Store,
+    namespace: &str,
+    name: &str,
+    pending: &Pending,
+) -> Result<Calendar, ResolveError> {
+    let Some(spec) = pending.get(name) else {
+        return Err(
+            SpecError::new("name", format!("no calendar {name:?} is being written")).into(),
+        );
+    };
+    let specs = specs_from(store, namespace, name, Some(spec), pending).await?;
     Ok(Calendar::resolve_spec(name, spec, &|n| {
-        if n == name {
-            Some(spec.clone())
-        } else {
-            specs.get(n).cloned()
-        }
+        specs.get(n).cloned()
     })?)
 }
 
@@ -103,11 +134,22 @@ pub async fn attach(
     namespace: &str,
     schedule: &mut Schedule,
 ) -> Result<(), ResolveError> {
+    attach_pending(store, namespace, schedule, &Pending::new()).await
+}
+
+/// [`attach`], the calendar (and those it names) taken from `pending` first: the calendars an
+/// apply writes with the job.
+pub async fn attach_pending(
+    store: &dyn Store,
+    namespace: &str,
+    schedule: &mut Schedule,
+    pending: &Pending,
+) -> Result<(), ResolveError> {
     let field = "schedule.calendar";
     let Some(name) = schedule.calendar_name().map(str::to_string) else {
         return Ok(());
     };
-    let calendar = resolve(store, namespace, &name)
+    let calendar = resolve_with(store, namespace, &name, pending)
         .await
         .map_err(|e| match e {
             ResolveError::Spec(s) => ResolveError::Spec(SpecError::new(field, s.to_string())),

@@ -795,13 +795,22 @@ async fn real_answers_fit_the_documented_statuses_and_schemas() {
 async fn apply_files(api: &Client<'_>) {
     let shell = json!({"shell": {"command": "true"}});
     let file = |dry_run: bool| {
-        json!({"dry_run": dry_run, "jobs": [
+        json!({"dry_run": dry_run, "calendars": [
+            {"name": "doc-apply-days", "timezone": "Europe/London", "holidays": [
+                {"date": "2026-12-25", "label": "Christmas Day", "yearly": true},
+            ]},
+        ], "jobs": [
             {"name": "doc-apply-down", "target": shell, "depends_on": [{"job": "doc-apply-up"}]},
-            {"name": "doc-apply-up", "schedule": {"every": "1h"}, "target": shell},
+            {"name": "doc-apply-up", "schedule": {"every": "1h", "calendar": "doc-apply-days"}, "target": shell},
         ]})
     };
     let dry = api.call("post", "/api/v1/apply", Some(file(true))).await;
     assert_eq!(dry.status, 200, "{}", dry.body);
+    assert_eq!(
+        dry.body["calendars"][0]["change"], "created",
+        "{}",
+        dry.body
+    );
     assert_eq!(dry.body["jobs"][0]["name"], "doc-apply-up", "{}", dry.body);
     assert_eq!(dry.body["jobs"][0]["change"], "created", "{}", dry.body);
     let absent = api.call("get", "/api/v1/jobs/doc-apply-up", None).await;

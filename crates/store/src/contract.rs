@@ -87,6 +87,7 @@ macro_rules! store_contract_tests {
             a_calendar_in_use_is_deleted_only_when_forced,
             a_namespace_keeps_at_most_so_many_calendars,
             calendar_changes_are_audited_with_them_and_no_change_is_not,
+            a_batch_writes_its_calendars_and_jobs_together_or_nothing,
             runs_remember_a_moved_instant_and_a_calendars_skip,
             dependencies_are_checked_when_written_and_deleted,
             a_dependant_waits_and_is_released_by_its_upstreams_outcome,
@@ -151,6 +152,14 @@ pub fn job(name: &str, json: serde_json::Value, epoch: Instant) -> ValidJob {
     let spec: JobSpec = serde_json::from_value(json).expect("contract job JSON");
     spec.validate(Some(name), epoch)
         .expect("contract job is valid")
+}
+
+/// A batch of jobs and no calendar.
+fn jobs_only(jobs: &[ValidJob]) -> Batch {
+    Batch {
+        calendars: Vec::new(),
+        jobs: jobs.to_vec(),
+    }
 }
 
 fn every_second(extra: serde_json::Value) -> serde_json::Value {
@@ -477,16 +486,16 @@ pub async fn a_batch_of_jobs_is_written_whole_or_not_at_all(store: &dyn Store) {
     );
     // The second job is refused, so the first is not written either.
     let refused = store
-        .put_jobs(
+        .apply(
             "default",
-            &[extract.clone(), orphan],
+            &jobs_only(&[extract.clone(), orphan]),
             t0(),
             false,
             Audit::none(),
         )
         .await
         .expect_err("an unknown upstream");
-    assert_eq!(refused.index, Some(1), "{refused:?}");
+    assert_eq!(refused.at, Some(BatchItem::Job(1)), "{refused:?}");
     assert!(
         matches!(refused.error, StoreError::Invalid(_)),
         "{refused:?}"
@@ -495,28 +504,31 @@ pub async fn a_batch_of_jobs_is_written_whole_or_not_at_all(store: &dyn Store) {
     assert!(store.job_namespaces(10).await.unwrap().is_empty());
 
     // A dry run answers what would happen, upstreams first, and writes nothing.
-    let batch = [extract.clone(), load.clone()];
+    let batch = jobs_only(&[extract.clone(), load.clone()]);
     let planned = store
-        .put_jobs("default", &batch, t0(), true, Audit::none())
+        .apply("default", &batch, t0(), true, Audit::none())
         .await
-        .unwrap();
+        .unwrap()
+        .jobs;
     let outcomes: Vec<PutOutcome> = planned.iter().map(|(o, _)| *o).collect();
     assert_eq!(outcomes, [PutOutcome::Created, PutOutcome::Created]);
     assert_eq!(store.get_job("default", "extract").await.unwrap(), None);
 
     let written = store
-        .put_jobs("default", &batch, t0(), false, Audit::none())
+        .apply("default", &batch, t0(), false, Audit::none())
         .await
-        .unwrap();
+        .unwrap()
+        .jobs;
     assert_eq!(written.len(), 2);
     assert_eq!(
         store.get_job("default", "load").await.unwrap(),
         Some(written[1].1.clone())
     );
     let again = store
-        .put_jobs("default", &batch, t0(), true, Audit::none())
+        .apply("default", &batch, t0(), true, Audit::none())
         .await
-        .unwrap();
+        .unwrap()
+        .jobs;
     assert!(again.iter().all(|(o, _)| *o == PutOutcome::Unchanged));
 
     // The namespaces that hold jobs, each once, in order.
@@ -3580,6 +3592,158 @@ pub async fn calendar_changes_are_audited_with_them_and_no_change_is_not(store: 
         [
             ("calendar.delete", Some("uk")),
             ("calendar.put", Some("uk"))
+        ]
+    );
+}
+
+/// A batch's calendars are written with its jobs in one transaction: a refused job leaves
+/// no calendar behind, a refused calendar no job; a dry run answers both and writes neither;
+/// the audit entries of both commit with them.
+pub async fn a_batch_writes_its_calendars_and_jobs_together_or_nothing(store: &dyn Store) {
+    let named = |name: &str, json: serde_json::Value| NamedCalendar {
+        name: name.to_string(),
+        spec: calendar_spec(json),
+    };
+    let uk = named("uk", serde_json::json!({"timezone": "Europe/London"}));
+    let payroll = job(
+        "payroll",
+        serde_json::json!({
+            "schedule": {"cron": "0 9 * * *", "calendar": "uk"},
+            "target": {"shell": {"command": "true"}},
+        }),
+        t0(),
+    );
+    let orphan = job(
+        "orphan",
+        serde_json::json!({"target": {"shell": {"command": "true"}}, "depends_on": [{"job": "missing"}]}),
+        t0(),
+    );
+    // A refused job: the calendar before it is not written either.
+    let refused = store
+        .apply(
+            "default",
+            &Batch {
+                calendars: vec![uk.clone()],
+                jobs: vec![payroll.clone(), orphan],
+            },
+            t0(),
+            false,
+            Audit::none(),
+        )
+        .await
+        .expect_err("an unknown upstream");
+    assert_eq!(refused.at, Some(BatchItem::Job(1)), "{refused:?}");
+    assert_eq!(store.get_calendar("default", "uk").await.unwrap(), None);
+    assert_eq!(store.get_job("default", "payroll").await.unwrap(), None);
+
+    // A refused calendar (the namespace holds as many as it may): no job is written.
+    for i in 0..sked_core::calendar::MAX_CALENDARS_PER_NAMESPACE {
+        store
+            .put_calendar("full", &format!("c{i}"), &uk.spec, t0(), Audit::none())
+            .await
+            .unwrap();
+    }
+    let refused = store
+        .apply(
+            "full",
+            &Batch {
+                calendars: vec![named("c0", serde_json::json!({})), uk.clone()],
+                jobs: vec![payroll.clone()],
+            },
+            t0(),
+            false,
+            Audit::none(),
+        )
+        .await
+        .expect_err("one calendar too many");
+    assert_eq!(refused.at, Some(BatchItem::Calendar(1)), "{refused:?}");
+    assert!(
+        matches!(refused.error, StoreError::Refused(_)),
+        "{refused:?}"
+    );
+    assert_eq!(store.get_job("full", "payroll").await.unwrap(), None);
+    let c0 = store.get_calendar("full", "c0").await.unwrap().unwrap();
+    assert_eq!((c0.version, &c0.spec), (1, &uk.spec));
+
+    // A dry run answers both and writes neither.
+    let batch = Batch {
+        calendars: vec![uk.clone()],
+        jobs: vec![payroll.clone()],
+    };
+    let planned = store
+        .apply("default", &batch, t0(), true, Audit::none())
+        .await
+        .unwrap();
+    assert_eq!(planned.calendars[0].0, PutOutcome::Created);
+    assert_eq!(planned.jobs[0].0, PutOutcome::Created);
+    assert!(planned.calendars_changed());
+    assert_eq!(store.get_calendar("default", "uk").await.unwrap(), None);
+    assert_eq!(store.get_job("default", "payroll").await.unwrap(), None);
+
+    // Written, with an audit entry for each change, in the batch's transaction.
+    let now = t0();
+    let audit = Audit::new(move |applied: &Applied| {
+        let calendars = applied
+            .calendars
+            .iter()
+            .filter(|(outcome, _)| *outcome != PutOutcome::Unchanged)
+            .map(|(_, c)| deploy_entry(now, "calendar.put", &c.name));
+        let jobs = applied
+            .jobs
+            .iter()
+            .filter(|(outcome, _)| *outcome != PutOutcome::Unchanged)
+            .map(|(_, j)| deploy_entry(now, "job.put", &j.name));
+        calendars.chain(jobs).collect()
+    });
+    let written = store
+        .apply("default", &batch, now, false, audit.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_calendar("default", "uk").await.unwrap(),
+        Some(written.calendars[0].1.clone())
+    );
+    assert_eq!(written.calendars[0].1.version, 1);
+    assert_eq!(
+        store.calendar_users("default", "uk").await.unwrap().jobs,
+        ["payroll"]
+    );
+    // Again: nothing changes, nothing is audited; a changed calendar is versioned.
+    let again = store
+        .apply("default", &batch, now, false, audit.clone())
+        .await
+        .unwrap();
+    assert!(!again.calendars_changed());
+    assert_eq!(again.jobs[0].0, PutOutcome::Unchanged);
+    let changed = Batch {
+        calendars: vec![named("uk", serde_json::json!({"timezone": "Europe/Paris"}))],
+        jobs: Vec::new(),
+    };
+    let updated = store
+        .apply("default", &changed, now, false, audit)
+        .await
+        .unwrap();
+    assert_eq!(updated.calendars[0].0, PutOutcome::Updated);
+    assert_eq!(updated.calendars[0].1.version, 2);
+    let trail = store
+        .list_audit(&AuditQuery {
+            namespace: Some("default".into()),
+            limit: 10,
+            ..AuditQuery::default()
+        })
+        .await
+        .unwrap()
+        .items;
+    let written: Vec<(&str, Option<&str>)> = trail
+        .iter()
+        .map(|r| (r.entry.action.as_str(), r.entry.object.as_deref()))
+        .collect();
+    assert_eq!(
+        written,
+        [
+            ("calendar.put", Some("uk")),
+            ("job.put", Some("payroll")),
+            ("calendar.put", Some("uk")),
         ]
     );
 }

@@ -135,18 +135,67 @@ pub(crate) fn observe_write<T>(observer: Option<&dyn WriteObserver>, result: &Re
     }
 }
 
-/// Why [`Store::put_jobs`] wrote nothing: the job at `index` (of those given) was refused, or,
-/// with no index, the batch's transaction failed.
+/// What [`Store::apply`] writes in one transaction: calendars first, then jobs (upstreams
+/// first), so a job may name a calendar of the same batch.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub calendars: Vec<NamedCalendar>,
+    pub jobs: Vec<ValidJob>,
+}
+
+/// A calendar of a [`Batch`], with the name it is written under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedCalendar {
+    pub name: String,
+    pub spec: sked_core::calendar::CalendarSpec,
+}
+
+/// What [`Store::apply`] did (or, for a dry run, would do) to each calendar and each job, in
+/// the batch's order.
+#[derive(Debug, Clone, Default)]
+pub struct Applied {
+    pub calendars: Vec<(PutOutcome, sked_core::calendar::CalendarRecord)>,
+    pub jobs: Vec<(PutOutcome, JobRecord)>,
+}
+
+impl Applied {
+    /// Whether a calendar was created or changed.
+    pub fn calendars_changed(&self) -> bool {
+        self.calendars
+            .iter()
+            .any(|(outcome, _)| *outcome != PutOutcome::Unchanged)
+    }
+}
+
+/// Which item of a [`Batch`] a refusal is about, by its index in its list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchItem {
+    Calendar(usize),
+    Job(usize),
+}
+
+impl BatchItem {
+    /// The item at `position` of the batch's calendars followed by its jobs.
+    pub fn at(batch: &Batch, position: usize) -> BatchItem {
+        match position.checked_sub(batch.calendars.len()) {
+            None => BatchItem::Calendar(position),
+            Some(job) => BatchItem::Job(job),
+        }
+    }
+}
+
+/// Why [`Store::apply`] wrote nothing: the item `at` was refused, or, with none, the batch's
+/// transaction failed.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
 pub struct BatchRefusal {
-    pub index: Option<usize>,
+    pub at: Option<BatchItem>,
     pub error: StoreError,
 }
 
 impl From<StoreError> for BatchRefusal {
     fn from(error: StoreError) -> Self {
-        BatchRefusal { index: None, error }
+        BatchRefusal { at: None, error }
     }
 }
 
@@ -706,19 +755,21 @@ pub trait Store: CalendarStore + DeadlineStore + Send + Sync + 'static {
         now: Instant,
         audit: Audit<(PutOutcome, JobRecord)>,
     ) -> Result<(PutOutcome, JobRecord)>;
-    /// Creates or replaces each job of `jobs` (in that order, upstreams first) in one
-    /// transaction, as [`Store::put_job`] with [`PutMode::Upsert`] would one by one: all are
-    /// written, or, when one is refused, none ([`BatchRefusal`] says which). With `dry_run`
-    /// every check is made and every outcome answered, and nothing is written. The batch's
-    /// audit entries are written in its transaction (none for a dry run).
-    async fn put_jobs(
+    /// Creates or replaces each calendar of `batch` (as [`CalendarStore::put_calendar`]
+    /// would), then each of its jobs in that order, upstreams first (as [`Store::put_job`]
+    /// with [`PutMode::Upsert`] would), in one transaction: all are written, or, when one is
+    /// refused, none ([`BatchRefusal`] says which). With `dry_run` every check is made and
+    /// every outcome answered, and nothing is written. The batch's audit entries are written
+    /// in its transaction (none for a dry run); a changed calendar is announced as a change of
+    /// schedule rules ([`StoreEvent::ScheduleRulesChanged`]) before the changed jobs are.
+    async fn apply(
         &self,
         namespace: &str,
-        jobs: &[ValidJob],
+        batch: &Batch,
         now: Instant,
         dry_run: bool,
-        audit: Audit<Vec<(PutOutcome, JobRecord)>>,
-    ) -> Result<Vec<(PutOutcome, JobRecord)>, BatchRefusal>;
+        audit: Audit<Applied>,
+    ) -> Result<Applied, BatchRefusal>;
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<JobRecord>>;
     async fn get_job_by_id(&self, id: i64) -> Result<Option<JobRecord>>;
     /// The definitions the job has had, newest first (its current one included), back to

@@ -9,7 +9,7 @@
 //! namespace ([`lock`]), so two creates cannot both count one calendar under the cap, and a
 //! delete's check of the calendars that name it holds until it commits. It is taken first in
 //! these transactions and no row is locked while waiting for it, so it stands outside the row
-//! lock order of `mod.rs`. A job written meanwhile to name the calendar is not held back by
+//! lock order of `mod.rs`. `Store::apply` writes its calendars before its jobs for this. A job written meanwhile to name the calendar is not held back by
 //! it: the server checks the calendar a schedule names when the job is written.
 
 use super::rows::{count, instant, micros};

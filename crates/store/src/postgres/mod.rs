@@ -319,30 +319,49 @@ impl Store for PgStore {
         })
     }
 
-    async fn put_jobs(
+    async fn apply(
         &self,
         namespace: &str,
-        jobs: &[ValidJob],
+        batch: &Batch,
         now: Instant,
         dry_run: bool,
-        audit: Audit<Vec<(PutOutcome, JobRecord)>>,
-    ) -> Result<Vec<(PutOutcome, JobRecord)>, crate::BatchRefusal> {
-        // Which job the batch reached, so a refusal names it.
+        audit: Audit<Applied>,
+    ) -> Result<Applied, crate::BatchRefusal> {
+        // Which item the batch reached (calendars, then jobs), so a refusal names it.
         let reached = std::sync::atomic::AtomicUsize::new(0);
         let written = transact!(self, write, |tx| {
             if dry_run {
                 tx.batch_execute("SAVEPOINT dry_run").await?;
             }
-            let mut outcomes = Vec::with_capacity(jobs.len());
-            for (i, job) in jobs.iter().enumerate() {
+            let mut applied = Applied::default();
+            // Calendars first: their namespace lock is taken before any row is locked.
+            for (i, calendar) in batch.calendars.iter().enumerate() {
                 reached.store(i, std::sync::atomic::Ordering::Relaxed);
-                outcomes.push(jobs::put(&tx, namespace, job, PutMode::Upsert, now).await?);
+                applied.calendars.push(
+                    calendars::put(&tx, namespace, &calendar.name, &calendar.spec, now).await?,
+                );
+            }
+            for (i, job) in batch.jobs.iter().enumerate() {
+                reached.store(
+                    batch.calendars.len() + i,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                applied
+                    .jobs
+                    .push(jobs::put(&tx, namespace, job, PutMode::Upsert, now).await?);
             }
             reached.store(usize::MAX, std::sync::atomic::Ordering::Relaxed);
             if dry_run {
                 tx.batch_execute("ROLLBACK TO SAVEPOINT dry_run").await?;
             } else {
-                let changed: Vec<i64> = outcomes
+                // The rules first, so a node reloading a changed job reads its new calendar.
+                if applied.calendars_changed() {
+                    self.channel
+                        .notify(&tx, Kind::ScheduleRulesChanged, &[0])
+                        .await?;
+                }
+                let changed: Vec<i64> = applied
+                    .jobs
                     .iter()
                     .filter(|(outcome, _)| *outcome != PutOutcome::Unchanged)
                     .map(|(_, job)| job.id)
@@ -350,14 +369,14 @@ impl Store for PgStore {
                 if !changed.is_empty() {
                     self.channel.notify(&tx, Kind::JobChanged, &changed).await?;
                 }
-                audit::append_for(&tx, &audit, &outcomes).await?;
+                audit::append_for(&tx, &audit, &applied).await?;
             }
-            outcomes
+            applied
         });
         written.map_err(|error| {
-            let index = reached.load(std::sync::atomic::Ordering::Relaxed);
+            let position = reached.load(std::sync::atomic::Ordering::Relaxed);
             crate::BatchRefusal {
-                index: (index != usize::MAX).then_some(index),
+                at: (position != usize::MAX).then(|| BatchItem::at(batch, position)),
                 error,
             }
         })

@@ -476,16 +476,16 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn put_jobs(
+    async fn apply(
         &self,
         namespace: &str,
-        jobs: &[ValidJob],
+        batch: &Batch,
         now: Instant,
         dry_run: bool,
-        audit: Audit<Vec<(PutOutcome, JobRecord)>>,
-    ) -> Result<Vec<(PutOutcome, JobRecord)>, crate::BatchRefusal> {
-        let (namespace, jobs) = (namespace.to_string(), jobs.to_vec());
-        // Which job the batch reached, so a refusal names it.
+        audit: Audit<Applied>,
+    ) -> Result<Applied, crate::BatchRefusal> {
+        let (namespace, owned) = (namespace.to_string(), batch.clone());
+        // Which item the batch reached (calendars, then jobs), so a refusal names it.
         let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let at = reached.clone();
         let written = self
@@ -493,27 +493,42 @@ impl Store for SqliteStore {
                 if dry_run {
                     tx.execute_batch("SAVEPOINT dry_run")?;
                 }
-                let mut outcomes = Vec::with_capacity(jobs.len());
-                for (i, job) in jobs.iter().enumerate() {
+                let mut applied = Applied::default();
+                for (i, calendar) in owned.calendars.iter().enumerate() {
                     at.store(i, std::sync::atomic::Ordering::Relaxed);
-                    outcomes.push(jobs::put(tx, &namespace, job, PutMode::Upsert, now)?);
+                    applied.calendars.push(calendars::put(
+                        tx,
+                        &namespace,
+                        &calendar.name,
+                        &calendar.spec,
+                        now,
+                    )?);
+                }
+                for (i, job) in owned.jobs.iter().enumerate() {
+                    at.store(
+                        owned.calendars.len() + i,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                    applied
+                        .jobs
+                        .push(jobs::put(tx, &namespace, job, PutMode::Upsert, now)?);
                 }
                 at.store(usize::MAX, std::sync::atomic::Ordering::Relaxed);
                 if dry_run {
                     tx.execute_batch("ROLLBACK TO dry_run; RELEASE dry_run")?;
                 } else {
-                    let entries = audit.entries(&outcomes);
+                    let entries = audit.entries(&applied);
                     if !entries.is_empty() {
                         audit::append(tx, &entries)?;
                     }
                 }
-                Ok(outcomes)
+                Ok(applied)
             })
             .await;
         written.map_err(|error| {
-            let index = reached.load(std::sync::atomic::Ordering::Relaxed);
+            let position = reached.load(std::sync::atomic::Ordering::Relaxed);
             crate::BatchRefusal {
-                index: (index != usize::MAX).then_some(index),
+                at: (position != usize::MAX).then(|| BatchItem::at(batch, position)),
                 error,
             }
         })
