@@ -1,18 +1,22 @@
-//! `sked job apply -f FILE`: many job definitions from one YAML or JSON file.
+//! `sked job apply -f FILE`: many job definitions, and the calendars they name, from one YAML
+//! or JSON file.
 //!
-//! The whole file is checked here first (each definition, names, cycles), then sent in one
-//! request (`POST /api/v1/apply`), which checks it again with the server's own rules (broker
-//! connections, the HTTP target policy, permissions, the namespace's settings, upstreams) and
-//! writes every job in one transaction, upstreams before the jobs that depend on them, or none.
-//! What changed is reported. `--dry-run` sends the same request as a dry run: the server makes
-//! every check and writes nothing, so it refuses exactly what applying would refuse, and the
-//! changes are printed field by field. `--prune` also deletes the namespace's jobs the file no
-//! longer lists, dependants before their upstreams, once the file is applied.
+//! The whole file is checked here first (each calendar and definition, names, cycles of
+//! dependencies), then sent in one request (`POST /api/v1/apply`), which checks it again with
+//! the server's own rules (broker connections, the HTTP target policy, permissions, the
+//! namespace's settings, upstreams, the calendars the file's calendars and jobs name) and
+//! writes every calendar and then every job in one transaction, upstreams before the jobs that
+//! depend on them, or none. What changed is reported. `--dry-run` sends the same request as a
+//! dry run: the server makes every check and writes nothing, so it refuses exactly what
+//! applying would refuse, and the changes are printed field by field. `--prune` also deletes
+//! the namespace's jobs the file no longer lists, dependants before their upstreams, once the
+//! file is applied; it never deletes a calendar.
 
 use crate::client::Client;
 use anyhow::{bail, Context, Result};
 use reqwest::Method;
 use serde_json::Value;
+use sked_core::calendar::CalendarSpec;
 use sked_core::job::JobSpec;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -26,26 +30,46 @@ pub struct ApplyOptions {
     pub prune: bool,
 }
 
-/// The jobs in a file (a list, a `{"jobs": [...]}` document, or a single job), in the order
-/// to write them: each after the jobs of the file it depends on.
-pub fn parse_jobs(text: &str) -> Result<Vec<Value>> {
+/// What a file holds: its calendars, each with its name beside its definition's fields, in
+/// the file's order, and its jobs in the order to write them.
+#[derive(Debug, Default)]
+pub struct ApplyFile {
+    pub calendars: Vec<Value>,
+    pub jobs: Vec<Value>,
+}
+
+/// The calendars and jobs of a file (a list of jobs, a `{"calendars": [...], "jobs": [...]}`
+/// document, or a single job), the jobs in the order to write them: each after the jobs of
+/// the file it depends on. Which calendars a job names, and what those name, the server
+/// checks against the file's calendars and its own.
+pub fn parse_file(text: &str) -> Result<ApplyFile> {
     // YAML is a superset of JSON, so one parser reads both.
     let doc: Value =
         serde_yaml::from_str(text).context("the file is neither valid YAML nor JSON")?;
-    let jobs = match doc {
-        Value::Array(items) => items,
-        Value::Object(ref map) if map.contains_key("jobs") && !map.contains_key("target") => {
-            match &map["jobs"] {
-                Value::Array(items) => items.clone(),
-                _ => bail!("`jobs` must be a list of job definitions"),
-            }
+    let list = |map: &serde_json::Map<String, Value>, key: &str| -> Result<Vec<Value>> {
+        match map.get(key) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(items)) => Ok(items.clone()),
+            Some(_) => bail!("`{key}` must be a list"),
         }
-        Value::Object(_) => vec![doc],
+    };
+    let (calendars, jobs) = match doc {
+        Value::Array(items) => (Vec::new(), items),
+        Value::Object(ref map)
+            if (map.contains_key("jobs") || map.contains_key("calendars"))
+                && !map.contains_key("target") =>
+        {
+            if let Some(key) = map.keys().find(|k| *k != "jobs" && *k != "calendars") {
+                bail!("a document of jobs has `calendars` and `jobs`, not `{key}`");
+            }
+            (list(map, "calendars")?, list(map, "jobs")?)
+        }
+        Value::Object(_) => (Vec::new(), vec![doc]),
         _ => bail!("expected a job, a list of jobs, or a document with a `jobs` list"),
     };
+    let mut errors = check_calendars(&calendars);
     let mut names = BTreeSet::new();
     let mut upstreams = Vec::with_capacity(jobs.len());
-    let mut errors = Vec::new();
     let now = chrono::Utc::now();
     for (i, job) in jobs.iter().enumerate() {
         let label = job["name"]
@@ -76,7 +100,10 @@ pub fn parse_jobs(text: &str) -> Result<Vec<Value>> {
         bail!("nothing was applied:\n  {}", errors.join("\n  "));
     }
     match sked_core::dependency::write_order(&upstreams) {
-        Ok(order) => Ok(order.into_iter().map(|i| jobs[i].clone()).collect()),
+        Ok(order) => Ok(ApplyFile {
+            calendars,
+            jobs: order.into_iter().map(|i| jobs[i].clone()).collect(),
+        }),
         Err(cycle) => bail!(
             "nothing was applied: these jobs depend on each other in a cycle: {}",
             cycle.join(", ")
@@ -84,16 +111,72 @@ pub fn parse_jobs(text: &str) -> Result<Vec<Value>> {
     }
 }
 
+/// What is wrong with the file's calendars, each alone (the names they include or except are
+/// the server's to check): one line each.
+fn check_calendars(calendars: &[Value]) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut names = BTreeSet::new();
+    for (i, calendar) in calendars.iter().enumerate() {
+        let Some((name, spec)) = split_calendar(calendar) else {
+            errors.push(format!(
+                "calendar #{}: must be a calendar with a `name`",
+                i + 1
+            ));
+            continue;
+        };
+        let label = format!("calendar {name:?}");
+        if let Err(e) = sked_core::job::validate_name("name", &name) {
+            errors.push(format!("{label}: {e}"));
+        }
+        if !names.insert(name.clone()) {
+            errors.push(format!("{label}: the name appears twice in the file"));
+        }
+        match serde_json::from_value::<CalendarSpec>(spec) {
+            Ok(spec) => {
+                if let Err(e) = spec.validate() {
+                    errors.push(format!("{label}: {e}"));
+                }
+            }
+            Err(e) => errors.push(format!("{label}: {e}")),
+        }
+    }
+    errors
+}
+
+/// A calendar of the file as its name and the rest of its fields, its definition; `None`
+/// when it is not an object with a string `name`.
+fn split_calendar(calendar: &Value) -> Option<(String, Value)> {
+    let mut fields = calendar.as_object()?.clone();
+    let name = fields.remove("name")?.as_str()?.to_string();
+    Some((name, Value::Object(fields)))
+}
+
 pub async fn apply(client: &Client, file: &Path, options: ApplyOptions) -> Result<()> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let jobs = parse_jobs(&text)?;
+    let ApplyFile { calendars, jobs } = parse_file(&text)?;
     let current: BTreeMap<String, Value> = if options.dry_run || options.prune {
         client
             .get_all("/jobs", &[], "jobs")
             .await?
             .into_iter()
             .filter_map(|job| Some((job["name"].as_str()?.to_string(), job)))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let current_calendars: BTreeMap<String, Value> = if options.dry_run && !calendars.is_empty() {
+        client
+            .send(Method::GET, "/calendars", &[], None)
+            .await?
+            .json::<Value>()
+            .await
+            .context("the server's list of calendars")?["calendars"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| Some((c["name"].as_str()?.to_string(), c["spec"].clone())))
             .collect()
     } else {
         BTreeMap::new()
@@ -106,7 +189,11 @@ pub async fn apply(client: &Client, file: &Path, options: ApplyOptions) -> Resul
     };
     // The server checks the whole file, its own rules included, and writes all of it in one
     // transaction or nothing; a dry run makes the same checks and writes nothing.
-    let request = serde_json::json!({"jobs": jobs, "dry_run": options.dry_run});
+    let request = serde_json::json!({
+        "calendars": calendars,
+        "jobs": jobs,
+        "dry_run": options.dry_run,
+    });
     let answer: Value = client
         .send(Method::POST, "/apply", &[], Some(&request))
         .await
@@ -114,8 +201,30 @@ pub async fn apply(client: &Client, file: &Path, options: ApplyOptions) -> Resul
         .json()
         .await
         .context("the server's answer to apply")?;
+    let applied_calendars = answer["calendars"].as_array().cloned().unwrap_or_default();
     let applied = answer["jobs"].as_array().cloned().unwrap_or_default();
     if options.dry_run {
+        for calendar in &applied_calendars {
+            let name = calendar["name"].as_str().unwrap_or_default();
+            match (calendar["change"].as_str(), current_calendars.get(name)) {
+                (Some("created"), _) | (_, None) => println!("create    calendar {name}"),
+                (Some("unchanged"), _) => println!("unchanged calendar {name}"),
+                (_, Some(stored)) => {
+                    println!("update    calendar {name}");
+                    let file = calendars
+                        .iter()
+                        .filter_map(split_calendar)
+                        .find(|(n, _)| n == name);
+                    if let Some((_, spec)) = file {
+                        for change in
+                            diff(&calendar_definition(stored)?, &calendar_definition(&spec)?)
+                        {
+                            println!("    {change}");
+                        }
+                    }
+                }
+            }
+        }
         for job in &applied {
             let name = job["name"].as_str().unwrap_or_default();
             match (job["change"].as_str(), current.get(name)) {
@@ -141,6 +250,11 @@ pub async fn apply(client: &Client, file: &Path, options: ApplyOptions) -> Resul
         );
         return Ok(());
     }
+    for calendar in &applied_calendars {
+        let name = calendar["name"].as_str().unwrap_or_default();
+        let change = calendar["change"].as_str().unwrap_or("applied");
+        println!("{change:<9} calendar {name}");
+    }
     for job in &applied {
         let name = job["name"].as_str().unwrap_or_default();
         let change = job["change"].as_str().unwrap_or("applied");
@@ -158,8 +272,13 @@ pub async fn apply(client: &Client, file: &Path, options: ApplyOptions) -> Resul
             .with_context(|| format!("pruning job {name:?}"))?;
         println!("deleted   {name}");
     }
+    let with_calendars = if calendars.is_empty() {
+        String::new()
+    } else {
+        format!(" and {} calendar(s)", calendars.len())
+    };
     println!(
-        "{} job(s) applied{} in namespace {}",
+        "{} job(s){with_calendars} applied{} in namespace {}",
         jobs.len(),
         if options.prune {
             format!(", {} pruned", stale.len())
@@ -218,6 +337,13 @@ fn stored_definition(view: &Value) -> Result<Value> {
 /// schedules as the server writes them.
 fn file_definition(job: &Value) -> Result<Value> {
     normalized(job.clone())
+}
+
+/// A calendar's definition in its own form, for a diff.
+fn calendar_definition(spec: &Value) -> Result<Value> {
+    let spec: CalendarSpec =
+        serde_json::from_value(spec.clone()).context("a calendar definition")?;
+    serde_json::to_value(spec).context("a calendar definition")
 }
 
 fn normalized(definition: Value) -> Result<Value> {
@@ -333,11 +459,43 @@ mod tests {
 - name: b
   target: {http: {url: 'http://127.0.0.1:9/'}}
 ";
-        assert_eq!(parse_jobs(yaml).unwrap().len(), 2);
+        assert_eq!(parse_file(yaml).unwrap().jobs.len(), 2);
         let doc = r#"{"jobs": [{"name": "a", "target": {"shell": {"command": "true"}}}]}"#;
-        assert_eq!(parse_jobs(doc).unwrap().len(), 1);
+        assert_eq!(parse_file(doc).unwrap().jobs.len(), 1);
         let single = r#"{"name": "a", "target": {"shell": {"command": "true"}}}"#;
-        assert_eq!(parse_jobs(single).unwrap().len(), 1);
+        assert_eq!(parse_file(single).unwrap().jobs.len(), 1);
+    }
+
+    #[test]
+    fn reads_calendars_beside_jobs_and_checks_each() {
+        let yaml = "
+calendars:
+  - {name: uk, timezone: Europe/London, holidays: [{date: 2026-12-25, label: Christmas Day}]}
+  - {name: london, include: [uk]}
+jobs:
+  - name: a
+    schedule: {cron: '0 9 * * *', calendar: london}
+    target: {shell: {command: 'true'}}
+";
+        let file = parse_file(yaml).unwrap();
+        assert_eq!((file.calendars.len(), file.jobs.len()), (2, 1));
+        assert_eq!(parse_file("calendars: [{name: uk}]").unwrap().jobs.len(), 0);
+        let bad = "
+calendars:
+  - {name: uk, timezone: Mars/Olympus}
+  - {name: uk}
+  - {timezone: UTC}
+jobs: []
+";
+        let err = parse_file(bad).unwrap_err().to_string();
+        assert!(err.contains("nothing was applied"), "{err}");
+        assert!(err.contains("calendar \"uk\": timezone"), "{err}");
+        assert!(err.contains("appears twice"), "{err}");
+        assert!(err.contains("calendar #3"), "{err}");
+        let stray = parse_file("{jobs: [], calender: []}")
+            .unwrap_err()
+            .to_string();
+        assert!(stray.contains("calender"), "{stray}");
     }
 
     #[test]
@@ -353,8 +511,9 @@ mod tests {
   schedule: {every: 1h}
   target: {shell: {command: 'true'}}
 ";
-        let names: Vec<String> = parse_jobs(yaml)
+        let names: Vec<String> = parse_file(yaml)
             .unwrap()
+            .jobs
             .iter()
             .map(|j| j["name"].as_str().unwrap().to_string())
             .collect();
@@ -363,7 +522,7 @@ mod tests {
 - {name: a, target: {shell: {command: 'true'}}, depends_on: [{job: b}]}
 - {name: b, target: {shell: {command: 'true'}}, depends_on: [{job: a}]}
 ";
-        let err = parse_jobs(cycle).unwrap_err().to_string();
+        let err = parse_file(cycle).unwrap_err().to_string();
         assert!(err.contains("cycle: a, b"), "{err}");
     }
 
@@ -378,7 +537,7 @@ mod tests {
 - name: good
   target: {shell: {command: 'true'}}
 ";
-        let err = parse_jobs(yaml).unwrap_err().to_string();
+        let err = parse_file(yaml).unwrap_err().to_string();
         assert!(err.contains("nothing was applied"), "{err}");
         assert!(err.contains("negative"), "{err}");
         assert!(err.contains("appears twice"), "{err}");

@@ -653,3 +653,270 @@ async fn a_job_whose_calendar_is_deleted_fires_nothing_until_it_is_written_again
         .count();
     assert!(missed >= 2, "{runs:?}");
 }
+
+/// `sked job apply` with calendars in the file: they are written with the jobs, the jobs fire
+/// through them at once (one of the file's calendars includes another, and a stored one), a
+/// dry run tells what would change in them field by field, and `--prune` leaves them alone.
+#[tokio::test]
+async fn a_file_of_jobs_brings_its_calendars_and_they_apply_at_once() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let (status, answer) = call(
+        &sked,
+        Method::PUT,
+        "/calendars/stored",
+        Some(json!({"holidays": [{"date": "2001-01-01", "label": "Long ago"}]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("jobs.yaml");
+    let closed = closed_around_today("Office move");
+    let mut office = closed.clone();
+    office["name"] = json!("office");
+    let text = |office: &Value| {
+        json!({
+            "calendars": [
+                {"name": "site", "include": ["office", "stored"], "weekdays": closed["weekdays"]},
+                office,
+            ],
+            "jobs": [{
+                "name": "heartbeat",
+                "schedule": {"every": "1s", "calendar": "site"},
+                "target": shell("true"),
+            }],
+        })
+        .to_string()
+    };
+    std::fs::write(&file, text(&office)).expect("write file");
+    let path = file.to_str().expect("utf-8 path");
+    let (ok, out, err) = sked.cli(&["job", "apply", "-f", path]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("created   calendar site"), "{out}");
+    assert!(out.contains("created   calendar office"), "{out}");
+    assert!(out.contains("created   heartbeat"), "{out}");
+    assert!(out.contains("1 job(s) and 2 calendar(s) applied"), "{out}");
+
+    // The job meets the file's calendars from its first instant.
+    let removed = sked
+        .wait_runs("heartbeat", 2, Duration::from_secs(10))
+        .await;
+    for run in &removed {
+        assert_eq!(run["skip_reason"], "calendar", "{run}");
+        assert_eq!(run["error"], "holiday: Office move", "{run}");
+    }
+    let (_, site) = call(&sked, Method::GET, "/calendars/site", None).await;
+    assert_eq!(site["used_by"]["jobs"], json!(["heartbeat"]), "{site}");
+
+    // A dry run says what would change, field by field, and changes nothing.
+    office["description"] = json!("The office");
+    std::fs::write(&file, text(&office)).expect("write file");
+    let (ok, out, err) = sked.cli(&["job", "apply", "-f", path, "--dry-run"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("unchanged calendar site"), "{out}");
+    assert!(out.contains("update    calendar office"), "{out}");
+    assert!(out.contains("+ description: \"The office\""), "{out}");
+    assert!(out.contains("unchanged heartbeat"), "{out}");
+    let (_, stored) = call(&sked, Method::GET, "/calendars/office", None).await;
+    assert_eq!(stored["version"], 1, "{stored}");
+
+    // Applied: a new version, audited like a PUT of the calendar.
+    let (ok, out, err) = sked.cli(&["job", "apply", "-f", path]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("updated   calendar office"), "{out}");
+    let (_, stored) = call(&sked, Method::GET, "/calendars/office", None).await;
+    assert_eq!(
+        (&stored["version"], &stored["spec"]["description"]),
+        (&json!(2), &json!("The office")),
+        "{stored}"
+    );
+    let (_, audit) = call(&sked, Method::GET, "/audit?object=office", None).await;
+    let actions: Vec<&str> = audit["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    assert_eq!(actions, ["calendar.put", "calendar.put"], "{audit}");
+
+    // --prune deletes the jobs the file no longer lists, never a calendar.
+    std::fs::write(&file, json!({"jobs": []}).to_string()).expect("write file");
+    let (ok, out, err) = sked.cli(&["job", "apply", "-f", path, "--prune", "--dry-run"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("delete    heartbeat"), "{out}");
+    assert!(!out.contains("calendar"), "{out}");
+    let (ok, out, err) = sked.cli(&["job", "apply", "-f", path, "--prune"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("deleted   heartbeat"), "{out}");
+    let (_, list) = call(&sked, Method::GET, "/calendars", None).await;
+    assert_eq!(
+        list["calendars"].as_array().map(Vec::len),
+        Some(3),
+        "{list}"
+    );
+}
+
+/// `POST /apply` with calendars: each bad calendar, a name given twice, a job naming a
+/// calendar that neither the file nor the namespace has, a cycle of the file's calendars or
+/// through a stored one, too many calendars, and a refused job beside good calendars: each a
+/// 400 naming the field, and nothing written. A dry run answers the calendars' changes and
+/// writes nothing; a viewer may not apply.
+#[tokio::test]
+async fn bad_calendars_in_an_apply_are_refused_naming_the_field_and_nothing_is_written() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let (status, _) = call(&sked, Method::PUT, "/calendars/base", Some(json!({}))).await;
+    assert_eq!(status, 201);
+    let (status, _) = call(
+        &sked,
+        Method::PUT,
+        "/calendars/stored",
+        Some(json!({"include": ["base"]})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let job = |calendar: &str| {
+        json!({
+            "name": "payroll",
+            "schedule": {"cron": "0 9 * * *", "calendar": calendar},
+            "target": shell("true"),
+        })
+    };
+    let good = json!({"name": "uk", "timezone": "Europe/London"});
+    let many: Vec<Value> = (0..=100)
+        .map(|i| json!({"name": format!("c{i}")}))
+        .collect();
+    let cases = [
+        (
+            json!({"calendars": [good, {"name": "mars", "timezone": "Mars/Olympus"}]}),
+            "calendars[1].timezone",
+        ),
+        (
+            json!({"calendars": [{"name": "uk", "holidays": [{"date": "2026-12-25", "label": ""}]}]}),
+            "calendars[0].holidays[0].label",
+        ),
+        (
+            json!({"calendars": [good, {"name": "uk"}]}),
+            "calendars[1].name",
+        ),
+        (
+            json!({"calendars": [{"timezone": "UTC"}]}),
+            "calendars[0].name",
+        ),
+        (
+            json!({"calendars": [{"name": "Not A Name!"}]}),
+            "calendars[0].name",
+        ),
+        (
+            json!({"calendars": [{"name": "uk", "colour": "red"}]}),
+            "calendars[0]",
+        ),
+        (
+            json!({"calendars": [good], "jobs": [job("nope")]}),
+            "jobs[0].schedule.calendar",
+        ),
+        (
+            json!({"calendars": [{"name": "a", "include": ["b"]}, {"name": "b", "except": ["a"]}]}),
+            "calendars[0].include[0]",
+        ),
+        (
+            json!({"calendars": [{"name": "uk", "include": ["missing"]}]}),
+            "calendars[0].include[0]",
+        ),
+        // Through a stored calendar: stored includes base, which would include stored.
+        (
+            json!({"calendars": [{"name": "base", "include": ["stored"]}]}),
+            "calendars[0].include[0]",
+        ),
+        (json!({"calendars": many}), "calendars"),
+        (
+            json!({"calendars": [good], "jobs": [{"name": "payroll", "schedule": {"business_day": {"nth": 0}, "calendar": "uk"}, "target": shell("true")}]}),
+            "jobs[0].schedule.business_day.nth",
+        ),
+    ];
+    for (body, field) in cases {
+        let (status, answer) = call(&sked, Method::POST, "/apply", Some(body.clone())).await;
+        assert_eq!(
+            (status, &answer["error"]["field"]),
+            (400, &json!(field)),
+            "{body}: {answer}"
+        );
+    }
+    // Nothing was written: no job, no calendar but the two stored first, unchanged.
+    let (_, jobs) = call(&sked, Method::GET, "/jobs", None).await;
+    assert_eq!(jobs["jobs"], json!([]), "{jobs}");
+    let (_, list) = call(&sked, Method::GET, "/calendars", None).await;
+    let names: Vec<(&str, u64)> = list["calendars"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| Some((c["name"].as_str()?, c["version"].as_u64()?)))
+        .collect();
+    assert_eq!(names, [("base", 1), ("stored", 1)], "{list}");
+    let (_, audit) = call(&sked, Method::GET, "/audit", None).await;
+    let actions: Vec<&str> = audit["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    assert!(
+        actions
+            .iter()
+            .all(|a| *a == "calendar.put" || *a == "token.create"),
+        "{audit}"
+    );
+    assert_eq!(
+        actions.iter().filter(|a| **a == "calendar.put").count(),
+        2,
+        "{audit}"
+    );
+
+    // A dry run answers the calendars' changes and writes nothing.
+    let body = json!({
+        "calendars": [good, {"name": "base", "include": ["uk"]}, {"name": "stored", "include": ["base"]}],
+        "jobs": [job("base")],
+        "dry_run": true,
+    });
+    let (status, answer) = call(&sked, Method::POST, "/apply", Some(body.clone())).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["calendars"],
+        json!([
+            {"name": "uk", "change": "created"},
+            {"name": "base", "change": "updated"},
+            {"name": "stored", "change": "unchanged"},
+        ]),
+        "{answer}"
+    );
+    assert_eq!(answer["jobs"][0]["change"], "created", "{answer}");
+    let (status, _) = call(&sked, Method::GET, "/calendars/uk", None).await;
+    assert_eq!(status, 404, "a dry run writes nothing");
+
+    // A viewer may not apply calendars.
+    let viewer = client_for(
+        &sked,
+        "viewer",
+        json!({"role": "viewer", "namespaces": ["default"]}),
+    )
+    .await;
+    let mut applied = body;
+    applied["dry_run"] = json!(false);
+    let (status, _) = common::call(
+        &viewer,
+        Method::POST,
+        sked.url("/apply"),
+        Some(applied.clone()),
+    )
+    .await;
+    assert_eq!(status, 403);
+    // The same file applied for real.
+    let (status, answer) = call(&sked, Method::POST, "/apply", Some(applied)).await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, base) = call(&sked, Method::GET, "/calendars/base", None).await;
+    assert_eq!(
+        (&base["version"], &base["used_by"]["jobs"]),
+        (&json!(2), &json!(["payroll"])),
+        "{base}"
+    );
+}
