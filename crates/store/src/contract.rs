@@ -46,6 +46,7 @@ macro_rules! store_contract_tests {
             a_used_up_schedule_completes_the_job,
             overlap_skip_and_buffers,
             overlap_cancel_running,
+            the_runs_a_window_may_stop_are_found_and_asked_once_with_its_reason,
             runs_held_back_by_a_policy_since_allowed_are_released_by_the_reaper,
             a_sharded_instant_is_its_shards_decided_together,
             cancel_running_spares_the_shards_of_its_own_instant,
@@ -1013,6 +1014,123 @@ pub async fn overlap_cancel_running(store: &dyn Store) {
             ..
         }
     ));
+}
+
+/// Running runs of jobs with a `cancel_running` window, or of the namespaces given, are found
+/// (not those started by hand, not queued ones, not one already asked to stop); `stop_runs`
+/// asks each once, and the run ends cancelled with the reason it was asked with. A user's
+/// cancel still ends with the worker's word.
+pub async fn the_runs_a_window_may_stop_are_found_and_asked_once_with_its_reason(
+    store: &dyn Store,
+) {
+    let window = serde_json::json!({"blackouts": [{
+        "from": "2030-01-01T00:00:00Z", "to": "2030-01-02T00:00:00Z",
+        "reason": "Freeze", "cancel_running": true,
+    }]});
+    let stopping = put(store, "stopping", every_second(window)).await;
+    let quiet = put(store, "quiet", every_second(serde_json::json!({}))).await;
+    let elsewhere = store
+        .put_job(
+            "paused",
+            &job("elsewhere", every_second(serde_json::json!({})), t0()),
+            PutMode::Upsert,
+            t0(),
+            Audit::none(),
+        )
+        .await
+        .unwrap()
+        .1;
+    let at = t0() + secs(1);
+    let mut running = Vec::new();
+    for (i, job_id) in [stopping.id, quiet.id, elsewhere.id]
+        .into_iter()
+        .enumerate()
+    {
+        let fired = fire_one(store, fire(job_id, at)).await;
+        let token = i64::try_from(i).unwrap() + 1;
+        running.push((
+            fired.run_id,
+            start(store, fired.run_id, "w", token, at).await,
+            token,
+        ));
+    }
+    let mut manual = fire(stopping.id, at + Span::milliseconds(500));
+    manual.trigger = Trigger::Manual;
+    let by_hand = fire_one(store, manual).await;
+    start(store, by_hand.run_id, "w", 9, at).await;
+    fire_one(store, fire(stopping.id, at + secs(1))).await;
+
+    let namespaces = vec!["paused".to_string()];
+    let found = store.runs_under_windows(&namespaces, 0, 100).await.unwrap();
+    let ids: Vec<i64> = found.iter().map(|r| r.run_id).collect();
+    assert_eq!(ids, [running[0].0, running[2].0], "{found:?}");
+    assert_eq!(
+        (&found[0].job, found[0].trigger, found[0].started_at),
+        (&"stopping".to_string(), Trigger::Schedule, at)
+    );
+    assert!(found[0].blackouts[0].cancel_running);
+    assert_eq!(
+        (found[1].namespace.as_str(), found[1].blackouts.len()),
+        ("paused", 0)
+    );
+    // A page at a time, and without the namespace only the job with the window.
+    let first = store.runs_under_windows(&namespaces, 0, 1).await.unwrap();
+    let next = store
+        .runs_under_windows(&namespaces, first[0].run_id, 1)
+        .await
+        .unwrap();
+    assert_eq!((first[0].run_id, next[0].run_id), (ids[0], ids[1]));
+    let alone = store.runs_under_windows(&[], 0, 100).await.unwrap();
+    assert_eq!(alone.len(), 1);
+
+    // Asked once; then no longer found.
+    let reason = "cancelled by a blackout window: Freeze".to_string();
+    let stops = [
+        (ids[0], reason.clone()),
+        (by_hand.run_id + 1000, reason.clone()),
+    ];
+    assert_eq!(store.stop_runs(&stops).await.unwrap(), [ids[0]]);
+    assert!(store.stop_runs(&stops).await.unwrap().is_empty());
+    assert!(run(store, ids[0]).await.0.cancel_requested);
+    let left = store.runs_under_windows(&namespaces, 0, 100).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].run_id, ids[1]);
+
+    // The worker stops it: cancelled, with the window's reason.
+    let (run_id, attempt, token) = running[0];
+    let effect = complete(
+        store,
+        report(attempt, token, AttemptOutcome::Cancelled),
+        at + secs(2),
+    )
+    .await;
+    assert!(matches!(
+        effect,
+        CompletionEffect::Accepted {
+            run_state: RunState::Cancelled,
+            ..
+        }
+    ));
+    let (stopped, _) = run(store, run_id).await;
+    assert_eq!(stopped.error.as_deref(), Some(reason.as_str()));
+
+    // A user's cancel of a running run ends with what the worker says, as before.
+    let (run_id, attempt, token) = running[1];
+    store
+        .cancel_run(run_id, at + secs(2), Audit::none())
+        .await
+        .unwrap();
+    complete(
+        store,
+        report(attempt, token, AttemptOutcome::Cancelled),
+        at + secs(3),
+    )
+    .await;
+    let (cancelled, _) = run(store, run_id).await;
+    assert_eq!(
+        (cancelled.state, cancelled.error.as_deref()),
+        (RunState::Cancelled, Some("cancelled"))
+    );
 }
 
 /// The shard each of `runs` is, in order.

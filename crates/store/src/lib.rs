@@ -167,6 +167,19 @@ impl Applied {
     }
 }
 
+/// A running run that a blackout window with `cancel_running` may stop
+/// ([`Store::runs_under_windows`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunUnderWindows {
+    pub run_id: i64,
+    pub namespace: String,
+    pub job: String,
+    pub trigger: Trigger,
+    pub started_at: Instant,
+    /// Its job's blackout windows.
+    pub blackouts: Vec<sked_core::schedule::BlackoutSpec>,
+}
+
 /// Which item of a [`Batch`] a refusal is about, by its index in its list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchItem {
@@ -860,6 +873,19 @@ pub trait Store: CalendarStore + DeadlineStore + Send + Sync + 'static {
         now: Instant,
         audit: Audit<Option<CancelOutcome>>,
     ) -> Result<Option<CancelOutcome>>;
+    /// Running runs not yet asked to stop, started by their schedule (`schedule`,
+    /// `backfill`), of jobs that have a blackout window with `cancel_running` or of one of
+    /// `namespaces`; each with its job's windows. By id, those after `after`, at most `limit`.
+    async fn runs_under_windows(
+        &self,
+        namespaces: &[String],
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<RunUnderWindows>>;
+    /// Asks each run of `stops` (id, reason) that is still running and not yet asked to stop
+    /// to stop, as a user's cancel does; once it ends cancelled, the reason is its error. The
+    /// runs asked, by id.
+    async fn stop_runs(&self, stops: &[(i64, String)]) -> Result<Vec<i64>>;
     /// Reopens a run that ended otherwise than succeeded (`RunState::may_reopen`), with a fresh
     /// retry budget: queued at once (overlap does not hold back what a user asked for), or
     /// waiting when its own dependencies are unmet (refused when they can no longer be met).

@@ -2,12 +2,18 @@
 //! (`from`, `to`) or repeating (a `cron` start and a `duration`), each with the reason its runs
 //! are recorded `skipped (blackout)` with.
 //!
+//! A window with `cancel_running` also stops the runs of the jobs it covers that were already
+//! running when it opened ([`stops`]): judged from the run's start and the time now alone, so
+//! whichever node judges, and however often, the verdict is the same.
+//!
 //! Pure: a window says whether it covers an instant. Which windows a job has is its
-//! definition's; applying them to the instants a schedule names is the schedule's.
+//! definition's; applying them to the instants a schedule names is the schedule's; asking the
+//! runs a window stops to stop is the server's.
 
 use super::cron::CronExpr;
 use crate::duration::HumanDuration;
 use crate::error::SpecError;
+use crate::run::Trigger;
 use crate::Instant;
 use chrono::Duration;
 use chrono_tz::Tz;
@@ -38,6 +44,10 @@ pub struct BlackoutSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration: Option<HumanDuration>,
     pub reason: String,
+    /// When the window opens, the runs of the jobs it covers that are running then are
+    /// cancelled (their worker told to stop), with the reason; otherwise they go on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel_running: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -53,10 +63,18 @@ enum Window {
     },
 }
 
+/// One checked window: when it is open, why, and whether it stops running runs.
+#[derive(Debug, Clone, PartialEq)]
+struct Checked {
+    window: Window,
+    reason: String,
+    cancel_running: bool,
+}
+
 /// A job's windows, checked.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Blackouts {
-    windows: Vec<(Window, String)>,
+    windows: Vec<Checked>,
 }
 
 impl Blackouts {
@@ -131,7 +149,11 @@ impl Blackouts {
                     ))
                 }
             };
-            windows.push((window, reason.to_string()));
+            windows.push(Checked {
+                window,
+                reason: reason.to_string(),
+                cancel_running: spec.cancel_running,
+            });
         }
         Ok(Blackouts { windows })
     }
@@ -145,20 +167,68 @@ impl Blackouts {
     pub fn covering(&self, t: Instant) -> Option<&str> {
         self.windows
             .iter()
-            .find(|(window, _)| match window {
-                Window::Once { from, to } => *from <= t && t < *to,
-                Window::Repeating {
-                    cron,
-                    zone,
-                    duration,
-                } => {
-                    // The first opening after `t - duration` covers `t` if it is not after it.
-                    let since = t - *duration;
-                    cron.next_after(since, *zone).is_some_and(|open| open <= t)
-                }
-            })
-            .map(|(_, reason)| reason.as_str())
+            .find(|checked| checked.window.opening(t).is_some())
+            .map(|checked| checked.reason.as_str())
     }
+
+    /// The reason of the first window with `cancel_running` that is open at `now` and opened
+    /// after `started_at`: a run started then, still running, is to stop.
+    pub fn stopping(&self, started_at: Instant, now: Instant) -> Option<&str> {
+        self.windows
+            .iter()
+            .filter(|checked| checked.cancel_running)
+            .find(|checked| {
+                checked
+                    .window
+                    .opening(now)
+                    .is_some_and(|open| open > started_at)
+            })
+            .map(|checked| checked.reason.as_str())
+    }
+
+    /// Whether a window stops running runs when it opens.
+    pub fn stops_running(&self) -> bool {
+        self.windows.iter().any(|checked| checked.cancel_running)
+    }
+}
+
+impl Window {
+    /// When the opening of the window that covers `t` was, if one does.
+    fn opening(&self, t: Instant) -> Option<Instant> {
+        match self {
+            Window::Once { from, to } => (*from <= t && t < *to).then_some(*from),
+            Window::Repeating {
+                cron,
+                zone,
+                duration,
+            } => {
+                // The first opening after `t - duration` covers `t` if it is not after it.
+                let since = t - *duration;
+                cron.next_after(since, *zone).filter(|open| *open <= t)
+            }
+        }
+    }
+}
+
+/// Whether a run of a job, started by `trigger` at `started_at` and running at `now`, is to
+/// stop, and why (the run's error once it ends cancelled): a window of its job's or of its
+/// namespace's with `cancel_running` opened after it started and is open now. Windows cover a
+/// schedule's instants, so only runs of those (`schedule`, `backfill`) are stopped; a run
+/// started by hand, by an event or by an upstream goes on, as windows never skip those.
+pub fn stops(
+    trigger: Trigger,
+    started_at: Instant,
+    now: Instant,
+    job: &Blackouts,
+    namespace: Option<&Blackouts>,
+) -> Option<String> {
+    if !matches!(trigger, Trigger::Schedule | Trigger::Backfill) {
+        return None;
+    }
+    let reason = job
+        .stopping(started_at, now)
+        .or_else(|| namespace.and_then(|n| n.stopping(started_at, now)))?;
+    Some(format!("cancelled by a blackout window: {reason}"))
 }
 
 #[cfg(test)]
@@ -177,6 +247,7 @@ mod tests {
             timezone: None,
             duration: None,
             reason: reason.into(),
+            cancel_running: false,
         }
     }
 
@@ -188,6 +259,7 @@ mod tests {
             timezone: zone.map(String::from),
             duration: Some(duration.parse().unwrap()),
             reason: reason.into(),
+            cancel_running: false,
         }
     }
 
@@ -261,5 +333,77 @@ mod tests {
         assert_eq!(field(both), "blackouts[0]");
         let many = vec![once("2026-12-20T00:00:00Z", "2026-12-21T00:00:00Z", "x"); 51];
         assert_eq!(Blackouts::compile(&many).unwrap_err().field, "blackouts");
+    }
+
+    #[test]
+    fn a_cancelling_window_stops_the_runs_that_started_before_it_opened() {
+        let mut freeze = once("2026-12-20T00:00:00Z", "2026-12-21T00:00:00Z", "Freeze");
+        freeze.cancel_running = true;
+        let mut weekly = repeating("0 22 * * SAT", None, "4h", "Weekly maintenance");
+        weekly.cancel_running = true;
+        let job = Blackouts::compile(&[freeze]).unwrap();
+        let ns = Blackouts::compile(&[weekly]).unwrap();
+        let (before, open) = (t("2026-12-19T23:00:00Z"), t("2026-12-20T00:00:05Z"));
+        assert!(job.stops_running());
+        assert_eq!(
+            stops(Trigger::Schedule, before, open, &job, None).as_deref(),
+            Some("cancelled by a blackout window: Freeze")
+        );
+        assert_eq!(
+            stops(Trigger::Backfill, before, open, &job, None).as_deref(),
+            Some("cancelled by a blackout window: Freeze")
+        );
+        // Started inside the window (a run held in the queue): it goes on.
+        assert_eq!(stops(Trigger::Schedule, open, open, &job, None), None);
+        // Not yet open, or closed again: nothing to stop.
+        assert_eq!(stops(Trigger::Schedule, before, before, &job, None), None);
+        let after = t("2026-12-21T00:00:00Z");
+        assert_eq!(stops(Trigger::Schedule, before, after, &job, None), None);
+        // Runs that windows never skip go on.
+        for trigger in [Trigger::Manual, Trigger::Event, Trigger::Dependency] {
+            assert_eq!(stops(trigger, before, open, &job, None), None);
+        }
+        // The namespace's repeating window, the Saturday 22:00 opening.
+        let none = Blackouts::default();
+        let saturday = t("2026-12-05T22:00:01Z");
+        assert_eq!(
+            stops(
+                Trigger::Schedule,
+                t("2026-12-05T21:59:00Z"),
+                saturday,
+                &none,
+                Some(&ns)
+            )
+            .as_deref(),
+            Some("cancelled by a blackout window: Weekly maintenance")
+        );
+        assert_eq!(
+            stops(
+                Trigger::Schedule,
+                t("2026-12-05T22:00:00Z"),
+                saturday,
+                &none,
+                Some(&ns)
+            ),
+            None,
+            "started as it opened"
+        );
+    }
+
+    #[test]
+    fn a_window_without_cancel_running_stops_nothing() {
+        let quiet = Blackouts::compile(&[once(
+            "2026-12-20T00:00:00Z",
+            "2026-12-21T00:00:00Z",
+            "Freeze",
+        )])
+        .unwrap();
+        assert!(!quiet.stops_running());
+        let (before, open) = (t("2026-12-19T23:00:00Z"), t("2026-12-20T00:00:05Z"));
+        assert_eq!(quiet.covering(open), Some("Freeze"));
+        assert_eq!(
+            stops(Trigger::Schedule, before, open, &quiet, Some(&quiet)),
+            None
+        );
     }
 }

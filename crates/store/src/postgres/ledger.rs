@@ -18,7 +18,7 @@ use super::{PgResult, Tx};
 use crate::shared::{CompletingJob, Ended, NewRun, ReportedAttempt};
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
-    QueuedRun, ReapOutcome, RetryOutcome, StartedAttempt, StoreError,
+    QueuedRun, ReapOutcome, RetryOutcome, RunUnderWindows, StartedAttempt, StoreError,
 };
 use sked_core::job::JobSpec;
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
@@ -756,7 +756,8 @@ pub(super) async fn cancel_active(
     }
     let stmt = tx
         .prepare_cached(
-            "UPDATE runs SET cancel_requested = true \
+            "UPDATE runs SET cancel_requested = true, \
+             error = CASE WHEN cancel_requested THEN error END \
              WHERE job_id = $1 AND state = 'running' AND scheduled_for IS DISTINCT FROM $2 \
              RETURNING id",
         )
@@ -1225,7 +1226,8 @@ impl CompletionWrites {
         let stmt = tx
             .prepare_cached(
                 "UPDATE runs SET state = u.state, finished_at = $5, failures = u.failures, \
-                 error = u.error \
+                 error = CASE WHEN u.state = 'cancelled' AND runs.cancel_requested \
+                     AND runs.error IS NOT NULL THEN runs.error ELSE u.error END \
                  FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[]) \
                      AS u(id, state, failures, error) \
                  WHERE runs.id = u.id \
@@ -1341,7 +1343,9 @@ pub(super) async fn finish_run(
 ) -> PgResult<Ended> {
     let stmt = tx
         .prepare_cached(
-            "UPDATE runs SET state = $2, finished_at = $3, failures = $4, error = $5 \
+            "UPDATE runs SET state = $2, finished_at = $3, failures = $4, \
+             error = CASE WHEN $2 = 'cancelled' AND cancel_requested AND error IS NOT NULL \
+                 THEN error ELSE $5 END \
              WHERE id = $1 RETURNING namespace, job, scheduled_for",
         )
         .await?;
@@ -1477,6 +1481,64 @@ pub async fn retry_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Optio
     }))
 }
 
+/// Running runs a blackout window with `cancel_running` may stop
+/// (`Store::runs_under_windows`), found through the active runs' partial index.
+pub async fn runs_under_windows(
+    tx: &Tx<'_>,
+    namespaces: &[String],
+    after: i64,
+    limit: u32,
+) -> PgResult<Vec<RunUnderWindows>> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT r.id, r.namespace, r.job, r.trigger, r.started_at, j.spec \
+             FROM runs r JOIN jobs j ON j.id = r.job_id \
+             WHERE r.state IN ('waiting', 'queued', 'running') AND r.state = 'running' \
+             AND NOT r.cancel_requested AND r.trigger IN ('schedule', 'backfill') \
+             AND r.started_at IS NOT NULL AND r.id > $1 \
+             AND (r.namespace = ANY($2) \
+                  OR j.spec::jsonb -> 'blackouts' @> '[{\"cancel_running\": true}]'::jsonb) \
+             ORDER BY r.id LIMIT $3",
+        )
+        .await?;
+    let rows = tx
+        .query(&stmt, &[&after, &namespaces, &i64::from(limit)])
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(RunUnderWindows {
+                run_id: row.try_get(0)?,
+                namespace: row.try_get(1)?,
+                job: row.try_get(2)?,
+                trigger: rows::trigger(row.try_get(3)?)?,
+                started_at: rows::instant(row.try_get(4)?)?,
+                blackouts: rows::spec(row.try_get(5)?)?.blackouts,
+            })
+        })
+        .collect()
+}
+
+/// Asks the runs of `stops` still running, and not asked yet, to stop, each with its reason
+/// kept as its error (`Store::stop_runs`): one run at a time, in id order, as the row lock
+/// order asks.
+pub async fn stop_runs(tx: &Tx<'_>, stops: &[(i64, String)]) -> PgResult<Vec<i64>> {
+    let stmt = tx
+        .prepare_cached(
+            "UPDATE runs SET cancel_requested = true, error = $2 \
+             WHERE id = $1 AND state = 'running' AND NOT cancel_requested RETURNING id",
+        )
+        .await?;
+    let mut ordered: Vec<&(i64, String)> = stops.iter().collect();
+    ordered.sort_unstable_by_key(|(id, _)| *id);
+    let mut asked = Vec::new();
+    for (id, reason) in ordered {
+        if let Some(row) = tx.query_opt(&stmt, &[id, reason]).await? {
+            asked.push(row.try_get::<_, i64>(0)?);
+        }
+    }
+    Ok(asked)
+}
+
 pub async fn cancel_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Option<CancelOutcome>> {
     let Some(run) = lock_run(tx, run_id).await? else {
         return Ok(None);
@@ -1485,7 +1547,10 @@ pub async fn cancel_run(tx: &Tx<'_>, run_id: i64, now: Instant) -> PgResult<Opti
         s if s.is_terminal() => CancelOutcome::AlreadyFinished(run),
         RunState::Running => {
             let stmt = tx
-                .prepare_cached("UPDATE runs SET cancel_requested = true WHERE id = $1")
+                .prepare_cached(
+                    "UPDATE runs SET cancel_requested = true, \
+                     error = CASE WHEN cancel_requested THEN error END WHERE id = $1",
+                )
                 .await?;
             tx.execute(&stmt, &[&run_id]).await?;
             CancelOutcome::Requested(refetch(tx, run_id).await?)

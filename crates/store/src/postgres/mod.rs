@@ -586,6 +586,22 @@ impl Store for PgStore {
         Ok(outcome)
     }
 
+    async fn runs_under_windows(
+        &self,
+        namespaces: &[String],
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<RunUnderWindows>> {
+        transact!(self, read, |tx| ledger::runs_under_windows(
+            &tx, namespaces, after, limit
+        )
+        .await?)
+    }
+
+    async fn stop_runs(&self, stops: &[(i64, String)]) -> Result<Vec<i64>> {
+        transact!(self, write, |tx| ledger::stop_runs(&tx, stops).await?)
+    }
+
     async fn retry_run(
         &self,
         run_id: i64,

@@ -8,7 +8,7 @@ use super::rows::{self, micros, RUN_COLUMNS};
 use crate::shared::{CompletingJob, Ended, NewRun, ReportedAttempt};
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
-    QueuedRun, ReapOutcome, Result, RetryOutcome, StartedAttempt,
+    QueuedRun, ReapOutcome, Result, RetryOutcome, RunUnderWindows, StartedAttempt,
 };
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::job::JobSpec;
@@ -40,7 +40,10 @@ pub(super) const CANCEL_UNSTARTED: &str = "UPDATE runs SET state = 'cancelled', 
      AND state IN ('queued', 'waiting') AND (?4 OR waiting_reason IS NOT 'dependencies') \
      AND scheduled_for IS NOT ?5 \
      RETURNING namespace, job, scheduled_for, id";
-pub(super) const REQUEST_CANCEL_RUNNING: &str = "UPDATE runs SET cancel_requested = 1 \
+/// A run asked to stop here drops the reason a blackout window may have asked it with (its
+/// error at the end is the worker's again), unless that window asked first.
+pub(super) const REQUEST_CANCEL_RUNNING: &str = "UPDATE runs SET cancel_requested = 1, \
+     error = CASE WHEN cancel_requested THEN error END \
      WHERE job_id = ?1 AND state IN ('waiting', 'queued', 'running') AND state = 'running' \
      AND scheduled_for IS NOT ?2 RETURNING id";
 /// Queues the job's oldest instant held back by overlap (every shard of it), once none of its
@@ -793,7 +796,9 @@ pub(super) fn finish_run(
 ) -> Result<Ended> {
     let (namespace, job, instant): (String, String, i64) = tx
         .prepare_cached(
-            "UPDATE runs SET state = ?2, finished_at = ?3, failures = ?4, error = ?5 \
+            "UPDATE runs SET state = ?2, finished_at = ?3, failures = ?4, \
+             error = CASE WHEN ?2 = 'cancelled' AND cancel_requested AND error IS NOT NULL \
+                 THEN error ELSE ?5 END \
              WHERE id = ?1 RETURNING namespace, job, scheduled_for",
         )?
         .query_row(
@@ -834,8 +839,11 @@ pub fn cancel_run(
     let outcome = match run.state {
         s if s.is_terminal() => CancelOutcome::AlreadyFinished(run),
         RunState::Running => {
-            tx.prepare_cached("UPDATE runs SET cancel_requested = 1 WHERE id = ?1")?
-                .execute(params![run_id])?;
+            tx.prepare_cached(
+                "UPDATE runs SET cancel_requested = 1, \
+                 error = CASE WHEN cancel_requested THEN error END WHERE id = ?1",
+            )?
+            .execute(params![run_id])?;
             CancelOutcome::Requested(refetch(tx, run_id)?)
         }
         RunState::Queued | RunState::Waiting => {
@@ -858,6 +866,61 @@ pub fn cancel_run(
         _ => CancelOutcome::AlreadyFinished(run),
     };
     Ok(Some(outcome))
+}
+
+/// Running runs a blackout window with `cancel_running` may stop
+/// (`Store::runs_under_windows`), found through the active runs' partial index.
+pub fn runs_under_windows(
+    tx: &Transaction<'_>,
+    namespaces: &[String],
+    after: i64,
+    limit: u32,
+) -> Result<Vec<RunUnderWindows>> {
+    let namespaces = crate::shared::to_json("namespaces", namespaces)?;
+    let mut stmt = tx.prepare_cached(
+        "SELECT r.id, r.namespace, r.job, r.trigger, r.started_at, j.spec \
+         FROM runs r JOIN jobs j ON j.id = r.job_id \
+         WHERE r.state IN ('waiting', 'queued', 'running') AND r.state = 'running' \
+         AND r.cancel_requested = 0 AND r.trigger IN ('schedule', 'backfill') \
+         AND r.started_at IS NOT NULL AND r.id > ?1 \
+         AND (r.namespace IN (SELECT value FROM json_each(?2)) \
+              OR EXISTS (SELECT 1 FROM json_each(j.spec, '$.blackouts') \
+                         WHERE json_extract(value, '$.cancel_running') = 1)) \
+         ORDER BY r.id LIMIT ?3",
+    )?;
+    let mut rows = stmt.query(params![after, namespaces, limit])?;
+    let mut found = Vec::new();
+    while let Some(row) = rows.next()? {
+        found.push(RunUnderWindows {
+            run_id: row.get(0)?,
+            namespace: row.get(1)?,
+            job: row.get(2)?,
+            trigger: rows::trigger(&row.get::<_, String>(3)?)?,
+            started_at: rows::instant(row.get(4)?)?,
+            blackouts: rows::spec(&row.get::<_, String>(5)?)?.blackouts,
+        });
+    }
+    Ok(found)
+}
+
+/// Asks the runs of `stops` still running, and not asked yet, to stop, each with its reason
+/// kept as its error (`Store::stop_runs`).
+pub fn stop_runs(tx: &Transaction<'_>, stops: &[(i64, String)]) -> Result<Vec<i64>> {
+    let mut stmt = tx.prepare_cached(
+        "UPDATE runs SET cancel_requested = 1, error = ?2 \
+         WHERE id = ?1 AND state = 'running' AND cancel_requested = 0 RETURNING id",
+    )?;
+    let mut asked = Vec::new();
+    for (id, reason) in stops {
+        if let Some(id) = stmt
+            .query_row(params![id, reason], |r| r.get::<_, i64>(0))
+            .optional()?
+        {
+            asked.push(id);
+        }
+    }
+    asked.sort_unstable();
+    Ok(asked)
 }
 
 pub fn retry_run(tx: &Transaction<'_>, run_id: i64, now: Instant) -> Result<Option<RetryOutcome>> {

@@ -675,6 +675,22 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn runs_under_windows(
+        &self,
+        namespaces: &[String],
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<RunUnderWindows>> {
+        let namespaces = namespaces.to_vec();
+        self.read(move |tx| ledger::runs_under_windows(tx, &namespaces, after, limit))
+            .await
+    }
+
+    async fn stop_runs(&self, stops: &[(i64, String)]) -> Result<Vec<i64>> {
+        let stops = stops.to_vec();
+        self.write(move |tx| ledger::stop_runs(tx, &stops)).await
+    }
+
     async fn retry_run(
         &self,
         run_id: i64,
