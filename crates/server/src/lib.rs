@@ -296,6 +296,10 @@ pub async fn serve(
         maintenance::deadlines::run(state.clone(), stop_rx.clone()),
     ));
     duties.spawn(duty(
+        "blackout stops",
+        maintenance::blackout_stops::run(state.clone(), stop_rx.clone()),
+    ));
+    duties.spawn(duty(
         "notifier",
         notify::run(state.clone(), stop_rx.clone()),
     ));

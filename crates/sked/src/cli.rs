@@ -175,7 +175,7 @@ pub enum NamespaceCommand {
     Reset(ClientArgs),
     /// Stops the scheduled instants of `--namespace` until a time: a blackout window from now
     /// to --until; its jobs' instants meanwhile are recorded skipped (blackout) with --reason.
-    /// Runs already started go on.
+    /// Runs already started go on, unless --cancel-running.
     Pause {
         /// When the window ends (RFC 3339, e.g. 2026-12-01T08:00:00Z).
         #[arg(long)]
@@ -183,6 +183,10 @@ pub enum NamespaceCommand {
         /// Why, as the skipped runs will say.
         #[arg(long)]
         reason: String,
+        /// Also cancel the runs of the namespace's scheduled jobs running now (their workers
+        /// are told to stop), with --reason.
+        #[arg(long)]
+        cancel_running: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -1093,6 +1097,7 @@ async fn namespace(cmd: NamespaceCommand) -> Result<()> {
         NamespaceCommand::Pause {
             until,
             reason,
+            cancel_running,
             client,
         } => {
             let until: chrono::DateTime<chrono::Utc> = until
@@ -1104,11 +1109,15 @@ async fn namespace(cmd: NamespaceCommand) -> Result<()> {
             }
             let client = client::Client::new(&client)?;
             let mut windows = client.namespace_blackouts().await?;
-            windows.push(serde_json::json!({
+            let mut window = serde_json::json!({
                 "from": now.to_rfc3339(),
                 "to": until.to_rfc3339(),
                 "reason": reason,
-            }));
+            });
+            if cancel_running {
+                window["cancel_running"] = true.into();
+            }
+            windows.push(window);
             let mut changes = serde_json::Map::new();
             changes.insert("blackouts".into(), windows.into());
             client.namespace_set(changes).await

@@ -254,3 +254,131 @@ async fn a_paused_namespace_records_its_instants_skipped_until_it_is_resumed() {
         "the default webhook survives a pause and a resume: {kept}"
     );
 }
+
+/// The first run of `job` (in `namespace`) to be running, once one is.
+async fn running_run(sked: &Sked, namespace: &str, job: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let path = format!("/jobs/{job}/runs?namespace={namespace}&limit=1000");
+        let (status, page) = call(sked, Method::GET, &path, None).await;
+        assert_eq!(status, 200, "{page}");
+        let runs = page["runs"].as_array().cloned().unwrap_or_default();
+        if let Some(run) = runs.into_iter().find(|r| r["state"] == "running") {
+            return run;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{namespace}/{job} never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A job running `sleep`, one run at a time, with `blackouts`.
+fn sleeper(blackouts: Value) -> Value {
+    json!({
+        "schedule": {"every": "1s"},
+        "overlap": "skip",
+        "target": shell("sleep 60"),
+        "blackouts": blackouts,
+    })
+}
+
+/// A window with `cancel_running` that opens while a job's run is running stops that run: it
+/// ends cancelled with the window's reason. The same window without it leaves a run alone.
+#[tokio::test]
+async fn a_window_with_cancel_running_stops_the_runs_it_finds_running_and_others_go_on() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    sked.start_worker("w", 4);
+    let far = Utc::now() + Span::days(30);
+    let later = |cancel: bool| {
+        json!([{"from": far.to_rfc3339(), "to": (far + Span::hours(1)).to_rfc3339(),
+                "reason": "Freeze", "cancel_running": cancel}])
+    };
+    for (name, cancel) in [("stopped", true), ("spared", false)] {
+        let (status, answer) = sked.put_job(name, sleeper(later(cancel))).await;
+        assert_eq!(status, 201, "{answer}");
+    }
+    let stopped = running_run(&sked, "default", "stopped").await;
+    let spared = running_run(&sked, "default", "spared").await;
+
+    // The windows move to open two seconds from now, while both runs run.
+    let opens = Utc::now() + Span::seconds(2);
+    for (name, cancel) in [("stopped", true), ("spared", false)] {
+        let window = json!([{"from": opens.to_rfc3339(),
+            "to": (opens + Span::hours(1)).to_rfc3339(),
+            "reason": "Freeze", "cancel_running": cancel}]);
+        let (status, answer) = sked.put_job(name, sleeper(window)).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let id = stopped["id"].as_i64().expect("run id");
+    let ended = sked.wait_finished(id, Duration::from_secs(20)).await;
+    assert_eq!(
+        (&ended["state"], &ended["error"]),
+        (
+            &json!("cancelled"),
+            &json!("cancelled by a blackout window: Freeze")
+        ),
+        "{ended}"
+    );
+    assert!(
+        instant(&ended["finished_at"]) >= opens,
+        "stopped once the window opened, not before: {ended}"
+    );
+    let (_, job) = call(&sked, Method::GET, "/jobs/stopped", None).await;
+    assert_eq!(
+        job["blackouts"][0]["cancel_running"], true,
+        "the definition keeps the flag: {job}"
+    );
+
+    // The window without the flag: its run is still running well after it opened.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let id = spared["id"].as_i64().expect("run id");
+    assert_eq!(sked.run(id).await["state"], "running");
+}
+
+/// `sked namespace pause --cancel-running` stops the runs of the namespace's jobs running now,
+/// with the pause's reason; a job of another namespace runs on.
+#[tokio::test]
+async fn a_pause_with_cancel_running_stops_the_namespaces_running_runs() {
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    sked.start_worker("w", 4);
+    for path in ["/jobs/batch?namespace=ops", "/jobs/batch"] {
+        let (status, answer) = call(&sked, Method::PUT, path, Some(sleeper(json!([])))).await;
+        assert_eq!(status, 201, "{answer}");
+    }
+    let in_ops = running_run(&sked, "ops", "batch").await;
+    let elsewhere = running_run(&sked, "default", "batch").await;
+    let until = (Utc::now() + Span::hours(1)).to_rfc3339();
+    let (ok, out, err) = sked.cli(&[
+        "namespace",
+        "pause",
+        "--namespace",
+        "ops",
+        "--until",
+        &until,
+        "--reason",
+        "Incident 42",
+        "--cancel-running",
+    ]);
+    assert!(ok, "{out}{err}");
+    let id = in_ops["id"].as_i64().expect("run id");
+    let ended = sked.wait_finished(id, Duration::from_secs(20)).await;
+    assert_eq!(
+        (&ended["state"], &ended["error"]),
+        (
+            &json!("cancelled"),
+            &json!("cancelled by a blackout window: Incident 42")
+        ),
+        "{ended}"
+    );
+    let (_, settings) = call(&sked, Method::GET, "/namespaces/ops", None).await;
+    assert_eq!(
+        settings["blackouts"][0]["cancel_running"], true,
+        "{settings}"
+    );
+    let id = elsewhere["id"].as_i64().expect("run id");
+    assert_eq!(sked.run(id).await["state"], "running", "another namespace");
+}

@@ -1,10 +1,12 @@
 //! Background duties that keep the ledger healthy: the reaper (expired leases, dead workers),
 //! dependency timeouts (runs that waited too long for their upstreams), ping deadlines
-//! (heartbeat runs whose ping did not come), the deadline watcher (runs that missed, or are
-//! about to miss, their job's `deadline`) and retention (old finished runs). Each is a loop
-//! with the same shape, [`every`], and runs only while this node holds the maintenance lease
-//! (always, on a single node).
+//! (heartbeat runs whose ping did not come), blackout stops (running runs a window with
+//! `cancel_running` stops), the deadline watcher (runs that missed, or are about to miss,
+//! their job's `deadline`) and retention (old finished runs). Each is a loop with the same
+//! shape, [`every`], and runs only while this node holds the maintenance lease (always, on a
+//! single node).
 
+pub mod blackout_stops;
 pub mod deadlines;
 pub mod dependency_timeouts;
 pub mod ping_deadlines;
