@@ -204,43 +204,32 @@ pub async fn apply(client: &Client, file: &Path, options: ApplyOptions) -> Resul
     let applied_calendars = answer["calendars"].as_array().cloned().unwrap_or_default();
     let applied = answer["jobs"].as_array().cloned().unwrap_or_default();
     if options.dry_run {
-        for calendar in &applied_calendars {
-            let name = calendar["name"].as_str().unwrap_or_default();
-            match (calendar["change"].as_str(), current_calendars.get(name)) {
-                (Some("created"), _) | (_, None) => println!("create    calendar {name}"),
-                (Some("unchanged"), _) => println!("unchanged calendar {name}"),
-                (_, Some(stored)) => {
-                    println!("update    calendar {name}");
-                    let file = calendars
-                        .iter()
-                        .filter_map(split_calendar)
-                        .find(|(n, _)| n == name);
-                    if let Some((_, spec)) = file {
-                        for change in
-                            diff(&calendar_definition(stored)?, &calendar_definition(&spec)?)
-                        {
-                            println!("    {change}");
-                        }
-                    }
-                }
-            }
-        }
-        for job in &applied {
-            let name = job["name"].as_str().unwrap_or_default();
-            match (job["change"].as_str(), current.get(name)) {
-                (Some("created"), _) | (_, None) => println!("create    {name}"),
-                (Some("unchanged"), _) => println!("unchanged {name}"),
-                (_, Some(view)) => {
-                    println!("update    {name}");
-                    let file = jobs.iter().find(|j| j["name"].as_str() == Some(name));
-                    if let Some(file) = file {
-                        for change in diff(&stored_definition(view)?, &file_definition(file)?) {
-                            println!("    {change}");
-                        }
-                    }
-                }
-            }
-        }
+        print_plan("calendar ", &applied_calendars, |name| {
+            let Some(stored) = current_calendars.get(name) else {
+                return Ok(None);
+            };
+            let stored = calendar_definition(stored)?;
+            let file = match calendars
+                .iter()
+                .filter_map(split_calendar)
+                .find(|(n, _)| n == name)
+            {
+                Some((_, spec)) => calendar_definition(&spec)?,
+                None => stored.clone(),
+            };
+            Ok(Some((stored, file)))
+        })?;
+        print_plan("", &applied, |name| {
+            let Some(view) = current.get(name) else {
+                return Ok(None);
+            };
+            let stored = stored_definition(view)?;
+            let file = match jobs.iter().find(|j| j["name"].as_str() == Some(name)) {
+                Some(file) => file_definition(file)?,
+                None => stored.clone(),
+            };
+            Ok(Some((stored, file)))
+        })?;
         for name in &stale {
             println!("delete    {name}");
         }
@@ -287,6 +276,34 @@ pub async fn apply(client: &Client, file: &Path, options: ApplyOptions) -> Resul
         },
         client.namespace
     );
+    Ok(())
+}
+
+/// A dry run's line for each item of `applied` (the server's answer), `label` before its
+/// name: `create`, `unchanged`, or `update` followed by each field that would change, from
+/// `definitions` (the stored definition and the file's, in the same form; `None` when the
+/// server holds none).
+fn print_plan(
+    label: &str,
+    applied: &[Value],
+    definitions: impl Fn(&str) -> Result<Option<(Value, Value)>>,
+) -> Result<()> {
+    for item in applied {
+        let name = item["name"].as_str().unwrap_or_default();
+        match item["change"].as_str() {
+            Some("created") => println!("create    {label}{name}"),
+            Some("unchanged") => println!("unchanged {label}{name}"),
+            _ => match definitions(name)? {
+                None => println!("create    {label}{name}"),
+                Some((stored, file)) => {
+                    println!("update    {label}{name}");
+                    for change in diff(&stored, &file) {
+                        println!("    {change}");
+                    }
+                }
+            },
+        }
+    }
     Ok(())
 }
 

@@ -274,6 +274,19 @@ async fn running_run(sked: &Sked, namespace: &str, job: &str) -> Value {
     }
 }
 
+/// Waits for `run` to end, asserts that a window with `reason` cancelled it, and returns it.
+async fn ends_cancelled_by(sked: &Sked, run: &Value, reason: &str) -> Value {
+    let id = run["id"].as_i64().expect("run id");
+    let ended = sked.wait_finished(id, Duration::from_secs(20)).await;
+    let expected = format!("cancelled by a blackout window: {reason}");
+    assert_eq!(
+        (&ended["state"], &ended["error"]),
+        (&json!("cancelled"), &json!(expected)),
+        "{ended}"
+    );
+    ended
+}
+
 /// A job running `sleep`, one run at a time, with `blackouts`.
 fn sleeper(blackouts: Value) -> Value {
     json!({
@@ -312,16 +325,7 @@ async fn a_window_with_cancel_running_stops_the_runs_it_finds_running_and_others
         let (status, answer) = sked.put_job(name, sleeper(window)).await;
         assert_eq!(status, 200, "{answer}");
     }
-    let id = stopped["id"].as_i64().expect("run id");
-    let ended = sked.wait_finished(id, Duration::from_secs(20)).await;
-    assert_eq!(
-        (&ended["state"], &ended["error"]),
-        (
-            &json!("cancelled"),
-            &json!("cancelled by a blackout window: Freeze")
-        ),
-        "{ended}"
-    );
+    let ended = ends_cancelled_by(&sked, &stopped, "Freeze").await;
     assert!(
         instant(&ended["finished_at"]) >= opens,
         "stopped once the window opened, not before: {ended}"
@@ -364,16 +368,7 @@ async fn a_pause_with_cancel_running_stops_the_namespaces_running_runs() {
         "--cancel-running",
     ]);
     assert!(ok, "{out}{err}");
-    let id = in_ops["id"].as_i64().expect("run id");
-    let ended = sked.wait_finished(id, Duration::from_secs(20)).await;
-    assert_eq!(
-        (&ended["state"], &ended["error"]),
-        (
-            &json!("cancelled"),
-            &json!("cancelled by a blackout window: Incident 42")
-        ),
-        "{ended}"
-    );
+    ends_cancelled_by(&sked, &in_ops, "Incident 42").await;
     let (_, settings) = call(&sked, Method::GET, "/namespaces/ops", None).await;
     assert_eq!(
         settings["blackouts"][0]["cancel_running"], true,

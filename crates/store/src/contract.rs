@@ -3447,6 +3447,17 @@ fn calendar_spec(json: serde_json::Value) -> sked_core::calendar::CalendarSpec {
     serde_json::from_value(json).expect("contract calendar JSON")
 }
 
+/// Asserts that the audit entries `query` finds are `expected`, as (action, object), newest
+/// first.
+async fn assert_trail(store: &dyn Store, query: AuditQuery, expected: &[(&str, Option<&str>)]) {
+    let trail = audit_page(store, query).await;
+    let written: Vec<(&str, Option<&str>)> = trail
+        .iter()
+        .map(|r| (r.entry.action.as_str(), r.entry.object.as_deref()))
+        .collect();
+    assert_eq!(written, expected);
+}
+
 pub async fn calendars_are_versioned_listed_and_kept_per_namespace(store: &dyn Store) {
     let first = calendar_spec(serde_json::json!({
         "timezone": "Europe/London",
@@ -3693,25 +3704,19 @@ pub async fn calendar_changes_are_audited_with_them_and_no_change_is_not(store: 
         .delete_calendar("default", "uk", false, delete_audit)
         .await
         .unwrap();
-    let trail = store
-        .list_audit(&AuditQuery {
-            limit: 10,
-            ..AuditQuery::default()
-        })
-        .await
-        .unwrap()
-        .items;
-    let written: Vec<(&str, Option<&str>)> = trail
-        .iter()
-        .map(|r| (r.entry.action.as_str(), r.entry.object.as_deref()))
-        .collect();
-    assert_eq!(
-        written,
-        [
+    let query = AuditQuery {
+        limit: 10,
+        ..AuditQuery::default()
+    };
+    assert_trail(
+        store,
+        query,
+        &[
             ("calendar.delete", Some("uk")),
-            ("calendar.put", Some("uk"))
-        ]
-    );
+            ("calendar.put", Some("uk")),
+        ],
+    )
+    .await;
 }
 
 /// A batch's calendars are written with its jobs in one transaction: a refused job leaves
@@ -3843,27 +3848,21 @@ pub async fn a_batch_writes_its_calendars_and_jobs_together_or_nothing(store: &d
         .unwrap();
     assert_eq!(updated.calendars[0].0, PutOutcome::Updated);
     assert_eq!(updated.calendars[0].1.version, 2);
-    let trail = store
-        .list_audit(&AuditQuery {
-            namespace: Some("default".into()),
-            limit: 10,
-            ..AuditQuery::default()
-        })
-        .await
-        .unwrap()
-        .items;
-    let written: Vec<(&str, Option<&str>)> = trail
-        .iter()
-        .map(|r| (r.entry.action.as_str(), r.entry.object.as_deref()))
-        .collect();
-    assert_eq!(
-        written,
-        [
+    let query = AuditQuery {
+        namespace: Some("default".into()),
+        limit: 10,
+        ..AuditQuery::default()
+    };
+    assert_trail(
+        store,
+        query,
+        &[
             ("calendar.put", Some("uk")),
             ("job.put", Some("payroll")),
             ("calendar.put", Some("uk")),
-        ]
-    );
+        ],
+    )
+    .await;
 }
 
 /// A run a calendar moved keeps the instant its schedule named; one a calendar skipped is

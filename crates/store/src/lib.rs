@@ -206,6 +206,17 @@ pub struct BatchRefusal {
     pub error: StoreError,
 }
 
+impl BatchRefusal {
+    /// `error`, met by a write of `batch` that had reached `position` (its calendars, then its
+    /// jobs), or `usize::MAX` once past every item.
+    pub(crate) fn reached(batch: &Batch, position: usize, error: StoreError) -> Self {
+        BatchRefusal {
+            at: (position != usize::MAX).then(|| BatchItem::at(batch, position)),
+            error,
+        }
+    }
+}
+
 impl From<StoreError> for BatchRefusal {
     fn from(error: StoreError) -> Self {
         BatchRefusal { at: None, error }

@@ -375,10 +375,7 @@ impl Store for PgStore {
         });
         written.map_err(|error| {
             let position = reached.load(std::sync::atomic::Ordering::Relaxed);
-            crate::BatchRefusal {
-                at: (position != usize::MAX).then(|| BatchItem::at(batch, position)),
-                error,
-            }
+            crate::BatchRefusal::reached(batch, position, error)
         })
     }
 

@@ -527,10 +527,7 @@ impl Store for SqliteStore {
             .await;
         written.map_err(|error| {
             let position = reached.load(std::sync::atomic::Ordering::Relaxed);
-            crate::BatchRefusal {
-                at: (position != usize::MAX).then(|| BatchItem::at(batch, position)),
-                error,
-            }
+            crate::BatchRefusal::reached(batch, position, error)
         })
     }
 
