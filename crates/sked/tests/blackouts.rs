@@ -1,7 +1,9 @@
 //! Blackout windows, black-box: a job's instants inside one of its windows are in the ledger as
 //! `skipped (blackout)` with the window's reason, one row an instant, and the job runs again
 //! once the window is gone; repeating windows preview as they will apply, after a calendar's
-//! moves; bad windows are refused naming the field, with nothing written.
+//! moves; bad windows are refused naming the field, with nothing written. A window with
+//! `cancel_running` (a job's, a namespace's, `sked namespace pause --cancel-running`) stops the
+//! runs it finds running with its reason, each asked once in a cluster; one without leaves them.
 
 mod common;
 
@@ -376,4 +378,114 @@ async fn a_pause_with_cancel_running_stops_the_namespaces_running_runs() {
     );
     let id = elsewhere["id"].as_i64().expect("run id");
     assert_eq!(sked.run(id).await["state"], "running", "another namespace");
+}
+
+/// Two nodes on PostgreSQL, jobs spread over both nodes' partitions: a namespace window with
+/// `cancel_running` stops every running run, each asked once (one node asks, each run once).
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test]
+async fn in_a_cluster_each_run_a_window_stops_is_asked_once() {
+    use common::pg::{self, Logs, Node, Schema};
+    const JOBS: usize = 6;
+    let schema = Schema::create().await;
+    let logs = Logs::new();
+    let http = pg::http_client();
+    let mut a = Node::spawn(&logs, "node-a", common::free_port(), &schema.url);
+    let mut b = Node::spawn(&logs, "node-b", common::free_port(), &schema.url);
+    a.ready(&http, Duration::from_secs(60)).await;
+    b.ready(&http, Duration::from_secs(60)).await;
+    let ids = [a.id.as_str(), b.id.as_str()];
+    pg::wait_cluster(
+        &http,
+        &a.base(),
+        Duration::from_secs(30),
+        "balanced",
+        |view| pg::all_alive_and_owned(view, &ids),
+    )
+    .await;
+    let servers = format!("{},{}", a.base(), b.base());
+    let _worker = common::Proc::spawn(
+        "worker",
+        &["worker", "--server", &servers, "--slots", "16"],
+        &logs.file("worker"),
+    );
+    let api = |path: &str| format!("{}/api/v1{path}", a.base());
+    for i in 0..JOBS {
+        let (status, answer) = common::call(
+            &http,
+            Method::PUT,
+            api(&format!("/jobs/j{i}")),
+            Some(sleeper(json!([]))),
+        )
+        .await;
+        assert_eq!(status, 201, "{answer}");
+    }
+    let mut running = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for i in 0..JOBS {
+        loop {
+            let (_, page) = common::call(
+                &http,
+                Method::GET,
+                api(&format!("/jobs/j{i}/runs?limit=100")),
+                None,
+            )
+            .await;
+            let runs = page["runs"].as_array().cloned().unwrap_or_default();
+            if let Some(run) = runs.into_iter().find(|r| r["state"] == "running") {
+                running.push(run["id"].as_i64().expect("run id"));
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "j{i} never ran");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let now = Utc::now();
+    let window = json!({"blackouts": [{"from": now.to_rfc3339(),
+        "to": (now + Span::hours(1)).to_rfc3339(), "reason": "Failover drill",
+        "cancel_running": true}]});
+    let (status, answer) =
+        common::call(&http, Method::PUT, api("/namespaces/default"), Some(window)).await;
+    assert!(status == 200 || status == 201, "{answer}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for id in &running {
+        loop {
+            let (_, run) =
+                common::call(&http, Method::GET, api(&format!("/runs/{id}")), None).await;
+            if common::is_terminal(&run["state"]) {
+                assert_eq!(
+                    (&run["state"], &run["error"]),
+                    (
+                        &json!("cancelled"),
+                        &json!("cancelled by a blackout window: Failover drill")
+                    ),
+                    "{run}"
+                );
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "run {id} not stopped: {run}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // One line a run asked, across both nodes.
+    let asked: usize = [&a.log, &b.log]
+        .iter()
+        .map(|log| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|line| line.contains("cancelled by a blackout window: Failover drill"))
+                .count()
+        })
+        .sum();
+    assert_eq!(asked, running.len(), "each run asked once");
+    drop(a);
+    drop(b);
+    schema.drop_schema().await;
 }

@@ -73,17 +73,20 @@ async fn stop_runs_under_windows(state: &AppState) -> Result<(), StoreError> {
                 namespaces.get(&run.namespace),
             );
             if let Some(reason) = verdict {
-                tracing::info!(
-                    "run {} of {}/{}: {reason}",
-                    run.run_id,
-                    run.namespace,
-                    run.job
-                );
                 asked.push((run.run_id, reason));
             }
         }
-        if !asked.is_empty() {
-            state.store.stop_runs(&asked).await?;
+        // Said for the runs this call asked: one line a run, whichever node asks.
+        let stopped = match asked.is_empty() {
+            true => Vec::new(),
+            false => state.store.stop_runs(&asked).await?,
+        };
+        for id in stopped {
+            let run = page.iter().find(|run| run.run_id == id);
+            let reason = asked.iter().find(|(asked, _)| *asked == id);
+            if let (Some(run), Some((_, reason))) = (run, reason) {
+                tracing::info!("run {id} of {}/{}: {reason}", run.namespace, run.job);
+            }
         }
         match page.last() {
             Some(last) if page.len() == PAGE as usize => after = last.run_id,
