@@ -380,7 +380,7 @@ async fn a_pause_with_cancel_running_stops_the_namespaces_running_runs() {
     assert_eq!(sked.run(id).await["state"], "running", "another namespace");
 }
 
-/// Two nodes on PostgreSQL, jobs spread over both nodes' partitions: a namespace window with
+/// Two nodes on PostgreSQL, each holding partitions, jobs spread over them: a namespace window with
 /// `cancel_running` stops every running run, each asked once (one node asks, each run once).
 #[cfg_attr(
     not(sked_pg_tests),
@@ -388,30 +388,12 @@ async fn a_pause_with_cancel_running_stops_the_namespaces_running_runs() {
 )]
 #[tokio::test]
 async fn in_a_cluster_each_run_a_window_stops_is_asked_once() {
-    use common::pg::{self, Logs, Node, Schema};
+    use common::pg::{self, Logs, Schema};
     const JOBS: usize = 6;
     let schema = Schema::create().await;
     let logs = Logs::new();
     let http = pg::http_client();
-    let mut a = Node::spawn(&logs, "node-a", common::free_port(), &schema.url);
-    let mut b = Node::spawn(&logs, "node-b", common::free_port(), &schema.url);
-    a.ready(&http, Duration::from_secs(60)).await;
-    b.ready(&http, Duration::from_secs(60)).await;
-    let ids = [a.id.as_str(), b.id.as_str()];
-    pg::wait_cluster(
-        &http,
-        &a.base(),
-        Duration::from_secs(30),
-        "balanced",
-        |view| pg::all_alive_and_owned(view, &ids),
-    )
-    .await;
-    let servers = format!("{},{}", a.base(), b.base());
-    let _worker = common::Proc::spawn(
-        "worker",
-        &["worker", "--server", &servers, "--slots", "16"],
-        &logs.file("worker"),
-    );
+    let (a, b, _worker) = pg::two_nodes_and_a_worker(&logs, &schema.url, &http, 16).await;
     let api = |path: &str| format!("{}/api/v1{path}", a.base());
     for i in 0..JOBS {
         let (status, answer) = common::call(

@@ -518,35 +518,12 @@ async fn the_cli_imports_an_icalendar_file_and_refuses_what_is_not_one() {
 )]
 #[tokio::test]
 async fn a_calendar_written_on_one_node_applies_on_every_node() {
-    use common::pg::{self, Logs, Node, Schema};
+    use common::pg::{self, Logs, Schema};
     const JOBS: usize = 16;
     let schema = Schema::create().await;
     let logs = Logs::new();
     let http = pg::http_client();
-    let mut a = Node::spawn(&logs, "node-a", common::free_port(), &schema.url);
-    let mut b = Node::spawn(&logs, "node-b", common::free_port(), &schema.url);
-    a.ready(&http, Duration::from_secs(60)).await;
-    b.ready(&http, Duration::from_secs(60)).await;
-    let ids = [a.id.as_str(), b.id.as_str()];
-    pg::wait_cluster(
-        &http,
-        &a.base(),
-        Duration::from_secs(30),
-        "balanced",
-        |view| {
-            pg::all_alive_and_owned(view, &ids)
-                && ids.iter().all(|id| {
-                    pg::member(view, id).is_some_and(|m| m["partitions"].as_u64() > Some(0))
-                })
-        },
-    )
-    .await;
-    let servers = format!("{},{}", a.base(), b.base());
-    let _worker = common::Proc::spawn(
-        "worker",
-        &["worker", "--server", &servers, "--slots", "16"],
-        &logs.file("worker"),
-    );
+    let (a, b, _worker) = pg::two_nodes_and_a_worker(&logs, &schema.url, &http, 16).await;
     let api = |path: &str| format!("{}/api/v1{path}", a.base());
     let every_day = json!({"weekdays": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]});
     let (status, _) = common::call(

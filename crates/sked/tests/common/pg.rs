@@ -201,6 +201,42 @@ pub fn member<'a>(view: &'a Value, id: &str) -> Option<&'a Value> {
         .and_then(|nodes| nodes.iter().find(|n| n["id"] == id))
 }
 
+/// Two nodes on `url`, ready, each holding some of the partitions (every one held), and a
+/// worker with `slots` slots polling both: the nodes and the worker.
+pub async fn two_nodes_and_a_worker(
+    logs: &Logs,
+    url: &str,
+    http: &reqwest::Client,
+    slots: u32,
+) -> (Node, Node, Proc) {
+    let mut a = Node::spawn(logs, "node-a", super::free_port(), url);
+    let mut b = Node::spawn(logs, "node-b", super::free_port(), url);
+    a.ready(http, Duration::from_secs(60)).await;
+    b.ready(http, Duration::from_secs(60)).await;
+    let ids = [a.id.as_str(), b.id.as_str()];
+    wait_cluster(
+        http,
+        &a.base(),
+        Duration::from_secs(30),
+        "balanced",
+        |view| {
+            all_alive_and_owned(view, &ids)
+                && ids
+                    .iter()
+                    .all(|id| member(view, id).is_some_and(|m| m["partitions"].as_u64() > Some(0)))
+        },
+    )
+    .await;
+    let servers = format!("{},{}", a.base(), b.base());
+    let slots = slots.to_string();
+    let worker = Proc::spawn(
+        "worker",
+        &["worker", "--server", &servers, "--slots", &slots],
+        &logs.file("worker"),
+    );
+    (a, b, worker)
+}
+
 /// Polls `/api/v1/cluster` at `base` until `settled` holds of the view, for at most `within`;
 /// panics with the last view (or the last error) otherwise.
 pub async fn wait_cluster(
