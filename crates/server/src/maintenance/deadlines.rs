@@ -15,7 +15,6 @@ use crate::AppState;
 use chrono::Utc;
 use sked_core::deadline::estimate::{self, History, Stage, Step, HISTORY_RUNS, QUANTILE};
 use sked_core::deadline::{self, DeadlineSpec, RunProgress, Zone};
-use sked_core::job::JobSpec;
 use sked_core::records::{JobRecord, RunRecord};
 use sked_core::run::{RunState, WaitReason};
 use sked_core::Instant;
@@ -172,33 +171,20 @@ impl Watcher {
         now: Instant,
     ) -> Option<Instant> {
         let mut budget = MAX_STEPS;
-        let step = self
-            .step_of_run(
-                state,
-                &job.namespace,
-                &job.name,
-                &job.spec,
-                run,
-                0,
-                &mut budget,
-            )
-            .await;
+        let step = self.step_of_run(state, job, run, 0, &mut budget).await;
         estimate::finish(&step, now, QUANTILE)
     }
 
-    /// The step `run` (of job `name`) is in a chain, with the steps it waits for.
-    #[allow(clippy::too_many_arguments)]
+    /// The step `run` (of `job`) is in a chain, with the steps it waits for.
     async fn step_of_run(
         &mut self,
         state: &AppState,
-        namespace: &str,
-        name: &str,
-        spec: &JobSpec,
+        job: &JobRecord,
         run: &RunRecord,
         depth: usize,
         budget: &mut usize,
     ) -> Step {
-        let history = self.history(state, namespace, name).await;
+        let history = self.history(state, job).await;
         let stage = match run.state {
             RunState::Running => Stage::Running {
                 started_at: run.started_at.unwrap_or(run.ready_at),
@@ -209,13 +195,10 @@ impl Watcher {
             RunState::Waiting => {
                 let upstream = match run.waiting_reason {
                     Some(WaitReason::Dependencies) => {
-                        Box::pin(self.upstream_steps(state, namespace, spec, depth, budget)).await
+                        Box::pin(self.upstream_steps(state, job, depth, budget)).await
                     }
                     Some(WaitReason::Overlap) => {
-                        Box::pin(
-                            self.earlier_runs(state, namespace, name, spec, run, depth, budget),
-                        )
-                        .await
+                        Box::pin(self.earlier_runs(state, job, run, depth, budget)).await
                     }
                     _ => Vec::new(),
                 };
@@ -226,13 +209,12 @@ impl Watcher {
         Step { history, stage }
     }
 
-    /// The steps for the jobs `spec` depends on: each one's oldest run not ended, or, for a
+    /// The steps for the jobs `job` depends on: each one's oldest run not ended, or, for a
     /// job that follows its own upstreams and has none, the run to come after them.
     async fn upstream_steps(
         &mut self,
         state: &AppState,
-        namespace: &str,
-        spec: &JobSpec,
+        job: &JobRecord,
         depth: usize,
         budget: &mut usize,
     ) -> Vec<Step> {
@@ -240,40 +222,30 @@ impl Watcher {
         if depth >= MAX_DEPTH {
             return steps;
         }
-        for upstream in sked_core::dependency::upstreams(&spec.depends_on) {
+        for name in sked_core::dependency::upstreams(&job.spec.depends_on) {
             if *budget == 0 {
                 break;
             }
             *budget -= 1;
-            let Ok(Some(job)) = state.store.get_job(namespace, &upstream).await else {
+            let Ok(Some(upstream)) = state.store.get_job(&job.namespace, &name).await else {
                 continue;
             };
-            let open = state.store.open_runs(&[job.id]).await.unwrap_or_default();
+            let open = state
+                .store
+                .open_runs(&[upstream.id])
+                .await
+                .unwrap_or_default();
             let step = match open.first() {
                 Some(run) => {
-                    self.step_of_run(
-                        state,
-                        namespace,
-                        &job.name,
-                        &job.spec,
-                        run,
-                        depth + 1,
-                        budget,
-                    )
-                    .await
+                    self.step_of_run(state, &upstream, run, depth + 1, budget)
+                        .await
                 }
-                None if job.spec.follows_upstreams() => {
-                    let upstream = Box::pin(self.upstream_steps(
-                        state,
-                        namespace,
-                        &job.spec,
-                        depth + 1,
-                        budget,
-                    ))
-                    .await;
+                None if upstream.spec.follows_upstreams() => {
+                    let before =
+                        Box::pin(self.upstream_steps(state, &upstream, depth + 1, budget)).await;
                     Step {
-                        history: self.history(state, namespace, &job.name).await,
-                        stage: Stage::Expected { upstream },
+                        history: self.history(state, &upstream).await,
+                        stage: Stage::Expected { upstream: before },
                     }
                 }
                 None => continue,
@@ -284,13 +256,10 @@ impl Watcher {
     }
 
     /// The job's runs before `run` that hold it back (overlap `buffer_*`).
-    #[allow(clippy::too_many_arguments)]
     async fn earlier_runs(
         &mut self,
         state: &AppState,
-        namespace: &str,
-        name: &str,
-        spec: &JobSpec,
+        job: &JobRecord,
         run: &RunRecord,
         depth: usize,
         budget: &mut usize,
@@ -313,7 +282,7 @@ impl Watcher {
             }
             *budget -= 1;
             steps.push(
-                self.step_of_run(state, namespace, name, spec, earlier, depth + 1, budget)
+                self.step_of_run(state, job, earlier, depth + 1, budget)
                     .await,
             );
         }
@@ -321,7 +290,8 @@ impl Watcher {
     }
 
     /// The job's recent durations, read again once [`HISTORY_TTL`] old.
-    async fn history(&mut self, state: &AppState, namespace: &str, name: &str) -> History {
+    async fn history(&mut self, state: &AppState, job: &JobRecord) -> History {
+        let (namespace, name) = (job.namespace.as_str(), job.name.as_str());
         let key = (namespace.to_string(), name.to_string());
         if let Some((read, history)) = self.histories.get(&key) {
             // A history too short to estimate from is read again at once: the runs that
