@@ -913,6 +913,12 @@ pub enum RunCommand {
         /// Only runs in this state, e.g. queued, running, succeeded, failed.
         #[arg(long)]
         state: Option<String>,
+        /// Only runs that missed a deadline (their job's `deadline`).
+        #[arg(long)]
+        deadline_missed: bool,
+        /// Only runs that were called at risk of missing their `finish_by`.
+        #[arg(long)]
+        at_risk: bool,
         /// At most this many runs.
         #[arg(long, default_value_t = 50)]
         limit: u32,
@@ -1381,12 +1387,18 @@ async fn run_cmd(cmd: RunCommand) -> Result<()> {
         RunCommand::List {
             job,
             state,
+            deadline_missed,
+            at_risk,
             limit,
             client,
         } => {
-            client::Client::new(&client)?
-                .run_list(job, state, limit)
-                .await
+            let filter = client::RunFilter {
+                job,
+                state,
+                deadline_missed,
+                at_risk,
+            };
+            client::Client::new(&client)?.run_list(filter, limit).await
         }
         RunCommand::Get { id, client } => client::Client::new(&client)?.run_get(id).await,
         RunCommand::Logs {

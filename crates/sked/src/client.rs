@@ -525,15 +525,18 @@ impl Client {
         Ok(())
     }
 
-    pub async fn run_list(
-        &self,
-        job: Option<String>,
-        state: Option<String>,
-        limit: u32,
-    ) -> Result<()> {
+    pub async fn run_list(&self, filter: RunFilter, limit: u32) -> Result<()> {
         let mut query = vec![("limit", limit.to_string())];
-        query.extend(job.map(|j| ("job", j)));
-        query.extend(state.map(|s| ("state", s)));
+        query.extend(filter.job.map(|j| ("job", j)));
+        query.extend(filter.state.map(|s| ("state", s)));
+        for (flag, on) in [
+            ("deadline_missed", filter.deadline_missed),
+            ("at_risk", filter.at_risk),
+        ] {
+            if on {
+                query.push((flag, "true".to_string()));
+            }
+        }
         let page = self.get_json("/runs", &query).await?;
         if self.json {
             return Self::print_json(&page["runs"]);
@@ -564,10 +567,21 @@ impl Client {
                     text(&r["scheduled_for"]),
                     state,
                     text(&r["attempts"]),
+                    deadline_text(r),
                 ]
             })
             .collect();
-        print_table(&["ID", "JOB", "SCHEDULED FOR", "STATE", "ATTEMPTS"], &table);
+        print_table(
+            &[
+                "ID",
+                "JOB",
+                "SCHEDULED FOR",
+                "STATE",
+                "ATTEMPTS",
+                "DEADLINE",
+            ],
+            &table,
+        );
         Ok(())
     }
 
@@ -1238,5 +1252,35 @@ mod tests {
         assert_eq!(local_server("127.0.0.1:18080"), "http://127.0.0.1:18080");
         assert_eq!(local_server("10.1.2.3:8080"), "http://10.1.2.3:8080");
         assert_eq!(local_server("localhost:8080"), "http://localhost:8080");
+    }
+}
+
+/// Which runs `sked run list` asks for.
+#[derive(Debug, Default)]
+pub struct RunFilter {
+    pub job: Option<String>,
+    pub state: Option<String>,
+    pub deadline_missed: bool,
+    pub at_risk: bool,
+}
+
+/// A run's deadlines in a word or two for the run table: what it missed and by how much
+/// (`missed finish_by +2.0s`), or `at risk`; empty for a run of a job without a deadline.
+fn deadline_text(run: &Value) -> String {
+    let missed: Vec<String> = run["deadline_missed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let by = m["by_ms"].as_f64().unwrap_or_default() / 1000.0;
+            format!("missed {} +{by:.1}s", text(&m["kind"]))
+        })
+        .collect();
+    if !missed.is_empty() {
+        missed.join(", ")
+    } else if run["at_risk"].is_object() {
+        "at risk".to_string()
+    } else {
+        String::new()
     }
 }

@@ -139,6 +139,13 @@ async fn an_overrun_is_marked_told_once_and_counted_and_a_run_on_time_is_not() {
     assert_eq!(ids, [late]);
     let (status, page) = sked.get("/runs?at_risk=maybe").await;
     assert_eq!(status, 400, "{page}");
+    let (ok, out, err) = sked.cli(&["run", "list", "--deadline-missed"]);
+    assert!(ok, "{err}");
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 1, "{out}");
+    assert!(rows[0].starts_with(&late.to_string()), "{out}");
+    assert!(rows[0].contains("missed finish_by +"), "{out}");
+    assert!(rows[0].contains("missed max_duration +"), "{out}");
 }
 
 #[tokio::test]
