@@ -379,7 +379,7 @@ async fn pause_and_check_ledger(
         (Utc::now() - pause_began).num_milliseconds()
     );
     let db = schema.client().await;
-    await_instants_up_to_pause(&db, pause_began, plans.len()).await;
+    await_firing_past_each_pause(&db, pause_began, plans.len()).await;
     drain(&db).await;
     check_ledger(&db, plans, pause_began, sink).await
 }
@@ -618,30 +618,33 @@ async fn pause_jobs(http: &reqwest::Client, bases: &[String], plans: &[JobPlan])
     }
 }
 
-/// Waits (up to [`SETTLE`]) until every job has an instant recorded from just before pausing
-/// on. A partition handed over during the pause is fired by its new node only once that node
-/// has loaded it, which on a loaded machine can take a few seconds: an instant recorded late
-/// is no problem of the ledger, one never recorded is, and `check_ledger` reports it.
-async fn await_instants_up_to_pause(
+/// Waits (up to [`SETTLE`]) until the firing of every job has passed its pause: each has an
+/// instant recorded `skipped (paused)`. A job's instants are recorded in order, so every
+/// instant due before the job was paused is then in the ledger too. Pausing a thousand jobs
+/// takes seconds, and an instant due between the first pause and a job's own is a run like
+/// any other; fired late (a partition handed over during the pause is fired by its new node
+/// only once that node has loaded it, and a loaded machine's loop runs behind), it would
+/// reach the target after a drain that looked too early saw nothing running. An instant
+/// recorded late is no problem of the ledger, one never recorded is, and `check_ledger`
+/// reports it.
+async fn await_firing_past_each_pause(
     db: &tokio_postgres::Client,
     pause_began: DateTime<Utc>,
     jobs: usize,
 ) {
     let began = Instant::now();
-    let window_end = micros(pause_began) - EDGE_MICROS;
     loop {
         let caught_up: i64 = db
             .query_one(
-                "SELECT count(*) FROM (SELECT job, max(scheduled_for) AS last FROM runs \
-                 GROUP BY job) jobs WHERE last >= $1",
-                &[&window_end],
+                "SELECT count(DISTINCT job) FROM runs WHERE skip_reason = 'paused'",
+                &[],
             )
             .await
-            .expect("count jobs with an instant up to pausing")
+            .expect("count jobs whose firing passed their pause")
             .get(0);
         if caught_up as usize >= jobs || began.elapsed() > SETTLE {
             println!(
-                "{caught_up} of {jobs} jobs had their instants up to pausing recorded {} ms after pausing",
+                "{caught_up} of {jobs} jobs had fired past their pause {} ms after pausing",
                 (Utc::now() - pause_began).num_milliseconds()
             );
             return;
