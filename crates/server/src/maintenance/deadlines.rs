@@ -227,14 +227,19 @@ impl Watcher {
                 break;
             }
             *budget -= 1;
-            let Ok(Some(upstream)) = state.store.get_job(&job.namespace, &name).await else {
-                continue;
+            let upstream = match state.store.get_job(&job.namespace, &name).await {
+                Ok(Some(upstream)) => upstream,
+                // Deleted since: nothing of it is pending.
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(
+                        "deadlines: cannot read upstream {}/{name}, left out of the estimate: {e}",
+                        job.namespace
+                    );
+                    continue;
+                }
             };
-            let open = state
-                .store
-                .open_runs(&[upstream.id])
-                .await
-                .unwrap_or_default();
+            let open = open_runs_of(state, &upstream).await;
             let step = match open.first() {
                 Some(run) => {
                     self.step_of_run(state, &upstream, run, depth + 1, budget)
@@ -268,11 +273,7 @@ impl Watcher {
         if depth >= MAX_DEPTH {
             return steps;
         }
-        let open = state
-            .store
-            .open_runs(&[run.job_id])
-            .await
-            .unwrap_or_default();
+        let open = open_runs_of(state, job).await;
         for earlier in open
             .iter()
             .filter(|r| r.scheduled_for < run.scheduled_for && r.state != RunState::Waiting)
@@ -318,6 +319,22 @@ impl Watcher {
         self.histories
             .retain(|_, (read, _)| read.elapsed() < HISTORY_TTL * 10);
         history
+    }
+}
+
+/// The runs of `job` not ended, the oldest first. A store error is said and leaves them out:
+/// the estimate is then made of what could be read, and the next pass tries again.
+async fn open_runs_of(state: &AppState, job: &JobRecord) -> Vec<RunRecord> {
+    match state.store.open_runs(&[job.id]).await {
+        Ok(runs) => runs,
+        Err(e) => {
+            tracing::warn!(
+                "deadlines: cannot read the open runs of {}/{}: {e}",
+                job.namespace,
+                job.name
+            );
+            Vec::new()
+        }
     }
 }
 
