@@ -39,12 +39,6 @@ async fn endpoint() -> (String, mpsc::UnboundedReceiver<(String, String)>) {
     (format!("http://{addr}/start"), rx)
 }
 
-async fn trigger(sked: &Sked) -> i64 {
-    let (status, run) = sked.post("/jobs/export/trigger", json!(null)).await;
-    assert_eq!(status, 201, "{run}");
-    run["id"].as_i64().expect("a run id")
-}
-
 #[tokio::test]
 async fn an_http_callback_ends_its_run_when_the_endpoint_reports_or_at_the_timeout() {
     let (url, mut started) = endpoint().await;
@@ -58,7 +52,7 @@ async fn an_http_callback_ends_its_run_when_the_endpoint_reports_or_at_the_timeo
     assert_eq!(status, 201, "{body}");
 
     // The endpoint took the work: the run waits for its report.
-    let a = trigger(&sked).await;
+    let a = sked.trigger("export").await;
     let (complete_url, token) = tokio::time::timeout(Duration::from_secs(20), started.recv())
         .await
         .expect("the request reached the endpoint")
@@ -119,7 +113,7 @@ async fn an_http_callback_ends_its_run_when_the_endpoint_reports_or_at_the_timeo
 
     // The worker lets the slot go once it learns the run ended: its one slot takes the next
     // run, which nobody reports, so the job's timeout ends it.
-    let b = trigger(&sked).await;
+    let b = sked.trigger("export").await;
     let (b_url, b_token) = tokio::time::timeout(Duration::from_secs(20), started.recv())
         .await
         .expect("the next run reached the endpoint: the slot was let go")

@@ -12,14 +12,6 @@ use common::{instant, shell, Sked};
 use serde_json::{json, Value};
 use std::time::Duration;
 
-async fn trigger(sked: &Sked, job: &str) -> i64 {
-    let (status, run) = sked
-        .post(&format!("/jobs/{job}/trigger"), json!(null))
-        .await;
-    assert_eq!(status, 201, "{run}");
-    run["id"].as_i64().expect("a run id")
-}
-
 fn rules(url: &str) -> Value {
     json!([{"on": ["deadline_missed", "at_risk"], "webhook": {"url": url}}])
 }
@@ -75,8 +67,8 @@ async fn an_overrun_is_marked_told_once_and_counted_and_a_run_on_time_is_not() {
         )
         .await;
     assert_eq!(status, 201, "{body}");
-    let late = trigger(&sked, "overrun").await;
-    let fine = trigger(&sked, "on-time").await;
+    let late = sked.trigger("overrun").await;
+    let fine = sked.trigger("on-time").await;
 
     let fine = sked.wait_finished(fine, Duration::from_secs(30)).await;
     assert_eq!(fine["state"], "succeeded", "{fine}");
@@ -166,7 +158,7 @@ async fn a_run_its_history_says_will_overrun_is_at_risk_before_its_finish_by() {
     assert_eq!(status, 201, "{body}");
     let mut history = Vec::new();
     for _ in 0..5 {
-        history.push(trigger(&sked, "slow").await);
+        history.push(sked.trigger("slow").await);
     }
     for id in history {
         let run = sked.wait_finished(id, Duration::from_secs(60)).await;
@@ -177,7 +169,7 @@ async fn a_run_its_history_says_will_overrun_is_at_risk_before_its_finish_by() {
     // Now it must finish within 3 s: its history says 4.
     let (status, body) = sked.put_job("slow", job(json!({"finish_by": "3s"}))).await;
     assert_eq!(status, 200, "{body}");
-    let id = trigger(&sked, "slow").await;
+    let id = sked.trigger("slow").await;
     let risky = wait_for(&sked, id, "called at risk", |r| r["at_risk"].is_object()).await;
     let called = instant(&risky["at_risk"]["at"]);
     let finish_by = instant(&risky["deadline"]["finish_by"]);

@@ -40,12 +40,6 @@ async fn lease(sked: &Sked, worker: &str, wait_ms: u64) -> Vec<i64> {
         .collect()
 }
 
-async fn trigger(sked: &Sked, job: &str) -> i64 {
-    let (status, run) = sked.post(&format!("/jobs/{job}/trigger"), json!({})).await;
-    assert_eq!(status, 201, "{run}");
-    run["id"].as_i64().expect("a run id")
-}
-
 #[tokio::test]
 async fn an_overloaded_worker_gets_nothing_until_it_recovers_and_a_waiting_run_says_why() {
     let mut sked = Sked::new();
@@ -71,7 +65,7 @@ async fn an_overloaded_worker_gets_nothing_until_it_recovers_and_a_waiting_run_s
     // though `a` asked first and for longer.
     let (status, answer) = heartbeat(&sked, &a, json!({"stall": 7})).await;
     assert_eq!(status, 200, "{answer}");
-    let run = trigger(&sked, "work").await;
+    let run = sked.trigger("work").await;
     let (from_a, from_b) = tokio::join!(lease(&sked, &a, 1500), async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         lease(&sked, &b, 1000).await
@@ -80,7 +74,7 @@ async fn an_overloaded_worker_gets_nothing_until_it_recovers_and_a_waiting_run_s
 
     // Both over the threshold, both asking: the run waits, and says why.
     heartbeat(&sked, &b, json!({"stall": 9})).await;
-    let run = trigger(&sked, "work").await;
+    let run = sked.trigger("work").await;
     let ask = |w: String| {
         let sked = &sked;
         async move { lease(sked, &w, 2500).await }
@@ -131,7 +125,7 @@ async fn an_overloaded_worker_gets_nothing_until_it_recovers_and_a_waiting_run_s
     // A pool that names its own control is held to it: `b`'s pool sheds nothing.
     let none = json!({"policy": "none", "trip": 6, "reset": 2});
     heartbeat(&sked, &b, json!({"stall": 50, "overload": none})).await;
-    let run = trigger(&sked, "work").await;
+    let run = sked.trigger("work").await;
     assert_eq!(lease(&sked, &b, 2000).await, vec![run]);
 }
 
@@ -162,7 +156,7 @@ async fn a_key_goes_to_the_worker_that_holds_it_warm_then_to_the_one_that_had_it
                 async { tokio::join!(lease(sked, &first, 3000), lease(sked, &second, 3000)) };
             let run = async {
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                trigger(sked, "feed").await
+                sked.trigger("feed").await
             };
             let ((a, b), run) = tokio::join!(asks, run);
             (a, b, run)

@@ -7,12 +7,6 @@ use common::{instant, shell, Sked};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-async fn trigger(sked: &Sked, job: &str) -> i64 {
-    let (status, run) = sked.post(&format!("/jobs/{job}/trigger"), json!({})).await;
-    assert_eq!(status, 201, "{run}");
-    run["id"].as_i64().unwrap()
-}
-
 #[tokio::test]
 async fn a_failing_job_is_retried_with_growing_delays_then_fails() {
     let mut sked = Sked::new();
@@ -22,7 +16,7 @@ async fn a_failing_job_is_retried_with_growing_delays_then_fails() {
         "retry": {"max_attempts": 3, "backoff": {"initial": "500ms", "multiplier": 2.0, "jitter": false}},
     });
     assert_eq!(sked.put_job("flaky", job).await.0, 201);
-    let id = trigger(&sked, "flaky").await;
+    let id = sked.trigger("flaky").await;
     let run = sked.wait_finished(id, Duration::from_secs(20)).await;
     assert_eq!(run["state"], "failed", "{run}");
     assert_eq!(run["failures"], 3, "{run}");
@@ -102,7 +96,7 @@ async fn a_timeout_kills_the_whole_process_group() {
     let job = json!({"target": shell(&command), "timeout": "1s"});
     assert_eq!(sked.put_job("hung", job).await.0, 201);
     let started = Instant::now();
-    let id = trigger(&sked, "hung").await;
+    let id = sked.trigger("hung").await;
     let run = sked.wait_finished(id, Duration::from_secs(15)).await;
     assert_eq!(run["state"], "timed_out", "{run}");
     assert!(
@@ -174,7 +168,7 @@ async fn http_targets_check_status_and_time_out() {
         ("slow", "timed_out", None),
     ];
     for (job, state, status) in cases {
-        let id = trigger(&sked, job).await;
+        let id = sked.trigger(job).await;
         let run = sked.wait_finished(id, Duration::from_secs(15)).await;
         assert_eq!(run["state"], state, "{job}: {run}");
         let attempt = &run["attempt_history"][0];

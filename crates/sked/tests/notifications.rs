@@ -15,14 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-async fn trigger(sked: &Sked, job: &str) -> i64 {
-    let (status, run) = sked
-        .post(&format!("/jobs/{job}/trigger"), json!(null))
-        .await;
-    assert_eq!(status, 201, "{run}");
-    run["id"].as_i64().expect("a run id")
-}
-
 async fn notifications(sked: &Sked, job: &str) -> Vec<Value> {
     let (status, page) = sked.get(&format!("/notifications?job={job}")).await;
     assert_eq!(status, 200, "{page}");
@@ -53,18 +45,18 @@ async fn a_failure_and_its_recovery_are_each_delivered_once_with_secrets_only_in
     assert_eq!(status, 201, "{body}");
     assert!(!body.to_string().contains("s3cret"), "{body}");
 
-    let failed = trigger(&sked, "flaky").await;
+    let failed = sked.trigger("flaky").await;
     assert_eq!(
         sked.wait_finished(failed, Duration::from_secs(20)).await["state"],
         "failed"
     );
     std::fs::remove_file(&flag).unwrap();
-    let succeeded = trigger(&sked, "flaky").await;
+    let succeeded = sked.trigger("flaky").await;
     assert_eq!(
         sked.wait_finished(succeeded, Duration::from_secs(20)).await["state"],
         "succeeded"
     );
-    let fine = trigger(&sked, "flaky").await;
+    let fine = sked.trigger("flaky").await;
     sked.wait_finished(fine, Duration::from_secs(20)).await;
 
     let delivered = receiver.delivered(2, Duration::from_secs(30)).await;
@@ -148,7 +140,7 @@ async fn a_failure_and_its_recovery_are_each_delivered_once_with_secrets_only_in
 
 /// Runs `job` once and waits for its end; the state it ended in.
 async fn run_once(sked: &Sked, job: &str) -> Value {
-    let id = trigger(sked, job).await;
+    let id = sked.trigger(job).await;
     sked.wait_finished(id, Duration::from_secs(20)).await["state"].clone()
 }
 
@@ -239,7 +231,7 @@ async fn a_notification_its_receiver_missed_is_sent_after_the_server_is_killed_a
     });
     let (status, body) = sked.put_job("doomed", job).await;
     assert_eq!(status, 201, "{body}");
-    let run = trigger(&sked, "doomed").await;
+    let run = sked.trigger("doomed").await;
     sked.wait_finished(run, Duration::from_secs(20)).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -336,7 +328,7 @@ async fn a_failed_run_is_emailed_through_the_relay() {
     });
     let (status, body) = sked.put_job("nightly", job).await;
     assert_eq!(status, 201, "{body}");
-    let run = trigger(&sked, "nightly").await;
+    let run = sked.trigger("nightly").await;
     sked.wait_finished(run, Duration::from_secs(20)).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let (recipients, message) = loop {
@@ -495,7 +487,7 @@ async fn a_webhook_redirected_to_another_origin_carries_no_secret_header() {
     });
     let (status, body) = sked.put_job("fails", job).await;
     assert_eq!(status, 201, "{body}");
-    let run = trigger(&sked, "fails").await;
+    let run = sked.trigger("fails").await;
     sked.wait_finished(run, Duration::from_secs(20)).await;
     let got = captured(&got_b, 1).await;
     let sent = &got[0].1;

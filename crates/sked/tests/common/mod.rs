@@ -385,6 +385,15 @@ impl Sked {
     }
 
     /// The output of run `id`, as `GET /runs/{id}/log` answers it.
+    /// Triggers a run of `job` now (`POST /jobs/{job}/trigger`); its id.
+    pub async fn trigger(&self, job: &str) -> i64 {
+        let (status, run) = self
+            .post(&format!("/jobs/{job}/trigger"), json!(null))
+            .await;
+        assert_eq!(status, 201, "{run}");
+        run["id"].as_i64().expect("a run id")
+    }
+
     pub async fn run_log(&self, id: i64) -> String {
         self.http
             .get(self.url(&format!("/runs/{id}/log")))
