@@ -75,6 +75,20 @@ pub struct JobSpec {
     /// miss `finish_by` is marked at risk before it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<crate::deadline::DeadlineSpec>,
+    /// At most `limit` runs holding each key at once, across every job and node
+    /// (`crate::flow`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub concurrency: Vec<crate::flow::ConcurrencySpec>,
+    /// Starts per key at a rate, shared by every job that names the key (`crate::flow`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rate_limit: Vec<crate::flow::RateLimitSpec>,
+    /// A burst of triggers or events with one key becomes one run (`crate::flow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<crate::flow::DebounceSpec>,
+    /// A second trigger or event with one key within a window is the first one's run
+    /// (`crate::flow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup: Option<crate::flow::DedupSpec>,
     #[serde(default)]
     pub paused: bool,
 }
@@ -288,6 +302,7 @@ impl JobSpec {
         if let Some(deadline) = &self.deadline {
             deadline.validate("deadline")?;
         }
+        self.flow().validate()?;
         let schedule = self.compiled_schedule(epoch)?;
         Ok(ValidJob {
             name,
@@ -318,6 +333,16 @@ impl JobSpec {
     /// The event key whose events start this job's runs (`schedule: {event}`).
     pub fn triggering_event(&self) -> Option<&str> {
         self.schedule.as_ref()?.event.as_deref()
+    }
+
+    /// The job's flow control (`crate::flow`).
+    pub fn flow(&self) -> crate::flow::FlowFields<'_> {
+        crate::flow::FlowFields {
+            concurrency: &self.concurrency,
+            rate_limit: &self.rate_limit,
+            debounce: self.debounce.as_ref(),
+            dedup: self.dedup.as_ref(),
+        }
     }
 
     /// The event key each succeeded run posts.

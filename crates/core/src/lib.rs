@@ -49,6 +49,7 @@ pub mod duration;
 pub mod egress;
 pub mod error;
 pub mod event;
+pub mod flow;
 pub mod heartbeat;
 pub mod job;
 pub mod namespace;
