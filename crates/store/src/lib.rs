@@ -474,6 +474,31 @@ pub struct QueuedRun {
     pub shard: Option<sked_core::shard::Shard>,
     /// For a shard of a broadcast: the one worker that may take it.
     pub pinned_worker: Option<String>,
+    /// The concurrency and rate keys it must pass to start (`sked_core::flow`), rendered
+    /// from its job's definition and the run.
+    pub gates: sked_core::flow::Gates,
+}
+
+impl QueuedRun {
+    /// What its keys are rendered from.
+    pub fn key_context(&self) -> sked_core::flow::KeyContext<'_> {
+        sked_core::flow::KeyContext {
+            namespace: &self.namespace,
+            job: &self.job,
+            shard: self.shard.map(|s| s.index),
+            event: self.event.as_ref(),
+            params: None,
+        }
+    }
+
+    /// The run with its keys rendered from its job's definition `spec`.
+    pub fn gated_by(mut self, spec: &sked_core::JobSpec) -> QueuedRun {
+        let flow = spec.flow();
+        if !flow.concurrency.is_empty() || !flow.rate_limit.is_empty() {
+            self.gates = flow.gates(&self.key_context());
+        }
+        self
+    }
 }
 
 /// The dispatcher's choice for one queued run.

@@ -714,6 +714,7 @@ mod tests {
             graph_ranked: false,
             shard: None,
             pinned_worker: None,
+            gates: Default::default(),
         }
     }
 

@@ -840,7 +840,9 @@ pub fn queued_run(run_id: i64, fire: &Fire, job: &JobRecord) -> QueuedRun {
         graph_ranked: job.spec.priority.is_auto(),
         shard: None,
         pinned_worker: None,
+        gates: Default::default(),
     }
+    .gated_by(&job.spec)
 }
 
 #[cfg(test)]

@@ -839,7 +839,9 @@ pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<Queue
                 i64::from(row.try_get::<_, i32>(12)?),
             ),
             pinned_worker: row.try_get(13)?,
-        };
+            gates: Default::default(),
+        }
+        .gated_by(spec);
         order.push(run.run_id);
         found.insert(run.run_id, run);
     }

@@ -488,6 +488,33 @@ CREATE INDEX runs_deadline_missed ON runs (namespace, scheduled_for DESC, id DES
 CREATE INDEX runs_at_risk ON runs (namespace, scheduled_for DESC, id DESC)
     WHERE at_risk IS NOT NULL;
 "#,
+    r#"
+-- Version 20: flow control by key (SQLite's version 17). The attempts holding each
+-- concurrency key, counted while the attempt runs and swept by the next start that reads the
+-- key; each rate key's theoretical arrival time (micros); the limits named in a namespace.
+CREATE TABLE flow_holders (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    attempt_id BIGINT NOT NULL,
+    run_id BIGINT NOT NULL,
+    job TEXT NOT NULL,
+    since BIGINT NOT NULL,
+    PRIMARY KEY (namespace, key, attempt_id)
+);
+CREATE TABLE flow_rates (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    tat BIGINT NOT NULL,
+    PRIMARY KEY (namespace, key)
+);
+CREATE TABLE flow_limits (
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    updated_at BIGINT NOT NULL,
+    PRIMARY KEY (namespace, name)
+);
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

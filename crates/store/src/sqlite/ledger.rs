@@ -538,22 +538,29 @@ pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<Queu
             Entry::Occupied(known) => known.into_mut(),
             Entry::Vacant(slot) => slot.insert(rows::spec(&row.get::<_, String>(7)?)?),
         };
-        runs.push(QueuedRun {
-            run_id: row.get(0)?,
-            job_id,
-            namespace: row.get(2)?,
-            job: row.get(3)?,
-            scheduled_for: rows::instant(row.get(4)?)?,
-            priority: row.get(5)?,
-            ready_at: rows::instant(row.get(6)?)?,
-            target: spec.target.clone(),
-            timeout: spec.timeout.map(|t| t.0),
-            routing: spec.routing.clone(),
-            event: crate::shared::run_event(row.get(8)?, row.get(9)?, row.get(10)?)?,
-            graph_ranked: spec.priority.is_auto(),
-            shard: sked_core::shard::Shard::of_run(row.get::<_, i64>(11)?, row.get::<_, i64>(12)?),
-            pinned_worker: row.get(13)?,
-        });
+        runs.push(
+            QueuedRun {
+                run_id: row.get(0)?,
+                job_id,
+                namespace: row.get(2)?,
+                job: row.get(3)?,
+                scheduled_for: rows::instant(row.get(4)?)?,
+                priority: row.get(5)?,
+                ready_at: rows::instant(row.get(6)?)?,
+                target: spec.target.clone(),
+                timeout: spec.timeout.map(|t| t.0),
+                routing: spec.routing.clone(),
+                event: crate::shared::run_event(row.get(8)?, row.get(9)?, row.get(10)?)?,
+                graph_ranked: spec.priority.is_auto(),
+                shard: sked_core::shard::Shard::of_run(
+                    row.get::<_, i64>(11)?,
+                    row.get::<_, i64>(12)?,
+                ),
+                pinned_worker: row.get(13)?,
+                gates: Default::default(),
+            }
+            .gated_by(spec),
+        );
         Ok(())
     };
     match ids {

@@ -414,6 +414,37 @@ CREATE INDEX runs_deadline_missed ON runs (namespace, scheduled_for DESC, id DES
 CREATE INDEX runs_at_risk ON runs (namespace, scheduled_for DESC, id DESC)
     WHERE at_risk IS NOT NULL;
 "#,
+    r#"
+-- Version 17: flow control by key (`sked_core::flow`). The attempts holding each concurrency
+-- key: a row is written with the attempt it admits and counts while that attempt runs (an
+-- ended attempt's rows are swept by the next start that reads the key), so no path that ends
+-- an attempt has to remember the keys.
+CREATE TABLE flow_holders (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    attempt_id INTEGER NOT NULL,
+    run_id INTEGER NOT NULL,
+    job TEXT NOT NULL,
+    since INTEGER NOT NULL,
+    PRIMARY KEY (namespace, key, attempt_id)
+) WITHOUT ROWID;
+-- Each rate key's theoretical arrival time (micros): a row whose time is past says no more
+-- than a missing one, and retention removes those.
+CREATE TABLE flow_rates (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    tat INTEGER NOT NULL,
+    PRIMARY KEY (namespace, key)
+) WITHOUT ROWID;
+-- Limits named once in a namespace and used by jobs (`sked_core::flow::LimitSpec`, JSON).
+CREATE TABLE flow_limits (
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (namespace, name)
+) WITHOUT ROWID;
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
