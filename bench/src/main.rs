@@ -36,20 +36,24 @@
 //!   often it warns of one that is met. No server: a simulation, deterministic per seed.
 //! - `workflow`: N jobs in one dependency graph (chain, tree, wide fan-out, fan-in) whose root
 //!   runs once; per-edge release latency and the whole graph's scheduling overhead.
+//! - `fairness`: namespace A queues 50,000 runs at once while namespace B triggers one every
+//!   100 ms, both on one saturated worker pool with weight 1; B's start lateness p50/p99/max
+//!   while A's backlog drains (the bar: p99 under 1 s), A's drain time and throughput.
 //!
 //! `--pg-latency-ms D` puts D ms each way between the benchmark (its server nodes included)
 //! and PostgreSQL, through a delaying proxy in its process (`latency.rs`).
 //!
-//! `firing`, `e2e`, `burst` and `shell` start the real server in this process on a fresh store:
-//! SQLite in a temporary directory, or PostgreSQL with `--database-url`, where `--nodes N`
-//! (`firing`, `e2e`, `publish`) starts N nodes sharing it. `shell`, `scale` and `takeover` also run the
-//! `sked` binary (the one next to this benchmark, or `--sked-bin`).
+//! `firing`, `e2e`, `burst`, `fairness` and `shell` start the real server in this process on a
+//! fresh store: SQLite in a temporary directory, or PostgreSQL with `--database-url`, where
+//! `--nodes N` (`firing`, `e2e`, `publish`) starts N nodes sharing it. `shell`, `scale` and
+//! `takeover` also run the `sked` binary (the one next to this benchmark, or `--sked-bin`).
 
 mod burst;
 mod console;
 mod deadlines;
 mod dispatch;
 mod e2e;
+mod fairness;
 mod firing;
 mod harness;
 mod latency;
@@ -198,6 +202,24 @@ enum Scenario {
         slots: u32,
         /// Seconds after the root's instant every run may take to succeed.
         #[arg(long, default_value_t = 120)]
+        limit: u64,
+    },
+    /// Fair share under a flood: namespace A queues `--runs` runs at once, namespace B
+    /// triggers one every `--every-ms`, one pool of `--slots` slots whose attempts take
+    /// `--duration-ms` serves both; B's start lateness while A's backlog drains.
+    Fairness {
+        #[arg(long, default_value_t = 50_000)]
+        runs: usize,
+        #[arg(long, default_value_t = 40)]
+        slots: u32,
+        /// How long each attempt holds its slot (the pool's ceiling is slots / duration).
+        #[arg(long, default_value_t = 20)]
+        duration_ms: u64,
+        /// Between two of B's triggers.
+        #[arg(long, default_value_t = 100)]
+        every_ms: u64,
+        /// Seconds A's backlog may take to drain.
+        #[arg(long, default_value_t = 600)]
         limit: u64,
     },
     /// Dispatch policies with real workers: the simulator's workload replayed through a
@@ -419,6 +441,23 @@ fn main() -> Result<()> {
                     jobs,
                     shape,
                     slots,
+                    limit_seconds: limit,
+                })
+                .await
+            }
+            Scenario::Fairness {
+                runs,
+                slots,
+                duration_ms,
+                every_ms,
+                limit,
+            } => {
+                fairness::run(fairness::Options {
+                    database_url,
+                    runs,
+                    slots,
+                    duration_ms,
+                    every_ms,
                     limit_seconds: limit,
                 })
                 .await
