@@ -1,8 +1,9 @@
 //! Dispatch that knows load, through the real binary and the worker protocol: a worker whose
 //! heartbeat reports a stall gauge over its pool's threshold gets no work until the gauge falls
 //! back to the reset threshold, and a run nobody can take says why; a worker reporting a key
-//! warm gets that key's runs; a pool that names its own overload control is held to it; and
-//! what a heartbeat may carry is bounded.
+//! warm gets that key's runs; a pool that names its own overload control is held to it; what a
+//! heartbeat may carry is bounded; and namespaces share a pool by weighted fair share, a
+//! namespace's flood included.
 
 mod common;
 
@@ -390,4 +391,61 @@ async fn namespaces_share_a_pool_by_weight_whatever_their_priorities() {
     let shared = namespaces_of(&lease_attempts(&sked, &worker, 4, 1_000).await);
     let a = shared.iter().filter(|n| *n == "team-a").count();
     assert_eq!((a, shared.len() - a), (3, 1), "{shared:?}");
+}
+
+/// A namespace that floods a saturated pool does not make another wait behind its backlog:
+/// with team-a's thousands of runs queued first and every slot held by team-a, each run team-b
+/// triggers later goes to the next slot that frees, ahead of all of team-a's; and while team-b
+/// has nothing waiting, freed slots go back to team-a. (In queue order alone team-a's older runs
+/// would come first: this is what keeps a trickling namespace's start lateness at the time a
+/// slot takes to free, whatever the other's backlog.)
+#[tokio::test]
+async fn a_run_of_another_namespace_takes_the_next_freed_slot_ahead_of_a_flood() {
+    let mut sked = Sked::new();
+    sked.start_server(&[
+        "--heartbeat-timeout",
+        "60s",
+        "--max-queued-per-job",
+        "10000",
+    ])
+    .await;
+    let flood = json!({
+        "schedule": {"every": "1s"},
+        "target": {"shell": {"command": "true"}},
+    });
+    let (status, answer) = put(&sked, "/jobs/flood?namespace=team-a", flood).await;
+    assert_eq!(status, 201, "{answer}");
+    let steady = json!({"target": {"shell": {"command": "true"}}});
+    let (status, answer) = put(&sked, "/jobs/steady?namespace=team-b", steady).await;
+    assert_eq!(status, 201, "{answer}");
+    let worker = register(&sked, "pool").await;
+    heartbeat(&sked, &worker, json!({})).await;
+
+    let recorded = backfill(&sked, "team-a", "flood", 5_000, 1).await;
+    assert!(recorded >= 4_990, "{recorded} runs recorded");
+    // team-a takes the whole pool.
+    let mut held = lease_attempts(&sked, &worker, 4, 1_000).await;
+    assert_eq!(namespaces_of(&held), vec!["team-a"; 4]);
+
+    for round in 0..3 {
+        // team-b triggers a run behind thousands of team-a's, then one team-a attempt ends.
+        let (status, run) = sked
+            .post("/jobs/steady/trigger?namespace=team-b", json!({}))
+            .await;
+        assert_eq!(status, 201, "{run}");
+        let at = held
+            .iter()
+            .position(|a| a["namespace"] == "team-a")
+            .expect("a team-a attempt held");
+        let done = held.remove(at);
+        complete(&sked, &worker, &[done]).await;
+        let next = lease_attempts(&sked, &worker, 1, 1_000).await;
+        let runs: Vec<&Value> = next.iter().map(|a| &a["run_id"]).collect();
+        assert_eq!(runs, vec![&run["id"]], "round {round}: {next:?}");
+        // It ends; nothing of team-b waits, so the freed slot goes back to team-a.
+        complete(&sked, &worker, &next).await;
+        let refill = lease_attempts(&sked, &worker, 1, 1_000).await;
+        assert_eq!(namespaces_of(&refill), vec!["team-a"], "round {round}");
+        held.extend(refill);
+    }
 }
