@@ -23,6 +23,7 @@ use sked_core::policy::admission::BacklogLimits;
 use sked_core::protocol::{Completion, LeaseResponse, RegisterResponse};
 use sked_core::records::RunRecord;
 use sked_core::run::{AttemptOutcome, RunState};
+use sked_core::stats::Percentiles;
 use sked_server::ServerConfig;
 use sked_store::{RunQuery, Store};
 use std::collections::HashSet;
@@ -130,6 +131,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     }
     let trickle = trickling.context("no backfill part was sent")?;
     let inserted = began.elapsed();
+    let inserted_at = Utc::now();
     if recorded != options.runs {
         bail!("{recorded} of A's {} runs recorded", options.runs);
     }
@@ -184,6 +186,22 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     let lateness = |r: &RunRecord| r.started_at.map(|s| ms(s - r.scheduled_for));
     let during_p = percentiles_of(during.iter().copied(), lateness);
     let after_p = percentiles_of(after.iter().copied(), lateness);
+    // The part of the backlog while A's runs were still being written, when B's trigger
+    // shares the store with the flood's own writes, and the rest.
+    let inserting_p = percentiles_of(
+        during
+            .iter()
+            .copied()
+            .filter(|r| r.scheduled_for < inserted_at),
+        lateness,
+    );
+    let draining_p = percentiles_of(
+        during
+            .iter()
+            .copied()
+            .filter(|r| r.scheduled_for >= inserted_at),
+        lateness,
+    );
     let mut trigger_ms: Vec<f64> = triggers.clone();
     let trigger_p = sked_core::stats::percentiles(&mut trigger_ms);
     let drain_s = drain.as_secs_f64();
@@ -207,11 +225,20 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         "b_runs": steady.len(),
         "b_succeeded": succeeded(&steady),
         "b_runs_during_a_backlog": during_p.count,
-        "b_start_lateness_during_a_backlog_ms": tail_json(&during_p),
-        "b_start_lateness_after_a_backlog_ms": tail_json(&after_p),
+        "b_start_lateness_during_a_backlog_ms": tail(&during_p),
+        "b_start_lateness_while_a_inserts_ms": tail(&inserting_p),
+        "b_start_lateness_after_a_inserted_ms": tail(&draining_p),
+        "b_start_lateness_after_a_backlog_ms": tail(&after_p),
         "b_trigger_answer_ms": tail_json(&trigger_p),
         "attempts_completed_by_worker": completed,
     }))
+}
+
+/// A lateness summary with the number of runs it is over.
+fn tail(p: &Percentiles) -> Value {
+    let mut summary = tail_json(p);
+    summary["runs"] = json!(p.count);
+    summary
 }
 
 /// `second` (Unix seconds) plus `offset_ms`.
