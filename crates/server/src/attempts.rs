@@ -13,7 +13,9 @@ use rand::Rng;
 use sked_core::protocol::{CompletionResult, LeasedAttempt};
 use sked_core::run::RunState;
 use sked_core::throttle::Throttle;
-use sked_store::{AttemptReport, AttemptStart, CompletionEffect, QueuedRun, SecretName};
+use sked_store::{
+    AttemptReport, AttemptStart, CompletionEffect, FlowClaim, NotStarted, QueuedRun, SecretName,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -52,6 +54,11 @@ pub async fn start(
                 worker_id: worker_id.to_string(),
                 token: rng.gen_range(1..i64::MAX),
                 lease_expires_at: expires,
+                flow: (!run.gates.is_empty()).then(|| FlowClaim {
+                    namespace: run.namespace.clone(),
+                    job: run.job.clone(),
+                    gates: run.gates.clone(),
+                }),
             })
             .collect()
     };
@@ -63,9 +70,22 @@ pub async fn start(
         .await?;
     let runs = handout.started();
     let mut attempts = Vec::with_capacity(runs.len());
+    let mut held = Vec::new();
+    let mut keyed = Vec::new();
     for ((run, start), started) in runs.into_iter().zip(starts).zip(started) {
-        // `None`: cancelled or deleted while it waited; there is nothing to run.
-        let Some(started) = started else { continue };
+        let started = match started {
+            Ok(started) => started,
+            // Cancelled, deleted or started elsewhere while it waited: nothing to run.
+            Err(NotStarted::NotQueued) => continue,
+            Err(NotStarted::Held(hold)) => {
+                state.metrics.flow_held(&run.namespace, &hold);
+                held.push((run, hold));
+                continue;
+            }
+        };
+        if !run.gates.concurrency.is_empty() {
+            keyed.push((started.attempt_id, run.namespace.clone(), run.gates.clone()));
+        }
         state
             .metrics
             .started(&run.namespace, now - run.scheduled_for);
@@ -113,6 +133,12 @@ pub async fn start(
             secret_headers,
         });
     }
+    state.dispatcher.hold_back(held);
+    state.dispatcher.keys_held(
+        keyed
+            .iter()
+            .map(|(attempt_id, namespace, gates)| (*attempt_id, namespace.as_str(), gates)),
+    );
     state.metrics.attempts_started.inc_by(attempts.len() as u64);
     state.dispatcher.started(
         worker_id,

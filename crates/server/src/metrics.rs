@@ -61,6 +61,22 @@ struct RunLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FlowHoldLabels {
+    namespace: String,
+    /// `concurrency`, `rate` or `undefined` (a namespace limit that is not defined).
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FlowKeyLabels {
+    namespace: String,
+    key: String,
+}
+
+/// Keys the per-key gauge shows, at most: those with the most runs waiting.
+pub const FLOW_KEYS_SHOWN: usize = 20;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeadlineLabels {
     namespace: String,
     /// `start_by`, `finish_by` or `max_duration`.
@@ -144,6 +160,8 @@ pub struct Metrics {
     runs: Family<RunLabels, Counter>,
     deadline_misses: Family<DeadlineLabels, Counter>,
     runs_at_risk: Family<NamespaceLabel, Counter>,
+    flow_holds: Family<FlowHoldLabels, Counter>,
+    flow_key_waiting: Family<FlowKeyLabels, Gauge>,
     queue_by_priority: Family<PriorityLabel, Gauge>,
     /// The priorities `queue_by_priority` has had: few (a job's priority is its owner's
     /// choice, and jobs share a handful of them).
@@ -272,6 +290,13 @@ impl Metrics {
             "Runs called at risk of missing their finish_by before they did, by namespace",
             runs_at_risk.clone(),
         );
+        let flow_holds = Family::default();
+        registry.register(
+            "sked_flow_holds",
+            "Starts a flow-control key held back, by namespace and kind (concurrency, rate, \
+             undefined)",
+            flow_holds.clone(),
+        );
         let queue_by_priority = Family::default();
         registry.register(
             "sked_queue_depth",
@@ -304,6 +329,13 @@ impl Metrics {
             "Attempt durations of the jobs that ask for it (job_metrics), by namespace, job and \
              outcome",
             job_durations.clone(),
+        );
+        let flow_key_waiting = Family::default();
+        job_registry.register(
+            "sked_flow_key_waiting_runs",
+            "Runs this node holds back for a flow-control key, for the keys with the most \
+             (at most 20), by namespace and key",
+            flow_key_waiting.clone(),
         );
         let job_metrics_refused = Counter::default();
         registry.register(
@@ -344,6 +376,8 @@ impl Metrics {
             runs,
             deadline_misses,
             runs_at_risk,
+            flow_holds,
+            flow_key_waiting,
             queue_by_priority,
             priorities_seen: Mutex::default(),
             leases,
@@ -440,6 +474,36 @@ impl Metrics {
             kind: kind.as_str(),
         };
         self.deadline_misses.get_or_create(&labels).inc();
+    }
+
+    /// A key held a start back.
+    pub fn flow_held(&self, namespace: &str, hold: &sked_core::flow::Hold) {
+        use sked_core::flow::Hold;
+        let kind = match hold {
+            Hold::Concurrency { .. } => "concurrency",
+            Hold::Rate { .. } => "rate",
+            Hold::Undefined { .. } => "undefined",
+        };
+        let labels = FlowHoldLabels {
+            namespace: namespace.to_string(),
+            kind,
+        };
+        self.flow_holds.get_or_create(&labels).inc();
+    }
+
+    /// The keys with the most runs held back now, as the dispatcher counts them: replaces
+    /// the gauge's series, so a key that no longer waits leaves it.
+    pub fn flow_keys_waiting<'a>(&self, keys: impl IntoIterator<Item = (&'a str, &'a str, usize)>) {
+        self.flow_key_waiting.clear();
+        for (namespace, key, runs) in keys {
+            let labels = FlowKeyLabels {
+                namespace: namespace.to_string(),
+                key: key.to_string(),
+            };
+            self.flow_key_waiting
+                .get_or_create(&labels)
+                .set(i64::try_from(runs).unwrap_or(i64::MAX));
+        }
     }
 
     /// A run was called at risk of missing its `finish_by`.

@@ -221,12 +221,13 @@ async fn start(store: &dyn Store, run_id: i64, worker: &str, token: i64, now: In
                 worker_id: worker.to_string(),
                 token,
                 lease_expires_at: now + secs(10),
+                flow: None,
             }],
             now,
         )
         .await
         .expect("start_attempts");
-    started[0].expect("the run was queued").attempt_id
+    started[0].as_ref().expect("the run was queued").attempt_id
 }
 
 /// A report by worker `w`, the worker most checks start their attempts on.
@@ -1410,6 +1411,7 @@ pub async fn a_batch_of_starts_is_answered_start_by_start(store: &dyn Store) {
         worker_id: worker.to_string(),
         token,
         lease_expires_at: now + secs(10),
+        flow: None,
     };
     let batch = [
         start_as(a, "w1", 1),
@@ -1419,9 +1421,12 @@ pub async fn a_batch_of_starts_is_answered_start_by_start(store: &dyn Store) {
         start_as(b.max(a).max(ended) + 1000, "w5", 5),
     ];
     let answers = store.start_attempts(&batch, now).await.unwrap();
-    let numbers: Vec<Option<u32>> = answers.iter().map(|s| s.map(|s| s.number)).collect();
+    let numbers: Vec<Option<u32>> = answers
+        .iter()
+        .map(|s| s.as_ref().ok().map(|s| s.number))
+        .collect();
     assert_eq!(numbers, [Some(1), Some(1), None, None, None]);
-    let (first, second) = (answers[0].unwrap(), answers[1].unwrap());
+    let (first, second) = (*answers[0].as_ref().unwrap(), *answers[1].as_ref().unwrap());
     assert_ne!(first.attempt_id, second.attempt_id);
     for (run_id, started, worker, token) in [(a, first, "w1", 1), (b, second, "w2", 2)] {
         let (r, attempts) = run(store, run_id).await;
@@ -1454,12 +1459,17 @@ pub async fn attempts_are_fenced_by_token_and_state(store: &dyn Store) {
                 worker_id: "w2".into(),
                 token: 43,
                 lease_expires_at: now + secs(10),
+                flow: None,
             }],
             now,
         )
         .await
         .unwrap();
-    assert_eq!(again, vec![None], "a running run gets no second attempt");
+    assert_eq!(
+        again,
+        vec![Err(crate::NotStarted::NotQueued)],
+        "a running run gets no second attempt"
+    );
     let (r, attempts) = run(store, fired.run_id).await;
     assert_eq!((r.state, r.attempts), (RunState::Running, 1));
     assert_eq!(r.started_at, Some(now));
@@ -2281,6 +2291,7 @@ pub async fn racing_writers_decide_once(store: &dyn Store) {
             worker_id: worker.to_string(),
             token,
             lease_expires_at: now + secs(10),
+            flow: None,
         }]
     };
     let (first, second) = (start_as("w1", 1), start_as("w2", 2));
@@ -3054,6 +3065,7 @@ pub async fn a_clean_stop_is_stopped_not_lost_and_takes_back_its_attempts(store:
         worker_id: "w-leaving".into(),
         token: 1,
         lease_expires_at: now + secs(60),
+        flow: None,
     };
     store.start_attempts(&[start], now).await.unwrap();
 

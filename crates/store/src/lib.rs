@@ -13,6 +13,7 @@ pub mod calendars;
 pub mod contract;
 pub mod cursor;
 pub mod deadlines;
+pub mod flow;
 pub mod postgres;
 pub mod shared;
 pub mod sqlite;
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 pub use calendars::{CalendarDeletion, CalendarStore};
 pub use deadlines::{DeadlineJob, DeadlineMark, DeadlineStore, NewMarks};
+pub use flow::{FlowClaim, FlowStore, KeyHolder, LimitDeletion, LimitRecord, NotStarted};
 pub use postgres::PgStore;
 pub use sqlite::{CheckReport, SqliteStore};
 
@@ -501,6 +503,9 @@ impl QueuedRun {
     }
 }
 
+/// What became of one start of a batch.
+pub type StartOutcome = std::result::Result<StartedAttempt, NotStarted>;
+
 /// The dispatcher's choice for one queued run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttemptStart {
@@ -508,6 +513,8 @@ pub struct AttemptStart {
     pub worker_id: String,
     pub token: i64,
     pub lease_expires_at: Instant,
+    /// The keys the run must pass to start; `None` for a run without any.
+    pub flow: Option<FlowClaim>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -788,7 +795,7 @@ impl BacklogSlot {
 }
 
 #[async_trait]
-pub trait Store: CalendarStore + DeadlineStore + Send + Sync + 'static {
+pub trait Store: CalendarStore + DeadlineStore + FlowStore + Send + Sync + 'static {
     /// From now on, runs the store starts by itself are admitted against `source`'s queue.
     fn admit_through(&self, source: std::sync::Arc<dyn BacklogSource>);
 
@@ -885,13 +892,14 @@ pub trait Store: CalendarStore + DeadlineStore + Send + Sync + 'static {
         after_id: i64,
         limit: u32,
     ) -> Result<Vec<i64>>;
-    /// Starts attempts for queued runs in one transaction. `None` for a run that is no longer
-    /// queued (cancelled meanwhile).
+    /// Starts attempts for queued runs in one transaction, in the order given: a run whose
+    /// keys admit it (`FlowStore`'s rule) starts and holds them; one that is no longer queued
+    /// (cancelled meanwhile, or started by another node) or that a key holds back does not.
     async fn start_attempts(
         &self,
         starts: &[AttemptStart],
         now: Instant,
-    ) -> Result<Vec<Option<StartedAttempt>>>;
+    ) -> Result<Vec<StartOutcome>>;
     /// Skips, with reason `dependencies_timed_out`, up to `limit` runs still waiting for their
     /// dependencies past their job's `deps_timeout`, and settles their dependants.
     async fn expire_dependency_waits(&self, now: Instant, limit: u32) -> Result<ExpiredWaits>;

@@ -879,6 +879,12 @@ pub fn run_event(
     Ok(Some(sked_core::event::RunEvent { key, id, payload }))
 }
 
+/// A stored namespace limit (`sked_core::flow::LimitSpec`).
+pub fn limit_spec(text: &str) -> Result<sked_core::flow::LimitSpec, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("a stored limit does not parse: {e}")))
+}
+
 /// A stored event payload.
 pub fn event_payload(text: &str) -> Result<serde_json::Value, StoreError> {
     serde_json::from_str(text)

@@ -212,6 +212,9 @@ pub async fn apply(
             now,
         )
         .map_err(|e| in_job(i, &name, e))?;
+        super::limits::check_used(&state, &namespace, &job.spec)
+            .await
+            .map_err(|e| in_job(i, &name, e))?;
         attach_pending(&*state.store, &namespace, &mut job.schedule, &pending)
             .await
             .map_err(|e| in_job(i, &name, e.into()))?;

@@ -265,6 +265,7 @@ pub(super) async fn store_job(
         before.as_ref(),
         now,
     )?;
+    super::limits::check_used(state, namespace, &job.spec).await?;
     crate::schedule_rules::attach(&*state.store, namespace, &mut job.schedule).await?;
     if let Some(record) = before
         .clone()

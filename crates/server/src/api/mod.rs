@@ -16,6 +16,7 @@ pub(crate) mod error;
 mod events;
 mod extract;
 mod jobs;
+mod limits;
 mod namespaces;
 mod notifications;
 mod openapi;
@@ -290,6 +291,20 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             Write,
             delete(calendars::delete),
         ),
+        route(Method::GET, "/api/v1/limits", Read, get(limits::list)),
+        route(Method::GET, "/api/v1/limits/{name}", Read, get(limits::get)),
+        route(
+            Method::PUT,
+            "/api/v1/limits/{name}",
+            Write,
+            put(limits::put),
+        ),
+        route(
+            Method::DELETE,
+            "/api/v1/limits/{name}",
+            Write,
+            delete(limits::delete),
+        ),
         route(Method::GET, "/api/v1/secrets", Read, get(secrets::list)),
         route(
             Method::PUT,
@@ -513,6 +528,14 @@ async fn metrics(
     let reader = caller.filter(|c| c.permits(Permission::Read).is_ok());
     let sees = |namespace: &str| reader.as_ref().is_some_and(|c| c.sees(namespace));
     let job_series: Option<&dyn Fn(&str) -> bool> = reader.as_ref().map(|_| &sees as _);
+    let waiting = state
+        .dispatcher
+        .top_waiting_keys(crate::metrics::FLOW_KEYS_SHOWN);
+    state.metrics.flow_keys_waiting(
+        waiting
+            .iter()
+            .map(|(namespace, key, runs)| (namespace.as_str(), key.as_str(), *runs)),
+    );
     (
         [("content-type", crate::metrics::CONTENT_TYPE)],
         state

@@ -17,6 +17,7 @@
 //! polls; when two nodes hand out the same run at once, the store starts it once and the
 //! other start finds it no longer queued.
 
+mod gates;
 mod holding;
 mod queue;
 pub mod reconcile;
@@ -30,6 +31,7 @@ use sked_core::dispatch::{
     assign, fair_order, serves, Demand, NoWorker, OverloadControl, Tenant, WorkerLoad,
     DEFAULT_WEIGHT,
 };
+use sked_core::flow::Hold;
 use sked_core::Instant;
 use sked_store::QueuedRun;
 use sked_store::Store;
@@ -44,6 +46,8 @@ struct State {
     queue: Queue,
     /// Attempts handed to the workers this node knows, by namespace.
     holding: Holding,
+    /// Runs that flow-control keys hold back.
+    gates: gates::Gates,
     /// Namespaces with a cap of their own on queued runs (`max_queued_runs`).
     namespace_caps: HashMap<String, u64>,
     /// Namespaces with a weight of their own in the fair share of slots.
@@ -86,6 +90,18 @@ pub struct KnownWorker {
     pub draining: bool,
 }
 
+/// A key holding runs back here.
+#[derive(Debug, Clone)]
+pub struct KeyWait {
+    pub namespace: String,
+    pub key: String,
+    pub reason: String,
+    /// When its runs ask again.
+    pub until: Instant,
+    /// Its runs, by id.
+    pub runs: Vec<i64>,
+}
+
 /// Runs queued here for one job and its namespace, and the namespace's own cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Backlog {
@@ -95,6 +111,12 @@ pub struct Backlog {
 }
 
 impl State {
+    /// Queues `run`, behind the runs its keys hold back if any.
+    fn queue_run(&mut self, run: QueuedRun, now: Instant) {
+        let until = self.gates.join(&run, now);
+        self.queue.insert_until(run, until, now);
+    }
+
     /// The load of the worker polling as `id`: its free slots as its poll gave them, and what
     /// its heartbeats reported since, which a long poll would otherwise hold stale (a breaker
     /// that opened before the poll must close as soon as a heartbeat says so).
@@ -238,6 +260,10 @@ impl Dispatcher {
         if let Some(worker) = state.workers.get_mut(id) {
             worker.in_flight = worker.in_flight.saturating_sub(n);
         }
+        let woken = state.gates.released(attempt_ids);
+        if !woken.is_empty() {
+            state.queue.wake(woken, Utc::now());
+        }
         drop(state);
         // Its open poll may now take runs that waited for a free slot.
         self.wake.notify_one();
@@ -264,6 +290,11 @@ impl Dispatcher {
     /// here, not ready yet, or some worker could take it.
     pub fn waiting_for_workers(&self, run_id: i64) -> Option<String> {
         let state = self.lock();
+        if state.queue.holds(run_id) {
+            if let Some(reason) = state.gates.reason(run_id) {
+                return Some(reason);
+            }
+        }
         let run = state.queue.ready(run_id)?;
         let loads: Vec<WorkerLoad> = state
             .workers
@@ -289,11 +320,67 @@ impl Dispatcher {
         let now = Utc::now();
         let mut state = self.lock();
         for run in runs {
-            state.queue.insert(run, now);
+            state.queue_run(run, now);
         }
         self.metrics.queue(&state.queue.per_priority);
         drop(state);
         self.wake.notify_one();
+    }
+
+    /// Puts back runs a flow-control key held back when they were to start, each to wait
+    /// until its key may have room.
+    pub fn hold_back(&self, held: Vec<(QueuedRun, Hold)>) {
+        if held.is_empty() {
+            return;
+        }
+        let now = Utc::now();
+        let mut state = self.lock();
+        for (run, hold) in held {
+            let until = state.gates.hold(&run, hold, now);
+            state.queue.insert_until(run, Some(until), now);
+        }
+        self.metrics.queue(&state.queue.per_priority);
+        drop(state);
+        // The loop's next wake-up may be sooner now.
+        self.wake.notify_one();
+    }
+
+    /// The keys holding runs back here, with the runs each holds.
+    pub fn key_waits(&self) -> Vec<KeyWait> {
+        let state = self.lock();
+        state
+            .gates
+            .waiting()
+            .map(|((namespace, key), hold, until, runs)| KeyWait {
+                namespace: namespace.clone(),
+                key: key.clone(),
+                reason: hold.describe(),
+                until,
+                runs: runs.iter().copied().collect(),
+            })
+            .collect()
+    }
+
+    /// The keys with the most runs held back here, at most `n`: `(namespace, key, runs)`.
+    pub fn top_waiting_keys(&self, n: usize) -> Vec<(String, String, usize)> {
+        let state = self.lock();
+        state
+            .gates
+            .top_waiting(n)
+            .into_iter()
+            .map(|((namespace, key), runs)| (namespace.clone(), key.clone(), runs))
+            .collect()
+    }
+
+    /// Attempts started for runs with concurrency keys: `(attempt id, namespace, keys)`.
+    pub fn keys_held<'a>(
+        &self,
+        attempts: impl IntoIterator<Item = (i64, &'a str, &'a sked_core::flow::Gates)>,
+    ) {
+        let mut state = self.lock();
+        for (attempt_id, namespace, gates) in attempts {
+            state.gates.started(attempt_id, namespace, gates);
+        }
     }
 
     /// Adds those of `runs` not queued here, and returns how many. (One handed out that has
@@ -305,7 +392,7 @@ impl Dispatcher {
         let mut added = 0;
         for run in runs {
             if !state.queue.holds(run.run_id) {
-                state.queue.insert(run, now);
+                state.queue_run(run, now);
                 added += 1;
             }
         }
@@ -424,6 +511,7 @@ impl Dispatcher {
         let mut state = self.lock();
         let state = &mut *state;
         let next_delayed = state.queue.promote_due(now);
+        state.gates.expire(now);
         if state.polls.is_empty() || !state.queue.any_ready() {
             return next_delayed;
         }
@@ -460,7 +548,7 @@ impl Dispatcher {
                 if let Err(runs) = poll.tx.send(runs) {
                     // The poller is gone; its runs go back in line.
                     for run in runs {
-                        state.queue.insert(run, now);
+                        state.queue_run(run, now);
                     }
                 }
             }

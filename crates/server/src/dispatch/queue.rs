@@ -60,6 +60,8 @@ impl ServiceClass {
 struct Held {
     priority: i32,
     ready_at: Instant,
+    /// When it becomes ready: its `ready_at`, or later while a key holds it back.
+    wake_at: Instant,
     job_id: i64,
     class: Arc<ServiceClass>,
     stamp: u64,
@@ -97,7 +99,14 @@ fn ready_key(priority: i32, ready_at: Instant, run_id: i64) -> ReadyKey {
 impl Queue {
     /// Queues `run`, replacing any earlier copy of it (never doubling it).
     pub fn insert(&mut self, run: QueuedRun, now: Instant) {
+        self.insert_until(run, None, now);
+    }
+
+    /// Queues `run` to become ready no sooner than `not_before` (a key holds it back until
+    /// then), keeping its place in line (its age counts from its `ready_at` still).
+    pub fn insert_until(&mut self, run: QueuedRun, not_before: Option<Instant>, now: Instant) {
         self.remove(run.run_id);
+        let wake_at = not_before.map_or(run.ready_at, |t| t.max(run.ready_at));
         self.stamp += 1;
         let class = ServiceClass::of(&run);
         let class = match self.classes.get_key_value(&class) {
@@ -109,6 +118,7 @@ impl Queue {
             Held {
                 priority: run.priority,
                 ready_at: run.ready_at,
+                wake_at,
                 job_id: run.job_id,
                 class: class.clone(),
                 stamp: self.stamp,
@@ -123,13 +133,13 @@ impl Queue {
             .queued += 1;
         *self.per_namespace.entry(run.namespace.clone()).or_default() += 1;
         *self.per_priority.entry(run.priority).or_default() += 1;
-        if run.ready_at <= now {
+        if wake_at <= now {
             self.classes
                 .entry(class)
                 .or_default()
                 .insert(ready_key(run.priority, run.ready_at, run.run_id), run);
         } else {
-            self.delayed.insert((run.ready_at, run.run_id), run);
+            self.delayed.insert((wake_at, run.run_id), run);
         }
     }
 
@@ -153,7 +163,22 @@ impl Queue {
             }
             None => None,
         };
-        ready.or_else(|| self.delayed.remove(&(held.ready_at, run_id)))
+        ready.or_else(|| self.delayed.remove(&(held.wake_at, run_id)))
+    }
+
+    /// Makes the held-back runs among `run_ids` ready now (their key was released), those
+    /// whose own `ready_at` has come.
+    pub fn wake(&mut self, run_ids: impl IntoIterator<Item = i64>, now: Instant) {
+        for id in run_ids {
+            let Some(held) = self.held.get(&id) else {
+                continue;
+            };
+            if held.wake_at > now && held.ready_at <= now {
+                if let Some(run) = self.delayed.remove(&(held.wake_at, id)) {
+                    self.insert(run, now);
+                }
+            }
+        }
     }
 
     /// One run of `job_id` left the queue.

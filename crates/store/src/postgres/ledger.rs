@@ -18,7 +18,8 @@ use super::{PgResult, Tx};
 use crate::shared::{CompletingJob, Ended, NewRun, ReportedAttempt};
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
-    QueuedRun, ReapOutcome, RetryOutcome, RunUnderWindows, StartedAttempt, StoreError,
+    NotStarted, QueuedRun, ReapOutcome, RetryOutcome, RunUnderWindows, StartOutcome,
+    StartedAttempt, StoreError,
 };
 use sked_core::job::JobSpec;
 use sked_core::policy::overlap::{decide, ActiveRuns, OverlapDecision};
@@ -880,15 +881,46 @@ pub async fn start_attempts(
     tx: &Tx<'_>,
     starts: &[AttemptStart],
     now: Instant,
-) -> PgResult<Vec<Option<StartedAttempt>>> {
+) -> PgResult<Vec<StartOutcome>> {
     if starts.is_empty() {
         return Ok(Vec::new());
+    }
+    // Runs with keys: their keys are locked first (`flow::BatchGate`), then their runs, and
+    // each is admitted or held in the batch's order before anything starts.
+    let mut gate = super::flow::BatchGate::load(tx, starts).await?;
+    let mut held: HashMap<i64, NotStarted> = HashMap::new();
+    if let Some(gate) = gate.as_mut() {
+        let gated: Vec<i64> = sorted(starts.iter().filter(|s| s.flow.is_some()).map(|s| s.run_id));
+        let stmt = tx
+            .prepare_cached(
+                "SELECT id FROM runs WHERE id = ANY($1) AND state = 'queued' ORDER BY id FOR UPDATE",
+            )
+            .await?;
+        let queued: HashSet<i64> = tx
+            .query(&stmt, &[&gated])
+            .await?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let mut admitted = HashSet::new();
+        for start in starts {
+            let Some(claim) = &start.flow else { continue };
+            if !queued.contains(&start.run_id) || !admitted.insert(start.run_id) {
+                held.insert(start.run_id, NotStarted::NotQueued);
+            } else if let Err(hold) = gate.book.admit(&claim.namespace, &claim.gates, now) {
+                admitted.remove(&start.run_id);
+                held.insert(start.run_id, NotStarted::Held(hold));
+            }
+        }
     }
     // The first start of each run in the batch; a second start of the same run gets nothing.
     let mut firsts = HashSet::new();
     let (mut run_ids, mut workers, mut tokens, mut leases) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for start in starts.iter().filter(|s| firsts.insert(s.run_id)) {
+    for start in starts
+        .iter()
+        .filter(|s| !held.contains_key(&s.run_id) && firsts.insert(s.run_id))
+    {
         run_ids.push(start.run_id);
         workers.push(start.worker_id.as_str());
         tokens.push(start.token);
@@ -918,24 +950,44 @@ pub async fn start_attempts(
              FROM started s \
              JOIN unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[]) \
                  AS u(run_id, worker_id, token, lease) ON u.run_id = s.id \
-             RETURNING run_id, id, number",
+             RETURNING run_id, id, number, run_scheduled_for",
         )
         .await?;
-    let mut started: HashMap<i64, StartedAttempt> = HashMap::new();
-    for row in tx
-        .query(&stmt, &[&run_ids, &workers, &tokens, &leases, &micros(now)])
-        .await?
-    {
-        let attempt = StartedAttempt {
-            attempt_id: row.try_get(1)?,
-            number: rows::count("attempt number", row.try_get::<_, i32>(2)?)?,
-        };
-        started.insert(row.try_get(0)?, attempt);
+    let mut started: HashMap<i64, (StartedAttempt, i64)> = HashMap::new();
+    if !run_ids.is_empty() {
+        for row in tx
+            .query(&stmt, &[&run_ids, &workers, &tokens, &leases, &micros(now)])
+            .await?
+        {
+            let attempt = StartedAttempt {
+                attempt_id: row.try_get(1)?,
+                number: rows::count("attempt number", row.try_get::<_, i32>(2)?)?,
+            };
+            started.insert(row.try_get(0)?, (attempt, row.try_get(3)?));
+        }
+    }
+    if let Some(gate) = gate {
+        let holders: Vec<_> = starts
+            .iter()
+            .filter_map(|s| {
+                let (attempt, scheduled_for) = started.get(&s.run_id)?;
+                Some((
+                    s.flow.as_ref()?,
+                    attempt.attempt_id,
+                    s.run_id,
+                    *scheduled_for,
+                ))
+            })
+            .collect();
+        gate.save(tx, &holders, now).await?;
     }
     // Removed once answered, so only the first start of a run is told it started.
     Ok(starts
         .iter()
-        .map(|start| started.remove(&start.run_id))
+        .map(|start| match started.remove(&start.run_id) {
+            Some((attempt, _)) => Ok(attempt),
+            None => Err(held.remove(&start.run_id).unwrap_or(NotStarted::NotQueued)),
+        })
         .collect())
 }
 

@@ -291,6 +291,7 @@ macro_rules! transact {
 // After `transact!`, which their trait implementations use.
 mod calendars;
 mod deadlines;
+mod flow;
 
 #[async_trait]
 impl Store for PgStore {
@@ -514,13 +515,13 @@ impl Store for PgStore {
         &self,
         starts: &[AttemptStart],
         now: Instant,
-    ) -> Result<Vec<Option<StartedAttempt>>> {
+    ) -> Result<Vec<StartOutcome>> {
         let started = transact!(self, write, |tx| ledger::start_attempts(&tx, starts, now)
             .await?)?;
         let dequeued: Vec<i64> = starts
             .iter()
             .zip(&started)
-            .filter(|(_, started)| started.is_some())
+            .filter(|(_, started)| started.is_ok())
             .map(|(start, _)| start.run_id)
             .collect();
         self.announcer.announce(Kind::RunsDequeued, dequeued);

@@ -497,6 +497,7 @@ CREATE TABLE flow_holders (
     key TEXT NOT NULL,
     attempt_id BIGINT NOT NULL,
     run_id BIGINT NOT NULL,
+    run_scheduled_for BIGINT NOT NULL,
     job TEXT NOT NULL,
     since BIGINT NOT NULL,
     PRIMARY KEY (namespace, key, attempt_id)

@@ -8,7 +8,8 @@ use super::rows::{self, micros, RUN_COLUMNS};
 use crate::shared::{CompletingJob, Ended, NewRun, ReportedAttempt};
 use crate::{
     AttemptReport, AttemptStart, CancelOutcome, CompletionEffect, Fire, FireOutcome, FiredRun,
-    QueuedRun, ReapOutcome, Result, RetryOutcome, RunUnderWindows, StartedAttempt,
+    NotStarted, QueuedRun, ReapOutcome, Result, RetryOutcome, RunUnderWindows, StartOutcome,
+    StartedAttempt,
 };
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::job::JobSpec;
@@ -607,20 +608,37 @@ pub fn start_attempts(
     tx: &Transaction<'_>,
     starts: &[AttemptStart],
     now: Instant,
-) -> Result<Vec<Option<StartedAttempt>>> {
+) -> Result<Vec<StartOutcome>> {
+    let mut gate = super::flow::BatchGate::load(tx, starts)?;
     let mut started = Vec::with_capacity(starts.len());
     for start in starts {
+        if let (Some(gate), Some(claim)) = (gate.as_mut(), &start.flow) {
+            let queued: Option<i64> = tx
+                .prepare_cached("SELECT 1 FROM runs WHERE id = ?1 AND state = 'queued'")?
+                .query_row(params![start.run_id], |r| r.get(0))
+                .optional()?;
+            if queued.is_none() {
+                started.push(Err(NotStarted::NotQueued));
+                continue;
+            }
+            if let Err(hold) = gate.book.admit(&claim.namespace, &claim.gates, now) {
+                started.push(Err(NotStarted::Held(hold)));
+                continue;
+            }
+        }
         // Only a queued run starts; the update says so by returning its new attempt count.
-        let number: Option<u32> = tx
+        let number: Option<(u32, i64)> = tx
             .prepare_cached(
                 "UPDATE runs SET state = 'running', attempts = attempts + 1, \
                  started_at = coalesce(started_at, ?2) WHERE id = ?1 AND state = 'queued' \
-                 RETURNING attempts",
+                 RETURNING attempts, scheduled_for",
             )?
-            .query_row(params![start.run_id, micros(now)], |r| r.get(0))
+            .query_row(params![start.run_id, micros(now)], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .optional()?;
-        let Some(number) = number else {
-            started.push(None);
+        let Some((number, scheduled_for)) = number else {
+            started.push(Err(NotStarted::NotQueued));
             continue;
         };
         tx.prepare_cached(
@@ -636,7 +654,13 @@ pub fn start_attempts(
             micros(start.lease_expires_at),
         ])?;
         let attempt_id = tx.last_insert_rowid();
-        started.push(Some(StartedAttempt { attempt_id, number }));
+        if let Some(claim) = &start.flow {
+            super::flow::hold(tx, claim, attempt_id, start.run_id, scheduled_for, now)?;
+        }
+        started.push(Ok(StartedAttempt { attempt_id, number }));
+    }
+    if let Some(gate) = gate {
+        gate.save(tx)?;
     }
     Ok(started)
 }

@@ -21,6 +21,7 @@ mod checkpoint;
 mod deadlines;
 mod dependencies;
 mod events;
+mod flow;
 mod heartbeats;
 mod history;
 mod jobs;
@@ -634,7 +635,7 @@ impl Store for SqliteStore {
         &self,
         starts: &[AttemptStart],
         now: Instant,
-    ) -> Result<Vec<Option<StartedAttempt>>> {
+    ) -> Result<Vec<StartOutcome>> {
         let starts = starts.to_vec();
         self.write(move |tx| ledger::start_attempts(tx, &starts, now))
             .await

@@ -424,6 +424,7 @@ CREATE TABLE flow_holders (
     key TEXT NOT NULL,
     attempt_id INTEGER NOT NULL,
     run_id INTEGER NOT NULL,
+    run_scheduled_for INTEGER NOT NULL,
     job TEXT NOT NULL,
     since INTEGER NOT NULL,
     PRIMARY KEY (namespace, key, attempt_id)
