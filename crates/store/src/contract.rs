@@ -111,6 +111,8 @@ macro_rules! store_contract_tests {
             late_runs_are_found_waiting_and_at_their_end,
             a_namespaces_late_rule_reaches_only_the_jobs_that_follow_it,
             deadline_marks_are_merged_listed_and_told_once,
+            a_keys_limit_holds_across_batches_and_frees_when_an_attempt_ends,
+            rate_keys_and_named_limits_are_read_at_each_start,
             claims_are_exclusive_and_reports_under_a_lapsed_claim_change_nothing,
             a_heartbeat_run_waits_for_a_ping_and_fails_without_one,
             a_job_that_asks_is_named_in_its_completions,
@@ -5591,4 +5593,204 @@ pub async fn deadline_marks_are_merged_listed_and_told_once(store: &dyn Store) {
     assert_eq!(listed(false, true).await, [risky.run_id]);
     assert!(listed(true, true).await.is_empty());
     assert_eq!(listed(false, false).await.len(), 4);
+}
+
+/// A start claiming the run's keys, as the dispatcher makes it.
+fn keyed_start(run_id: i64, token: i64, job: &JobRecord, now: Instant) -> AttemptStart {
+    let context = sked_core::flow::KeyContext {
+        namespace: "default",
+        job: &job.name,
+        ..Default::default()
+    };
+    AttemptStart {
+        run_id,
+        worker_id: "w".to_string(),
+        token,
+        lease_expires_at: now + secs(30),
+        flow: Some(crate::FlowClaim {
+            namespace: "default".to_string(),
+            job: job.name.clone(),
+            gates: job.spec.flow().gates(&context),
+        }),
+    }
+}
+
+pub async fn a_keys_limit_holds_across_batches_and_frees_when_an_attempt_ends(store: &dyn Store) {
+    use sked_core::flow::Hold;
+    worker(store, "w", t0()).await;
+    let keyed =
+        serde_json::json!({"overlap": "allow", "concurrency": [{"key": "shared", "limit": 2}]});
+    let a = put(store, "a", every_second(keyed.clone())).await;
+    let b = put(store, "b", every_second(keyed)).await;
+    let mut runs = Vec::new();
+    for i in 1..=3 {
+        runs.push((fire_one(store, fire(a.id, t0() + secs(i))).await.run_id, &a));
+        runs.push((fire_one(store, fire(b.id, t0() + secs(i))).await.run_id, &b));
+    }
+    let now = t0() + secs(5);
+    // One batch of three: two start, the third is held, naming the key and its count.
+    let first: Vec<AttemptStart> = runs[..3]
+        .iter()
+        .enumerate()
+        .map(|(i, (id, job))| keyed_start(*id, i as i64 + 1, job, now))
+        .collect();
+    let answers = store.start_attempts(&first, now).await.unwrap();
+    assert!(answers[0].is_ok() && answers[1].is_ok(), "{answers:?}");
+    assert_eq!(
+        answers[2],
+        Err(crate::NotStarted::Held(Hold::Concurrency {
+            key: "shared".into(),
+            holding: 2,
+            limit: 2
+        }))
+    );
+    // Another batch (another node's) sees the same two holders.
+    let again = store
+        .start_attempts(&[keyed_start(runs[3].0, 9, runs[3].1, now)], now)
+        .await
+        .unwrap();
+    assert!(
+        matches!(again[0], Err(crate::NotStarted::Held(_))),
+        "{again:?}"
+    );
+    let holders = store.key_holders(None).await.unwrap();
+    assert_eq!(holders.len(), 2);
+    assert!(holders.iter().all(|h| h.key == "shared"));
+    // One holder ends: exactly one more may start, and the held run is still queued.
+    let ended = answers[0].as_ref().unwrap().attempt_id;
+    complete(
+        store,
+        report(ended, 1, AttemptOutcome::Succeeded),
+        now + secs(1),
+    )
+    .await;
+    let later = now + secs(2);
+    let starts: Vec<AttemptStart> = runs[2..]
+        .iter()
+        .enumerate()
+        .map(|(i, (id, job))| keyed_start(*id, i as i64 + 20, job, later))
+        .collect();
+    let answers = store.start_attempts(&starts, later).await.unwrap();
+    let started = answers.iter().filter(|a| a.is_ok()).count();
+    assert_eq!(started, 1, "{answers:?}");
+    assert!(answers[0].is_ok(), "the oldest held run goes first");
+    assert_eq!(store.key_holders(None).await.unwrap().len(), 2);
+    // A run that is no longer queued is told so, and holds nothing.
+    let twice = store
+        .start_attempts(&[keyed_start(runs[2].0, 99, runs[2].1, later)], later)
+        .await
+        .unwrap();
+    assert_eq!(twice, vec![Err(crate::NotStarted::NotQueued)]);
+}
+
+pub async fn rate_keys_and_named_limits_are_read_at_each_start(store: &dyn Store) {
+    use sked_core::flow::{Hold, LimitSpec};
+    worker(store, "w", t0()).await;
+    let rated = serde_json::json!({
+        "overlap": "allow",
+        "rate_limit": [{"key": "api", "limit": 2, "per": "1s"}],
+    });
+    let j = put(store, "rated", every_second(rated)).await;
+    let mut ids = Vec::new();
+    for i in 1..=3 {
+        ids.push(fire_one(store, fire(j.id, t0() + secs(i))).await.run_id);
+    }
+    let now = t0() + secs(10);
+    let starts: Vec<AttemptStart> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| keyed_start(*id, i as i64 + 1, &j, now))
+        .collect();
+    let answers = store.start_attempts(&starts, now).await.unwrap();
+    assert!(answers[0].is_ok(), "{answers:?}");
+    // Two per second, no burst: the next start is due half a second later.
+    let half = now + chrono::Duration::milliseconds(500);
+    assert_eq!(
+        answers[1],
+        Err(crate::NotStarted::Held(Hold::Rate {
+            key: "api".into(),
+            at: half
+        }))
+    );
+    let answers = store
+        .start_attempts(&[keyed_start(ids[1], 7, &j, half)], half)
+        .await
+        .unwrap();
+    assert!(
+        answers[0].is_ok(),
+        "due at the moment it was told: {answers:?}"
+    );
+
+    // A named limit: read at each start, so changing it changes the next start.
+    let used = serde_json::json!({"overlap": "allow", "concurrency": [{"use": "partner"}]});
+    let u = put(store, "user", every_second(used)).await;
+    let a = fire_one(store, fire(u.id, t0() + secs(1))).await.run_id;
+    let b = fire_one(store, fire(u.id, t0() + secs(2))).await.run_id;
+    let undefined = store
+        .start_attempts(&[keyed_start(a, 11, &u, now)], now)
+        .await
+        .unwrap();
+    assert!(matches!(
+        &undefined[0],
+        Err(crate::NotStarted::Held(Hold::Undefined { .. }))
+    ));
+    let one = LimitSpec {
+        description: None,
+        concurrency: Some(1),
+        rate: None,
+    };
+    assert!(store
+        .put_limit("default", "partner", &one, now, Audit::none())
+        .await
+        .unwrap());
+    let answers = store
+        .start_attempts(
+            &[keyed_start(a, 12, &u, now), keyed_start(b, 13, &u, now)],
+            now,
+        )
+        .await
+        .unwrap();
+    assert!(answers[0].is_ok() && answers[1].is_err(), "{answers:?}");
+    let two = LimitSpec {
+        concurrency: Some(2),
+        ..one
+    };
+    assert!(!store
+        .put_limit("default", "partner", &two, now, Audit::none())
+        .await
+        .unwrap());
+    let answers = store
+        .start_attempts(&[keyed_start(b, 14, &u, now)], now)
+        .await
+        .unwrap();
+    assert!(
+        answers[0].is_ok(),
+        "the raised limit admits it: {answers:?}"
+    );
+    // A limit a job uses is not deleted; one no job uses is.
+    assert_eq!(
+        store
+            .delete_limit("default", "partner", Audit::none())
+            .await
+            .unwrap(),
+        crate::LimitDeletion::InUse(vec!["user".into()])
+    );
+    assert_eq!(store.list_limits(None).await.unwrap().len(), 1);
+    assert_eq!(
+        store
+            .list_limits(Some(&["other".into()]))
+            .await
+            .unwrap()
+            .len(),
+        0
+    );
+    assert_eq!(
+        store
+            .delete_limit("default", "nothing", Audit::none())
+            .await
+            .unwrap(),
+        crate::LimitDeletion::NotFound
+    );
+    // Arrival times in the past say nothing a missing row would not: swept.
+    assert_eq!(store.sweep_rate_keys(now + secs(60)).await.unwrap(), 1);
 }
