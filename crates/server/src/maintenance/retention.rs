@@ -3,7 +3,8 @@
 //! retention, audit entries older than the audit retention, and events older than the run
 //! retention (but never younger than the longest window or dependency timeout may look back,
 //! so no wait misses an event retention took), and notifications sent or given up once older
-//! than the run retention. Active runs and live workers are never
+//! than the run retention; rate keys idle for a minute whatever the retention (their state
+//! is then the same as none). Active runs and live workers are never
 //! touched.
 //!
 //! On a store that partitions runs by instant (PostgreSQL), a retention pass first drops the
@@ -87,6 +88,7 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
                 delete_old_events(&state, retention.max(EVENT_FLOOR)).await;
             }
             delete_dead_workers(&state).await;
+            sweep_rate_keys(&state).await;
             if let Some(retention) = state.config.audit_retention {
                 delete_old_audit(&state, retention).await;
             }
@@ -102,6 +104,20 @@ async fn delete_dead_workers(state: &AppState) {
         state.store.delete_dead_workers(before, BATCH)
     })
     .await;
+}
+
+/// Rate keys whose arrival time is past say nothing a missing row would not; a minute's
+/// margin keeps those a start batch may be moving right now.
+async fn sweep_rate_keys(state: &AppState) {
+    match state
+        .store
+        .sweep_rate_keys(Utc::now() - chrono::Duration::minutes(1))
+        .await
+    {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!("retention forgot {n} idle rate keys"),
+        Err(e) => tracing::error!("retention of idle rate keys (kept until the next pass): {e}"),
+    }
 }
 
 async fn delete_old_audit(state: &AppState, retention: Duration) {
