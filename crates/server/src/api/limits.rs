@@ -64,6 +64,9 @@ pub struct KeyView {
     pub waiting_runs: Vec<i64>,
 }
 
+/// Limits one namespace may hold.
+pub const MAX_LIMITS: usize = 1000;
+
 /// Waiting runs a key shows by id.
 pub const RUNS_SHOWN: usize = 20;
 
@@ -161,6 +164,20 @@ pub async fn put(
     spec.validate()
         .map_err(|e| ApiError::invalid(&e.field, e.message))?;
     let before = state.store.get_limit(&namespace, &name).await?;
+    if before.is_none() {
+        let held = state
+            .store
+            .list_limits(Some(std::slice::from_ref(&namespace)))
+            .await?
+            .len();
+        if held >= MAX_LIMITS {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "limit_reached",
+                format!("namespace {namespace:?} holds {MAX_LIMITS} limits, its most"),
+            ));
+        }
+    }
     let (ns, object, after) = (
         namespace.clone(),
         name.clone(),
