@@ -133,7 +133,7 @@ pub async fn start(
             secret_headers,
         });
     }
-    state.dispatcher.hold_back(held);
+    state.dispatcher.hold_back(worker_id, held);
     state.dispatcher.keys_held(
         keyed
             .iter()

@@ -327,14 +327,20 @@ impl Dispatcher {
         self.wake.notify_one();
     }
 
-    /// Puts back runs a flow-control key held back when they were to start, each to wait
-    /// until its key may have room.
-    pub fn hold_back(&self, held: Vec<(QueuedRun, Hold)>) {
+    /// Puts back runs a flow-control key held back when they were to start on worker `id`,
+    /// each to wait until its key may have room; the worker's slots they were counted in are
+    /// free again.
+    pub fn hold_back(&self, id: &str, held: Vec<(QueuedRun, Hold)>) {
         if held.is_empty() {
             return;
         }
         let now = Utc::now();
         let mut state = self.lock();
+        if let Some(worker) = state.workers.get_mut(id) {
+            let n = u32::try_from(held.len()).unwrap_or(u32::MAX);
+            worker.in_flight = worker.in_flight.saturating_sub(n);
+            worker.assigned = worker.assigned.saturating_sub(n);
+        }
         for (run, hold) in held {
             let until = state.gates.hold(&run, hold, now);
             state.queue.insert_until(run, Some(until), now);
