@@ -204,6 +204,10 @@ pub struct LeasedAttempt {
     /// secret), opened for this attempt: a redirect never carries them to another origin.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_headers: Vec<String>,
+    /// The parameters a manual trigger gave the run: a shell target finds each in
+    /// `SKED_PARAM_<NAME>` (`crate::flow::trigger::param_env_name`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, String>,
 }
 
 impl LeasedAttempt {

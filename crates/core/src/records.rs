@@ -141,6 +141,12 @@ pub struct RunRecord {
     /// When it was predicted to miss its `finish_by`, before it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_risk: Option<crate::deadline::AtRisk>,
+    /// The parameters a manual trigger gave it (the newest, for a debounced run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params: Option<crate::flow::Params>,
+    /// For a debounced run: the triggers or events it absorbed (`crate::flow::trigger`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub absorbed: Option<crate::flow::Absorbed>,
 }
 
 /// A recorded event (`crate::event`).

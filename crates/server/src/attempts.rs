@@ -131,6 +131,7 @@ pub async fn start(
             affinity_key: run.routing.affinity_key,
             shard: run.shard,
             secret_headers,
+            params: run.params.unwrap_or_default(),
         });
     }
     state.dispatcher.hold_back(worker_id, held);

@@ -812,6 +812,10 @@ pub enum JobCommand {
     Trigger {
         /// The job's name.
         name: String,
+        /// A parameter for the run, NAME=VALUE (repeatable): a shell job sees it as
+        /// SKED_PARAM_NAME.
+        #[arg(long = "param", value_name = "NAME=VALUE", value_parser = parse_param)]
+        params: Vec<(String, String)>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -1316,9 +1320,13 @@ async fn job(cmd: JobCommand) -> Result<()> {
         JobCommand::Rollback { name, to, client } => {
             client::Client::new(&client)?.job_rollback(&name, to).await
         }
-        JobCommand::Trigger { name, client } => {
+        JobCommand::Trigger {
+            name,
+            params,
+            client,
+        } => {
             client::Client::new(&client)?
-                .job_action(&name, "trigger")
+                .job_trigger(&name, params.into_iter().collect())
                 .await
         }
         JobCommand::Ping { name, client } => {
@@ -1478,4 +1486,11 @@ mod tests {
             assert!(parse_public_url(bad).is_err(), "{bad}");
         }
     }
+}
+
+/// One `--param NAME=VALUE`.
+fn parse_param(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .ok_or_else(|| format!("{text:?} is not NAME=VALUE"))
 }

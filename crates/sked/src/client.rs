@@ -333,6 +333,37 @@ impl Client {
         Ok(())
     }
 
+    /// Triggers a run of job `name` with `params` (none: no body).
+    pub async fn job_trigger(
+        &self,
+        name: &str,
+        params: std::collections::BTreeMap<String, String>,
+    ) -> Result<()> {
+        if params.is_empty() {
+            return self.job_action(name, "trigger").await;
+        }
+        let body = serde_json::json!({ "params": params });
+        let resp = self
+            .send(
+                Method::POST,
+                &format!("/jobs/{name}/trigger"),
+                &[],
+                Some(&body),
+            )
+            .await?;
+        let created = resp.status() == reqwest::StatusCode::CREATED;
+        let value: Value = resp.json().await?;
+        if self.json {
+            return Self::print_json(&value);
+        }
+        if created {
+            println!("run {} queued for job {name}", text(&value["id"]));
+        } else {
+            println!("run {} of job {name} took the trigger", text(&value["id"]));
+        }
+        Ok(())
+    }
+
     pub async fn job_ping_url(&self, name: &str) -> Result<()> {
         let value = self
             .get_json(&format!("/jobs/{name}/ping-url"), &[])

@@ -100,6 +100,10 @@ macro_rules! store_contract_tests {
             manual_runs_ignore_dependencies,
             racing_upstreams_create_one_dependant_run,
             an_event_starts_one_run_per_event_of_its_key,
+            triggers_meet_dedup_within_its_window,
+            a_debounced_run_absorbs_triggers_and_starts_at_its_moved_ready_at,
+            racing_triggers_with_one_dedup_key_make_one_run,
+            events_meet_dedup_and_debounce,
             events_release_waits_and_succeeded_runs_emit_them,
             event_retention_deletes_the_oldest_first,
             an_events_run_is_not_lost_to_a_run_at_its_instant,
@@ -5793,4 +5797,209 @@ pub async fn rate_keys_and_named_limits_are_read_at_each_start(store: &dyn Store
     );
     // Arrival times in the past say nothing a missing row would not: swept.
     assert_eq!(store.sweep_rate_keys(now + secs(60)).await.unwrap(), 1);
+async fn trigger_with(
+    store: &dyn Store,
+    job_id: i64,
+    params: &[(&str, &str)],
+    now: Instant,
+) -> TriggeredRun {
+    let params: sked_core::flow::Params = params
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let trigger = ManualTrigger {
+        job_id,
+        scheduled_for: now,
+        params: (!params.is_empty()).then_some(params),
+    };
+    store
+        .trigger_run(&trigger, now, Audit::none())
+        .await
+        .expect("trigger_run")
+}
+
+pub async fn triggers_meet_dedup_within_its_window(store: &dyn Store) {
+    let j = put(
+        store,
+        "charge",
+        every_second(serde_json::json!({"dedup": {"key": "{{params.order}}", "window": "1m"}})),
+    )
+    .await;
+    let at = t0();
+    let first = trigger_with(store, j.id, &[("order", "1")], at).await;
+    assert_eq!(first.outcome, FlowOutcome::Recorded);
+    assert!(first.run.inserted);
+    let (record, _) = run(store, first.run.run_id).await;
+    assert_eq!(
+        record
+            .params
+            .as_ref()
+            .and_then(|p| p.get("order"))
+            .map(String::as_str),
+        Some("1")
+    );
+    let queued = store.queued_runs(Some(&[first.run.run_id])).await.unwrap();
+    assert_eq!(
+        queued[0].params, record.params,
+        "the queued run carries them"
+    );
+    let again = trigger_with(store, j.id, &[("order", "1")], at + secs(10)).await;
+    assert_eq!(again.outcome, FlowOutcome::Deduplicated);
+    assert!(!again.run.inserted);
+    assert_eq!(again.run.run_id, first.run.run_id);
+    let other = trigger_with(store, j.id, &[("order", "2")], at + secs(10)).await;
+    assert_eq!(other.outcome, FlowOutcome::Recorded);
+    assert_ne!(other.run.run_id, first.run.run_id);
+    let later = trigger_with(store, j.id, &[("order", "1")], at + secs(61)).await;
+    assert_eq!(later.outcome, FlowOutcome::Recorded, "the window is over");
+    assert_ne!(later.run.run_id, first.run.run_id);
+    // Expired keys go with retention.
+    store
+        .delete_events_before(at + secs(3600), 100)
+        .await
+        .unwrap();
+    let after = trigger_with(store, j.id, &[("order", "1")], at + secs(70)).await;
+    assert_eq!(after.outcome, FlowOutcome::Recorded);
+}
+
+pub async fn a_debounced_run_absorbs_triggers_and_starts_at_its_moved_ready_at(store: &dyn Store) {
+    worker(store, "w", t0()).await;
+    let j = put(
+        store,
+        "rebuild",
+        every_second(serde_json::json!({
+            "debounce": {"key": "{{params.customer}}", "period": "10s", "max_wait": "25s"}
+        })),
+    )
+    .await;
+    let at = t0();
+    let first = trigger_with(store, j.id, &[("customer", "a"), ("n", "1")], at).await;
+    assert_eq!(first.outcome, FlowOutcome::Recorded);
+    let id = first.run.run_id;
+    let (record, _) = run(store, id).await;
+    assert_eq!(record.ready_at, at + secs(10));
+    assert_eq!(record.absorbed.as_ref().map(|a| a.count), Some(0));
+    for (n, offset, ready) in [("2", 5, 15), ("3", 12, 22), ("4", 20, 25)] {
+        let t = trigger_with(
+            store,
+            j.id,
+            &[("customer", "a"), ("n", n)],
+            at + secs(offset),
+        )
+        .await;
+        assert_eq!(t.outcome, FlowOutcome::Absorbed, "trigger {n}");
+        assert_eq!(t.run.run_id, id);
+        let (record, _) = run(store, id).await;
+        assert_eq!(record.ready_at, at + secs(ready), "trigger {n}");
+        assert_eq!(
+            record
+                .params
+                .as_ref()
+                .and_then(|p| p.get("n"))
+                .map(String::as_str),
+            Some(n)
+        );
+    }
+    // Another key is another burst.
+    let other = trigger_with(store, j.id, &[("customer", "b")], at + secs(1)).await;
+    assert_eq!(other.outcome, FlowOutcome::Recorded);
+    let (record, _) = run(store, id).await;
+    let absorbed = record.absorbed.expect("absorbed");
+    assert_eq!(absorbed.count, 3);
+    assert_eq!(absorbed.triggers.len(), 3);
+    assert_eq!(absorbed.triggers[2].at, at + secs(20));
+    let queued = store.queued_runs(Some(&[id])).await.unwrap();
+    assert_eq!(queued[0].ready_at, at + secs(25));
+    // No node starts it before its moved `ready_at`, whatever ready_at it held.
+    let early = store
+        .start_attempts(
+            &[AttemptStart {
+                run_id: id,
+                worker_id: "w".into(),
+                token: 1,
+                lease_expires_at: at + secs(60),
+                flow: None,
+            }],
+            at + secs(21),
+        )
+        .await
+        .unwrap();
+    assert_eq!(early, vec![Err(NotStarted::NotQueued)]);
+    start(store, id, "w", 1, at + secs(25)).await;
+    // Once started, a trigger makes a new run.
+    let next = trigger_with(store, j.id, &[("customer", "a")], at + secs(26)).await;
+    assert_eq!(next.outcome, FlowOutcome::Recorded);
+    assert_ne!(next.run.run_id, id);
+}
+
+pub async fn racing_triggers_with_one_dedup_key_make_one_run(store: &dyn Store) {
+    let j = put(
+        store,
+        "once",
+        every_second(serde_json::json!({"dedup": {"key": "constant", "window": "1h"}})),
+    )
+    .await;
+    let at = t0();
+    let racing = (0..6).map(|i| trigger_with(store, j.id, &[], at + Span::microseconds(i)));
+    let outcomes = futures_util::future::join_all(racing).await;
+    let recorded = outcomes
+        .iter()
+        .filter(|t| t.outcome == FlowOutcome::Recorded)
+        .count();
+    assert_eq!(recorded, 1, "{outcomes:?}");
+    let ids: std::collections::BTreeSet<i64> = outcomes.iter().map(|t| t.run.run_id).collect();
+    assert_eq!(ids.len(), 1, "{outcomes:?}");
+}
+
+pub async fn events_meet_dedup_and_debounce(store: &dyn Store) {
+    let deduped = put(
+        store,
+        "dedup-orders",
+        serde_json::json!({
+            "schedule": {"event": "orders.placed"},
+            "target": {"shell": {"command": "true"}},
+            "dedup": {"key": "{{event.key}}", "window": "1m"},
+        }),
+    )
+    .await;
+    let debounced = put(
+        store,
+        "debounce-orders",
+        serde_json::json!({
+            "schedule": {"event": "orders.placed"},
+            "target": {"shell": {"command": "true"}},
+            "debounce": {"key": "{{event.key}}", "period": "10s"},
+        }),
+    )
+    .await;
+    let at = t0();
+    let first = post(store, "default", "orders.placed", "1", at).await;
+    assert_eq!(first.started.len(), 2);
+    assert!(first.flowed.is_empty());
+    let second = post(store, "default", "orders.placed", "2", at + secs(3)).await;
+    assert!(second.created, "the event is still recorded");
+    assert!(second.started.is_empty(), "{second:?}");
+    let by_job = |job: &JobRecord| {
+        second
+            .flowed
+            .iter()
+            .find(|f| f.job == job.name)
+            .cloned()
+            .expect("the job's run is named")
+    };
+    let (deduped_to, absorbed_into) = (by_job(&deduped), by_job(&debounced));
+    assert_eq!(deduped_to.outcome, FlowOutcome::Deduplicated);
+    assert_eq!(absorbed_into.outcome, FlowOutcome::Absorbed);
+    assert!(first.started.contains(&deduped_to.run_id));
+    assert!(first.started.contains(&absorbed_into.run_id));
+    let (record, _) = run(store, absorbed_into.run_id).await;
+    assert_eq!(record.event_id.as_deref(), Some("2"), "the last payload");
+    assert_eq!(record.ready_at, at + secs(13));
+    assert_eq!(record.absorbed.map(|a| a.count), Some(1));
+    assert!(second.queued.contains(&absorbed_into.run_id), "read again");
+    let queued = store
+        .queued_runs(Some(&[absorbed_into.run_id]))
+        .await
+        .unwrap();
+    assert_eq!(queued[0].event.as_ref().map(|e| e.id.as_str()), Some("2"));
 }

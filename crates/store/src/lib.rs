@@ -394,6 +394,52 @@ pub struct PostedEvent {
     pub queued: Vec<i64>,
     /// Running runs an overlap `cancel_running` asked to stop.
     pub cancel_requested: Vec<i64>,
+    /// Jobs whose run it did not start because of their debounce or dedup, with the run it
+    /// went to.
+    pub flowed: Vec<FlowedRun>,
+}
+
+/// A manual trigger of a job (`POST /api/v1/jobs/{name}/trigger`), for
+/// [`Store::trigger_run`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManualTrigger {
+    pub job_id: i64,
+    /// The run's instant: the moment of the request (moved on by a microsecond at a time
+    /// while the job has a run at it).
+    pub scheduled_for: Instant,
+    /// The trigger's parameters (`sked_core::flow::trigger`), checked by the caller.
+    pub params: Option<sked_core::flow::Params>,
+}
+
+/// How a trigger or an event met its job's debounce and dedup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlowOutcome {
+    /// A new run was recorded.
+    Recorded,
+    /// The dedup key names a run recorded within its window: that run, nothing new.
+    Deduplicated,
+    /// A debounced run with the key had not started: the trigger was absorbed into it, its
+    /// `ready_at` moved and its parameters (or event) replaced.
+    Absorbed,
+}
+
+/// What [`Store::trigger_run`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TriggeredRun {
+    /// The run recorded (`inserted`), or the one the trigger was deduplicated to or absorbed
+    /// into (`inserted` false).
+    pub run: FiredRun,
+    pub outcome: FlowOutcome,
+}
+
+/// A job an event did not start a new run of, because of its debounce or dedup: the run
+/// the event went to instead.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FlowedRun {
+    pub job: String,
+    pub run_id: i64,
+    pub outcome: FlowOutcome,
 }
 
 /// Which recorded events to list, newest first.
@@ -479,6 +525,8 @@ pub struct QueuedRun {
     /// The concurrency and rate keys it must pass to start (`sked_core::flow`), rendered
     /// from its job's definition and the run.
     pub gates: sked_core::flow::Gates,
+    /// The parameters its manual trigger gave it.
+    pub params: Option<sked_core::flow::Params>,
 }
 
 impl QueuedRun {
@@ -489,7 +537,7 @@ impl QueuedRun {
             job: &self.job,
             shard: self.shard.map(|s| s.index),
             event: self.event.as_ref(),
-            params: None,
+            params: self.params.as_ref(),
         }
     }
 
@@ -881,6 +929,18 @@ pub trait Store: CalendarStore + DeadlineStore + FlowStore + Send + Sync + 'stat
         now: Instant,
         audit: Audit<FireOutcome>,
     ) -> Result<FireOutcome>;
+    /// Records a manual run of a job, under its `dedup` and `debounce` in the same
+    /// transaction: a dedup key recorded within its window answers with its run; a debounced
+    /// run with the same key that has not started absorbs the trigger (`ready_at` moved to
+    /// `sked_core::flow::trigger::debounced_ready_at`, the newest parameters kept, the trigger
+    /// counted and kept on the run); otherwise a run is recorded (a debounced one ready a
+    /// period from now). Two triggers with one key make one run, on any number of nodes.
+    async fn trigger_run(
+        &self,
+        trigger: &ManualTrigger,
+        now: Instant,
+        audit: Audit<TriggeredRun>,
+    ) -> Result<TriggeredRun>;
     /// Queued runs with their dispatch details: the given ones, or all when `ids` is `None`.
     async fn queued_runs(&self, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>>;
     /// The ids of queued runs ready before `ready_before`, ascending, at most `limit` of those

@@ -574,6 +574,8 @@ pub struct Settled {
     pub queued: Vec<i64>,
     /// Running runs an overlap `cancel_running` of a released run asked to stop.
     pub cancel_requested: Vec<i64>,
+    /// Jobs whose run an event did not start (debounce, dedup), with the run it went to.
+    pub flowed: Vec<crate::FlowedRun>,
 }
 
 /// The `waiting_for` and `waiting_until` columns of a run of `spec` that waits for its
@@ -908,6 +910,7 @@ pub fn posted_before(event: sked_core::records::EventRecord) -> crate::PostedEve
         started: Vec::new(),
         queued: Vec::new(),
         cancel_requested: Vec::new(),
+        flowed: Vec::new(),
     }
 }
 
@@ -1289,4 +1292,71 @@ impl<'a> EventAdmission<'a> {
         self.admission
             .admit(job_id, namespace, source.backlog(job_id, namespace))
     }
+}
+
+/// The debounce and dedup keys of one trigger or event of a job, rendered
+/// (`sked_core::flow`): what both stores look up before they record a run.
+#[derive(Debug, Clone, Default)]
+pub struct FlowKeys {
+    /// The dedup key and its window.
+    pub dedup: Option<(String, chrono::Duration)>,
+    /// The debounce key and its definition.
+    pub debounce: Option<(String, sked_core::flow::DebounceSpec)>,
+}
+
+impl FlowKeys {
+    /// The keys `spec` gives a run made of `context`; none when it has neither.
+    pub fn of(spec: &JobSpec, context: &sked_core::flow::KeyContext<'_>) -> FlowKeys {
+        let render = |field: &str, text: &str| {
+            sked_core::flow::KeyTemplate::parse(field, text)
+                .ok()
+                .map(|t| t.render(context))
+        };
+        FlowKeys {
+            dedup: spec.dedup.as_ref().and_then(|d| {
+                Some((
+                    render("dedup.key", &d.key)?,
+                    chrono::Duration::from_std(d.window.0).unwrap_or(chrono::Duration::MAX),
+                ))
+            }),
+            debounce: spec
+                .debounce
+                .as_ref()
+                .and_then(|d| Some((render("debounce.key", &d.key)?, d.clone()))),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dedup.is_none() && self.debounce.is_none()
+    }
+}
+
+/// `at` plus `d`, at most the largest instant.
+pub fn later(at: Instant, d: chrono::Duration) -> Instant {
+    at.checked_add_signed(d).unwrap_or(at)
+}
+
+/// A debounced run's absorbed record after one more trigger at `now`, and its new `ready_at`.
+pub fn absorb(
+    stored: Option<&str>,
+    spec: &sked_core::flow::DebounceSpec,
+    trigger: sked_core::flow::AbsorbedTrigger,
+    now: Instant,
+) -> Result<(String, Instant), StoreError> {
+    let mut absorbed: sked_core::flow::Absorbed =
+        json_column("a run's absorbed triggers", stored.map(str::to_string))?.unwrap_or_default();
+    let first = *absorbed.first_at.get_or_insert(now);
+    absorbed.absorb(trigger);
+    let ready_at = sked_core::flow::trigger::debounced_ready_at(spec, first, now);
+    Ok((to_json("absorbed triggers", &absorbed)?, ready_at))
+}
+
+/// The `params` column of a run.
+pub fn params_column(
+    params: Option<&sked_core::flow::Params>,
+) -> Result<Option<String>, StoreError> {
+    params
+        .filter(|p| !p.is_empty())
+        .map(|p| to_json("trigger parameters", p))
+        .transpose()
 }

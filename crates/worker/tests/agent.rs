@@ -293,6 +293,7 @@ fn shell_attempt(attempt_id: i64, command: &str, timeout_ms: Option<u64>) -> Lea
         affinity_key: None,
         shard: None,
         secret_headers: Vec::new(),
+        params: Default::default(),
     }
 }
 
@@ -764,6 +765,7 @@ async fn heartbeats_report_the_stall_gauge_warm_keys_and_the_pools_overload_cont
         affinity_key: Some(key.to_string()),
         shard: None,
         secret_headers: Vec::new(),
+        params: Default::default(),
         ..shell_attempt(attempt_id, "true", None)
     };
     {

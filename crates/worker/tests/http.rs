@@ -99,6 +99,7 @@ fn info() -> RunInfo {
         event: None,
         shard: None,
         secret_headers: Vec::new(),
+        params: Default::default(),
     }
 }
 

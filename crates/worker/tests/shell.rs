@@ -22,6 +22,7 @@ fn info() -> RunInfo {
         event: None,
         shard: None,
         secret_headers: Vec::new(),
+        params: Default::default(),
     }
 }
 
@@ -130,6 +131,21 @@ async fn the_job_sees_its_run_and_its_env() {
         text, "42|3|2026-01-02T03:04:05Z|nightly-report|full\n/\n",
         "{text:?}"
     );
+}
+
+#[tokio::test]
+async fn a_triggered_run_sees_its_parameters() {
+    let target = sh("echo \"$SKED_PARAM_REGION|$SKED_PARAM_ORDER_ID\"");
+    let started = RunInfo {
+        params: [("region", "eu"), ("order-id", "42")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..info()
+    };
+    let (result, text) = run_as(&target, &started, &options(None)).await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded);
+    assert_eq!(text, "eu|42\n");
 }
 
 #[tokio::test]

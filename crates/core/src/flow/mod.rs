@@ -16,9 +16,11 @@
 
 pub mod rate;
 pub mod template;
+pub mod trigger;
 
 pub use rate::Rate;
 pub use template::{KeyContext, KeyTemplate, MAX_KEY_BYTES};
+pub use trigger::{Absorbed, AbsorbedTrigger, Params};
 
 use crate::duration::HumanDuration;
 use crate::error::SpecError;

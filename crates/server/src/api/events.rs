@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sked_core::event::EventSpec;
 use sked_core::records::EventRecord;
 use sked_core::Instant;
-use sked_store::{EventQuery, PostedEvent};
+use sked_store::{EventQuery, FlowedRun, PostedEvent};
 
 /// A recorded event, and what posting it did.
 #[derive(Debug, Serialize)]
@@ -32,6 +32,11 @@ pub struct PostedView {
     pub created: bool,
     /// The runs it started (jobs whose schedule names its key).
     pub started: Vec<i64>,
+    /// Jobs whose schedule names its key that it started no run of, because of their
+    /// `dedup` (the run it was deduplicated to) or `debounce` (the pending run it was
+    /// absorbed into).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub flowed: Vec<FlowedRun>,
 }
 
 pub async fn post(
@@ -78,6 +83,7 @@ pub async fn post(
                 event: posted.event,
                 created: false,
                 started: Vec::new(),
+                flowed: Vec::new(),
             }),
         ));
     }
@@ -92,6 +98,7 @@ pub async fn post(
             event: posted.event,
             created: true,
             started: posted.started,
+            flowed: posted.flowed,
         }),
     ))
 }

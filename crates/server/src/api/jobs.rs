@@ -4,7 +4,6 @@ use super::extract::{Path, Query};
 use super::{body, parse_json, ApiError, DeleteParams, Namespace};
 use crate::audit::{self, Change};
 use crate::auth::Caller;
-use crate::firing::queued_run;
 use crate::secrets::{seal_notify, seal_target, Binding};
 use crate::AppState;
 use axum::body::Bytes;
@@ -19,12 +18,13 @@ use sked_core::dependency::Upstream;
 use sked_core::egress::EgressPolicy;
 use sked_core::job::{JobSpec, JobState, ValidJob};
 use sked_core::records::{JobRecord, RunRecord};
-use sked_core::run::{RunState, SkipReason, Trigger};
+use sked_core::run::{RunState, SkipReason};
 use sked_core::schedule::{Occurrence, Schedule, ScheduleKind, ScheduleSpec};
 use sked_core::target::TargetSpec;
 use sked_core::{Instant, SpecError};
 use sked_store::{
-    DeletedJob, Fire, FireOutcome, JobQuery, JobSort, Page, PutMode, PutOutcome, RunQuery,
+    DeletedJob, FlowOutcome, JobQuery, JobSort, ManualTrigger, Page, PutMode, PutOutcome, RunQuery,
+    TriggeredRun,
 };
 use std::collections::BTreeMap;
 
@@ -622,74 +622,82 @@ pub async fn resume(
     set_paused(&state, &caller, ns, name, false).await
 }
 
-/// Runs the job now. The run's instant is the moment of the request.
+/// A trigger's body: optional, and so is each of its fields.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerBody {
+    #[serde(default)]
+    pub params: Option<sked_core::flow::Params>,
+}
+
+/// Runs the job now. The run's instant is the moment of the request. Under the job's `dedup`
+/// a trigger whose key was recorded within the window answers with that run (200), and under
+/// its `debounce` one whose key has a run not started yet is absorbed into it (200); a new run
+/// is 201.
 pub async fn trigger(
     State(state): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
     Query(ns): Query<Namespace>,
+    raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
     let namespace = ns.checked(&caller)?;
-    let job = find(&state, &namespace, &name).await?;
-    let mut instant = sked_core::ledger_instant(Utc::now());
-    // Two triggers within the same microsecond are two runs: move the second one on.
-    for _ in 0..100 {
-        let fire = Fire {
-            job_id: job.id,
-            scheduled_for: instant,
-            trigger: Trigger::Manual,
-            skip: None,
-            ready_at: instant,
-            advance: None,
-            nominal_for: None,
-            why: None,
-        };
-        let (ns, job_name) = (namespace.clone(), name.clone());
-        let audit = audit::by(&caller, move |outcome: &FireOutcome| {
-            outcome
-                .runs
-                .first()
-                .filter(|run| run.inserted)
-                .map(|run| Change {
-                    action: "job.trigger",
-                    namespace: Some(ns.clone()),
-                    object: Some(job_name.clone()),
-                    before: None,
-                    after: Some(serde_json::json!({"run_id": run.run_id})),
-                })
-        });
-        let outcome = state
-            .store
-            .record_fires(std::slice::from_ref(&fire), Utc::now(), audit)
-            .await?;
-        let Some(run) = outcome.runs.first() else {
-            break;
-        };
-        if run.inserted {
-            if run.state == RunState::Queued {
-                let queued = if !run.placed {
-                    vec![queued_run(run.run_id, &fire, &job)]
-                } else {
-                    // Each shard's run carries its place (and a broadcast's, its worker).
-                    let ids: Vec<i64> = run.all_runs().collect();
-                    state.store.queued_runs(Some(&ids)).await?
-                };
-                state.dispatcher.enqueue(queued);
-            }
-            let (record, _) = state
-                .store
-                .get_run(run.run_id)
-                .await?
-                .ok_or_else(|| ApiError::not_found(format!("run {}", run.run_id)))?;
-            return Ok((StatusCode::CREATED, Json(record)));
-        }
-        instant += chrono::Duration::microseconds(1);
+    let raw = super::body_within(raw, super::MAX_TRIGGER_BODY)?;
+    let body: TriggerBody = if raw.iter().all(u8::is_ascii_whitespace) {
+        TriggerBody::default()
+    } else {
+        parse_json(&raw)?
+    };
+    let params = body.params.filter(|p| !p.is_empty());
+    if let Some(params) = &params {
+        sked_core::flow::trigger::validate_params(params)?;
     }
-    Err(ApiError::new(
-        StatusCode::CONFLICT,
-        "conflict",
-        "could not record the manual run",
-    ))
+    let job = find(&state, &namespace, &name).await?;
+    let trigger = ManualTrigger {
+        job_id: job.id,
+        scheduled_for: sked_core::ledger_instant(Utc::now()),
+        params,
+    };
+    let (ns, job_name) = (namespace.clone(), name.clone());
+    let audit = audit::by(&caller, move |triggered: &TriggeredRun| {
+        Some(Change {
+            action: "job.trigger",
+            namespace: Some(ns.clone()),
+            object: Some(job_name.clone()),
+            before: None,
+            after: Some(serde_json::json!({
+                "run_id": triggered.run.run_id,
+                "outcome": triggered.outcome,
+            })),
+        })
+        .filter(|_| triggered.run.run_id != 0)
+    });
+    let triggered = state.store.trigger_run(&trigger, Utc::now(), audit).await?;
+    let run = &triggered.run;
+    if run.run_id == 0 {
+        return Err(ApiError::not_found(format!(
+            "job {name:?} in namespace {namespace:?}"
+        )));
+    }
+    let moved = triggered.outcome == FlowOutcome::Absorbed;
+    if run.state == RunState::Queued && (run.inserted || moved) {
+        // Read back as the store has them: the instant (moved on past a run at the same
+        // microsecond), a placed run's place, a debounced one's `ready_at`, the parameters.
+        let ids: Vec<i64> = run.all_runs().collect();
+        let queued = state.store.queued_runs(Some(&ids)).await?;
+        state.dispatcher.enqueue(queued);
+    }
+    let (record, _) = state
+        .store
+        .get_run(run.run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("run {}", run.run_id)))?;
+    let status = if run.inserted {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(record)))
 }
 
 #[derive(Debug, Deserialize)]

@@ -53,6 +53,8 @@ pub const MAX_BODY: usize = 1024 * 1024;
 pub const MAX_OUTPUT_CHUNK: usize = 8 * 1024 * 1024;
 /// Largest report a consumer may send without an API token (its message is at most 4 KiB).
 pub const MAX_REPORT: usize = 16 * 1024;
+/// The largest trigger body (`{"params": {...}}`).
+pub const MAX_TRIGGER_BODY: usize = 32 * 1024;
 
 /// One route of the API and who may call it. Every route is registered from [`route_table`],
 /// so none can be served without a permission.
@@ -93,7 +95,7 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             Method::POST,
             "/api/v1/jobs/{name}/trigger",
             Write,
-            post(jobs::trigger),
+            post(jobs::trigger).layer(DefaultBodyLimit::max(MAX_TRIGGER_BODY)),
         ),
         route(
             Method::POST,
@@ -583,6 +585,8 @@ fn body_limit(path: &str) -> usize {
         MAX_OUTPUT_CHUNK
     } else if path.starts_with("/api/v1/runs/") && path.ends_with("/complete") {
         MAX_REPORT
+    } else if path.starts_with("/api/v1/jobs/") && path.ends_with("/trigger") {
+        MAX_TRIGGER_BODY
     } else {
         MAX_BODY
     }

@@ -809,6 +809,7 @@ mod tests {
             shard: None,
             pinned_worker: None,
             gates: Default::default(),
+            params: None,
         }
     }
 

@@ -841,6 +841,7 @@ pub fn queued_run(run_id: i64, fire: &Fire, job: &JobRecord) -> QueuedRun {
         shard: None,
         pinned_worker: None,
         gates: Default::default(),
+        params: None,
     }
     .gated_by(&job.spec)
 }

@@ -138,6 +138,7 @@ pub(super) async fn post(
         started: settled.started,
         queued: settled.queued,
         cancel_requested: settled.cancel_requested,
+        flowed: settled.flowed,
     })
 }
 

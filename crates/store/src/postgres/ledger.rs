@@ -795,7 +795,7 @@ pub(super) async fn skip_run(
 pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<QueuedRun>> {
     const SELECT: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
          r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload, r.shard, \
-         r.shard_count, r.pinned_worker \
+         r.shard_count, r.pinned_worker, r.params \
          FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN events e \
          ON e.namespace = r.namespace AND e.key = r.event_key AND e.event_id = r.event_id \
          WHERE r.state = 'queued'";
@@ -841,6 +841,7 @@ pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<Queue
             ),
             pinned_worker: row.try_get(13)?,
             gates: Default::default(),
+            params: crate::shared::json_column("trigger parameters", row.try_get(14)?)?,
         }
         .gated_by(spec);
         order.push(run.run_id);
@@ -893,11 +894,14 @@ pub async fn start_attempts(
         let gated: Vec<i64> = sorted(starts.iter().filter(|s| s.flow.is_some()).map(|s| s.run_id));
         let stmt = tx
             .prepare_cached(
-                "SELECT id FROM runs WHERE id = ANY($1) AND state = 'queued' ORDER BY id FOR UPDATE",
+                // A debounced run whose `ready_at` a later trigger moved ahead is not startable
+                // yet: it spends no key.
+                "SELECT id FROM runs WHERE id = ANY($1) AND state = 'queued' \
+                 AND (absorbed IS NULL OR ready_at <= $2) ORDER BY id FOR UPDATE",
             )
             .await?;
         let queued: HashSet<i64> = tx
-            .query(&stmt, &[&gated])
+            .query(&stmt, &[&gated, &micros(now)])
             .await?
             .iter()
             .map(|row| row.try_get(0))
@@ -937,11 +941,13 @@ pub async fn start_attempts(
         .prepare_cached(
             "WITH queued AS MATERIALIZED ( \
                  SELECT id FROM runs WHERE id = ANY($1) AND state = 'queued' \
+                 AND (absorbed IS NULL OR ready_at <= $5) \
                  ORDER BY id FOR UPDATE), \
              started AS ( \
                  UPDATE runs SET state = 'running', attempts = runs.attempts + 1, \
                      started_at = coalesce(runs.started_at, $5) \
                  FROM queued WHERE runs.id = queued.id AND runs.state = 'queued' \
+                     AND (runs.absorbed IS NULL OR runs.ready_at <= $5) \
                  RETURNING runs.id, runs.attempts, runs.scheduled_for) \
              INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
                  lease_expires_at, run_scheduled_for) \

@@ -27,6 +27,7 @@ mod cluster;
 pub(crate) mod connection;
 mod dependencies;
 mod events;
+mod triggers;
 mod heartbeats;
 mod history;
 mod jobs;
@@ -492,6 +493,29 @@ impl Store for PgStore {
         Ok(outcome)
     }
 
+    async fn trigger_run(
+        &self,
+        trigger: &ManualTrigger,
+        now: Instant,
+        audit: Audit<TriggeredRun>,
+    ) -> Result<TriggeredRun> {
+        let triggered = transact!(self, write, |tx| {
+            let outcome = triggers::trigger_run(&tx, trigger, now).await?;
+            audit::append_for(&tx, &audit, &outcome).await?;
+            outcome
+        })?;
+        // A run absorbed a trigger: other nodes holding it read its new `ready_at`.
+        let queued = if triggered.run.state == RunState::Queued
+            && (triggered.run.inserted || triggered.outcome == FlowOutcome::Absorbed)
+        {
+            triggered.run.all_runs().collect()
+        } else {
+            Vec::new()
+        };
+        self.announcer.announce(Kind::RunsQueued, queued);
+        Ok(triggered)
+    }
+
     async fn queued_runs(&self, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>> {
         transact!(self, read, |tx| ledger::queued_runs(&tx, ids).await?)
     }
@@ -780,8 +804,11 @@ impl Store for PgStore {
     }
 
     async fn delete_events_before(&self, before: Instant, limit: u32) -> Result<u64> {
-        transact!(self, write, |tx| events::delete_before(&tx, before, limit)
-            .await?)
+        transact!(self, write, |tx| {
+            // Expired debounce and dedup keys go with the events.
+            triggers::delete_expired(&tx, before, limit).await?;
+            events::delete_before(&tx, before, limit).await?
+        })
     }
 
     async fn ping(&self, job_id: i64, now: Instant) -> Result<Option<PingOutcome>> {

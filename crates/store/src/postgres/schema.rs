@@ -516,6 +516,31 @@ CREATE TABLE flow_limits (
     PRIMARY KEY (namespace, name)
 );
 "#,
+    r#"
+-- Version 21: triggers under debounce and dedup (SQLite's version 18). A run's trigger
+-- parameters and what a debounced run absorbed (JSON); the run a dedup key answers with until
+-- its window ends; the debounced run pending for a key. Each key's row is the lock two nodes
+-- triggering with one key serialise on (`INSERT … ON CONFLICT DO NOTHING`, then `FOR UPDATE`).
+ALTER TABLE runs ADD COLUMN params TEXT;
+ALTER TABLE runs ADD COLUMN absorbed TEXT;
+CREATE TABLE flow_dedup (
+    job_id BIGINT NOT NULL,
+    key TEXT NOT NULL,
+    run_id BIGINT NOT NULL,
+    recorded_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    PRIMARY KEY (job_id, key)
+);
+CREATE INDEX flow_dedup_expiry ON flow_dedup (expires_at);
+CREATE TABLE flow_debounce (
+    job_id BIGINT NOT NULL,
+    key TEXT NOT NULL,
+    run_id BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    PRIMARY KEY (job_id, key)
+);
+CREATE INDEX flow_debounce_expiry ON flow_debounce (expires_at);
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

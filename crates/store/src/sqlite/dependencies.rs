@@ -379,14 +379,45 @@ pub(super) fn settle_admitting(
             for (starts, dependant) in subscribers(tx, &event.namespace, &event.key)? {
                 let dependant = Rc::new(dependant);
                 if starts {
-                    let skip = admission.decide(dependant.id, &event.namespace);
-                    let (runs, instant) =
-                        start_by_event(tx, &event, &dependant, skip, now, &mut next)?;
-                    settled.started.extend(&runs);
-                    if !dependant.spec.paused && skip.is_none() {
-                        for run_id in runs {
-                            let judged = (dependant.clone(), instant, event.namespace.clone());
-                            candidates.insert(run_id, judged);
+                    let keys = match super::triggers::event_went(
+                        tx,
+                        &event,
+                        dependant.id,
+                        &dependant.name,
+                        &dependant.spec,
+                        now,
+                    )? {
+                        Ok((went, queued)) => {
+                            // An absorbed run's `ready_at` moved: the dispatcher reads it again.
+                            if queued && went.outcome == crate::FlowOutcome::Absorbed {
+                                settled.queued.push(went.run_id);
+                            }
+                            settled.flowed.push(went);
+                            None
+                        }
+                        Err(keys) => Some(keys),
+                    };
+                    if let Some(keys) = keys {
+                        let skip = admission.decide(dependant.id, &event.namespace);
+                        let (runs, instant) =
+                            start_by_event(tx, &event, &dependant, skip, now, &mut next)?;
+                        if skip.is_none() {
+                            if let Some(&first) = runs.first() {
+                                super::triggers::after_event_start(
+                                    tx,
+                                    dependant.id,
+                                    first,
+                                    &keys,
+                                    now,
+                                )?;
+                            }
+                        }
+                        settled.started.extend(&runs);
+                        if !dependant.spec.paused && skip.is_none() {
+                            for run_id in runs {
+                                let judged = (dependant.clone(), instant, event.namespace.clone());
+                                candidates.insert(run_id, judged);
+                            }
                         }
                     }
                 }

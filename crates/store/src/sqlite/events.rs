@@ -119,6 +119,7 @@ pub(super) fn post(
         started: settled.started,
         queued: settled.queued,
         cancel_requested: settled.cancel_requested,
+        flowed: settled.flowed,
     })
 }
 

@@ -525,7 +525,7 @@ pub(super) fn skip_run(
 /// condition, so a start does not read the whole ledger.
 pub(super) const QUEUED: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
      r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload, r.shard, \
-     r.shard_count, r.pinned_worker \
+     r.shard_count, r.pinned_worker, r.params \
      FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN events e ON e.namespace = r.namespace \
      AND e.key = r.event_key AND e.event_id = r.event_id WHERE r.state = 'queued'";
 
@@ -559,6 +559,7 @@ pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<Queu
                 ),
                 pinned_worker: row.get(13)?,
                 gates: Default::default(),
+                params: crate::shared::json_column("trigger parameters", row.get(14)?)?,
             }
             .gated_by(spec),
         );
@@ -613,9 +614,14 @@ pub fn start_attempts(
     let mut started = Vec::with_capacity(starts.len());
     for start in starts {
         if let (Some(gate), Some(claim)) = (gate.as_mut(), &start.flow) {
+            // A debounced run whose `ready_at` a later trigger moved ahead is not startable
+            // yet: it spends no key.
             let queued: Option<i64> = tx
-                .prepare_cached("SELECT 1 FROM runs WHERE id = ?1 AND state = 'queued'")?
-                .query_row(params![start.run_id], |r| r.get(0))
+                .prepare_cached(
+                    "SELECT 1 FROM runs WHERE id = ?1 AND state = 'queued' \
+                     AND (absorbed IS NULL OR ready_at <= ?2)",
+                )?
+                .query_row(params![start.run_id, micros(now)], |r| r.get(0))
                 .optional()?;
             if queued.is_none() {
                 started.push(Err(NotStarted::NotQueued));
@@ -631,7 +637,7 @@ pub fn start_attempts(
             .prepare_cached(
                 "UPDATE runs SET state = 'running', attempts = attempts + 1, \
                  started_at = coalesce(started_at, ?2) WHERE id = ?1 AND state = 'queued' \
-                 RETURNING attempts, scheduled_for",
+                 AND (absorbed IS NULL OR ready_at <= ?2) RETURNING attempts, scheduled_for",
             )?
             .query_row(params![start.run_id, micros(now)], |r| {
                 Ok((r.get(0)?, r.get(1)?))

@@ -22,6 +22,7 @@ mod deadlines;
 mod dependencies;
 mod events;
 mod flow;
+mod triggers;
 mod heartbeats;
 mod history;
 mod jobs;
@@ -615,6 +616,17 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn trigger_run(
+        &self,
+        trigger: &ManualTrigger,
+        now: Instant,
+        audit: Audit<TriggeredRun>,
+    ) -> Result<TriggeredRun> {
+        let trigger = trigger.clone();
+        self.write_audited(audit, move |tx| triggers::trigger_run(tx, &trigger, now))
+            .await
+    }
+
     async fn queued_runs(&self, ids: Option<&[i64]>) -> Result<Vec<QueuedRun>> {
         let ids = ids.map(<[i64]>::to_vec);
         self.read(move |tx| ledger::queued_runs(tx, ids.as_deref()))
@@ -822,8 +834,12 @@ impl Store for SqliteStore {
     }
 
     async fn delete_events_before(&self, before: Instant, limit: u32) -> Result<u64> {
-        self.write(move |tx| events::delete_before(tx, before, limit))
-            .await
+        self.write(move |tx| {
+            // Expired debounce and dedup keys go with the events.
+            triggers::delete_expired(tx, before, limit)?;
+            events::delete_before(tx, before, limit)
+        })
+        .await
     }
 
     async fn ping(&self, job_id: i64, now: Instant) -> Result<Option<PingOutcome>> {

@@ -36,7 +36,8 @@ pub fn job(row: &Row<'_>) -> Result<JobRecord, StoreError> {
 pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigger, state, \
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
-     job_version, shard, shard_count, pinned_worker, nominal_for, deadline, deadline_missed, at_risk";
+     job_version, shard, shard_count, pinned_worker, nominal_for, deadline, deadline_missed, at_risk, \
+     params, absorbed";
 
 pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let skip_reason: Option<String> = row.get(7)?;
@@ -71,6 +72,8 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
         deadline_missed: crate::shared::json_column("a run's missed deadlines", row.get(28)?)?
             .unwrap_or_default(),
         at_risk: crate::shared::json_column("a run's risk", row.get(29)?)?,
+        params: crate::shared::json_column("a run's parameters", row.get(30)?)?,
+        absorbed: crate::shared::json_column("a run's absorbed triggers", row.get(31)?)?,
     };
     crate::shared::with_waiting(
         record,

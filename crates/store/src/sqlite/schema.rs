@@ -446,6 +446,35 @@ CREATE TABLE flow_limits (
     PRIMARY KEY (namespace, name)
 ) WITHOUT ROWID;
 "#,
+    r#"
+-- Version 18: triggers under debounce and dedup (`sked_core::flow::trigger`). A run keeps the
+-- parameters its manual trigger gave it (JSON, NULL when none) and, when debounced, what it
+-- absorbed (JSON `Absorbed`, count 0 until a second trigger comes); a start never takes a
+-- debounced run before its `ready_at`, which a later trigger may have moved.
+ALTER TABLE runs ADD COLUMN params TEXT;
+ALTER TABLE runs ADD COLUMN absorbed TEXT;
+-- The run a dedup key answers with, until `expires_at` (its window past the first trigger);
+-- retention deletes the expired rows.
+CREATE TABLE flow_dedup (
+    job_id INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    run_id INTEGER NOT NULL,
+    recorded_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (job_id, key)
+) WITHOUT ROWID;
+CREATE INDEX flow_dedup_expiry ON flow_dedup (expires_at);
+-- The debounced run pending for a key (a trigger absorbs into it while it has not started),
+-- kept until `expires_at` (its burst's `max_wait`), after which retention deletes the row.
+CREATE TABLE flow_debounce (
+    job_id INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    run_id INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (job_id, key)
+) WITHOUT ROWID;
+CREATE INDEX flow_debounce_expiry ON flow_debounce (expires_at);
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.

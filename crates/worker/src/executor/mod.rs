@@ -35,6 +35,9 @@ pub struct RunInfo {
     pub shard: Option<sked_core::shard::Shard>,
     /// The HTTP target's headers whose values were secrets: never sent to another origin.
     pub secret_headers: Vec<String>,
+    /// The parameters a manual trigger gave the run: `SKED_PARAM_<NAME>` for shell; an HTTP
+    /// target is sent none.
+    pub params: std::collections::BTreeMap<String, String>,
 }
 
 impl RunInfo {
@@ -47,6 +50,7 @@ impl RunInfo {
             completion: attempt.completion.clone(),
             event: attempt.event.clone(),
             shard: attempt.shard,
+            params: attempt.params.clone(),
             secret_headers: attempt.secret_headers.clone(),
         }
     }

@@ -169,6 +169,9 @@ fn command(
         .env(ENV_ATTEMPT, info.attempt.to_string())
         .env(ENV_SCHEDULED_FOR, info.scheduled_for_rfc3339())
         .env(ENV_JOB, &info.job);
+    for (name, value) in &info.params {
+        cmd.env(sked_core::flow::trigger::param_env_name(name), value);
+    }
     if let Some(shard) = info.shard {
         cmd.env(ENV_SHARD, shard.index.to_string())
             .env(ENV_SHARDS, shard.count.to_string());
