@@ -643,7 +643,8 @@ pub async fn trigger(
 ) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
     let namespace = ns.checked(&caller)?;
     let raw = super::body_within(raw, super::MAX_TRIGGER_BODY)?;
-    let body: TriggerBody = if raw.iter().all(u8::is_ascii_whitespace) {
+    let blank = raw.iter().all(u8::is_ascii_whitespace) || raw.trim_ascii() == b"null";
+    let body: TriggerBody = if blank {
         TriggerBody::default()
     } else {
         parse_json(&raw)?
