@@ -262,6 +262,8 @@ pub(super) async fn trigger_run(
     trigger: &ManualTrigger,
     now: Instant,
 ) -> PgResult<TriggeredRun> {
+    // Instants are kept to the microsecond: what a run shows must compare with its ready_at.
+    let now = sked_core::ledger_instant(now);
     let Some((namespace, name, spec)) = job_of(tx, trigger.job_id).await? else {
         return Ok(existing(0, RunState::Cancelled, FlowOutcome::Recorded));
     };
@@ -342,6 +344,7 @@ pub(super) async fn event_went(
     if spec.dedup.is_none() && spec.debounce.is_none() {
         return Ok(Err(FlowKeys::default()));
     }
+    let now = sked_core::ledger_instant(now);
     let run_event = sked_core::event::RunEvent {
         key: event.key.clone(),
         id: event.id.clone(),
@@ -392,7 +395,15 @@ pub(super) async fn after_event_start(
     if keys.is_empty() {
         return Ok(());
     }
-    recorded(tx, job_id, run_id, keys, None, now).await
+    recorded(
+        tx,
+        job_id,
+        run_id,
+        keys,
+        None,
+        sked_core::ledger_instant(now),
+    )
+    .await
 }
 
 /// Deletes up to `limit` dedup and debounce rows of each table expired before `before`.

@@ -204,6 +204,8 @@ pub(super) fn trigger_run(
     trigger: &ManualTrigger,
     now: Instant,
 ) -> Result<TriggeredRun> {
+    // Instants are kept to the microsecond: what a run shows must compare with its ready_at.
+    let now = sked_core::ledger_instant(now);
     let Some((namespace, name, spec)) = job_of(tx, trigger.job_id)? else {
         return Ok(existing(0, RunState::Cancelled, FlowOutcome::Recorded));
     };
@@ -282,6 +284,7 @@ pub(super) fn event_went(
     if spec.dedup.is_none() && spec.debounce.is_none() {
         return Ok(Err(FlowKeys::default()));
     }
+    let now = sked_core::ledger_instant(now);
     let run_event = sked_core::event::RunEvent {
         key: event.key.clone(),
         id: event.id.clone(),
@@ -332,7 +335,14 @@ pub(super) fn after_event_start(
     if keys.is_empty() {
         return Ok(());
     }
-    recorded(tx, job_id, run_id, keys, None, now)
+    recorded(
+        tx,
+        job_id,
+        run_id,
+        keys,
+        None,
+        sked_core::ledger_instant(now),
+    )
 }
 
 /// Deletes up to `limit` dedup and debounce rows expired before `before`; how many.
