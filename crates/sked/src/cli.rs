@@ -1439,6 +1439,13 @@ fn parse_public_url(text: &str) -> Result<String, String> {
     Ok(text.trim_end_matches('/').to_string())
 }
 
+/// One `--param NAME=VALUE`.
+fn parse_param(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .ok_or_else(|| format!("{text:?} is not NAME=VALUE"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::{parse_public_url, Cli};
@@ -1486,11 +1493,4 @@ mod tests {
             assert!(parse_public_url(bad).is_err(), "{bad}");
         }
     }
-}
-
-/// One `--param NAME=VALUE`.
-fn parse_param(text: &str) -> Result<(String, String), String> {
-    text.split_once('=')
-        .map(|(name, value)| (name.to_string(), value.to_string()))
-        .ok_or_else(|| format!("{text:?} is not NAME=VALUE"))
 }

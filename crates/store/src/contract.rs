@@ -5797,6 +5797,8 @@ pub async fn rate_keys_and_named_limits_are_read_at_each_start(store: &dyn Store
     );
     // Arrival times in the past say nothing a missing row would not: swept.
     assert_eq!(store.sweep_rate_keys(now + secs(60)).await.unwrap(), 1);
+}
+
 async fn trigger_with(
     store: &dyn Store,
     job_id: i64,

@@ -304,11 +304,12 @@ async fn nodes_connecting_at_once_migrate_once() {
         .await;
     assert_eq!(
         tables.get::<_, i64>(0),
-        26,
+        31,
         "sked_schema, the five ledger tables, the three cluster tables, tokens, audit, \
          namespaces, secrets, job dependencies, events, event subscriptions, job versions, \
-         notifications, run partitions and calendars, once, and the legacy and default \
-         partitions of runs, attempts and output"
+         notifications, run partitions, calendars, flow control's holders, rates and limits, \
+         and dedup and debounce keys, once, and the legacy and default partitions of runs, \
+         attempts and output"
     );
     // Both nodes see one database.
     let now = chrono::Utc::now();

@@ -548,8 +548,14 @@ pub(super) async fn settle_admitting(
                             start_by_event(tx, &event, &dependant, skip, now, &mut next).await?;
                         if skip.is_none() {
                             if let Some(&first) = runs.first() {
-                                super::triggers::after_event_start(tx, dependant.id, first, &keys, now)
-                                    .await?;
+                                super::triggers::after_event_start(
+                                    tx,
+                                    dependant.id,
+                                    first,
+                                    &keys,
+                                    now,
+                                )
+                                .await?;
                             }
                         }
                         settled.started.extend(&runs);

@@ -27,7 +27,6 @@ mod cluster;
 pub(crate) mod connection;
 mod dependencies;
 mod events;
-mod triggers;
 mod heartbeats;
 mod history;
 mod jobs;
@@ -41,6 +40,7 @@ mod schema;
 mod sealed;
 mod tls;
 mod tokens;
+mod triggers;
 mod workers;
 
 use crate::*;

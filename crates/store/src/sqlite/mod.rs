@@ -22,7 +22,6 @@ mod deadlines;
 mod dependencies;
 mod events;
 mod flow;
-mod triggers;
 mod heartbeats;
 mod history;
 mod jobs;
@@ -34,6 +33,7 @@ mod rows;
 mod schema;
 mod sealed;
 mod tokens;
+mod triggers;
 mod workers;
 mod writer;
 
