@@ -1414,6 +1414,38 @@ async fn jobs(api: &Client<'_>) {
     // Cancelled at once, so that the worker protocol below finds only its own run queued.
     let cancel = format!("/api/v1/runs/{}/cancel", triggered.body["id"]);
     assert_eq!(api.call("post", &cancel, None).await.status, 200);
+    // A trigger with parameters, and its dedup: the second is the first run, answered 200.
+    let dedup = json!({
+        "schedule": {"every": "1h"},
+        "target": {"shell": {"command": "true"}},
+        "dedup": {"key": "{{params.order}}", "window": "1m"},
+        "debounce": {"key": "{{params.order}}", "period": "1m"},
+    });
+    assert_eq!(
+        api.call("put", "/api/v1/jobs/dedup-doc", Some(dedup))
+            .await
+            .status,
+        201
+    );
+    let params = json!({"params": {"order": "7", "region": "eu"}});
+    let first = api
+        .call(
+            "post",
+            "/api/v1/jobs/dedup-doc/trigger",
+            Some(params.clone()),
+        )
+        .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert_eq!(first.body["params"]["order"], "7");
+    let second = api
+        .call("post", "/api/v1/jobs/dedup-doc/trigger", Some(params))
+        .await;
+    assert_eq!(
+        (second.status, &second.body["id"]),
+        (200, &first.body["id"])
+    );
+    let cancel = format!("/api/v1/runs/{}/cancel", first.body["id"]);
+    assert_eq!(api.call("post", &cancel, None).await.status, 200);
     let with_runs = api
         .call("get", "/api/v1/jobs?search=nightly&include=last_run", None)
         .await;
