@@ -1,7 +1,8 @@
 //! `sked store migrate`, black-box, both ways: a store made by `sked dev` on SQLite is copied
 //! to PostgreSQL and served there by `sked server` with every job, version, run, output,
-//! token, secret and notification as it was, then copied back to a new SQLite store and served
-//! by `sked dev` again; a copy into a store that holds anything is refused and changes nothing.
+//! token, secret, notification, calendar and namespace limit as it was, then copied back to a
+//! new SQLite store and served by `sked dev` again; a copy into a store that holds anything is
+//! refused and changes nothing.
 //!
 //! Needs `SKED_TEST_DATABASE_URL`; without it the test is reported as ignored (see build.rs),
 //! and under CI it runs, so a missing database fails it.
@@ -88,8 +89,13 @@ async fn snapshot(http: &reqwest::Client, base: &str) -> Value {
         .into_iter()
         .map(|n| json!([n["id"], n["event"], n["run_id"], n["state"]]))
         .collect();
+    let limits = get("/limits".to_string()).await["limits"].clone();
+    let calendars = get("/calendars".to_string()).await["calendars"]
+        .as_array()
+        .map(|c| c.iter().map(|c| c["name"].clone()).collect::<Vec<_>>());
     json!({
         "jobs": jobs, "runs": runs, "log": log, "versions": versions,
+        "limits": limits, "calendars": calendars,
         "secrets": secrets["secrets"].as_array().map(|s| s.len()),
         "notifications": notifications
     })
@@ -131,6 +137,17 @@ async fn a_store_moves_to_postgres_and_back_with_everything_it_held() {
         assert_eq!(status, 201, "{run}");
         dev.wait_finished(run["id"].as_i64().unwrap(), Duration::from_secs(20))
             .await;
+    }
+    for (path, body) in [
+        (
+            "/limits/partner",
+            json!({"concurrency": 2, "rate": {"limit": 5, "per": "1s"}}),
+        ),
+        ("/calendars/uk", json!({"timezone": "Europe/London"})),
+    ] {
+        let (status, answer) =
+            common::call(&dev.http, reqwest::Method::PUT, dev.url(path), Some(body)).await;
+        assert_eq!(status, 201, "{path}: {answer}");
     }
     let (status, body) = common::call(
         &dev.http,

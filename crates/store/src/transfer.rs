@@ -35,6 +35,12 @@ pub const TABLES: &[&str] = &[
     "events",
     "audit",
     "notifications",
+    "calendars",
+    "flow_limits",
+    "flow_rates",
+    "flow_holders",
+    "flow_dedup",
+    "flow_debounce",
 ];
 
 /// Tables whose `id` PostgreSQL numbers from a sequence, moved past the copied ids.
