@@ -211,6 +211,7 @@ async fn write_runs(store: &dyn Store, ids: &[i64], runs: usize) -> Result<(i64,
                 worker_id: worker.into(),
                 token: r.run_id,
                 lease_expires_at: now + Duration::seconds(60),
+                flow: None,
             })
             .collect();
         let started = store.start_attempts(&starts, now).await?;
@@ -219,7 +220,7 @@ async fn write_runs(store: &dyn Store, ids: &[i64], runs: usize) -> Result<(i64,
             .zip(started)
             .filter_map(|(s, a)| {
                 let failed = s.run_id % 10 == 0;
-                a.map(|a| AttemptReport {
+                a.ok().map(|a| AttemptReport {
                     attempt_id: a.attempt_id,
                     token: s.token,
                     worker_id: worker.into(),

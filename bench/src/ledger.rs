@@ -114,6 +114,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
                 worker_id: worker.into(),
                 token: r.run_id,
                 lease_expires_at: now + Duration::seconds(60),
+                flow: None,
             })
             .collect();
         let t = std::time::Instant::now();
@@ -123,7 +124,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
             .iter()
             .zip(started)
             .filter_map(|(s, a)| {
-                a.map(|a| AttemptReport {
+                a.ok().map(|a| AttemptReport {
                     attempt_id: a.attempt_id,
                     token: s.token,
                     worker_id: worker.into(),
