@@ -39,13 +39,16 @@
 //! - `fairness`: namespace A queues 50,000 runs at once while namespace B triggers one every
 //!   100 ms, both on one saturated worker pool with weight 1; B's start lateness p50/p99/max
 //!   while A's backlog drains (the bar: p99 under 1 s), A's drain time and throughput.
+//! - `flow`: the `e2e` load without flow control and with it (each run holding one concurrency
+//!   key of 1,000, limit 50, and one rate limit that never holds), alternated in one process;
+//!   the runs/s of each, their ratio, and the store's start call time.
 //!
 //! `--pg-latency-ms D` puts D ms each way between the benchmark (its server nodes included)
 //! and PostgreSQL, through a delaying proxy in its process (`latency.rs`).
 //!
-//! `firing`, `e2e`, `burst`, `fairness` and `shell` start the real server in this process on a
-//! fresh store: SQLite in a temporary directory, or PostgreSQL with `--database-url`, where
-//! `--nodes N` (`firing`, `e2e`, `publish`) starts N nodes sharing it. `shell`, `scale` and
+//! `firing`, `e2e`, `burst`, `fairness`, `flow` and `shell` start the real server in this
+//! process on a fresh store: SQLite in a temporary directory, or PostgreSQL with
+//! `--database-url`, where `--nodes N` (`firing`, `e2e`, `publish`) starts N nodes sharing it. `shell`, `scale` and
 //! `takeover` also run the `sked` binary (the one next to this benchmark, or `--sked-bin`).
 
 mod burst;
@@ -55,6 +58,7 @@ mod dispatch;
 mod e2e;
 mod fairness;
 mod firing;
+mod flow;
 mod harness;
 mod latency;
 mod ledger;
@@ -290,6 +294,25 @@ enum Scenario {
         #[arg(long, default_value_t = 1)]
         nodes: usize,
     },
+    /// What flow control costs: the `e2e` load without limits and with them (one concurrency
+    /// key per run out of `--keys`, limit 50, and one rate limit that never holds), `--pairs`
+    /// times each, alternated; runs/s of each, the ratio, the store's start call time. Fails
+    /// if a run ends other than succeeded, a start is held back, or a key exceeds its limit.
+    Flow {
+        /// Schedules, each firing every second (the jobs are spread evenly over the keys).
+        #[arg(long, default_value_t = 10_000)]
+        schedules: usize,
+        #[arg(long, default_value_t = 1_000)]
+        keys: usize,
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Slots of the no-op worker.
+        #[arg(long, default_value_t = 8_000)]
+        slots: u32,
+        /// Pairs of passes (without limits, then with them).
+        #[arg(long, default_value_t = 2)]
+        pairs: usize,
+    },
     /// `e2e` at each of several offered rates (runs per second, each from that many schedules
     /// every second): completions per second and lateness past the ceiling.
     Overload {
@@ -503,6 +526,23 @@ fn main() -> Result<()> {
                     clients,
                     worker_slots: (!no_worker).then_some(slots),
                     sked_bin,
+                })
+                .await
+            }
+            Scenario::Flow {
+                schedules,
+                keys,
+                seconds,
+                slots,
+                pairs,
+            } => {
+                flow::run(flow::Options {
+                    database_url,
+                    schedules,
+                    keys,
+                    seconds,
+                    slots,
+                    pairs,
                 })
                 .await
             }
