@@ -263,7 +263,10 @@ fn most_at_once(runs: &[RunRecord], keys: usize) -> Result<usize> {
             .with_context(|| format!("a run of an unknown job {}", run.job))?;
         let edges = by_key.entry(key_of(i, keys)).or_default();
         edges.push((started.timestamp_micros(), 1));
-        edges.push((run.finished_at.map_or(i64::MAX, |f| f.timestamp_micros()), -1));
+        edges.push((
+            run.finished_at.map_or(i64::MAX, |f| f.timestamp_micros()),
+            -1,
+        ));
     }
     let mut most = 0;
     for edges in by_key.values_mut() {

@@ -56,6 +56,7 @@ macro_rules! store_contract_tests {
             skipped_runs_are_finished_with_their_reason,
             attempts_are_fenced_by_token_and_state,
             a_batch_of_starts_is_answered_start_by_start,
+            a_concurrency_key_holds_runs_at_its_limit_until_a_holder_ends,
             retries_follow_the_policy_then_fail,
             lost_attempts_are_requeued_without_spending_retries,
             heartbeats_extend_leases_and_relay_cancels,
@@ -1399,6 +1400,84 @@ pub async fn skipped_runs_are_finished_with_their_reason(store: &dyn Store) {
         assert!(r.finished_at.is_some(), "a skipped run has ended");
     }
     assert!(store.queued_runs(None).await.unwrap().is_empty());
+}
+
+/// A concurrency key admits runs in the batch's order up to its limit and holds the rest; a
+/// run no longer queued spends nothing of it; a holder that ended frees its place for the
+/// next batch.
+pub async fn a_concurrency_key_holds_runs_at_its_limit_until_a_holder_ends(store: &dyn Store) {
+    let j = put(store, "keyed", every_second(serde_json::json!({}))).await;
+    let now = t0() + secs(5);
+    let [a, b, c] = [1, 2, 3].map(|n| t0() + secs(n));
+    let (a, b, c) = (
+        fire_one(store, fire(j.id, a)).await.run_id,
+        fire_one(store, fire(j.id, b)).await.run_id,
+        fire_one(store, fire(j.id, c)).await.run_id,
+    );
+    let mut skipped = fire(j.id, t0() + secs(4));
+    skipped.skip = Some(SkipReason::Paused);
+    let ended = fire_one(store, skipped).await.run_id;
+    let gates = sked_core::flow::Gates {
+        concurrency: vec![sked_core::flow::ConcurrencyGate {
+            key: "k".into(),
+            limit: sked_core::flow::Bound::Own(2),
+        }],
+        rate: Vec::new(),
+    };
+    let start_as = |run_id: i64, token: i64| AttemptStart {
+        run_id,
+        worker_id: "w1".to_string(),
+        token,
+        lease_expires_at: now + secs(10),
+        flow: Some(FlowClaim {
+            namespace: "default".into(),
+            job: "keyed".into(),
+            gates: gates.clone(),
+        }),
+    };
+    let batch = [
+        start_as(a, 1),
+        start_as(ended, 2),
+        start_as(a, 3),
+        start_as(b, 4),
+        start_as(c, 5),
+    ];
+    let answers = store.start_attempts(&batch, now).await.unwrap();
+    assert!(answers[0].is_ok() && answers[3].is_ok(), "{answers:?}");
+    assert_eq!(answers[1], Err(NotStarted::NotQueued));
+    assert_eq!(answers[2], Err(NotStarted::NotQueued));
+    assert_eq!(
+        answers[4],
+        Err(NotStarted::Held(sked_core::flow::Hold::Concurrency {
+            key: "k".into(),
+            holding: 2,
+            limit: 2,
+        }))
+    );
+    let holders = store.key_holders(None).await.unwrap();
+    assert_eq!(holders.iter().map(|h| h.run_id).collect::<Vec<_>>(), [a, b]);
+    // Held again while both hold it; once a's attempt ends, c takes its place.
+    let again = store.start_attempts(&[start_as(c, 6)], now).await.unwrap();
+    assert!(matches!(again[0], Err(NotStarted::Held(_))), "{again:?}");
+    let first = *answers[0].as_ref().unwrap();
+    let done = now + secs(1);
+    complete(
+        store,
+        report_as("w1", first.attempt_id, 1, AttemptOutcome::Succeeded),
+        done,
+    )
+    .await;
+    let freed = store.start_attempts(&[start_as(c, 7)], done).await.unwrap();
+    assert!(freed[0].is_ok(), "{freed:?}");
+    let mut holding: Vec<i64> = store
+        .key_holders(None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|h| h.run_id)
+        .collect();
+    holding.sort_unstable();
+    assert_eq!(holding, [b, c]);
 }
 
 /// A batch of starts is answered in its own order: each queued run's first start gets the

@@ -453,6 +453,15 @@ impl Book {
     /// concurrency keys, its rate keys move on); if not, nothing changes and the first key
     /// that holds it back says why.
     pub fn admit(&mut self, namespace: &str, gates: &Gates, now: Instant) -> Result<(), Hold> {
+        let admitted = self.check(namespace, gates, now)?;
+        self.count(namespace, gates, admitted);
+        Ok(())
+    }
+
+    /// [`Book::admit`]'s decision without counting the run: a store that learns only
+    /// afterwards whether the run is still queued counts it then ([`Book::count`]), before it
+    /// asks about the next run.
+    pub fn check(&self, namespace: &str, gates: &Gates, now: Instant) -> Result<Admitted, Hold> {
         let id = |key: &str| (namespace.to_string(), key.to_string());
         for gate in &gates.concurrency {
             let limit = match &gate.limit {
@@ -513,12 +522,27 @@ impl Book {
                 }
             }
         }
-        for gate in &gates.concurrency {
-            *self.holding.entry(id(&gate.key)).or_default() += 1;
-        }
-        self.tats.extend(moved);
-        Ok(())
+        Ok(Admitted { moved })
     }
+
+    /// Counts a run [`Book::check`] admitted, before any other run is checked: it holds its
+    /// concurrency keys, its rate keys move on.
+    pub fn count(&mut self, namespace: &str, gates: &Gates, admitted: Admitted) {
+        for gate in &gates.concurrency {
+            *self
+                .holding
+                .entry((namespace.to_string(), gate.key.clone()))
+                .or_default() += 1;
+        }
+        self.tats.extend(admitted.moved);
+    }
+}
+
+/// A run [`Book::check`] admitted: where its rate keys move.
+#[must_use = "an admitted run is counted with Book::count"]
+#[derive(Debug)]
+pub struct Admitted {
+    moved: Vec<(GateKey, i64)>,
 }
 
 #[cfg(test)]

@@ -906,13 +906,17 @@ pub async fn start_attempts(
             .iter()
             .map(|row| row.try_get(0))
             .collect::<Result<_, _>>()?;
-        let mut admitted = HashSet::new();
+        // A second start of a run is passed over: only the first is answered (below), and
+        // the run is admitted or held once.
+        let mut seen = HashSet::new();
         for start in starts {
             let Some(claim) = &start.flow else { continue };
-            if !queued.contains(&start.run_id) || !admitted.insert(start.run_id) {
+            if !seen.insert(start.run_id) {
+                continue;
+            }
+            if !queued.contains(&start.run_id) {
                 held.insert(start.run_id, NotStarted::NotQueued);
             } else if let Err(hold) = gate.book.admit(&claim.namespace, &claim.gates, now) {
-                admitted.remove(&start.run_id);
                 held.insert(start.run_id, NotStarted::Held(hold));
             }
         }

@@ -17,30 +17,39 @@ pub struct BatchGate {
     keys: BatchKeys,
     before: Book,
     pub book: Book,
+    /// The concurrency keys the batch's started attempts hold: `[namespace, key, attempt id,
+    /// run id, the run's instant, job]`, written together by [`BatchGate::save`].
+    holders: Vec<serde_json::Value>,
 }
 
 impl BatchGate {
     /// Reads the state of the keys `starts` claim, sweeping the holders whose attempt ended;
-    /// `None` when no start claims a key.
+    /// `None` when no start claims a key. One statement sweeps every key of the batch and
+    /// one counts them, whatever the number of keys.
     pub fn load(tx: &Transaction<'_>, starts: &[AttemptStart]) -> Result<Option<BatchGate>> {
         let keys = BatchKeys::of(starts.iter().filter_map(|s| s.flow.as_ref()));
         if keys.is_empty() {
             return Ok(None);
         }
         let mut book = Book::default();
-        for key in &keys.concurrency {
+        if !keys.concurrency.is_empty() {
+            let list = key_list(keys.concurrency.iter())?;
             tx.prepare_cached(
-                "DELETE FROM flow_holders WHERE namespace = ?1 AND key = ?2 AND NOT EXISTS \
+                "DELETE FROM flow_holders WHERE (namespace, key) IN \
+                 (SELECT value->>0, value->>1 FROM json_each(?1)) AND NOT EXISTS \
                  (SELECT 1 FROM attempts a WHERE a.id = flow_holders.attempt_id \
                  AND a.state = 'running')",
             )?
-            .execute(params![key.0, key.1])?;
-            let holding: u32 = tx
-                .prepare_cached(
-                    "SELECT count(*) FROM flow_holders WHERE namespace = ?1 AND key = ?2",
-                )?
-                .query_row(params![key.0, key.1], |r| r.get(0))?;
-            book.holding.insert(key.clone(), holding);
+            .execute(params![list])?;
+            let mut count = tx.prepare_cached(
+                "SELECT namespace, key, count(*) FROM flow_holders WHERE (namespace, key) IN \
+                 (SELECT value->>0, value->>1 FROM json_each(?1)) GROUP BY namespace, key",
+            )?;
+            let mut rows = count.query(params![list])?;
+            while let Some(row) = rows.next()? {
+                book.holding
+                    .insert((row.get(0)?, row.get(1)?), row.get::<_, u32>(2)?);
+            }
         }
         for key in &keys.rate {
             let tat: Option<i64> = tx
@@ -60,11 +69,38 @@ impl BatchGate {
             keys,
             before: book.clone(),
             book,
+            holders: Vec::new(),
         }))
     }
 
-    /// Writes the rate keys the batch's admissions moved.
-    pub fn save(self, tx: &Transaction<'_>) -> Result<()> {
+    /// Records that attempt `attempt_id` of run `run_id` holds the concurrency keys of
+    /// `claim` (written by [`BatchGate::save`]).
+    pub fn hold(&mut self, claim: &FlowClaim, attempt_id: i64, run_id: i64, scheduled_for: i64) {
+        for gate in &claim.gates.concurrency {
+            self.holders.push(serde_json::json!([
+                claim.namespace,
+                gate.key,
+                attempt_id,
+                run_id,
+                scheduled_for,
+                claim.job
+            ]));
+        }
+    }
+
+    /// Writes the holders of the started attempts, in one statement, and the rate keys the
+    /// batch's admissions moved.
+    pub fn save(self, tx: &Transaction<'_>, now: Instant) -> Result<()> {
+        if !self.holders.is_empty() {
+            let list = serde_json::to_string(&self.holders)
+                .map_err(|e| StoreError::Database(e.to_string()))?;
+            tx.prepare_cached(
+                "INSERT OR IGNORE INTO flow_holders (namespace, key, attempt_id, run_id, \
+                 run_scheduled_for, job, since) SELECT value->>0, value->>1, value->>2, \
+                 value->>3, value->>4, value->>5, ?2 FROM json_each(?1)",
+            )?
+            .execute(params![list, micros(now)])?;
+        }
         for (key, tat) in crate::flow::moved_tats(&self.keys, &self.before, &self.book) {
             tx.prepare_cached(
                 "INSERT INTO flow_rates (namespace, key, tat) VALUES (?1, ?2, ?3) \
@@ -76,31 +112,10 @@ impl BatchGate {
     }
 }
 
-/// Records that attempt `attempt_id` of run `run_id` holds the concurrency keys of `claim`.
-pub fn hold(
-    tx: &Transaction<'_>,
-    claim: &FlowClaim,
-    attempt_id: i64,
-    run_id: i64,
-    scheduled_for: i64,
-    now: Instant,
-) -> Result<()> {
-    for gate in &claim.gates.concurrency {
-        tx.prepare_cached(
-            "INSERT OR IGNORE INTO flow_holders (namespace, key, attempt_id, run_id, \
-             run_scheduled_for, job, since) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )?
-        .execute(params![
-            claim.namespace,
-            gate.key,
-            attempt_id,
-            run_id,
-            scheduled_for,
-            claim.job,
-            micros(now)
-        ])?;
-    }
-    Ok(())
+/// Keys as a JSON list of `[namespace, key]`, for `json_each`.
+fn key_list<'a>(keys: impl Iterator<Item = &'a (String, String)>) -> Result<String> {
+    let list: Vec<[&str; 2]> = keys.map(|(n, k)| [n.as_str(), k.as_str()]).collect();
+    serde_json::to_string(&list).map_err(|e| StoreError::Database(e.to_string()))
 }
 
 fn limit_record(

@@ -613,25 +613,31 @@ pub fn start_attempts(
     let mut gate = super::flow::BatchGate::load(tx, starts)?;
     let mut started = Vec::with_capacity(starts.len());
     for start in starts {
-        if let (Some(gate), Some(claim)) = (gate.as_mut(), &start.flow) {
-            // A debounced run whose `ready_at` a later trigger moved ahead is not startable
-            // yet: it spends no key.
-            let queued: Option<i64> = tx
-                .prepare_cached(
-                    "SELECT 1 FROM runs WHERE id = ?1 AND state = 'queued' \
-                     AND (absorbed IS NULL OR ready_at <= ?2)",
-                )?
-                .query_row(params![start.run_id, micros(now)], |r| r.get(0))
-                .optional()?;
-            if queued.is_none() {
-                started.push(Err(NotStarted::NotQueued));
-                continue;
+        // A run with keys is checked first and counted once it has started, so a run that is
+        // no longer startable (not queued, or debounced and not ready) spends nothing: the same decisions as checking it is queued first,
+        // without a read of every run.
+        let admitted = match (gate.as_ref(), &start.flow) {
+            (Some(gate), Some(claim)) => {
+                match gate.book.check(&claim.namespace, &claim.gates, now) {
+                    Ok(admitted) => Some(admitted),
+                    Err(hold) => {
+                        let queued: Option<i64> = tx
+                            .prepare_cached(
+                                "SELECT 1 FROM runs WHERE id = ?1 AND state = 'queued' \
+                                 AND (absorbed IS NULL OR ready_at <= ?2)",
+                            )?
+                            .query_row(params![start.run_id, micros(now)], |r| r.get(0))
+                            .optional()?;
+                        started.push(Err(match queued {
+                            Some(_) => NotStarted::Held(hold),
+                            None => NotStarted::NotQueued,
+                        }));
+                        continue;
+                    }
+                }
             }
-            if let Err(hold) = gate.book.admit(&claim.namespace, &claim.gates, now) {
-                started.push(Err(NotStarted::Held(hold)));
-                continue;
-            }
-        }
+            _ => None,
+        };
         // Only a queued run starts; the update says so by returning its new attempt count.
         let number: Option<(u32, i64)> = tx
             .prepare_cached(
@@ -660,13 +666,14 @@ pub fn start_attempts(
             micros(start.lease_expires_at),
         ])?;
         let attempt_id = tx.last_insert_rowid();
-        if let Some(claim) = &start.flow {
-            super::flow::hold(tx, claim, attempt_id, start.run_id, scheduled_for, now)?;
+        if let (Some(gate), Some(claim), Some(admitted)) = (gate.as_mut(), &start.flow, admitted) {
+            gate.book.count(&claim.namespace, &claim.gates, admitted);
+            gate.hold(claim, attempt_id, start.run_id, scheduled_for);
         }
         started.push(Ok(StartedAttempt { attempt_id, number }));
     }
     if let Some(gate) = gate {
-        gate.save(tx)?;
+        gate.save(tx, now)?;
     }
     Ok(started)
 }
