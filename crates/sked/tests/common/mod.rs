@@ -532,6 +532,11 @@ impl Rng {
         Rng(seed)
     }
 
+    /// Seeded with `seed` (not 0), for a generator of its own that a test seeds from another.
+    pub fn seeded(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
     pub fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
