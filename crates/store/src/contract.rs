@@ -55,6 +55,7 @@ macro_rules! store_contract_tests {
             manual_runs_ignore_overlap,
             skipped_runs_are_finished_with_their_reason,
             attempts_are_fenced_by_token_and_state,
+            a_start_of_a_key_is_recorded_no_earlier_than_the_end_of_its_last_holder,
             a_batch_of_starts_is_answered_start_by_start,
             a_concurrency_key_holds_runs_at_its_limit_until_a_holder_ends,
             retries_follow_the_policy_then_fail,
@@ -1530,6 +1531,94 @@ pub async fn a_batch_of_starts_is_answered_start_by_start(store: &dyn Store) {
     let (r, attempts) = run(store, ended).await;
     assert_eq!((r.state, r.attempts), (RunState::Skipped, 0));
     assert!(attempts.is_empty());
+}
+
+/// A start batch reads "now" before it waits for its keys, and an attempt of its key may end
+/// meanwhile: the batch counts it as ended, so the start is recorded at that end, never
+/// before it, or the ledger would show more attempts of the key at once than its limit. The
+/// end counts even when a batch that started nothing on the key read it in between.
+pub async fn a_start_of_a_key_is_recorded_no_earlier_than_the_end_of_its_last_holder(
+    store: &dyn Store,
+) {
+    use crate::flow::FlowClaim;
+    use sked_core::flow::{Bound, ConcurrencyGate, Gates};
+    let j = put(store, "keyed", every_second(serde_json::json!({}))).await;
+    let mut runs = Vec::new();
+    for n in 1..=3 {
+        runs.push(fire_one(store, fire(j.id, t0() + secs(n))).await.run_id);
+    }
+    let claim = FlowClaim {
+        namespace: j.namespace.clone(),
+        job: j.name.clone(),
+        gates: Gates {
+            concurrency: vec![ConcurrencyGate {
+                key: "customer-7".into(),
+                limit: Bound::Own(1),
+            }],
+            rate: Vec::new(),
+        },
+    };
+    let start_keyed = |run_id: i64, token: i64, now: Instant| {
+        let claim = claim.clone();
+        async move {
+            store
+                .start_attempts(
+                    &[AttemptStart {
+                        run_id,
+                        worker_id: "w".into(),
+                        token,
+                        lease_expires_at: now + secs(60),
+                        flow: Some(claim),
+                    }],
+                    now,
+                )
+                .await
+                .expect("start_attempts")
+                .remove(0)
+        }
+    };
+    let first = start_keyed(runs[0], 1, t0() + secs(10))
+        .await
+        .expect("the key is free");
+    let held = start_keyed(runs[1], 2, t0() + secs(11)).await;
+    assert!(
+        matches!(held, Err(crate::NotStarted::Held(_))),
+        "the key's limit is 1: {held:?}"
+    );
+    let ended = t0() + secs(20);
+    complete(
+        store,
+        report(first.attempt_id, 1, AttemptOutcome::Succeeded),
+        ended,
+    )
+    .await;
+    // A batch that reads the key and starts nothing on it: its run is no longer queued.
+    let nothing = start_keyed(runs[0], 3, t0() + secs(21)).await;
+    assert_eq!(nothing, Err(crate::NotStarted::NotQueued));
+    // This batch read "now" before the attempt ended, and the key after.
+    let second = start_keyed(runs[1], 4, t0() + secs(15))
+        .await
+        .expect("the key's holder ended");
+    let (r, attempts) = run(store, runs[1]).await;
+    assert_eq!(attempts[0].id, second.attempt_id);
+    assert_eq!(
+        (attempts[0].started_at, r.started_at),
+        (ended, Some(ended)),
+        "recorded at the end of the key's last holder"
+    );
+    // A start whose "now" is later is recorded at it.
+    complete(
+        store,
+        report(second.attempt_id, 4, AttemptOutcome::Succeeded),
+        t0() + secs(30),
+    )
+    .await;
+    let third = start_keyed(runs[2], 5, t0() + secs(40))
+        .await
+        .expect("the key's holder ended");
+    let (_, attempts) = run(store, runs[2]).await;
+    assert_eq!(attempts[0].id, third.attempt_id);
+    assert_eq!(attempts[0].started_at, t0() + secs(40));
 }
 
 pub async fn attempts_are_fenced_by_token_and_state(store: &dyn Store) {

@@ -5,9 +5,10 @@
 //! batch's keys with those keys locked (so two nodes starting runs of one key take turns),
 //! call the rule run by run in the batch's order, start the admitted runs, and record what
 //! they hold, all in the transaction that starts them. An attempt holds its concurrency keys
-//! while it is `running` — while its fencing token is live — and the next start that reads a
-//! key sweeps the rows of attempts that ended, so no path that ends an attempt (completion,
-//! cancel, timeout, the reaper) has to know about keys.
+//! while it is `running` — while its fencing token is live — and a later start of a key
+//! replaces the rows of its attempts that ended before it, so no path that ends an attempt (completion,
+//! cancel, timeout, the reaper) has to know about keys. Until then their ends keep the next
+//! start of the key from being recorded before them ([`start_instant`]).
 
 use crate::Result;
 use async_trait::async_trait;
@@ -128,6 +129,20 @@ impl BatchKeys {
             self.concurrency.iter().chain(self.rate.iter()).collect();
         all.into_iter().collect()
     }
+}
+
+/// The instant a start batch records its attempts at: `now`, the instant the caller read
+/// before the batch waited for its keys, unless an attempt of one of its keys started or ended
+/// later (`floor`, in microseconds). An attempt the batch does not count as holding a key ended
+/// before the batch read the key, so with this its recorded end is never after the new
+/// attempts' recorded start, and the ledger shows no more attempts of a key at once than its
+/// limit let run. The floor comes from the holder rows: those of running attempts (their
+/// start) and those of ended attempts (their end), which stay until a start of their key
+/// recorded at or after their end replaces them with its own.
+pub fn start_instant(now: Instant, floor: Option<i64>) -> Instant {
+    floor
+        .and_then(chrono::DateTime::from_timestamp_micros)
+        .map_or(now, |floor| now.max(floor))
 }
 
 /// A key's 32-bit lock number: two keys may share one (then their starts take turns for

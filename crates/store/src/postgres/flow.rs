@@ -24,11 +24,13 @@ pub struct BatchGate {
     keys: BatchKeys,
     before: Book,
     pub book: Book,
+    /// The latest start of an attempt holding one of the keys and the latest end of one that
+    /// held one (`crate::flow::start_instant`).
+    floor: Option<i64>,
 }
 
 impl BatchGate {
-    /// Locks the keys `starts` claim and reads their state, sweeping the holders whose
-    /// attempt ended; `None` when no start claims a key.
+    /// Locks the keys `starts` claim and reads their state; `None` when no start claims a key.
     pub async fn load(tx: &Tx<'_>, starts: &[AttemptStart]) -> PgResult<Option<BatchGate>> {
         let keys = BatchKeys::of(starts.iter().filter_map(|s| s.flow.as_ref()));
         if keys.is_empty() {
@@ -48,23 +50,22 @@ impl BatchGate {
             .await?;
         tx.query_one(&stmt, &[&FLOW_LOCK, &locks]).await?;
         let mut book = Book::default();
+        let mut floor = None;
         if !keys.concurrency.is_empty() {
             let (namespaces, names) = columns(keys.concurrency.iter());
             // An attempt is found by its partition's key too, so only one partition is read.
-            let sweep = tx
-                .prepare_cached(
-                    "DELETE FROM flow_holders h USING unnest($1::text[], $2::text[]) AS k(ns, key) \
-                     WHERE h.namespace = k.ns AND h.key = k.key AND NOT EXISTS ( \
-                         SELECT 1 FROM attempts a WHERE a.id = h.attempt_id \
-                         AND a.run_scheduled_for = h.run_scheduled_for AND a.state = 'running')",
-                )
-                .await?;
-            tx.execute(&sweep, &[&namespaces, &names]).await?;
+            // The rows of ended attempts stay until a start of their key replaces them (`save`):
+            // their ends are part of the floor of this batch's start instant.
             let count = tx
                 .prepare_cached(
-                    "SELECT h.namespace, h.key, count(*) FROM flow_holders h \
+                    "SELECT h.namespace, h.key, count(*) FILTER (WHERE a.state = 'running'), \
+                     max(CASE WHEN a.state = 'running' THEN h.since ELSE a.finished_at END) \
+                     FROM flow_holders h \
                      JOIN unnest($1::text[], $2::text[]) AS k(ns, key) \
-                     ON h.namespace = k.ns AND h.key = k.key GROUP BY h.namespace, h.key",
+                     ON h.namespace = k.ns AND h.key = k.key \
+                     LEFT JOIN attempts a ON a.id = h.attempt_id \
+                     AND a.run_scheduled_for = h.run_scheduled_for \
+                     GROUP BY h.namespace, h.key",
                 )
                 .await?;
             for row in tx.query(&count, &[&namespaces, &names]).await? {
@@ -73,6 +74,7 @@ impl BatchGate {
                     (row.try_get(0)?, row.try_get(1)?),
                     u32::try_from(holding).unwrap_or(u32::MAX),
                 );
+                floor = floor.max(row.try_get::<_, Option<i64>>(3)?);
             }
         }
         if !keys.rate.is_empty() {
@@ -107,7 +109,13 @@ impl BatchGate {
             keys,
             before: book.clone(),
             book,
+            floor,
         }))
+    }
+
+    /// The instant the batch's attempts start at (`crate::flow::start_instant`).
+    pub fn start_instant(&self, now: Instant) -> Instant {
+        crate::flow::start_instant(now, self.floor)
     }
 
     /// Writes the holders of the started attempts (`(claim, attempt id, run id, the run's
@@ -137,6 +145,21 @@ impl BatchGate {
             }
         }
         if !namespaces.is_empty() {
+            // The new holders replace the ended holders of their keys whose end is not after
+            // their start. One that ended after it (its end committed while this batch ran,
+            // each statement seeing the latest commits) stays: its end is the next batch's
+            // floor, since the next batch will not count it.
+            let sweep = tx
+                .prepare_cached(
+                    "DELETE FROM flow_holders h USING unnest($1::text[], $2::text[]) AS k(ns, key) \
+                     WHERE h.namespace = k.ns AND h.key = k.key AND NOT EXISTS ( \
+                         SELECT 1 FROM attempts a WHERE a.id = h.attempt_id \
+                         AND a.run_scheduled_for = h.run_scheduled_for \
+                         AND (a.state = 'running' OR a.finished_at > $3))",
+                )
+                .await?;
+            tx.execute(&sweep, &[&namespaces, &names, &micros(now)])
+                .await?;
             let insert = tx
                 .prepare_cached(
                     "INSERT INTO flow_holders (namespace, key, attempt_id, run_id, \

@@ -889,6 +889,7 @@ pub async fn start_attempts(
     // Runs with keys: their keys are locked first (`flow::BatchGate`), then their runs, and
     // each is admitted or held in the batch's order before anything starts.
     let mut gate = super::flow::BatchGate::load(tx, starts).await?;
+    let now = gate.as_ref().map_or(now, |g| g.start_instant(now));
     let mut held: HashMap<i64, NotStarted> = HashMap::new();
     if let Some(gate) = gate.as_mut() {
         let gated: Vec<i64> = sorted(starts.iter().filter(|s| s.flow.is_some()).map(|s| s.run_id));

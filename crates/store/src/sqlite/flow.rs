@@ -20,35 +20,37 @@ pub struct BatchGate {
     /// The concurrency keys the batch's started attempts hold: `[namespace, key, attempt id,
     /// run id, the run's instant, job]`, written together by [`BatchGate::save`].
     holders: Vec<serde_json::Value>,
+    /// The latest start of an attempt holding one of the keys and the latest end of one that
+    /// held one (`crate::flow::start_instant`).
+    floor: Option<i64>,
 }
 
 impl BatchGate {
-    /// Reads the state of the keys `starts` claim, sweeping the holders whose attempt ended;
-    /// `None` when no start claims a key. One statement sweeps every key of the batch and
-    /// one counts them, whatever the number of keys.
+    /// Reads the state of the keys `starts` claim; `None` when no start claims a key. One
+    /// statement reads every key of the batch, whatever their number.
     pub fn load(tx: &Transaction<'_>, starts: &[AttemptStart]) -> Result<Option<BatchGate>> {
         let keys = BatchKeys::of(starts.iter().filter_map(|s| s.flow.as_ref()));
         if keys.is_empty() {
             return Ok(None);
         }
         let mut book = Book::default();
+        let mut floor = None;
         if !keys.concurrency.is_empty() {
+            // The rows of ended attempts stay until a start of their key replaces them
+            // (`save`): their ends are part of the floor of this batch's start instant.
             let list = key_list(keys.concurrency.iter())?;
-            tx.prepare_cached(
-                "DELETE FROM flow_holders WHERE (namespace, key) IN \
-                 (SELECT value->>0, value->>1 FROM json_each(?1)) AND NOT EXISTS \
-                 (SELECT 1 FROM attempts a WHERE a.id = flow_holders.attempt_id \
-                 AND a.state = 'running')",
-            )?
-            .execute(params![list])?;
             let mut count = tx.prepare_cached(
-                "SELECT namespace, key, count(*) FROM flow_holders WHERE (namespace, key) IN \
-                 (SELECT value->>0, value->>1 FROM json_each(?1)) GROUP BY namespace, key",
+                "SELECT h.namespace, h.key, coalesce(sum(a.state = 'running'), 0), \
+                 max(CASE WHEN a.state = 'running' THEN h.since ELSE a.finished_at END) \
+                 FROM flow_holders h LEFT JOIN attempts a ON a.id = h.attempt_id \
+                 WHERE (h.namespace, h.key) IN (SELECT value->>0, value->>1 FROM json_each(?1)) \
+                 GROUP BY h.namespace, h.key",
             )?;
             let mut rows = count.query(params![list])?;
             while let Some(row) = rows.next()? {
                 book.holding
                     .insert((row.get(0)?, row.get(1)?), row.get::<_, u32>(2)?);
+                floor = floor.max(row.get::<_, Option<i64>>(3)?);
             }
         }
         for key in &keys.rate {
@@ -70,7 +72,13 @@ impl BatchGate {
             before: book.clone(),
             book,
             holders: Vec::new(),
+            floor,
         }))
+    }
+
+    /// The instant the batch's attempts start at (`crate::flow::start_instant`).
+    pub fn start_instant(&self, now: Instant) -> Instant {
+        crate::flow::start_instant(now, self.floor)
     }
 
     /// Records that attempt `attempt_id` of run `run_id` holds the concurrency keys of
@@ -88,12 +96,20 @@ impl BatchGate {
         }
     }
 
-    /// Writes the holders of the started attempts, in one statement, and the rate keys the
-    /// batch's admissions moved.
+    /// Writes the holders of the attempts started at `now`, in place of the rows of their
+    /// keys' attempts that ended at or before it, and the rate keys the batch's admissions
+    /// moved.
     pub fn save(self, tx: &Transaction<'_>, now: Instant) -> Result<()> {
         if !self.holders.is_empty() {
             let list = serde_json::to_string(&self.holders)
                 .map_err(|e| StoreError::Database(e.to_string()))?;
+            tx.prepare_cached(
+                "DELETE FROM flow_holders WHERE (namespace, key) IN \
+                 (SELECT value->>0, value->>1 FROM json_each(?1)) AND NOT EXISTS \
+                 (SELECT 1 FROM attempts a WHERE a.id = flow_holders.attempt_id \
+                 AND (a.state = 'running' OR a.finished_at > ?2))",
+            )?
+            .execute(params![list, micros(now)])?;
             tx.prepare_cached(
                 "INSERT OR IGNORE INTO flow_holders (namespace, key, attempt_id, run_id, \
                  run_scheduled_for, job, since) SELECT value->>0, value->>1, value->>2, \

@@ -611,11 +611,12 @@ pub fn start_attempts(
     now: Instant,
 ) -> Result<Vec<StartOutcome>> {
     let mut gate = super::flow::BatchGate::load(tx, starts)?;
+    let now = gate.as_ref().map_or(now, |g| g.start_instant(now));
     let mut started = Vec::with_capacity(starts.len());
     for start in starts {
         // A run with keys is checked first and counted once it has started, so a run that is
-        // no longer startable (not queued, or debounced and not ready) spends nothing: the same decisions as checking it is queued first,
-        // without a read of every run.
+        // no longer startable (not queued, or debounced and not ready) spends nothing: the
+        // same decisions as checking it is queued first, without a read of every run.
         let admitted = match (gate.as_ref(), &start.flow) {
             (Some(gate), Some(claim)) => {
                 match gate.book.check(&claim.namespace, &claim.gates, now) {
