@@ -11,9 +11,9 @@
 //! - no starvation: once the chaos stops, every run ends (none stays queued), and within one
 //!   key no run is overtaken by more than [`OVERTAKE_BOUND`] runs of its key queued after it.
 //!
-//! The chaos lasts `SKED_FLOW_CHAOS_SECS` seconds (60 by default). The PostgreSQL test needs
-//! `SKED_TEST_DATABASE_URL`; without it it is reported as ignored (see build.rs), and under CI
-//! it runs, so a missing database fails it.
+//! The chaos lasts `SKED_FLOW_CHAOS_SECS` seconds (40 by default, for each store). The
+//! PostgreSQL test needs `SKED_TEST_DATABASE_URL`; without it it is reported as ignored (see
+//! build.rs), and under CI it runs, so a missing database fails it.
 
 mod common;
 
@@ -48,7 +48,7 @@ fn chaos() -> Duration {
     let secs = std::env::var("SKED_FLOW_CHAOS_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(40);
     Duration::from_secs(secs)
 }
 
@@ -93,7 +93,6 @@ fn key_of(event_id: &str) -> String {
     event_id.split('-').next().unwrap_or_default().to_string()
 }
 
-#[allow(clippy::too_many_arguments)]
 fn push_row(
     runs: &mut Vec<RunRow>,
     id: i64,
@@ -363,7 +362,7 @@ fn the_sweep_counts_half_open_intervals_and_overtakes() {
     ];
     assert_eq!(sweep(&runs, &["orders"], 1).most, 2);
     // Run 1 started after the two runs queued behind it.
-    let runs = vec![
+    let runs = [
         run(1, 0, &[(50, Some(60))]),
         run(2, 1, &[(10, Some(20))]),
         run(3, 2, &[(20, Some(30))]),
