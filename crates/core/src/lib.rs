@@ -42,6 +42,7 @@ macro_rules! string_enum {
 pub mod auth;
 pub mod calendar;
 pub mod cluster;
+pub mod container;
 pub mod deadline;
 pub mod dependency;
 pub mod dispatch;
@@ -52,6 +53,7 @@ pub mod event;
 pub mod flow;
 pub mod heartbeat;
 pub mod job;
+pub mod limits;
 pub mod namespace;
 pub mod notify;
 pub mod policy;

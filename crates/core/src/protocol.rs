@@ -159,6 +159,10 @@ pub struct LeaseRequest {
     /// may then take broker targets of jobs routed to its labels. At most [`MAX_WORKER_BROKERS`].
     #[serde(default)]
     pub brokers: Vec<String>,
+    /// What this worker can execute beyond plain shell and HTTP targets: it is handed
+    /// container targets, and shell targets with `run_as` or `limits`, only when it says so.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<crate::limits::Capability>,
 }
 
 /// How many broker connections a worker may name in a lease request.

@@ -1,12 +1,15 @@
 //! What a run does: the target of a job.
 
+use crate::container::ContainerTarget;
 use crate::duration::HumanDuration;
 use crate::error::SpecError;
+use crate::limits::{Capability, Limits, RunAs};
 use crate::publish::{AmqpTarget, Destination, NatsTarget, RedisStreamTarget};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Exactly one kind of target; JSON `{"shell": {...}}`, `{"http": {...}}`, a broker's,
+/// Exactly one kind of target; JSON `{"shell": {...}}`, `{"http": {...}}`,
+/// `{"container": {...}}` (`crate::container`), a broker's,
 /// `{"amqp": {...}}`, `{"nats": {...}}`, `{"redis_stream": {...}}` (`crate::publish`), or
 /// `{"heartbeat": {...}}`, which runs nothing and waits for pings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -14,6 +17,7 @@ use std::collections::BTreeMap;
 pub enum TargetSpec {
     Shell(ShellTarget),
     Http(HttpTarget),
+    Container(ContainerTarget),
     Amqp(AmqpTarget),
     Nats(NatsTarget),
     RedisStream(RedisStreamTarget),
@@ -46,6 +50,12 @@ pub struct ShellTarget {
     pub env: BTreeMap<String, TargetValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// The OS user (and group) the job runs as; the worker's own when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<RunAs>,
+    /// What the job's whole process tree may use.
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub limits: Limits,
 }
 
 /// An HTTP request. The attempt succeeds when the response status is one of `expected_status`
@@ -196,6 +206,23 @@ fn no_nul(field: &str, value: &str) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// Variable names are non-empty without `=` or NUL, and values have no NUL: what a process
+/// environment can carry. `field` is where they are (`target.shell.env`).
+pub(crate) fn check_env(field: &str, env: &BTreeMap<String, TargetValue>) -> Result<(), SpecError> {
+    for (name, value) in env {
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return Err(SpecError::new(
+                field,
+                "variable names must be non-empty and contain no '=' or NUL",
+            ));
+        }
+        if let Some(text) = value.clear() {
+            no_nul(&format!("{field}.{name}"), text)?;
+        }
+    }
+    Ok(())
+}
+
 /// An absolute http:// or https:// URL with a host, parsed the way the worker's HTTP client
 /// parses it, so a URL accepted here is one a run can request.
 pub(crate) fn check_url(field: &str, text: &str) -> Result<(), SpecError> {
@@ -255,6 +282,7 @@ impl TargetSpec {
     pub fn values_field(&self) -> &'static str {
         match self {
             TargetSpec::Shell(_) => "target.shell.env",
+            TargetSpec::Container(_) => "target.container.env",
             TargetSpec::Http(_) => "target.http.headers",
             TargetSpec::Amqp(_)
             | TargetSpec::Nats(_)
@@ -267,12 +295,37 @@ impl TargetSpec {
     fn values(&self) -> Option<&BTreeMap<String, TargetValue>> {
         match self {
             TargetSpec::Shell(shell) => Some(&shell.env),
+            TargetSpec::Container(container) => Some(&container.env),
             TargetSpec::Http(http) => Some(&http.headers),
             TargetSpec::Amqp(_)
             | TargetSpec::Nats(_)
             | TargetSpec::RedisStream(_)
             | TargetSpec::Heartbeat(_) => None,
         }
+    }
+
+    /// Whether it runs commands on a worker's host (a process, or a container): what the
+    /// `shell` grant of a token covers.
+    pub fn runs_commands(&self) -> bool {
+        matches!(self, TargetSpec::Shell(_) | TargetSpec::Container(_))
+    }
+
+    /// What a worker must be able to do to execute it, beyond plain shell and HTTP.
+    pub fn needs(&self) -> Vec<Capability> {
+        let mut needs = Vec::new();
+        match self {
+            TargetSpec::Container(_) => needs.push(Capability::Container),
+            TargetSpec::Shell(shell) => {
+                if shell.run_as.is_some() {
+                    needs.push(Capability::RunAs);
+                }
+                if shell.limits.binds_processes() {
+                    needs.push(Capability::Limits);
+                }
+            }
+            _ => {}
+        }
+        needs
     }
 
     /// The names of the namespace secrets this target refers to.
@@ -304,6 +357,7 @@ impl TargetSpec {
     pub fn values_mut(&mut self) -> impl Iterator<Item = (&String, &mut TargetValue)> {
         let values = match self {
             TargetSpec::Shell(shell) => Some(&mut shell.env),
+            TargetSpec::Container(container) => Some(&mut container.env),
             TargetSpec::Http(http) => Some(&mut http.headers),
             TargetSpec::Amqp(_)
             | TargetSpec::Nats(_)
@@ -317,7 +371,10 @@ impl TargetSpec {
     pub fn broker_kind(&self) -> Option<crate::publish::BrokerKind> {
         use crate::publish::BrokerKind;
         match self {
-            TargetSpec::Shell(_) | TargetSpec::Http(_) | TargetSpec::Heartbeat(_) => None,
+            TargetSpec::Shell(_)
+            | TargetSpec::Http(_)
+            | TargetSpec::Container(_)
+            | TargetSpec::Heartbeat(_) => None,
             TargetSpec::Amqp(_) => Some(BrokerKind::Amqp),
             TargetSpec::Nats(_) => Some(BrokerKind::Nats),
             TargetSpec::RedisStream(_) => Some(BrokerKind::Redis),
@@ -336,7 +393,10 @@ impl TargetSpec {
     /// Where a broker target publishes, for the operator's allowances.
     pub fn destination(&self) -> Option<Destination<'_>> {
         match self {
-            TargetSpec::Shell(_) | TargetSpec::Http(_) | TargetSpec::Heartbeat(_) => None,
+            TargetSpec::Shell(_)
+            | TargetSpec::Http(_)
+            | TargetSpec::Container(_)
+            | TargetSpec::Heartbeat(_) => None,
             TargetSpec::Amqp(t) => Some(Destination {
                 connection: &t.connection,
                 field: "target.amqp.exchange",
@@ -380,18 +440,11 @@ impl TargetSpec {
                 if let Some(cwd) = &shell.cwd {
                     no_nul("target.shell.cwd", cwd)?;
                 }
-                for (name, value) in &shell.env {
-                    let field = format!("target.shell.env.{name}");
-                    if name.is_empty() || name.contains(['=', '\0']) {
-                        return Err(SpecError::new(
-                            "target.shell.env",
-                            "variable names must be non-empty and contain no '=' or NUL",
-                        ));
-                    }
-                    if let Some(text) = value.clear() {
-                        no_nul(&field, text)?;
-                    }
+                check_env("target.shell.env", &shell.env)?;
+                if let Some(run_as) = &shell.run_as {
+                    run_as.validate("target.shell.run_as")?;
                 }
+                shell.limits.validate("target.shell.limits")?;
             }
             TargetSpec::Http(http) => {
                 http.method = http.method.to_ascii_uppercase();
@@ -422,6 +475,7 @@ impl TargetSpec {
                     }
                 }
             }
+            TargetSpec::Container(container) => container.validate()?,
             TargetSpec::Amqp(amqp) => amqp.validate()?,
             TargetSpec::Nats(nats) => nats.validate()?,
             TargetSpec::RedisStream(redis) => redis.validate()?,

@@ -11,6 +11,7 @@ use crate::{error_chain, WorkerConfig, WorkerError};
 use rand::Rng;
 use sked_broker::Brokers;
 use sked_core::egress::EgressPolicy;
+use sked_core::limits::Capability;
 use sked_core::protocol::{
     CompleteRequest, CompleteResponse, Completion, HeartbeatRequest, HeartbeatResponse,
     LeaseRequest, LeaseResponse, LeasedAttempt, RegisterRequest, RegisterResponse,
@@ -75,7 +76,9 @@ async fn serve(
 ) -> Result<(), WorkerError> {
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let brokers = Arc::new(Brokers::new(&config.brokers));
+    let hosting = Hosting::prepare(&config).await?;
     let agent = Arc::new(Agent {
+        hosting,
         config,
         client,
         exec_http: Mutex::new(exec_http),
@@ -216,8 +219,82 @@ fn stall_gauge(
     u32::try_from(stalled).unwrap_or(u32::MAX)
 }
 
+/// What this host offers attempts beyond plain processes and requests: a cgroup per attempt,
+/// a container engine, and the capabilities they add up to.
+struct Hosting {
+    cgroups: Option<executor::cgroup::Cgroups>,
+    engine: Option<executor::container::Engine>,
+    capabilities: Vec<Capability>,
+}
+
+impl Hosting {
+    /// Finds them, and removes what a worker of this name killed before left behind: its
+    /// attempts' cgroups and containers, whose runs another worker has by now.
+    async fn prepare(config: &WorkerConfig) -> Result<Hosting, WorkerError> {
+        let root = nix::unistd::geteuid().is_root();
+        let supervised = config.supervisor.is_some();
+        let cgroups = if root && supervised {
+            executor::cgroup::Cgroups::detect()
+        } else {
+            None
+        };
+        if let Some(cgroups) = &cgroups {
+            let removed = cgroups.reap_orphans();
+            if removed > 0 {
+                tracing::info!("removed {removed} cgroups of attempts that ended with a worker");
+            }
+        }
+        let engine = match config.container_runtime.as_deref() {
+            Some("none") => None,
+            named => executor::container::Engine::detect(named, &config.name)
+                .await
+                .map_err(WorkerError::Config)?,
+        };
+        if let Some(engine) = &engine {
+            match engine.reap_orphans().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    "removed {n} containers left by an earlier run of worker {:?}",
+                    config.name
+                ),
+                Err(e) => tracing::warn!("cannot remove leftover containers: {e}"),
+            }
+        }
+        let mut capabilities = Vec::new();
+        if engine.is_some() {
+            capabilities.push(Capability::Container);
+        }
+        if root && supervised {
+            capabilities.push(Capability::RunAs);
+        }
+        if supervised {
+            capabilities.push(Capability::Limits);
+        }
+        tracing::info!(
+            "can run: {}; limits through {}",
+            if capabilities.is_empty() {
+                "plain targets".to_string()
+            } else {
+                capabilities
+                    .iter()
+                    .map(|c| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            cgroups.as_ref().map_or("rlimits", |c| c.describe())
+        );
+        Ok(Hosting {
+            cgroups,
+            engine,
+            capabilities,
+        })
+    }
+}
+
 struct Agent {
     config: WorkerConfig,
+    /// How this host runs containers and binds processes, found at start.
+    hosting: Hosting,
     client: ProtocolClient,
     /// HTTP targets' client, rebuilt when a registration brings another policy; its
     /// [`SharedPolicy`] is the one in force.
@@ -488,6 +565,8 @@ impl Agent {
             output_drain: self.config.output_drain,
             http_body_cap: self.config.http_body_cap,
             supervisor: self.config.supervisor.clone(),
+            cgroups: self.hosting.cgroups.clone(),
+            container_engine: self.hosting.engine.clone(),
         };
         let agent = self.clone();
         tokio::spawn(
@@ -559,6 +638,7 @@ impl Agent {
                 max: u32::try_from(free).unwrap_or(u32::MAX),
                 wait_ms: u64::try_from(self.config.lease_wait.as_millis()).unwrap_or(u64::MAX),
                 brokers: self.brokers.names(),
+                capabilities: self.hosting.capabilities.clone(),
             };
             let asked = Instant::now();
             let path = format!("/api/v1/workers/{}/lease", segment(&worker_id));

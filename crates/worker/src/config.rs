@@ -73,6 +73,9 @@ pub struct WorkerConfig {
     pub stall_over: Option<u32>,
     /// This worker's pool's overload control; the server's default when `None`.
     pub overload: Option<sked_core::protocol::OverloadSetting>,
+    /// The container engine for container targets: `podman` or `docker`, `none` for no
+    /// container targets, or `None` for whichever of podman and docker is on PATH.
+    pub container_runtime: Option<String>,
 }
 
 impl Default for WorkerConfig {
@@ -102,6 +105,7 @@ impl Default for WorkerConfig {
             stall_after: Duration::from_secs(10),
             stall_over: None,
             overload: None,
+            container_runtime: None,
         }
     }
 }
@@ -152,6 +156,13 @@ impl WorkerConfig {
         if let Some(overload) = self.overload {
             sked_core::dispatch::StallLimits::new(overload.trip, overload.reset)
                 .map_err(WorkerError::Config)?;
+        }
+        if let Some(runtime) = &self.container_runtime {
+            if !matches!(runtime.as_str(), "podman" | "docker" | "none") {
+                return invalid(format!(
+                    "container runtime {runtime:?}: podman, docker or none"
+                ));
+            }
         }
         if self.retry_max < self.retry_initial {
             self.retry_max = self.retry_initial;

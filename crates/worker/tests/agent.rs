@@ -286,6 +286,8 @@ fn shell_attempt(attempt_id: i64, command: &str, timeout_ms: Option<u64>) -> Lea
             args: Vec::new(),
             env: BTreeMap::new(),
             cwd: None,
+            run_as: None,
+            limits: Default::default(),
         }),
         timeout_ms,
         completion: None,

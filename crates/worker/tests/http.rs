@@ -88,6 +88,7 @@ fn target(url: String) -> HttpTarget {
 
 fn info() -> RunInfo {
     RunInfo {
+        attempt_id: 1,
         run_id: 42,
         attempt: 2,
         scheduled_for: Utc

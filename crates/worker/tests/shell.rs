@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 fn info() -> RunInfo {
     RunInfo {
+        attempt_id: 420,
         run_id: 42,
         attempt: 3,
         scheduled_for: Utc
@@ -32,6 +33,8 @@ fn sh(command: &str) -> ShellTarget {
         args: Vec::new(),
         env: BTreeMap::new(),
         cwd: None,
+        run_as: None,
+        limits: Default::default(),
     }
 }
 
@@ -198,6 +201,8 @@ async fn with_args_the_command_runs_without_a_shell() {
         ],
         env: BTreeMap::new(),
         cwd: None,
+        run_as: None,
+        limits: Default::default(),
     };
     let (result, text) = run(&target, &options(None)).await;
     assert_eq!(result.outcome, AttemptOutcome::Succeeded);
@@ -211,6 +216,8 @@ async fn a_program_that_cannot_start_fails() {
         args: vec!["x".to_string()],
         env: BTreeMap::new(),
         cwd: None,
+        run_as: None,
+        limits: Default::default(),
     };
     let (result, text) = run(&target, &options(None)).await;
     assert_eq!(result.outcome, AttemptOutcome::Failed);

@@ -4,7 +4,10 @@
 //! bookkeeping: they write output to an [`OutputBuffer`] and return an [`ExecResult`].
 
 pub mod broker;
+pub mod cgroup;
+pub mod container;
 pub mod http;
+mod pipes;
 pub mod shell;
 pub mod supervisor;
 
@@ -22,6 +25,8 @@ use tokio::sync::watch;
 /// What a job sees of its run (environment for shell, headers for HTTP).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunInfo {
+    /// The attempt's own id: what its cgroup and its container are named after.
+    pub attempt_id: i64,
     pub run_id: i64,
     /// 1 for the first attempt of the run.
     pub attempt: u32,
@@ -43,6 +48,7 @@ pub struct RunInfo {
 impl RunInfo {
     pub fn of(attempt: &LeasedAttempt) -> Self {
         RunInfo {
+            attempt_id: attempt.attempt_id,
             run_id: attempt.run_id,
             attempt: attempt.attempt,
             scheduled_for: attempt.scheduled_for,
@@ -53,6 +59,37 @@ impl RunInfo {
             params: attempt.params.clone(),
             secret_headers: attempt.secret_headers.clone(),
         }
+    }
+
+    /// The `SKED_*` variables that describe the run to a process (or a container): its ids,
+    /// instant, job, parameters, shard and event.
+    pub fn env(&self) -> Vec<(String, String)> {
+        use sked_core::protocol::{
+            ENV_ATTEMPT, ENV_EVENT_ID, ENV_EVENT_KEY, ENV_EVENT_PAYLOAD, ENV_JOB, ENV_RUN_ID,
+            ENV_SCHEDULED_FOR, ENV_SHARD, ENV_SHARDS,
+        };
+        let mut env = vec![
+            (ENV_RUN_ID.to_string(), self.run_id.to_string()),
+            (ENV_ATTEMPT.to_string(), self.attempt.to_string()),
+            (ENV_SCHEDULED_FOR.to_string(), self.scheduled_for_rfc3339()),
+            (ENV_JOB.to_string(), self.job.clone()),
+        ];
+        for (name, value) in &self.params {
+            env.push((
+                sked_core::flow::trigger::param_env_name(name),
+                value.clone(),
+            ));
+        }
+        if let Some(shard) = self.shard {
+            env.push((ENV_SHARD.to_string(), shard.index.to_string()));
+            env.push((ENV_SHARDS.to_string(), shard.count.to_string()));
+        }
+        if let Some(event) = &self.event {
+            env.push((ENV_EVENT_KEY.to_string(), event.key.clone()));
+            env.push((ENV_EVENT_ID.to_string(), event.id.clone()));
+            env.push((ENV_EVENT_PAYLOAD.to_string(), event.payload_text()));
+        }
+        env
     }
 
     /// `SKED_SCHEDULED_FOR`: RFC 3339 in UTC, e.g. `2026-01-01T00:00:00Z`.
@@ -77,6 +114,11 @@ pub struct ExecOptions {
     /// itself). Without one, an attempt runs in a process group of its own, which ends with
     /// cancels and timeouts but not with the worker, and not past `setsid`.
     pub supervisor: Option<std::path::PathBuf>,
+    /// Where attempts get a cgroup of their own for their limits; `None` where this worker
+    /// cannot make one (then shell limits fall back to rlimits).
+    pub cgroups: Option<cgroup::Cgroups>,
+    /// The container engine, for container targets; `None`: this worker takes none.
+    pub container_engine: Option<container::Engine>,
 }
 
 impl Default for ExecOptions {
@@ -87,6 +129,8 @@ impl Default for ExecOptions {
             output_drain: Duration::from_secs(2),
             http_body_cap: 64 * 1024,
             supervisor: None,
+            cgroups: None,
+            container_engine: None,
         }
     }
 }
@@ -108,6 +152,21 @@ impl ExecResult {
             exit_code: None,
             http_status: None,
             error: Some(error.into()),
+        }
+    }
+
+    /// The kernel killed in the attempt's cgroup for memory: reason `out_of_memory`, first in
+    /// the error so that it can be matched.
+    pub(crate) fn out_of_memory(
+        limit: sked_core::limits::ByteSize,
+        exit_code: Option<i32>,
+    ) -> Self {
+        ExecResult {
+            exit_code,
+            ..ExecResult::failed(format!(
+                "{}: the kernel killed a process of the job over its memory limit of {limit}",
+                sked_core::limits::OUT_OF_MEMORY
+            ))
         }
     }
 
@@ -152,6 +211,11 @@ impl StopHandle {
 }
 
 impl StopSignal {
+    /// Whether a stop has been asked for.
+    pub fn is_requested(&self) -> bool {
+        *self.0.borrow()
+    }
+
     /// Resolves once a stop is asked for; never if the handle is dropped without asking.
     pub async fn requested(&mut self) {
         if self.0.wait_for(|stop| *stop).await.is_err() {
@@ -182,6 +246,7 @@ pub async fn execute(
         TargetSpec::Http(target) => {
             http::run(&targets.http, target, &info, options, stop, output).await
         }
+        TargetSpec::Container(target) => container::run(target, &info, options, stop, output).await,
         TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => {
             broker::run(&targets.brokers, attempt, options, stop, output).await
         }

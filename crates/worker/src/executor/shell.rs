@@ -9,24 +9,19 @@
 //! must not speak the worker protocol, and it never returns while a process it knows of still
 //! lives (bounded by the grace period).
 
+use super::pipes::{abandon, settle, Sink};
 use super::{expire, human, supervisor, ExecOptions, ExecResult, RunInfo, StopSignal};
 use crate::output::OutputBuffer;
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use sked_core::protocol::{
-    ENV_ATTEMPT, ENV_EVENT_ID, ENV_EVENT_KEY, ENV_EVENT_PAYLOAD, ENV_JOB, ENV_RUN_ID,
-    ENV_SCHEDULED_FOR, ENV_SHARD, ENV_SHARDS,
-};
 use sked_core::target::ShellTarget;
 use sked_core::AttemptOutcome;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
-use tokio::task::JoinHandle;
-use tokio::time::{sleep, timeout, timeout_at, Instant};
+use tokio::time::{sleep, timeout, Instant};
 
 /// Once the group is gone its pipes close; a process that left the group (setsid) could keep
 /// them open, so reading output is bounded by this much after the end.
@@ -71,12 +66,13 @@ pub async fn run(
         // The supervisor's end of the pipe: dropping it tells the supervisor to end the tree.
         control: child.stdin.take(),
     };
+    let sink = Sink::new(output, target.limits.max_output.map(|m| m.0));
     let mut readers = Vec::new();
     if let Some(stdout) = child.stdout.take() {
-        readers.push(tokio::spawn(pump(stdout, output.clone())));
+        readers.push(sink.pump(stdout));
     }
     if let Some(stderr) = child.stderr.take() {
-        readers.push(tokio::spawn(pump(stderr, output.clone())));
+        readers.push(sink.pump(stderr));
     }
 
     let ended = tokio::select! {
@@ -118,9 +114,7 @@ pub async fn run(
     };
     if !settle(&mut readers, READERS_BOUND).await {
         tracing::debug!("output pipes still open after the process group ended; not waiting");
-        for reader in &readers {
-            reader.abort();
-        }
+        abandon(&readers);
     }
     result
 }
@@ -164,23 +158,7 @@ fn command(
         }
     };
     // The job's own variables first: the SKED_* ones describe the run and win.
-    cmd.envs(env.iter().copied())
-        .env(ENV_RUN_ID, info.run_id.to_string())
-        .env(ENV_ATTEMPT, info.attempt.to_string())
-        .env(ENV_SCHEDULED_FOR, info.scheduled_for_rfc3339())
-        .env(ENV_JOB, &info.job);
-    for (name, value) in &info.params {
-        cmd.env(sked_core::flow::trigger::param_env_name(name), value);
-    }
-    if let Some(shard) = info.shard {
-        cmd.env(ENV_SHARD, shard.index.to_string())
-            .env(ENV_SHARDS, shard.count.to_string());
-    }
-    if let Some(event) = &info.event {
-        cmd.env(ENV_EVENT_KEY, &event.key)
-            .env(ENV_EVENT_ID, &event.id)
-            .env(ENV_EVENT_PAYLOAD, event.payload_text());
-    }
+    cmd.envs(env.iter().copied()).envs(info.env());
     if let Some(cwd) = &target.cwd {
         cmd.current_dir(cwd);
     }
@@ -212,30 +190,6 @@ fn exited(status: ExitStatus) -> ExecResult {
         }
         (None, None) => ExecResult::failed(format!("ended with {status}")),
     }
-}
-
-/// Copies a pipe into the output until it closes.
-async fn pump(mut pipe: impl AsyncRead + Unpin, output: OutputBuffer) {
-    let mut buf = vec![0u8; 8192];
-    loop {
-        match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => output.write(&buf[..n]),
-        }
-    }
-}
-
-/// Waits up to `bound` for the readers to reach the end of their pipes; true if they all did.
-/// Finished readers are removed, so none is polled again.
-async fn settle(readers: &mut Vec<JoinHandle<()>>, bound: Duration) -> bool {
-    let deadline = Instant::now() + bound;
-    while let Some(reader) = readers.last_mut() {
-        if timeout_at(deadline, reader).await.is_err() {
-            return false;
-        }
-        readers.pop();
-    }
-    true
 }
 
 /// The process group of one attempt (its id is the main process's pid: the job, or its
