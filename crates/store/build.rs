@@ -4,7 +4,8 @@
 //! and PostgreSQL's server programs in `SKED_TEST_PG_BIN`, by default
 //! /usr/lib/postgresql/15/bin), the brokers (RabbitMQ, NATS, Redis) with
 //! `SKED_TEST_AMQP_URL`, `SKED_TEST_NATS_URL` and `SKED_TEST_REDIS_URL` set, the web console
-//! in a real Chromium with `SKED_TEST_CHROMEDRIVER` (the `chromedriver` to start); under CI, where
+//! in a real Chromium with `SKED_TEST_CHROMEDRIVER` (the `chromedriver` to start), container
+//! targets with `SKED_TEST_PODMAN` (the `podman` to run them with); under CI, where
 //! their absence must fail loudly, always. Otherwise they are reported as `ignored`, never as
 //! passed.
 
@@ -18,6 +19,7 @@ pub fn main() {
     println!("cargo::rustc-check-cfg=cfg(sked_pg_server_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_broker_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_browser_tests)");
+    println!("cargo::rustc-check-cfg=cfg(sked_container_tests)");
     println!("cargo::rerun-if-env-changed=CI");
     let ci = std::env::var_os("CI").is_some();
     let pg = set("SKED_TEST_DATABASE_URL");
@@ -46,5 +48,8 @@ pub fn main() {
     }
     if set("SKED_TEST_CHROMEDRIVER") || ci {
         println!("cargo::rustc-cfg=sked_browser_tests");
+    }
+    if set("SKED_TEST_PODMAN") || ci {
+        println!("cargo::rustc-cfg=sked_container_tests");
     }
 }

@@ -248,13 +248,13 @@ impl Grant {
     }
 
     /// Defining a job whose target is a shell command needs `shell`.
-    pub fn may_define(&self, shell_target: bool) -> Result<(), Denied> {
-        if !shell_target || self.role == Role::Admin || self.shell {
+    pub fn may_define(&self, runs_commands: bool) -> Result<(), Denied> {
+        if !runs_commands || self.role == Role::Admin || self.shell {
             Ok(())
         } else {
             Err(Denied::Forbidden(
-                "shell targets run commands on the workers: this token was not created with \
-                 shell permission (sked token create --shell)"
+                "shell and container targets run commands on the workers: this token was not \
+                 created with shell permission (sked token create --shell)"
                     .to_string(),
             ))
         }

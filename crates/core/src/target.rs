@@ -311,21 +311,19 @@ impl TargetSpec {
     }
 
     /// What a worker must be able to do to execute it, beyond plain shell and HTTP.
-    pub fn needs(&self) -> Vec<Capability> {
-        let mut needs = Vec::new();
+    pub fn needs(&self) -> &'static [Capability] {
         match self {
-            TargetSpec::Container(_) => needs.push(Capability::Container),
+            TargetSpec::Container(_) => &[Capability::Container],
             TargetSpec::Shell(shell) => {
-                if shell.run_as.is_some() {
-                    needs.push(Capability::RunAs);
-                }
-                if shell.limits.binds_processes() {
-                    needs.push(Capability::Limits);
+                match (shell.run_as.is_some(), shell.limits.binds_processes()) {
+                    (true, true) => &[Capability::RunAs, Capability::Limits],
+                    (true, false) => &[Capability::RunAs],
+                    (false, true) => &[Capability::Limits],
+                    (false, false) => &[],
                 }
             }
-            _ => {}
+            _ => &[],
         }
-        needs
     }
 
     /// The names of the namespace secrets this target refers to.

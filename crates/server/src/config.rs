@@ -66,6 +66,9 @@ pub struct ServerConfig {
     /// Which namespaces may publish through which connection, under which prefix
     /// (`--broker-allow`); a connection none names is open to every namespace.
     pub broker_allowances: Vec<BrokerAllowance>,
+    /// The images and host paths container targets may use (`--image-allow`,
+    /// `--mount-allow`); `sked dev` allows every image.
+    pub container_policy: sked_core::container::ContainerPolicy,
     /// The URL clients reach this node at (`--public-url`), for addresses the node hands out:
     /// where a consumer reports a completion. `None`: the address it listens on.
     pub public_url: Option<String>,
@@ -121,6 +124,7 @@ impl Default for ServerConfig {
             http_target_policy: EgressPolicy::default(),
             brokers: Vec::new(),
             broker_allowances: Vec::new(),
+            container_policy: Default::default(),
             public_url: None,
             smtp: None,
             on_ready: None,

@@ -440,6 +440,7 @@ impl Sim<'_> {
                     publishes_through: None,
                     priority: request.priority,
                     pinned: None,
+                    needs: &[],
                 }
             })
             .collect();

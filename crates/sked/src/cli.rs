@@ -539,6 +539,27 @@ pub struct ServerArgs {
         value_name = "NS=CONN:PREFIX"
     )]
     pub broker_allow: Vec<sked_core::publish::BrokerAllowance>,
+    /// Container targets may run images beginning with PREFIX (`registry.example.com/team/`,
+    /// `*` for any), in namespace NS only when given as `NS=PREFIX`. Repeatable, or
+    /// comma-separated. `sked server` allows no image until one is given; `sked dev` allows
+    /// every image.
+    #[arg(
+        long = "image-allow",
+        env = "SKED_IMAGE_ALLOW",
+        value_delimiter = ',',
+        value_name = "[NS=]PREFIX"
+    )]
+    pub image_allow: Vec<sked_core::container::ImageAllowance>,
+    /// Container targets may mount host paths under PATH, read-only unless given as
+    /// `PATH:rw`, in namespace NS only when given as `NS=PATH`. Repeatable, or
+    /// comma-separated. Without it no host path may be mounted.
+    #[arg(
+        long = "mount-allow",
+        env = "SKED_MOUNT_ALLOW",
+        value_delimiter = ',',
+        value_name = "[NS=]PATH[:rw]"
+    )]
+    pub mount_allow: Vec<sked_core::container::MountAllowance>,
     #[command(flatten)]
     pub overload: OverloadArgs,
 }
@@ -596,6 +617,10 @@ pub struct DevArgs {
     /// to anyone who reaches it, so it listens on loopback addresses only.
     #[arg(long, env = "SKED_REQUIRE_TOKEN")]
     pub require_token: bool,
+    /// The container engine that runs container targets: podman or docker, or none for no
+    /// container targets. Default: whichever of podman and docker is on PATH.
+    #[arg(long, env = "SKED_CONTAINER_RUNTIME", value_parser = ["podman", "docker", "none"])]
+    pub container_runtime: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -679,6 +704,10 @@ pub struct WorkerArgs {
     /// the concurrency of the service behind the HTTP targets, past which work waits there.
     #[arg(long, env = "SKED_STALL_OVER", value_name = "N")]
     pub stall_over: Option<u32>,
+    /// The container engine that runs container targets: podman or docker, or none for no
+    /// container targets. Default: whichever of podman and docker is on PATH.
+    #[arg(long, env = "SKED_CONTAINER_RUNTIME", value_parser = ["podman", "docker", "none"])]
+    pub container_runtime: Option<String>,
     #[command(flatten)]
     pub overload: OverloadArgs,
     #[command(flatten)]

@@ -5,6 +5,7 @@ use crate::cli::{DevArgs, ServerArgs, WorkerArgs};
 use anyhow::{bail, Context, Result};
 use chrono::Utc;
 use sked_core::auth::Secret;
+use sked_core::container::ContainerPolicy;
 use sked_core::egress::EgressPolicy;
 use sked_core::policy::BacklogLimits;
 use sked_server::auth::{
@@ -397,7 +398,9 @@ fn write_private(path: &Path, content: &str) -> Result<bool> {
 
 /// `internal_allowed`: whether HTTP targets may reach internal addresses no rule names, which
 /// `sked dev` (a laptop's own services) allows and `sked server` does not.
-fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConfig> {
+/// `dev` is `sked dev`'s laxer defaults: HTTP targets may reach internal addresses, and
+/// container targets may run any image.
+fn server_config(args: &ServerArgs, dev: bool) -> Result<ServerConfig> {
     if args.header_read_timeout.0 < std::time::Duration::from_millis(100) {
         bail!("--header-read-timeout must be at least 100ms");
     }
@@ -455,7 +458,12 @@ fn server_config(args: &ServerArgs, internal_allowed: bool) -> Result<ServerConf
         http_target_policy: EgressPolicy {
             allow: args.http_target_allow.clone(),
             deny: args.http_target_deny.clone(),
-            internal_allowed,
+            internal_allowed: dev,
+        },
+        container_policy: ContainerPolicy {
+            any_image: dev,
+            images: args.image_allow.clone(),
+            mounts: args.mount_allow.clone(),
         },
         overload: match args.overload.setting()? {
             Some(setting) => setting.control().map_err(anyhow::Error::msg)?,
@@ -558,6 +566,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
             _ => Vec::new(),
         },
         supervisor: Some(SELF_EXE.into()),
+        container_runtime: args.container_runtime.clone(),
         ..sked_worker::WorkerConfig::default()
     };
     let worker = tokio::spawn(sked_worker::run(worker_config, stopped(worker_stopped)));
@@ -635,6 +644,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
             None => Vec::new(),
         },
         supervisor: Some(SELF_EXE.into()),
+        container_runtime: args.container_runtime.clone(),
         ..sked_worker::WorkerConfig::default()
     };
     sked_worker::run(config, shutdown_signal()).await?;

@@ -15,6 +15,7 @@ pub use fair::{fair_order, Tenant, DEFAULT_WEIGHT, MAX_WEIGHT};
 pub use host::Strategy;
 pub use overload::{Overload, OverloadControl, OverloadState, StallLimits, ADMIT_ALL};
 
+use crate::limits::Capability;
 use crate::Instant;
 use std::collections::BTreeMap;
 
@@ -52,6 +53,9 @@ pub struct WorkerLoad {
     pub publisher: bool,
     /// The broker connections a worker can publish through (`sked worker --broker`).
     pub brokers: Vec<String>,
+    /// What it can execute beyond plain shell and HTTP targets (containers, `run_as`,
+    /// `limits`), as its poll says.
+    pub capabilities: Vec<Capability>,
 }
 
 impl WorkerLoad {
@@ -71,6 +75,7 @@ impl WorkerLoad {
             namespaces: vec![crate::auth::ALL_NAMESPACES.to_string()],
             publisher: false,
             brokers: Vec::new(),
+            capabilities: Vec::new(),
         }
     }
 
@@ -124,6 +129,8 @@ pub struct Demand<'a> {
     pub priority: i32,
     /// The one worker that may take it: a broadcast's share (`crate::shard`).
     pub pinned: Option<&'a str>,
+    /// What the worker must be able to do (`TargetSpec::needs`).
+    pub needs: &'a [Capability],
 }
 
 /// A worker may take the run: it executes that kind of target, it is the worker the run is
@@ -158,12 +165,19 @@ pub fn eligible(demand: &Demand<'_>, worker: &WorkerLoad) -> bool {
 
 /// Who executes which target. A server node's publisher takes broker targets and nothing
 /// else, those of jobs routed to no labels: the server publishes them without a worker hop. A
-/// worker takes every other target, and a broker target of a job routed to labels. Either
-/// takes a broker target only when it has the target's connection; a run whose connection
-/// nobody has stays queued.
+/// worker takes every other target it has the capabilities for (a container engine, root for
+/// `run_as`, limits), and a broker target of a job routed to labels. Either takes a broker
+/// target only when it has the target's connection; a run whose connection nobody has stays
+/// queued.
 pub fn executes(demand: &Demand<'_>, worker: &WorkerLoad) -> bool {
     match demand.publishes_through {
-        None => !worker.publisher,
+        None => {
+            !worker.publisher
+                && demand
+                    .needs
+                    .iter()
+                    .all(|need| worker.capabilities.contains(need))
+        }
         Some(connection) => {
             worker.publisher == demand.labels.is_empty()
                 && worker.brokers.iter().any(|b| b == connection)
@@ -253,6 +267,14 @@ impl NoWorker {
     /// What a waiting run shows: [`NoWorker`]'s words, or, when the run is a broker target
     /// that nobody asking for work may publish, the connection they lack.
     pub fn describe(&self, demand: &Demand<'_>) -> String {
+        if self.serving == 0 && !self.pinned && !demand.needs.is_empty() {
+            let needs: Vec<&str> = demand.needs.iter().map(|n| n.missing()).collect();
+            return format!(
+                "waiting for workers: none asking for work that carries the run's labels and \
+                 serves its namespace has {}",
+                needs.join(" and ")
+            );
+        }
         match demand.publishes_through {
             Some(connection) if self.serving == 0 && !self.pinned => {
                 if demand.labels.is_empty() {
@@ -356,6 +378,7 @@ mod tests {
             publishes_through: None,
             priority: 0,
             pinned: None,
+            needs: &[],
         }
     }
 
@@ -433,6 +456,7 @@ mod tests {
         let workers = vec![worker("a", 4, 0, "eu"), worker("b", 4, 3, "eu")];
         let pinned = |id| Demand {
             pinned: Some(id),
+            needs: &[],
             ..demand(&any, Strategy::LeastLoaded)
         };
         // The busier worker, since it is the one the run is pinned to.

@@ -192,6 +192,9 @@ pub(super) fn prepared(
             &http.url,
         )?;
     }
+    if let TargetSpec::Container(container) = &job.spec.target {
+        state.config.container_policy.check(namespace, container)?;
+    }
     sked_core::publish::check_destination(
         &job.spec.target,
         namespace,
@@ -199,7 +202,7 @@ pub(super) fn prepared(
         &state.config.brokers,
         &state.config.broker_allowances,
     )?;
-    let granted = caller.may_define(matches!(job.spec.target, TargetSpec::Shell(_)));
+    let granted = caller.may_define(job.spec.target.runs_commands());
     // Without the grant only an unchanged job may pass (compared below, once its secrets are
     // sealed as stored): a new one is refused before anything is sealed.
     if before.is_none() {
@@ -235,9 +238,7 @@ pub(super) fn prepared(
 /// Whether the caller may write `job` only because it is unchanged (see [`prepared`]): then
 /// it is not written at all, so no write of the caller's can race another's change to it.
 pub(super) fn unchanged_without_grant(caller: &Caller, job: &ValidJob) -> bool {
-    caller
-        .may_define(matches!(job.spec.target, TargetSpec::Shell(_)))
-        .is_err()
+    caller.may_define(job.spec.target.runs_commands()).is_err()
 }
 
 /// Validates a definition and writes it; `action` names the change in the audit trail.

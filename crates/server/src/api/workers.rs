@@ -408,6 +408,15 @@ pub async fn lease(
         sked_core::job::validate_name("brokers", name)
             .map_err(|e| ApiError::invalid("brokers", e.message))?;
     }
+    if req.capabilities.len() > sked_core::limits::Capability::ALL.len() {
+        return Err(ApiError::invalid(
+            "capabilities",
+            format!(
+                "at most {} capabilities, each once",
+                sked_core::limits::Capability::ALL.len()
+            ),
+        ));
+    }
     let worker = owned_worker(&state, &caller, &id).await?;
     if worker.draining {
         return Ok(Json(LeaseResponse {
@@ -428,6 +437,7 @@ pub async fn lease(
         running: worker.slots - free,
         cap: free,
         brokers: req.brokers,
+        capabilities: req.capabilities,
         ..worker.load(&id)
     };
     let wait = Duration::from_millis(req.wait_ms).min(state.config.max_lease_wait);

@@ -683,6 +683,7 @@ fn demand(run: &QueuedRun) -> Demand<'_> {
         publishes_through: run.target.destination().map(|d| d.connection),
         priority: run.priority,
         pinned: run.pinned_worker.as_deref(),
+        needs: run.target.needs(),
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! Ready runs are grouped by their *service class*: the fields of a run that decide which
 //! workers may take it at all (`sked_core::dispatch::serves`: its namespace, labels, broker
-//! connection, the worker a broadcast's share is pinned to). A match looks only at the classes
+//! connection, the worker a broadcast's share is pinned to, the capabilities its target
+//! needs). A match looks only at the classes
 //! that some polling worker serves, so runs nobody can take — however many, whatever their
 //! priority — never stand in the way of runs that somebody can. Within a class, runs are kept
 //! in queue order (aged priority, `sked_core::dispatch::queue_position`).
@@ -29,6 +30,8 @@ pub struct ServiceClass {
     pub labels: BTreeMap<String, String>,
     pub connection: Option<String>,
     pub pinned: Option<String>,
+    /// What a worker must be able to do to run it (a container engine, `run_as`, limits).
+    pub needs: &'static [sked_core::limits::Capability],
 }
 
 impl ServiceClass {
@@ -38,6 +41,7 @@ impl ServiceClass {
             labels: run.routing.labels.clone(),
             connection: run.target.destination().map(|d| d.connection.to_string()),
             pinned: run.pinned_worker.clone(),
+            needs: run.target.needs(),
         }
     }
 
@@ -51,6 +55,7 @@ impl ServiceClass {
             publishes_through: self.connection.as_deref(),
             priority: 0,
             pinned: self.pinned.as_deref(),
+            needs: self.needs,
         }
     }
 }

@@ -185,9 +185,15 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(name: &str, args: &[&str], log: &Path) -> Proc {
+        Proc::spawn_with_env(name, args, log, &[])
+    }
+
+    /// [`Proc::spawn`] with more variables in the process's environment.
+    pub fn spawn_with_env(name: &str, args: &[&str], log: &Path, env: &[(String, String)]) -> Proc {
         let out = std::fs::File::create(log).expect("log file");
         let err = out.try_clone().expect("log file");
         let child = sked_command()
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -239,6 +245,8 @@ pub struct Sked {
     pub http: reqwest::Client,
     pub server: Option<Proc>,
     pub workers: Vec<Proc>,
+    /// Variables every process of the deployment is given besides `sked_command`'s.
+    pub env: Vec<(String, String)>,
 }
 
 impl Sked {
@@ -249,6 +257,7 @@ impl Sked {
             http: http_client(),
             server: None,
             workers: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -291,7 +300,7 @@ impl Sked {
         args.extend_from_slice(extra);
         let n = self.workers.len();
         let log = self.log(&format!("{cmd}-{n}-{}", Utc::now().timestamp_micros()));
-        self.server = Some(Proc::spawn(cmd, &args, &log));
+        self.server = Some(Proc::spawn_with_env(cmd, &args, &log, &self.env));
         self.wait_ready().await;
     }
 
@@ -331,7 +340,8 @@ impl Sked {
         ];
         args.extend_from_slice(extra);
         let log = self.log(&format!("worker-{name}"));
-        self.workers.push(Proc::spawn(name, &args, &log));
+        self.workers
+            .push(Proc::spawn_with_env(name, &args, &log, &self.env));
         self.workers.len() - 1
     }
 

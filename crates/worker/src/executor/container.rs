@@ -231,6 +231,12 @@ impl Engine {
         if let Err(e) = stop {
             tracing::warn!("{} stop {name}: {e}", self.kind.as_str());
         }
+        self.remove(name, output).await;
+    }
+
+    /// `rm --force`: an engine's `run --rm` can leave a container that ended abnormally
+    /// (killed for memory, say) to a cleanup of its own that is still going on.
+    async fn remove(&self, name: &str, output: &OutputBuffer) {
         match bounded(Command::new(&self.program).args(["rm", "--force", name])).await {
             Ok(out) if out.status.success() || no_such_container(&out.stderr) => {}
             Ok(out) => output.write(
@@ -365,10 +371,13 @@ async fn supervise(
                         ))
                     }
                 }
-                Some(code) => ExecResult {
-                    exit_code: Some(code),
-                    ..ExecResult::failed(format!("the container exited with code {code}"))
-                },
+                Some(code) => {
+                    engine.remove(name, output).await;
+                    ExecResult {
+                        exit_code: Some(code),
+                        ..ExecResult::failed(format!("the container exited with code {code}"))
+                    }
+                }
                 None => {
                     engine.stop_and_remove(name, Duration::ZERO, output).await;
                     ExecResult::failed("the container engine was killed by a signal")
