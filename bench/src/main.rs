@@ -53,6 +53,7 @@
 
 mod burst;
 mod console;
+mod container;
 mod deadlines;
 mod dispatch;
 mod e2e;
@@ -230,6 +231,17 @@ enum Scenario {
     /// server and `sked worker` processes whose HTTP targets are modelled servers with slots
     /// and warm caches, once per cell (overload/host), side by side.
     Dispatch(dispatch::Args),
+    /// A container target's start-to-exit through one real `sked worker` process against
+    /// `podman run` called directly, alternating, in one sitting (needs podman, runc and
+    /// busybox-static).
+    Container {
+        /// Runs of each kind.
+        #[arg(long, default_value_t = 50)]
+        rounds: usize,
+        /// The `sked` binary (default: the one next to this benchmark).
+        #[arg(long)]
+        sked_bin: Option<PathBuf>,
+    },
     /// Shell process starts per second on one real `sked worker` process.
     Shell {
         /// Schedules, each firing every `--every`, anchors spread over the period.
@@ -486,6 +498,9 @@ fn main() -> Result<()> {
                 .await
             }
             Scenario::Dispatch(args) => dispatch::run(args, database_url).await,
+            Scenario::Container { rounds, sked_bin } => {
+                container::run(container::Options { rounds, sked_bin }).await
+            }
             Scenario::Shell {
                 schedules,
                 every,
