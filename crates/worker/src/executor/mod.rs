@@ -3,6 +3,7 @@
 //! executor for a target. Executors must not speak the worker protocol nor touch the agent's
 //! bookkeeping: they write output to an [`OutputBuffer`] and return an [`ExecResult`].
 
+pub mod bind;
 pub mod broker;
 pub mod cgroup;
 pub mod container;
