@@ -11,21 +11,36 @@
 //! - at once with SIGKILL when the worker is gone (the pipe reads end-of-file), so a dead
 //!   worker's attempt is dead before its run is handed to another worker.
 //!
+//! Before the job is executed, its process (not the supervisor, which stays root so it can end
+//! the tree) is set up as the options say: it joins the attempt's cgroups, takes its rlimits,
+//! then switches to the run_as user with that user's group as its only one. Options are
+//! `key=value` arguments between the two durations and `--`, all optional, in any order:
+//! - `cgroup=PATH`: a `cgroup.procs` file the job joins (one per hierarchy; repeatable);
+//! - `rlimit-as=BYTES`, `rlimit-nproc=N`, `rlimit-nofile=N`: RLIMIT_AS, RLIMIT_NPROC,
+//!   RLIMIT_NOFILE, soft and hard;
+//! - `uid=N` and `gid=N`, together: the ids the job runs as (supplementary groups: just `gid`).
+//!
+//! An unknown key, a bad number or a missing `--` is refused before anything starts. Without
+//! options the job starts as before, with no extra system call.
+//!
 //! It then exits as the job's main process did: the same exit code, or killed by the same
 //! signal. One thread and blocking calls (a signalfd and poll): it starts for every attempt,
 //! so it starts cheaply, and has no runtime to leak into the job. It must
 //! not speak the worker protocol nor write anything but its own failures to the output.
 
+use super::bind::Rlimit;
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::io::Read;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -35,16 +50,91 @@ pub const SUPERVISOR_ARG: &str = "__sked-attempt-supervisor";
 /// How often the tree is looked at while it is being ended.
 const POLL: Duration = Duration::from_millis(20);
 
+/// How the job's process is set up before it is executed (see the module doc).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Setup {
+    /// The `cgroup.procs` files the job joins.
+    pub cgroups: Vec<PathBuf>,
+    pub rlimits: Vec<Rlimit>,
+    /// The uid and gid the job runs as.
+    pub account: Option<(u32, u32)>,
+}
+
+impl Setup {
+    fn options(&self) -> Vec<String> {
+        let mut all: Vec<String> = self
+            .cgroups
+            .iter()
+            .map(|p| format!("cgroup={}", p.display()))
+            .collect();
+        for rlimit in &self.rlimits {
+            all.push(match rlimit {
+                Rlimit::AddressSpace(bytes) => format!("rlimit-as={bytes}"),
+                Rlimit::Processes(n) => format!("rlimit-nproc={n}"),
+                Rlimit::OpenFiles(n) => format!("rlimit-nofile={n}"),
+            });
+        }
+        if let Some((uid, gid)) = self.account {
+            all.push(format!("uid={uid}"));
+            all.push(format!("gid={gid}"));
+        }
+        all
+    }
+
+    fn parse(options: &[OsString]) -> Result<Setup, String> {
+        let mut setup = Setup::default();
+        let (mut uid, mut gid) = (None, None);
+        for option in options {
+            let text = option.to_str().unwrap_or("");
+            let Some((key, value)) = text.split_once('=') else {
+                return Err(format!("supervisor: bad option {option:?}"));
+            };
+            let number = || {
+                value
+                    .parse::<u64>()
+                    .map_err(|_| format!("supervisor: bad number in {text:?}"))
+            };
+            let small = || number().and_then(|n| u32::try_from(n).map_err(|e| e.to_string()));
+            match key {
+                "cgroup" if value.starts_with('/') => setup.cgroups.push(PathBuf::from(value)),
+                "rlimit-as" => setup.rlimits.push(Rlimit::AddressSpace(number()?)),
+                "rlimit-nproc" => setup.rlimits.push(Rlimit::Processes(small()?)),
+                "rlimit-nofile" => setup.rlimits.push(Rlimit::OpenFiles(small()?)),
+                "uid" => uid = Some(small()?),
+                "gid" => gid = Some(small()?),
+                _ => return Err(format!("supervisor: bad option {text:?}")),
+            }
+        }
+        setup.account = match (uid, gid) {
+            (Some(uid), Some(gid)) => Some((uid, gid)),
+            (None, None) => None,
+            _ => return Err("supervisor: uid and gid go together".to_string()),
+        };
+        Ok(setup)
+    }
+
+    fn is_empty(&self) -> bool {
+        *self == Setup::default()
+    }
+}
+
 /// The supervisor's arguments after [`SUPERVISOR_ARG`]:
-/// `<grace ms> <drain ms> -- <program> [args…]`.
-pub fn arguments(grace: Duration, drain: Duration, program: &str, args: &[String]) -> Vec<String> {
+/// `<grace ms> <drain ms> [key=value…] -- <program> [args…]`.
+pub fn arguments(
+    grace: Duration,
+    drain: Duration,
+    setup: &Setup,
+    program: &str,
+    args: &[String],
+) -> Vec<String> {
     let mut all = vec![
         SUPERVISOR_ARG.to_string(),
         grace.as_millis().to_string(),
         drain.as_millis().to_string(),
-        "--".to_string(),
-        program.to_string(),
     ];
+    all.extend(setup.options());
+    all.push("--".to_string());
+    all.push(program.to_string());
     all.extend(args.iter().cloned());
     all
 }
@@ -84,9 +174,14 @@ fn supervise(args: &[OsString]) -> Result<i32, String> {
             .ok_or_else(|| "supervisor: bad arguments".to_string())
     };
     let (grace, drain) = (millis(0)?, millis(1)?);
-    if text(2) != Some("--") || args.len() < 4 {
+    let Some(dashes) = args.iter().position(|a| a == "--") else {
+        return Err("supervisor: no program to run".to_string());
+    };
+    if dashes < 2 || dashes + 1 >= args.len() {
         return Err("supervisor: no program to run".to_string());
     }
+    let setup = Setup::parse(&args[2..dashes])?;
+    let (program, program_args) = (&args[dashes + 1], &args[dashes + 2..]);
     // Orphans of the job become our children, not init's: nothing escapes the tree.
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes a plain integer argument.
     if unsafe { nix::libc::prctl(nix::libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
@@ -106,9 +201,9 @@ fn supervise(args: &[OsString]) -> Result<i32, String> {
         .map_err(|e| format!("supervisor: cannot block signals: {e}"))?;
     let signal_fd = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK)
         .map_err(|e| format!("supervisor: cannot read signals: {e}"))?;
-    let mut command = Command::new(&args[3]);
+    let mut command = Command::new(program);
     command
-        .args(&args[4..])
+        .args(program_args)
         .stdin(Stdio::null())
         .process_group(0);
     // The job must not inherit the blocked signals.
@@ -116,9 +211,16 @@ fn supervise(args: &[OsString]) -> Result<i32, String> {
     unsafe {
         command.pre_exec(move || signals.thread_unblock().map_err(std::io::Error::from));
     }
+    if !setup.is_empty() {
+        let prepared = Prepared::of(&setup)?;
+        // SAFETY: `Prepared::apply` makes only async-signal-safe calls and allocates nothing.
+        unsafe {
+            command.pre_exec(move || prepared.apply());
+        }
+    }
     let job = command
         .spawn()
-        .map_err(|e| format!("cannot start {:?}: {e}", args[3].to_string_lossy()))?;
+        .map_err(|e| format!("cannot start {:?}: {e}", program.to_string_lossy()))?;
     let main_pid = Pid::from_raw(job.id() as i32);
     drop(job);
 
@@ -147,6 +249,99 @@ fn supervise(args: &[OsString]) -> Result<i32, String> {
         }
     };
     Ok(exit_as(status))
+}
+
+/// A [`Setup`] made ready before the fork: between fork and exec nothing may allocate.
+struct Prepared {
+    procs: Vec<CString>,
+    rlimits: Vec<(nix::libc::__rlimit_resource_t, nix::libc::rlim_t)>,
+    account: Option<(nix::libc::uid_t, nix::libc::gid_t)>,
+}
+
+impl Prepared {
+    fn of(setup: &Setup) -> Result<Prepared, String> {
+        use nix::libc::{RLIMIT_AS, RLIMIT_NOFILE, RLIMIT_NPROC};
+        let procs = setup
+            .cgroups
+            .iter()
+            .map(|p| {
+                CString::new(p.as_os_str().as_bytes())
+                    .map_err(|_| format!("supervisor: bad cgroup path {p:?}"))
+            })
+            .collect::<Result<_, _>>()?;
+        let rlimits = setup
+            .rlimits
+            .iter()
+            .map(|r| match *r {
+                Rlimit::AddressSpace(bytes) => (RLIMIT_AS, bytes as nix::libc::rlim_t),
+                Rlimit::Processes(n) => (RLIMIT_NPROC, nix::libc::rlim_t::from(n)),
+                Rlimit::OpenFiles(n) => (RLIMIT_NOFILE, nix::libc::rlim_t::from(n)),
+            })
+            .collect();
+        Ok(Prepared {
+            procs,
+            rlimits,
+            account: setup.account,
+        })
+    }
+
+    /// In the job's process, between fork and exec: the cgroups first (their files are
+    /// root's), then the rlimits (raising a hard one needs root), then the user.
+    fn apply(&self) -> std::io::Result<()> {
+        use nix::libc;
+        for path in &self.procs {
+            // SAFETY: open, write and close on a NUL-terminated path and a static buffer.
+            let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+            if fd < 0 {
+                return fail(
+                    b"cannot join the attempt's cgroup",
+                    std::io::Error::last_os_error(),
+                );
+            }
+            // SAFETY: as above; `0` is the writing process itself.
+            let wrote = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+            let error = std::io::Error::last_os_error();
+            // SAFETY: closing the descriptor just opened.
+            unsafe { libc::close(fd) };
+            if wrote != 1 {
+                return fail(b"cannot join the attempt's cgroup", error);
+            }
+        }
+        for &(resource, value) in &self.rlimits {
+            let limit = libc::rlimit {
+                rlim_cur: value,
+                rlim_max: value,
+            };
+            // SAFETY: setrlimit reads the struct it is given.
+            if unsafe { libc::setrlimit(resource, &limit) } != 0 {
+                return fail(b"cannot set an rlimit", std::io::Error::last_os_error());
+            }
+        }
+        if let Some((uid, gid)) = self.account {
+            // SAFETY: plain system calls on integers and a one-element array.
+            let switched = unsafe {
+                libc::setgroups(1, &gid) == 0 && libc::setgid(gid) == 0 && libc::setuid(uid) == 0
+            };
+            if !switched {
+                return fail(
+                    b"cannot switch to the run_as user",
+                    std::io::Error::last_os_error(),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Says what failed on the job's standard error (the attempt's output), then fails the exec.
+fn fail(what: &[u8], error: std::io::Error) -> std::io::Result<()> {
+    // SAFETY: write on the inherited stderr from static buffers.
+    unsafe {
+        let _ = nix::libc::write(2, b"[sked-worker: ".as_ptr().cast(), 14);
+        let _ = nix::libc::write(2, what.as_ptr().cast(), what.len());
+        let _ = nix::libc::write(2, b"]\n".as_ptr().cast(), 2);
+    }
+    Err(error)
 }
 
 /// What the supervisor waits for, read on its one thread.
@@ -350,5 +545,77 @@ fn exit_as(status: WaitStatus) -> i32 {
             128 + signal as i32
         }
         _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(all: &[String]) -> (Setup, Vec<String>) {
+        assert_eq!(all[0], SUPERVISOR_ARG);
+        let dashes = all.iter().position(|a| a == "--").expect("--");
+        let options: Vec<OsString> = all[3..dashes].iter().map(OsString::from).collect();
+        (
+            Setup::parse(&options).expect("parses"),
+            all[dashes + 1..].to_vec(),
+        )
+    }
+
+    #[test]
+    fn options_round_trip_and_none_adds_nothing() {
+        let setup = Setup {
+            cgroups: vec![
+                PathBuf::from("/sys/fs/cgroup/memory/sked/attempt-7/cgroup.procs"),
+                PathBuf::from("/sys/fs/cgroup/pids/sked/attempt-7/cgroup.procs"),
+            ],
+            rlimits: vec![
+                Rlimit::AddressSpace(64 << 20),
+                Rlimit::Processes(32),
+                Rlimit::OpenFiles(256),
+            ],
+            account: Some((65534, 65534)),
+        };
+        let program_args = vec!["-c".to_string(), "echo -- uid=0".to_string()];
+        let all = arguments(
+            Duration::from_millis(500),
+            Duration::from_secs(2),
+            &setup,
+            "/bin/sh",
+            &program_args,
+        );
+        assert_eq!(&all[1..3], ["500", "2000"]);
+        let (parsed, program) = parse(&all);
+        assert_eq!(parsed, setup);
+        assert_eq!(program, ["/bin/sh", "-c", "echo -- uid=0"]);
+
+        let plain = arguments(
+            Duration::ZERO,
+            Duration::ZERO,
+            &Setup::default(),
+            "true",
+            &[],
+        );
+        assert_eq!(plain, [SUPERVISOR_ARG, "0", "0", "--", "true"]);
+        assert!(parse(&plain).0.is_empty());
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        for bad in [
+            "uid=65534",
+            "gid=1",
+            "uid=-1",
+            "rlimit-nofile=many",
+            "rlimit-nproc=99999999999",
+            "cgroup=relative/path",
+            "swap=1",
+            "noequals",
+        ] {
+            let options: Vec<OsString> = bad.split(' ').map(OsString::from).collect();
+            assert!(Setup::parse(&options).is_err(), "{bad}");
+        }
+        let ok: Vec<OsString> = ["uid=1", "gid=2"].iter().map(OsString::from).collect();
+        assert_eq!(Setup::parse(&ok).map(|s| s.account), Ok(Some((1, 2))));
     }
 }
