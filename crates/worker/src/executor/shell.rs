@@ -8,7 +8,15 @@
 //! attempt is a process group of its own, ended as a group. Owns process lifetimes only: it
 //! must not speak the worker protocol, and it never returns while a process it knows of still
 //! lives (bounded by the grace period).
+//!
+//! `run_as` and the limits that bind processes ([`bind`](super::bind) decides how) are applied
+//! by the supervisor to the job's process before it is executed: the attempt's cgroup (made
+//! here, removed here once the tree is gone, and read for an out-of-memory kill), rlimits,
+//! and the switch to the user. Without a supervisor such a target is refused, not run
+//! unbound.
 
+use super::bind::{self, Account};
+use super::cgroup::AttemptGroup;
 use super::pipes::{abandon, settle, Sink};
 use super::{expire, human, supervisor, ExecOptions, ExecResult, RunInfo, StopSignal};
 use crate::output::OutputBuffer;
@@ -47,11 +55,22 @@ pub async fn run(
             return ExecResult::failed(message);
         }
     };
-    let mut child = match command(target, &env, info, options).spawn() {
+    let mut binding = match Binding::of(target, info, options) {
+        Ok(binding) => binding,
+        Err(message) => {
+            output.write(format!("[sked-worker: {message}]\n").as_bytes());
+            return ExecResult::failed(message);
+        }
+    };
+    if let Some(line) = &binding.line {
+        output.write(line.as_bytes());
+    }
+    let mut child = match command(target, &env, info, options, &binding).spawn() {
         Ok(child) => child,
         Err(e) => {
             let message = format!("cannot start {:?}: {e}", target.command);
             output.write(format!("[sked-worker: {message}]\n").as_bytes());
+            binding.release().await;
             return ExecResult::failed(message);
         }
     };
@@ -116,7 +135,125 @@ pub async fn run(
         tracing::debug!("output pipes still open after the process group ended; not waiting");
         abandon(&readers);
     }
+    // The tree is gone: whether the kernel killed in it for memory is final now. A timeout or
+    // a stop keeps its own outcome.
+    let result = match (&binding.cgroup.0, target.limits.memory) {
+        (Some(group), Some(memory))
+            if result.outcome == AttemptOutcome::Failed && group.out_of_memory() =>
+        {
+            ExecResult::out_of_memory(memory, result.exit_code)
+        }
+        _ => result,
+    };
+    binding.release().await;
     result
+}
+
+/// How one attempt is bound: what the supervisor is told, and the cgroup made for it.
+struct Binding {
+    setup: supervisor::Setup,
+    account: Option<Account>,
+    cgroup: Cgroup,
+    /// What the output starts with: which limits applied how.
+    line: Option<String>,
+}
+
+impl Binding {
+    /// Resolves the user and decides and prepares the limits; an error fails the attempt.
+    fn of(target: &ShellTarget, info: &RunInfo, options: &ExecOptions) -> Result<Binding, String> {
+        let binds = target.run_as.is_some() || target.limits.binds_processes();
+        if !binds {
+            return Ok(Binding {
+                setup: supervisor::Setup::default(),
+                account: None,
+                cgroup: Cgroup(None),
+                line: None,
+            });
+        }
+        if options.supervisor.is_none() {
+            return Err(
+                "run_as and process limits need the attempt supervisor, which this executor \
+                 was not given; the job was not started"
+                    .to_string(),
+            );
+        }
+        let account = match &target.run_as {
+            None => None,
+            Some(run_as) => {
+                if !nix::unistd::geteuid().is_root() {
+                    return Err(format!(
+                        "run_as: cannot run as user {:?}: this worker does not run as root",
+                        run_as.user
+                    ));
+                }
+                Some(bind::resolve(run_as)?)
+            }
+        };
+        let user = account.as_ref().map(|a| a.name.as_str());
+        let cgroups = options.cgroups.as_ref();
+        let mut plan = bind::plan(&target.limits, cgroups.map(|c| c.describe()), user);
+        let mut cgroup = Cgroup(None);
+        if let (Some(bounds), Some(cgroups)) = (plan.cgroup, cgroups) {
+            match cgroups.create(info.attempt_id, bounds) {
+                Ok(group) => cgroup = Cgroup(Some(group)),
+                // Rlimits still bind what they can; the line says the group is missing.
+                Err(e) => {
+                    tracing::warn!("cannot make the cgroup of attempt {}: {e}", info.attempt_id);
+                    plan = bind::plan(&target.limits, None, user);
+                    plan.line = plan.line.map(|line| {
+                        format!("[sked-worker: cannot make the attempt's cgroup ({e})]\n{line}")
+                    });
+                }
+            }
+        }
+        let setup = supervisor::Setup {
+            cgroups: cgroup
+                .0
+                .as_ref()
+                .map(|g| g.procs_files())
+                .unwrap_or_default(),
+            rlimits: plan.rlimits,
+            account: account.as_ref().map(|a| (a.uid, a.gid)),
+        };
+        Ok(Binding {
+            setup,
+            account,
+            cgroup,
+            line: plan.line,
+        })
+    }
+
+    /// Removes the attempt's cgroup, once its processes are gone.
+    async fn release(&mut self) {
+        if let Some(group) = self.cgroup.0.take() {
+            let _ = tokio::task::spawn_blocking(move || group.remove()).await;
+        }
+    }
+}
+
+/// The attempt's cgroup while the attempt holds it. An attempt dropped before its end leaves
+/// its supervisor ending the tree; the group is removed once that is done, off the runtime.
+struct Cgroup(Option<AttemptGroup>);
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        if let Some(group) = self.0.take() {
+            std::thread::spawn(move || {
+                let dirs: Vec<_> = group
+                    .procs_files()
+                    .iter()
+                    .filter_map(|f| f.parent().map(|d| d.to_path_buf()))
+                    .collect();
+                for _ in 0..20 {
+                    group.remove();
+                    if dirs.iter().all(|d| !d.exists()) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            });
+        }
+    }
 }
 
 enum End {
@@ -130,6 +267,7 @@ fn command(
     env: &[(&str, &str)],
     info: &RunInfo,
     options: &ExecOptions,
+    binding: &Binding,
 ) -> Command {
     let (program, args) = if target.args.is_empty() {
         ("/bin/sh", vec!["-c".to_string(), target.command.clone()])
@@ -142,6 +280,7 @@ fn command(
             cmd.args(supervisor::arguments(
                 options.kill_grace,
                 options.output_drain,
+                &binding.setup,
                 program,
                 &args,
             ))
@@ -157,8 +296,15 @@ fn command(
             cmd
         }
     };
-    // The job's own variables first: the SKED_* ones describe the run and win.
-    cmd.envs(env.iter().copied()).envs(info.env());
+    // The job's own variables first; a run_as user's own HOME, USER and LOGNAME over them;
+    // the SKED_* ones describe the run and win.
+    cmd.envs(env.iter().copied());
+    if let Some(account) = &binding.account {
+        cmd.env("HOME", &account.home)
+            .env("USER", &account.name)
+            .env("LOGNAME", &account.name);
+    }
+    cmd.envs(info.env());
     if let Some(cwd) = &target.cwd {
         cmd.current_dir(cwd);
     }
