@@ -105,10 +105,11 @@ impl Cgroups {
         }
     }
 
-    /// Creates the group of attempt `attempt_id` with `bounds`. A group left by an earlier
-    /// worker under the same name is reused only if empty.
+    /// Creates the group of attempt `attempt_id` with `bounds`. The name carries this
+    /// worker's pid too: attempt ids are unique in one deployment only, and two deployments'
+    /// workers on one host must not share (and remove) each other's groups.
     pub fn create(&self, attempt_id: i64, bounds: Bounds) -> std::io::Result<AttemptGroup> {
-        let name = format!("attempt-{attempt_id}");
+        let name = format!("attempt-{attempt_id}-{}", std::process::id());
         let dirs = self
             .bases()
             .into_iter()
@@ -131,8 +132,8 @@ impl Cgroups {
     }
 
     /// Removes the attempt groups nobody is in any more: those of attempts a worker killed
-    /// with SIGKILL could not remove. Groups with processes (another worker's, on this host)
-    /// are left alone.
+    /// with SIGKILL could not remove. Groups with processes, and those of a worker still
+    /// running (whose job may not have joined its new group yet), are left alone.
     pub fn reap_orphans(&self) -> usize {
         let mut removed = 0;
         for (_, base) in self.bases() {
@@ -141,8 +142,10 @@ impl Cgroups {
             };
             for entry in entries.flatten() {
                 let path = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
                 if path.is_dir()
-                    && entry.file_name().to_string_lossy().starts_with("attempt-")
+                    && name.starts_with("attempt-")
+                    && !of_a_live_worker(&name)
                     && remove_tree(&path)
                 {
                     removed += 1;
@@ -270,6 +273,14 @@ impl AttemptGroup {
             }
         }
     }
+}
+
+/// Whether group `name` (`attempt-<id>-<pid>`) was made by a worker that still runs: another
+/// one on this host (this one has made none yet when it reaps).
+fn of_a_live_worker(name: &str) -> bool {
+    name.rsplit_once('-')
+        .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        .is_some_and(|pid| pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists())
 }
 
 /// Removes `dir` and the groups under it, deepest first; false if one still holds a process.
