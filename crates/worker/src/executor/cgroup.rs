@@ -229,9 +229,12 @@ impl AttemptGroup {
         &self.relative
     }
 
-    /// Whether the kernel killed a process of the group (or of a group under it, such as a
-    /// container's) because the group was out of memory.
-    pub fn out_of_memory(&self) -> bool {
+    /// Whether the kernel killed a process of the group because the group was out of memory.
+    /// `through_child` says the attempt's main process was SIGKILLed from a group under this
+    /// one (a container's): under cgroup v1 the kernel then counts the kill in neither group,
+    /// and only this group's peak at its limit shows it. A peak alone proves nothing otherwise
+    /// (page cache fills a limit too), so it is not read for a shell job's group.
+    pub fn out_of_memory(&self, through_child: bool) -> bool {
         let Some(limit) = self.memory else {
             return false;
         };
@@ -249,9 +252,8 @@ impl AttemptGroup {
         };
         match self.hierarchy {
             Hierarchy::V2 => counted("memory.events", "oom_kill ") > 0,
+            Hierarchy::V1 if !through_child => counted("memory.oom_control", "oom_kill ") > 0,
             Hierarchy::V1 => {
-                // The kernel counts a kill in the group whose limit it hit; when that was
-                // reached through a child group (a container's), only the peak shows it.
                 let peak = std::fs::read_to_string(dir.join("memory.max_usage_in_bytes"))
                     .ok()
                     .and_then(|t| t.trim().parse::<u64>().ok())

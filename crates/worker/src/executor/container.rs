@@ -293,16 +293,15 @@ pub async fn run(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     let result = supervise(engine, command, &name, &env, options, &mut stop, output).await;
-    let result = match (&group, result) {
-        (Some(group), result)
-            if result.outcome == AttemptOutcome::Failed && group.out_of_memory() =>
+    // The engine reports a container whose main process was SIGKILLed as exit code 137.
+    let result = match (&group, target.memory) {
+        (Some(group), Some(memory))
+            if result.outcome == AttemptOutcome::Failed
+                && group.out_of_memory(result.exit_code == Some(128 + 9)) =>
         {
-            ExecResult::out_of_memory(
-                target.memory.unwrap_or(sked_core::limits::ByteSize(0)),
-                result.exit_code,
-            )
+            ExecResult::out_of_memory(memory, result.exit_code)
         }
-        (_, result) => result,
+        _ => result,
     };
     if let Some(group) = group {
         group.remove();

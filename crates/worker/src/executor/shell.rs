@@ -139,7 +139,7 @@ pub async fn run(
     // a stop keeps its own outcome.
     let result = match (&binding.cgroup.0, target.limits.memory) {
         (Some(group), Some(memory))
-            if result.outcome == AttemptOutcome::Failed && group.out_of_memory() =>
+            if result.outcome == AttemptOutcome::Failed && group.out_of_memory(false) =>
         {
             ExecResult::out_of_memory(memory, result.exit_code)
         }
