@@ -7,7 +7,7 @@
 
 use crate::error::SpecError;
 use crate::limits::{check_account, check_resources, ByteSize, Cpus};
-use crate::target::TargetValue;
+use crate::target::{no_nul, TargetValue};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -254,13 +254,6 @@ fn absolute_path(field: &str, path: &str) -> Result<(), SpecError> {
             field,
             format!("{path:?} must not contain '..', ',' or ':'"),
         ));
-    }
-    Ok(())
-}
-
-fn no_nul(field: &str, value: &str) -> Result<(), SpecError> {
-    if value.contains('\0') {
-        return Err(SpecError::new(field, "must not contain a NUL byte"));
     }
     Ok(())
 }

@@ -199,7 +199,7 @@ impl HttpTarget {
 }
 
 /// Refuses a value with a NUL byte, which no process argument, variable or path can carry.
-fn no_nul(field: &str, value: &str) -> Result<(), SpecError> {
+pub(crate) fn no_nul(field: &str, value: &str) -> Result<(), SpecError> {
     if value.contains('\0') {
         return Err(SpecError::new(field, "must not contain a NUL byte"));
     }
