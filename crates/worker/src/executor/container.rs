@@ -3,11 +3,12 @@
 //! output, and makes its exit code the outcome. A timeout or a stop stops the container
 //! (SIGTERM, the grace period, SIGKILL) and removes it.
 //!
-//! Every container carries the labels `sked.worker` and `sked.attempt`, and the worker
-//! removes its own leftovers when it starts ([`Engine::reap_orphans`]): a worker killed
-//! mid-run leaves no container behind once it is back. The job's variables reach the
-//! container through an env file the engine reads from its standard input: never on a
-//! command line, never in `ps`, never in the engine's own environment.
+//! Every container carries the labels `sked.worker`, `sked.worker.pid` and `sked.attempt`,
+//! and a worker removes, when it starts, the containers of its name whose worker process is
+//! gone ([`Engine::reap_orphans`]): a worker killed mid-run leaves no container behind once
+//! it is back. The job's variables reach the container through an env file the engine reads
+//! from its standard input: never on a command line, never in `ps`, never in the engine's own
+//! environment.
 //!
 //! Owns the engine's command line only: it must not speak the worker protocol.
 
@@ -17,7 +18,7 @@ use super::{expire, human, ExecOptions, ExecResult, RunInfo, StopSignal};
 use crate::output::OutputBuffer;
 use sked_core::container::ContainerTarget;
 use sked_core::AttemptOutcome;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -25,6 +26,9 @@ use tokio::process::Command;
 
 /// The label naming the worker that started a container: what it reaps at start.
 pub const LABEL_WORKER: &str = "sked.worker";
+/// The label giving the pid of the worker process that started a container: several workers
+/// of one name on a host (the default name is the host's) leave each other's alone.
+pub const LABEL_WORKER_PID: &str = "sked.worker.pid";
 /// The label naming the attempt a container runs.
 pub const LABEL_ATTEMPT: &str = "sked.attempt";
 /// How long the engine's own commands (inspect, stop beyond the grace, remove) may take.
@@ -116,12 +120,15 @@ impl Engine {
         Ok(None)
     }
 
-    /// Removes the containers this worker's name left behind (it was killed mid-run): they
-    /// run attempts whose runs were handed to another worker already. How many there were.
+    /// Removes the containers a worker of this name left behind when it died (killed
+    /// mid-run): those whose worker process no longer runs. Their attempts' runs were handed
+    /// to another worker already. How many there were.
     pub async fn reap_orphans(&self) -> Result<usize, String> {
         let filter = format!("label={LABEL_WORKER}={}", self.worker);
+        let format = format!("{{{{.ID}}}} {{{{index .Labels \"{LABEL_WORKER_PID}\"}}}}");
         let listed = bounded(
-            Command::new(&self.program).args(["ps", "--all", "--quiet", "--filter", &filter]),
+            Command::new(&self.program)
+                .args(["ps", "--all", "--filter", &filter, "--format", &format]),
         )
         .await
         .map_err(|e| format!("{} ps: {e}", self.kind.as_str()))?;
@@ -133,8 +140,13 @@ impl Engine {
             ));
         }
         let ids: Vec<String> = String::from_utf8_lossy(&listed.stdout)
-            .split_whitespace()
-            .map(str::to_string)
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let id = fields.next()?;
+                let pid = fields.next().and_then(|p| p.parse::<u32>().ok());
+                (!pid.is_some_and(worker_runs)).then(|| id.to_string())
+            })
             .collect();
         if !ids.is_empty() {
             let removed = bounded(
@@ -171,6 +183,8 @@ impl Engine {
             name,
             "--label",
             &format!("{LABEL_WORKER}={}", self.worker),
+            "--label",
+            &format!("{LABEL_WORKER_PID}={}", std::process::id()),
             "--label",
             &format!("{LABEL_ATTEMPT}={}", info.attempt_id),
             "--env-file",
@@ -520,6 +534,11 @@ async fn bounded_for(
             format!("no answer within {}", human(bound)),
         )),
     }
+}
+
+/// Whether the worker process `pid` still runs (this one included).
+fn worker_runs(pid: u32) -> bool {
+    pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// The first `name` in a directory of PATH that is a file.
