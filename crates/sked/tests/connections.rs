@@ -164,7 +164,17 @@ async fn a_flood_of_slow_bodies_leaves_room_for_health_workers_and_tokens() {
     // The server inherits the limit: it needs a descriptor per connection too.
     raise_open_files(4096);
     let mut sked = Sked::new();
-    sked.start_server(&["--body-read-timeout", "8s"]).await;
+    // The flood takes seconds to open on a loaded machine: the worker registered before it
+    // must not be declared dead meanwhile, which the fast heartbeats of other tests would do.
+    sked.start_server(&[
+        "--body-read-timeout",
+        "8s",
+        "--heartbeat-interval",
+        "300ms",
+        "--heartbeat-timeout",
+        "60s",
+    ])
+    .await;
     let worker_token = common::token(
         &sked,
         "flood-worker",
