@@ -341,11 +341,20 @@ async fn supervise(
             )
         }
     };
-    // The engine reads the variables from its standard input, then sees it closed.
-    if let Some(mut stdin) = child.stdin.take() {
-        if let Err(e) = stdin.write_all(env.as_bytes()).await {
-            tracing::debug!("writing the env file of {name}: {e}");
-        }
+    // The engine reads the variables from its standard input, then sees it closed. A write
+    // that fails would start the container without some of them: the attempt ends instead.
+    let written = match child.stdin.take() {
+        Some(mut stdin) => stdin.write_all(env.as_bytes()).await,
+        None => Err(std::io::Error::other("no pipe to the engine")),
+    };
+    if let Err(e) = written {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        engine.stop_and_remove(name, Duration::ZERO, output).await;
+        return refuse(
+            output,
+            format!("cannot hand the container its environment: {e}"),
+        );
     }
     // The engine's own complaints arrive on stderr too: keep its last line for the error.
     let sink = Sink::new(output, None);
