@@ -292,9 +292,20 @@ pub async fn run(
     };
     let limited = bounds != Bounds::default();
     let group = match (&options.cgroups, engine.cgroup_paths && limited) {
+        // As for a shell job, a group that cannot be made leaves the limits to the next
+        // best binder, here the engine's own flags, and the log says so.
         (Some(cgroups), true) => match cgroups.create(info.attempt_id, bounds) {
             Ok(group) => Some(group),
-            Err(e) => return refuse(output, format!("cannot make the attempt's cgroup: {e}")),
+            Err(e) => {
+                output.write(
+                    format!(
+                        "[sked-worker: cannot make the attempt's cgroup ({e}); the limits go \
+                         to the engine]\n"
+                    )
+                    .as_bytes(),
+                );
+                None
+            }
         },
         _ => None,
     };
