@@ -375,7 +375,8 @@ async fn supervise(
     }
     let tail = TailKeeper::default();
     if let Some(stderr) = child.stderr.take() {
-        readers.push(tail.pump(stderr, sink.clone()));
+        let tail = tail.clone();
+        readers.push(sink.pump_seen(stderr, move |bytes| tail.keep(bytes)));
     }
     let ended = tokio::select! {
         status = child.wait() => Some(status),
@@ -487,27 +488,6 @@ fn refuse(output: &OutputBuffer, message: String) -> ExecResult {
 struct TailKeeper(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl TailKeeper {
-    fn pump(
-        &self,
-        mut pipe: impl tokio::io::AsyncRead + Unpin + Send + 'static,
-        sink: Sink,
-    ) -> tokio::task::JoinHandle<()> {
-        use tokio::io::AsyncReadExt;
-        let tail = self.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 8192];
-            loop {
-                match pipe.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        tail.keep(&buf[..n]);
-                        sink.write(&buf[..n]);
-                    }
-                }
-            }
-        })
-    }
-
     fn keep(&self, bytes: &[u8]) {
         let mut tail = self.0.lock().unwrap_or_else(|p| p.into_inner());
         tail.extend_from_slice(bytes);

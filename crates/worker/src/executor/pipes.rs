@@ -30,7 +30,7 @@ impl Sink {
     }
 
     /// Keeps what fits under the cap; the first chunk past it writes the marker.
-    pub(crate) fn write(&self, bytes: &[u8]) {
+    fn write(&self, bytes: &[u8]) {
         let before = self.seen.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         if before >= self.cap {
             return;
@@ -51,7 +51,16 @@ impl Sink {
     }
 
     /// Reads `pipe` to its end in a task of its own.
-    pub(crate) fn pump(&self, mut pipe: impl AsyncRead + Unpin + Send + 'static) -> JoinHandle<()> {
+    pub(crate) fn pump(&self, pipe: impl AsyncRead + Unpin + Send + 'static) -> JoinHandle<()> {
+        self.pump_seen(pipe, |_| {})
+    }
+
+    /// [`Sink::pump`], with every chunk read also shown to `seen`, cap or not.
+    pub(crate) fn pump_seen(
+        &self,
+        mut pipe: impl AsyncRead + Unpin + Send + 'static,
+        mut seen: impl FnMut(&[u8]) + Send + 'static,
+    ) -> JoinHandle<()> {
         let sink = self.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 8192];
@@ -59,7 +68,10 @@ impl Sink {
                 match pipe.read(&mut buf).await {
                     Ok(0) | Err(_) => break,
                     // Past the cap the pipe is still read, so the process never blocks on it.
-                    Ok(n) => sink.write(&buf[..n]),
+                    Ok(n) => {
+                        seen(&buf[..n]);
+                        sink.write(&buf[..n]);
+                    }
                 }
             }
         })
