@@ -22,33 +22,36 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// Resolves on Ctrl-C or SIGTERM, having told the service manager the drain begins.
-async fn shutdown_signal() {
-    stop_signal().await;
-    crate::service::stopping();
+/// Listens for Ctrl-C and SIGTERM from the moment it is called and resolves on either, having
+/// told the service manager the drain begins. Each command calls it first: a signal that
+/// arrives while the node still starts is then a drain, not the default action that kills the
+/// process unannounced.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
+    let stop = stop_signal()?;
+    Ok(async move {
+        stop.await;
+        crate::service::stopping();
+    })
 }
 
-async fn stop_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+#[cfg(unix)]
+fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
+    Ok(async move {
         tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
+    })
+}
+
+#[cfg(not(unix))]
+fn stop_signal() -> Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 /// The store a server runs on.
@@ -481,6 +484,7 @@ fn notify_when_ready(config: &mut ServerConfig) {
 }
 
 pub async fn server(args: ServerArgs) -> Result<()> {
+    let stop = shutdown_signal()?;
     let mut config = server_config(&args, false)?;
     notify_when_ready(&mut config);
     let opened = open_store(&args).await?;
@@ -497,11 +501,12 @@ pub async fn server(args: ServerArgs) -> Result<()> {
     tracing::info!("HTTP targets: {}", config.http_target_policy.summary());
     bootstrap_admin(&args, opened.store.as_ref()).await?;
     config.secret_key = Some(secret_key(&args).await?);
-    sked_server::serve(config, opened.store.clone(), listener, shutdown_signal()).await?;
+    sked_server::serve(config, opened.store.clone(), listener, stop).await?;
     Ok(())
 }
 
 pub async fn dev(args: DevArgs) -> Result<()> {
+    let stop = shutdown_signal()?;
     let mut config = server_config(&args.server, true)?;
     notify_when_ready(&mut config);
     let listener = sked_server::bind(&config).await?;
@@ -571,7 +576,7 @@ pub async fn dev(args: DevArgs) -> Result<()> {
     };
     let worker = tokio::spawn(sked_worker::run(worker_config, stopped(worker_stopped)));
     let failed = tokio::select! {
-        () = shutdown_signal() => None,
+        () = stop => None,
         ended = &mut server => Some(ended),
     };
     if let Some(ended) = failed {
@@ -600,6 +605,7 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 }
 
 pub async fn worker(args: WorkerArgs) -> Result<()> {
+    let stop = shutdown_signal()?;
     let mut labels = BTreeMap::new();
     for pair in &args.labels {
         let (k, v) = pair
@@ -647,7 +653,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         container_runtime: args.container_runtime.clone(),
         ..sked_worker::WorkerConfig::default()
     };
-    sked_worker::run(config, shutdown_signal()).await?;
+    sked_worker::run(config, stop).await?;
     Ok(())
 }
 
