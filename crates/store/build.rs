@@ -5,7 +5,8 @@
 //! /usr/lib/postgresql/15/bin), the brokers (RabbitMQ, NATS, Redis) with
 //! `SKED_TEST_AMQP_URL`, `SKED_TEST_NATS_URL` and `SKED_TEST_REDIS_URL` set, the web console
 //! in a real Chromium with `SKED_TEST_CHROMEDRIVER` (the `chromedriver` to start), container
-//! targets with `SKED_TEST_PODMAN` (the `podman` to run them with); under CI, where
+//! targets with `SKED_TEST_PODMAN` (the `podman` to run them with), the Celery target with the
+//! brokers and `SKED_TEST_PYTHON` (a Python 3 to make Celery's venv with); under CI, where
 //! their absence must fail loudly, always. Otherwise they are reported as `ignored`, never as
 //! passed.
 
@@ -20,6 +21,7 @@ pub fn main() {
     println!("cargo::rustc-check-cfg=cfg(sked_broker_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_browser_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_container_tests)");
+    println!("cargo::rustc-check-cfg=cfg(sked_celery_tests)");
     println!("cargo::rerun-if-env-changed=CI");
     let ci = std::env::var_os("CI").is_some();
     let pg = set("SKED_TEST_DATABASE_URL");
@@ -43,8 +45,12 @@ pub fn main() {
         "SKED_TEST_NATS_URL",
         "SKED_TEST_REDIS_URL",
     ];
-    if brokers.iter().all(|var| set(var)) || ci {
+    let all_brokers = brokers.iter().all(|var| set(var));
+    if all_brokers || ci {
         println!("cargo::rustc-cfg=sked_broker_tests");
+    }
+    if (all_brokers && set("SKED_TEST_PYTHON")) || ci {
+        println!("cargo::rustc-cfg=sked_celery_tests");
     }
     if set("SKED_TEST_CHROMEDRIVER") || ci {
         println!("cargo::rustc-cfg=sked_browser_tests");

@@ -14,6 +14,7 @@ mod amqp;
 mod nats;
 mod redis;
 
+use sked_core::celery::{self, CeleryTarget, TaskState};
 use sked_core::publish::{BrokerConnection, BrokerKind, RunContext};
 use sked_core::TargetSpec;
 use std::collections::HashMap;
@@ -93,6 +94,8 @@ impl Brokers {
             (Some(Link::Amqp(b)), TargetSpec::Amqp(t)) => b.publish(t, run).await,
             (Some(Link::Nats(b)), TargetSpec::Nats(t)) => b.publish(t, run).await,
             (Some(Link::Redis(b)), TargetSpec::RedisStream(t)) => b.publish(t, run).await,
+            (Some(Link::Amqp(b)), TargetSpec::Celery(t)) => b.publish_celery(t, run).await,
+            (Some(Link::Redis(b)), TargetSpec::Celery(t)) => b.publish_celery(t, run).await,
             (None, _) => Err(no_connection(name)),
             (Some(_), _) => Err(PublishError::NoConnection(format!(
                 "connection {name:?} is of another kind than the target"
@@ -100,6 +103,63 @@ impl Brokers {
         }
     }
 }
+
+impl Brokers {
+    /// Follows the Celery task of `run` in `target`'s result backend until it ends, and says
+    /// how. A state still going (`PENDING`, `STARTED`, `RETRY`) is read again after a pause
+    /// that grows to [`CELERY_POLL_MAX`]; so is a backend that cannot be read for a while. The
+    /// caller bounds the wait (the job's timeout) and revokes the task when it gives up.
+    pub async fn follow_celery(
+        &self,
+        target: &CeleryTarget,
+        run: &RunContext<'_>,
+    ) -> Result<TaskState, PublishError> {
+        let Some(backend) = target.result_backend.as_deref() else {
+            return Err(PublishError::NoConnection(
+                "the target names no result_backend to follow".to_string(),
+            ));
+        };
+        let Some(Link::Redis(redis)) = self.links.get(backend) else {
+            return Err(PublishError::NoConnection(format!(
+                "no Redis connection named {backend:?} here (--broker) for Celery's results"
+            )));
+        };
+        let task_id = celery::task_id(run);
+        let mut pause = CELERY_POLL_MIN;
+        loop {
+            match redis.celery_task_state(&task_id).await {
+                Ok(TaskState::Going { .. }) => {}
+                Ok(ended) => return Ok(ended),
+                Err(e) => tracing::debug!("reading Celery task {task_id}: {e}"),
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(CELERY_POLL_MAX);
+        }
+    }
+
+    /// Broadcasts Celery's `revoke` (with terminate) of the task of `run` through `target`'s
+    /// connection, so a worker that has it drops or stops it.
+    pub async fn revoke_celery(
+        &self,
+        target: &CeleryTarget,
+        run: &RunContext<'_>,
+    ) -> Result<(), PublishError> {
+        let task_id = celery::task_id(run);
+        match self.links.get(&target.connection) {
+            Some(Link::Amqp(amqp)) => amqp.revoke_celery(&task_id).await,
+            Some(Link::Redis(redis)) => redis.revoke_celery(&task_id).await,
+            Some(Link::Nats(_)) => Err(PublishError::NoConnection(format!(
+                "connection {:?} is a NATS connection, not Celery's broker",
+                target.connection
+            ))),
+            None => Err(no_connection(&target.connection)),
+        }
+    }
+}
+
+/// The first and the longest pause between two reads of a Celery task's state.
+pub const CELERY_POLL_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+pub const CELERY_POLL_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn no_connection(name: &str) -> PublishError {
     PublishError::NoConnection(format!(

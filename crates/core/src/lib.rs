@@ -41,6 +41,7 @@ macro_rules! string_enum {
 
 pub mod auth;
 pub mod calendar;
+pub mod celery;
 pub mod cluster;
 pub mod container;
 pub mod deadline;

@@ -222,7 +222,7 @@ pub struct Destination<'a> {
 }
 
 /// A connection name: like a job's name, and never a URL.
-fn check_connection(field: &str, connection: &str) -> Result<(), SpecError> {
+pub(crate) fn check_connection(field: &str, connection: &str) -> Result<(), SpecError> {
     if connection.contains("://") {
         return Err(SpecError::new(
             field,
@@ -233,7 +233,12 @@ fn check_connection(field: &str, connection: &str) -> Result<(), SpecError> {
     crate::job::validate_name(field, connection)
 }
 
-fn check_text(field: &str, text: &str, max: usize, may_be_empty: bool) -> Result<(), SpecError> {
+pub(crate) fn check_text(
+    field: &str,
+    text: &str,
+    max: usize,
+    may_be_empty: bool,
+) -> Result<(), SpecError> {
     if text.is_empty() && !may_be_empty {
         return Err(SpecError::new(field, "must not be empty"));
     }
@@ -246,7 +251,7 @@ fn check_text(field: &str, text: &str, max: usize, may_be_empty: bool) -> Result
     Ok(())
 }
 
-fn check_pairs(field: &str, pairs: &BTreeMap<String, String>) -> Result<(), SpecError> {
+pub(crate) fn check_pairs(field: &str, pairs: &BTreeMap<String, String>) -> Result<(), SpecError> {
     if pairs.len() > MAX_HEADERS {
         return Err(SpecError::new(
             field,
@@ -442,11 +447,8 @@ pub fn check_destination(
     let Some(destination) = target.destination() else {
         return Ok(());
     };
-    let kind = target.broker_kind();
-    let field = format!(
-        "target.{}.connection",
-        kind.map_or("broker", BrokerKind::target_name)
-    );
+    let (kinds, target_name) = target.broker_kinds();
+    let field = format!("target.{target_name}.connection");
     match connections
         .iter()
         .find(|c| c.name == destination.connection)
@@ -468,20 +470,49 @@ pub fn check_destination(
                 ),
             ));
         }
-        Some(connection) if Some(connection.kind) != kind => {
+        Some(connection) if !kinds.contains(&connection.kind) => {
             return Err(SpecError::new(
                 field,
                 format!(
-                    "connection {:?} is a {} connection, not for a {} target",
+                    "connection {:?} is a {} connection, not for a {target_name} target",
                     connection.name,
                     connection.kind.target_name(),
-                    kind.map_or("broker", BrokerKind::target_name)
                 ),
             ));
         }
         Some(_) => {}
     }
+    if let crate::target::TargetSpec::Celery(celery) = target {
+        check_result_backend(celery, routed_to_workers, connections)?;
+    }
     allowed(allowances, namespace, &destination)
+}
+
+/// A Celery target's result backend is a Redis connection of the server that follows it, or
+/// of the labelled workers that publish it.
+fn check_result_backend(
+    celery: &crate::celery::CeleryTarget,
+    routed_to_workers: bool,
+    connections: &[BrokerConnection],
+) -> Result<(), SpecError> {
+    let Some(backend) = &celery.result_backend else {
+        return Ok(());
+    };
+    match connections.iter().find(|c| &c.name == backend) {
+        None if routed_to_workers => Ok(()),
+        None => Err(SpecError::new(
+            "target.celery.result_backend",
+            format!("this server has no broker connection named {backend:?} (--broker NAME=redis://...)"),
+        )),
+        Some(c) if c.kind != BrokerKind::Redis => Err(SpecError::new(
+            "target.celery.result_backend",
+            format!(
+                "connection {backend:?} is a {} connection; sked reads Celery results from Redis",
+                c.kind.target_name()
+            ),
+        )),
+        Some(_) => Ok(()),
+    }
 }
 
 /// `--broker-allow NS=CONN:PREFIX`: namespace NS may publish through connection CONN to

@@ -1,16 +1,18 @@
 //! What a run does: the target of a job.
 
+use crate::celery::CeleryTarget;
 use crate::container::ContainerTarget;
 use crate::duration::HumanDuration;
 use crate::error::SpecError;
 use crate::limits::{Capability, Limits, RunAs};
-use crate::publish::{AmqpTarget, Destination, NatsTarget, RedisStreamTarget};
+use crate::publish::{AmqpTarget, BrokerKind, Destination, NatsTarget, RedisStreamTarget};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Exactly one kind of target; JSON `{"shell": {...}}`, `{"http": {...}}`,
 /// `{"container": {...}}` (`crate::container`), a broker's,
-/// `{"amqp": {...}}`, `{"nats": {...}}`, `{"redis_stream": {...}}` (`crate::publish`), or
+/// `{"amqp": {...}}`, `{"nats": {...}}`, `{"redis_stream": {...}}` (`crate::publish`),
+/// `{"celery": {...}}` (`crate::celery`), or
 /// `{"heartbeat": {...}}`, which runs nothing and waits for pings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
@@ -21,6 +23,7 @@ pub enum TargetSpec {
     Amqp(AmqpTarget),
     Nats(NatsTarget),
     RedisStream(RedisStreamTarget),
+    Celery(CeleryTarget),
     Heartbeat(HeartbeatTarget),
 }
 
@@ -287,6 +290,7 @@ impl TargetSpec {
             TargetSpec::Amqp(_)
             | TargetSpec::Nats(_)
             | TargetSpec::RedisStream(_)
+            | TargetSpec::Celery(_)
             | TargetSpec::Heartbeat(_) => "target",
         }
     }
@@ -300,6 +304,7 @@ impl TargetSpec {
             TargetSpec::Amqp(_)
             | TargetSpec::Nats(_)
             | TargetSpec::RedisStream(_)
+            | TargetSpec::Celery(_)
             | TargetSpec::Heartbeat(_) => None,
         }
     }
@@ -360,22 +365,24 @@ impl TargetSpec {
             TargetSpec::Amqp(_)
             | TargetSpec::Nats(_)
             | TargetSpec::RedisStream(_)
+            | TargetSpec::Celery(_)
             | TargetSpec::Heartbeat(_) => None,
         };
         values.into_iter().flat_map(|v| v.iter_mut())
     }
 
-    /// The kind of broker connection a broker target publishes through.
-    pub fn broker_kind(&self) -> Option<crate::publish::BrokerKind> {
-        use crate::publish::BrokerKind;
+    /// The kinds of broker connection a broker target may publish through (none for the
+    /// others), and its name in a definition, for messages.
+    pub fn broker_kinds(&self) -> (&'static [BrokerKind], &'static str) {
         match self {
             TargetSpec::Shell(_)
             | TargetSpec::Http(_)
             | TargetSpec::Container(_)
-            | TargetSpec::Heartbeat(_) => None,
-            TargetSpec::Amqp(_) => Some(BrokerKind::Amqp),
-            TargetSpec::Nats(_) => Some(BrokerKind::Nats),
-            TargetSpec::RedisStream(_) => Some(BrokerKind::Redis),
+            | TargetSpec::Heartbeat(_) => (&[], "broker"),
+            TargetSpec::Amqp(_) => (&[BrokerKind::Amqp], "amqp"),
+            TargetSpec::Nats(_) => (&[BrokerKind::Nats], "nats"),
+            TargetSpec::RedisStream(_) => (&[BrokerKind::Redis], "redis_stream"),
+            TargetSpec::Celery(_) => (&[BrokerKind::Amqp, BrokerKind::Redis], "celery"),
         }
     }
 
@@ -412,6 +419,18 @@ impl TargetSpec {
                 field: "target.redis_stream.stream",
                 name: &t.stream,
                 await_completion: t.await_completion,
+            }),
+            // A Celery worker reports to its result backend, not to sked: `await_result` is
+            // followed there (`crate::celery`), not through a completion address.
+            TargetSpec::Celery(t) => Some(Destination {
+                connection: &t.connection,
+                field: if t.routing_key.is_some() {
+                    "target.celery.routing_key"
+                } else {
+                    "target.celery.queue"
+                },
+                name: t.routing_key(),
+                await_completion: false,
             }),
         }
     }
@@ -477,6 +496,7 @@ impl TargetSpec {
             TargetSpec::Amqp(amqp) => amqp.validate()?,
             TargetSpec::Nats(nats) => nats.validate()?,
             TargetSpec::RedisStream(redis) => redis.validate()?,
+            TargetSpec::Celery(celery) => celery.validate()?,
             TargetSpec::Heartbeat(heartbeat) => crate::heartbeat::validate_grace(heartbeat.grace)?,
         }
         Ok(())

@@ -16,6 +16,10 @@
 //! (`DEFAULT_AWAIT_TIMEOUT` without one). A cancel reaches such a run when its lease runs
 //! out: this node stops holding an attempt the store asks it to stop.
 //!
+//! A Celery target with `await_result` stays held after the confirm while its task is
+//! followed in the app's result backend; its task is revoked when the run is cancelled or
+//! times out.
+//!
 //! The broker protocols are `sked_broker`'s; this module owns the loop, and what a publish's
 //! outcome means for the connection's health and for the run.
 
@@ -39,7 +43,7 @@ use sked_store::{AttemptReport, NewWorker};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
 /// Messages being published at once by one node.
@@ -122,12 +126,15 @@ enum Published {
     },
 }
 
-/// Publishes one attempt's message and says how it went.
+/// Publishes one attempt's message and says how it went. A Celery target that awaits its
+/// result is followed in its result backend until it ends, its timeout passes, or `cancel`
+/// fires (its run was cancelled): the last two revoke the task.
 async fn publish_one(
     brokers: Arc<Connections>,
     metrics: Arc<Metrics>,
     attempt: LeasedAttempt,
     worker_id: String,
+    cancel: Option<oneshot::Receiver<()>>,
 ) -> Published {
     let started = tokio::time::Instant::now();
     let run = attempt.run_context();
@@ -149,7 +156,15 @@ async fn publish_one(
                 timeout,
             };
         }
-        Ok(Ok(())) => (AttemptOutcome::Succeeded, None),
+        Ok(Ok(())) => match sked_core::celery::follows_result(&attempt.target) {
+            Some(celery) => {
+                let limit = job_timeout
+                    .unwrap_or(DEFAULT_AWAIT_TIMEOUT)
+                    .saturating_sub(started.elapsed());
+                follow_celery(&brokers.brokers, celery, &run, limit, cancel).await
+            }
+            None => (AttemptOutcome::Succeeded, None),
+        },
         Ok(Err(why)) => (AttemptOutcome::Failed, Some(why)),
         Err(_) => (
             AttemptOutcome::TimedOut,
@@ -167,6 +182,45 @@ async fn publish_one(
         http_status: None,
         error,
     })
+}
+
+/// Follows a confirmed Celery task to its end (see [`publish_one`]).
+async fn follow_celery(
+    brokers: &Brokers,
+    celery: &sked_core::celery::CeleryTarget,
+    run: &RunContext<'_>,
+    limit: Duration,
+    cancel: Option<oneshot::Receiver<()>>,
+) -> (AttemptOutcome, Option<String>) {
+    let cancelled = async {
+        match cancel {
+            Some(cancel) => {
+                let _ = cancel.await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let (outcome, error) = tokio::select! {
+        followed = tokio::time::timeout(limit, brokers.follow_celery(celery, run)) => {
+            match followed {
+                Ok(Ok(state)) => return state.outcome(),
+                Ok(Err(e)) => return (AttemptOutcome::Failed, Some(e.to_string())),
+                Err(_) => (
+                    AttemptOutcome::TimedOut,
+                    format!("the task did not end within {limit:?}"),
+                ),
+            }
+        }
+        () = cancelled => (AttemptOutcome::Cancelled, "cancelled".to_string()),
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, brokers.revoke_celery(celery, run)).await {
+        Ok(Ok(())) => (outcome, Some(format!("{error}; the task was revoked"))),
+        Ok(Err(e)) => (outcome, Some(format!("{error}; the revoke failed: {e}"))),
+        Err(_) => (
+            outcome,
+            Some(format!("{error}; the revoke was not confirmed")),
+        ),
+    }
 }
 
 /// Registers the publisher as a worker of this node; retried until it works or shutdown.
@@ -219,6 +273,8 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
     // not reported yet: this node holds both, and heartbeats them.
     let mut running: HashSet<i64> = HashSet::new();
     let mut awaiting: HashMap<i64, Awaiting> = HashMap::new();
+    // Attempts whose Celery task is followed, and how to tell them their run was cancelled.
+    let mut cancels: HashMap<i64, oneshot::Sender<()>> = HashMap::new();
     // Which namespaces hold the awaiting slots (attempts awaiting, or being published to).
     let mut shares = shares::Shares::new(MAX_AWAITING);
     // Outcomes go to the store in batches of their own, so recording them never holds up
@@ -274,11 +330,18 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                             if attempt.completion.is_some() {
                                 shares.hold(attempt.attempt_id, &attempt.namespace);
                             }
+                            let cancel = sked_core::celery::follows_result(&attempt.target)
+                                .map(|_| {
+                                    let (cancel, cancelled) = oneshot::channel();
+                                    cancels.insert(attempt.attempt_id, cancel);
+                                    cancelled
+                                });
                             publishing.spawn(publish_one(
                                 brokers.clone(),
                                 state.metrics.clone(),
                                 attempt,
                                 id.clone(),
+                                cancel,
                             ));
                         }
                     }
@@ -291,6 +354,7 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                     match done {
                         Ok(Published::Report(report)) => {
                             running.remove(&report.attempt_id);
+                            cancels.remove(&report.attempt_id);
                             shares.release(report.attempt_id);
                             count(&state, &report);
                             send(report);
@@ -324,6 +388,10 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                             if awaiting.remove(&attempt_id).is_some() {
                                 shares.release(attempt_id);
                             }
+                            // A Celery task followed for a run that was cancelled: revoked.
+                            if let Some(cancel) = cancels.remove(&attempt_id) {
+                                let _ = cancel.send(());
+                            }
                         }
                     }
                     None => {
@@ -332,6 +400,7 @@ pub async fn run(state: AppState, mut shutdown: watch::Receiver<bool>) {
                         // refused; start again under a new id.
                         running.clear();
                         awaiting.clear();
+                        cancels.clear();
                         shares.clear();
                         publishing.abort_all();
                         match register(&state, &mut shutdown).await {

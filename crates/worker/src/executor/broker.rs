@@ -3,13 +3,15 @@
 //! server's publisher does for jobs routed to no labels. With `await_completion`, the
 //! confirmed message's consumer reports the outcome and the attempt waits for it. Owns one
 //! publish's lifetime, bounded by the attempt's timeout and its stop signal; the broker
-//! protocols are `sked_broker`'s.
+//! protocols are `sked_broker`'s. A Celery target with `await_result` is followed in its
+//! result backend after the confirm, and revoked when it times out or the worker stops it.
 
 use super::{await_report, expire, human, ExecOptions, ExecResult, StopSignal};
 use crate::output::OutputBuffer;
 use sked_broker::Brokers;
-use sked_core::protocol::LeasedAttempt;
+use sked_core::protocol::{LeasedAttempt, DEFAULT_AWAIT_TIMEOUT};
 use sked_core::AttemptOutcome;
+use std::time::Duration;
 
 /// Publishes the attempt's message and returns how the attempt ended.
 pub async fn run(
@@ -47,6 +49,13 @@ pub async fn run(
             let taken = format!("published through connection {connection}");
             await_report(&taken, options, started, stop, output).await
         }
+        Ok(()) if sked_core::celery::follows_result(&attempt.target).is_some() => {
+            output.write(
+                format!("[sked-worker: published through connection {connection}; following the task's result]\n")
+                    .as_bytes(),
+            );
+            follow(brokers, attempt, started, stop, output).await
+        }
         Ok(()) => {
             output.write(
                 format!("[sked-worker: published through connection {connection}]\n").as_bytes(),
@@ -65,3 +74,48 @@ pub async fn run(
         }
     }
 }
+
+/// Follows a confirmed Celery task in its result backend until it ends, the attempt's timeout
+/// passes, or the worker is told to stop; the last two revoke the task.
+async fn follow(
+    brokers: &Brokers,
+    attempt: &LeasedAttempt,
+    started: tokio::time::Instant,
+    mut stop: StopSignal,
+    output: &OutputBuffer,
+) -> ExecResult {
+    let Some(celery) = sked_core::celery::follows_result(&attempt.target) else {
+        return ExecResult::failed("not a Celery target that awaits its result");
+    };
+    let run = attempt.run_context();
+    let limit = attempt
+        .timeout_ms
+        .map_or(DEFAULT_AWAIT_TIMEOUT, Duration::from_millis)
+        .saturating_sub(started.elapsed());
+    let (outcome, why) = tokio::select! {
+        state = brokers.follow_celery(celery, &run) => {
+            let (outcome, error) = match state {
+                Ok(state) => state.outcome(),
+                Err(e) => (AttemptOutcome::Failed, Some(e.to_string())),
+            };
+            output.write(format!("[sked-worker: the task ended {outcome}]\n").as_bytes());
+            return ExecResult { outcome, exit_code: None, http_status: None, error };
+        }
+        () = expire(Some(limit)) => (
+            AttemptOutcome::TimedOut,
+            format!("the task did not end within {}", human(limit)),
+        ),
+        () = stop.requested() => (AttemptOutcome::Cancelled, "stopped by the worker".to_string()),
+    };
+    let revoked =
+        match tokio::time::timeout(REVOKE_TIMEOUT, brokers.revoke_celery(celery, &run)).await {
+            Ok(Ok(())) => "the task was revoked".to_string(),
+            Ok(Err(e)) => format!("the revoke failed: {e}"),
+            Err(_) => "the revoke was not confirmed".to_string(),
+        };
+    output.write(format!("[sked-worker: {why}; {revoked}]\n").as_bytes());
+    ExecResult::ended(outcome, format!("{why}; {revoked}"))
+}
+
+/// How long a revoke may take to be confirmed.
+const REVOKE_TIMEOUT: Duration = Duration::from_secs(5);

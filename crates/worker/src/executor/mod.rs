@@ -248,7 +248,10 @@ pub async fn execute(
             http::run(&targets.http, target, &info, options, stop, output).await
         }
         TargetSpec::Container(target) => container::run(target, &info, options, stop, output).await,
-        TargetSpec::Amqp(_) | TargetSpec::Nats(_) | TargetSpec::RedisStream(_) => {
+        TargetSpec::Amqp(_)
+        | TargetSpec::Nats(_)
+        | TargetSpec::RedisStream(_)
+        | TargetSpec::Celery(_) => {
             broker::run(&targets.brokers, attempt, options, stop, output).await
         }
         // The server never hands one out: its runs wait for pings. Should one come (a server
