@@ -24,8 +24,9 @@ pub(crate) enum Source {
     Kubernetes,
 }
 
-/// How far ahead changes of clocks are looked for.
-const HORIZON_YEARS: i64 = 50;
+/// How far ahead changes of clocks are looked for: up to the end of sked's cron horizon
+/// (`sked_core::schedule::cron::MAX_YEAR`) from today.
+const HORIZON_YEARS: i64 = 175;
 
 /// A change of clocks: the wall times of `[start, start + length)` either do not exist (`gap`)
 /// or come twice.
