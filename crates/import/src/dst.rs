@@ -22,6 +22,9 @@ pub(crate) enum Source {
     Vixie,
     /// The Kubernetes CronJob controller.
     Kubernetes,
+    /// pg_cron, which checks each minute of UTC in `cron.timezone`: as Kubernetes, it never
+    /// runs a skipped time and runs a repeated one in both passes.
+    PgCron,
 }
 
 /// How far ahead changes of clocks are looked for: up to the end of sked's cron horizon
@@ -133,7 +136,7 @@ pub(crate) fn difference(
             let end_matches = expr.matches_local(end);
             let differs = match source {
                 Source::Vixie if fixed => end.date() != hit.date() && !end_matches,
-                Source::Vixie | Source::Kubernetes => !end_matches,
+                Source::Vixie | Source::Kubernetes | Source::PgCron => !end_matches,
             };
             if !differs {
                 continue;
@@ -169,6 +172,7 @@ fn name(source: Source) -> &'static str {
     match source {
         Source::Vixie => "cron",
         Source::Kubernetes => "Kubernetes",
+        Source::PgCron => "pg_cron",
     }
 }
 
