@@ -33,10 +33,10 @@ const HORIZON_YEARS: i64 = 175;
 
 /// A change of clocks: the wall times of `[start, start + length)` either do not exist (`gap`)
 /// or come twice.
-struct Change {
-    start: NaiveDateTime,
-    length: Duration,
-    gap: bool,
+pub(crate) struct Change {
+    pub(crate) start: NaiveDateTime,
+    pub(crate) length: Duration,
+    pub(crate) gap: bool,
 }
 
 /// Whether `fields` (a 5-field expression or a macro) names one second, minute and hour: a
@@ -59,7 +59,7 @@ fn fixed_time(fields: &str) -> bool {
 }
 
 /// The changes of clocks of `tz` from `from` on, for [`HORIZON_YEARS`].
-fn changes(tz: Tz, from: Instant) -> Vec<Change> {
+pub(crate) fn changes(tz: Tz, from: Instant) -> Vec<Change> {
     let offset = |t: Instant| tz.offset_from_utc_datetime(&t.naive_utc()).fix();
     let mut found = Vec::new();
     let end = from + Duration::days(366 * HORIZON_YEARS);

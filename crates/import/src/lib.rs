@@ -12,6 +12,7 @@
 use serde_json::Value;
 use sked_core::job::JobSpec;
 
+pub mod celery_beat;
 pub mod crontab;
 mod dst;
 pub mod k8s;
