@@ -203,7 +203,7 @@ struct State {
 pub fn import_with(text: &str, options: &Options) -> Result<Import, ImportError> {
     let text = text_of(text.as_bytes())?;
     let format = options.format.unwrap_or_else(|| detect_format(text));
-    let as_of = options.as_of.unwrap_or_else(dst::now);
+    let mut clocks = dst::Clocks::new(options.as_of.unwrap_or_else(dst::now));
     let mut import = Import::default();
     let mut names = Names::default();
     let mut comments: Vec<String> = Vec::new();
@@ -232,7 +232,7 @@ pub fn import_with(text: &str, options: &Options) -> Result<Import, ImportError>
                     above,
                     format,
                     options.timezone,
-                    as_of,
+                    &mut clocks,
                 )?;
             }
         }
@@ -285,7 +285,7 @@ fn entry_job(
     mut comments: Vec<String>,
     format: Format,
     default_zone: Option<Tz>,
-    as_of: Instant,
+    clocks: &mut dst::Clocks,
 ) -> Result<(), ImportError> {
     let syntax = |message: String| ImportError::Syntax { line, message };
     if entry.split_whitespace().next() == Some("@reboot") {
@@ -418,7 +418,7 @@ fn entry_job(
     );
     if import.jobs.len() > before {
         if let Some(tz) = tz {
-            if let Some(why) = dst::difference(&expr, &schedule_text, tz, Source::Vixie, as_of) {
+            if let Some(why) = clocks.difference(&expr, &schedule_text, tz, Source::Vixie) {
                 import.differ(line, entry, why);
             }
         }

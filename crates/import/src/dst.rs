@@ -14,6 +14,7 @@ use chrono::{Duration, NaiveDateTime, Offset, TimeZone, Utc};
 use chrono_tz::Tz;
 use sked_core::schedule::cron::CronExpr;
 use sked_core::Instant;
+use std::collections::HashMap;
 
 /// The scheduler whose handling of a change of clocks is compared with sked's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,17 +114,47 @@ fn minutes(start: NaiveDateTime, length: Duration) -> impl Iterator<Item = Naive
         .take_while(move |t| *t < end)
 }
 
+/// The changes of clocks of the zones one import meets, each zone's found once: a crontab
+/// of many entries in one zone walks its calendar once.
+pub(crate) struct Clocks {
+    from: Instant,
+    zones: HashMap<Tz, Vec<Change>>,
+}
+
+impl Clocks {
+    /// Changes of clocks from `from` on.
+    pub(crate) fn new(from: Instant) -> Clocks {
+        Clocks {
+            from,
+            zones: HashMap::new(),
+        }
+    }
+
+    /// [`difference`] of `expr` in `tz`.
+    pub(crate) fn difference(
+        &mut self,
+        expr: &CronExpr,
+        fields: &str,
+        tz: Tz,
+        source: Source,
+    ) -> Option<String> {
+        let from = self.from;
+        let changes = self.zones.entry(tz).or_insert_with(|| changes(tz, from));
+        difference(expr, fields, tz, source, changes)
+    }
+}
+
 /// Why the instants of `expr` (written `fields`) in `tz` differ between sked and `source`
-/// around a change of clocks after `from`; `None` when they never do in the horizon.
-pub(crate) fn difference(
+/// around one of `changes`; `None` when they never do.
+fn difference(
     expr: &CronExpr,
     fields: &str,
     tz: Tz,
     source: Source,
-    from: Instant,
+    changes: &[Change],
 ) -> Option<String> {
     let fixed = fixed_time(fields);
-    for change in changes(tz, from) {
+    for change in changes {
         let Some(hit) = minutes(change.start, change.length).find(|m| expr.matches_local(*m))
         else {
             continue;
@@ -205,7 +236,7 @@ mod tests {
         let from = at("2026-01-01T00:00:00Z");
         for tz in [chrono_tz::UTC, chrono_tz::Asia::Tokyo] {
             assert_eq!(
-                difference(&expr, "*/5 * * * *", tz, Source::Vixie, from),
+                Clocks::new(from).difference(&expr, "*/5 * * * *", tz, Source::Vixie),
                 None
             );
         }
@@ -215,8 +246,9 @@ mod tests {
     fn each_rule_is_told_where_it_parts_from_skeds() {
         let from = at("2026-01-01T00:00:00Z");
         let ny = chrono_tz::America::New_York;
-        let check = |fields: &str, source| {
-            difference(&CronExpr::parse(fields).unwrap(), fields, ny, source, from)
+        let mut clocks = Clocks::new(from);
+        let mut check = |fields: &str, source| {
+            clocks.difference(&CronExpr::parse(fields).unwrap(), fields, ny, source)
         };
         // A fixed time in the skipped hour runs at its end under both.
         assert_eq!(check("30 2 * * *", Source::Vixie), None);

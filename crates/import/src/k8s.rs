@@ -65,6 +65,7 @@ impl Place<'_> {
 pub fn import_with(text: &str, options: &Options) -> Result<Import, ImportError> {
     let text = text_of(text.as_bytes())?;
     let as_of = options.as_of.unwrap_or_else(dst::now);
+    let mut clocks = dst::Clocks::new(as_of);
     let mut cronjobs: Vec<(Value, Vec<String>)> = Vec::new();
     let mut import = Import::default();
     let starts = document_starts(text);
@@ -98,7 +99,15 @@ pub fn import_with(text: &str, options: &Options) -> Result<Import, ImportError>
             line,
             end,
         };
-        translate(&mut import, &cronjob, comments, &place, options, as_of);
+        translate(
+            &mut import,
+            &cronjob,
+            comments,
+            &place,
+            options,
+            as_of,
+            &mut clocks,
+        );
     }
     Ok(import)
 }
@@ -169,6 +178,7 @@ fn translate(
     place: &Place<'_>,
     options: &Options,
     as_of: Instant,
+    clocks: &mut dst::Clocks,
 ) {
     let line = place.line;
     let name = cronjob["metadata"]["name"].as_str().unwrap_or_default();
@@ -347,7 +357,7 @@ fn translate(
         return;
     }
     if let (Some(expr), Some(tz)) = (&expr, tz) {
-        if let Some(why) = dst::difference(expr, fields, tz, Source::Kubernetes, as_of) {
+        if let Some(why) = clocks.difference(expr, fields, tz, Source::Kubernetes) {
             differences.push((place.of("schedule:"), why));
         }
     }

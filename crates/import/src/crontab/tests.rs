@@ -370,3 +370,23 @@ fn binary_and_huge_input_is_refused() {
     assert!(huge.len() > MAX_INPUT_BYTES);
     assert_eq!(import(&huge), Err(ImportError::TooLarge(huge.len())));
 }
+
+#[test]
+fn a_long_crontab_in_one_zone_imports_quickly() {
+    let mut text = String::from("CRON_TZ=America/New_York\n");
+    for i in 0..2000 {
+        text.push_str(&format!(
+            "{} {} * * * /usr/local/bin/task-{i}\n",
+            i % 60,
+            i % 24
+        ));
+    }
+    let started = std::time::Instant::now();
+    let import = read(&text);
+    assert_eq!(import.jobs.len(), 2000);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
