@@ -96,7 +96,7 @@ pub fn import_json_with(text: &str, options: &Options) -> Result<Import, ImportE
         Some(_) => return Err(syntax("\"timezone\" is not a string")),
     };
     let lines = entry_lines(text, entries);
-    let as_of = options.as_of.unwrap_or_else(dst::now);
+    let mut clocks = dst::Clocks::new(options.as_of.unwrap_or_else(dst::now));
     let mut import = Import::default();
     let mut names = HashSet::new();
     for (i, entry) in entries.iter().enumerate() {
@@ -131,7 +131,7 @@ pub fn import_json_with(text: &str, options: &Options) -> Result<Import, ImportE
                 _ => {}
             }
         }
-        translate(&mut import, &mut names, source, line, options, as_of);
+        translate(&mut import, &mut names, source, line, options, &mut clocks);
     }
     Ok(import)
 }
@@ -570,7 +570,7 @@ fn translate(
     source: Source,
     line: usize,
     options: &Options,
-    as_of: Instant,
+    clocks: &mut dst::Clocks,
 ) {
     let label = source.label.clone();
     let mut comments = source.comments.clone();
@@ -732,7 +732,7 @@ fn translate(
         import.differ(line, &label, why);
     }
     if let Some((expr, tz)) = dst_check {
-        if let Some(why) = celery_dst_difference(&expr, tz, as_of) {
+        if let Some(why) = difference_around(&expr, tz, clocks.of(tz)) {
             import.differ(line, &label, why);
         }
     }
@@ -791,7 +791,12 @@ fn fold0(local: NaiveDateTime, tz: Tz) -> Option<Instant> {
 /// The first change of clocks after `from` around which Celery's instants of `expr` in `tz`
 /// ([`celery_next`]) and sked's part, said as a reason; `None` when they never do.
 pub fn celery_dst_difference(expr: &CronExpr, tz: Tz, from: Instant) -> Option<String> {
-    for change in dst::changes(tz, from) {
+    difference_around(expr, tz, &dst::changes(tz, from))
+}
+
+/// [`celery_dst_difference`] around `changes`.
+fn difference_around(expr: &CronExpr, tz: Tz, changes: &[dst::Change]) -> Option<String> {
+    for change in changes {
         // The stretch of instants a change can touch, with a margin either side.
         let offset = tz
             .offset_from_utc_datetime(&(change.start - Duration::days(1)))
@@ -927,13 +932,13 @@ pub fn import_django_rows(rows: &[DjangoBeatTask], connection: &str) -> Import {
 
 /// [`import_django_rows`] with every option.
 pub fn import_django_rows_with(rows: &[DjangoBeatTask], options: &Options) -> Import {
-    let as_of = options.as_of.unwrap_or_else(dst::now);
+    let mut clocks = dst::Clocks::new(options.as_of.unwrap_or_else(dst::now));
     let mut import = Import::default();
     let mut names = HashSet::new();
     for row in rows {
         let label = format!("periodic task {} {:?}", row.id, row.name);
         match django_source(row, &label) {
-            Ok(source) => translate(&mut import, &mut names, source, 0, options, as_of),
+            Ok(source) => translate(&mut import, &mut names, source, 0, options, &mut clocks),
             Err(why) => import.skip(0, &label, why),
         }
     }

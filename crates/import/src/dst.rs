@@ -130,6 +130,12 @@ impl Clocks {
         }
     }
 
+    /// The changes of clocks of `tz`, found once.
+    pub(crate) fn of(&mut self, tz: Tz) -> &[Change] {
+        let from = self.from;
+        self.zones.entry(tz).or_insert_with(|| changes(tz, from))
+    }
+
     /// [`difference`] of `expr` in `tz`.
     pub(crate) fn difference(
         &mut self,

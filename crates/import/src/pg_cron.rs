@@ -70,11 +70,11 @@ pub fn import_rows(rows: &[PgCronJob]) -> Import {
 
 /// Translates rows of `cron.job` read under `options`.
 pub fn import_rows_with(rows: &[PgCronJob], options: &Options) -> Import {
-    let as_of = options.as_of.unwrap_or_else(dst::now);
+    let mut clocks = dst::Clocks::new(options.as_of.unwrap_or_else(dst::now));
     let mut import = Import::default();
     let mut taken = HashSet::new();
     for row in rows {
-        row_job(&mut import, &mut taken, row, options, as_of);
+        row_job(&mut import, &mut taken, row, options, &mut clocks);
     }
     import
 }
@@ -92,7 +92,7 @@ fn row_job(
     taken: &mut HashSet<String>,
     row: &PgCronJob,
     options: &Options,
-    as_of: Instant,
+    clocks: &mut dst::Clocks,
 ) {
     let text = format!("jobid {}: {} | {}", row.jobid, row.schedule, row.command);
     let mut comments = Vec::new();
@@ -196,7 +196,7 @@ fn row_job(
             );
         }
         if let Ok(parsed) = CronExpr::parse(expr) {
-            if let Some(why) = dst::difference(&parsed, expr, tz, Source::PgCron, as_of) {
+            if let Some(why) = clocks.difference(&parsed, expr, tz, Source::PgCron) {
                 import.differ(0, &text, why);
             }
         }
