@@ -15,6 +15,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod tables;
+
 /// The exit status of an import whose file was written but that left something out or
 /// changed it (each reported on standard error).
 pub const EXIT_PARTIAL: u8 = 3;
@@ -65,6 +67,10 @@ pub struct ImportArgs {
     /// crontab: read SOURCE as a user crontab, whatever it looks like.
     #[arg(long = "user-crontab")]
     pub user_crontab: bool,
+    /// celery-beat: the broker connection of the sked server (`--broker NAME=URL`) the tasks
+    /// are published through, the one beat's broker URL names.
+    #[arg(long, value_name = "NAME")]
+    pub connection: Option<String>,
 }
 
 /// The import wrote its file but left something out or changed it: exit
@@ -94,8 +100,26 @@ pub async fn run(args: ImportArgs) -> Result<()> {
     if let Some(kind) = unavailable(args.kind) {
         bail!("`sked import {kind}` is not available in this build");
     }
-    if args.source.starts_with("postgres://") || args.source.starts_with("postgresql://") {
-        bail!("a PostgreSQL URL is read by `sked import celery-beat` and `sked import pg-cron`");
+    let database = tables::is_database_url(&args.source);
+    match (args.kind, database) {
+        (Kind::CeleryBeat | Kind::PgCron, true) => {}
+        (Kind::PgCron, false) => bail!(
+            "`sked import pg-cron` reads cron.job from a PostgreSQL URL \
+             (postgres://USER@HOST:PORT/DATABASE)"
+        ),
+        (_, true) => {
+            bail!("a PostgreSQL URL is read by `sked import celery-beat` and `sked import pg-cron`")
+        }
+        _ => {}
+    }
+    if args.kind == Kind::CeleryBeat {
+        let Some(connection) = &args.connection else {
+            bail!(
+                "`sked import celery-beat` needs --connection NAME: the sked server's broker \
+                 connection (`--broker NAME=URL`) the tasks are published through"
+            );
+        };
+        sked_core::job::validate_name("--connection", connection).map_err(|e| anyhow!("{e}"))?;
     }
     // Refused before reading anything, and before an existing --out is touched.
     if let Some(out) = &args.out {
@@ -106,10 +130,17 @@ pub async fn run(args: ImportArgs) -> Result<()> {
             );
         }
     }
-    let bytes = read_source(&args.source).await?;
-    let text = text_of(&bytes).map_err(|e| anyhow!("{}: {e}", args.source))?;
-    let import = translate(&args, text, timezone).map_err(|e| anyhow!("{}: {e}", args.source))?;
-    let file = import.to_yaml_for(&args.source, args.namespace.as_deref());
+    let (import, source) = if database {
+        // The URL may hold a password: it is named by host and database only.
+        tables::import(&args, timezone).await?
+    } else {
+        let bytes = read_source(&args.source).await?;
+        let text = text_of(&bytes).map_err(|e| anyhow!("{}: {e}", args.source))?;
+        let import =
+            translate(&args, text, timezone).map_err(|e| anyhow!("{}: {e}", args.source))?;
+        (import, args.source.clone())
+    };
+    let file = import.to_yaml_for(&source, args.namespace.as_deref());
     match &args.out {
         Some(out) => write_atomically(out, file.as_bytes(), args.force)?,
         None => {
@@ -133,8 +164,7 @@ fn unavailable(kind: Kind) -> Option<&'static str> {
     match kind {
         Kind::Crontab | Kind::K8sCronjob => None,
         Kind::SystemdTimer => Some("systemd-timer"),
-        Kind::CeleryBeat => Some("celery-beat"),
-        Kind::PgCron => Some("pg-cron"),
+        Kind::CeleryBeat | Kind::PgCron => None,
     }
 }
 
@@ -171,8 +201,13 @@ fn translate(
                 as_of: None,
             },
         ),
-        // Refused by `run` before anything is read.
-        Kind::SystemdTimer | Kind::CeleryBeat | Kind::PgCron => Ok(Import::default()),
+        Kind::CeleryBeat => sked_import::celery_beat::import_json(
+            text,
+            args.connection.as_deref().unwrap_or_default(),
+        ),
+        // Refused by `run` before anything is read: systemd-timer is not in this build, and
+        // pg-cron reads a database.
+        Kind::SystemdTimer | Kind::PgCron => Ok(Import::default()),
     }
 }
 
