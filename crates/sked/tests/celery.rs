@@ -493,3 +493,107 @@ async fn a_labelled_worker_publishes_and_follows_the_task_through_its_own_connec
     let log = sked.run_log(id).await;
     assert!(log.contains("following the task's result"), "{log}");
 }
+
+/// Each succeeded run's instant, as its envelope writes it.
+fn envelope_instant(run: &Value) -> String {
+    let at = run["scheduled_for"].as_str().unwrap_or_default();
+    chrono::DateTime::parse_from_rfc3339(at)
+        .map(|t| {
+            t.with_timezone(&chrono::Utc)
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+        })
+        .unwrap_or_default()
+}
+
+#[cfg_attr(
+    not(sked_celery_tests),
+    ignore = "needs SKED_TEST_AMQP_URL, SKED_TEST_REDIS_URL and SKED_TEST_PYTHON"
+)]
+#[tokio::test]
+async fn a_node_sigkilled_mid_publish_loses_no_instant_and_any_resend_carries_the_same_key() {
+    let amqp = service("SKED_TEST_AMQP_URL");
+    let mut sked = Sked::new();
+    let queue = unique("sked-celery-");
+    let worker = CeleryWorker::start(sked.dir.path(), &amqp, None, &queue);
+    let broker = format!("rabbit={amqp}");
+    sked.start_server(&["--broker", &broker]).await;
+    let job = json!({"schedule": {"every": "500ms"}, "misfire": {"policy": "run_all"},
+        "target": {"celery": {"connection": "rabbit", "task": "skedtasks.record",
+                              "queue": queue, "args": ["{{scheduled_for}}"]}}});
+    let (status, answer) = sked.put_job("tick", job).await;
+    assert_eq!(status, 201, "{answer}");
+    let mut rng = common::Rng::from_env();
+    let kills = 5;
+    for _ in 0..kills {
+        tokio::time::sleep(rng.millis(1_000, 2_500)).await;
+        if let Some(server) = sked.server.as_mut() {
+            server.sigkill();
+        }
+        sked.start_server(&["--broker", &broker]).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, paused) = sked.post("/jobs/tick/pause", json!(null)).await;
+    assert_eq!(paused["state"], "paused", "{paused}");
+
+    // Every run the ledger holds ends, and each succeeded one was run by the worker.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = sked.runs("tick").await;
+        if runs.iter().all(|r| r["finished_at"].is_string()) || Instant::now() > deadline {
+            break runs;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(runs.len() >= 10, "{} runs", runs.len());
+    let open: Vec<&Value> = runs
+        .iter()
+        .filter(|r| !r["finished_at"].is_string())
+        .collect();
+    assert!(open.is_empty(), "runs without an end: {open:?}");
+    let succeeded: Vec<String> = runs
+        .iter()
+        .filter(|r| r["state"] == "succeeded")
+        .map(envelope_instant)
+        .collect();
+    let tasks = worker
+        .wait_tasks("record", succeeded.len(), Duration::from_secs(20))
+        .await;
+    let mut by_key: std::collections::BTreeMap<String, Vec<&Value>> = Default::default();
+    for task in tasks.iter().filter(|t| t["kind"] == "record") {
+        let key = task["headers"]["sked-idempotency-key"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        by_key.entry(key).or_default().push(task);
+    }
+    for at in &succeeded {
+        let key = format!("default/tick/{at}");
+        let ran = by_key.get(&key).map_or(0, Vec::len);
+        assert!(
+            ran >= 1,
+            "the instant {at} succeeded but no task ran for it"
+        );
+    }
+    // Nothing ran that the ledger does not hold, and a message sent again (a node died
+    // between the broker's confirm and recording it) carries its instant's key and args.
+    let ledger: std::collections::BTreeSet<String> = runs
+        .iter()
+        .map(|r| format!("default/tick/{}", envelope_instant(r)))
+        .collect();
+    let mut resent = 0;
+    for (key, tasks) in &by_key {
+        assert!(
+            ledger.contains(key),
+            "a task for {key}, which the ledger lacks"
+        );
+        let at = key.trim_start_matches("default/tick/");
+        assert!(tasks.iter().all(|t| t["args"] == json!([at])), "{tasks:?}");
+        resent += tasks.len() - 1;
+    }
+    println!(
+        "{kills} SIGKILLs: {} runs, {} succeeded, {} tasks ran, {resent} sent again",
+        runs.len(),
+        succeeded.len(),
+        by_key.values().map(Vec::len).sum::<usize>()
+    );
+}
