@@ -468,6 +468,48 @@ impl TaskState {
     }
 }
 
+/// How following a task ended: with its final state, with a backend that could not be
+/// followed, or given up (the time ran out, or the run was stopped) after a revoke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Followed {
+    Ended(TaskState),
+    Unfollowable(String),
+    TimedOut {
+        limit: std::time::Duration,
+        revoke: Result<(), String>,
+    },
+    Stopped {
+        revoke: Result<(), String>,
+    },
+}
+
+impl Followed {
+    /// The attempt's outcome, and its error.
+    pub fn outcome(&self) -> (crate::AttemptOutcome, Option<String>) {
+        use crate::AttemptOutcome;
+        let revoked = |revoke: &Result<(), String>| match revoke {
+            Ok(()) => "the task was revoked".to_string(),
+            Err(e) => format!("the revoke failed: {e}"),
+        };
+        match self {
+            Followed::Ended(state) => state.outcome(),
+            Followed::Unfollowable(why) => (AttemptOutcome::Failed, Some(why.clone())),
+            Followed::TimedOut { limit, revoke } => (
+                AttemptOutcome::TimedOut,
+                Some(format!(
+                    "the task did not end within {}; {}",
+                    crate::HumanDuration(*limit),
+                    revoked(revoke)
+                )),
+            ),
+            Followed::Stopped { revoke } => (
+                AttemptOutcome::Cancelled,
+                Some(format!("stopped; {}", revoked(revoke))),
+            ),
+        }
+    }
+}
+
 /// Whether `target` is a Celery target whose run follows its task's result.
 pub fn follows_result(target: &crate::TargetSpec) -> Option<&CeleryTarget> {
     match target {
