@@ -517,10 +517,7 @@ async fn a_node_sigkilled_mid_publish_loses_no_instant_and_any_resend_carries_th
     let worker = CeleryWorker::start(sked.dir.path(), &amqp, None, &queue);
     let broker = format!("rabbit={amqp}");
     sked.start_server(&["--broker", &broker]).await;
-    let job = json!({"schedule": {"every": "500ms"}, "misfire": {"policy": "run_all"},
-        "target": {"celery": {"connection": "rabbit", "task": "skedtasks.record",
-                              "queue": queue, "args": ["{{scheduled_for}}"]}}});
-    let (status, answer) = sked.put_job("tick", job).await;
+    let (status, answer) = sked.put_job("tick", ticking(&queue)).await;
     assert_eq!(status, 201, "{answer}");
     let mut rng = common::Rng::from_env();
     let kills = 5;
@@ -532,10 +529,15 @@ async fn a_node_sigkilled_mid_publish_loses_no_instant_and_any_resend_carries_th
         sked.start_server(&["--broker", &broker]).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
+    each_instant_ran_at_least_once(&sked, &worker, kills).await;
+}
+
+/// Pauses `tick` and checks, once every run ended, that each succeeded instant ran on the
+/// worker, nothing ran that the ledger lacks, and every message sent again (a node died
+/// between the broker's confirm and recording it) carries its instant's key and arguments.
+async fn each_instant_ran_at_least_once(sked: &Sked, worker: &CeleryWorker, kills: usize) {
     let (_, paused) = sked.post("/jobs/tick/pause", json!(null)).await;
     assert_eq!(paused["state"], "paused", "{paused}");
-
-    // Every run the ledger holds ends, and each succeeded one was run by the worker.
     let deadline = Instant::now() + Duration::from_secs(30);
     let runs = loop {
         let runs = sked.runs("tick").await;
@@ -574,8 +576,6 @@ async fn a_node_sigkilled_mid_publish_loses_no_instant_and_any_resend_carries_th
             "the instant {at} succeeded but no task ran for it"
         );
     }
-    // Nothing ran that the ledger does not hold, and a message sent again (a node died
-    // between the broker's confirm and recording it) carries its instant's key and args.
     let ledger: std::collections::BTreeSet<String> = runs
         .iter()
         .map(|r| format!("default/tick/{}", envelope_instant(r)))
@@ -596,4 +596,63 @@ async fn a_node_sigkilled_mid_publish_loses_no_instant_and_any_resend_carries_th
         succeeded.len(),
         by_key.values().map(Vec::len).sum::<usize>()
     );
+}
+
+/// The job every failover test runs: a Celery task each 500 ms, catching up what a dead node
+/// missed.
+fn ticking(queue: &str) -> Value {
+    json!({"schedule": {"every": "500ms"}, "misfire": {"policy": "run_all"},
+        "target": {"celery": {"connection": "rabbit", "task": "skedtasks.record",
+                              "queue": queue, "args": ["{{scheduled_for}}"]}}})
+}
+
+#[cfg_attr(
+    not(all(sked_celery_tests, sked_pg_tests)),
+    ignore = "needs SKED_TEST_DATABASE_URL, the brokers and SKED_TEST_PYTHON"
+)]
+#[tokio::test]
+async fn two_nodes_on_postgresql_fail_over_with_no_instant_lost() {
+    use common::pg::{Logs, Node, Schema};
+    let amqp = service("SKED_TEST_AMQP_URL");
+    let schema = Schema::create().await;
+    let logs = Logs::new();
+    let http = common::http_client();
+    let broker = format!("rabbit={amqp}");
+    let extra = ["--broker", broker.as_str()];
+    let ports = [common::free_port(), common::free_port()];
+    let mut nodes = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let mut node = Node::spawn_with(&logs, &format!("node-{i}"), *port, &schema.url, &extra);
+        node.ready(&http, Duration::from_secs(60)).await;
+        nodes.push(node);
+    }
+    let queue = unique("sked-celery-");
+    let worker = CeleryWorker::start(logs.path(), &amqp, None, &queue);
+    let mut view = Sked::new();
+    view.port = ports[0];
+    let (status, answer) = view.put_job("tick", ticking(&queue)).await;
+    assert_eq!(status, 201, "{answer}");
+    let mut rng = common::Rng::from_env();
+    let kills = 4;
+    for kill in 0..kills {
+        tokio::time::sleep(rng.millis(1_500, 3_000)).await;
+        // Alternate, so each node in turn dies while the other takes its partitions.
+        let slot = kill % 2;
+        nodes[slot].proc.sigkill();
+        view.port = ports[1 - slot];
+        let mut node = Node::spawn_with(
+            &logs,
+            &format!("node-{slot}"),
+            ports[slot],
+            &schema.url,
+            &extra,
+        );
+        node.ready(&http, Duration::from_secs(60)).await;
+        nodes[slot] = node;
+    }
+    // Long enough for the last dead node's partitions and attempts to be taken over.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    each_instant_ran_at_least_once(&view, &worker, kills).await;
+    drop(nodes);
+    schema.drop_schema().await;
 }
