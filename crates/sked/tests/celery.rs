@@ -4,7 +4,10 @@
 //! unmodified worker runs the task of `tests/celery/skedtasks.py`, which writes what it
 //! received to a log this test reads. With `await_result`, the run follows the task in a
 //! Redis result backend: `SUCCESS` succeeds, `FAILURE` fails with the traceback, `RETRY` goes
-//! on, and a timeout or a cancel revokes the task.
+//! on, and a timeout or a cancel revokes the task. A node SIGKILLed while it publishes (alone on
+//! SQLite and restarted, or one of two on PostgreSQL) loses no instant: each ran on the worker at
+//! least once, and a message sent again carries its instant's key (delivery is at least once;
+//! the tests print how many were sent again).
 //!
 //! Needs `SKED_TEST_AMQP_URL`, `SKED_TEST_REDIS_URL` and `SKED_TEST_PYTHON` (a Python 3 with
 //! `venv`); without them these tests are reported as ignored (under CI they run, and fail
