@@ -2,8 +2,10 @@
 //!
 //! Each source has its module (`crontab`, `k8s`, `systemd`, `celery_beat`, `pg_cron`) that
 //! turns text (or rows the binary read for it) into an [`Import`]: the jobs it could translate,
-//! each with the comments and the line it came from, and what it could not, each with its line
-//! and the reason. Nothing here does IO or applies anything: reading files, URLs and databases
+//! each with the comments and the line it came from, what it could not, each with its line
+//! and the reason, and the translated entries whose instants or behaviour still differ from
+//! the source's (`dst.rs` finds where a change of clocks makes cron's instants part from
+//! sked's). Nothing here does IO or applies anything: reading files, URLs and databases
 //! is the binary's, and applying is `sked job apply`'s, after a person read the file.
 //!
 //! Every translated job is checked by sked's own rules ([`Import::push_job`]): a definition
@@ -11,6 +13,10 @@
 
 use serde_json::Value;
 use sked_core::job::JobSpec;
+
+pub mod crontab;
+mod dst;
+pub mod k8s;
 
 /// Largest input any importer reads; a bigger one is refused before parsing.
 pub const MAX_INPUT_BYTES: usize = 4 * 1024 * 1024;
@@ -53,6 +59,10 @@ pub struct Untranslated {
 pub struct Import {
     pub jobs: Vec<ImportedJob>,
     pub untranslated: Vec<Untranslated>,
+    /// Entries that were translated, but whose sked job does not behave exactly as the source
+    /// did (a daylight saving change handled differently, say), each with why. Their job is in
+    /// `jobs`; a person must read these as they read `untranslated`.
+    pub differences: Vec<Untranslated>,
 }
 
 impl Import {
@@ -86,15 +96,43 @@ impl Import {
         });
     }
 
+    /// Reports that the job of `text` at `line` was translated, but behaves differently from
+    /// the source, for `reason`.
+    pub fn differ(&mut self, line: usize, text: &str, reason: impl Into<String>) {
+        self.differences.push(Untranslated {
+            line,
+            text: text.to_string(),
+            reason: reason.into(),
+        });
+    }
+
+    /// Whether everything of the source is in the output exactly: nothing untranslated, no
+    /// difference.
+    pub fn is_exact(&self) -> bool {
+        self.untranslated.is_empty() && self.differences.is_empty()
+    }
+
     /// The `sked job apply` file: a `jobs:` list, each job preceded by its source comments and
     /// its origin; then what was not translated, as comments, so the file says it too.
     pub fn to_yaml(&self, source: &str) -> String {
+        self.to_yaml_for(source, None)
+    }
+
+    /// [`Import::to_yaml`] for a file meant for `namespace`: a job file names no namespace
+    /// (`sked job apply` takes it from `--namespace`), so the header says which command applies
+    /// it there.
+    pub fn to_yaml_for(&self, source: &str, namespace: Option<&str>) -> String {
         let mut out = format!("# Imported by `sked import` from {source}.\n");
-        out.push_str("# Read it, then apply it with `sked job apply -f FILE`.\n");
+        match namespace {
+            Some(ns) => out.push_str(&format!(
+                "# Read it, then apply it with `sked job apply -f FILE --namespace {ns}`.\n"
+            )),
+            None => out.push_str("# Read it, then apply it with `sked job apply -f FILE`.\n"),
+        }
         out.push_str("jobs:\n");
         for job in &self.jobs {
             for comment in &job.comments {
-                out.push_str(&format!("  # {}\n", comment.trim_end()));
+                out.push_str(&format!("  # {}\n", one_line(comment.trim_end())));
             }
             if job.line > 0 {
                 out.push_str(&format!("  # from line {}\n", job.line));
@@ -109,19 +147,30 @@ impl Import {
             out.truncate(out.len() - "jobs:\n".len());
             out.push_str("jobs: []\n");
         }
-        if !self.untranslated.is_empty() {
-            out.push_str("# Not translated:\n");
-            for skipped in &self.untranslated {
+        for (title, items) in [
+            ("# Not translated:\n", &self.untranslated),
+            ("# Translated, with a difference:\n", &self.differences),
+        ] {
+            if items.is_empty() {
+                continue;
+            }
+            out.push_str(title);
+            for item in items {
                 out.push_str(&format!(
                     "#   line {}: {} -- {}\n",
-                    skipped.line,
-                    skipped.text.replace('\n', " "),
-                    skipped.reason
+                    item.line,
+                    one_line(&item.text),
+                    one_line(&item.reason)
                 ));
             }
         }
         out
     }
+}
+
+/// `text` on one line, so that it stays inside a YAML comment.
+fn one_line(text: &str) -> String {
+    text.replace(['\n', '\r'], " ")
 }
 
 /// The input as text, refused when too large or not text, before any parsing.
@@ -182,16 +231,13 @@ mod tests {
 
     #[test]
     fn binary_or_huge_input_is_refused_with_its_line() {
-        assert_eq!(
-            text_of(b"a\nb\0c"),
-            Err(ImportError::NotText { line: 2 })
-        );
-        assert_eq!(
-            text_of(b"a\n\n\xff"),
-            Err(ImportError::NotText { line: 3 })
-        );
+        assert_eq!(text_of(b"a\nb\0c"), Err(ImportError::NotText { line: 2 }));
+        assert_eq!(text_of(b"a\n\n\xff"), Err(ImportError::NotText { line: 3 }));
         let big = vec![b'#'; MAX_INPUT_BYTES + 1];
-        assert_eq!(text_of(&big), Err(ImportError::TooLarge(MAX_INPUT_BYTES + 1)));
+        assert_eq!(
+            text_of(&big),
+            Err(ImportError::TooLarge(MAX_INPUT_BYTES + 1))
+        );
         assert_eq!(text_of(b"ok"), Ok("ok"));
     }
 }

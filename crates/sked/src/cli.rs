@@ -62,6 +62,12 @@ pub enum Command {
     /// Check a config file (`--config`) without starting anything.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Translate another scheduler's definitions (crontab, Kubernetes CronJobs, ...) into a
+    /// `sked job apply` file, reporting what it could not translate with its line. Exits 0
+    /// when everything was translated exactly, 3 when the file was written but something was
+    /// left out or translated with a difference (listed on standard error), 1 on an error
+    /// (nothing written).
+    Import(crate::import::ImportArgs),
     /// Simulate the dispatch policies on a request trace (no server needed): `workload`,
     /// `matrix`, `run`.
     Sim(crate::sim::SimArgs),
@@ -1035,6 +1041,7 @@ pub async fn run(cli: Cli) -> Result<()> {
                 bail!("{} mistake(s) in {}", errors.len(), file.display())
             }
         },
+        Command::Import(args) => crate::import::run(args).await,
         Command::Sim(args) => crate::sim::run(args),
         Command::Completions { shell } => {
             crate::manual::completions(shell, &mut std::io::stdout().lock())

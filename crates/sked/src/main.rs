@@ -7,6 +7,7 @@ mod cli;
 mod client;
 mod config;
 mod graph;
+mod import;
 mod manual;
 mod serve;
 mod service;
@@ -64,6 +65,8 @@ fn main() -> ExitCode {
     let json = cli.log_format() == cli::LogFormat::Json;
     match runtime.block_on(cli::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // Written, with what it left out already on standard error.
+        Err(e) if e.is::<import::Partial>() => ExitCode::from(import::EXIT_PARTIAL),
         // In JSON mode every line is a log record, the last one too.
         Err(e) if json => {
             tracing::error!("{e:#}");
