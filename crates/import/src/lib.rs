@@ -11,6 +11,8 @@
 //! Every translated job is checked by sked's own rules ([`Import::push_job`]): a definition
 //! sked would refuse is reported as untranslated, never written.
 
+pub mod systemd;
+
 use serde_json::Value;
 use sked_core::job::JobSpec;
 
