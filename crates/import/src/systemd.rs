@@ -28,6 +28,26 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use unit_file::{Assignment, UnitFile};
 
+/// The service timer `unit` activates when it names none: the timer's name with `.service`.
+fn default_service(unit: &str) -> String {
+    let stem = unit.strip_suffix(".timer").unwrap_or(unit);
+    format!("{stem}.service")
+}
+
+/// The name of the service the timer `timer` (unit name `unit`) activates: its last non-empty
+/// `Unit=`, or the timer's name with `.service`; for finding the service's file.
+pub fn service_of(timer: &str, unit: &str) -> Result<String, ImportError> {
+    text_of(timer.as_bytes())?;
+    let parsed = unit_file::parse(timer).map_err(|e| in_file(e, unit))?;
+    Ok(parsed
+        .assignments
+        .iter()
+        .rev()
+        .find(|a| a.section == "Timer" && a.key == "Unit" && !a.value.trim().is_empty())
+        .map(|a| a.value.trim().to_string())
+        .unwrap_or_else(|| default_service(unit)))
+}
+
 /// Translates the timer `timer` (its unit name `unit`, such as `backup.timer`) and the text of
 /// the service it activates. The error is for input that is not a unit file (too large, not
 /// text, a line that is not unit syntax); everything else that cannot be translated is in the
@@ -40,10 +60,7 @@ pub fn import(timer: &str, service: Option<&str>, unit: &str) -> Result<Import, 
     let timer_unit = unit_file::parse(timer).map_err(|e| in_file(e, unit))?;
     let mut out = Import::default();
     let timer = read_timer(&timer_unit, unit, &mut out);
-    let service_name = timer.unit.clone().unwrap_or_else(|| {
-        let stem = unit.strip_suffix(".timer").unwrap_or(unit);
-        format!("{stem}.service")
-    });
+    let service_name = timer.unit.clone().unwrap_or_else(|| default_service(unit));
     let service = match service {
         Some(text) => {
             let parsed = unit_file::parse(text).map_err(|e| in_file(e, &service_name))?;
