@@ -621,6 +621,76 @@ mod tests {
     }
 
     #[test]
+    fn giving_up_says_how_and_whether_the_revoke_went_out() {
+        use crate::AttemptOutcome;
+        let (outcome, error) = Followed::TimedOut {
+            limit: std::time::Duration::from_secs(3),
+            revoke: Ok(()),
+        }
+        .outcome();
+        assert_eq!(outcome, AttemptOutcome::TimedOut);
+        assert_eq!(
+            error.as_deref(),
+            Some("the task did not end within 3s; the task was revoked")
+        );
+        let (outcome, error) = Followed::Stopped {
+            revoke: Err("no connection".into()),
+        }
+        .outcome();
+        assert_eq!(outcome, AttemptOutcome::Cancelled);
+        assert_eq!(
+            error.as_deref(),
+            Some("stopped; the revoke failed: no connection")
+        );
+        assert_eq!(
+            Followed::Ended(TaskState::Revoked).outcome().0,
+            AttemptOutcome::Cancelled
+        );
+        assert_eq!(
+            Followed::Unfollowable("no backend".into()).outcome(),
+            (AttemptOutcome::Failed, Some("no backend".to_string()))
+        );
+    }
+
+    #[test]
+    fn a_celery_target_takes_an_amqp_or_a_redis_connection_and_a_redis_backend() {
+        use crate::publish::{check_destination, BrokerConnection};
+        let connections: Vec<BrokerConnection> =
+            ["rabbit=amqp://h", "cache=redis://h", "bus=nats://h"]
+                .iter()
+                .map(|c| c.parse().unwrap())
+                .collect();
+        let check = |connection: &str, backend: Option<&str>| {
+            let mut t = target();
+            t.connection = connection.into();
+            t.result_backend = backend.map(str::to_string);
+            t.await_result = backend.is_some();
+            check_destination(
+                &crate::TargetSpec::Celery(t),
+                "default",
+                false,
+                &connections,
+                &[],
+            )
+            .map_err(|e| e.field)
+        };
+        assert_eq!(check("rabbit", Some("cache")), Ok(()));
+        assert_eq!(check("cache", None), Ok(()));
+        assert_eq!(
+            check("bus", None),
+            Err("target.celery.connection".to_string())
+        );
+        assert_eq!(
+            check("rabbit", Some("rabbit")),
+            Err("target.celery.result_backend".to_string())
+        );
+        assert_eq!(
+            check("rabbit", Some("nowhere")),
+            Err("target.celery.result_backend".to_string())
+        );
+    }
+
+    #[test]
     fn backend_states_map_to_outcomes() {
         assert!(matches!(task_state(None), TaskState::Going { .. }));
         assert!(matches!(
