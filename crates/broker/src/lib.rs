@@ -7,6 +7,10 @@
 //! broker protocols and nothing else: it keeps no ledger, no health record and no timeouts;
 //! its callers bound every call and decide what an outcome means for the run.
 //!
+//!
+//! For Celery targets it also follows a task in a Redis result backend and revokes it; how
+//! long to follow is the caller's, and only the revoke after giving up has a bound of its own.
+//!
 //! One module per broker (`amqp.rs`, `nats.rs`, `redis.rs`) owns its connection and its
 //! publish.
 
@@ -14,7 +18,7 @@ mod amqp;
 mod nats;
 mod redis;
 
-use sked_core::celery::{self, CeleryTarget, TaskState};
+use sked_core::celery::{self, CeleryTarget, Followed, TaskState};
 use sked_core::publish::{BrokerConnection, BrokerKind, RunContext};
 use sked_core::TargetSpec;
 use std::collections::HashMap;
@@ -137,6 +141,38 @@ impl Brokers {
         }
     }
 
+    /// Follows the task of `run` (see [`Brokers::follow_celery`]) for at most `limit`, or
+    /// until `stop` resolves; giving up revokes the task, waiting at most [`REVOKE_TIMEOUT`]
+    /// for the broker to take the revoke.
+    pub async fn follow_celery_until(
+        &self,
+        target: &CeleryTarget,
+        run: &RunContext<'_>,
+        limit: std::time::Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Followed {
+        let timed_out = tokio::select! {
+            followed = tokio::time::timeout(limit, self.follow_celery(target, run)) => {
+                match followed {
+                    Ok(Ok(state)) => return Followed::Ended(state),
+                    Ok(Err(e)) => return Followed::Unfollowable(e.to_string()),
+                    Err(_) => true,
+                }
+            }
+            () = stop => false,
+        };
+        let revoke =
+            match tokio::time::timeout(REVOKE_TIMEOUT, self.revoke_celery(target, run)).await {
+                Ok(revoked) => revoked.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("not confirmed within {REVOKE_TIMEOUT:?}")),
+            };
+        if timed_out {
+            Followed::TimedOut { limit, revoke }
+        } else {
+            Followed::Stopped { revoke }
+        }
+    }
+
     /// Broadcasts Celery's `revoke` (with terminate) of the task of `run` through `target`'s
     /// connection, so a worker that has it drops or stops it.
     pub async fn revoke_celery(
@@ -160,6 +196,8 @@ impl Brokers {
 /// The first and the longest pause between two reads of a Celery task's state.
 pub const CELERY_POLL_MIN: std::time::Duration = std::time::Duration::from_millis(100);
 pub const CELERY_POLL_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a revoke may take to be taken by the broker.
+pub const REVOKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn no_connection(name: &str) -> PublishError {
     PublishError::NoConnection(format!(

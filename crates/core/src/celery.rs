@@ -468,6 +468,48 @@ impl TaskState {
     }
 }
 
+/// How following a task ended: with its final state, with a backend that could not be
+/// followed, or given up (the time ran out, or the run was stopped) after a revoke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Followed {
+    Ended(TaskState),
+    Unfollowable(String),
+    TimedOut {
+        limit: std::time::Duration,
+        revoke: Result<(), String>,
+    },
+    Stopped {
+        revoke: Result<(), String>,
+    },
+}
+
+impl Followed {
+    /// The attempt's outcome, and its error.
+    pub fn outcome(&self) -> (crate::AttemptOutcome, Option<String>) {
+        use crate::AttemptOutcome;
+        let revoked = |revoke: &Result<(), String>| match revoke {
+            Ok(()) => "the task was revoked".to_string(),
+            Err(e) => format!("the revoke failed: {e}"),
+        };
+        match self {
+            Followed::Ended(state) => state.outcome(),
+            Followed::Unfollowable(why) => (AttemptOutcome::Failed, Some(why.clone())),
+            Followed::TimedOut { limit, revoke } => (
+                AttemptOutcome::TimedOut,
+                Some(format!(
+                    "the task did not end within {}; {}",
+                    crate::HumanDuration(*limit),
+                    revoked(revoke)
+                )),
+            ),
+            Followed::Stopped { revoke } => (
+                AttemptOutcome::Cancelled,
+                Some(format!("stopped; {}", revoked(revoke))),
+            ),
+        }
+    }
+}
+
 /// Whether `target` is a Celery target whose run follows its task's result.
 pub fn follows_result(target: &crate::TargetSpec) -> Option<&CeleryTarget> {
     match target {
@@ -576,6 +618,76 @@ mod tests {
         assert_eq!(redis_priority_queue("celery", Some(1)), "celery");
         assert_eq!(redis_priority_queue("celery", Some(5)), "celery\x06\x166");
         assert_eq!(redis_priority_queue("celery", Some(200)), "celery\x06\x169");
+    }
+
+    #[test]
+    fn giving_up_says_how_and_whether_the_revoke_went_out() {
+        use crate::AttemptOutcome;
+        let (outcome, error) = Followed::TimedOut {
+            limit: std::time::Duration::from_secs(3),
+            revoke: Ok(()),
+        }
+        .outcome();
+        assert_eq!(outcome, AttemptOutcome::TimedOut);
+        assert_eq!(
+            error.as_deref(),
+            Some("the task did not end within 3s; the task was revoked")
+        );
+        let (outcome, error) = Followed::Stopped {
+            revoke: Err("no connection".into()),
+        }
+        .outcome();
+        assert_eq!(outcome, AttemptOutcome::Cancelled);
+        assert_eq!(
+            error.as_deref(),
+            Some("stopped; the revoke failed: no connection")
+        );
+        assert_eq!(
+            Followed::Ended(TaskState::Revoked).outcome().0,
+            AttemptOutcome::Cancelled
+        );
+        assert_eq!(
+            Followed::Unfollowable("no backend".into()).outcome(),
+            (AttemptOutcome::Failed, Some("no backend".to_string()))
+        );
+    }
+
+    #[test]
+    fn a_celery_target_takes_an_amqp_or_a_redis_connection_and_a_redis_backend() {
+        use crate::publish::{check_destination, BrokerConnection};
+        let connections: Vec<BrokerConnection> =
+            ["rabbit=amqp://h", "cache=redis://h", "bus=nats://h"]
+                .iter()
+                .map(|c| c.parse().unwrap())
+                .collect();
+        let check = |connection: &str, backend: Option<&str>| {
+            let mut t = target();
+            t.connection = connection.into();
+            t.result_backend = backend.map(str::to_string);
+            t.await_result = backend.is_some();
+            check_destination(
+                &crate::TargetSpec::Celery(t),
+                "default",
+                false,
+                &connections,
+                &[],
+            )
+            .map_err(|e| e.field)
+        };
+        assert_eq!(check("rabbit", Some("cache")), Ok(()));
+        assert_eq!(check("cache", None), Ok(()));
+        assert_eq!(
+            check("bus", None),
+            Err("target.celery.connection".to_string())
+        );
+        assert_eq!(
+            check("rabbit", Some("rabbit")),
+            Err("target.celery.result_backend".to_string())
+        );
+        assert_eq!(
+            check("rabbit", Some("nowhere")),
+            Err("target.celery.result_backend".to_string())
+        );
     }
 
     #[test]

@@ -419,6 +419,9 @@ fn entry_job(
     if import.jobs.len() > before {
         if let Some(tz) = tz {
             if let Some(why) = clocks.difference(&expr, &schedule_text, tz, Source::Vixie) {
+                if let Some(job) = import.jobs.last_mut() {
+                    job.comments.push(format!("differs from cron: {why}"));
+                }
                 import.differ(line, entry, why);
             }
         }

@@ -362,6 +362,9 @@ fn translate(
         }
     }
     for (at, why) in differences {
+        if let Some(job) = import.jobs.last_mut() {
+            job.comments.push(format!("differs from Kubernetes: {why}"));
+        }
         import.differ(at, &label, why);
     }
 }

@@ -2,12 +2,16 @@
 //!
 //! Each source has its module (`crontab`, `k8s`, `systemd`, `celery_beat`, `pg_cron`) that
 //! turns text (or rows the binary read for it) into an [`Import`]: the jobs it could translate,
-//! each with the comments and the line it came from, and what it could not, each with its line
-//! and the reason. Nothing here does IO or applies anything: reading files, URLs and databases
+//! each with the comments and the line it came from, what it could not, each with its line
+//! and the reason, and the translated entries whose instants or behaviour still differ from
+//! the source's (`dst.rs` finds where a change of clocks makes cron's instants part from
+//! sked's). Nothing here does IO or applies anything: reading files, URLs and databases
 //! is the binary's, and applying is `sked job apply`'s, after a person read the file.
 //!
 //! Every translated job is checked by sked's own rules ([`Import::push_job`]): a definition
 //! sked would refuse is reported as untranslated, never written.
+
+pub mod systemd;
 
 use serde_json::Value;
 use sked_core::job::JobSpec;

@@ -71,6 +71,10 @@ pub struct ImportArgs {
     /// are published through, the one beat's broker URL names.
     #[arg(long, value_name = "NAME")]
     pub connection: Option<String>,
+    /// systemd-timer: the `.service` unit file the timer activates (default: the file its
+    /// `Unit=` names, or the timer's name with `.service`, beside the timer).
+    #[arg(long, value_name = "FILE")]
+    pub service: Option<PathBuf>,
 }
 
 /// The import wrote its file but left something out or changed it: exit
@@ -136,8 +140,12 @@ pub async fn run(args: ImportArgs) -> Result<()> {
     } else {
         let bytes = read_source(&args.source).await?;
         let text = text_of(&bytes).map_err(|e| anyhow!("{}: {e}", args.source))?;
-        let import =
-            translate(&args, text, timezone).map_err(|e| anyhow!("{}: {e}", args.source))?;
+        let service = match args.kind {
+            Kind::SystemdTimer => read_service(&args, text).await?,
+            _ => None,
+        };
+        let import = translate(&args, text, service.as_deref(), timezone)
+            .map_err(|e| anyhow!("{}: {e}", args.source))?;
         (import, args.source.clone())
     };
     let file = import.to_yaml_for(&source, args.namespace.as_deref());
@@ -162,15 +170,50 @@ pub async fn run(args: ImportArgs) -> Result<()> {
 /// The kinds whose importer this build does not have.
 fn unavailable(kind: Kind) -> Option<&'static str> {
     match kind {
-        Kind::Crontab | Kind::K8sCronjob => None,
-        Kind::SystemdTimer => Some("systemd-timer"),
+        Kind::Crontab | Kind::K8sCronjob | Kind::SystemdTimer => None,
         Kind::CeleryBeat | Kind::PgCron => None,
     }
+}
+
+/// The unit name of a timer read from `source`: its file name (`backup.timer`).
+fn timer_unit(source: &str) -> String {
+    let name = source
+        .rsplit('/')
+        .next()
+        .filter(|name| !name.is_empty() && *name != "-")
+        .unwrap_or("stdin.timer");
+    name.split(['?', '#']).next().unwrap_or(name).to_string()
+}
+
+/// The text of the service a timer activates: `--service`, or the file its `Unit=` names (or
+/// the timer's name with `.service`) beside a timer read from a file. None when there is no
+/// such file: the importer then says the command is unknown and writes no job.
+async fn read_service(args: &ImportArgs, timer: &str) -> Result<Option<String>> {
+    let path = match &args.service {
+        Some(path) => path.clone(),
+        None => {
+            let source = Path::new(&args.source);
+            let local = args.source != "-" && !args.source.contains("://");
+            let name = sked_import::systemd::service_of(timer, &timer_unit(&args.source))
+                .map_err(|e| anyhow!("{}: {e}", args.source))?;
+            match source.parent() {
+                Some(dir) if local && !name.contains('/') => dir.join(name),
+                _ => return Ok(None),
+            }
+        }
+    };
+    if args.service.is_none() && !path.exists() {
+        return Ok(None);
+    }
+    let bytes = read_source(&path.to_string_lossy()).await?;
+    let text = text_of(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    Ok(Some(text.to_string()))
 }
 
 fn translate(
     args: &ImportArgs,
     text: &str,
+    service: Option<&str>,
     timezone: Option<chrono_tz::Tz>,
 ) -> Result<Import, ImportError> {
     match args.kind {
@@ -201,13 +244,15 @@ fn translate(
                 as_of: None,
             },
         ),
+        Kind::SystemdTimer => {
+            sked_import::systemd::import(text, service, &timer_unit(&args.source))
+        }
         Kind::CeleryBeat => sked_import::celery_beat::import_json(
             text,
             args.connection.as_deref().unwrap_or_default(),
         ),
-        // Refused by `run` before anything is read: systemd-timer is not in this build, and
-        // pg-cron reads a database.
-        Kind::SystemdTimer | Kind::PgCron => Ok(Import::default()),
+        // Refused by `run` before anything is read: pg-cron reads a database.
+        Kind::PgCron => Ok(Import::default()),
     }
 }
 

@@ -4,7 +4,10 @@
 //! unmodified worker runs the task of `tests/celery/skedtasks.py`, which writes what it
 //! received to a log this test reads. With `await_result`, the run follows the task in a
 //! Redis result backend: `SUCCESS` succeeds, `FAILURE` fails with the traceback, `RETRY` goes
-//! on, and a timeout or a cancel revokes the task.
+//! on, and a timeout or a cancel revokes the task. A node SIGKILLed while it publishes (alone on
+//! SQLite and restarted, or one of two on PostgreSQL) loses no instant: each ran on the worker at
+//! least once, and a message sent again carries its instant's key (delivery is at least once;
+//! the tests print how many were sent again).
 //!
 //! Needs `SKED_TEST_AMQP_URL`, `SKED_TEST_REDIS_URL` and `SKED_TEST_PYTHON` (a Python 3 with
 //! `venv`); without them these tests are reported as ignored (under CI they run, and fail
@@ -492,4 +495,167 @@ async fn a_labelled_worker_publishes_and_follows_the_task_through_its_own_connec
     );
     let log = sked.run_log(id).await;
     assert!(log.contains("following the task's result"), "{log}");
+}
+
+/// Each succeeded run's instant, as its envelope writes it.
+fn envelope_instant(run: &Value) -> String {
+    let at = run["scheduled_for"].as_str().unwrap_or_default();
+    chrono::DateTime::parse_from_rfc3339(at)
+        .map(|t| {
+            t.with_timezone(&chrono::Utc)
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+        })
+        .unwrap_or_default()
+}
+
+#[cfg_attr(
+    not(sked_celery_tests),
+    ignore = "needs SKED_TEST_AMQP_URL, SKED_TEST_REDIS_URL and SKED_TEST_PYTHON"
+)]
+#[tokio::test]
+async fn a_node_sigkilled_mid_publish_loses_no_instant_and_any_resend_carries_the_same_key() {
+    let amqp = service("SKED_TEST_AMQP_URL");
+    let mut sked = Sked::new();
+    let queue = unique("sked-celery-");
+    let worker = CeleryWorker::start(sked.dir.path(), &amqp, None, &queue);
+    let broker = format!("rabbit={amqp}");
+    sked.start_server(&["--broker", &broker]).await;
+    let (status, answer) = sked.put_job("tick", ticking(&queue)).await;
+    assert_eq!(status, 201, "{answer}");
+    let mut rng = common::Rng::from_env();
+    let kills = 5;
+    for _ in 0..kills {
+        tokio::time::sleep(rng.millis(1_000, 2_500)).await;
+        if let Some(server) = sked.server.as_mut() {
+            server.sigkill();
+        }
+        sked.start_server(&["--broker", &broker]).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    each_instant_ran_at_least_once(&sked, &worker, kills).await;
+}
+
+/// Pauses `tick` and checks, once every run ended, that each succeeded instant ran on the
+/// worker, nothing ran that the ledger lacks, and every message sent again (a node died
+/// between the broker's confirm and recording it) carries its instant's key and arguments.
+async fn each_instant_ran_at_least_once(sked: &Sked, worker: &CeleryWorker, kills: usize) {
+    let (_, paused) = sked.post("/jobs/tick/pause", json!(null)).await;
+    assert_eq!(paused["state"], "paused", "{paused}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = sked.runs("tick").await;
+        if runs.iter().all(|r| r["finished_at"].is_string()) || Instant::now() > deadline {
+            break runs;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(runs.len() >= 10, "{} runs", runs.len());
+    let open: Vec<&Value> = runs
+        .iter()
+        .filter(|r| !r["finished_at"].is_string())
+        .collect();
+    assert!(open.is_empty(), "runs without an end: {open:?}");
+    let succeeded: Vec<String> = runs
+        .iter()
+        .filter(|r| r["state"] == "succeeded")
+        .map(envelope_instant)
+        .collect();
+    let tasks = worker
+        .wait_tasks("record", succeeded.len(), Duration::from_secs(20))
+        .await;
+    let mut by_key: std::collections::BTreeMap<String, Vec<&Value>> = Default::default();
+    for task in tasks.iter().filter(|t| t["kind"] == "record") {
+        let key = task["headers"]["sked-idempotency-key"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        by_key.entry(key).or_default().push(task);
+    }
+    for at in &succeeded {
+        let key = format!("default/tick/{at}");
+        let ran = by_key.get(&key).map_or(0, Vec::len);
+        assert!(
+            ran >= 1,
+            "the instant {at} succeeded but no task ran for it"
+        );
+    }
+    let ledger: std::collections::BTreeSet<String> = runs
+        .iter()
+        .map(|r| format!("default/tick/{}", envelope_instant(r)))
+        .collect();
+    let mut resent = 0;
+    for (key, tasks) in &by_key {
+        assert!(
+            ledger.contains(key),
+            "a task for {key}, which the ledger lacks"
+        );
+        let at = key.trim_start_matches("default/tick/");
+        assert!(tasks.iter().all(|t| t["args"] == json!([at])), "{tasks:?}");
+        resent += tasks.len() - 1;
+    }
+    println!(
+        "{kills} SIGKILLs: {} runs, {} succeeded, {} tasks ran, {resent} sent again",
+        runs.len(),
+        succeeded.len(),
+        by_key.values().map(Vec::len).sum::<usize>()
+    );
+}
+
+/// The job every failover test runs: a Celery task each 500 ms, catching up what a dead node
+/// missed.
+fn ticking(queue: &str) -> Value {
+    json!({"schedule": {"every": "500ms"}, "misfire": {"policy": "run_all"},
+        "target": {"celery": {"connection": "rabbit", "task": "skedtasks.record",
+                              "queue": queue, "args": ["{{scheduled_for}}"]}}})
+}
+
+#[cfg_attr(
+    not(all(sked_celery_tests, sked_pg_tests)),
+    ignore = "needs SKED_TEST_DATABASE_URL, the brokers and SKED_TEST_PYTHON"
+)]
+#[tokio::test]
+async fn two_nodes_on_postgresql_fail_over_with_no_instant_lost() {
+    use common::pg::{Logs, Node, Schema};
+    let amqp = service("SKED_TEST_AMQP_URL");
+    let schema = Schema::create().await;
+    let logs = Logs::new();
+    let http = common::http_client();
+    let broker = format!("rabbit={amqp}");
+    let extra = ["--broker", broker.as_str()];
+    let ports = [common::free_port(), common::free_port()];
+    let mut nodes = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let mut node = Node::spawn_with(&logs, &format!("node-{i}"), *port, &schema.url, &extra);
+        node.ready(&http, Duration::from_secs(60)).await;
+        nodes.push(node);
+    }
+    let queue = unique("sked-celery-");
+    let worker = CeleryWorker::start(logs.path(), &amqp, None, &queue);
+    let mut view = Sked::new();
+    view.port = ports[0];
+    let (status, answer) = view.put_job("tick", ticking(&queue)).await;
+    assert_eq!(status, 201, "{answer}");
+    let mut rng = common::Rng::from_env();
+    let kills = 4;
+    for kill in 0..kills {
+        tokio::time::sleep(rng.millis(1_500, 3_000)).await;
+        // Alternate, so each node in turn dies while the other takes its partitions.
+        let slot = kill % 2;
+        nodes[slot].proc.sigkill();
+        view.port = ports[1 - slot];
+        let mut node = Node::spawn_with(
+            &logs,
+            &format!("node-{slot}"),
+            ports[slot],
+            &schema.url,
+            &extra,
+        );
+        node.ready(&http, Duration::from_secs(60)).await;
+        nodes[slot] = node;
+    }
+    // Long enough for the last dead node's partitions and attempts to be taken over.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    each_instant_ran_at_least_once(&view, &worker, kills).await;
+    drop(nodes);
+    schema.drop_schema().await;
 }

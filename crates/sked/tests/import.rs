@@ -191,7 +191,45 @@ async fn an_imported_crontab_and_cronjob_apply_to_a_real_server_and_read_back() 
     assert_eq!(container["env"], json!({"KEEP_DAYS": "7"}));
     assert_eq!(container["cpus"], 0.25);
     assert_eq!(container["memory"], "64MiB");
+
+    // The systemd timer: its service found beside it, by the timer's name.
+    let timer = dir.join("report.timer");
+    std::fs::write(&timer, TIMER).unwrap();
+    std::fs::write(dir.join("report.service"), SERVICE).unwrap();
+    let (code, out, err) = import(&["systemd-timer", path(&timer)], None);
+    assert_eq!(code, 0, "{out}{err}");
+    let jobs = dir.join("systemd-jobs.yaml");
+    std::fs::write(&jobs, &out).unwrap();
+    let (ok, out, err) = sked.cli(&["job", "apply", "-f", path(&jobs)]);
+    assert!(ok, "{out}{err}");
+    let (status, report) = sked.get("/jobs/report").await;
+    assert_eq!(status, 200, "{report}");
+    let spec = definition(&report);
+    assert_eq!(
+        spec["schedule"],
+        json!({"cron": "0 9 * * MON-FRI", "timezone": "Europe/Berlin", "jitter": "5m"})
+    );
+    assert_eq!(spec["misfire"]["policy"], "run_once");
+    assert_eq!(spec["timeout"], "30m");
+    assert_eq!(
+        spec["target"]["shell"]["command"],
+        "/usr/local/bin/report --to \"${DEST}\""
+    );
+    assert_eq!(
+        spec["target"]["shell"]["env"],
+        json!({"DEST": "/srv/reports"})
+    );
+    // Without its service, the timer's command is unknown: nothing is written, and it says so.
+    let (code, out, err) = import(&["systemd-timer", "-"], Some(TIMER.as_bytes()));
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(err.contains("import again with the .service file"), "{err}");
 }
+
+const TIMER: &str = "[Unit]\nDescription=Weekday report\n\n[Timer]\n\
+OnCalendar=Mon..Fri *-*-* 09:00 Europe/Berlin\nRandomizedDelaySec=5min\nPersistent=true\n";
+
+const SERVICE: &str = "[Service]\nType=oneshot\nEnvironment=DEST=/srv/reports\n\
+ExecStart=/usr/local/bin/report --to ${DEST}\nTimeoutStartSec=30min\n";
 
 /// A job's definition as the API shows it.
 fn definition(job: &Value) -> &Value {

@@ -200,27 +200,10 @@ async fn follow_celery(
             None => std::future::pending().await,
         }
     };
-    let (outcome, error) = tokio::select! {
-        followed = tokio::time::timeout(limit, brokers.follow_celery(celery, run)) => {
-            match followed {
-                Ok(Ok(state)) => return state.outcome(),
-                Ok(Err(e)) => return (AttemptOutcome::Failed, Some(e.to_string())),
-                Err(_) => (
-                    AttemptOutcome::TimedOut,
-                    format!("the task did not end within {limit:?}"),
-                ),
-            }
-        }
-        () = cancelled => (AttemptOutcome::Cancelled, "cancelled".to_string()),
-    };
-    match tokio::time::timeout(PROBE_TIMEOUT, brokers.revoke_celery(celery, run)).await {
-        Ok(Ok(())) => (outcome, Some(format!("{error}; the task was revoked"))),
-        Ok(Err(e)) => (outcome, Some(format!("{error}; the revoke failed: {e}"))),
-        Err(_) => (
-            outcome,
-            Some(format!("{error}; the revoke was not confirmed")),
-        ),
-    }
+    brokers
+        .follow_celery_until(celery, run, limit, cancelled)
+        .await
+        .outcome()
 }
 
 /// Registers the publisher as a worker of this node; retried until it works or shutdown.

@@ -116,6 +116,11 @@ impl Node {
     /// Starts `sked server` on `port`, with fast heartbeats and short node leases; does not
     /// wait for it.
     pub fn spawn(logs: &Logs, label: &str, port: u16, url: &str) -> Node {
+        Node::spawn_with(logs, label, port, url, &[])
+    }
+
+    /// [`Node::spawn`] with more arguments (broker connections).
+    pub fn spawn_with(logs: &Logs, label: &str, port: u16, url: &str, extra: &[&str]) -> Node {
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec![
             "server",
@@ -130,6 +135,7 @@ impl Node {
             "127.0.0.1",
         ];
         args.extend_from_slice(FAST_HEARTBEATS);
+        args.extend_from_slice(extra);
         let log = logs.file(label);
         Node {
             proc: Proc::spawn(label, &args, &log),

@@ -92,30 +92,16 @@ async fn follow(
         .timeout_ms
         .map_or(DEFAULT_AWAIT_TIMEOUT, Duration::from_millis)
         .saturating_sub(started.elapsed());
-    let (outcome, why) = tokio::select! {
-        state = brokers.follow_celery(celery, &run) => {
-            let (outcome, error) = match state {
-                Ok(state) => state.outcome(),
-                Err(e) => (AttemptOutcome::Failed, Some(e.to_string())),
-            };
-            output.write(format!("[sked-worker: the task ended {outcome}]\n").as_bytes());
-            return ExecResult { outcome, exit_code: None, http_status: None, error };
-        }
-        () = expire(Some(limit)) => (
-            AttemptOutcome::TimedOut,
-            format!("the task did not end within {}", human(limit)),
-        ),
-        () = stop.requested() => (AttemptOutcome::Cancelled, "stopped by the worker".to_string()),
-    };
-    let revoked =
-        match tokio::time::timeout(REVOKE_TIMEOUT, brokers.revoke_celery(celery, &run)).await {
-            Ok(Ok(())) => "the task was revoked".to_string(),
-            Ok(Err(e)) => format!("the revoke failed: {e}"),
-            Err(_) => "the revoke was not confirmed".to_string(),
-        };
-    output.write(format!("[sked-worker: {why}; {revoked}]\n").as_bytes());
-    ExecResult::ended(outcome, format!("{why}; {revoked}"))
+    let followed = brokers
+        .follow_celery_until(celery, &run, limit, stop.requested())
+        .await;
+    let (outcome, error) = followed.outcome();
+    let said = error.as_deref().unwrap_or("no error");
+    output.write(format!("[sked-worker: the task ended {outcome}: {said}]\n").as_bytes());
+    ExecResult {
+        outcome,
+        exit_code: None,
+        http_status: None,
+        error,
+    }
 }
-
-/// How long a revoke may take to be confirmed.
-const REVOKE_TIMEOUT: Duration = Duration::from_secs(5);
