@@ -23,6 +23,9 @@ pub(crate) enum Source {
     Vixie,
     /// The Kubernetes CronJob controller.
     Kubernetes,
+    /// pg_cron, which checks each minute of UTC in `cron.timezone`: as Kubernetes, it never
+    /// runs a skipped time and runs a repeated one in both passes.
+    PgCron,
 }
 
 /// How far ahead changes of clocks are looked for: up to the end of sked's cron horizon
@@ -31,10 +34,10 @@ const HORIZON_YEARS: i64 = 175;
 
 /// A change of clocks: the wall times of `[start, start + length)` either do not exist (`gap`)
 /// or come twice.
-struct Change {
-    start: NaiveDateTime,
-    length: Duration,
-    gap: bool,
+pub(crate) struct Change {
+    pub(crate) start: NaiveDateTime,
+    pub(crate) length: Duration,
+    pub(crate) gap: bool,
 }
 
 /// Whether `fields` (a 5-field expression or a macro) names one second, minute and hour: a
@@ -57,7 +60,7 @@ fn fixed_time(fields: &str) -> bool {
 }
 
 /// The changes of clocks of `tz` from `from` on, for [`HORIZON_YEARS`].
-fn changes(tz: Tz, from: Instant) -> Vec<Change> {
+pub(crate) fn changes(tz: Tz, from: Instant) -> Vec<Change> {
     let offset = |t: Instant| tz.offset_from_utc_datetime(&t.naive_utc()).fix();
     let mut found = Vec::new();
     let end = from + Duration::days(366 * HORIZON_YEARS);
@@ -127,6 +130,12 @@ impl Clocks {
         }
     }
 
+    /// The changes of clocks of `tz`, found once.
+    pub(crate) fn of(&mut self, tz: Tz) -> &[Change] {
+        let from = self.from;
+        self.zones.entry(tz).or_insert_with(|| changes(tz, from))
+    }
+
     /// [`difference`] of `expr` in `tz`.
     pub(crate) fn difference(
         &mut self,
@@ -164,7 +173,7 @@ fn difference(
             let end_matches = expr.matches_local(end);
             let differs = match source {
                 Source::Vixie if fixed => end.date() != hit.date() && !end_matches,
-                Source::Vixie | Source::Kubernetes => !end_matches,
+                Source::Vixie | Source::Kubernetes | Source::PgCron => !end_matches,
             };
             if !differs {
                 continue;
@@ -200,6 +209,7 @@ fn name(source: Source) -> &'static str {
     match source {
         Source::Vixie => "cron",
         Source::Kubernetes => "Kubernetes",
+        Source::PgCron => "pg_cron",
     }
 }
 

@@ -16,9 +16,11 @@ pub mod systemd;
 use serde_json::Value;
 use sked_core::job::JobSpec;
 
+pub mod celery_beat;
 pub mod crontab;
 mod dst;
 pub mod k8s;
+pub mod pg_cron;
 
 /// Largest input any importer reads; a bigger one is refused before parsing.
 pub const MAX_INPUT_BYTES: usize = 4 * 1024 * 1024;

@@ -15,6 +15,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod tables;
+
 /// The exit status of an import whose file was written but that left something out or
 /// changed it (each reported on standard error).
 pub const EXIT_PARTIAL: u8 = 3;
@@ -65,6 +67,10 @@ pub struct ImportArgs {
     /// crontab: read SOURCE as a user crontab, whatever it looks like.
     #[arg(long = "user-crontab")]
     pub user_crontab: bool,
+    /// celery-beat: the broker connection of the sked server (`--broker NAME=URL`) the tasks
+    /// are published through, the one beat's broker URL names.
+    #[arg(long, value_name = "NAME")]
+    pub connection: Option<String>,
     /// systemd-timer: the `.service` unit file the timer activates (default: the file its
     /// `Unit=` names, or the timer's name with `.service`, beside the timer).
     #[arg(long, value_name = "FILE")]
@@ -98,8 +104,26 @@ pub async fn run(args: ImportArgs) -> Result<()> {
     if let Some(kind) = unavailable(args.kind) {
         bail!("`sked import {kind}` is not available in this build");
     }
-    if args.source.starts_with("postgres://") || args.source.starts_with("postgresql://") {
-        bail!("a PostgreSQL URL is read by `sked import celery-beat` and `sked import pg-cron`");
+    let database = tables::is_database_url(&args.source);
+    match (args.kind, database) {
+        (Kind::CeleryBeat | Kind::PgCron, true) => {}
+        (Kind::PgCron, false) => bail!(
+            "`sked import pg-cron` reads cron.job from a PostgreSQL URL \
+             (postgres://USER@HOST:PORT/DATABASE)"
+        ),
+        (_, true) => {
+            bail!("a PostgreSQL URL is read by `sked import celery-beat` and `sked import pg-cron`")
+        }
+        _ => {}
+    }
+    if args.kind == Kind::CeleryBeat {
+        let Some(connection) = &args.connection else {
+            bail!(
+                "`sked import celery-beat` needs --connection NAME: the sked server's broker \
+                 connection (`--broker NAME=URL`) the tasks are published through"
+            );
+        };
+        sked_core::job::validate_name("--connection", connection).map_err(|e| anyhow!("{e}"))?;
     }
     // Refused before reading anything, and before an existing --out is touched.
     if let Some(out) = &args.out {
@@ -110,15 +134,21 @@ pub async fn run(args: ImportArgs) -> Result<()> {
             );
         }
     }
-    let bytes = read_source(&args.source).await?;
-    let text = text_of(&bytes).map_err(|e| anyhow!("{}: {e}", args.source))?;
-    let service = match args.kind {
-        Kind::SystemdTimer => read_service(&args, text).await?,
-        _ => None,
+    let (import, source) = if database {
+        // The URL may hold a password: it is named by host and database only.
+        tables::import(&args, timezone).await?
+    } else {
+        let bytes = read_source(&args.source).await?;
+        let text = text_of(&bytes).map_err(|e| anyhow!("{}: {e}", args.source))?;
+        let service = match args.kind {
+            Kind::SystemdTimer => read_service(&args, text).await?,
+            _ => None,
+        };
+        let import = translate(&args, text, service.as_deref(), timezone)
+            .map_err(|e| anyhow!("{}: {e}", args.source))?;
+        (import, args.source.clone())
     };
-    let import = translate(&args, text, service.as_deref(), timezone)
-        .map_err(|e| anyhow!("{}: {e}", args.source))?;
-    let file = import.to_yaml_for(&args.source, args.namespace.as_deref());
+    let file = import.to_yaml_for(&source, args.namespace.as_deref());
     match &args.out {
         Some(out) => write_atomically(out, file.as_bytes(), args.force)?,
         None => {
@@ -141,8 +171,7 @@ pub async fn run(args: ImportArgs) -> Result<()> {
 fn unavailable(kind: Kind) -> Option<&'static str> {
     match kind {
         Kind::Crontab | Kind::K8sCronjob | Kind::SystemdTimer => None,
-        Kind::CeleryBeat => Some("celery-beat"),
-        Kind::PgCron => Some("pg-cron"),
+        Kind::CeleryBeat | Kind::PgCron => None,
     }
 }
 
@@ -218,8 +247,12 @@ fn translate(
         Kind::SystemdTimer => {
             sked_import::systemd::import(text, service, &timer_unit(&args.source))
         }
-        // Refused by `run` before anything is read.
-        Kind::CeleryBeat | Kind::PgCron => Ok(Import::default()),
+        Kind::CeleryBeat => sked_import::celery_beat::import_json(
+            text,
+            args.connection.as_deref().unwrap_or_default(),
+        ),
+        // Refused by `run` before anything is read: pg-cron reads a database.
+        Kind::PgCron => Ok(Import::default()),
     }
 }
 

@@ -24,7 +24,7 @@
 
 mod audit;
 mod cluster;
-pub(crate) mod connection;
+pub mod connection;
 mod dependencies;
 mod events;
 mod heartbeats;
