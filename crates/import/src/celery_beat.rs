@@ -716,8 +716,7 @@ fn translate(
         job.insert("paused".into(), json!(true));
         comments.push("disabled in django-celery-beat: imported paused".to_string());
     }
-    let before = import.jobs.len();
-    import.push_job(
+    let kept = import.push_job(
         ImportedJob {
             job: Value::Object(job),
             comments,
@@ -725,7 +724,7 @@ fn translate(
         },
         &label,
     );
-    if import.jobs.len() == before {
+    if !kept {
         return;
     }
     for why in differences {

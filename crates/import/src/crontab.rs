@@ -407,8 +407,7 @@ fn entry_job(
             }
         }
     }
-    let before = import.jobs.len();
-    import.push_job(
+    let kept = import.push_job(
         ImportedJob {
             job: Value::Object(job),
             comments,
@@ -416,7 +415,7 @@ fn entry_job(
         },
         entry,
     );
-    if import.jobs.len() > before {
+    if kept {
         if let Some(tz) = tz {
             if let Some(why) = clocks.difference(&expr, &schedule_text, tz, Source::Vixie) {
                 if let Some(job) = import.jobs.last_mut() {

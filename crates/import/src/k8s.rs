@@ -344,8 +344,7 @@ fn translate(
             "backoff": { "initial": "10s", "max": "6m", "multiplier": 2.0, "jitter": false },
         }),
     );
-    let before = import.jobs.len();
-    import.push_job(
+    let kept = import.push_job(
         ImportedJob {
             job: Value::Object(job),
             comments,
@@ -353,7 +352,7 @@ fn translate(
         },
         &label,
     );
-    if import.jobs.len() == before {
+    if !kept {
         return;
     }
     if let (Some(expr), Some(tz)) = (&expr, tz) {

@@ -72,11 +72,12 @@ pub struct Import {
 impl Import {
     /// Adds a translated job if sked accepts its definition (its name unique in the import);
     /// otherwise reports it as untranslated with sked's reason.
-    pub fn push_job(&mut self, job: ImportedJob, text: &str) {
+    /// Whether it was kept.
+    pub fn push_job(&mut self, job: ImportedJob, text: &str) -> bool {
         let name = job.job["name"].as_str().unwrap_or_default().to_string();
         if self.jobs.iter().any(|j| j.job["name"] == job.job["name"]) {
             self.skip(job.line, text, format!("a second job named {name:?}"));
-            return;
+            return false;
         }
         let checked = serde_json::from_value::<JobSpec>(job.job.clone())
             .map_err(|e| e.to_string())
@@ -86,8 +87,14 @@ impl Import {
                     .map_err(|e| e.to_string())
             });
         match checked {
-            Ok(()) => self.jobs.push(job),
-            Err(e) => self.skip(job.line, text, format!("sked refuses the translation: {e}")),
+            Ok(()) => {
+                self.jobs.push(job);
+                true
+            }
+            Err(e) => {
+                self.skip(job.line, text, format!("sked refuses the translation: {e}"));
+                false
+            }
         }
     }
 

@@ -172,8 +172,7 @@ fn row_job(
         job.insert("paused".into(), json!(true));
         comments.push("inactive in pg_cron (active = false): imported paused".to_string());
     }
-    let before = import.jobs.len();
-    import.push_job(
+    let kept = import.push_job(
         ImportedJob {
             job: Value::Object(job),
             comments,
@@ -181,7 +180,7 @@ fn row_job(
         },
         &text,
     );
-    if import.jobs.len() == before {
+    if !kept {
         return;
     }
     if let Translated::Cron { expr, fields } = &translated {

@@ -20,7 +20,6 @@ use serde_json::{json, Value};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 fn service(var: &str) -> String {
@@ -35,38 +34,9 @@ fn unique(prefix: &str) -> String {
 
 const HERE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/celery");
 
-/// The venv with Celery in it, made once per build directory (the tests of this binary share
-/// it; making it twice at once would break it).
+/// The venv with Celery in it.
 fn venv() -> PathBuf {
-    static MADE: Mutex<bool> = Mutex::new(false);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("celery-venv");
-    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
-    let requirements = Path::new(HERE).join("requirements.txt");
-    let stamp = dir.join("requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).expect("requirements.txt");
-    if !*made && std::fs::read_to_string(&stamp).ok().as_deref() != Some(wanted.as_str()) {
-        let _ = std::fs::remove_dir_all(&dir);
-        let python = service("SKED_TEST_PYTHON");
-        let status = Command::new(&python)
-            .args(["-m", "venv"])
-            .arg(&dir)
-            .status()
-            .expect("python -m venv");
-        assert!(status.success(), "{python} -m venv failed");
-        let out = Command::new(dir.join("bin/pip"))
-            .args(["install", "-q", "--disable-pip-version-check", "-r"])
-            .arg(&requirements)
-            .output()
-            .expect("pip install");
-        assert!(
-            out.status.success(),
-            "pip install failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::write(&stamp, wanted).expect("stamp the venv");
-    }
-    *made = true;
-    dir
+    common::python::venv("celery-venv", &Path::new(HERE).join("requirements.txt"))
 }
 
 /// A `celery worker` of `skedtasks` consuming `queue`, killed (with its pool) when dropped.

@@ -31,7 +31,6 @@ use sked_import::Import;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 
 const HERE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/import_celery");
 
@@ -41,37 +40,12 @@ fn service(var: &str) -> String {
     })
 }
 
-/// The venv with Celery and django-celery-beat, made once per build directory.
+/// The venv with Celery and django-celery-beat.
 fn venv() -> PathBuf {
-    static MADE: Mutex<bool> = Mutex::new(false);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("import-celery-venv");
-    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
-    let requirements = Path::new(HERE).join("requirements.txt");
-    let stamp = dir.join("requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).expect("requirements.txt");
-    if !*made && std::fs::read_to_string(&stamp).ok().as_deref() != Some(wanted.as_str()) {
-        let _ = std::fs::remove_dir_all(&dir);
-        let python = service("SKED_TEST_PYTHON");
-        let status = Command::new(&python)
-            .args(["-m", "venv"])
-            .arg(&dir)
-            .status()
-            .expect("python -m venv");
-        assert!(status.success(), "{python} -m venv failed");
-        let out = Command::new(dir.join("bin/pip"))
-            .args(["install", "-q", "--disable-pip-version-check", "-r"])
-            .arg(&requirements)
-            .output()
-            .expect("pip install");
-        assert!(
-            out.status.success(),
-            "pip install failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::write(&stamp, wanted).expect("stamp the venv");
-    }
-    *made = true;
-    dir
+    common::python::venv(
+        "import-celery-venv",
+        &Path::new(HERE).join("requirements.txt"),
+    )
 }
 
 /// Runs the venv's Python on `script` with `input` on its standard input; its output.

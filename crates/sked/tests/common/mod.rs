@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod pg;
+pub mod python;
 pub mod webhooks;
 
 use chrono::{DateTime, Utc};
