@@ -53,6 +53,17 @@ pub fn service_of(timer: &str, unit: &str) -> Result<String, ImportError> {
 /// text, a line that is not unit syntax); everything else that cannot be translated is in the
 /// import's `untranslated`, with its line.
 pub fn import(timer: &str, service: Option<&str>, unit: &str) -> Result<Import, ImportError> {
+    import_in(timer, service, unit, None)
+}
+
+/// [`import`], reading an `OnCalendar=` that names no zone in `machine_zone` (the zone of the
+/// machine the timer ran on, as `timedatectl` shows it), as systemd did, rather than in UTC.
+pub fn import_in(
+    timer: &str,
+    service: Option<&str>,
+    unit: &str,
+    machine_zone: Option<chrono_tz::Tz>,
+) -> Result<Import, ImportError> {
     text_of(timer.as_bytes())?;
     if let Some(service) = service {
         text_of(service.as_bytes())?;
@@ -68,7 +79,7 @@ pub fn import(timer: &str, service: Option<&str>, unit: &str) -> Result<Import, 
         }
         None => None,
     };
-    let schedules = schedules(&timer, unit, &mut out);
+    let schedules = schedules(&timer, unit, machine_zone, &mut out);
     let Some(service) = service else {
         out.skip(
             timer.unit_line,
@@ -311,7 +322,12 @@ struct Planned {
     number: usize,
 }
 
-fn schedules(timer: &Timer, name: &str, out: &mut Import) -> Vec<Planned> {
+fn schedules(
+    timer: &Timer,
+    name: &str,
+    machine_zone: Option<chrono_tz::Tz>,
+    out: &mut Import,
+) -> Vec<Planned> {
     let mut planned = Vec::new();
     let misfire = if timer.persistent { "run_once" } else { "skip" };
     let persistent_note = if timer.persistent {
@@ -329,6 +345,15 @@ fn schedules(timer: &Timer, name: &str, out: &mut Import) -> Vec<Planned> {
                 out.skip(a.line, &text, format!("calendar event not translated: {e}"));
                 continue;
             }
+        };
+        // A machine zone given is what systemd read a zoneless event in: the same event with
+        // that zone's suffix, so the daylight saving check below sees it too.
+        let event = match (event.to_cron(), machine_zone) {
+            (Ok(form), Some(zone)) if form.timezone.is_none() => {
+                CalendarEvent::parse(&format!("{} {}", a.value.trim(), zone.name()))
+                    .unwrap_or(event)
+            }
+            _ => event,
         };
         let form = match event.to_cron() {
             Ok(form) => form,

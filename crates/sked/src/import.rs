@@ -245,7 +245,7 @@ fn translate(
             },
         ),
         Kind::SystemdTimer => {
-            sked_import::systemd::import(text, service, &timer_unit(&args.source))
+            sked_import::systemd::import_in(text, service, &timer_unit(&args.source), timezone)
         }
         Kind::CeleryBeat => sked_import::celery_beat::import_json(
             text,

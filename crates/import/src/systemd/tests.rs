@@ -285,3 +285,42 @@ fn the_file_written_reads_back_as_the_jobs() {
     assert_eq!(doc["jobs"][0], import.jobs[0].job);
     assert!(yaml.contains("# from line 2"), "{yaml}");
 }
+
+#[test]
+fn a_zoneless_calendar_is_read_in_the_machine_zone_when_given() {
+    let timer = "[Timer]\nOnCalendar=*-*-* 02:30\n";
+    let utc = translate(timer, Some(SERVICE), "backup.timer").unwrap();
+    assert!(has(&utc, 2, "no time zone"), "{:?}", reasons(&utc));
+    assert!(utc.jobs[0].job["schedule"].get("timezone").is_none());
+
+    let zone: chrono_tz::Tz = "Europe/Berlin".parse().unwrap();
+    let berlin = super::import_in(timer, Some(SERVICE), "backup.timer", Some(zone)).unwrap();
+    assert!(!has(&berlin, 2, "no time zone"), "{:?}", reasons(&berlin));
+    assert_eq!(berlin.jobs[0].job["schedule"]["timezone"], "Europe/Berlin");
+    assert_eq!(
+        berlin.jobs[0].job["schedule"]["cron"],
+        utc.jobs[0].job["schedule"]["cron"]
+    );
+    // 02:30 falls in Berlin's spring-forward gap: the difference is reported as for a suffix.
+    let suffixed = translate(
+        "[Timer]\nOnCalendar=*-*-* 02:30 Europe/Berlin\n",
+        Some(SERVICE),
+        "backup.timer",
+    )
+    .unwrap();
+    let why = |import: &Import| -> Vec<String> {
+        import
+            .untranslated
+            .iter()
+            .map(|u| u.reason.clone())
+            .collect()
+    };
+    assert_eq!(why(&berlin), why(&suffixed));
+    assert!(
+        why(&berlin)[0].starts_with("DST: in Europe/Berlin"),
+        "{:?}",
+        why(&berlin)
+    );
+    // The report quotes the line as the timer wrote it.
+    assert!(has(&berlin, 2, "OnCalendar=*-*-* 02:30"));
+}
