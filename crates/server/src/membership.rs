@@ -4,7 +4,9 @@
 //! to fire and the maintenance duties whether they are on.
 //!
 //! A node that cannot renew for a whole lease stops firing and maintaining on its own: by then
-//! other nodes may have taken its leases over. On a clean shutdown it gives its leases back so
+//! other nodes may have taken its leases over. "Cannot renew" includes a store that does not
+//! answer at all (a frozen or half-open connection): the renewal is abandoned when the leases
+//! it would extend run out. On a clean shutdown it gives its leases back so
 //! the others take over at once.
 
 use crate::firing::FiringHandle;
@@ -12,7 +14,7 @@ use crate::metrics::Metrics;
 use chrono::Utc;
 use sked_store::{Membership, NodeInfo, Store};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 pub async fn run(
@@ -26,36 +28,71 @@ pub async fn run(
 ) {
     let every = lease / 3;
     let mut held: Option<Membership> = None;
-    let mut last_renewed = std::time::Instant::now();
+    // When the leases now held were asked for: they lapse one lease after that.
+    let mut asked_at: Option<Instant> = None;
     loop {
-        let renewed = metrics
-            .store_call(
-                "renew_membership",
-                store.renew_membership(&node, Utc::now(), lease),
-            )
-            .await;
-        match renewed {
-            Ok(membership) => {
-                last_renewed = std::time::Instant::now();
+        let asked = Instant::now();
+        // A renewal still unanswered when the leases lapse is as good as failed: over a frozen
+        // connection it may never answer, and the node must stop firing when its leases end,
+        // not when the connection gives up. One answered after `asked + lease` is no use
+        // either: the rows it wrote had expired by then.
+        let deadline = asked_at.unwrap_or(asked) + lease;
+        let call = metrics.store_call(
+            "renew_membership",
+            store.renew_membership(&node, Utc::now(), lease),
+        );
+        match tokio::time::timeout_at(deadline.into(), call).await {
+            Ok(Ok(membership)) => {
+                asked_at = Some(asked);
                 count_leases(&metrics, held.as_ref(), &membership);
                 apply(&mut held, membership, &firing, &maintenance);
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::error!("membership: cannot renew this node's leases: {e}");
-                if held.is_some() && last_renewed.elapsed() >= lease {
-                    tracing::warn!(
-                        "membership: leases lapsed; firing and maintenance stop until renewed"
-                    );
-                    count_leases(&metrics, held.as_ref(), &Membership::default());
-                    apply(&mut held, Membership::default(), &firing, &maintenance);
+                if asked_at.is_some_and(|at| at.elapsed() >= lease) {
+                    lapse(&mut held, &mut asked_at, &metrics, &firing, &maintenance);
                 }
             }
+            Err(_) => {
+                tracing::error!(
+                    "membership: the store did not answer the renewal of this node's leases \
+                     before they ran out"
+                );
+                lapse(&mut held, &mut asked_at, &metrics, &firing, &maintenance);
+            }
         }
+        // Rounds start every third of the lease, or at once after a slow one. The leases may
+        // still run out before the next round (a failure that took long to say so): firing
+        // stops then, not a round later.
+        let next_round = (asked + every).max(Instant::now());
+        let lapses_first = asked_at.map(|at| at + lease).filter(|at| *at < next_round);
         tokio::select! {
             _ = crate::stopped(&mut shutdown) => return,
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep_until(next_round.into()) => {}
+            _ = tokio::time::sleep_until(lapses_first.unwrap_or(next_round).into()),
+                if lapses_first.is_some() =>
+            {
+                lapse(&mut held, &mut asked_at, &metrics, &firing, &maintenance);
+            }
         }
     }
+}
+
+/// The leases ran out unrenewed: other nodes may hold them now, so firing and maintenance
+/// stop until a renewal succeeds.
+fn lapse(
+    held: &mut Option<Membership>,
+    asked_at: &mut Option<Instant>,
+    metrics: &Metrics,
+    firing: &FiringHandle,
+    maintenance: &watch::Sender<bool>,
+) {
+    if asked_at.take().is_none() {
+        return;
+    }
+    tracing::warn!("membership: leases lapsed; firing and maintenance stop until renewed");
+    count_leases(metrics, held.as_ref(), &Membership::default());
+    apply(held, Membership::default(), firing, maintenance);
 }
 
 /// Counts the partitions gained and lost between two rounds.

@@ -168,6 +168,23 @@ async fn serve(
 struct Session {
     worker_id: String,
     heartbeat_interval: Duration,
+    /// How long the server keeps this worker's leases after a heartbeat it received; `None`
+    /// from a server that does not say.
+    heartbeat_timeout: Option<Duration>,
+}
+
+impl Session {
+    /// How long without a confirmed heartbeat before this worker stops its attempts: one
+    /// interval short of the server's timeout, so that they are stopped before the server
+    /// declares the worker dead and hands their runs to another worker.
+    fn fence_after(&self) -> Option<Duration> {
+        let timeout = self.heartbeat_timeout?;
+        Some(
+            timeout
+                .saturating_sub(self.heartbeat_interval)
+                .max(self.heartbeat_interval),
+        )
+    }
 }
 
 /// One attempt the worker holds: executing, or ended and waiting to be reported. Heartbeats
@@ -442,9 +459,11 @@ impl Agent {
                     } else {
                         interval.clamp(Duration::from_millis(50), Duration::from_secs(60))
                     };
+                    let timeout = Duration::from_millis(answer.heartbeat_timeout_ms);
                     return Ok(Some(Session {
                         worker_id: answer.worker_id,
                         heartbeat_interval: interval,
+                        heartbeat_timeout: (!timeout.is_zero()).then_some(timeout),
                     }));
                 }
                 Err(CallError::Status {
@@ -715,6 +734,9 @@ impl Agent {
 
     async fn heartbeat_loop(self: Arc<Self>, mut done: watch::Receiver<bool>) {
         let mut failures = 0u32;
+        // When the last heartbeat a server answered was sent (at first: registration).
+        let mut confirmed = Instant::now();
+        let mut fenced = false;
         loop {
             let interval = self.session.borrow().heartbeat_interval;
             tokio::select! {
@@ -722,12 +744,15 @@ impl Agent {
                 _ = done.wait_for(|d| *d) => return,
             }
             let worker_id = self.worker_id();
+            let sent = Instant::now();
             match self.heartbeat(&worker_id).await {
                 Ok(answer) => {
                     if failures > 0 {
                         tracing::info!("heartbeats go through again");
                     }
                     failures = 0;
+                    confirmed = sent;
+                    fenced = false;
                     for attempt_id in answer.stop {
                         self.stop_attempt(attempt_id, "the server asked to stop it");
                     }
@@ -735,11 +760,27 @@ impl Agent {
                         self.drain_asked();
                     }
                 }
-                Err(e) if e.is_unknown_worker() => self.reregister(&worker_id).await,
+                Err(e) if e.is_unknown_worker() => {
+                    self.reregister(&worker_id).await;
+                    confirmed = Instant::now();
+                }
                 Err(e) => {
                     failures += 1;
                     if worth_logging(failures) {
                         tracing::warn!("heartbeat failed (try {failures}): {e}");
+                    }
+                    // Cut off from every server: its leases are about to end there and its
+                    // runs to go to another worker, so its attempts stop now rather than
+                    // running on beside their successors.
+                    let fence_after = self.session.borrow().fence_after();
+                    if fence_after.is_some_and(|after| !fenced && confirmed.elapsed() >= after) {
+                        fenced = true;
+                        let stopped = self.stop_all("no server confirmed its lease");
+                        tracing::warn!(
+                            "no server has confirmed this worker's leases for {} ms; stopped \
+                             {stopped} attempts, which the servers will give to other workers",
+                            confirmed.elapsed().as_millis()
+                        );
                     }
                 }
             }
@@ -1036,6 +1077,21 @@ fn worth_logging(failures: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cut_off_worker_stops_its_attempts_one_interval_before_the_server_gives_up_on_it() {
+        let session = |interval: u64, timeout: Option<u64>| Session {
+            worker_id: "w".into(),
+            heartbeat_interval: Duration::from_millis(interval),
+            heartbeat_timeout: timeout.map(Duration::from_millis),
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(session(2000, Some(10_000)).fence_after(), Some(ms(8000)));
+        assert_eq!(session(300, Some(2000)).fence_after(), Some(ms(1700)));
+        // A timeout under two intervals still leaves the worker one interval to hear back.
+        assert_eq!(session(2000, Some(3000)).fence_after(), Some(ms(2000)));
+        assert_eq!(session(2000, None).fence_after(), None);
+    }
 
     #[test]
     fn the_stall_gauge_counts_slow_requests_and_those_beyond_the_targets_concurrency() {

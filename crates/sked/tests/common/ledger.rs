@@ -308,7 +308,7 @@ pub async fn check_ledger(
     for r in db
         .query(
             "SELECT id, job, scheduled_for, state, skip_reason, trigger, attempts \
-             FROM runs ORDER BY job, scheduled_for, id",
+             FROM runs WHERE namespace = 'default' ORDER BY job, scheduled_for, id",
             &[],
         )
         .await

@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod ledger;
 pub mod pg;
+pub mod proxy;
 pub mod python;
 pub mod webhooks;
 

@@ -27,6 +27,16 @@ const TLS_KEYS: &[&str] = &["sslmode", "sslrootcert", "sslcert", "sslkey"];
 /// How long one host may take to answer, unless the URL says (`connect_timeout`).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How a connection whose peer vanished (a host lost, a link cut without a reset) is noticed,
+/// unless the URL says: TCP keepalive probes after this much silence, every `KEEPALIVE_EVERY`,
+/// `KEEPALIVE_PROBES` times; and data unacknowledged for `UNACKNOWLEDGED` ends it. Without
+/// them the system's defaults leave such a connection hanging for hours (2 h before the first
+/// probe) or, mid-query, for about 15 minutes of retransmissions.
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(15);
+const KEEPALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+const KEEPALIVE_PROBES: u32 = 3;
+const UNACKNOWLEDGED: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A connection string, parsed: nothing read or connected yet.
 #[derive(Debug, Clone)]
 pub struct DatabaseUrl {
@@ -55,6 +65,19 @@ impl DatabaseUrl {
         }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let says = |key: &str| rest.contains(key);
+        if !says("keepalives_idle") {
+            config.keepalives_idle(KEEPALIVE_IDLE);
+        }
+        if !says("keepalives_interval") {
+            config.keepalives_interval(KEEPALIVE_EVERY);
+        }
+        if !says("keepalives_retries") {
+            config.keepalives_retries(KEEPALIVE_PROBES);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(UNACKNOWLEDGED);
         }
         hosts_agree(&config).map_err(bad)?;
         Ok(DatabaseUrl { config, tls })
@@ -480,6 +503,26 @@ mod tests {
 
     fn taken(text: &str) -> (String, Vec<(&'static str, String)>) {
         take_keys(text, TLS_KEYS)
+    }
+
+    #[test]
+    fn a_vanished_peer_is_noticed_in_seconds_unless_the_url_says_otherwise() {
+        let url = DatabaseUrl::parse("postgres://db/sked").expect("a URL");
+        assert_eq!(url.config.get_keepalives_idle(), KEEPALIVE_IDLE);
+        assert_eq!(url.config.get_keepalives_interval(), Some(KEEPALIVE_EVERY));
+        assert_eq!(url.config.get_keepalives_retries(), Some(KEEPALIVE_PROBES));
+        assert_eq!(url.config.get_tcp_user_timeout(), Some(&UNACKNOWLEDGED));
+        // tokio-postgres reads `tcp_user_timeout` in seconds, where libpq reads milliseconds.
+        let url = DatabaseUrl::parse(
+            "postgres://db/sked?keepalives_idle=60&keepalives_interval=10\
+             &keepalives_retries=5&tcp_user_timeout=90",
+        )
+        .expect("a URL");
+        let secs = std::time::Duration::from_secs;
+        assert_eq!(url.config.get_keepalives_idle(), secs(60));
+        assert_eq!(url.config.get_keepalives_interval(), Some(secs(10)));
+        assert_eq!(url.config.get_keepalives_retries(), Some(5));
+        assert_eq!(url.config.get_tcp_user_timeout(), Some(&secs(90)));
     }
 
     #[test]
