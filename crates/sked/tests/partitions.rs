@@ -8,8 +8,8 @@
 //!
 //! Each scenario also measures its recovery and prints it: how soon the node cut off stopped
 //! firing and its partitions moved, how soon a cut-off worker stopped its processes, how soon
-//! the cluster was whole again after the heal. The fault lasts `SKED_PARTITION_FAULT` seconds
-//! (default 10) and each scenario runs `SKED_PARTITION_RUNS` times (default 1): with 30 and 5
+//! the cluster was whole again after the heal. The fault lasts `SKED_TEST_PARTITION_FAULT` seconds
+//! (default 10) and each scenario runs `SKED_TEST_PARTITION_RUNS` times (default 1): with 30 and 5
 //! that is the long form of docs/BENCHMARKS.md.
 //!
 //! Needs `SKED_TEST_DATABASE_URL`; without it the tests are reported as ignored (see build.rs),
@@ -44,7 +44,7 @@ const CUT_WORKER_LABEL: &str = "reach=cut";
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn fault_length() -> Duration {
-    let secs = std::env::var("SKED_PARTITION_FAULT")
+    let secs = std::env::var("SKED_TEST_PARTITION_FAULT")
         .ok()
         .and_then(|s| s.trim().trim_end_matches('s').parse::<u64>().ok())
         .unwrap_or(10);
@@ -52,7 +52,7 @@ fn fault_length() -> Duration {
 }
 
 fn repetitions() -> usize {
-    std::env::var("SKED_PARTITION_RUNS")
+    std::env::var("SKED_TEST_PARTITION_RUNS")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(1)
@@ -293,7 +293,7 @@ async fn held_partitions(base: &str) -> Option<i64> {
     Some(count("gained") - count("lost"))
 }
 
-/// Runs `scenario` `SKED_PARTITION_RUNS` times on a fresh cluster each, printing each run's
+/// Runs `scenario` `SKED_TEST_PARTITION_RUNS` times on a fresh cluster each, printing each run's
 /// figures.
 async fn repeat<F, Fut>(name: &str, scenario: F)
 where
@@ -458,28 +458,7 @@ async fn postgresql_answering_two_seconds_late_delays_firing_and_loses_nothing()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_cut_off_from_every_node_stops_its_processes_and_its_late_report_is_refused() {
     repeat("worker cut off from every node", |cluster, fault| async move {
-        // A long shell job that only the worker about to be cut off may run.
-        let marker = format!("probe-{:08x}", rand::random::<u32>());
-        let probe = json!({
-            "schedule": {"every": "24h"},
-            "target": {"shell": {"command": format!("sleep 600; echo {marker}")}},
-            "routing": {"labels": {"reach": "cut"}},
-        });
-        let base = cluster.nodes[0].base();
-        let put = cluster
-            .http
-            .put(format!("{base}/api/v1/jobs/probe?namespace=probe"))
-            .json(&probe)
-            .send()
-            .await
-            .expect("PUT the probe job");
-        assert_eq!(put.status().as_u16(), 201, "{}", put.text().await.unwrap_or_default());
-        let (status, run) = post(&cluster.http, &format!("{base}/api/v1/jobs/probe/trigger?namespace=probe"), json!({})).await;
-        assert!((200..300).contains(&status), "trigger the probe: {status} {run}");
-        let run_id = run["id"].as_i64().unwrap_or_else(|| panic!("a run id in {run}"));
-        let pid = wait_for_process(&marker, Duration::from_secs(30)).await;
-        println!("the probe runs on worker-0 as process {pid}");
-
+        let (base, run_id, pid) = start_probe(&cluster).await;
         let cut = Instant::now();
         for link in &cluster.worker_links[0] {
             link.set(Fault::Cut);
@@ -499,9 +478,7 @@ async fn a_worker_cut_off_from_every_node_stops_its_processes_and_its_late_repor
         // refused (its lease was taken), and the probe runs again there as attempt 2.
         let again = wait_attempt(&cluster.http, &base, run_id, 2, "running", cut).await;
         println!("after the heal the probe runs again (attempt 2) {} ms after the cut", again.as_millis());
-        let (status, answer) = post(&cluster.http, &format!("{base}/api/v1/runs/{run_id}/cancel"), json!({})).await;
-        assert!((200..300).contains(&status), "cancel the probe: {status} {answer}");
-        let run = wait_run_ended(&cluster.http, &base, run_id).await;
+        let run = cancel_probe(&cluster, &base, run_id).await;
         let first = &run["attempt_history"][0];
         assert_eq!(first["state"], "lost", "the cut-off attempt: {run}");
         assert!(
@@ -526,6 +503,123 @@ async fn a_worker_cut_off_from_every_node_stops_its_processes_and_its_late_repor
         )
     })
     .await;
+}
+
+#[cfg_attr(
+    not(sked_pg_tests),
+    ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_unreachable_from_every_node_stops_running_attempts_without_spending_a_retry() {
+    repeat(
+        "PostgreSQL unreachable from every node",
+        |cluster, fault| async move {
+            let (base, run_id, pid) = start_probe(&cluster).await;
+            let cut = Instant::now();
+            for link in &cluster.database_links {
+                link.set(Fault::Cut);
+            }
+            println!("cut every node from PostgreSQL; the workers still reach the nodes");
+            // No heartbeat can be recorded, so no lease extended: the workers stop their attempts
+            // before the leases end, and do not report them as ended.
+            let gone = wait_gone(pid, Duration::from_secs(30))
+                .await
+                .duration_since(cut);
+            println!(
+                "worker-0 stopped the probe's process {} ms after the cut",
+                gone.as_millis()
+            );
+            tokio::time::sleep(fault.saturating_sub(cut.elapsed())).await;
+            for link in &cluster.database_links {
+                link.set(Fault::Pass);
+            }
+            let healed = cluster
+                .whole(HEAL_LIMIT, "whole again once PostgreSQL is back")
+                .await;
+            println!(
+                "PostgreSQL reachable again; the cluster was whole in {} ms",
+                healed.as_millis()
+            );
+            let again = wait_attempt(&cluster.http, &base, run_id, 2, "running", cut).await;
+            println!(
+                "the probe runs again (attempt 2) {} ms after the cut",
+                again.as_millis()
+            );
+            let run = cancel_probe(&cluster, &base, run_id).await;
+            assert_eq!(
+                run["attempt_history"][0]["state"], "lost",
+                "the attempt stopped while PostgreSQL was away is lost, not failed: {run}"
+            );
+            assert_eq!(run["failures"], 0, "no retry was spent on it: {run}");
+            let report = cluster.check().await;
+            println!("{report}");
+            cluster.stop().await;
+            format!(
+            "process stopped {} ms after the cut, cluster whole {} ms after the heal, the probe \
+             ran again {} ms after the cut",
+            gone.as_millis(),
+            healed.as_millis(),
+            again.as_millis()
+        )
+        },
+    )
+    .await;
+}
+
+/// Starts a long shell job that only worker-0 may run, and waits until it runs there: the
+/// base URL it was made through, its run, and the pid of its shell.
+async fn start_probe(cluster: &Cluster) -> (String, i64, u32) {
+    let marker = format!("probe-{:08x}", rand::random::<u32>());
+    let probe = json!({
+        "schedule": {"every": "24h"},
+        "target": {"shell": {"command": format!("sleep 600; echo {marker}")}},
+        "routing": {"labels": {"reach": "cut"}},
+    });
+    let base = cluster.nodes[0].base();
+    let put = cluster
+        .http
+        .put(format!("{base}/api/v1/jobs/probe?namespace=probe"))
+        .json(&probe)
+        .send()
+        .await
+        .expect("PUT the probe job");
+    assert_eq!(
+        put.status().as_u16(),
+        201,
+        "{}",
+        put.text().await.unwrap_or_default()
+    );
+    let (status, run) = post(
+        &cluster.http,
+        &format!("{base}/api/v1/jobs/probe/trigger?namespace=probe"),
+        json!({}),
+    )
+    .await;
+    assert!(
+        (200..300).contains(&status),
+        "trigger the probe: {status} {run}"
+    );
+    let run_id = run["id"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("a run id in {run}"));
+    let pid = wait_for_process(&marker, Duration::from_secs(30)).await;
+    println!("the probe runs on worker-0 as process {pid}");
+    (base, run_id, pid)
+}
+
+/// Cancels the probe's run and waits for its end; the run.
+async fn cancel_probe(cluster: &Cluster, base: &str, run_id: i64) -> Value {
+    let (status, answer) = post(
+        &cluster.http,
+        &format!("{base}/api/v1/runs/{run_id}/cancel"),
+        json!({}),
+    )
+    .await;
+    assert!(
+        (200..300).contains(&status),
+        "cancel the probe: {status} {answer}"
+    );
+    wait_run_ended(&cluster.http, base, run_id).await
 }
 
 async fn post(http: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {

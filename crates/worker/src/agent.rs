@@ -192,6 +192,10 @@ impl Session {
 struct Entry {
     token: i64,
     executing: bool,
+    /// Stopped because its lease lapsed unconfirmed: its end is not reported, and heartbeats
+    /// stop listing it, so the server ends its lease and queues its run again without
+    /// spending a retry (a stop reported as the attempt's result would spend one).
+    abandoned: bool,
     /// When it started, and whether it is an HTTP request: what the stall gauge counts.
     started: tokio::time::Instant,
     http: bool,
@@ -525,6 +529,20 @@ impl Agent {
         }
     }
 
+    /// Stops every executing attempt without reporting its end (see `Entry::abandoned`);
+    /// returns how many.
+    fn abandon_all(&self, why: &str) -> usize {
+        let mut attempts = self.lock_attempts();
+        let mut n = 0;
+        for (id, entry) in attempts.iter_mut().filter(|(_, e)| e.executing) {
+            tracing::debug!("abandoning attempt {id}: {why}");
+            entry.abandoned = true;
+            entry.stop.stop();
+            n += 1;
+        }
+        n
+    }
+
     /// Stops every executing attempt; returns how many.
     fn stop_all(&self, why: &str) -> usize {
         let attempts = self.lock_attempts();
@@ -552,6 +570,7 @@ impl Agent {
                 Entry {
                     token: leased.token,
                     executing: true,
+                    abandoned: false,
                     started: tokio::time::Instant::now(),
                     http: matches!(leased.target, sked_core::TargetSpec::Http(_)),
                     stop,
@@ -621,6 +640,16 @@ impl Agent {
             let Some(entry) = attempts.get_mut(&attempt_id) else {
                 return;
             };
+            if entry.abandoned {
+                attempts.remove(&attempt_id);
+                tracing::info!(
+                    "attempt {attempt_id} is not reported: its lease lapsed, and its run goes to \
+                     another worker"
+                );
+                drop(attempts);
+                self.slot_freed.notify_one();
+                return;
+            }
             entry.executing = false;
             let finished = Finished {
                 completion: result.into_completion(attempt_id, token),
@@ -775,7 +804,7 @@ impl Agent {
                     let fence_after = self.session.borrow().fence_after();
                     if fence_after.is_some_and(|after| !fenced && confirmed.elapsed() >= after) {
                         fenced = true;
-                        let stopped = self.stop_all("no server confirmed its lease");
+                        let stopped = self.abandon_all("no server confirmed its lease");
                         tracing::warn!(
                             "no server has confirmed this worker's leases for {} ms; stopped \
                              {stopped} attempts, which the servers will give to other workers",
