@@ -12,7 +12,7 @@
 //!   key no run is overtaken by more than [`OVERTAKE_BOUND`] runs of its key queued after it
 //!   (on PostgreSQL, where nodes die too, [`TAKEOVER_OVERTAKES`] more).
 //!
-//! The chaos lasts `SKED_FLOW_CHAOS_SECS` seconds (40 by default, for each store). The
+//! The chaos lasts `SKED_FLOW_CHAOS_SECS` seconds (25 by default, for each store). The
 //! PostgreSQL test needs `SKED_TEST_DATABASE_URL`; without it it is reported as ignored (see
 //! build.rs), and under CI it runs, so a missing database fails it.
 
@@ -64,7 +64,7 @@ fn chaos() -> Duration {
     let secs = std::env::var("SKED_FLOW_CHAOS_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
+        .unwrap_or(25);
     Duration::from_secs(secs)
 }
 
