@@ -69,6 +69,21 @@ pub async fn start(
         .store_call("start_attempts", state.store.start_attempts(&starts, now))
         .await?;
     let runs = handout.started();
+    // A store that answered late (a frozen connection, a stalled database) may have answered
+    // after this worker's heartbeats ended these attempts as never received (see
+    // `forgotten_before`): handed out now they would run beside the attempts that replace
+    // them. Kept back, they end by that same path, and their runs are queued again.
+    let took = Utc::now() - now;
+    if now - took < forgotten_before(state, now) {
+        tracing::warn!(
+            worker = worker_id,
+            "the store took {} ms to start {} attempts, too long for the worker to get them \
+             safely; they are left to end unreceived and their runs to be queued again",
+            took.num_milliseconds(),
+            runs.len()
+        );
+        return Ok(Vec::new());
+    }
     let mut attempts = Vec::with_capacity(runs.len());
     let mut held = Vec::new();
     let mut keyed = Vec::new();

@@ -239,17 +239,50 @@ impl Cluster {
         }
     }
 
-    /// Pauses every job, waits for every run to end and checks the ledger.
-    async fn check(&self) -> String {
-        pause_and_check_ledger(
+    /// Waits until every job has a run fired for an instant after `after` (not skipped),
+    /// for at most `within`: firing has resumed everywhere. Returns how long after `since`.
+    async fn every_job_fires_after(
+        &self,
+        after: chrono::DateTime<chrono::Utc>,
+        since: Instant,
+        within: Duration,
+    ) -> Duration {
+        let db = self.schema.client().await;
+        let after = after.timestamp_micros();
+        loop {
+            let firing: i64 = db
+                .query_one(
+                    "SELECT count(DISTINCT job) FROM runs WHERE namespace = 'default' \
+                     AND state <> 'skipped' AND scheduled_for > $1",
+                    &[&after],
+                )
+                .await
+                .expect("count the jobs firing")
+                .get(0);
+            if firing as usize >= JOBS {
+                return since.elapsed();
+            }
+            assert!(
+                since.elapsed() < within,
+                "only {firing} of {JOBS} jobs fired again within {within:?} of the fault"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Pauses every job, waits for every run to end and checks the ledger (printing its
+    /// summary); then stops everything and drops the schema.
+    async fn check_and_stop(self) {
+        let (report, _) = pause_and_check_ledger(
             &self.http,
             &self.bases(),
             &self.plans,
             &self.schema,
             &self.sink,
         )
-        .await
-        .0
+        .await;
+        println!("{report}");
+        self.stop().await;
     }
 
     async fn stop(self) {
@@ -321,49 +354,60 @@ where
     }
 }
 
+/// Node `i`'s link to PostgreSQL goes wrong as `fault` says, for `length`, while its workers
+/// still reach it: it must stop firing within its lease, the other nodes take its partitions,
+/// and the cluster is whole again once the link heals.
+async fn one_node_loses_postgresql(
+    cluster: Cluster,
+    length: Duration,
+    i: usize,
+    fault: Fault,
+) -> String {
+    let began = Instant::now();
+    cluster.database_links[i].set(fault);
+    println!("node-{i}'s link to PostgreSQL: {fault:?}; its workers still reach it");
+    let stopped = cluster.stopped_firing(i, began).await;
+    let moved = cluster.moved_off((i + 1) % NODES, i, began).await;
+    // While the link is still broken, every job fires again, its own included: a session
+    // cut off mid-transaction holds its row locks only until PostgreSQL ends it.
+    let moved_at = chrono::Utc::now();
+    let resumed = cluster.every_job_fires_after(moved_at, began, length).await;
+    println!(
+        "node-{i} stopped firing {} ms after the fault, its partitions moved in {} ms, every \
+         job fired again {} ms after the fault",
+        stopped.as_millis(),
+        moved.as_millis(),
+        resumed.as_millis()
+    );
+    assert!(
+        stopped <= LEASE + LEASE_SLACK,
+        "node-{i} went on firing {stopped:?} after {fault:?}; its lease is {LEASE:?}"
+    );
+    tokio::time::sleep(length.saturating_sub(began.elapsed())).await;
+    cluster.database_links[i].set(Fault::Pass);
+    let healed = cluster
+        .whole(HEAL_LIMIT, "whole again after the heal")
+        .await;
+    cluster.check_and_stop().await;
+    format!(
+        "stopped firing in {} ms, partitions moved in {} ms, every job firing in {} ms, whole \
+         again {} ms after the heal",
+        stopped.as_millis(),
+        moved.as_millis(),
+        resumed.as_millis(),
+        healed.as_millis()
+    )
+}
+
 #[cfg_attr(
     not(sked_pg_tests),
     ignore = "needs SKED_TEST_DATABASE_URL (a PostgreSQL database)"
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_from_postgresql_stops_firing_within_its_lease_and_its_partitions_move() {
-    repeat(
-        "node cut off from PostgreSQL",
-        |cluster, fault| async move {
-            let cut = Instant::now();
-            cluster.database_links[0].set(Fault::Cut);
-            println!("cut node-0 from PostgreSQL; its workers still reach it");
-            let stopped = cluster.stopped_firing(0, cut).await;
-            let moved = cluster.moved_off(1, 0, cut).await;
-            println!(
-                "node-0 stopped firing {} ms after the cut, its partitions moved in {} ms",
-                stopped.as_millis(),
-                moved.as_millis()
-            );
-            assert!(
-                stopped <= LEASE + LEASE_SLACK,
-                "node-0 went on firing {stopped:?} after it was cut off; its lease is {LEASE:?}"
-            );
-            tokio::time::sleep(fault.saturating_sub(cut.elapsed())).await;
-            cluster.database_links[0].set(Fault::Pass);
-            let healed = cluster
-                .whole(HEAL_LIMIT, "whole again after the heal")
-                .await;
-            println!(
-                "healed; the cluster was whole again in {} ms",
-                healed.as_millis()
-            );
-            let report = cluster.check().await;
-            println!("{report}");
-            cluster.stop().await;
-            format!(
-            "stopped firing in {} ms, partitions moved in {} ms, whole again {} ms after the heal",
-            stopped.as_millis(),
-            moved.as_millis(),
-            healed.as_millis()
-        )
-        },
-    )
+    repeat("node cut off from PostgreSQL", |cluster, length| {
+        one_node_loses_postgresql(cluster, length, 0, Fault::Cut)
+    })
     .await;
 }
 
@@ -375,40 +419,7 @@ async fn a_node_cut_off_from_postgresql_stops_firing_within_its_lease_and_its_pa
 async fn a_node_whose_postgresql_connections_freeze_half_open_stops_firing_within_its_lease() {
     repeat(
         "node's PostgreSQL connections frozen (half-open)",
-        |cluster, fault| async move {
-            let frozen = Instant::now();
-            cluster.database_links[1].set(Fault::Freeze);
-            println!("froze node-1's connections to PostgreSQL: open, nothing passes");
-            let stopped = cluster.stopped_firing(1, frozen).await;
-            let moved = cluster.moved_off(0, 1, frozen).await;
-            println!(
-                "node-1 stopped firing {} ms after the freeze, its partitions moved in {} ms",
-                stopped.as_millis(),
-                moved.as_millis()
-            );
-            assert!(
-            stopped <= LEASE + LEASE_SLACK,
-            "node-1 went on firing {stopped:?} after its connections froze; its lease is {LEASE:?}"
-        );
-            tokio::time::sleep(fault.saturating_sub(frozen.elapsed())).await;
-            cluster.database_links[1].set(Fault::Pass);
-            let healed = cluster
-                .whole(HEAL_LIMIT, "whole again after the thaw")
-                .await;
-            println!(
-                "thawed; the cluster was whole again in {} ms",
-                healed.as_millis()
-            );
-            let report = cluster.check().await;
-            println!("{report}");
-            cluster.stop().await;
-            format!(
-            "stopped firing in {} ms, partitions moved in {} ms, whole again {} ms after the thaw",
-            stopped.as_millis(),
-            moved.as_millis(),
-            healed.as_millis()
-        )
-        },
+        |cluster, length| one_node_loses_postgresql(cluster, length, 1, Fault::Freeze),
     )
     .await;
 }
@@ -439,9 +450,7 @@ async fn postgresql_answering_two_seconds_late_delays_firing_and_loses_nothing()
             slowed.elapsed().as_millis() - healed.as_millis(),
             healed.as_millis()
         );
-            let report = cluster.check().await;
-            println!("{report}");
-            cluster.stop().await;
+            cluster.check_and_stop().await;
             format!(
                 "whole again {} ms after the slowness ended",
                 healed.as_millis()
@@ -491,9 +500,7 @@ async fn a_worker_cut_off_from_every_node_stops_its_processes_and_its_late_repor
              than a second: gone after {gone_after:?}, taken after {taken:?}"
         );
         let healed = cluster.whole(HEAL_LIMIT, "whole after the heal").await;
-        let report = cluster.check().await;
-        println!("{report}");
-        cluster.stop().await;
+        cluster.check_and_stop().await;
         format!(
             "process stopped {} ms after the cut, attempt taken back after {} ms, ran again {} ms after the cut; cluster whole {} ms after",
             gone_after.as_millis(),
@@ -551,9 +558,7 @@ async fn postgresql_unreachable_from_every_node_stops_running_attempts_without_s
                 "the attempt stopped while PostgreSQL was away is lost, not failed: {run}"
             );
             assert_eq!(run["failures"], 0, "no retry was spent on it: {run}");
-            let report = cluster.check().await;
-            println!("{report}");
-            cluster.stop().await;
+            cluster.check_and_stop().await;
             format!(
             "process stopped {} ms after the cut, cluster whole {} ms after the heal, the probe \
              ran again {} ms after the cut",

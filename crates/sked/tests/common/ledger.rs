@@ -1,9 +1,17 @@
 //! The ledger check of a cluster under faults: jobs firing every second or two at an HTTP
-//! sink, then paused; once every run has ended, the tables are read and every instant each
-//! schedule owed must have exactly one run, every run an end, every attempt a fencing token of
-//! its own, and every success a request the sink really answered. Shared by the scenarios that
-//! kill nodes and workers (`cluster.rs`) and those that cut, slow or freeze their links
-//! (`partitions.rs`, `failover.rs`).
+//! sink that records each (run, attempt) that reaches it and when; then every job is paused,
+//! every run must end, and the history is read from the tables and checked against what the
+//! sink saw:
+//! - every instant each schedule owed has exactly one run, and every run ended;
+//! - no two attempts of a run succeeded, none shares another's fencing token, and a lost
+//!   attempt (its lease taken away) carries no result, so its late report was refused;
+//! - nothing reached the sink unrecorded (a fire or an attempt acknowledged to a worker and
+//!   then lost), and every accepted success is a request the sink answered;
+//! - no attempt reached the sink after its lease had ended, and no attempt of a run began
+//!   before the one before it had ended.
+//!
+//! Shared by the scenarios that kill nodes and workers (`cluster.rs`) and those that cut, slow
+//! or freeze their links (`partitions.rs`).
 
 use super::pg::Schema;
 use axum::http::{HeaderMap, StatusCode};
@@ -23,7 +31,8 @@ const SETTLE: Duration = Duration::from_secs(20);
 /// The jobs' HTTP target: answers 200 at once and remembers which (run, attempt) reached it.
 #[derive(Clone, Default)]
 pub struct Sink {
-    pub seen: Arc<Mutex<HashSet<(i64, i64)>>>,
+    /// Each (run, attempt) that reached it, with when it first did (microseconds).
+    pub seen: Arc<Mutex<HashMap<(i64, i64), i64>>>,
 }
 
 impl Sink {
@@ -44,7 +53,10 @@ impl Sink {
                     if let (Some(run), Some(attempt)) =
                         (number("x-sked-run-id"), number("x-sked-attempt"))
                     {
-                        seen.lock().expect("sink lock").insert((run, attempt));
+                        seen.lock()
+                            .expect("sink lock")
+                            .entry((run, attempt))
+                            .or_insert_with(|| Utc::now().timestamp_micros());
                     }
                     StatusCode::OK
                 }
@@ -290,6 +302,10 @@ struct AttemptRow {
     exit_code: Option<i32>,
     http_status: Option<i32>,
     worker_id: String,
+    /// Microseconds, as the node that wrote them saw the clock (this machine's).
+    started_at: i64,
+    lease_expires_at: i64,
+    finished_at: Option<i64>,
 }
 
 /// The ledger check, straight from the tables. Collects every problem, then fails with the
@@ -326,7 +342,8 @@ pub async fn check_ledger(
     let mut attempts: HashMap<i64, Vec<AttemptRow>> = HashMap::new();
     for a in db
         .query(
-            "SELECT run_id, number, token, state, exit_code, http_status, worker_id \
+            "SELECT run_id, number, token, state, exit_code, http_status, worker_id, \
+             started_at, lease_expires_at, finished_at \
              FROM attempts ORDER BY run_id, number",
             &[],
         )
@@ -340,6 +357,9 @@ pub async fn check_ledger(
             exit_code: a.get(4),
             http_status: a.get(5),
             worker_id: a.get(6),
+            started_at: a.get(7),
+            lease_expires_at: a.get(8),
+            finished_at: a.get(9),
         });
     }
     // And taken after: a success the ledger holds was answered by the target before it was
@@ -409,7 +429,7 @@ pub async fn check_ledger(
     }
     // Workers get an attempt only once it is recorded, so nothing reaches the target unrecorded.
     let mut unrecorded: Vec<&(i64, i64)> = seen_before
-        .iter()
+        .keys()
         .filter(|(run, number)| {
             !attempts
                 .get(run)
@@ -425,7 +445,10 @@ pub async fn check_ledger(
         ));
     }
     // Every job was paused and every run had ended before the reads: nothing starts after.
-    let mut late: Vec<&(i64, i64)> = seen.difference(&seen_before).collect();
+    let mut late: Vec<&(i64, i64)> = seen
+        .keys()
+        .filter(|pair| !seen_before.contains_key(pair))
+        .collect();
     late.sort();
     if !late.is_empty() {
         problems.push(format!(
@@ -461,7 +484,7 @@ fn check_run(
     job: &str,
     run: &RunRow,
     tries: &[AttemptRow],
-    seen: &HashSet<(i64, i64)>,
+    seen: &HashMap<(i64, i64), i64>,
     problems: &mut Vec<String>,
 ) {
     let id = run.id;
@@ -519,6 +542,39 @@ fn check_run(
             describe()
         ));
     }
+    // Time, as the history shows it: an attempt reached the target only while it held its
+    // lease (a request that arrived after the lease ended was started by a worker that had
+    // lost it), and a run's attempts followed one another: each began after the one before
+    // it had ended.
+    for a in tries {
+        let Some(&arrived) = seen.get(&(id, i64::from(a.number))) else {
+            continue;
+        };
+        let lease_ended = match a.finished_at {
+            Some(finished) if a.state == "lost" => finished.min(a.lease_expires_at),
+            _ => a.lease_expires_at,
+        };
+        if arrived > lease_ended {
+            problems.push(format!(
+                "attempt #{} reached the target {} ms after its lease ended: {}",
+                a.number,
+                (arrived - lease_ended) / 1000,
+                describe()
+            ));
+        }
+    }
+    for pair in tries.windows(2) {
+        let ended = pair[0].finished_at.unwrap_or(i64::MAX);
+        if pair[1].started_at < ended {
+            problems.push(format!(
+                "attempt #{} began {} ms before attempt #{} had ended: {}",
+                pair[1].number,
+                (ended.min(i64::MAX / 2) - pair[1].started_at) / 1000,
+                pair[0].number,
+                describe()
+            ));
+        }
+    }
     if run.state == "skipped" && !tries.is_empty() {
         problems.push(format!("a skipped run has attempts: {}", describe()));
     }
@@ -538,11 +594,13 @@ fn check_run(
                 a.number,
                 describe()
             )),
-            "succeeded" if !seen.contains(&(id, i64::from(a.number))) => problems.push(format!(
-                "attempt #{} succeeded but never reached the target: {}",
-                a.number,
-                describe()
-            )),
+            "succeeded" if !seen.contains_key(&(id, i64::from(a.number))) => {
+                problems.push(format!(
+                    "attempt #{} succeeded but never reached the target: {}",
+                    a.number,
+                    describe()
+                ))
+            }
             "succeeded" => {}
             other => problems.push(format!(
                 "attempt #{} ended {other}, not succeeded or lost: {}",

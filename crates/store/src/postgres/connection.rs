@@ -234,8 +234,16 @@ impl From<Failed> for StoreError {
     }
 }
 
-/// The pool's connections, opened as [`Connector::connect`] does. The pool only passes on a
-/// tokio-postgres error, so what each host said is logged here.
+/// How long a session of the pool may sit idle inside a transaction before PostgreSQL ends
+/// it, unless the URL's `options` set `idle_in_transaction_session_timeout`. sked never waits
+/// between a transaction's statements, so a session that does was cut off mid-transaction
+/// (a frozen link, a stalled host): its row locks would otherwise hold up the nodes that took
+/// its partitions for as long as the link stays frozen.
+pub const IDLE_IN_TRANSACTION: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The pool's connections, opened as [`Connector::connect`] does, each with
+/// [`IDLE_IN_TRANSACTION`]. The pool only passes on a tokio-postgres error, so what each host
+/// said is logged here.
 pub struct PoolConnect(pub Connector);
 
 impl deadpool_postgres::Connect for PoolConnect {
@@ -256,6 +264,19 @@ impl deadpool_postgres::Connect for PoolConnect {
                     tracing::warn!("a PostgreSQL connection of the pool ended: {e}");
                 }
             });
+            let set_by_url = self
+                .0
+                .config()
+                .get_options()
+                .is_some_and(|o| o.contains("idle_in_transaction_session_timeout"));
+            if !set_by_url {
+                let ms = IDLE_IN_TRANSACTION.as_millis();
+                let set = format!("SET idle_in_transaction_session_timeout = {ms}");
+                if let Err(e) = client.batch_execute(&set).await {
+                    task.abort();
+                    return Err(e);
+                }
+            }
             Ok((client, task))
         })
     }
