@@ -6,8 +6,8 @@
 //! A node that cannot renew for a whole lease stops firing and maintaining on its own: by then
 //! other nodes may have taken its leases over. "Cannot renew" includes a store that does not
 //! answer at all (a frozen or half-open connection): the renewal is abandoned when the leases
-//! it would extend run out. On a clean shutdown it gives its leases back so
-//! the others take over at once.
+//! it would extend run out. On a clean shutdown it gives its leases back so the others take
+//! over at once.
 
 use crate::firing::FiringHandle;
 use crate::metrics::Metrics;
