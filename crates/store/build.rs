@@ -6,9 +6,15 @@
 //! `SKED_TEST_AMQP_URL`, `SKED_TEST_NATS_URL` and `SKED_TEST_REDIS_URL` set, the web console
 //! in a real Chromium with `SKED_TEST_CHROMEDRIVER` (the `chromedriver` to start), container
 //! targets with `SKED_TEST_PODMAN` (the `podman` to run them with), the Celery target with the
-//! brokers and `SKED_TEST_PYTHON` (a Python 3 to make Celery's venv with); under CI, where
-//! their absence must fail loudly, always. Otherwise they are reported as `ignored`, never as
-//! passed.
+//! brokers and `SKED_TEST_PYTHON` (a Python 3 to make Celery's venv with), PostgreSQL failing
+//! over with `SKED_TEST_DATABASE_URL` set and pg_auto_failover's `/usr/bin/pg_autoctl`
+//! installed (the tests start formations of their own; the file is watched when it is there,
+//! so its removal is noticed, and an install is noticed at the next change of the variables);
+//! under CI, where their absence must fail loudly, always. Otherwise they are reported as
+//! `ignored`, never as passed.
+
+/// pg_auto_failover's command, from Debian's `pg-auto-failover-cli`.
+const PG_AUTOCTL: &str = "/usr/bin/pg_autoctl";
 
 fn set(var: &str) -> bool {
     println!("cargo::rerun-if-env-changed={var}");
@@ -22,6 +28,7 @@ pub fn main() {
     println!("cargo::rustc-check-cfg=cfg(sked_browser_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_container_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_celery_tests)");
+    println!("cargo::rustc-check-cfg=cfg(sked_failover_tests)");
     println!("cargo::rerun-if-env-changed=CI");
     let ci = std::env::var_os("CI").is_some();
     let pg = set("SKED_TEST_DATABASE_URL");
@@ -39,6 +46,13 @@ pub fn main() {
     }
     if (pg && pg_bin.join("initdb").exists()) || ci {
         println!("cargo::rustc-cfg=sked_pg_server_tests");
+    }
+    let pg_autoctl = std::path::Path::new(PG_AUTOCTL);
+    if pg_autoctl.exists() {
+        println!("cargo::rerun-if-changed={PG_AUTOCTL}");
+    }
+    if (pg && pg_autoctl.exists()) || ci {
+        println!("cargo::rustc-cfg=sked_failover_tests");
     }
     let brokers = [
         "SKED_TEST_AMQP_URL",

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod failover;
 pub mod ledger;
 pub mod pg;
 pub mod proxy;
