@@ -383,6 +383,18 @@ async fn one_node_loses_postgresql(
         stopped <= LEASE + LEASE_SLACK,
         "node-{i} went on firing {stopped:?} after {fault:?}; its lease is {LEASE:?}"
     );
+    if fault == Fault::Cut {
+        // What its clients hear meanwhile: 503, so a worker moves on to the next node of its
+        // list and a client knows to try again.
+        let url = format!("{}/api/v1/jobs?limit=1", cluster.nodes[i].base());
+        let resp = cluster.http.get(&url).send().await.expect("GET jobs");
+        let status = resp.status().as_u16();
+        let retry_after = resp.headers().get("retry-after").cloned();
+        let body: Value = resp.json().await.unwrap_or_default();
+        assert_eq!(status, 503, "GET {url} while cut off: {body}");
+        assert_eq!(body["error"]["code"], "unavailable", "{body}");
+        assert!(retry_after.is_some(), "a 503 says when to try again");
+    }
     tokio::time::sleep(length.saturating_sub(began.elapsed())).await;
     cluster.database_links[i].set(Fault::Pass);
     let healed = cluster

@@ -49,6 +49,11 @@ pub enum StoreError {
     Conflict(String),
     #[error("database error: {0}")]
     Database(String),
+    /// The database cannot be reached, or cannot take writes right now (a connection refused
+    /// or broken, a server shutting down, a primary demoted by a failover): worth trying again,
+    /// on this node later or on another node now.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     /// A row that cannot be read back (a spec that no longer parses, an unknown state name).
     #[error("stored data cannot be read: {0}")]
     Corrupt(String),
@@ -132,7 +137,9 @@ pub(crate) fn observe_write<T>(observer: Option<&dyn WriteObserver>, result: &Re
     let Some(observer) = observer else { return };
     match result {
         Ok(_) => observer.committed(),
-        Err(e @ (StoreError::Database(_) | StoreError::Open(_))) => observer.failed(e),
+        Err(e @ (StoreError::Database(_) | StoreError::Unavailable(_) | StoreError::Open(_))) => {
+            observer.failed(e)
+        }
         Err(_) => {}
     }
 }

@@ -127,6 +127,17 @@ impl From<StoreError> for ApiError {
                     dependants.join(", ")
                 ),
             ),
+            // 503, so that a worker tries the next node of its list, where the database may
+            // still be reachable, and a client knows to try again.
+            StoreError::Unavailable(why) => {
+                log_store_error(&StoreError::Unavailable(why.clone()));
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!("the database is unavailable: {why}"),
+                )
+                .retry_after(std::time::Duration::from_secs(1))
+            }
             StoreError::InvalidCursor(cursor) => ApiError::invalid(
                 "cursor",
                 format!("{cursor:?} is not a cursor this listing handed out"),

@@ -104,7 +104,31 @@ impl From<tokio_postgres::Error> for StoreError {
                 return StoreError::Conflict(format!("job ({})", db.message()));
             }
         }
+        if unavailable(&e) {
+            return StoreError::Unavailable(said(&e));
+        }
         StoreError::Database(said(&e))
+    }
+}
+
+/// Whether `e` says the database could not be used at all, rather than that a statement
+/// failed: the connection is gone, the server is shutting down or not yet accepting
+/// connections, or it no longer takes writes (a primary demoted by a failover).
+fn unavailable(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::READ_ONLY_SQL_TRANSACTION,
+            SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+        ]
+        .contains(code),
+        // No answer from the server at all: the connection failed underneath.
+        None => std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
     }
 }
 
@@ -229,7 +253,7 @@ impl PgStore {
 async fn pooled(pool: &Pool) -> Result<deadpool_postgres::Client> {
     pool.get()
         .await
-        .map_err(|e| StoreError::Database(format!("no connection to PostgreSQL: {e}")))
+        .map_err(|e| StoreError::Unavailable(format!("no connection to PostgreSQL: {e}")))
 }
 
 /// A connection of its own to the database at `url`, opened as the store opens its own (TLS
