@@ -75,12 +75,22 @@ pub async fn start(
     // them. Kept back, they end by that same path, and their runs are queued again.
     let took = Utc::now() - now;
     if now - took < forgotten_before(state, now) {
+        // Runs a flow gate held were not started: they wait where they would have.
+        let held: Vec<_> = runs
+            .into_iter()
+            .zip(started)
+            .filter_map(|(run, started)| match started {
+                Err(NotStarted::Held(hold)) => Some((run, hold)),
+                _ => None,
+            })
+            .collect();
+        state.dispatcher.hold_back(worker_id, held);
         tracing::warn!(
             worker = worker_id,
             "the store took {} ms to start {} attempts, too long for the worker to get them \
              safely; they are left to end unreceived and their runs to be queued again",
             took.num_milliseconds(),
-            runs.len()
+            starts.len()
         );
         return Ok(Vec::new());
     }
