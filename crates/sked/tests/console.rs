@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{token, Sked, ADMIN_TOKEN};
+use common::{shell, token, Sked, ADMIN_TOKEN};
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
@@ -290,6 +290,68 @@ impl Browser {
         self.click("form button[type=submit]").await;
     }
 
+    /// Types `keys` as a person would, into whatever has the focus.
+    async fn press(&self, keys: &str) {
+        use fantoccini::actions::{InputSource, KeyAction, KeyActions};
+        let mut actions = KeyActions::new("keyboard".into());
+        for key in keys.chars() {
+            actions = actions
+                .then(KeyAction::Down { value: key })
+                .then(KeyAction::Up { value: key });
+        }
+        self.client
+            .perform_actions(actions)
+            .await
+            .expect("keys pressed");
+    }
+
+    /// The page is no wider than the window: nothing but a table's own scroller moves sideways.
+    async fn fits_the_width(&self) {
+        let widths = self
+            .client
+            .execute(
+                "return [document.documentElement.scrollWidth, window.innerWidth]",
+                vec![],
+            )
+            .await
+            .expect("widths");
+        let (page, window) = (widths[0].as_u64(), widths[1].as_u64());
+        assert!(
+            page <= window,
+            "{} is {page:?} px wide in a {window:?} px window",
+            self.path().await
+        );
+    }
+
+    /// axe-core finds no serious or critical violation of its rules on the page.
+    async fn is_accessible(&self) {
+        let axe = common::axe::script();
+        self.client
+            .execute(&format!("{axe}\nreturn true;"), vec![])
+            .await
+            .expect("axe-core loaded into the page");
+        let found = self
+            .client
+            .execute_async(
+                "const done = arguments[arguments.length - 1];
+                 axe.run(document, {resultTypes: ['violations']})
+                   .then(r => done(r.violations
+                     .filter(v => v.impact === 'serious' || v.impact === 'critical')
+                     .map(v => ({rule: v.id, impact: v.impact, help: v.help,
+                                 nodes: v.nodes.slice(0, 3).map(n => n.target.join(' '))}))))
+                   .catch(e => done([{rule: 'axe failed', help: String(e)}]));",
+                vec![],
+            )
+            .await
+            .expect("axe-core ran");
+        assert_eq!(
+            found.as_array().map(Vec::len),
+            Some(0),
+            "{} breaks accessibility rules: {found:#}",
+            self.path().await
+        );
+    }
+
     async fn close(mut self) {
         let _ = self.client.close().await;
         let _ = self.driver.kill();
@@ -448,7 +510,6 @@ async fn a_person_runs_jobs_from_the_console() {
     assert_eq!(sked.get("/jobs/from-the-console-copy").await.0, 404);
 
     for (path, name) in [
-        ("/", "overview"),
         ("/jobs", "jobs"),
         ("/workers", "workers"),
         ("/audit", "audit"),
@@ -499,6 +560,189 @@ async fn a_person_runs_jobs_from_the_console() {
     }
     assert!(!browser.exists("a[href='/tokens']").await);
     browser.close().await;
+}
+
+/// What an on-call engineer opens first: the overview says what runs now and what waits and
+/// why; the audit trail filters and shows a change as the fields it touched, never a secret;
+/// times read in the zone they chose; the keyboard reaches search and pages; every page fits a
+/// phone's width and passes axe-core's rules at both sizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(sked_browser_tests),
+    ignore = "needs SKED_TEST_CHROMEDRIVER (Chromium and ChromeDriver)"
+)]
+async fn an_on_call_engineer_sees_what_runs_what_waits_and_what_changed() {
+    let mut sked = Sked::new();
+    sked.start_dev(&["--require-token", "--slots", "1"]).await;
+    // One slot: a long run holds it, and the next waits behind it in the queue.
+    for (name, command) in [("long-report", "sleep 60"), ("next-report", "true")] {
+        let (status, body) = sked.put_job(name, json!({"target": shell(command)})).await;
+        assert!(status < 300, "{body}");
+    }
+    let nightly = |cron: &str, secret: &str| {
+        json!({"schedule": {"cron": cron, "timezone": "Asia/Tokyo"},
+               "target": {"shell": {"command": "true", "env": {"API_SECRET": secret}}}})
+    };
+    let (status, body) = sked
+        .put_job("nightly", nightly("0 2 * * *", "first-secret-value"))
+        .await;
+    assert!(status < 300, "{body}");
+    let (status, body) = sked
+        .put_job("nightly", nightly("30 3 * * *", "second-secret-value"))
+        .await;
+    assert!(status < 300, "{body}");
+    let long = sked.trigger("long-report").await;
+    let deadline = Instant::now() + PATIENCE;
+    while sked.run(long).await["state"] != "running" {
+        assert!(Instant::now() < deadline, "the long run never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let next = sked.trigger("next-report").await;
+
+    let browser = Browser::start(&sked.base()).await;
+    browser.log_in(ADMIN_TOKEN).await;
+
+    // Now: what runs, and what waits with its reason.
+    browser.open("/").await;
+    assert!(
+        browser
+            .exists(&format!("#running ~ * a[href='/runs/{long}']"))
+            .await
+    );
+    let why = browser
+        .text(&format!("tr:has(a[href='/runs/{next}']) td:last-child"))
+        .await;
+    assert!(!why.trim().is_empty(), "a queued run says why it waits");
+    assert_eq!(sked.run(next).await["state"], "queued");
+    browser.shot("overview").await;
+
+    // The audit trail: filtered to the job, the change shown as the fields it touched.
+    browser.open("/audit?object=nightly").await;
+    browser
+        .find("details.diff summary")
+        .await
+        .click()
+        .await
+        .expect("open");
+    let change = browser.text("details.diff[open] li.changed").await;
+    assert!(change.contains("schedule.cron"), "{change}");
+    assert!(change.contains("30 3 * * *"), "{change}");
+    let source = browser.client.source().await.expect("source");
+    assert!(
+        !source.contains("secret-value"),
+        "a secret reached the audit page"
+    );
+    browser.fill("input[name=actor]", "someone-else").await;
+    browser.click("form.filters button[type=submit]").await;
+    assert!(browser.exists("p.empty").await, "no entry of another actor");
+    browser.open("/audit?until=2000-01-01T00:00").await;
+    assert!(browser.exists("p.empty").await, "nothing before 2000");
+    browser.open("/audit?since=yesterday").await;
+    assert!(browser.text("p.error").await.contains("since"));
+    browser.open("/audit?object=nightly").await;
+    browser.shot("audit").await;
+
+    // Times: relative on the page, exact on hover, in the zone the visitor chose.
+    browser.open("/preferences").await;
+    browser
+        .find("input[value=named]")
+        .await
+        .click()
+        .await
+        .expect("named");
+    browser.fill("input[name=named]", "America/New_York").await;
+    browser.click("form.preferences button[type=submit]").await;
+    assert_eq!(browser.text("header a.zone").await, "America/New_York");
+    browser.open(&format!("/runs/{long}")).await;
+    assert!(browser.exists("time[title$='EST']").await);
+    browser.open("/preferences").await;
+    browser
+        .find("input[value=job]")
+        .await
+        .click()
+        .await
+        .expect("job");
+    browser.click("form.preferences button[type=submit]").await;
+    browser.open("/jobs/default/nightly").await;
+    let next_instant = browser.text("ol.instants li time").await;
+    assert!(
+        next_instant.ends_with("03:30:00 JST"),
+        "the job's instants read in its zone: {next_instant}"
+    );
+    browser.open("/preferences").await;
+    browser
+        .find("input[value=browser]")
+        .await
+        .click()
+        .await
+        .expect("browser");
+    browser.click("form.preferences button[type=submit]").await;
+    assert!(browser.text("p.notice").await.starts_with("Saved"));
+    browser.open("/preferences?zone=moon").await;
+    browser.shot("preferences").await;
+
+    // The keyboard: "/" to search, "g j" to the jobs.
+    browser.open("/workers").await;
+    browser.press("/").await;
+    let focused = browser
+        .client
+        .active_element()
+        .await
+        .expect("focus")
+        .attr("id")
+        .await
+        .expect("id");
+    assert_eq!(focused.as_deref(), Some("search"));
+    browser.mark_page().await;
+    browser.press("nightly\u{e007}").await;
+    browser.wait_next_page().await;
+    assert!(browser.path().await.starts_with("/search?q=nightly"));
+    assert!(browser.exists("a[href='/jobs/default/nightly']").await);
+    browser.mark_page().await;
+    browser
+        .find("h1")
+        .await
+        .click()
+        .await
+        .expect("focus the page");
+    browser.press("gj").await;
+    browser.wait_next_page().await;
+    assert_eq!(browser.path().await, "/jobs");
+    browser.open(&format!("/search?q={long}")).await;
+    assert!(browser.exists(&format!("a[href='/runs/{long}']")).await);
+    browser
+        .open(&format!("/search?q={}", "x".repeat(300)))
+        .await;
+    assert!(browser.exists("p.error").await);
+
+    // Every page at a desktop's size and a phone's: it fits, and it passes axe-core.
+    let pages = [
+        "/".to_string(),
+        "/jobs".into(),
+        "/jobs/default/nightly".into(),
+        "/jobs/new".into(),
+        format!("/runs/{long}"),
+        "/workers".into(),
+        "/audit".into(),
+        "/tokens".into(),
+        "/preferences".into(),
+        "/search?q=report".into(),
+    ];
+    for (width, height) in [(1280, 800), (375, 812)] {
+        browser.viewport(width, height).await;
+        for page in &pages {
+            browser.open(page).await;
+            browser.fits_the_width().await;
+            browser.is_accessible().await;
+        }
+    }
+    browser.open("/").await;
+    browser.shot("overview-phone").await;
+    browser.viewport(1280, 800).await;
+    browser.close().await;
+    let _ = sked
+        .post(&format!("/runs/{long}/cancel"), json!(null))
+        .await;
 }
 
 /// Serves `page` as HTML to every request on a loopback port of its own: a site the developer

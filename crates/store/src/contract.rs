@@ -3027,6 +3027,16 @@ pub async fn audit_entries_list_newest_first_and_filter(store: &dyn Store) {
     );
     assert_eq!(
         seconds(AuditQuery {
+            since: Some(t0() + secs(2)),
+            until: Some(t0() + secs(4)),
+            ..q()
+        })
+        .await,
+        [3, 2],
+        "before, with at or after"
+    );
+    assert_eq!(
+        seconds(AuditQuery {
             visible: visible(&["b"]),
             actor: namespace("ci"),
             ..q()

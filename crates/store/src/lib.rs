@@ -635,6 +635,8 @@ pub struct AuditQuery {
     pub actor: Option<String>,
     /// Only entries at or after this instant.
     pub since: Option<Instant>,
+    /// Only entries before this instant.
+    pub until: Option<Instant>,
     pub limit: u32,
     pub cursor: Option<String>,
 }

@@ -20,6 +20,11 @@ use sked_core::stats::percentiles;
 use sked_core::Instant;
 use std::collections::BTreeMap;
 
+/// The condition of the `runs_unended` partial index, written word for word into a listing of
+/// runs by a state not yet ended: SQLite uses a partial index only when the query's condition
+/// holds the index's own, and a generic PostgreSQL plan cannot prove it from a parameter.
+pub const UNENDED_RUNS: &str = "state IN ('waiting', 'queued', 'running')";
+
 /// How many definitions of a job are kept: the newest, back to this many versions.
 pub const KEPT_VERSIONS: u32 = 100;
 

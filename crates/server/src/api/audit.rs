@@ -20,6 +20,7 @@ pub struct AuditParams {
     object: Option<String>,
     actor: Option<String>,
     since: Option<Instant>,
+    until: Option<Instant>,
     limit: Option<u32>,
     cursor: Option<String>,
 }
@@ -46,6 +47,7 @@ pub async fn list(
         object: p.object.filter(|o| !o.is_empty()),
         actor: p.actor.filter(|a| !a.is_empty()),
         since: p.since,
+        until: p.until,
         limit: check_limit(p.limit)?,
         cursor: p.cursor,
     };

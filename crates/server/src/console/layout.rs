@@ -23,9 +23,10 @@ pub fn page(console: &Console, visitor: &Visitor, title: &str, body: Markup) -> 
             visitor.path.starts_with(href)
         }
     };
+    let zone = &visitor.clock.zone;
     let markup = html! {
         (DOCTYPE)
-        html lang="en" {
+        html lang="en" data-zone=(zone.value()) {
             (head(title))
             body {
                 a.skip href="#main" { "Skip to content" }
@@ -38,7 +39,15 @@ pub fn page(console: &Console, visitor: &Visitor, title: &str, body: Markup) -> 
                             }
                         }
                     }
+                    form.search method="get" action="/search" role="search" {
+                        label.visually-hidden for="search" { "Search jobs, runs and workers" }
+                        input #search type="search" name="q" placeholder="Search  /" maxlength="200"
+                            aria-keyshortcuts="/" autocomplete="off";
+                    }
                     div.who {
+                        a.zone href="/preferences" title="The zone times are shown in: change it" {
+                            (zone.label())
+                        }
                         span.token title="The token this console acts as" {
                             (visitor.caller.name) " · " (visitor.caller.grant.role.as_str())
                         }
@@ -87,16 +96,6 @@ pub fn confirmed_button(visitor: &Visitor, action: &str, label: &str, question: 
             input type="hidden" name="csrf" value=(visitor.csrf);
             button type="submit" class="danger" { (label) }
         }
-    }
-}
-
-/// An instant as UTC, to the second, machine-readable too.
-pub fn when(t: Option<Instant>) -> Markup {
-    match t {
-        Some(t) => html! {
-            time datetime=(t.to_rfc3339()) { (t.format("%Y-%m-%d %H:%M:%S")) }
-        },
-        None => html! { span.none { "—" } },
     }
 }
 

@@ -9,6 +9,8 @@
 
 mod api;
 mod assets;
+mod clock;
+mod diff;
 mod layout;
 mod pages;
 mod session;
@@ -81,6 +83,11 @@ pub fn router(state: &AppState, api: Router) -> Router {
         .route("/runs/{id}/output", get(pages::run::output))
         .route("/runs/{id}/cancel", post(pages::run::cancel))
         .route("/workers", get(pages::workers::page))
+        .route("/search", get(pages::search::page))
+        .route(
+            "/preferences",
+            get(pages::preferences::form).post(pages::preferences::save),
+        )
         .route("/audit", get(pages::admin::audit))
         .route("/tokens", get(pages::admin::tokens))
         .route("/assets/{file}", get(assets::serve))
@@ -100,6 +107,8 @@ pub(crate) struct Visitor {
     pub csrf: String,
     /// Where the request went, for coming back after a login.
     pub path: String,
+    /// The visitor's display zone and the instant the page is made at.
+    pub clock: clock::Clock,
 }
 
 impl Visitor {
@@ -209,6 +218,9 @@ impl FromRequestParts<Console> for Visitor {
             return Err(Turned::Forged);
         }
         let csrf = console.sessions.csrf(&session);
+        let zone = session::cookie_value(&parts.headers, clock::COOKIE)
+            .and_then(clock::Zone::parse)
+            .unwrap_or_default();
         Ok(Visitor {
             caller,
             session,
@@ -216,6 +228,7 @@ impl FromRequestParts<Console> for Visitor {
             peer,
             csrf,
             path,
+            clock: clock::Clock::new(zone, now),
         })
     }
 }

@@ -165,6 +165,20 @@ impl Sessions {
         HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
+    /// The `Set-Cookie` value that keeps a visitor's display zone for a year. The script reads
+    /// and renews it (a browser's zone moves with its owner), so it is not `HttpOnly`; it
+    /// holds a preference, never anything that grants.
+    pub fn zone_cookie(&self, zone: &super::clock::Zone) -> HeaderValue {
+        let secure = if self.secure { "; Secure" } else { "" };
+        let text = format!(
+            "{}={}; Path=/; SameSite=Strict; Max-Age=31536000{secure}",
+            super::clock::COOKIE,
+            zone.value()
+        );
+        // A zone's value is ASCII letters, digits and `:/_+-`: always a valid header value.
+        HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+
     fn csrf_mac(&self, session: &Session) -> HmacSha256 {
         let mut mac = <HmacSha256 as hmac::KeyInit>::new_from_slice(&self.csrf_key)
             .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
@@ -187,7 +201,7 @@ impl Sessions {
 }
 
 /// The value of cookie `name` in a request's `Cookie` headers.
-fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(crate) fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(axum::http::header::COOKIE)
         .iter()

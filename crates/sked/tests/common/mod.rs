@@ -2,6 +2,7 @@
 //! loopback port, talks to it over HTTP, and kills it (SIGTERM, or SIGKILL when a test says so).
 #![allow(dead_code)]
 
+pub mod axe;
 pub mod certs;
 pub mod failover;
 pub mod ledger;

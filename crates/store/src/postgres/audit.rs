@@ -89,6 +89,9 @@ pub async fn list(tx: &Tx<'_>, query: &AuditQuery) -> PgResult<Page<AuditRecord>
     if let Some(since) = query.since {
         bind("at >= ?", Box::new(micros(since)));
     }
+    if let Some(until) = query.until {
+        bind("at < ?", Box::new(micros(until)));
+    }
     let filter = if conditions.is_empty() {
         String::new()
     } else {

@@ -3,7 +3,7 @@
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
 use super::{partitions, PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
-use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL, SKIP_REASONS_SQL};
+use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL, SKIP_REASONS_SQL, UNENDED_RUNS};
 use crate::{AppendOutcome, Page, RunQuery, StoreError};
 use sked_core::records::{AttemptRecord, JobStats, RunRecord};
 use sked_core::Instant;
@@ -48,6 +48,9 @@ pub async fn list_runs(tx: &Tx<'_>, query: &RunQuery) -> PgResult<Page<RunRecord
     if let Some(state) = query.state {
         values.push(Box::new(state.as_str()));
         conditions.push(format!("state = ${}", values.len()));
+        if !state.is_terminal() {
+            conditions.push(UNENDED_RUNS.into());
+        }
     }
     // Each matches its partial index, which holds only the marked runs.
     if query.deadline_missed {

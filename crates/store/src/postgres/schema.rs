@@ -541,6 +541,11 @@ CREATE TABLE flow_debounce (
 );
 CREATE INDEX flow_debounce_expiry ON flow_debounce (expires_at);
 "#,
+    r#"
+-- Version 22: the runs not yet ended, newest first per namespace (SQLite's version 19).
+CREATE INDEX runs_unended ON runs (namespace, scheduled_for DESC, id DESC)
+    WHERE state IN ('waiting', 'queued', 'running');
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

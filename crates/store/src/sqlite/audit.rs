@@ -83,6 +83,10 @@ fn list_statement(query: &AuditQuery, limit: u32) -> Result<(String, Vec<Value>)
         conditions.push("at >= ?");
         values.push(micros(since).into());
     }
+    if let Some(until) = query.until {
+        conditions.push("at < ?");
+        values.push(micros(until).into());
+    }
     let filter = if conditions.is_empty() {
         String::new()
     } else {

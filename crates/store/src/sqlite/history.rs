@@ -2,7 +2,7 @@
 
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
 use crate::cursor::{self, page_size, Cursor};
-use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL, SKIP_REASONS_SQL};
+use crate::shared::{AttemptCounts, ATTEMPT_COUNTS_SQL, SKIP_REASONS_SQL, UNENDED_RUNS};
 use crate::{AppendOutcome, Page, Result, RunQuery};
 use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, OptionalExtension, Transaction};
@@ -41,6 +41,18 @@ pub fn get_run(
 /// run: paging through a long history would take time quadratic in its length).
 pub fn list_runs(tx: &Transaction<'_>, query: &RunQuery) -> Result<Page<RunRecord>> {
     let limit = page_size(query.limit);
+    let (sql, values) = runs_statement(query, limit)?;
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params_from_iter(values))?;
+    let mut items = Vec::new();
+    while let Some(row) = rows.next()? {
+        items.push(rows::run(row)?);
+    }
+    Ok(cursor::page(items, limit, cursor::after_run))
+}
+
+/// The statement that lists a page of `query`'s runs (one more than `limit`), and its values.
+fn runs_statement(query: &RunQuery, limit: u32) -> Result<(String, Vec<Value>)> {
     let mut conditions = vec!["namespace = ?"];
     let mut values: Vec<Value> = vec![query.namespace.clone().into()];
     if let Some(job) = &query.job {
@@ -50,6 +62,9 @@ pub fn list_runs(tx: &Transaction<'_>, query: &RunQuery) -> Result<Page<RunRecor
     if let Some(state) = query.state {
         conditions.push("state = ?");
         values.push(state.as_str().to_string().into());
+        if !state.is_terminal() {
+            conditions.push(UNENDED_RUNS);
+        }
     }
     // Each matches its partial index, which holds only the marked runs.
     if query.deadline_missed {
@@ -69,13 +84,7 @@ pub fn list_runs(tx: &Transaction<'_>, query: &RunQuery) -> Result<Page<RunRecor
         "SELECT {RUN_COLUMNS} FROM runs WHERE {} ORDER BY scheduled_for DESC, id DESC LIMIT ?",
         conditions.join(" AND ")
     );
-    let mut stmt = tx.prepare_cached(&sql)?;
-    let mut rows = stmt.query(params_from_iter(values))?;
-    let mut items = Vec::new();
-    while let Some(row) = rows.next()? {
-        items.push(rows::run(row)?);
-    }
-    Ok(cursor::page(items, limit, cursor::after_run))
+    Ok((sql, values))
 }
 
 pub fn job_stats(tx: &Transaction<'_>, namespace: &str, name: &str) -> Result<Option<JobStats>> {
@@ -208,4 +217,28 @@ pub fn delete_finished_runs(tx: &Transaction<'_>, before: Instant, limit: u32) -
         )?
         .execute(params![micros(before), limit])?;
     Ok(deleted as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sked_core::run::RunState;
+
+    /// The runs of a state not yet ended are read from the small partial index, so listing
+    /// what runs now costs the same beside ten runs or ten million ended ones.
+    #[test]
+    fn unended_runs_are_listed_from_their_partial_index() {
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut conn).unwrap();
+        for state in [RunState::Waiting, RunState::Queued, RunState::Running] {
+            let query = RunQuery {
+                namespace: "default".into(),
+                state: Some(state),
+                ..RunQuery::default()
+            };
+            let (sql, _) = runs_statement(&query, 50).unwrap();
+            let plan = super::super::query_plan(&conn, &sql).join("; ");
+            assert!(plan.contains("INDEX runs_unended"), "{state:?}: {plan}");
+        }
+    }
 }

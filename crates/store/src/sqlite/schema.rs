@@ -475,6 +475,13 @@ CREATE TABLE flow_debounce (
 ) WITHOUT ROWID;
 CREATE INDEX flow_debounce_expiry ON flow_debounce (expires_at);
 "#,
+    r#"
+-- Version 19: the runs not yet ended, newest first per namespace (the console's "now": what
+-- runs, what is queued and why). Listing them by state reads only this partial index, never
+-- the ended runs behind them.
+CREATE INDEX runs_unended ON runs (namespace, scheduled_for DESC, id DESC)
+    WHERE state IN ('waiting', 'queued', 'running');
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.

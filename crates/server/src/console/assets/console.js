@@ -58,3 +58,54 @@ document.addEventListener("DOMContentLoaded", () => {
   showChosenKinds(form);
   form.addEventListener("change", () => showChosenKinds(form));
 });
+
+// The keyboard: "/" goes to the search box, "g" then a letter goes to a page. Keys typed into
+// a field are the field's.
+const PAGES = { o: "/", j: "/jobs", r: "/grid", g: "/graph", w: "/workers", a: "/audit", p: "/preferences" };
+let awaitingPage = 0;
+document.addEventListener("keydown", (event) => {
+  if (event.ctrlKey || event.metaKey || event.altKey || event.defaultPrevented) return;
+  const target = event.target;
+  if (target instanceof HTMLElement &&
+      (target.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(target.tagName))) {
+    return;
+  }
+  if (awaitingPage && Date.now() - awaitingPage < 1500 && PAGES[event.key]) {
+    awaitingPage = 0;
+    event.preventDefault();
+    window.location.assign(PAGES[event.key]);
+    return;
+  }
+  awaitingPage = 0;
+  if (event.key === "/") {
+    const search = document.getElementById("search");
+    if (search) {
+      event.preventDefault();
+      search.focus();
+    }
+  } else if (event.key === "g") {
+    awaitingPage = Date.now();
+  }
+});
+
+// Times in "this browser's zone": the preferences form learns the zone from the browser, and
+// a page renews the visitor's choice when the browser's zone has moved (a laptop travels).
+function browserZone() {
+  try {
+    const zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+    return /^[A-Za-z0-9_+\/-]{1,64}$/.test(zone) ? zone : "";
+  } catch (error) {
+    return "";
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const zone = browserZone();
+  const field = document.getElementById("browser-zone");
+  if (field) field.value = zone;
+  const chosen = document.documentElement.getAttribute("data-zone") || "";
+  if (zone && chosen.startsWith("browser:") && chosen !== "browser:" + zone) {
+    const secure = window.location.protocol === "https:" ? "; Secure" : "";
+    document.cookie = "sked_zone=browser:" + zone + "; Path=/; SameSite=Strict; Max-Age=31536000" + secure;
+  }
+});

@@ -3,7 +3,8 @@
 
 use super::{refused, CsrfOnly, JobRow};
 use crate::console::api::{query, segment, As, Failure};
-use crate::console::layout::{self, confirmed_button, millis, post_button, span, when};
+use crate::console::clock::Clock;
+use crate::console::layout::{self, confirmed_button, millis, post_button, span};
 use crate::console::{Console, Visitor};
 use axum::extract::{Path, Query, State};
 use axum::http::Method;
@@ -187,19 +188,19 @@ pub async fn page(
                 @match &preview {
                     Ok(p) if !p.outcomes.is_empty() => {
                         ol.instants { @for o in &p.outcomes { li {
-                            (when(Some(o.at))) " UTC"
-                            @if let Some(from) = o.moved_from { " · moved from " (when(Some(from))) }
+                            (visitor.clock.exact(Some(o.at), job.zone()))
+                            @if let Some(from) = o.moved_from { " · moved from " (visitor.clock.exact(Some(from), job.zone())) }
                             @if let Some(why) = &o.skipped { " · " span.none { "skipped: " (why) } }
                         } } }
                     }
                     Ok(p) if !p.fire_times.is_empty() => {
-                        ol.instants { @for t in &p.fire_times { li { (when(Some(*t))) " UTC" } } }
+                        ol.instants { @for t in &p.fire_times { li { (visitor.clock.exact(Some(*t), job.zone())) } } }
                     }
                     Ok(_) if job.after.is_some() => {
                         p {
                             "Runs after each run of " (job.after.as_ref().map(|a| a.upstreams.join(", ")).unwrap_or_default()) "; "
                             @match job.next_instant() {
-                                Some(t) => { "the upstream's next instant: " (when(Some(t))) " UTC" }
+                                Some(t) => { "the upstream's next instant: " (visitor.clock.exact(Some(t), job.zone())) }
                                 None => { "no upstream owes an instant" }
                             }
                         }
@@ -234,7 +235,7 @@ pub async fn page(
                 h2 #errors { "Recent errors" }
                 ul.errors {
                     @for run in errors {
-                        li { a href={ "/runs/" (run.id) } { "run " (run.id) } " " (when(run.finished_at)) ": "
+                        li { a href={ "/runs/" (run.id) } { "run " (run.id) } " " (visitor.clock.when_of(run.finished_at, job.zone())) ": "
                             code { (run.error.as_deref().unwrap_or_default()) } }
                     }
                 }
@@ -242,7 +243,7 @@ pub async fn page(
         }
         section aria-labelledby="runs" {
             h2 #runs { "Runs" }
-            (run_table(&runs.runs))
+            (run_table(&runs.runs, &visitor.clock, job.zone()))
             nav.pager aria-label="Pages of runs" {
                 @if !history.cursor.is_empty() { a href=(href) { "Newest runs" } }
                 @if let Some(cursor) = &runs.next_cursor {
@@ -252,19 +253,20 @@ pub async fn page(
         }
         section aria-labelledby="definition" {
             h2 #definition { "Definition" }
-            pre.definition { code { (definition) } }
+            pre.definition tabindex="0" { code { (definition) } }
         }
     };
     layout::page(&console, &visitor, &job.name, body)
 }
 
-/// Runs as a table: instant, how it came, state, attempts, lateness and duration.
-pub(super) fn run_table(runs: &[RunRecord]) -> Markup {
+/// Runs as a table: instant (in the visitor's zone, or the job's `zone`), how it came, state,
+/// attempts, lateness and duration.
+pub(super) fn run_table(runs: &[RunRecord], clock: &Clock, zone: Option<&str>) -> Markup {
     html! {
         @if runs.is_empty() {
             p.empty { "No runs yet." }
         } @else {
-            div.table-wrap {
+            div.table-wrap tabindex="0" {
                 table.runs {
                     thead { tr {
                         th scope="col" { "Run" } th scope="col" { "Instant" } th scope="col" { "Trigger" }
@@ -276,7 +278,7 @@ pub(super) fn run_table(runs: &[RunRecord]) -> Markup {
                             tr {
                                 td { a href={ "/runs/" (run.id) } { (run.id) }
                                     @if let Some(shard) = run.shard { " (shard " (shard.index + 1) " of " (shard.count) ")" } }
-                                td { (when(Some(run.scheduled_for))) }
+                                td { (clock.exact(Some(run.scheduled_for), zone)) }
                                 td { (run.trigger.as_str()) }
                                 td { (layout::state(run.state.as_str())) }
                                 td.num { (run.attempts) }

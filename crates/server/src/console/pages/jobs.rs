@@ -3,7 +3,7 @@
 
 use super::{chosen, refused, JobRow};
 use crate::console::api::query;
-use crate::console::layout::{self, when};
+use crate::console::layout;
 use crate::console::{Console, Visitor};
 use axum::extract::{Query, State};
 use axum::response::Response;
@@ -135,7 +135,7 @@ pub async fn page(
         @if listing.jobs.is_empty() {
             p.empty { "No jobs match." }
         } @else {
-            div.table-wrap {
+            div.table-wrap tabindex="0" {
                 table.jobs {
                     thead { tr {
                         th scope="col" { "Job" }
@@ -157,11 +157,11 @@ pub async fn page(
                                 td {
                                     @if let Some(run) = &job.last_run {
                                         a href={ "/runs/" (run.id) } { (layout::state(run.state.as_str())) }
-                                        " " (when(run.finished_at.or(run.started_at).or(Some(run.scheduled_for))))
+                                        " " (visitor.clock.when(run.finished_at.or(run.started_at).or(Some(run.scheduled_for))))
                                     } @else { span.none { "never" } }
                                 }
                                 td {
-                                    (when(job.next_instant()))
+                                    (visitor.clock.when(job.next_instant()))
                                     @if job.next_fire_at.is_none() && job.next_instant().is_some() {
                                         div.sub { "upstream's next" }
                                     }

@@ -8,7 +8,9 @@ pub mod job_form;
 pub mod jobs;
 pub mod login;
 pub mod overview;
+pub mod preferences;
 pub mod run;
+pub mod search;
 pub mod workers;
 
 use super::api::Failure;
@@ -70,6 +72,11 @@ impl JobRow {
     pub fn next_instant(&self) -> Option<Instant> {
         self.next_fire_at
             .or(self.after.as_ref().and_then(|a| a.next_fire_at))
+    }
+
+    /// The zone its schedule reads in, when it names one.
+    pub fn zone(&self) -> Option<&str> {
+        self.schedule.as_ref()?.timezone.as_deref()
     }
 
     /// The kind of target: `shell`, `http`, `amqp`, ….

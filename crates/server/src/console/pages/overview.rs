@@ -1,20 +1,23 @@
-//! The overview of a namespace: first the runs that missed a deadline or are at risk of one,
-//! then runs per minute by outcome, firing lateness, the queue, the workers, the jobs whose
-//! latest run failed, and the cluster's nodes and partitions.
+//! The overview of a namespace, what an on-call engineer looks at first: what runs now, what
+//! is queued or held back and why, the runs that missed a deadline or are at risk of one, and
+//! the jobs whose latest run failed; then runs per minute by outcome, firing lateness, the
+//! queue, the workers, and the cluster's nodes and partitions.
 //!
-//! Run figures come from the namespace's newest runs (at most [`SAMPLE`], one API page), so
-//! the page costs the same at ten runs or ten million; the page says how far back that goes.
+//! Run figures come from the namespace's newest runs (at most [`SAMPLE`], one API page), and
+//! the runs not yet ended from the ledger's index of them, so the page costs the same at ten
+//! runs or ten million; the page says how far back the figures go.
 
 use super::{chosen, job_href, refused};
 use crate::console::api::query;
-use crate::console::layout::{self, millis, when};
+use crate::console::clock::Clock;
+use crate::console::layout::{self, millis, span};
 use crate::console::{Console, Visitor};
 use axum::extract::{Query, State};
 use axum::response::Response;
 use maud::{html, Markup};
 use serde::Deserialize;
 use sked_core::records::{NodeRecord, RunRecord, WorkerRecord};
-use sked_core::run::{RunState, Trigger};
+use sked_core::run::{RunState, Trigger, WaitReason};
 use sked_core::Instant;
 use std::collections::{BTreeMap, HashSet};
 
@@ -25,6 +28,11 @@ const MINUTES: i64 = 30;
 /// Runs the "late and at risk" list shows, and reads of each kind.
 const LATE_SHOWN: usize = 20;
 const LATE_READ: &str = "50";
+/// Runs "now" lists of each state not yet ended (it says when there are more).
+const NOW_SHOWN: usize = 20;
+const NOW_READ: &str = "21";
+/// Queued runs whose dispatcher's reason is asked for, one API call each.
+const REASONS_ASKED: usize = 5;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct Params {
@@ -35,6 +43,51 @@ pub struct Params {
 #[derive(Deserialize)]
 struct RunPage {
     runs: Vec<RunRecord>,
+}
+
+/// What `GET /runs/{id}` adds for a queued run: why no worker takes it.
+#[derive(Deserialize)]
+struct QueuedView {
+    #[serde(default)]
+    waiting_for_workers: Option<String>,
+}
+
+/// Why a run not yet started is where it is, in a few words. `waiting_for_workers` is what
+/// the dispatcher said of a queued run, when it was asked.
+pub fn held_because(run: &RunRecord, waiting_for_workers: Option<&str>, now: Instant) -> String {
+    match run.state {
+        RunState::Waiting => {
+            let mut reason = match run.waiting_reason {
+                Some(WaitReason::Dependencies) if !run.waiting_for.is_empty() => {
+                    format!("dependencies: {}", run.waiting_for.join(", "))
+                }
+                Some(WaitReason::Dependencies) => "dependencies".to_string(),
+                Some(WaitReason::Overlap) => "an earlier run of its job is still active".into(),
+                Some(WaitReason::Ping) => "a ping".into(),
+                None => "held back".into(),
+            };
+            if let Some(until) = run.waiting_until {
+                reason.push_str(&format!(", skipped at {}", until.format("%H:%M:%S UTC")));
+            }
+            reason
+        }
+        RunState::Queued if run.ready_at > now => {
+            let why = if run.attempts > 0 {
+                "retry backoff"
+            } else {
+                "delayed start"
+            };
+            format!(
+                "{why}, ready in {}",
+                millis((run.ready_at - now).num_milliseconds() as f64)
+            )
+        }
+        RunState::Queued => match waiting_for_workers {
+            Some(reason) => reason.to_string(),
+            None => "ready, next for a free worker slot".into(),
+        },
+        _ => String::new(),
+    }
 }
 
 /// The runs queued in this node's dispatcher, from `/metrics` (`sked_queue_depth`, one
@@ -132,7 +185,7 @@ pub fn late_and_at_risk<'a>(
 }
 
 /// What a run of the "late and at risk" list missed, or what is expected of it.
-fn deadline_line(run: &RunRecord) -> Markup {
+fn deadline_line(run: &RunRecord, clock: &Clock) -> Markup {
     let finish_by = run.deadline.and_then(|d| d.finish_by);
     html! {
         @for (i, miss) in run.deadline_missed.iter().enumerate() {
@@ -141,8 +194,8 @@ fn deadline_line(run: &RunRecord) -> Markup {
         }
         @if run.deadline_missed.is_empty() {
             @if let Some(risk) = run.at_risk {
-                "at risk: finish_by " (when(finish_by))
-                @if let Some(end) = risk.estimated_finish { ", expected end " (when(Some(end))) }
+                "at risk: finish_by " (clock.when(finish_by))
+                @if let Some(end) = risk.estimated_finish { ", expected end " (clock.when(Some(end))) }
             }
         }
     }
@@ -172,10 +225,25 @@ pub async fn page(
         )
     };
     let (missed, at_risk) = (flagged("deadline_missed"), flagged("at_risk"));
-    let (recent, missed, at_risk, metrics, workers, cluster) = tokio::join!(
+    let in_state = |state: &str| {
+        format!(
+            "/api/v1/runs?{}",
+            query(&[
+                ("namespace", namespace),
+                ("state", state),
+                ("limit", NOW_READ)
+            ])
+        )
+    };
+    let (running, queued_runs, waiting) =
+        (in_state("running"), in_state("queued"), in_state("waiting"));
+    let (recent, missed, at_risk, running, queued_runs, waiting, metrics, workers, cluster) = tokio::join!(
         console.api.get::<RunPage>(who, &recent),
         console.api.get::<RunPage>(who, &missed),
         console.api.get::<RunPage>(who, &at_risk),
+        console.api.get::<RunPage>(who, &running),
+        console.api.get::<RunPage>(who, &queued_runs),
+        console.api.get::<RunPage>(who, &waiting),
         console
             .api
             .raw(who, axum::http::Method::GET, "/metrics", None),
@@ -213,6 +281,28 @@ pub async fn page(
         at_risk.map(|p| p.runs).unwrap_or_default(),
     );
     let late = late_and_at_risk(&missed, &at_risk);
+    let running = running.map(|p| p.runs).unwrap_or_default();
+    // Held: the queued first, then those held back, each newest first and cut to NOW_SHOWN.
+    let (mut queued_runs, mut waiting) = (
+        queued_runs.map(|p| p.runs).unwrap_or_default(),
+        waiting.map(|p| p.runs).unwrap_or_default(),
+    );
+    let more_held = queued_runs.len() > NOW_SHOWN || waiting.len() > NOW_SHOWN;
+    queued_runs.truncate(NOW_SHOWN);
+    waiting.truncate(NOW_SHOWN);
+    let queued_count = queued_runs.len();
+    let held: Vec<RunRecord> = queued_runs.into_iter().chain(waiting).collect();
+    let api = &console.api;
+    let reasons =
+        futures_util::future::join_all(held.iter().take(queued_count.min(REASONS_ASKED)).map(
+            |run| async move {
+                api.get::<QueuedView>(who, &format!("/api/v1/runs/{}", run.id))
+                    .await
+                    .ok()
+                    .and_then(|v| v.waiting_for_workers)
+            },
+        ))
+        .await;
     let body = html! {
         form.filters method="get" action="/" {
             label { "Namespace "
@@ -222,6 +312,42 @@ pub async fn page(
             }
             button type="submit" { "Show" }
         }
+        section aria-labelledby="running" {
+            h2 #running { "Running now" }
+            @if running.is_empty() { p.empty { "Nothing runs in this namespace now." } }
+            @else {
+                div.table-wrap tabindex="0" { table.now {
+                    thead { tr { th scope="col" { "Job" } th scope="col" { "Run" } th scope="col" { "Started" }
+                                 th scope="col" { "For" } th scope="col" { "Attempt" } } }
+                    tbody { @for run in running.iter().take(NOW_SHOWN) { tr {
+                        td { a href=(job_href(&run.namespace, &run.job)) { (run.job) } }
+                        td { a href={ "/runs/" (run.id) } { (run.id) } }
+                        td { (visitor.clock.when(run.started_at)) }
+                        td.num { (span(run.started_at, None)) }
+                        td.num { (run.attempts) }
+                    } } }
+                } }
+                @if running.len() > NOW_SHOWN { p.hint { "More run than these " (NOW_SHOWN) "." } }
+            }
+        }
+        section aria-labelledby="held" {
+            h2 #held { "Queued and held back" }
+            @if held.is_empty() { p.empty { "No run waits: every run due has started." } }
+            @else {
+                div.table-wrap tabindex="0" { table.now {
+                    thead { tr { th scope="col" { "Job" } th scope="col" { "Run" } th scope="col" { "State" }
+                                 th scope="col" { "Due" } th scope="col" { "Why" } } }
+                    tbody { @for (i, run) in held.iter().enumerate() { tr {
+                        td { a href=(job_href(&run.namespace, &run.job)) { (run.job) } }
+                        td { a href={ "/runs/" (run.id) } { (run.id) } }
+                        td { (layout::state(run.state.as_str())) }
+                        td { (visitor.clock.when(Some(run.scheduled_for))) }
+                        td { (held_because(run, reasons.get(i).and_then(|r| r.as_deref()), now)) }
+                    } } }
+                } }
+                @if more_held { p.hint { "The newest " (NOW_SHOWN) " of each state are shown; more wait." } }
+            }
+        }
         section aria-labelledby="late" {
             h2 #late { "Late and at risk" }
             @if late.is_empty() { p.empty { "No run has missed a deadline or is at risk of one." } }
@@ -229,7 +355,18 @@ pub async fn page(
                 ul.errors { @for run in &late {
                     li { a href=(job_href(&run.namespace, &run.job)) { (run.job) } " "
                          a href={ "/runs/" (run.id) } { (layout::state(run.state.as_str())) } " "
-                         (when(Some(run.scheduled_for))) ": " (deadline_line(run)) }
+                         (visitor.clock.when(Some(run.scheduled_for))) ": " (deadline_line(run, &visitor.clock)) }
+                } }
+            }
+        }
+        section aria-labelledby="failing" {
+            h2 #failing { "Failing jobs" }
+            @if failing.is_empty() { p.empty { "None: every job's latest run that ended succeeded." } }
+            @else {
+                ul.errors { @for run in &failing {
+                    li { a href=(job_href(&run.namespace, &run.job)) { (run.job) } " "
+                         a href={ "/runs/" (run.id) } { (layout::state(run.state.as_str())) } " "
+                         (visitor.clock.when(run.finished_at)) ": " code { (run.error.as_deref().unwrap_or_default()) } }
                 } }
             }
         }
@@ -249,33 +386,22 @@ pub async fn page(
         }
         p.hint {
             "From the namespace's newest " (recent.runs.len()) " runs"
-            @if let Some(t) = oldest { ", back to " (when(Some(t))) " UTC" } "."
+            @if let Some(t) = oldest { ", back to " (visitor.clock.exact(Some(t), None)) } "."
         }
         section aria-labelledby="per-minute" {
             h2 #per-minute { "Runs ended per minute, last " (MINUTES) " minutes" }
             (minute_chart(&minutes))
         }
-        section aria-labelledby="failing" {
-            h2 #failing { "Failing jobs" }
-            @if failing.is_empty() { p.empty { "None: every job's latest run that ended succeeded." } }
-            @else {
-                ul.errors { @for run in &failing {
-                    li { a href=(job_href(&run.namespace, &run.job)) { (run.job) } " "
-                         a href={ "/runs/" (run.id) } { (layout::state(run.state.as_str())) } " "
-                         (when(run.finished_at)) ": " code { (run.error.as_deref().unwrap_or_default()) } }
-                } }
-            }
-        }
         @if let Ok(cluster) = &cluster {
             section aria-labelledby="cluster" {
                 h2 #cluster { "Cluster" }
                 p { (cluster.partitions) " partitions, " (cluster.unowned) " held by no node." }
-                div.table-wrap { table {
+                div.table-wrap tabindex="0" { table {
                     thead { tr { th scope="col" { "Node" } th scope="col" { "Address" } th scope="col" { "Partitions" }
                                  th scope="col" { "Maintenance" } th scope="col" { "Seen" } th scope="col" { "State" } } }
                     tbody { @for n in &cluster.nodes { tr {
                         td { code { (n.node.id) } } td { (n.node.address) } td.num { (n.node.partitions) }
-                        td { @if n.node.maintenance { "yes" } } td { (when(Some(n.node.seen_at))) }
+                        td { @if n.node.maintenance { "yes" } } td { (visitor.clock.when(Some(n.node.seen_at))) }
                         td { (layout::state(if n.alive { "alive" } else { "lost" })) }
                     } } }
                 } }
@@ -377,6 +503,39 @@ mod tests {
         assert_eq!(minutes[29].get("failed"), Some(&1));
         assert_eq!(minutes[0].get("succeeded"), Some(&1));
         assert_eq!(minutes.iter().flat_map(|m| m.values()).sum::<u32>(), 3);
+    }
+
+    #[test]
+    fn a_held_run_says_what_it_waits_for() {
+        let now = chrono::Utc::now();
+        let mut waiting = run("etl", RunState::Waiting, None, now);
+        waiting.waiting_reason = Some(WaitReason::Dependencies);
+        waiting.waiting_for = vec!["extract".into(), "load".into()];
+        assert_eq!(
+            held_because(&waiting, None, now),
+            "dependencies: extract, load"
+        );
+        waiting.waiting_reason = Some(WaitReason::Overlap);
+        assert_eq!(
+            held_because(&waiting, None, now),
+            "an earlier run of its job is still active"
+        );
+
+        let mut queued = run("etl", RunState::Queued, None, now);
+        assert_eq!(
+            held_because(&queued, None, now),
+            "ready, next for a free worker slot"
+        );
+        let busy = "waiting for workers: 3 eligible, all busy";
+        assert_eq!(held_because(&queued, Some(busy), now), busy);
+        queued.ready_at = now + chrono::Duration::seconds(30);
+        queued.attempts = 1;
+        assert_eq!(
+            held_because(&queued, Some(busy), now),
+            "retry backoff, ready in 30.0 s"
+        );
+        queued.attempts = 0;
+        assert!(held_because(&queued, None, now).starts_with("delayed start"));
     }
 
     #[test]

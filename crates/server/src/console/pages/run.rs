@@ -4,7 +4,7 @@
 
 use super::{job_href, refused, CsrfOnly};
 use crate::console::api::query;
-use crate::console::layout::{self, millis, span, when};
+use crate::console::layout::{self, millis, span};
 use crate::console::{Console, Visitor};
 use axum::extract::{Path, Query, State};
 use axum::http::Method;
@@ -72,18 +72,18 @@ pub async fn page(
             }
         }
         dl.figures {
-            div { dt { "instant" } dd { (when(Some(run.scheduled_for))) } }
+            div { dt { "instant" } dd { (visitor.clock.exact(Some(run.scheduled_for), None)) } }
             @if let Some(nominal) = run.nominal_for {
-                div { dt { "moved from" } dd { (when(Some(nominal))) } }
+                div { dt { "moved from" } dd { (visitor.clock.exact(Some(nominal), None)) } }
             }
-            div { dt { "started" } dd { (when(run.started_at)) } }
-            div { dt { "finished" } dd { (when(run.finished_at)) } }
+            div { dt { "started" } dd { (visitor.clock.when(run.started_at)) } }
+            div { dt { "finished" } dd { (visitor.clock.when(run.finished_at)) } }
             div { dt { "fired late" } dd { (millis(view.lateness_ms)) } }
             div { dt { "duration" } dd { (span(run.started_at, run.finished_at)) } }
             div { dt { "attempts" } dd { (run.attempts) } }
             @if let Some(deadline) = run.deadline {
-                @if let Some(at) = deadline.start_by { div { dt { "start by" } dd { (when(Some(at))) } } }
-                @if let Some(at) = deadline.finish_by { div { dt { "finish by" } dd { (when(Some(at))) } } }
+                @if let Some(at) = deadline.start_by { div { dt { "start by" } dd { (visitor.clock.when(Some(at))) } } }
+                @if let Some(at) = deadline.finish_by { div { dt { "finish by" } dd { (visitor.clock.when(Some(at))) } } }
                 @if let Some(max) = deadline.max_duration { div { dt { "max duration" } dd { (max.to_string()) } } }
             }
         }
@@ -91,8 +91,8 @@ pub async fn page(
             p.error { "missed its " (miss.kind.as_str()) " by " (millis(miss.by_ms as f64)) }
         }
         @if let Some(risk) = run.at_risk {
-            p.notice { "called at risk of missing its finish_by at " (when(Some(risk.at)))
-                @if let Some(end) = risk.estimated_finish { ", expected to end at " (when(Some(end))) } }
+            p.notice { "called at risk of missing its finish_by at " (visitor.clock.when(Some(risk.at)))
+                @if let Some(end) = risk.estimated_finish { ", expected to end at " (visitor.clock.when(Some(end))) } }
         }
         @if let Some(reason) = run.skip_reason { p.notice { "skipped: " (reason.as_str()) } }
         @if let Some(error) = &run.error { p.error { (error) } }
@@ -103,7 +103,7 @@ pub async fn page(
         @if view.attempt_history.is_empty() {
             p.empty { "No attempt yet." }
         } @else {
-            div.table-wrap {
+            div.table-wrap tabindex="0" {
                 table.attempts {
                     thead { tr {
                         th scope="col" { "#" } th scope="col" { "Worker" } th scope="col" { "State" }
@@ -116,7 +116,7 @@ pub async fn page(
                                 td.num { (a.number) }
                                 td { code { (a.worker_id) } }
                                 td { (layout::state(a.state.as_str())) }
-                                td { (when(Some(a.started_at))) }
+                                td { (visitor.clock.when(Some(a.started_at))) }
                                 td.num { (span(Some(a.started_at), a.finished_at)) }
                                 td.num { (a.exit_code.map(|c| c.to_string()).unwrap_or_default()) }
                                 td.num { (a.http_status.map(|c| c.to_string()).unwrap_or_default()) }
@@ -129,7 +129,7 @@ pub async fn page(
             }
         }
         h2 #output-title { "Output" @if !over { " " span.badge.busy #live { "live" } } }
-        pre.output #output aria-labelledby="output-title" aria-live="polite"
+        pre.output #output tabindex="0" aria-labelledby="output-title" aria-live="polite"
             data-follow=[(!over).then(|| format!("/runs/{id}/output?{}", query(&[("follow", "true")])))]
             data-offset=(output.len()) { (output) }
     };

@@ -5,7 +5,7 @@
 
 use super::refused;
 use crate::console::api::query;
-use crate::console::layout::{self, when};
+use crate::console::layout;
 use crate::console::{Console, Visitor};
 use axum::extract::{Query, State};
 use axum::response::Response;
@@ -70,7 +70,7 @@ pub async fn page(
         @if workers.is_empty() && f.cursor.is_empty() {
             p.empty { "No worker has registered. Start one with " code { "sked worker" } "." }
         } @else {
-            div.table-wrap { table.workers {
+            div.table-wrap tabindex="0" { table.workers {
                 thead { tr {
                     th scope="col" { "Worker" } th scope="col" { "Labels" } th scope="col" { "Namespaces" }
                     th scope="col" { "Slots busy" } th scope="col" { "Stall" } th scope="col" { "Last heartbeat" }
@@ -87,7 +87,7 @@ pub async fn page(
                     td { (w.worker.namespaces.join(", ")) }
                     td.num { (w.worker.running) " / " (w.worker.slots) }
                     td.num { @match &w.load { Some(l) => { (l.stall) @if l.overloaded { " (held back)" } }, None => { "—" } } }
-                    td { (when(Some(w.worker.last_heartbeat_at))) }
+                    td { (visitor.clock.when(Some(w.worker.last_heartbeat_at))) }
                     td { (layout::state(w.worker.state.as_str())) }
                 } } }
             } }
@@ -96,7 +96,7 @@ pub async fn page(
             section aria-labelledby="publishers" {
                 h2 #publishers { "Broker publishers" }
                 p.hint { "Each server node with broker connections publishes broker targets itself; these are not workers, and their runs are not counted in the workers' slots." }
-                div.table-wrap { table.publishers {
+                div.table-wrap tabindex="0" { table.publishers {
                     thead { tr {
                         th scope="col" { "Publisher" } th scope="col" { "Publishing" }
                         th scope="col" { "Last heartbeat" } th scope="col" { "State" }
@@ -104,7 +104,7 @@ pub async fn page(
                     tbody { @for w in &publishers { tr {
                         td { (w.worker.name) div.sub { code { (w.worker.id) } } }
                         td.num { (w.worker.running) }
-                        td { (when(Some(w.worker.last_heartbeat_at))) }
+                        td { (visitor.clock.when(Some(w.worker.last_heartbeat_at))) }
                         td { (layout::state(w.worker.state.as_str())) }
                     } } }
                 } }
