@@ -9,6 +9,8 @@
 
 mod api;
 mod assets;
+mod chart;
+mod dag;
 mod layout;
 mod pages;
 mod session;
@@ -77,6 +79,7 @@ pub fn router(state: &AppState, api: Router) -> Router {
             "/jobs/{namespace}/{name}/{action}",
             post(pages::job::action),
         )
+        .route("/graph", get(pages::graph::page))
         .route("/runs/{id}", get(pages::run::page))
         .route("/runs/{id}/output", get(pages::run::output))
         .route("/runs/{id}/cancel", post(pages::run::cancel))
