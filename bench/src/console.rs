@@ -1,5 +1,7 @@
 //! The web console's pages on a large store: `--jobs` jobs (cron, every and manual, none due
-//! during the measurement) and `--runs` ended runs spread over them (one in ten failed),
+//! during the measurement) and a pipeline of [`PIPELINE`] more (a tree: each step waits for
+//! the one at half its number, so the namespace's graph is larger than the console draws),
+//! and `--runs` ended runs spread over the first (one in ten failed),
 //! written straight to the store; then a server on it, a console login, and each page asked
 //! for `--samples` times, one after another. The time of each, from the request sent to the
 //! whole page read over loopback, bounds the server's time from above.
@@ -24,6 +26,8 @@ pub struct Options<'a> {
 
 /// Runs written per store call.
 const BATCH: usize = 1000;
+/// Jobs of the pipeline written besides `--jobs`.
+const PIPELINE: usize = 400;
 
 pub async fn run(options: Options<'_>) -> Result<Value> {
     let Options {
@@ -38,6 +42,8 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     let (store, place) = fresh_store(database_url).await?;
     let writing = std::time::Instant::now();
     let ids = write_jobs(&store, jobs).await?;
+    // Without runs: a dependant's fired instant would wait for its upstreams.
+    write_pipeline(store.as_ref()).await?;
     let jobs_seconds = writing.elapsed().as_secs_f64();
     let writing = std::time::Instant::now();
     let (run_id, runs) = write_runs(store.as_ref(), &ids, runs).await?;
@@ -83,6 +89,11 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         ("run", format!("/runs/{run_id}")),
         ("workers", "/workers".to_string()),
         ("audit", "/audit".to_string()),
+        ("graph", "/graph".to_string()),
+        (
+            "job in the pipeline",
+            "/jobs/default/pipeline-0005".to_string(),
+        ),
     ];
     let mut figures = Vec::new();
     for (name, path) in &pages {
@@ -160,6 +171,26 @@ async fn write_jobs(store: &Arc<dyn Store>, jobs: usize) -> Result<Vec<i64>> {
         .await?;
     ids.sort_unstable();
     Ok(ids)
+}
+
+/// The pipeline's [`PIPELINE`] jobs, without a schedule: `pipeline-{i}` waits for
+/// `pipeline-{i / 2}` (a tree), written in order so each upstream is there first.
+async fn write_pipeline(store: &dyn Store) -> Result<()> {
+    for i in 0..PIPELINE {
+        let mut spec = json!({"target": {"shell": {"command": "echo pipeline step"}}});
+        if i > 0 {
+            spec["depends_on"] = json!([{"job": format!("pipeline-{:04}", i / 2)}]);
+        }
+        let spec: JobSpec = serde_json::from_value(spec)?;
+        let now = Utc::now();
+        let job = spec
+            .validate(Some(&format!("pipeline-{i:04}")), now)
+            .context("pipeline job")?;
+        store
+            .put_job("default", &job, PutMode::Upsert, now, Audit::none())
+            .await?;
+    }
+    Ok(())
 }
 
 /// `runs` runs over the jobs, round robin, instants a second apart ending now: fired,

@@ -1745,6 +1745,18 @@ async fn runs(api: &Client<'_>, run_id: i64) {
         .call("get", "/api/v1/jobs/doc-up/graph?down=99", None)
         .await;
     assert_eq!(refused.status, 400);
+    let whole = api.call("get", "/api/v1/graph", None).await;
+    assert_eq!(whole.status, 200);
+    let names: Vec<&str> = whole.body["nodes"]
+        .as_array()
+        .map(|nodes| nodes.iter().filter_map(|n| n["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        names.contains(&"doc-down") && names.contains(&"doc-up"),
+        "{names:?}"
+    );
+    let refused = api.call("get", "/api/v1/graph?limit=0", None).await;
+    assert_eq!(refused.status, 400);
     let missing = api
         .call("get", "/api/v1/jobs/no-such-job/graph", None)
         .await;

@@ -93,6 +93,7 @@ macro_rules! store_contract_tests {
             a_batch_writes_its_calendars_and_jobs_together_or_nothing,
             runs_remember_a_moved_instant_and_a_calendars_skip,
             dependencies_are_checked_when_written_and_deleted,
+            a_namespaces_edges_are_read_whole_up_to_a_bound,
             a_dependant_waits_and_is_released_by_its_upstreams_outcome,
             a_window_counts_upstream_runs_around_the_instant,
             a_pipeline_runs_at_its_upstreams_instants,
@@ -4196,6 +4197,54 @@ async fn runs_of(store: &dyn Store, name: &str) -> Vec<RunRecord> {
         .items;
     runs.reverse();
     runs
+}
+
+pub async fn a_namespaces_edges_are_read_whole_up_to_a_bound(store: &dyn Store) {
+    assert!(store
+        .namespace_edges("default", 100)
+        .await
+        .unwrap()
+        .is_empty());
+    pipeline(store).await;
+    put(
+        store,
+        "report",
+        step(serde_json::json!([{"job": "extract"}])),
+    )
+    .await;
+    let edge = |job: &str, upstream: &str| DependencyEdge {
+        job: job.into(),
+        upstream: upstream.into(),
+    };
+    // By upstream, then dependant.
+    let all = [
+        edge("report", "extract"),
+        edge("transform", "extract"),
+        edge("load", "transform"),
+    ];
+    assert_eq!(store.namespace_edges("default", 100).await.unwrap(), all);
+    assert_eq!(
+        store.namespace_edges("default", 2).await.unwrap(),
+        all[..2],
+        "the bound holds, from the start of the order"
+    );
+    assert!(
+        store
+            .namespace_edges("other", 100)
+            .await
+            .unwrap()
+            .is_empty(),
+        "edges stay in their namespace"
+    );
+    // A deleted job's own edges go; the edges naming it stay, by name.
+    store
+        .delete_job("default", "load", false, t0(), Audit::none())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.namespace_edges("default", 100).await.unwrap(),
+        all[..2]
+    );
 }
 
 pub async fn dependencies_are_checked_when_written_and_deleted(store: &dyn Store) {

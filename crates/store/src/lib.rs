@@ -14,6 +14,7 @@ pub mod contract;
 pub mod cursor;
 pub mod deadlines;
 pub mod flow;
+pub mod graph;
 pub mod postgres;
 pub mod shared;
 pub mod sqlite;
@@ -39,6 +40,7 @@ use std::time::Duration;
 pub use calendars::{CalendarDeletion, CalendarStore};
 pub use deadlines::{DeadlineJob, DeadlineMark, DeadlineStore, NewMarks};
 pub use flow::{FlowClaim, FlowStore, KeyHolder, LimitDeletion, LimitRecord, NotStarted};
+pub use graph::{GraphStore, MAX_NAMESPACE_EDGES};
 pub use postgres::PgStore;
 pub use sqlite::{CheckReport, SqliteStore};
 
@@ -852,7 +854,9 @@ impl BacklogSlot {
 }
 
 #[async_trait]
-pub trait Store: CalendarStore + DeadlineStore + FlowStore + Send + Sync + 'static {
+pub trait Store:
+    CalendarStore + DeadlineStore + FlowStore + GraphStore + Send + Sync + 'static
+{
     /// From now on, runs the store starts by itself are admitted against `source`'s queue.
     fn admit_through(&self, source: std::sync::Arc<dyn BacklogSource>);
 

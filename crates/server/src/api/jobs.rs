@@ -930,13 +930,85 @@ pub struct Graph {
 
 #[derive(Debug, Serialize)]
 pub struct GraphNode {
-    pub name: String,
+    #[serde(flatten)]
+    pub job: GraphJob,
     /// Levels from the job: -1 for what it waits for, 1 for what waits for it.
     pub depth: i32,
+}
+
+/// A job as a node of a dependency graph: where it stands, how its newest run went and when
+/// it runs next.
+#[derive(Debug, Serialize)]
+pub struct GraphJob {
+    pub name: String,
     /// `None` for a job deleted (with `force`) that others still name.
     pub state: Option<JobState>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub schedule: Option<ScheduleSpec>,
+    /// Its run with the latest instant, if any.
+    pub last_run: Option<LastRun>,
+    /// Its own next instant or, for a job without a schedule that runs after its upstreams,
+    /// theirs (as its `after.next_fire_at`).
+    pub next_fire_at: Option<Instant>,
+}
+
+/// The newest run of a graph's job, in short.
+#[derive(Debug, Serialize)]
+pub struct LastRun {
+    pub id: i64,
+    pub state: RunState,
+    pub scheduled_for: Instant,
+    pub finished_at: Option<Instant>,
+}
+
+/// Reads what a graph shows of job `name`: its record, its newest run (one index seek, as
+/// the job list's `include=last_run`) and its next instant. `seen` keeps the upstreams
+/// already read for the next instants of jobs without a schedule.
+async fn graph_job(
+    state: &AppState,
+    namespace: &str,
+    name: &str,
+    seen: &mut BTreeMap<String, UpstreamSeen>,
+) -> Result<(GraphJob, Option<JobSpec>), ApiError> {
+    let record = state.store.get_job(namespace, name).await?;
+    let Some(record) = record else {
+        let gone = GraphJob {
+            name: name.to_string(),
+            state: None,
+            schedule: None,
+            last_run: None,
+            next_fire_at: None,
+        };
+        return Ok((gone, None));
+    };
+    let newest = RunQuery {
+        namespace: namespace.to_string(),
+        job: Some(name.to_string()),
+        limit: 1,
+        ..RunQuery::default()
+    };
+    let last_run = state
+        .store
+        .list_runs(&newest)
+        .await?
+        .items
+        .pop()
+        .map(|run| LastRun {
+            id: run.id,
+            state: run.state,
+            scheduled_for: run.scheduled_for,
+            finished_at: run.finished_at,
+        });
+    let after = runs_after(state, namespace, &record.spec, seen).await?;
+    let next_fire_at = record.next_fire_at.or(after.and_then(|a| a.next_fire_at));
+    let job = GraphJob {
+        name: name.to_string(),
+        state: Some(record.state),
+        schedule: record.spec.schedule.clone(),
+        last_run,
+        next_fire_at,
+    };
+    Ok((job, Some(record.spec)))
 }
 
 /// `job` waits for `upstream`, on these terms (one per entry or alternative naming it).
@@ -1013,23 +1085,40 @@ pub async fn graph(
     }
     let mut nodes = Vec::with_capacity(depth.len());
     let mut specs: BTreeMap<String, JobSpec> = BTreeMap::new();
+    let mut seen = BTreeMap::new();
     for (job, level) in &depth {
-        let record = state.store.get_job(&namespace, job).await?;
+        let (node, spec) = graph_job(&state, &namespace, job, &mut seen).await?;
         nodes.push(GraphNode {
-            name: job.clone(),
+            job: node,
             depth: *level,
-            state: record.as_ref().map(|r| r.state),
-            schedule: record.as_ref().and_then(|r| r.spec.schedule.clone()),
         });
-        if let Some(record) = record {
-            specs.insert(job.clone(), record.spec);
+        if let Some(spec) = spec {
+            specs.insert(job.clone(), spec);
         }
     }
-    nodes.sort_by(|a, b| (a.depth != 0, a.depth, &a.name).cmp(&(b.depth != 0, b.depth, &b.name)));
-    let edges = edges
+    nodes.sort_by(|a, b| {
+        (a.depth != 0, a.depth, &a.job.name).cmp(&(b.depth != 0, b.depth, &b.job.name))
+    });
+    let edges = graph_edges(edges, &specs, |name| depth.contains_key(name));
+    Ok(Json(Graph {
+        job: name,
+        nodes,
+        edges,
+        truncated,
+    }))
+}
+
+/// The edges between the jobs `kept` holds, each with the terms of the dependant's
+/// definition (`specs`) that name its upstream.
+fn graph_edges(
+    edges: std::collections::BTreeSet<(String, String)>,
+    specs: &BTreeMap<String, JobSpec>,
+    kept: impl Fn(&str) -> bool,
+) -> Vec<GraphEdge> {
+    edges
         .into_iter()
         // An edge to a job beyond the answer's bounds is left out with it.
-        .filter(|(upstream, job)| depth.contains_key(upstream) && depth.contains_key(job))
+        .filter(|(upstream, job)| kept(upstream) && kept(job))
         .map(|(upstream, job)| {
             let requirements = specs
                 .get(&job)
@@ -1049,9 +1138,85 @@ pub async fn graph(
                 requirements,
             }
         })
-        .collect();
-    Ok(Json(Graph {
-        job: name,
+        .collect()
+}
+
+/// The most jobs `GET /graph` returns by default, and at most.
+const NAMESPACE_GRAPH_JOBS: u32 = 300;
+const MAX_NAMESPACE_GRAPH_JOBS: u32 = 1000;
+
+#[derive(Debug, Deserialize)]
+pub struct NamespaceGraphParams {
+    #[serde(default = "super::default_namespace")]
+    namespace: String,
+    /// Jobs at most (default 300, at most 1,000).
+    limit: Option<u32>,
+}
+
+/// Every job of a namespace that depends on another or that another depends on, with the
+/// edges between them.
+#[derive(Debug, Serialize)]
+pub struct NamespaceGraph {
+    pub namespace: String,
+    /// By name.
+    pub nodes: Vec<GraphJob>,
+    pub edges: Vec<GraphEdge>,
+    /// The namespace holds more such jobs (or edges) than the answer does.
+    pub truncated: bool,
+}
+
+pub async fn namespace_graph(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(p): Query<NamespaceGraphParams>,
+) -> Result<Json<NamespaceGraph>, ApiError> {
+    let namespace = Namespace {
+        namespace: p.namespace,
+    }
+    .checked(&caller)?;
+    let limit = match p.limit {
+        None => NAMESPACE_GRAPH_JOBS,
+        Some(n @ 1..=MAX_NAMESPACE_GRAPH_JOBS) => n,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "limit",
+                format!("must be between 1 and {MAX_NAMESPACE_GRAPH_JOBS}"),
+            ))
+        }
+    };
+    let found = state
+        .store
+        .namespace_edges(&namespace, sked_store::MAX_NAMESPACE_EDGES)
+        .await?;
+    let mut truncated = found.len() >= sked_store::MAX_NAMESPACE_EDGES as usize;
+    // Jobs in the order their edges come (by upstream), until the bound.
+    let mut kept: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let mut edges = std::collections::BTreeSet::new();
+    for edge in found {
+        for name in [&edge.upstream, &edge.job] {
+            if !kept.contains(name.as_str()) {
+                if kept.len() >= limit as usize {
+                    truncated = true;
+                    continue;
+                }
+                kept.insert(name.clone());
+            }
+        }
+        edges.insert((edge.upstream, edge.job));
+    }
+    let mut nodes = Vec::with_capacity(kept.len());
+    let mut specs: BTreeMap<String, JobSpec> = BTreeMap::new();
+    let mut seen = BTreeMap::new();
+    for name in &kept {
+        let (node, spec) = graph_job(&state, &namespace, name, &mut seen).await?;
+        nodes.push(node);
+        if let Some(spec) = spec {
+            specs.insert(name.clone(), spec);
+        }
+    }
+    let edges = graph_edges(edges, &specs, |name| kept.contains(name));
+    Ok(Json(NamespaceGraph {
+        namespace,
         nodes,
         edges,
         truncated,

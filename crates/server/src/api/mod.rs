@@ -152,6 +152,12 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
             get(jobs::graph),
         ),
         route(
+            Method::GET,
+            "/api/v1/graph",
+            Read,
+            get(jobs::namespace_graph),
+        ),
+        route(
             Method::POST,
             "/api/v1/schedules/preview",
             Read,

@@ -9,7 +9,9 @@
 
 mod api;
 mod assets;
+mod chart;
 mod clock;
+mod dag;
 mod diff;
 mod layout;
 mod pages;
@@ -79,6 +81,7 @@ pub fn router(state: &AppState, api: Router) -> Router {
             "/jobs/{namespace}/{name}/{action}",
             post(pages::job::action),
         )
+        .route("/graph", get(pages::graph::page))
         .route("/runs/{id}", get(pages::run::page))
         .route("/runs/{id}/output", get(pages::run::output))
         .route("/runs/{id}/cancel", post(pages::run::cancel))

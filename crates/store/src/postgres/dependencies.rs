@@ -234,6 +234,30 @@ pub(super) async fn edges(
         .collect()
 }
 
+/// Up to `limit` edges of `namespace`, by upstream then dependant (the primary key's order).
+pub(super) async fn namespace_edges(
+    tx: &Tx<'_>,
+    namespace: &str,
+    limit: u32,
+) -> PgResult<Vec<DependencyEdge>> {
+    let stmt = tx
+        .prepare_cached(
+            "SELECT job, upstream FROM job_dependencies WHERE namespace = $1 \
+             ORDER BY upstream, job LIMIT $2",
+        )
+        .await?;
+    tx.query(&stmt, &[&namespace, &i64::from(limit)])
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(DependencyEdge {
+                job: r.try_get(0)?,
+                upstream: r.try_get(1)?,
+            })
+        })
+        .collect()
+}
+
 /// Forgets what a job depended on (what depends on it stays, by name).
 pub(super) async fn remove_edges(tx: &Tx<'_>, namespace: &str, job: &str) -> PgResult<()> {
     let stmt = tx

@@ -318,6 +318,21 @@ mod calendars;
 mod deadlines;
 mod flow;
 
+#[async_trait::async_trait]
+impl crate::GraphStore for PgStore {
+    async fn namespace_edges(
+        &self,
+        namespace: &str,
+        limit: u32,
+    ) -> crate::Result<Vec<DependencyEdge>> {
+        let limit = limit.min(crate::MAX_NAMESPACE_EDGES);
+        transact!(self, read, |tx| dependencies::namespace_edges(
+            &tx, namespace, limit
+        )
+        .await?)
+    }
+}
+
 #[async_trait]
 impl Store for PgStore {
     fn admit_through(&self, source: std::sync::Arc<dyn crate::BacklogSource>) {

@@ -148,6 +148,35 @@ pub(super) fn edges(
     Ok(edges)
 }
 
+/// Up to `limit` edges of `namespace`, by upstream then dependant (the primary key's order).
+pub(super) fn namespace_edges(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    limit: u32,
+) -> Result<Vec<DependencyEdge>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT job, upstream FROM job_dependencies WHERE namespace = ?1 \
+         ORDER BY upstream, job LIMIT ?2",
+    )?;
+    let found = stmt.query_map(params![namespace, limit], |r| {
+        Ok(DependencyEdge {
+            job: r.get(0)?,
+            upstream: r.get(1)?,
+        })
+    })?;
+    Ok(found.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+#[async_trait::async_trait]
+impl crate::GraphStore for super::SqliteStore {
+    async fn namespace_edges(&self, namespace: &str, limit: u32) -> Result<Vec<DependencyEdge>> {
+        let namespace = namespace.to_string();
+        let limit = limit.min(crate::MAX_NAMESPACE_EDGES);
+        self.read(move |tx| namespace_edges(tx, &namespace, limit))
+            .await
+    }
+}
+
 /// Forgets what a deleted job depended on (what depends on it stays, by name: a job created
 /// again under that name is its dependants' upstream again).
 pub(super) fn remove_edges(tx: &Transaction<'_>, namespace: &str, job: &str) -> Result<()> {

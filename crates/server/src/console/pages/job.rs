@@ -3,6 +3,7 @@
 
 use super::{refused, CsrfOnly, JobRow};
 use crate::console::api::{query, segment, As, Failure};
+use crate::console::chart::{self, Chart, Mark, Point, Series, Unit};
 use crate::console::clock::Clock;
 use crate::console::layout::{self, confirmed_button, millis, post_button, span};
 use crate::console::{Console, Visitor};
@@ -50,16 +51,11 @@ struct Outcome {
 /// What `GET /jobs/{name}/graph` says of the jobs around this one.
 #[derive(Deserialize)]
 struct Graph {
-    nodes: Vec<GraphNode>,
+    nodes: Vec<super::graph::Node>,
+    #[serde(default)]
+    edges: Vec<super::graph::Edge>,
     #[serde(default)]
     truncated: bool,
-}
-
-#[derive(Deserialize)]
-struct GraphNode {
-    name: String,
-    depth: i32,
-    state: Option<String>,
 }
 
 /// `/api/v1/jobs/{name}{rest}` with the namespace in the query.
@@ -126,12 +122,8 @@ pub async fn page(
         console.api.get::<Preview>(who, &preview_path),
         console.api.get::<Graph>(who, &graph_path),
     );
-    let mut around: Vec<&GraphNode> = graph
-        .as_ref()
-        .map(|g| g.nodes.iter().filter(|n| n.depth != 0).collect())
-        .unwrap_or_default();
-    around.sort_by_key(|n| (n.depth, n.name.as_str()));
-    let truncated = graph.as_ref().is_ok_and(|g| g.truncated);
+    // Only a job that waits for others or that others wait for has a graph to draw.
+    let graph = graph.ok().filter(|g| g.nodes.iter().any(|n| n.depth != 0));
     let runs = match runs {
         Ok(runs) => runs,
         Err(failure) => return refused(&console, &visitor, &name, failure),
@@ -150,6 +142,7 @@ pub async fn page(
             (job.schedule_words()) " · " (job.target_kind()) " target · namespace "
             a href={ "/jobs?" (query(&[("namespace", &job.namespace)])) } { (job.namespace) }
             " · version " (job.version)
+            " · " a href={ "/graph?" (query(&[("namespace", &job.namespace)])) } { "Graph" }
         }
         @if let Some(d) = &job.description { p { (d) } }
         @if visitor.may(Permission::Write) {
@@ -210,20 +203,16 @@ pub async fn page(
                 }
             }
         }
-        @if !around.is_empty() {
+        @if let Some(graph) = &graph {
             section aria-labelledby="graph" {
                 h2 #graph { "Dependencies" }
-                ul.graph {
-                    @for n in &around {
-                        li {
-                            @if n.depth < 0 { "waits for " } @else { "awaited by " }
-                            a href=(super::job_href(&job.namespace, &n.name)) { (n.name) }
-                            @match &n.state { Some(state) => { " " (layout::state(state)) }, None => { " (deleted)" } }
-                            @if n.depth.abs() > 1 { span.sub { " · " (n.depth.abs()) " levels away" } }
-                        }
-                    }
+                p.hint {
+                    "What it waits for (left) and what waits for it (right), three levels each way; "
+                    "each box is coloured by its newest run. "
+                    a href={ "/graph?" (query(&[("namespace", &job.namespace)])) } { "The whole namespace's graph" }
                 }
-                @if truncated { p.hint { "More jobs lie further away than shown." } }
+                (super::graph::draw(&job.namespace, &graph.nodes, &graph.edges, Some(&job.name), &visitor.clock))
+                @if graph.truncated { p.hint { "More jobs lie further away than shown." } }
             }
         }
         section aria-labelledby="chart" {
@@ -293,60 +282,53 @@ pub(super) fn run_table(runs: &[RunRecord], clock: &Clock, zone: Option<&str>) -
     }
 }
 
-/// Width and height of the chart's drawing, in its own units (it scales to the page).
-const CHART_W: f64 = 600.0;
-const CHART_H: f64 = 160.0;
-
-/// Duration (bars, coloured by outcome) and start lateness (a line) of runs, oldest on the
-/// left, each scaled to its own largest value. Drawn here as SVG: no script, no library.
+/// Duration and start lateness of runs by their instant, on one time axis and one value axis
+/// (`console::chart`), each point titled with its figures.
 fn chart(runs: &[RunRecord]) -> Markup {
-    let points: Vec<(f64, f64, &str)> = runs
-        .iter()
-        .rev()
-        .filter_map(|run| {
-            let started = run.started_at?;
-            let duration = run
-                .finished_at
-                .map(|f| (f - started).num_milliseconds().max(0) as f64)?;
-            let late = (started - run.scheduled_for).num_milliseconds().max(0) as f64;
-            Some((duration, late, run.state.as_str()))
-        })
-        .collect();
-    if points.is_empty() {
-        return html! { p.empty { "No finished runs to draw yet." } };
+    let mut duration = Vec::new();
+    let mut lateness = Vec::new();
+    for run in runs.iter().rev() {
+        let (Some(started), Some(finished)) = (run.started_at, run.finished_at) else {
+            continue;
+        };
+        let state = run.state.as_str();
+        duration.push(Point {
+            at: run.scheduled_for,
+            value: (finished - started).num_milliseconds().max(0) as f64,
+            class: state.to_string(),
+            note: format!("run {}, {}", run.id, state.replace('_', " ")),
+        });
+        lateness.push(Point {
+            at: run.scheduled_for,
+            value: (started - run.scheduled_for).num_milliseconds().max(0) as f64,
+            class: "lateness".to_string(),
+            note: format!("run {}", run.id),
+        });
     }
-    let most = |f: fn(&(f64, f64, &str)) -> f64| points.iter().map(f).fold(1.0, f64::max);
-    let (longest, latest) = (most(|p| p.0), most(|p| p.1));
-    // At least 20 slots, so that a handful of runs are bars, not blocks.
-    let step = CHART_W / points.len().max(20) as f64;
-    let line: Vec<String> = points
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let x = step * (i as f64 + 0.5);
-            let y = CHART_H - p.1 / latest * (CHART_H - 4.0) - 2.0;
-            format!("{x:.1},{y:.1}")
-        })
-        .collect();
-    html! {
-        figure.chart {
-            svg viewBox={ "0 0 " (CHART_W) " " (CHART_H) } role="img"
-                aria-label={ "Duration of the last " (points.len()) " finished runs, longest " (millis(longest)) "; start lateness, largest " (millis(latest)) } {
-                @for (i, p) in points.iter().enumerate() {
-                    @let h = (p.0 / longest * (CHART_H - 4.0)).max(1.0);
-                    rect class={ "bar " (p.2) } x=(format!("{:.1}", step * i as f64 + step * 0.1))
-                        y=(format!("{:.1}", CHART_H - h)) width=(format!("{:.1}", step * 0.8)) height=(format!("{h:.1}")) {
-                        title { (p.2) ", " (millis(p.0)) ", started " (millis(p.1)) " late" }
-                    }
-                }
-                polyline.lateness points=(line.join(" ")) {}
-            }
-            figcaption {
-                span.key.duration { "duration" } " (bars, up to " (millis(longest)) ") · "
-                span.key.lateness { "start lateness" } " (line, up to " (millis(latest)) ")"
-            }
-        }
-    }
+    let drawn = Chart {
+        label: format!(
+            "Duration and start lateness of the last {} finished runs, by instant",
+            duration.len()
+        ),
+        value_axis: "duration · start lateness".into(),
+        time_axis: "instant (UTC)".into(),
+        unit: Unit::Millis,
+        series: vec![
+            Series {
+                name: "duration".into(),
+                class: "duration".into(),
+                mark: Mark::Line,
+                points: duration,
+            },
+            Series {
+                name: "start lateness".into(),
+                class: "lateness".into(),
+                mark: Mark::Line,
+                points: lateness,
+            },
+        ],
+    };
+    chart::render(&drawn).unwrap_or_else(|| html! { p.empty { "No finished runs to draw yet." } })
 }
 
 /// Trigger, pause, resume or delete, then back to the job (or its list, once deleted).

@@ -128,6 +128,7 @@ pub async fn page(
                 }
             }
             button type="submit" { "Show" }
+            a.button href={ "/graph?" (query(&[("namespace", namespace)])) } { "Graph" }
             @if visitor.may(Permission::Write) {
                 a.button href={ "/jobs/new?" (query(&[("namespace", namespace)])) } { "New job" }
             }
