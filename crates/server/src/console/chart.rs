@@ -16,10 +16,6 @@ pub enum Unit {
     /// Milliseconds, read as ms, s, min or h.
     Millis,
     /// A count: whole numbers.
-    #[allow(
-        dead_code,
-        reason = "for counts per minute, as the overview's chart draws them"
-    )]
     Count,
 }
 
@@ -129,10 +125,6 @@ pub enum Mark {
     /// A line through its points, and a dot at each.
     Line,
     /// A bar per point, from its instant for `width`.
-    #[allow(
-        dead_code,
-        reason = "for counts per minute, as the overview's chart draws them"
-    )]
     Bars { width: Span },
 }
 

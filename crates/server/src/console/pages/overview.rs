@@ -9,6 +9,7 @@
 
 use super::{chosen, job_href, refused};
 use crate::console::api::query;
+use crate::console::chart;
 use crate::console::clock::Clock;
 use crate::console::layout::{self, millis, span};
 use crate::console::{Console, Visitor};
@@ -390,7 +391,7 @@ pub async fn page(
         }
         section aria-labelledby="per-minute" {
             h2 #per-minute { "Runs ended per minute, last " (MINUTES) " minutes" }
-            (minute_chart(&minutes))
+            (minute_chart(&minutes, now))
         }
         @if let Ok(cluster) = &cluster {
             section aria-labelledby="cluster" {
@@ -411,48 +412,60 @@ pub async fn page(
     layout::page(&console, &visitor, "Overview", body)
 }
 
-const BAR_W: f64 = 20.0;
-const BAR_H: f64 = 120.0;
+/// The outcomes the per-minute chart draws, each as one bar of a minute's group.
+const OUTCOMES: [(&str, &str); 4] = [
+    ("succeeded", "succeeded"),
+    ("failed", "failed"),
+    ("skipped", "skipped"),
+    ("other", "cancelled and other"),
+];
+
+/// Runs ended per minute as grouped bars, one per outcome, oldest minute on the left, with
+/// labelled axes; each bar's title gives its count, outcome and minute.
+fn minute_chart(minutes: &[BTreeMap<&'static str, u32>], now: Instant) -> Markup {
+    let total: u32 = minutes.iter().flat_map(|m| m.values()).sum();
+    let slot = chrono::Duration::seconds(60 / OUTCOMES.len() as i64);
+    let series = OUTCOMES
+        .iter()
+        .enumerate()
+        .map(|(i, (outcome, name))| chart::Series {
+            name: (*name).to_string(),
+            class: (*outcome).to_string(),
+            mark: chart::Mark::Bars { width: slot },
+            points: minutes
+                .iter()
+                .enumerate()
+                .filter_map(|(minute, counts)| {
+                    let count = *counts.get(outcome)?;
+                    let start = now - chrono::Duration::minutes(MINUTES - minute as i64);
+                    Some(chart::Point {
+                        at: start + slot * i as i32,
+                        value: f64::from(count),
+                        class: (*outcome).to_string(),
+                        note: minute_ago(minute),
+                    })
+                })
+                .collect(),
+        })
+        .collect();
+    let drawn = chart::render(&chart::Chart {
+        label: format!("{total} runs ended in the last {MINUTES} minutes, by outcome"),
+        value_axis: "runs".into(),
+        time_axis: "minute (UTC)".into(),
+        unit: chart::Unit::Count,
+        series,
+    });
+    match drawn {
+        Some(chart) => chart,
+        None => html! { p.empty { "No run ended in the last " (MINUTES) " minutes." } },
+    }
+}
 
 /// When the `i`th minute of the chart was.
 fn minute_ago(i: usize) -> String {
     match MINUTES - 1 - i as i64 {
         0 => "within the last minute".into(),
         n => format!("{n} to {} minutes ago", n + 1),
-    }
-}
-
-/// Stacked bars, one per minute, oldest on the left.
-fn minute_chart(minutes: &[BTreeMap<&'static str, u32>]) -> Markup {
-    let most = minutes
-        .iter()
-        .map(|m| m.values().sum::<u32>())
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
-    let total: u32 = minutes.iter().flat_map(|m| m.values()).sum();
-    html! {
-        figure.chart {
-            svg viewBox={ "0 0 " (BAR_W * minutes.len() as f64) " " (BAR_H) } role="img"
-                aria-label={ (total) " runs ended in the last " (MINUTES) " minutes, at most " (most) " in one minute" } {
-                @for (i, minute) in minutes.iter().enumerate() {
-                    @let mut top = BAR_H;
-                    @for (outcome, count) in minute {
-                        @let h = f64::from(*count) / most * (BAR_H - 2.0);
-                        @let y = { top -= h; top };
-                        rect class={ "bar " (outcome) } x=(format!("{:.1}", BAR_W * i as f64 + 2.0)) y=(format!("{y:.1}"))
-                            width=(format!("{:.1}", BAR_W - 4.0)) height=(format!("{h:.1}")) {
-                            title { (count) " " (outcome) ", " (minute_ago(i)) }
-                        }
-                    }
-                }
-            }
-            figcaption {
-                span.key.succeeded { "succeeded" } " · " span.key.failed { "failed" } " · "
-                span.key.skipped { "skipped" } " · " span.key.other { "cancelled and other" }
-                " · tallest bar " (most) " runs"
-            }
-        }
     }
 }
 
