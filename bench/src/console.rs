@@ -89,6 +89,13 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         ("run", format!("/runs/{run_id}")),
         ("workers", "/workers".to_string()),
         ("audit", "/audit".to_string()),
+        (
+            "audit, one object in a time range",
+            format!("/audit?object={middle}&since=2000-01-01T00:00&until=2100-01-01T00:00"),
+        ),
+        ("search", format!("/search?q={middle}")),
+        ("search, a run's id", format!("/search?q={run_id}")),
+        ("preferences", "/preferences".to_string()),
         ("graph", "/graph".to_string()),
         (
             "job in the pipeline",

@@ -225,13 +225,16 @@ pub(super) async fn edges(
     tx.query(&stmt, &[&namespace, &jobs])
         .await?
         .iter()
-        .map(|r| {
-            Ok(DependencyEdge {
-                job: r.try_get(0)?,
-                upstream: r.try_get(1)?,
-            })
-        })
+        .map(edge)
         .collect()
+}
+
+/// The edge a `SELECT job, upstream` row names.
+fn edge(row: &tokio_postgres::Row) -> PgResult<DependencyEdge> {
+    Ok(DependencyEdge {
+        job: row.try_get(0)?,
+        upstream: row.try_get(1)?,
+    })
 }
 
 /// Up to `limit` edges of `namespace`, by upstream then dependant (the primary key's order).
@@ -249,12 +252,7 @@ pub(super) async fn namespace_edges(
     tx.query(&stmt, &[&namespace, &i64::from(limit)])
         .await?
         .iter()
-        .map(|r| {
-            Ok(DependencyEdge {
-                job: r.try_get(0)?,
-                upstream: r.try_get(1)?,
-            })
-        })
+        .map(edge)
         .collect()
 }
 
