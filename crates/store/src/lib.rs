@@ -14,6 +14,7 @@ pub mod contract;
 pub mod cursor;
 pub mod deadlines;
 pub mod flow;
+pub mod grid;
 pub mod postgres;
 pub mod shared;
 pub mod sqlite;
@@ -39,6 +40,7 @@ use std::time::Duration;
 pub use calendars::{CalendarDeletion, CalendarStore};
 pub use deadlines::{DeadlineJob, DeadlineMark, DeadlineStore, NewMarks};
 pub use flow::{FlowClaim, FlowStore, KeyHolder, LimitDeletion, LimitRecord, NotStarted};
+pub use grid::{GridQuery, GridRun, GridStore};
 pub use postgres::PgStore;
 pub use sqlite::{CheckReport, SqliteStore};
 
@@ -270,6 +272,8 @@ pub struct JobQuery {
     /// Only jobs whose newest run (by instant) is in this state: a correlated seek per job
     /// looked at, on the index `GET /runs?job=` uses.
     pub last: Option<RunState>,
+    /// Only jobs whose routing asks for this label (`routing.labels`) with this value.
+    pub label: Option<(String, String)>,
     pub sort: JobSort,
     pub descending: bool,
     pub limit: u32,
@@ -850,7 +854,9 @@ impl BacklogSlot {
 }
 
 #[async_trait]
-pub trait Store: CalendarStore + DeadlineStore + FlowStore + Send + Sync + 'static {
+pub trait Store:
+    CalendarStore + DeadlineStore + FlowStore + GridStore + Send + Sync + 'static
+{
     /// From now on, runs the store starts by itself are admitted against `source`'s queue.
     fn admit_through(&self, source: std::sync::Arc<dyn BacklogSource>);
 
