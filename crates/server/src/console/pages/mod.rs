@@ -3,6 +3,7 @@
 //! token, sends the change to the API and shows the API's answer.
 
 pub mod admin;
+pub mod grid;
 pub mod job;
 pub mod job_form;
 pub mod jobs;
