@@ -260,8 +260,9 @@ pub async fn page(
         pairs.extend_from_slice(more);
         query(&pairs)
     };
-    let from_text = from.to_rfc3339_opts(SecondsFormat::Secs, true);
-    let to_text = to.to_rfc3339_opts(SecondsFormat::Secs, true);
+    // To the microsecond: a window cut to the second would leave out this second's runs.
+    let from_text = from.to_rfc3339_opts(SecondsFormat::Micros, true);
+    let to_text = to.to_rfc3339_opts(SecondsFormat::Micros, true);
     let path = format!(
         "/api/v1/runs/grid?{}",
         query(&[
@@ -288,6 +289,7 @@ pub async fn page(
         .collect();
     let cols = columns(&instants, MAX_COLUMNS);
     let bucketed = cols.iter().any(|c| c.first != c.last);
+    let label = header_format(&cols);
     let mut body_rows = String::with_capacity(grid.jobs.len() * (cols.len() * 110 + 200));
     for job in &grid.jobs {
         let _ = write!(
@@ -371,7 +373,7 @@ pub async fn page(
                         @for col in &cols {
                             th scope="col" title=(column_title(col)) {
                                 time datetime=(col.first.to_rfc3339_opts(SecondsFormat::Secs, true)) {
-                                    (col.first.format("%H:%M"))
+                                    (col.first.format(label))
                                 }
                             }
                         }
@@ -388,6 +390,24 @@ pub async fn page(
         }
     };
     layout::page(&console, &visitor, "Runs grid", body)
+}
+
+/// How the columns' heads write their instants: as short as tells neighbours apart, with the
+/// day when the columns span more than one.
+pub fn header_format(cols: &[Column]) -> &'static str {
+    let days = cols
+        .first()
+        .zip(cols.last())
+        .is_some_and(|(a, b)| a.first.date_naive() != b.last.date_naive());
+    let same_minute = cols.windows(2).any(|w| {
+        w[0].first.format("%Y%m%d%H%M").to_string() == w[1].first.format("%Y%m%d%H%M").to_string()
+    });
+    match (days, same_minute) {
+        (false, false) => "%H:%M",
+        (false, true) => "%H:%M:%S",
+        (true, false) => "%d %H:%M",
+        (true, true) => "%d %H:%M:%S",
+    }
 }
 
 fn column_title(col: &Column) -> String {
@@ -467,6 +487,19 @@ mod tests {
         assert_eq!(window("7d", now).1, now - Duration::days(7));
         assert_eq!(window("", now), ("1d", now - Duration::days(1), now));
         assert_eq!(window("forever", now).0, "1d");
+    }
+
+    #[test]
+    fn heads_are_as_short_as_tells_columns_apart() {
+        let at = |secs| Column {
+            first: t(secs),
+            last: t(secs),
+        };
+        assert_eq!(header_format(&[at(0), at(60)]), "%H:%M");
+        assert_eq!(header_format(&[at(0), at(1)]), "%H:%M:%S");
+        assert_eq!(header_format(&[at(0), at(86_400)]), "%d %H:%M");
+        assert_eq!(header_format(&[at(0), at(1), at(86_400)]), "%d %H:%M:%S");
+        assert_eq!(header_format(&[]), "%H:%M");
     }
 
     #[test]
