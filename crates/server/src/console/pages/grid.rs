@@ -13,7 +13,7 @@ use crate::console::layout::{self, millis};
 use crate::console::{Console, Visitor};
 use axum::extract::{Query, State};
 use axum::response::Response;
-use chrono::{Duration, SecondsFormat, Utc};
+use chrono::{Datelike, Duration, SecondsFormat, Timelike, Utc};
 use maud::{html, Markup, PreEscaped};
 use serde::Deserialize;
 use sked_core::Instant;
@@ -204,31 +204,38 @@ fn write_row(out: &mut String, job: &str, runs: &[Cell], cols: &[Column], now: I
         .filter_map(|c| took_ms(c, now))
         .max()
         .unwrap_or(0);
+    let job = escape(job);
     for slot in slots {
         let Some((cell, more)) = slot else {
             out.push_str("<td></td>");
             continue;
         };
+        // Written piece by piece, without a format string per instant: a page may hold
+        // 50,000 of these.
         let took = took_ms(cell, now);
-        let mut title = format!(
-            "{job} · {} · {}",
-            cell.scheduled_for.format("%Y-%m-%d %H:%M:%S"),
-            cell.state.replace('_', " ")
-        );
-        if let Some(ms) = took {
-            let _ = write!(title, " · {}", millis(ms as f64));
-        }
-        if more > 0 {
-            let _ = write!(title, " (+{more} more in this column)");
-        }
+        let t = cell.scheduled_for;
         let _ = write!(
             out,
-            "<td><a class=\"{} h{}\" href=\"/runs/{}\" title=\"{}\"></a></td>",
+            "<td><a class=\"{} h{}\" href=\"/runs/{}\" title=\"{job} · {:04}-{:02}-{:02} {:02}:{:02}:{:02} · ",
             tone(&cell.state),
-            took.map_or(1, |t| height(t, longest)),
+            took.map_or(1, |ms| height(ms, longest)),
             cell.id,
-            escape(&title),
+            t.year(),
+            t.month(),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second(),
         );
+        out.push_str(&escape(&cell.state.replace('_', " ")));
+        if let Some(ms) = took {
+            out.push_str(" · ");
+            out.push_str(&millis(ms as f64));
+        }
+        if more > 0 {
+            let _ = write!(out, " (+{more} more in this column)");
+        }
+        out.push_str("\"></a></td>");
     }
 }
 
