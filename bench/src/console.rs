@@ -87,6 +87,13 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         ("job", format!("/jobs/default/{middle}")),
         ("job form", format!("/jobs/default/{middle}/edit")),
         ("run", format!("/runs/{run_id}")),
+        ("grid", "/grid".to_string()),
+        // The most one page holds: 500 jobs, each with up to 100 runs of a month.
+        (
+            "grid, 500 jobs over 31 days",
+            "/grid?window=31d&rows=500".to_string(),
+        ),
+        ("grid, cron jobs", "/grid?kind=cron&window=7d".to_string()),
         ("workers", "/workers".to_string()),
         ("audit", "/audit".to_string()),
         (

@@ -1230,6 +1230,10 @@ async fn hidden_namespaces(api: &Client<'_>, run_id: i64) {
         .call_as(other, "get", "/api/v1/runs?namespace=default", None)
         .await;
     assert_eq!(named.status, 403);
+    let grid = api
+        .call_as(other, "get", "/api/v1/runs/grid?namespace=default", None)
+        .await;
+    assert_eq!(grid.status, 403);
 
     let shell = json!({"target": {"shell": {"command": "true"}}});
     let refused = api
@@ -1698,6 +1702,17 @@ async fn runs(api: &Client<'_>, run_id: i64) {
     assert_eq!(refused.status, 400);
     let page = api.call("get", "/api/v1/jobs/doc-job/runs", None).await;
     assert_eq!(page.body["runs"].as_array().unwrap().len(), 1);
+    let grid = api
+        .call(
+            "get",
+            "/api/v1/runs/grid?search=doc-job&jobs=5&instants=5",
+            None,
+        )
+        .await;
+    assert_eq!(grid.status, 200);
+    assert_eq!(grid.body["jobs"][0]["runs"][0]["id"], json!(run_id));
+    let refused = api.call("get", "/api/v1/runs/grid?jobs=501", None).await;
+    assert_eq!(refused.status, 400);
     let stats = api.call("get", "/api/v1/jobs/doc-job/stats", None).await;
     assert_eq!((stats.status, &stats.body["runs"]), (200, &json!(1)));
     let missing = api

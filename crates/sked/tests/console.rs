@@ -389,6 +389,7 @@ async fn an_on_call_engineer_sees_what_runs_what_waits_and_what_changed() {
         "/preferences".into(),
         "/search?q=report".into(),
         "/graph".into(),
+        "/grid".into(),
     ];
     for (width, height) in [(1280, 800), (375, 812)] {
         browser.viewport(width, height).await;

@@ -123,6 +123,8 @@ macro_rules! store_contract_tests {
             claims_are_exclusive_and_reports_under_a_lapsed_claim_change_nothing,
             a_heartbeat_run_waits_for_a_ping_and_fails_without_one,
             a_job_that_asks_is_named_in_its_completions,
+            jobs_filter_by_a_routing_label,
+            the_grid_reads_each_jobs_newest_runs_in_its_window,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -6231,4 +6233,144 @@ pub async fn events_meet_dedup_and_debounce(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(queued[0].event.as_ref().map(|e| e.id.as_str()), Some("2"));
+}
+
+// --- the runs grid -------------------------------------------------------------------------
+
+/// The job list keeps the jobs whose routing asks for a label with a value.
+pub async fn jobs_filter_by_a_routing_label(store: &dyn Store) {
+    let labelled =
+        |zone: &str| every_second(serde_json::json!({"routing": {"labels": {"zone": zone}}}));
+    put(store, "eu-job", labelled("eu")).await;
+    put(store, "us-job", labelled("us")).await;
+    put(store, "plain", every_second(serde_json::json!({}))).await;
+    let names = |label: Option<(&str, &str)>| {
+        let query = JobQuery {
+            namespace: "default".into(),
+            label: label.map(|(k, v)| (k.to_string(), v.to_string())),
+            limit: 100,
+            ..Default::default()
+        };
+        async move {
+            let page = store.list_jobs(&query).await.unwrap();
+            page.items.into_iter().map(|j| j.name).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(names(Some(("zone", "eu"))).await, ["eu-job"]);
+    assert_eq!(names(Some(("zone", "us"))).await, ["us-job"]);
+    assert!(names(Some(("zone", "ap"))).await.is_empty());
+    assert!(names(Some(("rack", "eu"))).await.is_empty());
+    assert_eq!(names(None).await.len(), 3);
+}
+
+/// A grid read gives, for each named job of the namespace, its newest runs whose instant is in
+/// the window, at most the limit per job, in the order the names were given.
+pub async fn the_grid_reads_each_jobs_newest_runs_in_its_window(store: &dyn Store) {
+    worker(store, "w", t0()).await;
+    let allow = serde_json::json!({"overlap": "allow"});
+    let a = put(store, "a", every_second(allow.clone())).await;
+    let b = put(store, "b", every_second(allow.clone())).await;
+    let mut a_runs = Vec::new();
+    for n in 1..=5 {
+        a_runs.push(fire_one(store, fire(a.id, t0() + secs(n))).await.run_id);
+    }
+    let b2 = fire_one(store, fire(b.id, t0() + secs(2))).await.run_id;
+    let b3 = fire_one(store, fire(b.id, t0() + secs(3))).await.run_id;
+    // a's run at +4 succeeds, b's at +3 fails, b's at +2 is cancelled.
+    let attempt = start(store, a_runs[3], "w", 1, t0() + secs(4)).await;
+    complete(
+        store,
+        report(attempt, 1, AttemptOutcome::Succeeded),
+        t0() + secs(6),
+    )
+    .await;
+    let attempt = start(store, b3, "w", 2, t0() + secs(3)).await;
+    complete(
+        store,
+        report(attempt, 2, AttemptOutcome::Failed),
+        t0() + secs(4),
+    )
+    .await;
+    store
+        .cancel_run(b2, t0() + secs(5), Audit::none())
+        .await
+        .unwrap();
+    // A job of the same name in another namespace is not read.
+    let other = store
+        .put_job(
+            "other",
+            &job("a", every_second(allow), t0()),
+            PutMode::Upsert,
+            t0(),
+            Audit::none(),
+        )
+        .await
+        .unwrap()
+        .1;
+    fire_one(store, fire(other.id, t0() + secs(3))).await;
+
+    let query = GridQuery {
+        namespace: "default".into(),
+        jobs: vec!["b".into(), "a".into(), "missing".into()],
+        from: t0() + secs(2),
+        to: t0() + secs(5),
+        per_job: 2,
+    };
+    let cells = store.grid_runs(&query).await.unwrap();
+    let seen: Vec<(&str, Instant, RunState)> = cells
+        .iter()
+        .map(|c| (c.job.as_str(), c.scheduled_for, c.state))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("b", t0() + secs(3), RunState::Failed),
+            ("b", t0() + secs(2), RunState::Cancelled),
+            ("a", t0() + secs(4), RunState::Succeeded),
+            ("a", t0() + secs(3), RunState::Queued),
+        ],
+        "names in order, newest first, the window's end left out, two a job"
+    );
+    let done = &cells[2];
+    assert_eq!(done.id, a_runs[3]);
+    assert_eq!(done.started_at, Some(t0() + secs(4)));
+    assert_eq!(done.finished_at, Some(t0() + secs(6)));
+    assert_eq!(cells[3].started_at, None);
+
+    let all = store
+        .grid_runs(&GridQuery {
+            jobs: vec!["a".into()],
+            from: t0(),
+            to: t0() + secs(60),
+            per_job: 100,
+            ..query.clone()
+        })
+        .await
+        .unwrap();
+    let ids: Vec<i64> = all.iter().map(|c| c.id).collect();
+    let mut newest_first = a_runs.clone();
+    newest_first.reverse();
+    assert_eq!(ids, newest_first, "every run of the window, newest first");
+
+    let other_ns = store
+        .grid_runs(&GridQuery {
+            namespace: "other".into(),
+            ..query.clone()
+        })
+        .await
+        .unwrap();
+    assert_eq!(other_ns.len(), 1, "only the other namespace's own job");
+    assert_eq!(other_ns[0].job, "a");
+
+    let empty = GridQuery {
+        from: t0() + secs(5),
+        to: t0() + secs(5),
+        ..query.clone()
+    };
+    assert!(store.grid_runs(&empty).await.unwrap().is_empty());
+    let none = GridQuery {
+        jobs: Vec::new(),
+        ..query
+    };
+    assert!(store.grid_runs(&none).await.unwrap().is_empty());
 }

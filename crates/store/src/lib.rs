@@ -15,6 +15,7 @@ pub mod cursor;
 pub mod deadlines;
 pub mod flow;
 pub mod graph;
+pub mod grid;
 pub mod postgres;
 pub mod shared;
 pub mod sqlite;
@@ -41,6 +42,7 @@ pub use calendars::{CalendarDeletion, CalendarStore};
 pub use deadlines::{DeadlineJob, DeadlineMark, DeadlineStore, NewMarks};
 pub use flow::{FlowClaim, FlowStore, KeyHolder, LimitDeletion, LimitRecord, NotStarted};
 pub use graph::{GraphStore, MAX_NAMESPACE_EDGES};
+pub use grid::{GridQuery, GridRun, GridStore};
 pub use postgres::PgStore;
 pub use sqlite::{CheckReport, SqliteStore};
 
@@ -272,6 +274,8 @@ pub struct JobQuery {
     /// Only jobs whose newest run (by instant) is in this state: a correlated seek per job
     /// looked at, on the index `GET /runs?job=` uses.
     pub last: Option<RunState>,
+    /// Only jobs whose routing asks for this label (`routing.labels`) with this value.
+    pub label: Option<(String, String)>,
     pub sort: JobSort,
     pub descending: bool,
     pub limit: u32,
@@ -855,7 +859,7 @@ impl BacklogSlot {
 
 #[async_trait]
 pub trait Store:
-    CalendarStore + DeadlineStore + FlowStore + GraphStore + Send + Sync + 'static
+    CalendarStore + DeadlineStore + FlowStore + GraphStore + GridStore + Send + Sync + 'static
 {
     /// From now on, runs the store starts by itself are admitted against `source`'s queue.
     fn admit_through(&self, source: std::sync::Arc<dyn BacklogSource>);

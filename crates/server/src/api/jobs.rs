@@ -375,6 +375,8 @@ pub struct ListParams {
     kind: Option<String>,
     /// The state of the job's newest run.
     last: Option<String>,
+    /// `key=value`: jobs whose routing asks for this label.
+    label: Option<String>,
     sort: Option<String>,
     order: Option<String>,
     limit: Option<u32>,
@@ -453,6 +455,7 @@ pub async fn list(
         state: job_state,
         kind,
         last: run_state_in("last", p.last.as_deref())?,
+        label: parse_label(p.label.as_deref())?,
         sort,
         descending,
         limit: check_limit(p.limit)?,
@@ -476,6 +479,31 @@ pub async fn list(
         }
     }
     Ok(Json(JobPage { jobs, next_cursor }))
+}
+
+/// The longest label key or value a filter takes.
+const MAX_LABEL_FILTER: usize = 128;
+
+/// A `label` filter, `key=value`: a key and a value, neither empty nor over
+/// [`MAX_LABEL_FILTER`] characters. An empty filter is none.
+pub fn parse_label(label: Option<&str>) -> Result<Option<(String, String)>, ApiError> {
+    let Some(text) = label.filter(|l| !l.is_empty()) else {
+        return Ok(None);
+    };
+    match text.split_once('=') {
+        Some((key, value))
+            if !key.is_empty()
+                && !value.is_empty()
+                && key.chars().count() <= MAX_LABEL_FILTER
+                && value.chars().count() <= MAX_LABEL_FILTER =>
+        {
+            Ok(Some((key.to_string(), value.to_string())))
+        }
+        _ => Err(ApiError::invalid(
+            "label",
+            format!("{text:?} is not key=value (each 1 to {MAX_LABEL_FILTER} characters)"),
+        )),
+    }
 }
 
 pub fn check_limit(limit: Option<u32>) -> Result<u32, ApiError> {

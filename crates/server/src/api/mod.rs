@@ -15,6 +15,7 @@ mod cluster;
 pub(crate) mod error;
 mod events;
 mod extract;
+mod grid;
 mod jobs;
 mod limits;
 mod namespaces;
@@ -184,6 +185,7 @@ fn route_table() -> Vec<(Route, MethodRouter<AppState>)> {
         route(Method::POST, "/api/v1/events", Events, post(events::post)),
         route(Method::GET, "/api/v1/events", Read, get(events::list)),
         route(Method::GET, "/api/v1/runs", Read, get(runs::list)),
+        route(Method::GET, "/api/v1/runs/grid", Read, get(grid::get)),
         route(Method::GET, "/api/v1/runs/{id}", Read, get(runs::get)),
         route(Method::GET, "/api/v1/runs/{id}/log", Read, get(runs::log)),
         route(

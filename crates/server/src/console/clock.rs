@@ -84,6 +84,11 @@ impl Clock {
         Clock { zone, now }
     }
 
+    /// The zone instants of no one job read in.
+    pub fn tz(&self) -> Tz {
+        self.zone.resolve(None)
+    }
+
     /// An instant as how long ago (or from now) it is, the exact instant in the visitor's zone
     /// on hover; machine-readable too.
     pub fn when(&self, t: Option<Instant>) -> Markup {

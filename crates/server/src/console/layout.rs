@@ -12,6 +12,7 @@ pub fn page(console: &Console, visitor: &Visitor, title: &str, body: Markup) -> 
     let nav = [
         ("/", "Overview", true),
         ("/jobs", "Jobs", true),
+        ("/grid", "Grid", true),
         ("/workers", "Workers", true),
         ("/audit", "Audit", visitor.may(Permission::Read)),
         ("/tokens", "Tokens", visitor.is_admin()),

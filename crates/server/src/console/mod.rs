@@ -68,6 +68,7 @@ pub fn router(state: &AppState, api: Router) -> Router {
         )
         .route("/logout", post(pages::login::logout))
         .route("/jobs", get(pages::jobs::page))
+        .route("/grid", get(pages::grid::page))
         .route(
             "/jobs/new",
             get(pages::job_form::new_form).post(pages::job_form::create),

@@ -61,6 +61,7 @@ async fn missing(
                 state: None,
                 kind: None,
                 last: None,
+                label: None,
                 sort: JobSort::Name,
                 descending: false,
                 limit: PAGE,

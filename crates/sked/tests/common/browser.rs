@@ -1,5 +1,5 @@
 //! Chromium under ChromeDriver for the console's browser tests (`console.rs`,
-//! `console_graph.rs`): start it, open pages, and check each page for JavaScript errors and
+//! `console_graph.rs`, `console_grid.rs`): start it, open pages, and check each page for JavaScript errors and
 //! requests outside sked's origin; screenshots into `SKED_UI_SCREENSHOTS` when it is set.
 //! A test includes it with `#[path = "common/browser.rs"] mod browser;` beside `mod common;`,
 //! so the other tests are not built with a browser driver.

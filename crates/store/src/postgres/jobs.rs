@@ -322,15 +322,25 @@ pub async fn list(tx: &Tx<'_>, query: &JobQuery) -> PgResult<Page<JobRecord>> {
               OR lower(description) LIKE $2 ESCAPE E'\\\\') \
          AND ($3::text IS NULL OR state = $3) \
          AND ($4::text IS NULL OR {SCHEDULE_KIND} = $4) \
-         AND ($5::text IS NULL OR {LAST_RUN_STATE} = $5)",
+         AND ($5::text IS NULL OR {LAST_RUN_STATE} = $5) \
+         AND ($6::text IS NULL OR spec::jsonb -> 'routing' -> 'labels' ->> $6 = $7::text)",
         LAST_RUN_STATE = crate::shared::LAST_RUN_STATE
     );
     let (mut text_key, mut micros_key, mut after_id) = (String::new(), 0i64, 0i64);
     let fetch = i64::from(limit) + 1;
     let kind = query.kind.map(ScheduleKind::as_str);
     let last = query.last.map(RunState::as_str);
-    let mut params: Vec<&(dyn ToSql + Sync)> =
-        vec![&query.namespace, &pattern, &state, &kind, &last];
+    let label_key = query.label.as_ref().map(|(key, _)| key.as_str());
+    let label_value = query.label.as_ref().map(|(_, value)| value.as_str());
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+        &query.namespace,
+        &pattern,
+        &state,
+        &kind,
+        &last,
+        &label_key,
+        &label_value,
+    ];
     if let Some(raw) = &query.cursor {
         let cursor = Cursor::decode(raw)?;
         after_id = cursor.id;
@@ -338,7 +348,7 @@ pub async fn list(tx: &Tx<'_>, query: &JobQuery) -> PgResult<Page<JobRecord>> {
             JobSort::Name => text_key = cursor.text(raw)?.to_string(),
             JobSort::CreatedAt | JobSort::UpdatedAt => micros_key = cursor.micros(raw)?,
         }
-        sql.push_str(&format!(" AND ({column}, id) {after} ($6, $7)"));
+        sql.push_str(&format!(" AND ({column}, id) {after} ($8, $9)"));
     }
     if query.cursor.is_some() {
         match query.sort {

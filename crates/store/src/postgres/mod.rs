@@ -317,6 +317,7 @@ macro_rules! transact {
 mod calendars;
 mod deadlines;
 mod flow;
+mod grid;
 
 #[async_trait::async_trait]
 impl crate::GraphStore for PgStore {

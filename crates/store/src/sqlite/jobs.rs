@@ -224,7 +224,9 @@ pub fn list(tx: &Transaction<'_>, query: &JobQuery) -> Result<Page<JobRecord>> {
               OR lower(description) LIKE ?2 ESCAPE '\\') \
          AND (?3 IS NULL OR state = ?3) \
          AND (?7 IS NULL OR {SCHEDULE_KIND} = ?7) \
-         AND (?8 IS NULL OR {LAST_RUN_STATE} = ?8)",
+         AND (?8 IS NULL OR {LAST_RUN_STATE} = ?8) \
+         AND (?9 IS NULL OR EXISTS (SELECT 1 FROM json_each(spec, '$.routing.labels') \
+              WHERE key = ?9 AND value = ?10))",
         LAST_RUN_STATE = crate::shared::LAST_RUN_STATE
     );
     let mut key: Option<rusqlite::types::Value> = None;
@@ -257,6 +259,8 @@ pub fn list(tx: &Transaction<'_>, query: &JobQuery) -> Result<Page<JobRecord>> {
         i64::from(limit) + 1,
         query.kind.map(ScheduleKind::as_str),
         query.last.map(RunState::as_str),
+        query.label.as_ref().map(|(key, _)| key.as_str()),
+        query.label.as_ref().map(|(_, value)| value.as_str()),
     ])?;
     let mut items = Vec::new();
     while let Some(row) = rows.next()? {

@@ -22,6 +22,7 @@ mod deadlines;
 mod dependencies;
 mod events;
 mod flow;
+mod grid;
 mod heartbeats;
 mod history;
 mod jobs;

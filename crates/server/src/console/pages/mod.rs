@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod graph;
+pub mod grid;
 pub mod job;
 pub mod job_form;
 pub mod jobs;
