@@ -188,7 +188,7 @@ fn escape(text: &str) -> String {
 
 /// The cells of one row, written straight into `out` (there may be 50,000 of them: no markup
 /// tree per cell). Every value but ids and classes is HTML-escaped.
-fn write_row(out: &mut String, job: &str, runs: &[Cell], cols: &[Column], now: Instant) {
+fn write_row(out: &mut String, job: &str, runs: &[Cell], cols: &[Column], now: Instant, tz: Tz) {
     let mut slots: Vec<Option<(&Cell, usize)>> = vec![None; cols.len()];
     // Runs come newest first: a column keeps its newest run and counts the others.
     for cell in runs {
@@ -214,7 +214,7 @@ fn write_row(out: &mut String, job: &str, runs: &[Cell], cols: &[Column], now: I
         // Written piece by piece, without a format string per instant: a page may hold
         // 50,000 of these.
         let took = took_ms(cell, now);
-        let t = cell.scheduled_for;
+        let t = cell.scheduled_for.with_timezone(&tz);
         let _ = write!(
             out,
             "<td><a class=\"{} h{}\" href=\"/runs/{}\" title=\"{job} · {:04}-{:02}-{:02} {:02}:{:02}:{:02} · ",
@@ -298,7 +298,7 @@ pub async fn page(
     let cols = columns(&instants, MAX_COLUMNS);
     let bucketed = cols.iter().any(|c| c.first != c.last);
     let label = header_format(&cols);
-    // The heads read in the visitor's zone (a job's own zone has no meaning across jobs).
+    // The heads and cells read in the visitor's zone (a job's own has no meaning across jobs).
     let tz = visitor.clock.tz();
     let mut body_rows = String::with_capacity(grid.jobs.len() * (cols.len() * 110 + 200));
     for job in &grid.jobs {
@@ -312,7 +312,7 @@ pub async fn page(
             let _ = write!(body_rows, " <small>{}</small>", escape(&job.state));
         }
         body_rows.push_str("</th>");
-        write_row(&mut body_rows, &job.name, &job.runs, &cols, now);
+        write_row(&mut body_rows, &job.name, &job.runs, &cols, now, tz);
         body_rows.push_str("</tr>");
     }
     let first = format!("/grid?{}", with(&[]));
@@ -548,12 +548,15 @@ mod tests {
             cell(2, 1, "succeeded"),
             cell(1, 0, "timed_out"),
         ];
-        write_row(&mut out, "a\"<b>", &runs, &cols, t(100));
+        write_row(&mut out, "a\"<b>", &runs, &cols, t(100), Tz::UTC);
         assert_eq!(
             out,
             "<td><a class=\"g h4\" href=\"/runs/2\" title=\"a&quot;&lt;b&gt; · 2026-03-01 00:00:01 · succeeded · 2.0 s (+1 more in this column)\"></a></td>\
              <td><a class=\"b h4\" href=\"/runs/3\" title=\"a&quot;&lt;b&gt; · 2026-03-01 00:00:05 · failed · 2.0 s\"></a></td>\
              <td></td>"
         );
+        let mut tokyo = String::new();
+        write_row(&mut tokyo, "a", &runs, &cols, t(100), Tz::Asia__Tokyo);
+        assert!(tokyo.contains("2026-03-01 09:00:01"), "{tokyo}");
     }
 }
