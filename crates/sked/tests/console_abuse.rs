@@ -350,3 +350,110 @@ async fn a_logout_ends_the_session_so_a_copied_cookie_opens_nothing() {
     let (status, _, _) = page(&sked, &copied, "/jobs").await;
     assert_eq!(status, StatusCode::SEE_OTHER, "the old session stays over");
 }
+
+/// The pages that came with the overview's "now": a preference set only by its own form and
+/// only to a zone that exists, a forged zone cookie read as UTC, searches and audit filters
+/// bounded and held to the token's namespaces, and a secret never in the audit's diff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferences_search_and_audit_filters_take_only_what_they_should() {
+    let sked = started().await;
+    let (_, cookie, _) = log_in(&sked, ADMIN_TOKEN, "/").await;
+    let cookie = cookie.expect("a session cookie");
+    let (_, _, csrf) = page(&sked, &cookie, "/preferences").await;
+    let csrf = csrf.expect("the preferences form carries a CSRF token");
+
+    // A zone is set by the form with its token, never by a forged or cross-origin post.
+    let (sked_ref, cookie_ref) = (&sked, &cookie);
+    let choose = |csrf: String, zone: &'static str, named: &'static str| async move {
+        bare()
+            .post(at(sked_ref, "/preferences"))
+            .header(COOKIE, cookie_ref)
+            .form(&[("csrf", csrf.as_str()), ("zone", zone), ("named", named)])
+            .send()
+            .await
+            .expect("post")
+    };
+    let forged = choose("forged".into(), "named", "Asia/Tokyo").await;
+    assert_eq!(forged.status(), StatusCode::FORBIDDEN);
+    assert!(forged.headers().get(SET_COOKIE).is_none());
+    for (zone, named) in [
+        ("named", "Mars/Olympus"),
+        ("named", ""),
+        ("browser", ""),
+        ("moon", ""),
+    ] {
+        let refused = choose(csrf.clone(), zone, named).await;
+        assert_eq!(
+            refused.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{zone} {named}"
+        );
+        assert!(
+            refused.headers().get(SET_COOKIE).is_none(),
+            "{zone} {named}"
+        );
+    }
+    let saved = choose(csrf.clone(), "named", "Asia/Tokyo").await;
+    assert_eq!(saved.status(), StatusCode::SEE_OTHER);
+    let zone_cookie = saved
+        .headers()
+        .get(SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .expect("the zone's cookie")
+        .to_string();
+    assert!(
+        zone_cookie.starts_with("sked_zone=zone:Asia/Tokyo;"),
+        "{zone_cookie}"
+    );
+    assert!(zone_cookie.contains("SameSite=Strict"), "{zone_cookie}");
+
+    // A zone cookie made up by hand is read as no choice at all: UTC.
+    for value in ["zone:Mars/Olympus", "zone:<script>", &"x".repeat(5000)] {
+        let both = format!("{cookie}; sked_zone={value}");
+        let (status, body, _) = page(&sked, &both, "/preferences").await;
+        assert_eq!(status, StatusCode::OK, "{value:.40}");
+        assert!(body.contains("data-zone=\"utc\""), "{value:.40}");
+        assert!(!body.contains("<script>"), "{value:.40}");
+    }
+
+    // Searches and filters are bounded and say what was wrong.
+    let long = "x".repeat(201);
+    let (status, _, _) = page(&sked, &cookie, &format!("/search?q={long}")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body, _) = page(&sked, &cookie, "/audit?since=not-a-time").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains("since"));
+
+    // A viewer of another namespace finds nothing of this one by search, and cannot ask
+    // the audit trail for it.
+    let viewer = token(
+        &sked,
+        "elsewhere-viewer",
+        json!({"role": "viewer", "namespaces": ["elsewhere"]}),
+    )
+    .await;
+    let (_, viewer_cookie, _) = log_in(&sked, &viewer, "/").await;
+    let viewer_cookie = viewer_cookie.expect("a viewer's session");
+    let (status, body, _) = page(&sked, &viewer_cookie, "/search?q=guarded").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        !body.contains("/jobs/default/guarded"),
+        "found another namespace's job"
+    );
+    let (status, _, _) = page(&sked, &viewer_cookie, "/audit?namespace=default").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    // A change to the job's secret shows in the audit trail without the secret.
+    let (status, _) = sked
+        .put_job(
+            "guarded",
+            json!({"target": {"shell": {"command": "true",
+                   "env": {"PASSWORD": {"secret": "hunter3-clear"}}}}}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, body, _) = page(&sked, &cookie, "/audit?object=guarded").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("details"), "the change is shown");
+    assert!(!body.contains("hunter2-clear") && !body.contains("hunter3-clear"));
+}
