@@ -94,32 +94,8 @@ pub async fn get(
         MAX_GRID_RUNS_PER_JOB,
         MAX_GRID_RUNS_PER_JOB,
     )?;
-    let job_state = p
-        .state
-        .as_deref()
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            JobState::parse(s).ok_or_else(|| {
-                ApiError::invalid(
-                    "state",
-                    format!("{s:?} is not one of active, paused, completed"),
-                )
-            })
-        })
-        .transpose()?;
-    let kind = p
-        .kind
-        .as_deref()
-        .filter(|k| !k.is_empty())
-        .map(|k| {
-            ScheduleKind::parse(k).ok_or_else(|| {
-                ApiError::invalid(
-                    "kind",
-                    format!("{k:?} is not one of {}", ScheduleKind::one_of()),
-                )
-            })
-        })
-        .transpose()?;
+    let job_state = super::jobs::parse_job_state(p.state.as_deref())?;
+    let kind = super::jobs::parse_schedule_kind(p.kind.as_deref())?;
     let query = JobQuery {
         namespace: namespace.clone(),
         search: p.search.filter(|s| !s.is_empty()),
@@ -205,11 +181,12 @@ pub fn window(
     to: Option<&str>,
     now: Instant,
 ) -> Result<(Instant, Instant), ApiError> {
-    let to = match to.filter(|t| !t.is_empty()) {
+    // An empty instant is no instant: refused like any other unreadable one.
+    let to = match to {
         Some(text) => instant("to", text)?,
         None => now,
     };
-    let from = match from.filter(|f| !f.is_empty()) {
+    let from = match from {
         Some(text) => instant("from", text)?,
         None => to - DEFAULT_WINDOW,
     };
@@ -263,6 +240,8 @@ mod tests {
     fn a_window_backwards_too_long_or_unreadable_is_refused() {
         let refused = |from, to| window(from, to, now()).err().and_then(field);
         assert_eq!(refused(Some("yesterday"), None).as_deref(), Some("from"));
+        assert_eq!(refused(Some(""), None).as_deref(), Some("from"));
+        assert_eq!(refused(None, Some("")).as_deref(), Some("to"));
         assert_eq!(
             refused(None, Some("2026-13-01T00:00:00Z")).as_deref(),
             Some("to")

@@ -391,6 +391,32 @@ pub struct JobPage {
     pub next_cursor: Option<String>,
 }
 
+/// The job state a `state` query parameter names; an empty one names none and is refused.
+pub(super) fn parse_job_state(text: Option<&str>) -> Result<Option<JobState>, ApiError> {
+    text.map(|s| {
+        JobState::parse(s).ok_or_else(|| {
+            ApiError::invalid(
+                "state",
+                format!("{s:?} is not one of active, paused, completed"),
+            )
+        })
+    })
+    .transpose()
+}
+
+/// The schedule kind a `kind` query parameter names; an empty one names none and is refused.
+pub(super) fn parse_schedule_kind(text: Option<&str>) -> Result<Option<ScheduleKind>, ApiError> {
+    text.map(|k| {
+        ScheduleKind::parse(k).ok_or_else(|| {
+            ApiError::invalid(
+                "kind",
+                format!("{k:?} is not one of {}", ScheduleKind::one_of()),
+            )
+        })
+    })
+    .transpose()
+}
+
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
@@ -400,15 +426,7 @@ pub async fn list(
         namespace: p.namespace,
     }
     .checked(&caller)?;
-    let job_state = match p.state.as_deref() {
-        None => None,
-        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
-            ApiError::invalid(
-                "state",
-                format!("{s:?} is not one of active, paused, completed"),
-            )
-        })?),
-    };
+    let job_state = parse_job_state(p.state.as_deref())?;
     let sort = match p.sort.as_deref() {
         None | Some("name") => JobSort::Name,
         Some("created_at") => JobSort::CreatedAt,
@@ -440,15 +458,7 @@ pub async fn list(
             ))
         }
     };
-    let kind = match p.kind.as_deref() {
-        None => None,
-        Some(k) => Some(ScheduleKind::parse(k).ok_or_else(|| {
-            ApiError::invalid(
-                "kind",
-                format!("{k:?} is not one of {}", ScheduleKind::one_of()),
-            )
-        })?),
-    };
+    let kind = parse_schedule_kind(p.kind.as_deref())?;
     let query = JobQuery {
         namespace,
         search: p.search.filter(|s| !s.is_empty()),
