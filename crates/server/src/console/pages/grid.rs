@@ -322,31 +322,7 @@ pub async fn page(
         .map(|cursor| format!("/grid?{}", with(&[("cursor", cursor)])));
     let body = html! {
         form.filters method="get" action="/grid" role="search" {
-            label { "Namespace "
-                select name="namespace" {
-                    @for ns in &known {
-                        option value=(ns) selected[ns == namespace] { (ns) }
-                    }
-                }
-            }
-            label { "Search "
-                input type="search" name="search" value=(f.search) maxlength="128"
-                    placeholder="name or description";
-            }
-            label { "State "
-                select name="state" {
-                    @for (value, label) in [("", "any"), ("active", "active"), ("paused", "paused"), ("completed", "completed")] {
-                        option value=(value) selected[f.state == value] { (label) }
-                    }
-                }
-            }
-            label { "Schedule "
-                select name="kind" {
-                    @for (value, label) in [("", "any"), ("cron", "cron"), ("every", "every"), ("iso8601", "ISO 8601"), ("at", "once"), ("event", "on event"), ("manual", "none")] {
-                        option value=(value) selected[f.kind == value] { (label) }
-                    }
-                }
-            }
+            (super::job_filters(&known, namespace, &f.search, &f.state, &f.kind))
             label { "Label "
                 input type="text" name="label" value=(f.label) maxlength="257"
                     placeholder="key=value";

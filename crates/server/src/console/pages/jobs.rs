@@ -81,31 +81,7 @@ pub async fn page(
         .map(|cursor| format!("/jobs?{}", with(&[("cursor", cursor)])));
     let body = html! {
         form.filters method="get" action="/jobs" role="search" {
-            label { "Namespace "
-                select name="namespace" {
-                    @for ns in &known {
-                        option value=(ns) selected[ns == namespace] { (ns) }
-                    }
-                }
-            }
-            label { "Search "
-                input type="search" name="search" value=(f.search) maxlength="128"
-                    placeholder="name or description";
-            }
-            label { "State "
-                select name="state" {
-                    @for (value, label) in [("", "any"), ("active", "active"), ("paused", "paused"), ("completed", "completed")] {
-                        option value=(value) selected[f.state == value] { (label) }
-                    }
-                }
-            }
-            label { "Schedule "
-                select name="kind" {
-                    @for (value, label) in [("", "any"), ("cron", "cron"), ("every", "every"), ("iso8601", "ISO 8601"), ("at", "once"), ("event", "on event"), ("manual", "none")] {
-                        option value=(value) selected[f.kind == value] { (label) }
-                    }
-                }
-            }
+            (super::job_filters(&known, namespace, &f.search, &f.state, &f.kind))
             label { "Last run "
                 select name="last" {
                     @for (value, label) in [("", "any"), ("succeeded", "succeeded"), ("failed", "failed"), ("timed_out", "timed out"), ("running", "running"), ("queued", "queued"), ("waiting", "waiting"), ("cancelled", "cancelled"), ("skipped", "skipped")] {

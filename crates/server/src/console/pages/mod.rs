@@ -98,6 +98,44 @@ pub fn job_href(namespace: &str, name: &str) -> String {
     )
 }
 
+/// The job filters the job list and the runs grid share (the API's job list parameters of the
+/// same names): namespace, search, job state and schedule kind.
+pub fn job_filters(
+    known: &[String],
+    namespace: &str,
+    search: &str,
+    state: &str,
+    kind: &str,
+) -> maud::Markup {
+    html! {
+        label { "Namespace "
+            select name="namespace" {
+                @for ns in known {
+                    option value=(ns) selected[ns == namespace] { (ns) }
+                }
+            }
+        }
+        label { "Search "
+            input type="search" name="search" value=(search) maxlength="128"
+                placeholder="name or description";
+        }
+        label { "State "
+            select name="state" {
+                @for (value, label) in [("", "any"), ("active", "active"), ("paused", "paused"), ("completed", "completed")] {
+                    option value=(value) selected[state == value] { (label) }
+                }
+            }
+        }
+        label { "Schedule "
+            select name="kind" {
+                @for (value, label) in [("", "any"), ("cron", "cron"), ("every", "every"), ("iso8601", "ISO 8601"), ("at", "once"), ("event", "on event"), ("manual", "none")] {
+                    option value=(value) selected[kind == value] { (label) }
+                }
+            }
+        }
+    }
+}
+
 /// The namespaces the visitor sees, from `GET /api/v1/namespaces`, `default` first.
 pub async fn namespaces(console: &Console, visitor: &Visitor) -> Vec<String> {
     #[derive(Deserialize)]
