@@ -53,6 +53,7 @@ pub mod error;
 pub mod event;
 pub mod flow;
 pub mod heartbeat;
+pub mod identity;
 pub mod job;
 pub mod limits;
 pub mod namespace;

@@ -321,6 +321,70 @@ impl Authenticator {
         Ok(())
     }
 
+    /// Makes the token a person's console session runs on, once an identity provider vouched
+    /// for them and their groups gave `grant`: named `sso-LOGIN-RANDOM`, expiring with the
+    /// session. The person's earlier session tokens that have expired are revoked first, so
+    /// logins do not pile up tokens. The login is one audit entry, by the new token.
+    pub async fn sign_in(
+        &self,
+        person: &crate::oidc::Person,
+        grant: Grant,
+        lifetime: chrono::TimeDelta,
+        peer: Option<SocketAddr>,
+        now: Instant,
+    ) -> Result<String, ApiError> {
+        let prefix = sked_core::identity::token_prefix(&person.login);
+        let tokens = self.store.list_tokens().await?;
+        for stale in tokens
+            .iter()
+            .filter(|t| t.name.starts_with(&prefix) && t.expires_at.is_some_and(|at| at <= now))
+        {
+            self.store.revoke_token(&stale.name, Audit::none()).await?;
+        }
+        if tokens.len() >= crate::api::tokens::MAX_TOKENS {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "too_many_tokens",
+                "the store holds the most tokens it keeps; an admin must revoke some first",
+            ));
+        }
+        let secret = generate_secret();
+        let suffix: [u8; 4] = rand::random();
+        let expires_at = now + lifetime;
+        let token = NewToken {
+            name: format!("{prefix}{}", hex::encode(suffix)),
+            grant,
+            hash: hash_secret(&secret),
+            expires_at: Some(expires_at),
+        };
+        let login = person.login.clone();
+        let subject = person.subject.clone();
+        let peer = peer.map(|p| p.to_string());
+        let audit = Audit::new(move |record: &sked_core::auth::TokenRecord| {
+            vec![AuditEntry {
+                at: now,
+                actor: record.name.clone(),
+                actor_id: Some(record.id),
+                peer: peer.clone(),
+                action: "auth.login".to_string(),
+                namespace: None,
+                object: Some(record.name.clone()),
+                before: None,
+                after: Some(serde_json::json!({
+                    "through": "oidc",
+                    "login": login,
+                    "subject": subject,
+                    "role": record.grant.role,
+                    "namespaces": record.grant.namespaces,
+                    "shell": record.grant.shell,
+                    "expires_at": expires_at,
+                })),
+            }]
+        });
+        self.store.create_token(&token, now, audit).await?;
+        Ok(secret)
+    }
+
     /// Forgets every remembered token at once (this node revoked one).
     pub fn forget_all(&self) {
         self.lock().clear();

@@ -74,6 +74,9 @@ pub struct ServerConfig {
     pub public_url: Option<String>,
     /// The SMTP relay `email` notifications are sent through; without it they fail, saying so.
     pub smtp: Option<SmtpRelay>,
+    /// Console logins through this OpenID Connect provider, besides API tokens
+    /// (`--oidc-issuer` and the rest).
+    pub oidc: Option<crate::oidc::OidcConfig>,
     /// Told `true` once, when the node first becomes ready (its first schedules loaded, as
     /// `/readyz` first answers 200): what a service manager's readiness notice waits for.
     pub on_ready: Option<tokio::sync::watch::Sender<bool>>,
@@ -127,6 +130,7 @@ impl Default for ServerConfig {
             container_policy: Default::default(),
             public_url: None,
             smtp: None,
+            oidc: None,
             on_ready: None,
         }
     }

@@ -26,6 +26,7 @@ pub mod membership;
 pub mod metrics;
 pub mod namespaces;
 pub mod notify;
+pub mod oidc;
 pub mod publish;
 pub mod rate;
 pub mod schedule_rules;

@@ -568,6 +568,89 @@ pub struct ServerArgs {
     pub mount_allow: Vec<sked_core::container::MountAllowance>,
     #[command(flatten)]
     pub overload: OverloadArgs,
+    #[command(flatten)]
+    pub oidc: OidcArgs,
+}
+
+/// Console logins through an OpenID Connect provider (docs/UI.md, "Logging in with an
+/// identity provider").
+#[derive(Debug, Args, Clone, Default)]
+pub struct OidcArgs {
+    /// Let people log in to the console through this OpenID Connect provider (its issuer
+    /// URL; https, or http on a loopback address), besides API tokens. Needs
+    /// --oidc-client-id, --oidc-client-secret-file, at least one --oidc-group and
+    /// --public-url (the provider sends people back to PUBLIC_URL/login/oidc/callback).
+    #[arg(long, env = "SKED_OIDC_ISSUER", value_parser = parse_issuer,
+          requires = "oidc_client_id", requires = "oidc_client_secret_file",
+          requires = "oidc_group")]
+    pub oidc_issuer: Option<String>,
+    /// This server's client id at the provider.
+    #[arg(long, env = "SKED_OIDC_CLIENT_ID", requires = "oidc_issuer")]
+    pub oidc_client_id: Option<String>,
+    /// File holding the client secret (the first line), so it is on no command line.
+    #[arg(long, env = "SKED_OIDC_CLIENT_SECRET_FILE", requires = "oidc_issuer")]
+    pub oidc_client_secret_file: Option<PathBuf>,
+    /// Members of GROUP get ROLE (admin, editor or viewer) in the namespaces named (`*`: all),
+    /// and may define shell targets with `:shell`: `GROUP=ROLE:NS[,NS...][:shell]`.
+    /// Repeatable, or `;`-separated. A person in none of these groups is refused; in several,
+    /// the strongest role wins, over the namespaces of each group giving it.
+    #[arg(
+        long = "oidc-group",
+        env = "SKED_OIDC_GROUPS",
+        value_delimiter = ';',
+        value_name = "GROUP=ROLE:NS",
+        requires = "oidc_issuer"
+    )]
+    pub oidc_group: Vec<sked_core::identity::GroupRule>,
+    /// The claim listing a person's groups, in the ID token or else at the userinfo endpoint.
+    #[arg(long, env = "SKED_OIDC_GROUPS_CLAIM", default_value = "groups")]
+    pub oidc_groups_claim: String,
+    /// Scopes asked for besides `openid` (space-separated); some providers need a scope, such
+    /// as `groups`, to send the groups claim.
+    #[arg(long, env = "SKED_OIDC_SCOPES", default_value = "profile email")]
+    pub oidc_scopes: String,
+    /// How long a console session made by such a login lasts (at most 12h).
+    #[arg(long, env = "SKED_OIDC_SESSION", default_value = "8h", value_parser = parse_session)]
+    pub oidc_session: HumanDuration,
+    /// What the login button calls the provider ("Log in with ...").
+    #[arg(long, env = "SKED_OIDC_NAME", default_value = "single sign-on")]
+    pub oidc_name: String,
+}
+
+/// An issuer is https, or http on a loopback address (a provider on the same machine).
+fn parse_issuer(text: &str) -> Result<String, String> {
+    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    let loopback = match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(name)) => name == "localhost",
+        None => false,
+    };
+    match url.scheme() {
+        "https" => {}
+        "http" if loopback => {}
+        _ => {
+            return Err(format!(
+                "{text:?}: an issuer must be https (http only on a loopback address)"
+            ))
+        }
+    }
+    if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
+        return Err(format!(
+            "{text:?}: an issuer has no credentials and no query"
+        ));
+    }
+    Ok(text.trim_end_matches('/').to_string())
+}
+
+fn parse_session(text: &str) -> Result<HumanDuration, String> {
+    let duration: HumanDuration = text.parse::<HumanDuration>().map_err(|e| e.to_string())?;
+    if duration.0.is_zero() || duration.0 > std::time::Duration::from_secs(12 * 3600) {
+        return Err(format!(
+            "{text:?}: a session lasts more than 0s and at most 12h"
+        ));
+    }
+    Ok(duration)
 }
 
 /// Overload control of workers: on `sked server`, for workers that name none; on
@@ -1488,6 +1571,30 @@ mod tests {
     use clap::CommandFactory;
 
     /// Every subcommand and every argument a user can type says what it is for in `--help`.
+    #[test]
+    fn an_issuer_is_https_or_loopback_http_and_a_session_is_bounded() {
+        use super::{parse_issuer, parse_session};
+        assert_eq!(
+            parse_issuer("https://id.example.com/realms/ops/").unwrap(),
+            "https://id.example.com/realms/ops"
+        );
+        assert!(parse_issuer("http://127.0.0.1:5556").is_ok());
+        assert!(parse_issuer("http://localhost:5556").is_ok());
+        for bad in [
+            "http://id.example.com",
+            "ftp://id.example.com",
+            "https://user:pass@id.example.com",
+            "https://id.example.com/?x=1",
+            "id.example.com",
+        ] {
+            assert!(parse_issuer(bad).is_err(), "{bad}");
+        }
+        assert!(parse_session("8h").is_ok());
+        assert!(parse_session("12h").is_ok());
+        assert!(parse_session("13h").is_err());
+        assert!(parse_session("0s").is_err());
+    }
+
     #[test]
     fn every_command_and_argument_has_a_help_line() {
         fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {

@@ -472,8 +472,62 @@ fn server_config(args: &ServerArgs, dev: bool) -> Result<ServerConfig> {
             Some(setting) => setting.control().map_err(anyhow::Error::msg)?,
             None => sked_core::dispatch::OverloadControl::default(),
         },
+        oidc: oidc_config(args)?,
         ..ServerConfig::default()
     })
+}
+
+/// The identity provider of console logins, when `--oidc-issuer` names one.
+fn oidc_config(args: &ServerArgs) -> Result<Option<sked_server::oidc::OidcConfig>> {
+    let oidc = &args.oidc;
+    let (Some(issuer), Some(client_id), Some(secret_file)) = (
+        &oidc.oidc_issuer,
+        &oidc.oidc_client_id,
+        &oidc.oidc_client_secret_file,
+    ) else {
+        return Ok(None);
+    };
+    // The provider sends people back to an address their browser reaches: not the listen
+    // address, which may be 0.0.0.0 or behind a proxy.
+    let Some(public_url) = &args.public_url else {
+        bail!(
+            "--oidc-issuer needs --public-url: the identity provider sends people back to \
+             PUBLIC_URL/login/oidc/callback"
+        );
+    };
+    let client_secret = std::fs::read_to_string(secret_file)
+        .with_context(|| {
+            format!(
+                "cannot read --oidc-client-secret-file {}",
+                secret_file.display()
+            )
+        })?
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    if client_secret.is_empty() {
+        bail!(
+            "--oidc-client-secret-file {} holds no secret on its first line",
+            secret_file.display()
+        );
+    }
+    Ok(Some(sked_server::oidc::OidcConfig {
+        issuer: issuer.clone(),
+        client_id: client_id.clone(),
+        client_secret,
+        redirect_uri: format!("{}/login/oidc/callback", public_url.trim_end_matches('/')),
+        scopes: oidc
+            .oidc_scopes
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        groups_claim: oidc.oidc_groups_claim.clone(),
+        rules: oidc.oidc_group.clone(),
+        session: oidc.oidc_session.0,
+        display_name: oidc.oidc_name.clone(),
+    }))
 }
 
 /// Readiness for the service manager: the server tells the sender, `service` the manager.

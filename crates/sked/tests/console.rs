@@ -524,3 +524,187 @@ Promise.allSettled(tries).then(() => setTimeout(() => {{ document.title = "done"
     assert!(!triggered.exists(), "the victim ran");
     browser.close().await;
 }
+
+/// Logging in through a real OpenID Connect provider (oidc-provider, under Node): a person in
+/// a mapped group gets a session with their group's role and namespaces, which ends when its
+/// time is up; a person in no mapped group is refused and gets no token; a callback this
+/// browser did not start is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(sked_browser_tests),
+    ignore = "needs SKED_TEST_CHROMEDRIVER (Chromium and ChromeDriver)"
+)]
+async fn a_person_logs_in_through_an_identity_provider() {
+    use common::oidc::{Provider, CLIENT_ID, CLIENT_SECRET};
+    let mut sked = Sked::new();
+    let provider = Provider::start(
+        &format!("{}/login/oidc/callback", sked.base()),
+        &sked.dir.path().join("provider.log"),
+    )
+    .await;
+    let secret_file = sked.dir.path().join("client-secret");
+    std::fs::write(&secret_file, format!("{CLIENT_SECRET}\n")).expect("secret file");
+    let base = sked.base();
+    let session_seconds = 8;
+    let session = format!("{session_seconds}s");
+    sked.start_dev(&[
+        "--require-token",
+        "--public-url",
+        &base,
+        "--oidc-issuer",
+        &provider.issuer,
+        "--oidc-client-id",
+        CLIENT_ID,
+        "--oidc-client-secret-file",
+        secret_file.to_str().expect("utf-8 path"),
+        "--oidc-group",
+        "sked-operators=editor:default",
+        "--oidc-group",
+        "sked-viewers=viewer:*",
+        "--oidc-scopes",
+        "profile email groups",
+        "--oidc-session",
+        &session,
+        "--oidc-name",
+        "the test provider",
+    ])
+    .await;
+    let browser = Browser::start(&base).await;
+
+    // The login page offers the provider beside the token, at any width.
+    browser.open("/jobs").await;
+    assert!(browser.path().await.starts_with("/login"));
+    assert_eq!(browser.text("#sso").await, "Log in with the test provider");
+    browser.is_accessible().await;
+    browser.shot("login-sso").await;
+    browser.viewport(375, 812).await;
+    browser.fits_the_width().await;
+    browser.is_accessible().await;
+    browser.viewport(1280, 800).await;
+
+    // alice is in sked-operators: an editor of `default`, back where she was going.
+    log_in_at_provider(&browser, "alice").await;
+    let logged_in = Instant::now();
+    assert_eq!(browser.path().await, "/jobs");
+    browser.check_page().await;
+    let who = browser.text(".who").await;
+    assert!(
+        who.contains("sso-alice-") && who.contains("editor"),
+        "{who}"
+    );
+    assert!(browser.exists("a.button[href^='/jobs/new']").await);
+    let (_, tokens) = sked.get("/tokens").await;
+    let alice: Vec<&serde_json::Value> = tokens["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .filter(|t| {
+            t["name"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("sso-alice-")
+        })
+        .collect();
+    assert_eq!(alice.len(), 1, "{tokens}");
+    assert_eq!(alice[0]["role"], "editor");
+    assert_eq!(alice[0]["namespaces"], json!(["default"]));
+    assert!(alice[0]["expires_at"].is_string());
+    let name = alice[0]["name"].as_str().expect("a name");
+    let (_, audit) = sked.get(&format!("/audit?actor={name}")).await;
+    let entry = audit["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .find(|e| e["action"] == "auth.login")
+        .unwrap_or_else(|| panic!("no login in {audit}"));
+    assert_eq!(entry["after"]["login"], "alice", "{audit}");
+    assert_eq!(entry["after"]["through"], "oidc");
+    assert!(!audit.to_string().contains(CLIENT_SECRET));
+
+    // The session ends with its time: the next page is the login form.
+    let over = Duration::from_secs(session_seconds + 1);
+    tokio::time::sleep(over.saturating_sub(logged_in.elapsed())).await;
+    browser.open("/jobs").await;
+    assert!(
+        browser.path().await.starts_with("/login"),
+        "{}",
+        browser.path().await
+    );
+
+    // mallory is only in `marketing`: refused, with why, and no token is made.
+    browser.client.delete_all_cookies().await.expect("cookies");
+    browser.open("/login?next=/jobs").await;
+    log_in_at_provider(&browser, "mallory").await;
+    assert!(browser.path().await.starts_with("/login/oidc/callback"));
+    browser.check_page().await;
+    let refusal = browser.text("#sso-error").await;
+    assert!(
+        refusal.contains("mallory") && refusal.contains("none of their groups"),
+        "{refusal}"
+    );
+    let (_, tokens) = sked.get("/tokens").await;
+    assert!(!tokens.to_string().contains("sso-mallory"), "{tokens}");
+    assert!(
+        browser.exists("#sso").await,
+        "the refusal offers to log in again"
+    );
+
+    // A callback this browser did not start (no flow cookie, or a state of another login) is
+    // refused before sked asks the provider anything.
+    browser.client.delete_all_cookies().await.expect("cookies");
+    browser
+        .open("/login/oidc/callback?code=stolen&state=guessed")
+        .await;
+    assert!(browser
+        .text("#sso-error")
+        .await
+        .contains("not started in this browser"));
+    browser.close().await;
+}
+
+/// Goes from sked's login page through the provider's login and consent forms as `account`,
+/// and back to sked.
+async fn log_in_at_provider(browser: &Browser, account: &str) {
+    browser.check_page().await;
+    browser.click_away("#sso").await;
+    assert!(
+        !browser.path().await.starts_with("/login"),
+        "the login button went to the provider"
+    );
+    browser.fill("input[name=login]", account).await;
+    browser.fill("input[name=password]", "any password").await;
+    browser.forget_log().await;
+    browser.click_away("button[type=submit]").await;
+    // The provider asks for consent the first time: its form has a submit button too.
+    let deadline = Instant::now() + PATIENCE;
+    while !browser
+        .client
+        .current_url()
+        .await
+        .expect("url")
+        .as_str()
+        .starts_with(&browser.base)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the provider never sent the browser back"
+        );
+        if browser.exists("button[type=submit]").await {
+            browser.forget_log().await;
+            browser.click_away("button[type=submit]").await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The callback's page moves on by itself.
+    let deadline = Instant::now() + PATIENCE;
+    while browser.path().await.starts_with("/login/oidc/callback")
+        && !browser.exists("#sso-error").await
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the callback page never moved on"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -457,3 +457,81 @@ async fn preferences_search_and_audit_filters_take_only_what_they_should() {
     assert!(body.contains("details"), "the change is shown");
     assert!(!body.contains("hunter2-clear") && !body.contains("hunter3-clear"));
 }
+
+/// Logins through an identity provider, misused without one: a server with none has no such
+/// route; one whose provider is down says so and makes no session; a callback this browser did
+/// not start (no flow cookie, a forged one, a huge code) is refused before the provider is
+/// asked, and each refusal is audited. The client secret appears in no page and no log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_through_an_identity_provider_takes_only_its_own_callback() {
+    let plain = started().await;
+    let (status, body, _) = page(&plain, "", "/login/oidc").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (_, login, _) = page(&plain, "", "/login").await;
+    assert!(!login.contains("id=\"sso\""));
+
+    let mut sked = Sked::new();
+    let secret = "the-client-secret-that-never-shows";
+    let secret_file = sked.dir.path().join("oidc-secret");
+    std::fs::write(&secret_file, format!("{secret}\n")).expect("secret file");
+    // A provider on a port nothing listens on.
+    let down = format!("http://127.0.0.1:{}", common::free_port());
+    let base = sked.base();
+    sked.start_server(&[
+        "--public-url",
+        &base,
+        "--oidc-issuer",
+        &down,
+        "--oidc-client-id",
+        "sked",
+        "--oidc-client-secret-file",
+        secret_file.to_str().expect("utf-8 path"),
+        "--oidc-group",
+        "ops=viewer:*",
+    ])
+    .await;
+    let (_, login, _) = page(&sked, "", "/login?next=/jobs").await;
+    assert!(login.contains("id=\"sso\""), "{login}");
+    assert!(login.contains("/login/oidc?next=%2Fjobs"), "{login}");
+
+    let response = bare()
+        .get(at(&sked, "/login/oidc?next=/jobs"))
+        .send()
+        .await
+        .expect("start");
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    assert!(response.headers().get(SET_COOKIE).is_none());
+    let body = response.text().await.expect("body");
+    assert!(body.contains("could not be used"), "{body}");
+
+    let forged_flow = "sked_oidc=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    let huge = "c".repeat(5000);
+    for (cookie, query) in [
+        ("", "code=abc&state=xyz".to_string()),
+        (forged_flow, "code=abc&state=xyz".to_string()),
+        ("", format!("code={huge}&state=xyz")),
+        ("", "error=access_denied&state=xyz".to_string()),
+        ("", String::new()),
+    ] {
+        let (status, body, _) = page(&sked, cookie, &format!("/login/oidc/callback?{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert!(body.contains("not started in this browser"), "{body}");
+    }
+    let (_, audit) = sked.get("/audit?actor=unauthenticated").await;
+    assert!(
+        audit.to_string().contains("/login/oidc/callback"),
+        "the refusals are audited: {audit}"
+    );
+    assert!(!audit.to_string().contains(secret));
+    for entry in std::fs::read_dir(sked.dir.path()).expect("logs") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let log = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                !log.contains(secret),
+                "{} holds the client secret",
+                path.display()
+            );
+        }
+    }
+}

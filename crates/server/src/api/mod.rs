@@ -25,7 +25,7 @@ mod pings;
 mod runs;
 mod secrets;
 mod strict;
-mod tokens;
+pub(crate) mod tokens;
 mod versions;
 mod workers;
 

@@ -68,9 +68,21 @@ pub fn page(console: &Console, visitor: &Visitor, title: &str, body: Markup) -> 
 
 /// The `<head>` of every console page: its title, the stylesheet, the icon and the script.
 pub fn head(title: &str) -> Markup {
+    head_with(title, None)
+}
+
+/// A page's `<head>` that moves on to `path` (a path of this console) as soon as it loads.
+pub fn head_moving_to(title: &str, path: &str) -> Markup {
+    head_with(title, Some(path))
+}
+
+fn head_with(title: &str, moving_to: Option<&str>) -> Markup {
     html! {
         head {
             meta charset="utf-8";
+            @if let Some(path) = moving_to {
+                meta http-equiv="refresh" content=(format!("0;url={path}"));
+            }
             meta name="viewport" content="width=device-width, initial-scale=1";
             title { (title) " · sked" }
             link rel="stylesheet" href="/assets/console.css";

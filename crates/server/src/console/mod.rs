@@ -44,6 +44,8 @@ pub(crate) struct Console {
     api: Api,
     sessions: Arc<Sessions>,
     auth: Arc<Authenticator>,
+    /// The identity provider people may log in through, when one is configured.
+    oidc: Option<Arc<crate::oidc::Oidc>>,
 }
 
 /// The console's routes, added beside the API's. `api` is the API router the pages call.
@@ -57,6 +59,11 @@ pub fn router(state: &AppState, api: Router) -> Router {
         api: Api::new(api),
         sessions: Arc::new(Sessions::new(key, state.config.tls.is_some())),
         auth: state.auth.clone(),
+        oidc: state
+            .config
+            .oidc
+            .clone()
+            .map(|config| Arc::new(crate::oidc::Oidc::new(config))),
     };
     Router::new()
         .route("/", get(pages::overview::page))
@@ -66,6 +73,8 @@ pub fn router(state: &AppState, api: Router) -> Router {
                 .post(pages::login::submit)
                 .layer(axum::extract::DefaultBodyLimit::max(MAX_LOGIN_FORM)),
         )
+        .route("/login/oidc", get(pages::login::oidc_start))
+        .route("/login/oidc/callback", get(pages::login::oidc_callback))
         .route("/logout", post(pages::login::logout))
         .route("/jobs", get(pages::jobs::page))
         .route("/grid", get(pages::grid::page))

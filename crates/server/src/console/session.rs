@@ -14,9 +14,13 @@
 //! Forms carry a CSRF token: an HMAC of the session cookie, which a page of another origin can
 //! neither read nor compute. The cookie is `HttpOnly` and `SameSite=Strict` besides.
 //!
+//! A login through an identity provider keeps what it must check when the person comes back
+//! (state, nonce, PKCE verifier) in a cookie of its own, sealed the same way under a different
+//! purpose, so nothing is stored for it either.
+//!
 //! This module owns cookies and CSRF tokens only; what a token may do is the API's to decide.
 
-use aes_gcm::aead::{Aead, KeyInit};
+use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use axum::http::{HeaderMap, HeaderValue};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -29,8 +33,17 @@ use sha2::{Digest, Sha256};
 pub const COOKIE: &str = "sked_session";
 /// How long a login lasts (the token's own expiry applies too).
 pub const LIFETIME: chrono::TimeDelta = chrono::TimeDelta::hours(12);
-/// Longest cookie value opened: a sealed token is about 150 characters.
+/// The cookie of a login through an identity provider under way.
+pub const FLOW_COOKIE: &str = "sked_oidc";
+/// How long a person may take at the identity provider.
+pub const FLOW_LIFETIME: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+/// Longest cookie value opened: a sealed token is about 150 characters, a login under way
+/// about 400.
 const MAX_COOKIE_LEN: usize = 1024;
+/// What each sealed cookie is bound to (GCM's associated data). Sessions have none, as
+/// before flow cookies existed, so their cookies still open.
+const SESSION_AAD: &[u8] = b"";
+const FLOW_AAD: &[u8] = b"sked oidc flow v1";
 const NONCE_LEN: usize = 12;
 
 /// What a cookie holds once opened.
@@ -105,36 +118,18 @@ impl Sessions {
         };
         // Serialising a struct of a string and a number cannot fail.
         let clear = serde_json::to_vec(&sealed).unwrap_or_default();
-        let nonce: [u8; NONCE_LEN] = rand::random();
-        // Encryption fails only past GCM's input limit, far above a token's length.
-        let ciphertext = self
-            .cipher
-            .encrypt(Nonce::from_slice(&nonce), clear.as_slice())
-            .unwrap_or_default();
-        let mut bytes = nonce.to_vec();
-        bytes.extend(ciphertext);
+        let cookie = self.seal_bytes(&clear, SESSION_AAD);
         Session {
             token: sealed.token,
             issued: sealed.issued,
-            cookie: URL_SAFE_NO_PAD.encode(bytes),
+            cookie,
         }
     }
 
     /// The session a request's cookie holds, if it opens and has not expired.
     pub fn open(&self, headers: &HeaderMap, now: chrono::DateTime<chrono::Utc>) -> Option<Session> {
         let cookie = cookie_value(headers, COOKIE)?;
-        if cookie.len() > MAX_COOKIE_LEN {
-            return None;
-        }
-        let bytes = URL_SAFE_NO_PAD.decode(cookie).ok()?;
-        if bytes.len() <= NONCE_LEN {
-            return None;
-        }
-        let (nonce, ciphertext) = bytes.split_at(NONCE_LEN);
-        let clear = self
-            .cipher
-            .decrypt(Nonce::from_slice(nonce), ciphertext)
-            .ok()?;
+        let clear = self.open_bytes(cookie, SESSION_AAD)?;
         let sealed: Sealed = serde_json::from_slice(&clear).ok()?;
         if sealed.expires <= now.timestamp() {
             return None;
@@ -144,6 +139,71 @@ impl Sessions {
             issued: sealed.issued,
             cookie: cookie.to_string(),
         })
+    }
+
+    /// Encrypts `clear` for a cookie, bound to `aad` (what the cookie is for), so a value
+    /// sealed for one cookie never opens as another.
+    fn seal_bytes(&self, clear: &[u8], aad: &[u8]) -> String {
+        let nonce: [u8; NONCE_LEN] = rand::random();
+        // Encryption fails only past GCM's input limit, far above a cookie's length.
+        let ciphertext = self
+            .cipher
+            .encrypt(Nonce::from_slice(&nonce), Payload { msg: clear, aad })
+            .unwrap_or_default();
+        let mut bytes = nonce.to_vec();
+        bytes.extend(ciphertext);
+        URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    /// What [`Sessions::seal_bytes`] sealed for `aad`, if `cookie` is that and untouched.
+    fn open_bytes(&self, cookie: &str, aad: &[u8]) -> Option<Vec<u8>> {
+        if cookie.len() > MAX_COOKIE_LEN {
+            return None;
+        }
+        let bytes = URL_SAFE_NO_PAD.decode(cookie).ok()?;
+        if bytes.len() <= NONCE_LEN {
+            return None;
+        }
+        let (nonce, ciphertext) = bytes.split_at(NONCE_LEN);
+        self.cipher
+            .decrypt(
+                Nonce::from_slice(nonce),
+                Payload {
+                    msg: ciphertext,
+                    aad,
+                },
+            )
+            .ok()
+    }
+
+    /// The `Set-Cookie` value that carries a login through an identity provider while the
+    /// person is away at it: sealed, for `/login/oidc` only, for [`FLOW_LIFETIME`]. It is
+    /// `SameSite=Lax`, not `Strict`: the provider sends the person back with a navigation
+    /// from its own site, which a strict cookie would not come with.
+    pub fn flow_cookie<T: Serialize>(&self, flow: &T) -> HeaderValue {
+        let clear = serde_json::to_vec(flow).unwrap_or_default();
+        let value = self.seal_bytes(&clear, FLOW_AAD);
+        self.flow_cookie_header(&value, FLOW_LIFETIME.num_seconds())
+    }
+
+    /// The login a request's flow cookie carries, if it opens.
+    pub fn open_flow<T: serde::de::DeserializeOwned>(&self, headers: &HeaderMap) -> Option<T> {
+        let cookie = cookie_value(headers, FLOW_COOKIE)?;
+        serde_json::from_slice(&self.open_bytes(cookie, FLOW_AAD)?).ok()
+    }
+
+    /// The `Set-Cookie` value that ends a flow cookie (the login came back, either way).
+    pub fn clear_flow_cookie(&self) -> HeaderValue {
+        self.flow_cookie_header("", 0)
+    }
+
+    fn flow_cookie_header(&self, value: &str, max_age: i64) -> HeaderValue {
+        let secure = if self.secure { "; Secure" } else { "" };
+        let text = format!(
+            "{FLOW_COOKIE}={value}; Path=/login/oidc; HttpOnly; SameSite=Lax; \
+             Max-Age={max_age}{secure}"
+        );
+        HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
     /// The `Set-Cookie` value that keeps `session`.
@@ -294,6 +354,45 @@ mod tests {
         assert!(opened.ended_by(Some(now)));
         assert!(opened.ended_by(Some(now + chrono::TimeDelta::seconds(1))));
         assert!(!opened.ended_by(Some(now - chrono::TimeDelta::microseconds(1))));
+    }
+
+    #[test]
+    fn a_login_under_way_opens_only_as_itself() {
+        let sessions = Sessions::new([7; 32], false);
+        let flow = serde_json::json!({"state": "s", "nonce": "n"});
+        let header = sessions.flow_cookie(&flow);
+        let text = header.to_str().unwrap();
+        assert!(text.contains("Path=/login/oidc") && text.contains("SameSite=Lax"));
+        assert!(text.contains("HttpOnly") && text.contains("Max-Age=600"));
+        let value = text
+            .split(';')
+            .next()
+            .and_then(|pair| pair.split_once('='))
+            .unwrap()
+            .1;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            axum::http::header::COOKIE,
+            HeaderValue::from_str(&format!("{FLOW_COOKIE}={value}")).unwrap(),
+        );
+        let opened: serde_json::Value = sessions.open_flow(&headers).unwrap();
+        assert_eq!(opened, flow);
+        // The same sealed value under the session's name is no session, and a session's
+        // value is no login under way.
+        let now = chrono::Utc::now();
+        assert!(sessions.open(&with_cookie(value), now).is_none());
+        let session = sessions.seal(Some("sked_secret"), now);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            axum::http::header::COOKIE,
+            HeaderValue::from_str(&format!("{FLOW_COOKIE}={}", session.cookie)).unwrap(),
+        );
+        assert!(sessions.open_flow::<serde_json::Value>(&headers).is_none());
+        assert!(sessions
+            .clear_flow_cookie()
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0"));
     }
 
     #[test]

@@ -73,7 +73,10 @@ impl Browser {
                 "args": ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,800",
                          "--disable-dev-shm-usage", "--no-first-run", "--disable-extensions",
                          "--disable-background-networking", "--disable-component-update",
-                         "--disable-sync", "--disable-default-apps"]
+                         "--disable-sync", "--disable-default-apps",
+                         // No name resolves: whatever a page asks for, nothing leaves the
+                         // machine (an identity provider's login page links a web font).
+                         "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost"]
             },
             "goog:loggingPrefs": {"browser": "ALL"}
         }))
@@ -243,6 +246,29 @@ impl Browser {
 
     /// Waits until the marked page was replaced and the new one loaded, then checks it.
     pub async fn wait_next_page(&self) {
+        self.wait_loaded().await;
+        self.check_page().await;
+    }
+
+    /// Clicks on a page of another site (an identity provider's) and waits for the next page
+    /// to load, checking nothing of it: it is not sked's.
+    pub async fn click_away(&self, css: &str) {
+        self.mark_page().await;
+        self.find(css).await.click().await.expect("click");
+        self.wait_loaded().await;
+    }
+
+    /// Reads away what the browser logged so far: the page open is another site's (an
+    /// identity provider's), whose errors are not sked's.
+    pub async fn forget_log(&self) {
+        self.client
+            .issue_cmd(BrowserLog)
+            .await
+            .expect("browser log");
+    }
+
+    /// Waits until the marked page was replaced and the new one loaded.
+    async fn wait_loaded(&self) {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let state = self
@@ -259,7 +285,6 @@ impl Browser {
             assert!(Instant::now() < deadline, "no new page loaded");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        self.check_page().await;
     }
 
     /// Reloads `path` until `css` shows up on it.

@@ -6,6 +6,8 @@ pub mod axe;
 pub mod certs;
 pub mod failover;
 pub mod ledger;
+pub mod npm;
+pub mod oidc;
 pub mod pg;
 pub mod proxy;
 pub mod python;

@@ -1,8 +1,9 @@
-//! Logging in with an API token, and out.
+//! Logging in with an API token or through an identity provider (OpenID Connect), and out.
 
 use super::CsrfOnly;
 use crate::auth::{AuthMode, MAX_SECRET_LEN};
-use crate::console::{layout, same_origin, Console, Peer, Turned, Visitor};
+use crate::console::{api, layout, same_origin, session, Console, Peer, Turned, Visitor};
+use crate::oidc::{Flow, OidcError};
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
@@ -10,6 +11,7 @@ use axum::Form;
 use maud::{html, DOCTYPE};
 use serde::Deserialize;
 use sked_core::auth::Permission;
+use sked_core::identity;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct Next {
@@ -31,8 +33,19 @@ fn safe_next(next: &str) -> &str {
     sked_core::web::return_path(next)
 }
 
-fn login_page(console: &Console, next: &str, error: Option<&str>) -> Response {
+/// What went wrong with the last try, shown beside the way it was tried.
+enum Problem<'a> {
+    None,
+    Token(&'a str),
+    Provider(&'a str),
+}
+
+fn login_page(console: &Console, next: &str, problem: Problem<'_>) -> Response {
     let open = console.auth.mode() == AuthMode::Open;
+    let error = match problem {
+        Problem::Token(message) => Some(message),
+        _ => None,
+    };
     let markup = html! {
         (DOCTYPE)
         html lang="en" {
@@ -40,6 +53,18 @@ fn login_page(console: &Console, next: &str, error: Option<&str>) -> Response {
             body.login {
                 main #main {
                     h1 { "sked" }
+                    @if let Some(oidc) = &console.oidc {
+                        p.sso {
+                            a.button #sso href=(format!("/login/oidc?{}", api::query(&[("next", next)])))
+                                aria-describedby=[matches!(problem, Problem::Provider(_)).then_some("sso-error")] {
+                                "Log in with " (oidc.config.display_name)
+                            }
+                        }
+                        @if let Problem::Provider(message) = problem {
+                            p #sso-error .field-error role="alert" { (message) }
+                        }
+                        p.hint { "Or with an API token:" }
+                    }
                     form method="post" action="/login" {
                         label for="token" { "API token" }
                         input #token type="password" name="token" autocomplete="current-password"
@@ -67,7 +92,7 @@ fn login_page(console: &Console, next: &str, error: Option<&str>) -> Response {
 }
 
 pub async fn form(State(console): State<Console>, Query(q): Query<Next>) -> Response {
-    login_page(&console, safe_next(&q.next), None)
+    login_page(&console, safe_next(&q.next), Problem::None)
 }
 
 pub async fn submit(
@@ -83,7 +108,7 @@ pub async fn submit(
     let token = login.token.trim();
     let refuse = |message: &str| {
         console.auth.failed(peer, &Method::POST, "/login", message);
-        let mut response = login_page(&console, next, Some(message));
+        let mut response = login_page(&console, next, Problem::Token(message));
         *response.status_mut() = StatusCode::UNAUTHORIZED;
         response
     };
@@ -98,7 +123,7 @@ pub async fn submit(
     {
         Ok(caller) => caller,
         Err(refusal) if refusal.status == StatusCode::TOO_MANY_REQUESTS => {
-            let mut response = login_page(&console, next, Some(&refusal.message));
+            let mut response = login_page(&console, next, Problem::Token(&refusal.message));
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             if let Some(wait) = refusal.retry_after {
                 response.headers_mut().insert(
@@ -122,6 +147,155 @@ pub async fn submit(
         .headers_mut()
         .insert(header::SET_COOKIE, console.sessions.set_cookie(&session));
     response
+}
+
+/// The provider's answer when it sends a person back: a code, or an error.
+#[derive(Debug, Deserialize)]
+pub struct Callback {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+}
+
+/// Longest authorization code taken (providers send tens to hundreds of characters).
+const MAX_CODE_LEN: usize = 4096;
+
+/// Starts a login through the identity provider: to its login page, with what the callback
+/// must check sealed in a cookie of this browser.
+pub async fn oidc_start(State(console): State<Console>, Query(q): Query<Next>) -> Response {
+    let next = safe_next(&q.next);
+    let Some(oidc) = console.oidc.as_ref() else {
+        return no_provider();
+    };
+    let flow = Flow::new(next, chrono::Utc::now(), session::FLOW_LIFETIME);
+    match oidc.authorization_url(&flow).await {
+        Ok(url) => {
+            let mut response = Redirect::to(&url).into_response();
+            response
+                .headers_mut()
+                .append(header::SET_COOKIE, console.sessions.flow_cookie(&flow));
+            response
+        }
+        Err(e) => {
+            tracing::warn!("a console login could not start: {e}");
+            let mut response = login_page(&console, next, Problem::Provider(&e.to_string()));
+            *response.status_mut() = StatusCode::BAD_GATEWAY;
+            response
+        }
+    }
+}
+
+/// Where the provider sends the person back: the code becomes a session when the ID token
+/// checks out and the person's groups give a role here.
+pub async fn oidc_callback(
+    State(console): State<Console>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+    Query(callback): Query<Callback>,
+) -> Response {
+    let Some(oidc) = console.oidc.as_ref() else {
+        return no_provider();
+    };
+    let now = chrono::Utc::now();
+    let flow: Option<Flow> = console.sessions.open_flow(&headers);
+    let next = flow
+        .as_ref()
+        .map_or("/", |f| safe_next(&f.next))
+        .to_string();
+    let refuse = |status: StatusCode, message: &str| {
+        console
+            .auth
+            .failed(peer, &Method::GET, "/login/oidc/callback", message);
+        let mut response = login_page(&console, &next, Problem::Provider(message));
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .append(header::SET_COOKIE, console.sessions.clear_flow_cookie());
+        response
+    };
+    let state = callback.state.as_deref().unwrap_or_default();
+    let Some(flow) = flow.filter(|flow| flow.admits(state, now)) else {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "this login was not started in this browser, or was started more than ten \
+             minutes ago: log in again",
+        );
+    };
+    if let Some(error) = callback.error.as_deref() {
+        let error: String = error.chars().filter(|c| !c.is_control()).take(64).collect();
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            &OidcError::Refused(error).to_string(),
+        );
+    }
+    let code = callback.code.as_deref().unwrap_or_default();
+    if code.is_empty() || code.len() > MAX_CODE_LEN {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "the identity provider sent back no usable code: log in again",
+        );
+    }
+    let person = match oidc.finish(&flow, code).await {
+        Ok(person) => person,
+        Err(e) => {
+            tracing::warn!("a console login through the identity provider failed: {e}");
+            let status = match e {
+                OidcError::Provider(_) => StatusCode::BAD_GATEWAY,
+                _ => StatusCode::UNAUTHORIZED,
+            };
+            return refuse(status, &e.to_string());
+        }
+    };
+    let Some(grant) =
+        identity::grant_for(&oidc.config.rules, person.groups.iter().map(String::as_str))
+    else {
+        let refusal = OidcError::NoRole {
+            login: person.login.clone(),
+        };
+        tracing::info!("{refusal}");
+        return refuse(StatusCode::FORBIDDEN, &refusal.to_string());
+    };
+    let lifetime = chrono::TimeDelta::from_std(oidc.config.session)
+        .unwrap_or(session::LIFETIME)
+        .min(session::LIFETIME);
+    let secret = match console
+        .auth
+        .sign_in(&person, grant, lifetime, peer, now)
+        .await
+    {
+        Ok(secret) => secret,
+        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, &e.message),
+    };
+    let session = console.sessions.seal(Some(&secret), now);
+    // A page that moves on by itself rather than a redirect: the person arrived here from the
+    // provider's site, and the session cookie (SameSite=Strict) is sent only with a request
+    // this site starts.
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            (layout::head_moving_to("Logged in", &next))
+            body.login {
+                main #main {
+                    h1 { "sked" }
+                    p { "Logged in as " strong { (person.login) } "." }
+                    p { a href=(next) { "Go on" } }
+                }
+            }
+        }
+    };
+    let mut response = Html(markup.into_string()).into_response();
+    let headers = response.headers_mut();
+    headers.append(header::SET_COOKIE, console.sessions.set_cookie(&session));
+    headers.append(header::SET_COOKIE, console.sessions.clear_flow_cookie());
+    response
+}
+
+fn no_provider() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        "this server logs people in with API tokens only (no --oidc-issuer)",
+    )
+        .into_response()
 }
 
 pub async fn logout(
