@@ -7,6 +7,7 @@
 
 use super::layout::millis;
 use chrono::{DateTime, Duration as Span, TimeZone, Utc};
+use chrono_tz::Tz;
 use maud::{html, Markup};
 use sked_core::Instant;
 
@@ -73,11 +74,12 @@ const TIME_STEPS: &[i64] = &[
     86_400, 172_800, 604_800, // days
 ];
 
-/// Ticks at round instants between `from` and `to` (both included when round), at most about
-/// `target` of them: the smallest step of [`TIME_STEPS`] that needs no more, each tick a
-/// whole multiple of it since the Unix epoch (so minutes at :00, hours on the hour, days at
-/// midnight UTC). With the step, in seconds.
-pub fn time_ticks(from: Instant, to: Instant, target: usize) -> (Vec<Instant>, i64) {
+/// Ticks at round instants of `zone`'s wall clock between `from` and `to` (both included when
+/// round), at most about `target` of them: the smallest step of [`TIME_STEPS`] that needs no
+/// more, each tick a whole multiple of it on that clock (so minutes at :00, hours on the hour,
+/// days at the zone's midnight). With the step, in seconds. A wall time a daylight saving
+/// change skips has no tick.
+pub fn time_ticks(from: Instant, to: Instant, target: usize, zone: Tz) -> (Vec<Instant>, i64) {
     let (from, to) = if to < from { (to, from) } else { (from, to) };
     let span = (to - from).num_seconds().max(1);
     let target = target.max(1) as i64;
@@ -89,16 +91,22 @@ pub fn time_ticks(from: Instant, to: Instant, target: usize) -> (Vec<Instant>, i
             let days = (span / 86_400 / target).max(1);
             days * 86_400
         });
-    let first = from.timestamp().div_euclid(step) * step
-        + if from.timestamp().rem_euclid(step) == 0 && from.timestamp_subsec_nanos() == 0 {
+    // Seconds of the wall clock, counted as if it were UTC.
+    let wall = |t: Instant| t.with_timezone(&zone).naive_local().and_utc().timestamp();
+    let start = wall(from);
+    let first = start.div_euclid(step) * step
+        + if start.rem_euclid(step) == 0 && from.timestamp_subsec_nanos() == 0 {
             0
         } else {
             step
         };
     let mut ticks = Vec::new();
     let mut at = first;
-    while at <= to.timestamp() && ticks.len() <= target as usize + 1 {
-        if let Some(t) = Utc.timestamp_opt(at, 0).single() {
+    while at <= wall(to) && ticks.len() <= target as usize + 1 {
+        let instant = chrono::DateTime::from_timestamp(at, 0)
+            .and_then(|t| zone.from_local_datetime(&t.naive_utc()).earliest())
+            .map(|t| t.with_timezone(&Utc));
+        if let Some(t) = instant.filter(|t| *t >= from && *t <= to) {
             ticks.push(t);
         }
         at += step;
@@ -106,16 +114,17 @@ pub fn time_ticks(from: Instant, to: Instant, target: usize) -> (Vec<Instant>, i
     (ticks, step)
 }
 
-/// A tick's label for a step of `step` seconds: seconds shown only when the step has them,
-/// the date at days and at midnight.
-pub fn time_label(t: Instant, step: i64) -> String {
-    let midnight = t.timestamp().rem_euclid(86_400) == 0;
+/// A tick's label for a step of `step` seconds, on `zone`'s wall clock: seconds shown only
+/// when the step has them, the date at days and at midnight.
+pub fn time_label(t: Instant, step: i64, zone: Tz) -> String {
+    let local = t.with_timezone(&zone);
+    let midnight = local.naive_local().and_utc().timestamp().rem_euclid(86_400) == 0;
     if step >= 86_400 || midnight {
-        t.format("%m-%d").to_string()
+        local.format("%m-%d").to_string()
     } else if step >= 60 {
-        t.format("%H:%M").to_string()
+        local.format("%H:%M").to_string()
     } else {
-        t.format("%H:%M:%S").to_string()
+        local.format("%H:%M:%S").to_string()
     }
 }
 
@@ -149,13 +158,16 @@ pub struct Series {
     pub points: Vec<Point>,
 }
 
-/// A chart: what it shows (its accessible name), its axes' titles, its unit and its series.
+/// A chart: what it shows (its accessible name), its axes' titles, its unit, the zone its
+/// time axis and titles read in, and its series.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Chart {
     pub label: String,
     pub value_axis: String,
+    /// What the time axis counts ("instant"); the zone's name is added.
     pub time_axis: String,
     pub unit: Unit,
+    pub zone: Tz,
     pub series: Vec<Series>,
 }
 
@@ -203,13 +215,18 @@ pub fn render(chart: &Chart) -> Option<Markup> {
         .fold(0.0, f64::max);
     let ticks = value_ticks(largest, chart.unit, 5);
     let top = ticks.last().copied().unwrap_or(1.0).max(f64::MIN_POSITIVE);
-    let (times, step) = time_ticks(start, end, 6);
+    let zone = chart.zone;
+    let (times, step) = time_ticks(start, end, 6, zone);
     let plot_w = WIDTH - LEFT - RIGHT;
     let plot_h = HEIGHT - TOP - BOTTOM;
     let span_ms = (end - start).num_milliseconds().max(1) as f64;
     let x = |t: DateTime<Utc>| LEFT + (t - start).num_milliseconds() as f64 / span_ms * plot_w;
     let y = |v: f64| TOP + plot_h - (v.max(0.0) / top) * plot_h;
-    let stamp = |t: Instant| t.format("%Y-%m-%d %H:%M:%S").to_string();
+    let stamp = |t: Instant| {
+        t.with_timezone(&zone)
+            .format("%Y-%m-%d %H:%M:%S %Z")
+            .to_string()
+    };
     Some(html! {
         figure.chart.axes {
             svg viewBox={ "0 0 " (WIDTH) " " (HEIGHT) } role="img" aria-label=(chart.label) {
@@ -231,10 +248,10 @@ pub fn render(chart: &Chart) -> Option<Markup> {
                 g.axis.time-axis {
                     line x1=(f(LEFT)) x2=(f(WIDTH - RIGHT)) y1=(f(TOP + plot_h)) y2=(f(TOP + plot_h)) {}
                     @for t in &times {
-                        text x=(f(x(*t))) y=(f(TOP + plot_h + 16.0)) text-anchor="middle" { (time_label(*t, step)) }
+                        text x=(f(x(*t))) y=(f(TOP + plot_h + 16.0)) text-anchor="middle" { (time_label(*t, step, zone)) }
                     }
                 }
-                text.axis-title x=(f(LEFT + plot_w / 2.0)) y=(f(HEIGHT - 4.0)) text-anchor="middle" { (chart.time_axis) }
+                text.axis-title x=(f(LEFT + plot_w / 2.0)) y=(f(HEIGHT - 4.0)) text-anchor="middle" { (chart.time_axis) " (" (zone.name()) ")" }
                 @for (s, points) in &series {
                     g class={ "series " (s.class) } {
                         @match s.mark {
@@ -243,7 +260,7 @@ pub fn render(chart: &Chart) -> Option<Markup> {
                                     @let (x0, x1) = (x(p.at), x(p.at + width));
                                     rect class={ "bar " (p.class) } x=(f(x0)) width=(f((x1 - x0 - 1.0).max(1.0)))
                                         y=(f(y(p.value))) height=(f((TOP + plot_h - y(p.value)).max(0.0))) {
-                                        title { (stamp(p.at)) " UTC · " (s.name) " " (chart.unit.label(p.value))
+                                        title { (stamp(p.at)) " · " (s.name) " " (chart.unit.label(p.value))
                                             @if !p.note.is_empty() { " · " (p.note) } }
                                     }
                                 }
@@ -252,7 +269,7 @@ pub fn render(chart: &Chart) -> Option<Markup> {
                                 polyline.line points=(points.iter().map(|p| format!("{},{}", f(x(p.at)), f(y(p.value)))).collect::<Vec<_>>().join(" ")) {}
                                 @for p in points.iter() {
                                     circle class={ "point " (p.class) } cx=(f(x(p.at))) cy=(f(y(p.value))) r="3.5" {
-                                        title { (stamp(p.at)) " UTC · " (s.name) " " (chart.unit.label(p.value))
+                                        title { (stamp(p.at)) " · " (s.name) " " (chart.unit.label(p.value))
                                             @if !p.note.is_empty() { " · " (p.note) } }
                                     }
                                 }
@@ -342,24 +359,47 @@ mod tests {
     #[test]
     fn time_ticks_fall_on_round_instants() {
         // 90 minutes: every 15 minutes, on the quarter hour.
-        let (ticks, step) = time_ticks(at("2026-03-01T10:07:13Z"), at("2026-03-01T11:37:00Z"), 6);
+        let (ticks, step) = time_ticks(
+            at("2026-03-01T10:07:13Z"),
+            at("2026-03-01T11:37:00Z"),
+            6,
+            Tz::UTC,
+        );
         assert_eq!(step, 900);
         assert_eq!(ticks[0], at("2026-03-01T10:15:00Z"));
         assert_eq!(*ticks.last().unwrap(), at("2026-03-01T11:30:00Z"));
-        assert_eq!(time_label(ticks[0], step), "10:15");
+        assert_eq!(time_label(ticks[0], step, Tz::UTC), "10:15");
 
         // A minute: every 10 seconds, seconds shown.
-        let (ticks, step) = time_ticks(at("2026-03-01T10:00:05Z"), at("2026-03-01T10:01:05Z"), 6);
+        let (ticks, step) = time_ticks(
+            at("2026-03-01T10:00:05Z"),
+            at("2026-03-01T10:01:05Z"),
+            6,
+            Tz::UTC,
+        );
         assert_eq!(step, 10);
         assert!(ticks.iter().all(|t| t.timestamp() % 10 == 0));
-        assert_eq!(time_label(ticks[0], step), "10:00:10");
+        assert_eq!(time_label(ticks[0], step, Tz::UTC), "10:00:10");
 
         // Three days: at midnight, labelled by date.
-        let (ticks, step) = time_ticks(at("2026-03-01T10:00:00Z"), at("2026-03-04T09:00:00Z"), 6);
+        let (ticks, step) = time_ticks(
+            at("2026-03-01T10:00:00Z"),
+            at("2026-03-04T09:00:00Z"),
+            6,
+            Tz::UTC,
+        );
         assert_eq!(step, 43_200);
         assert!(ticks.iter().all(|t| t.timestamp() % 43_200 == 0));
-        assert_eq!(time_label(at("2026-03-02T00:00:00Z"), step), "03-02");
-        let (ticks, step) = time_ticks(at("2026-03-01T00:00:00Z"), at("2026-03-20T00:00:00Z"), 6);
+        assert_eq!(
+            time_label(at("2026-03-02T00:00:00Z"), step, Tz::UTC),
+            "03-02"
+        );
+        let (ticks, step) = time_ticks(
+            at("2026-03-01T00:00:00Z"),
+            at("2026-03-20T00:00:00Z"),
+            6,
+            Tz::UTC,
+        );
         assert_eq!(step, 604_800);
         assert!(ticks.iter().all(|t| t.timestamp() % 86_400 == 0));
 
@@ -370,10 +410,53 @@ mod tests {
             ("2026-03-01T10:00:00.5Z", "2026-03-01T10:00:03Z"),
         ] {
             let (from, to) = (at(from), at(to));
-            let (ticks, _) = time_ticks(from, to, 6);
-            assert!(ticks.len() <= 8, "{ticks:?}");
-            assert!(ticks.iter().all(|t| *t >= from && *t <= to));
+            for zone in [Tz::UTC, Tz::Asia__Kolkata, Tz::America__New_York] {
+                let (ticks, _) = time_ticks(from, to, 6, zone);
+                assert!(ticks.len() <= 8, "{ticks:?}");
+                assert!(ticks.iter().all(|t| *t >= from && *t <= to));
+            }
         }
+    }
+
+    #[test]
+    fn time_ticks_fall_on_the_round_instants_of_the_zone_read_in() {
+        // Three days in Tokyo (UTC+9): at Tokyo's midnight, 15:00 UTC, labelled by its date.
+        let tokyo = Tz::Asia__Tokyo;
+        let (ticks, step) = time_ticks(
+            at("2026-03-01T10:00:00Z"),
+            at("2026-03-04T09:00:00Z"),
+            6,
+            tokyo,
+        );
+        assert_eq!(step, 43_200);
+        assert_eq!(ticks[0], at("2026-03-01T15:00:00Z"));
+        assert_eq!(time_label(ticks[0], step, tokyo), "03-02");
+        // Half-hour offsets round on their own clock: 10:15 in Kolkata is 04:45 UTC.
+        let kolkata = Tz::Asia__Kolkata;
+        let (ticks, step) = time_ticks(
+            at("2026-03-01T04:37:13Z"),
+            at("2026-03-01T06:07:00Z"),
+            6,
+            kolkata,
+        );
+        assert_eq!(step, 900);
+        assert_eq!(ticks[0], at("2026-03-01T04:45:00Z"));
+        assert_eq!(time_label(ticks[0], step, kolkata), "10:15");
+        // The hour New York skips on 2026-03-08 (02:00 to 03:00) has no tick, and the ticks
+        // around it are still on the hour.
+        let new_york = Tz::America__New_York;
+        let (ticks, step) = time_ticks(
+            at("2026-03-08T05:30:00Z"),
+            at("2026-03-08T09:30:00Z"),
+            6,
+            new_york,
+        );
+        assert_eq!(step, 3600);
+        let labels: Vec<String> = ticks
+            .iter()
+            .map(|t| time_label(*t, step, new_york))
+            .collect();
+        assert_eq!(labels, ["01:00", "03:00", "04:00", "05:00"]);
     }
 
     #[test]
@@ -387,8 +470,9 @@ mod tests {
         let chart = Chart {
             label: "Duration".into(),
             value_axis: "duration".into(),
-            time_axis: "instant (UTC)".into(),
+            time_axis: "instant".into(),
             unit: Unit::Millis,
+            zone: Tz::UTC,
             series: vec![
                 Series {
                     name: "duration".into(),

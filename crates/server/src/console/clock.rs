@@ -89,6 +89,11 @@ impl Clock {
         self.zone.resolve(None)
     }
 
+    /// The zone instants of a job whose schedule reads in `job_zone` read in.
+    pub fn tz_of(&self, job_zone: Option<&str>) -> Tz {
+        self.zone.resolve(job_zone)
+    }
+
     /// An instant as how long ago (or from now) it is, the exact instant in the visitor's zone
     /// on hover; machine-readable too.
     pub fn when(&self, t: Option<Instant>) -> Markup {

@@ -217,7 +217,7 @@ pub async fn page(
         }
         section aria-labelledby="chart" {
             h2 #chart { "Duration and lateness" }
-            (chart(&runs.runs))
+            (chart(&runs.runs, visitor.clock.tz_of(job.zone())))
         }
         @if !errors.is_empty() {
             section aria-labelledby="errors" {
@@ -284,7 +284,8 @@ pub(super) fn run_table(runs: &[RunRecord], clock: &Clock, zone: Option<&str>) -
 
 /// Duration and start lateness of runs by their instant, on one time axis and one value axis
 /// (`console::chart`), each point titled with its figures.
-fn chart(runs: &[RunRecord]) -> Markup {
+/// `zone`: the zone its time axis reads in.
+fn chart(runs: &[RunRecord], zone: chrono_tz::Tz) -> Markup {
     let mut duration = Vec::new();
     let mut lateness = Vec::new();
     for run in runs.iter().rev() {
@@ -311,8 +312,9 @@ fn chart(runs: &[RunRecord]) -> Markup {
             duration.len()
         ),
         value_axis: "duration · start lateness".into(),
-        time_axis: "instant (UTC)".into(),
+        time_axis: "instant".into(),
         unit: Unit::Millis,
+        zone,
         series: vec![
             Series {
                 name: "duration".into(),

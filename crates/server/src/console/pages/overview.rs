@@ -391,7 +391,7 @@ pub async fn page(
         }
         section aria-labelledby="per-minute" {
             h2 #per-minute { "Runs ended per minute, last " (MINUTES) " minutes" }
-            (minute_chart(&minutes, now))
+            (minute_chart(&minutes, now, visitor.clock.tz()))
         }
         @if let Ok(cluster) = &cluster {
             section aria-labelledby="cluster" {
@@ -422,7 +422,11 @@ const OUTCOMES: [(&str, &str); 4] = [
 
 /// Runs ended per minute as grouped bars, one per outcome, oldest minute on the left, with
 /// labelled axes; each bar's title gives its count, outcome and minute.
-fn minute_chart(minutes: &[BTreeMap<&'static str, u32>], now: Instant) -> Markup {
+fn minute_chart(
+    minutes: &[BTreeMap<&'static str, u32>],
+    now: Instant,
+    zone: chrono_tz::Tz,
+) -> Markup {
     let total: u32 = minutes.iter().flat_map(|m| m.values()).sum();
     let slot = chrono::Duration::seconds(60 / OUTCOMES.len() as i64);
     let series = OUTCOMES
@@ -451,8 +455,9 @@ fn minute_chart(minutes: &[BTreeMap<&'static str, u32>], now: Instant) -> Markup
     let drawn = chart::render(&chart::Chart {
         label: format!("{total} runs ended in the last {MINUTES} minutes, by outcome"),
         value_axis: "runs".into(),
-        time_axis: "minute (UTC)".into(),
+        time_axis: "minute".into(),
         unit: chart::Unit::Count,
+        zone,
         series,
     });
     match drawn {
