@@ -49,7 +49,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     let first = Utc::now() - Duration::seconds(runs as i64 + 60);
     register_worker(store.as_ref()).await?;
     let (run_id, runs) = match &place {
-        // Through the store, PostgreSQL would take most of a day over ten million runs.
+        // Through the store, PostgreSQL would take hours over ten million runs.
         Place::Schema { url, .. } => {
             crate::console_pg::write_runs(url, &ids, runs, first, WORKER).await?
         }

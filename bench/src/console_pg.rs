@@ -1,12 +1,12 @@
 //! The console benchmark's ended runs on PostgreSQL, written set-based.
 //!
 //! Through the store, every run costs a fire, a start and a report: three transactions per
-//! batch, each locking and reading back what it wrote, with the runs' rows updated twice.
-//! PostgreSQL does that at a few thousand runs a second here, so ten million would take the
-//! better part of a day. The rows the store would leave are known, though: a run ended
-//! `succeeded` or `failed` with its one attempt, and nothing else (the benchmark's jobs
-//! neither notify nor emit events, have no dependencies, keys or deadlines, and no fire
-//! advances a job's firing state). So they are written here in the same shape, with
+//! batch, each locking and reading back what it wrote, with the runs' rows updated twice, and
+//! on PostgreSQL each a series of round trips; ten million runs would take hours. The rows
+//! the store would leave are known, though: a run ended `succeeded` or `failed` with its one
+//! attempt, and nothing else (the jobs the runs are of neither notify nor emit events, have
+//! no dependencies, keys or deadlines, and no fire advances a job's firing state). So they
+//! are written here in the same shape, with
 //! `INSERT … SELECT … FROM generate_series`, [`CHUNK`] runs a statement: round robin over
 //! the jobs, an instant a second apart, each fired, started and ended at the statement's
 //! clock, every run whose id is a multiple of ten failed with exit code 1 — what
