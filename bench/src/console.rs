@@ -2,18 +2,18 @@
 //! during the measurement) and a pipeline of [`PIPELINE`] more (a tree: each step waits for
 //! the one at half its number, so the namespace's graph is larger than the console draws),
 //! and `--runs` ended runs spread over the first (one in ten failed),
-//! written straight to the store; then a server on it, a console login, and each page asked
+//! written straight to the store (on PostgreSQL set-based, [`crate::console_pg`]); then a server on it, a console login, and each page asked
 //! for `--samples` times, one after another. The time of each, from the request sent to the
 //! whole page read over loopback, bounds the server's time from above.
 
-use crate::harness::{fresh_store, http_client, start, ADMIN_TOKEN};
+use crate::harness::{fresh_store, http_client, start, Place, ADMIN_TOKEN};
 use anyhow::{bail, Context, Result};
 use chrono::{Duration, Utc};
 use futures_util::{StreamExt, TryStreamExt};
 use serde_json::{json, Value};
 use sked_core::job::JobSpec;
 use sked_core::stats::percentiles;
-use sked_core::{AttemptOutcome, RunState, Trigger};
+use sked_core::{AttemptOutcome, Instant, RunState, Trigger};
 use sked_store::{AttemptReport, AttemptStart, Audit, Fire, NewWorker, PutMode, Store};
 use std::sync::Arc;
 
@@ -46,7 +46,15 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     write_pipeline(store.as_ref()).await?;
     let jobs_seconds = writing.elapsed().as_secs_f64();
     let writing = std::time::Instant::now();
-    let (run_id, runs) = write_runs(store.as_ref(), &ids, runs).await?;
+    let first = Utc::now() - Duration::seconds(runs as i64 + 60);
+    register_worker(store.as_ref()).await?;
+    let (run_id, runs) = match &place {
+        // Through the store, PostgreSQL would take hours over ten million runs.
+        Place::Schema { url, .. } => {
+            crate::console_pg::write_runs(url, &ids, runs, first, WORKER).await?
+        }
+        Place::Dir { .. } => write_runs(store.as_ref(), &ids, runs, first).await?,
+    };
     let runs_seconds = writing.elapsed().as_secs_f64();
     eprintln!("console: {jobs} jobs in {jobs_seconds:.0} s, {runs} runs in {runs_seconds:.0} s");
 
@@ -207,15 +215,15 @@ async fn write_pipeline(store: &dyn Store) -> Result<()> {
     Ok(())
 }
 
-/// `runs` runs over the jobs, round robin, instants a second apart ending now: fired,
-/// started and ended, one in ten failed. Returns a run's id and the runs written.
-async fn write_runs(store: &dyn Store, ids: &[i64], runs: usize) -> Result<(i64, usize)> {
-    let worker = "console-bench";
+/// The worker the runs' attempts name.
+const WORKER: &str = "console-bench";
+
+async fn register_worker(store: &dyn Store) -> Result<()> {
     store
         .register_worker(
             &NewWorker {
-                id: worker.into(),
-                name: worker.into(),
+                id: WORKER.into(),
+                name: WORKER.into(),
                 labels: Default::default(),
                 slots: BATCH as u32,
                 namespaces: vec!["*".into()],
@@ -225,7 +233,20 @@ async fn write_runs(store: &dyn Store, ids: &[i64], runs: usize) -> Result<(i64,
             Utc::now(),
         )
         .await?;
-    let first = Utc::now() - Duration::seconds(runs as i64 + 60);
+    Ok(())
+}
+
+/// `runs` runs over the jobs, round robin, instants a second apart from `first`: fired,
+/// started and ended, one in ten failed (by run id), through the store, [`BATCH`] at a time.
+/// Returns a run's id and the runs written. [`crate::console_pg`] writes the same on
+/// PostgreSQL without the store.
+async fn write_runs(
+    store: &dyn Store,
+    ids: &[i64],
+    runs: usize,
+    first: Instant,
+) -> Result<(i64, usize)> {
+    let worker = WORKER;
     let mut written = 0;
     let mut some_run = 0;
     while written < runs {
@@ -319,4 +340,121 @@ async fn deep_cursor(base: &str, jobs: usize) -> Result<String> {
         bail!("the job list has no page past the first");
     }
     Ok(cursor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sked_store::RunQuery;
+
+    /// A value with the instants a writer takes from its clock, and job names (jobs are
+    /// written concurrently, so a name's id differs between stores), left out.
+    fn without_clock(mut value: Value) -> Value {
+        match &mut value {
+            Value::Object(map) => {
+                for key in [
+                    "created_at",
+                    "started_at",
+                    "finished_at",
+                    "lease_expires_at",
+                    "job",
+                    "lateness_ms",
+                    "start_lateness_ms",
+                ] {
+                    map.remove(key);
+                }
+                for v in map.values_mut() {
+                    *v = without_clock(v.take());
+                }
+            }
+            Value::Array(items) => {
+                for v in items.iter_mut() {
+                    *v = without_clock(v.take());
+                }
+            }
+            _ => {}
+        }
+        value
+    }
+
+    /// What the store reads back of the runs: each run with its attempts, the namespace's
+    /// newest runs as listed, and each job's statistics, by job id.
+    async fn read_back(store: &dyn Store, ids: &[i64], newest: i64) -> Result<Value> {
+        let mut runs = Vec::new();
+        for id in 1..=newest {
+            let (run, attempts) = store.get_run(id).await?.context("a run is missing")?;
+            runs.push(json!({"run": run, "attempts": attempts}));
+        }
+        let listed = store
+            .list_runs(&RunQuery {
+                namespace: "default".into(),
+                job: None,
+                state: None,
+                deadline_missed: false,
+                at_risk: false,
+                limit: 100,
+                cursor: None,
+            })
+            .await?;
+        let mut stats = Vec::new();
+        for &id in ids {
+            let job = store.get_job_by_id(id).await?.context("a job is missing")?;
+            let stat = store.job_stats("default", &job.name).await?;
+            stats.push(json!({"job_id": id, "stats": stat}));
+        }
+        Ok(without_clock(
+            json!({"runs": runs, "listed": listed.items, "stats": stats}),
+        ))
+    }
+
+    /// The runs written set-based on PostgreSQL read back through the store as those written
+    /// through it do. Needs `SKED_TEST_DATABASE_URL`; passes without it.
+    #[tokio::test]
+    async fn runs_written_set_based_read_back_as_the_stores_own() -> Result<()> {
+        let Ok(url) = std::env::var("SKED_TEST_DATABASE_URL") else {
+            return Ok(());
+        };
+        let first = sked_core::ledger_instant(Utc::now() - Duration::seconds(3600));
+        let runs = 45;
+        let mut seen = Vec::new();
+        for set_based in [false, true] {
+            let (store, place) = fresh_store(Some(&url)).await?;
+            let ids = write_jobs(&store, 7).await?;
+            register_worker(store.as_ref()).await?;
+            let (newest, written) = match (&place, set_based) {
+                (Place::Schema { url, .. }, true) => {
+                    crate::console_pg::write_runs(url, &ids, runs, first, WORKER).await?
+                }
+                _ => write_runs(store.as_ref(), &ids, runs, first).await?,
+            };
+            assert_eq!((newest, written), (runs as i64, runs));
+            seen.push(read_back(store.as_ref(), &ids, newest).await?);
+            drop(store);
+            place.remove().await;
+        }
+        let failed = seen[0]["runs"].as_array().map_or(0, |runs| {
+            runs.iter()
+                .filter(|r| r["run"]["state"] == "failed")
+                .count()
+        });
+        assert_eq!(failed, 4);
+        // Item by item, so a difference shows alone.
+        for part in ["runs", "listed", "stats"] {
+            let (store, set_based) = (&seen[0][part], &seen[1][part]);
+            assert_eq!(
+                store.as_array().map(Vec::len),
+                set_based.as_array().map(Vec::len)
+            );
+            for (i, (a, b)) in store
+                .as_array()
+                .iter()
+                .flat_map(|a| a.iter())
+                .zip(set_based.as_array().iter().flat_map(|b| b.iter()))
+                .enumerate()
+            {
+                assert_eq!(a, b, "{part}[{i}]: through the store, then set-based");
+            }
+        }
+        Ok(())
+    }
 }

@@ -53,6 +53,7 @@
 
 mod burst;
 mod console;
+mod console_pg;
 mod container;
 mod deadlines;
 mod dispatch;
