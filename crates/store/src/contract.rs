@@ -676,6 +676,9 @@ pub async fn jobs_filter_by_schedule_kind_and_newest_run(store: &dyn Store) {
     put(store, "manual", manual).await;
     let at = serde_json::json!({"schedule": {"at": "2030-01-01T00:00:00Z"}});
     put(store, "at", every_second(at)).await;
+    let month_end =
+        serde_json::json!({"schedule": {"business_day": {"nth": -1}, "calendar": "ny"}});
+    put(store, "month-end", every_second(month_end)).await;
     // `every` ends with a queued run after a cancelled one; `cron` with a cancelled run after
     // a queued one (instants decide which is newest, not ids); `manual` has none.
     let older = fire_one(store, fire(every.id, t0() + secs(1))).await;
@@ -704,6 +707,13 @@ pub async fn jobs_filter_by_schedule_kind_and_newest_run(store: &dyn Store) {
     assert_eq!(names(of_kind(ScheduleKind::Every)).await, ["every"]);
     assert_eq!(names(of_kind(ScheduleKind::Cron)).await, ["cron"]);
     assert_eq!(names(of_kind(ScheduleKind::At)).await, ["at"]);
+    assert_eq!(
+        names(of_kind(ScheduleKind::BusinessDay)).await,
+        ["month-end"]
+    );
+    assert!(names(of_kind(ScheduleKind::EveryBusinessDays))
+        .await
+        .is_empty());
     assert_eq!(names(of_kind(ScheduleKind::Manual)).await, ["manual"]);
     assert!(names(of_kind(ScheduleKind::Event)).await.is_empty());
     let last = |state| JobQuery {

@@ -257,7 +257,8 @@ async fn pg_types(pg: &tokio_postgres::Client, columns: &[Vec<String>]) -> Resul
         let rows = pg
             .query(
                 "SELECT a.attname::text, a.atttypid FROM pg_attribute a \
-                 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+                 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
+                 AND a.attgenerated = ''",
                 &[table],
             )
             .await?;

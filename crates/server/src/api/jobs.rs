@@ -84,8 +84,26 @@ pub struct RunsAfter {
 /// either, its own upstreams (`None`: no such job).
 type UpstreamSeen = Option<(Option<Instant>, Vec<String>)>;
 
+/// Jobs of a namespace's graph whose reads are under way at once.
+const GRAPH_READS_AT_ONCE: usize = 8;
+
 /// Levels of upstreams without a schedule followed to find the next instant above a job.
 const AFTER_LEVELS: usize = 5;
+
+/// What [`runs_after`] keeps of an upstream read: its next instant, and its own upstreams
+/// when it has no schedule (so the search goes on above it).
+fn upstream_seen(job: Option<&JobRecord>) -> UpstreamSeen {
+    job.map(|job| {
+        let ups = if job.spec.schedule.is_none() {
+            sked_core::dependency::upstreams(&job.spec.depends_on)
+                .into_iter()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (job.next_fire_at, ups)
+    })
+}
 
 /// What [`RunsAfter`] says of `spec`, if it has no schedule and waits for jobs. `seen` keeps
 /// the upstreams already read (a page of jobs shares it).
@@ -110,17 +128,8 @@ async fn runs_after(
         let mut above = Vec::new();
         for name in frontier {
             if !seen.contains_key(&name) {
-                let found = state.store.get_job(namespace, &name).await?.map(|job| {
-                    let schedule_less = job.spec.schedule.is_none();
-                    let ups = sked_core::dependency::upstreams(&job.spec.depends_on);
-                    let ups = if schedule_less {
-                        ups.into_iter().collect()
-                    } else {
-                        Vec::new()
-                    };
-                    (job.next_fire_at, ups)
-                });
-                seen.insert(name.clone(), found);
+                let found = state.store.get_job(namespace, &name).await?;
+                seen.insert(name.clone(), upstream_seen(found.as_ref()));
             }
             if let Some(Some((fire, ups))) = seen.get(&name) {
                 next = match (next, *fire) {
@@ -1008,16 +1017,18 @@ async fn graph_job(
     name: &str,
     seen: &mut BTreeMap<String, UpstreamSeen>,
 ) -> Result<(GraphJob, Option<JobSpec>), ApiError> {
-    let record = state.store.get_job(namespace, name).await?;
-    let Some(record) = record else {
-        let gone = GraphJob {
-            name: name.to_string(),
-            state: None,
-            schedule: None,
-            last_run: None,
-            next_fire_at: None,
-        };
-        return Ok((gone, None));
+    let (record, last_run) = graph_reads(state, namespace, name).await?;
+    graph_node(state, namespace, name, record, last_run, seen).await
+}
+
+/// What a graph's node reads of its job: the job, and its newest run.
+async fn graph_reads(
+    state: &AppState,
+    namespace: &str,
+    name: &str,
+) -> Result<(Option<JobRecord>, Option<LastRun>), ApiError> {
+    let Some(record) = state.store.get_job(namespace, name).await? else {
+        return Ok((None, None));
     };
     let newest = RunQuery {
         namespace: namespace.to_string(),
@@ -1037,6 +1048,28 @@ async fn graph_job(
             scheduled_for: run.scheduled_for,
             finished_at: run.finished_at,
         });
+    Ok((Some(record), last_run))
+}
+
+/// A graph's node from what [`graph_reads`] found, with the pipeline's next instant.
+async fn graph_node(
+    state: &AppState,
+    namespace: &str,
+    name: &str,
+    record: Option<JobRecord>,
+    last_run: Option<LastRun>,
+    seen: &mut BTreeMap<String, UpstreamSeen>,
+) -> Result<(GraphJob, Option<JobSpec>), ApiError> {
+    let Some(record) = record else {
+        let gone = GraphJob {
+            name: name.to_string(),
+            state: None,
+            schedule: None,
+            last_run: None,
+            next_fire_at: None,
+        };
+        return Ok((gone, None));
+    };
     let after = runs_after(state, namespace, &record.spec, seen).await?;
     let next_fire_at = record.next_fire_at.or(after.and_then(|a| a.next_fire_at));
     let job = GraphJob {
@@ -1242,14 +1275,35 @@ pub async fn namespace_graph(
         }
         edges.insert((edge.upstream, edge.job));
     }
+    // Each job's reads are a few round trips to the store; a few jobs at a time keep a
+    // large graph from paying them one after another (on PostgreSQL, 300 jobs read in
+    // turn took half a second).
+    use futures_util::{StreamExt, TryStreamExt};
+    let read: Vec<(String, Option<JobRecord>, Option<LastRun>)> =
+        futures_util::stream::iter(kept.iter().cloned())
+            .map(|name| {
+                let (state, namespace) = (state.clone(), namespace.clone());
+                async move {
+                    let (record, last_run) = graph_reads(&state, &namespace, &name).await?;
+                    Ok::<_, ApiError>((name, record, last_run))
+                }
+            })
+            .buffered(GRAPH_READS_AT_ONCE)
+            .try_collect()
+            .await?;
+    // What was read answers the search for next instants above schedule-less jobs, too.
+    let mut seen: BTreeMap<String, UpstreamSeen> = read
+        .iter()
+        .map(|(name, record, _)| (name.clone(), upstream_seen(record.as_ref())))
+        .collect();
     let mut nodes = Vec::with_capacity(kept.len());
     let mut specs: BTreeMap<String, JobSpec> = BTreeMap::new();
-    let mut seen = BTreeMap::new();
-    for name in &kept {
-        let (node, spec) = graph_job(&state, &namespace, name, &mut seen).await?;
+    for (name, record, last_run) in read {
+        let (node, spec) =
+            graph_node(&state, &namespace, &name, record, last_run, &mut seen).await?;
         nodes.push(node);
         if let Some(spec) = spec {
-            specs.insert(name.clone(), spec);
+            specs.insert(name, spec);
         }
     }
     let edges = graph_edges(edges, &specs, |name| kept.contains(name));

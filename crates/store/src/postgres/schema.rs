@@ -546,6 +546,22 @@ CREATE INDEX flow_debounce_expiry ON flow_debounce (expires_at);
 CREATE INDEX runs_unended ON runs (namespace, scheduled_for DESC, id DESC)
     WHERE state IN ('waiting', 'queued', 'running');
 "#,
+    r#"
+-- Version 23: each job's schedule kind as a column derived from the definition (SQLite's
+-- version 20), stored, so the planner keeps statistics of it and the job list filters by
+-- kind on an index. Adding it rewrites the jobs table once.
+ALTER TABLE jobs ADD COLUMN schedule_kind TEXT GENERATED ALWAYS AS (CASE
+    WHEN spec::jsonb #>> '{schedule,cron}' IS NOT NULL THEN 'cron'
+    WHEN spec::jsonb #>> '{schedule,every}' IS NOT NULL THEN 'every'
+    WHEN spec::jsonb #>> '{schedule,iso8601}' IS NOT NULL THEN 'iso8601'
+    WHEN spec::jsonb #>> '{schedule,at}' IS NOT NULL THEN 'at'
+    WHEN spec::jsonb #>> '{schedule,event}' IS NOT NULL THEN 'event'
+    WHEN spec::jsonb #>> '{schedule,business_day}' IS NOT NULL THEN 'business_day'
+    WHEN spec::jsonb #>> '{schedule,every_business_days}' IS NOT NULL
+        THEN 'every_business_days'
+    ELSE 'manual' END) STORED;
+CREATE INDEX jobs_by_kind ON jobs (namespace, schedule_kind, name);
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

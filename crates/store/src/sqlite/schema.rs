@@ -482,6 +482,22 @@ CREATE INDEX flow_debounce_expiry ON flow_debounce (expires_at);
 CREATE INDEX runs_unended ON runs (namespace, scheduled_for DESC, id DESC)
     WHERE state IN ('waiting', 'queued', 'running');
 "#,
+    r#"
+-- Version 20: each job's schedule kind as a column the database derives from the definition
+-- (`ScheduleKind::of`), so the job list and the runs grid filter by kind on an index instead
+-- of reading every definition. Virtual: computed when read, nothing more is stored.
+ALTER TABLE jobs ADD COLUMN schedule_kind TEXT GENERATED ALWAYS AS (CASE
+    WHEN json_extract(spec, '$.schedule.cron') IS NOT NULL THEN 'cron'
+    WHEN json_extract(spec, '$.schedule.every') IS NOT NULL THEN 'every'
+    WHEN json_extract(spec, '$.schedule.iso8601') IS NOT NULL THEN 'iso8601'
+    WHEN json_extract(spec, '$.schedule.at') IS NOT NULL THEN 'at'
+    WHEN json_extract(spec, '$.schedule.event') IS NOT NULL THEN 'event'
+    WHEN json_extract(spec, '$.schedule.business_day') IS NOT NULL THEN 'business_day'
+    WHEN json_extract(spec, '$.schedule.every_business_days') IS NOT NULL
+        THEN 'every_business_days'
+    ELSE 'manual' END) VIRTUAL;
+CREATE INDEX jobs_by_kind ON jobs (namespace, schedule_kind, name);
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
