@@ -155,7 +155,7 @@ pub fn grant_for<'a>(
 }
 
 /// The start of the token names of a person's console sessions: `sso-` and their login made
-/// a valid name (letters, digits, '.', '_', '-'; anything else becomes '-'), at most 40
+/// a valid name (letters, digits, '.', '_', '-'; anything else becomes '-'), at most 41
 /// characters, so a random suffix still fits the name limit.
 pub fn token_prefix(login: &str) -> String {
     let slug: String = login

@@ -335,13 +335,15 @@ impl Authenticator {
     ) -> Result<String, ApiError> {
         let prefix = sked_core::identity::token_prefix(&person.login);
         let tokens = self.store.list_tokens().await?;
+        let mut kept = tokens.len();
         for stale in tokens
             .iter()
             .filter(|t| t.name.starts_with(&prefix) && t.expires_at.is_some_and(|at| at <= now))
         {
             self.store.revoke_token(&stale.name, Audit::none()).await?;
+            kept -= 1;
         }
-        if tokens.len() >= crate::api::tokens::MAX_TOKENS {
+        if kept >= crate::api::tokens::MAX_TOKENS {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "too_many_tokens",

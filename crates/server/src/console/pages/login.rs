@@ -40,6 +40,18 @@ enum Problem<'a> {
     Provider(&'a str),
 }
 
+/// The login page answered with `status`, saying what went wrong.
+fn refused_page(
+    console: &Console,
+    next: &str,
+    problem: Problem<'_>,
+    status: StatusCode,
+) -> Response {
+    let mut response = login_page(console, next, problem);
+    *response.status_mut() = status;
+    response
+}
+
 fn login_page(console: &Console, next: &str, problem: Problem<'_>) -> Response {
     let open = console.auth.mode() == AuthMode::Open;
     let error = match problem {
@@ -108,9 +120,12 @@ pub async fn submit(
     let token = login.token.trim();
     let refuse = |message: &str| {
         console.auth.failed(peer, &Method::POST, "/login", message);
-        let mut response = login_page(&console, next, Problem::Token(message));
-        *response.status_mut() = StatusCode::UNAUTHORIZED;
-        response
+        refused_page(
+            &console,
+            next,
+            Problem::Token(message),
+            StatusCode::UNAUTHORIZED,
+        )
     };
     if token.is_empty() || token.len() > MAX_SECRET_LEN {
         return refuse("enter an API token");
@@ -123,8 +138,12 @@ pub async fn submit(
     {
         Ok(caller) => caller,
         Err(refusal) if refusal.status == StatusCode::TOO_MANY_REQUESTS => {
-            let mut response = login_page(&console, next, Problem::Token(&refusal.message));
-            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            let mut response = refused_page(
+                &console,
+                next,
+                Problem::Token(&refusal.message),
+                StatusCode::TOO_MANY_REQUESTS,
+            );
             if let Some(wait) = refusal.retry_after {
                 response.headers_mut().insert(
                     header::RETRY_AFTER,
@@ -178,9 +197,8 @@ pub async fn oidc_start(State(console): State<Console>, Query(q): Query<Next>) -
         }
         Err(e) => {
             tracing::warn!("a console login could not start: {e}");
-            let mut response = login_page(&console, next, Problem::Provider(&e.to_string()));
-            *response.status_mut() = StatusCode::BAD_GATEWAY;
-            response
+            let problem = Problem::Provider(&e.to_string());
+            refused_page(&console, next, problem, StatusCode::BAD_GATEWAY)
         }
     }
 }
@@ -206,8 +224,7 @@ pub async fn oidc_callback(
         console
             .auth
             .failed(peer, &Method::GET, "/login/oidc/callback", message);
-        let mut response = login_page(&console, &next, Problem::Provider(message));
-        *response.status_mut() = status;
+        let mut response = refused_page(&console, &next, Problem::Provider(message), status);
         response
             .headers_mut()
             .append(header::SET_COOKIE, console.sessions.clear_flow_cookie());
