@@ -248,8 +248,15 @@ async fn register_worker(store: &dyn Store) -> Result<()> {
     Ok(())
 }
 
+/// Whether the run of the `n`th instant written (from 0) fails: one in ten, by the instant
+/// rather than by the run's id, since a store hands out ids in an order of its own.
+/// [`crate::console_pg`] applies the same rule in SQL.
+fn fails(n: usize) -> bool {
+    n % 10 == 9
+}
+
 /// `runs` runs over the jobs, round robin, instants a second apart from `first`: fired,
-/// started and ended, one in ten failed (by run id), through the store, [`BATCH`] at a time.
+/// started and ended, one in ten failed ([`fails`]), through the store, [`BATCH`] at a time.
 /// Returns a run's id and the runs written. [`crate::console_pg`] writes the same on
 /// PostgreSQL without the store.
 async fn write_runs(
@@ -280,24 +287,29 @@ async fn write_runs(
             .collect();
         let now = Utc::now();
         let fired = store.record_fires(&fires, now, Audit::none()).await?;
-        let starts: Vec<AttemptStart> = fired
+        // A store's fired runs are in the fires' order.
+        let (starts, failing): (Vec<AttemptStart>, Vec<bool>) = fired
             .runs
             .iter()
-            .filter(|r| r.inserted && r.state == RunState::Queued)
-            .map(|r| AttemptStart {
-                run_id: r.run_id,
-                worker_id: worker.into(),
-                token: r.run_id,
-                lease_expires_at: now + Duration::seconds(60),
-                flow: None,
+            .enumerate()
+            .filter(|(_, r)| r.inserted && r.state == RunState::Queued)
+            .map(|(i, r)| {
+                let start = AttemptStart {
+                    run_id: r.run_id,
+                    worker_id: worker.into(),
+                    token: r.run_id,
+                    lease_expires_at: now + Duration::seconds(60),
+                    flow: None,
+                };
+                (start, fails(written + i))
             })
-            .collect();
+            .unzip();
         let started = store.start_attempts(&starts, now).await?;
         let reports: Vec<AttemptReport> = starts
             .iter()
+            .zip(failing)
             .zip(started)
-            .filter_map(|(s, a)| {
-                let failed = s.run_id % 10 == 0;
+            .filter_map(|((s, failed), a)| {
                 a.ok().map(|a| AttemptReport {
                     attempt_id: a.attempt_id,
                     token: s.token,
@@ -360,12 +372,15 @@ mod tests {
     use super::*;
     use sked_store::RunQuery;
 
-    /// A value with the instants a writer takes from its clock, and job names (jobs are
-    /// written concurrently, so a name's id differs between stores), left out.
+    /// A value with the instants a writer takes from its clock, job names (jobs are written
+    /// concurrently, so a name's id differs between stores) and the ids of runs and attempts
+    /// (handed out in an order of the writer's own) left out.
     fn without_clock(mut value: Value) -> Value {
         match &mut value {
             Value::Object(map) => {
                 for key in [
+                    "id",
+                    "run_id",
                     "created_at",
                     "started_at",
                     "finished_at",
@@ -415,9 +430,22 @@ mod tests {
             let stat = store.job_stats("default", &job.name).await?;
             stats.push(json!({"job_id": id, "stats": stat}));
         }
+        let mut listed: Vec<Value> = listed.items.iter().map(|run| json!(run)).collect();
+        // Each run by its job and instant: a store hands out ids in an order of its own.
+        by_instant(&mut runs);
+        by_instant(&mut listed);
         Ok(without_clock(
-            json!({"runs": runs, "listed": listed.items, "stats": stats}),
+            json!({"runs": runs, "listed": listed, "stats": stats}),
         ))
+    }
+
+    /// Runs (or runs with their attempts) in order of their job and instant.
+    fn by_instant(runs: &mut [Value]) {
+        let key = |v: &Value| {
+            let run = v.get("run").unwrap_or(v);
+            (run["job_id"].as_i64(), run["scheduled_for"].to_string())
+        };
+        runs.sort_by_key(key);
     }
 
     /// The runs written set-based on PostgreSQL read back through the store as those written

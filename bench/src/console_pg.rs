@@ -9,9 +9,9 @@
 //! are written here in the same shape, with
 //! `INSERT … SELECT … FROM generate_series`, [`CHUNK`] runs a statement: round robin over
 //! the jobs, an instant a second apart, each fired, started and ended at the statement's
-//! clock, every run whose id is a multiple of ten failed with exit code 1 — what
+//! clock, the run of every tenth instant failed with exit code 1 — what
 //! `console::write_runs` writes through the store. The ids come from the store's own
-//! sequences, runs' and attempts' alike in the instants' order, as the store's would.
+//! sequences, runs' and attempts' alike in the instants' order.
 //!
 //! Then `VACUUM (ANALYZE)`: the store's tables have statistics to plan by and a visibility map
 //! for index-only scans, as a database that autovacuum keeps would. (Autovacuum gets to a
@@ -52,16 +52,16 @@ pub async fn write_runs(
                      priority, ready_at, created_at, started_at, finished_at, attempts, \
                      failures, error, job_version, shard, shard_count) \
                  SELECT r.id, s.id, s.namespace, s.name, $4 + r.n * 1000000, $6, \
-                     CASE WHEN r.id % 10 = 0 THEN $8 ELSE $7 END, s.priority, \
-                     $4 + r.n * 1000000, $5, $5, $5, 1, (r.id % 10 = 0)::int, \
-                     CASE WHEN r.id % 10 = 0 THEN 'exited with code 1' END, s.version, 0, 1 \
+                     CASE WHEN r.n % 10 = 9 THEN $8 ELSE $7 END, s.priority, \
+                     $4 + r.n * 1000000, $5, $5, $5, 1, (r.n % 10 = 9)::int, \
+                     CASE WHEN r.n % 10 = 9 THEN 'exited with code 1' END, s.version, 0, 1 \
                  FROM numbered r JOIN slots s ON s.slot = r.n % $9 \
                  RETURNING id, scheduled_for, error) \
              INSERT INTO attempts (id, run_id, number, worker_id, token, state, started_at, \
                  finished_at, lease_expires_at, exit_code, error, run_scheduled_for) \
              SELECT nextval('attempts_id_seq'), w.id, 1, $10, w.id, \
-                 CASE WHEN w.id % 10 = 0 THEN $12 ELSE $11 END, \
-                 $5, $5, $5 + 60000000, (w.id % 10 = 0)::int, w.error, w.scheduled_for \
+                 CASE WHEN w.error IS NULL THEN $11 ELSE $12 END, \
+                 $5, $5, $5 + 60000000, (w.error IS NOT NULL)::int, w.error, w.scheduled_for \
              FROM (SELECT * FROM written ORDER BY id) w",
         )
         .await
