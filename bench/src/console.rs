@@ -126,7 +126,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     for (name, path) in &pages {
         let mut times = Vec::with_capacity(samples);
         let mut bytes = 0;
-        for _ in 0..samples {
+        for sample in 0..samples {
             let t = std::time::Instant::now();
             let response = http
                 .get(format!("{base}{path}"))
@@ -139,8 +139,10 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
             times.push(ms);
             if ms > slow_ms {
                 let at = (t - measuring).as_secs_f64();
-                eprintln!("console: {name} took {ms:.0} ms, {at:.1} s into the requests");
-                slow.push(json!({"page": name, "ms": ms, "at_s": at}));
+                eprintln!(
+                    "console: {name} took {ms:.0} ms (sample {sample}), {at:.1} s into the requests"
+                );
+                slow.push(json!({"page": name, "ms": ms, "sample": sample, "at_s": at}));
             }
             if !status.is_success() {
                 bail!("{path} answered {status}");

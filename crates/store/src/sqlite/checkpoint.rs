@@ -285,7 +285,7 @@ mod tests {
             writer: Mutex::new(writer),
             writer_busy: Default::default(),
             readers: Vec::new(),
-            next_reader: Default::default(),
+            reader_freed: Default::default(),
         });
         let conn = Connection::open(&path).expect("the thread's connection");
         let db_file = File::open(&path).expect("the database file");

@@ -77,25 +77,78 @@ struct Connections {
     /// Time the writer has spent in transactions, for the checkpoint thread's pace.
     writer_busy: checkpoint::WriterBusy,
     readers: Vec<Mutex<Connection>>,
-    /// Which reader the next read waits for when all are busy: waiters are spread over them.
-    next_reader: std::sync::atomic::AtomicUsize,
+    /// Signalled when a reader is handed back, for reads waiting while all are busy.
+    reader_freed: ReaderFreed,
+}
+
+#[derive(Default)]
+struct ReaderFreed {
+    lock: Mutex<()>,
+    signal: std::sync::Condvar,
 }
 
 impl Connections {
-    /// A free read connection, or, when all are busy, the first to come free of one of them.
-    fn reader(&self) -> std::sync::MutexGuard<'_, Connection> {
-        for reader in &self.readers {
-            match reader.try_lock() {
-                Ok(conn) => return conn,
-                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => {}
+    /// A free read connection, or, when all are busy, the first to come free. (Waiting on one
+    /// chosen in turn made a page's quick read wait out a slow one on that connection while
+    /// the other came free.)
+    fn reader(&self) -> Reader<'_> {
+        let mut waiting = self
+            .reader_freed
+            .lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        loop {
+            for reader in &self.readers {
+                let conn = match reader.try_lock() {
+                    Ok(conn) => conn,
+                    Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                    Err(std::sync::TryLockError::WouldBlock) => continue,
+                };
+                return Reader {
+                    conn: Some(conn),
+                    freed: &self.reader_freed,
+                };
             }
+            // A reader handed back between the tries and this wait signals only once the
+            // wait has released `waiting`, so no hand-back is missed.
+            waiting = self
+                .reader_freed
+                .signal
+                .wait(waiting)
+                .unwrap_or_else(|p| p.into_inner());
         }
-        let i = self
-            .next_reader
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            % self.readers.len();
-        self.readers[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A read connection taken from [`Connections::reader`]; handed back (and a waiting read
+/// woken) when dropped.
+struct Reader<'a> {
+    conn: Option<std::sync::MutexGuard<'a, Connection>>,
+    freed: &'a ReaderFreed,
+}
+
+impl std::ops::Deref for Reader<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+            .as_deref()
+            .unwrap_or_else(|| unreachable!("taken only on drop"))
+    }
+}
+
+impl std::ops::DerefMut for Reader<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        self.conn
+            .as_deref_mut()
+            .unwrap_or_else(|| unreachable!("taken only on drop"))
+    }
+}
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        drop(self.conn.take());
+        let _waiting = self.freed.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.freed.signal.notify_one();
     }
 }
 
@@ -382,7 +435,7 @@ impl SqliteStore {
             writer: Mutex::new(writer),
             writer_busy: Default::default(),
             readers,
-            next_reader: Default::default(),
+            reader_freed: Default::default(),
         });
         let checkpointer = checkpoint::spawn(checkpointer, db_file, Arc::downgrade(&inner))
             .map_err(|e| StoreError::Open(format!("cannot start the checkpoint thread: {e}")))?;
@@ -1086,4 +1139,50 @@ fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
     stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get(3))
         .and_then(|steps| steps.collect())
         .expect("a plan")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A read waiting while every reader is busy takes the first handed back, whichever it
+    /// is: a slow read on one connection does not hold up reads the other could serve.
+    #[test]
+    fn a_waiting_read_takes_the_first_reader_handed_back() {
+        let open = || Mutex::new(Connection::open_in_memory().expect("a connection"));
+        let connections = Arc::new(Connections {
+            writer: open(),
+            writer_busy: Default::default(),
+            readers: vec![open(), open()],
+            reader_freed: Default::default(),
+        });
+        // Both taken: the first is held to the end of the test.
+        let slow = connections.reader();
+        let quick = connections.reader();
+        let (got, gets) = mpsc::channel();
+        let waiting = {
+            let connections = connections.clone();
+            std::thread::spawn(move || {
+                for _ in 0..3 {
+                    let conn = connections.reader();
+                    let one: i64 = conn
+                        .query_row("SELECT 1", [], |r| r.get(0))
+                        .expect("a read");
+                    got.send(one).expect("the test waits");
+                }
+            })
+        };
+        assert!(
+            gets.recv_timeout(Duration::from_millis(200)).is_err(),
+            "no reader was free"
+        );
+        drop(quick);
+        for _ in 0..3 {
+            assert_eq!(gets.recv_timeout(Duration::from_secs(10)), Ok(1));
+        }
+        waiting.join().expect("the reads ended");
+        drop(slow);
+    }
 }

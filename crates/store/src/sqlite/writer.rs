@@ -237,7 +237,7 @@ mod tests {
             writer: Mutex::new(conn),
             writer_busy: Default::default(),
             readers: Vec::new(),
-            next_reader: Default::default(),
+            reader_freed: Default::default(),
         });
         (dir, path, connections)
     }
