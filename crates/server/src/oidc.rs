@@ -186,7 +186,9 @@ const ALGORITHMS: [Algorithm; 9] = [
 /// The identity provider of one server, with what it has read of it.
 pub struct Oidc {
     pub config: OidcConfig,
-    http: reqwest::Client,
+    /// The client for the provider's endpoints, or why none could be made (each login then
+    /// fails with it, rather than calling without the time bound).
+    http: Result<reqwest::Client, String>,
     metadata: Mutex<Option<(Metadata, Instant)>>,
     keys: Mutex<Option<(JwkSet, Instant)>>,
 }
@@ -197,13 +199,17 @@ impl Oidc {
             .timeout(CALL_TIMEOUT)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .unwrap_or_default();
+            .map_err(|e| format!("no HTTP client for the identity provider: {e}"));
         Oidc {
             config,
             http,
             metadata: Mutex::new(None),
             keys: Mutex::new(None),
         }
+    }
+
+    fn http(&self) -> Result<&reqwest::Client, OidcError> {
+        self.http.as_ref().map_err(|e| OidcError::Provider(e.clone()))
     }
 
     /// Where to send a person to log in for `flow`.
@@ -248,7 +254,7 @@ impl Oidc {
         let encode =
             |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
         let response = self
-            .http
+            .http()?
             .post(&metadata.token_endpoint)
             .basic_auth(
                 encode(&self.config.client_id),
@@ -405,7 +411,7 @@ impl Oidc {
         subject: &str,
     ) -> Result<Vec<String>, OidcError> {
         let response = self
-            .http
+            .http()?
             .get(endpoint)
             .bearer_auth(access_token)
             .send()
@@ -464,7 +470,7 @@ impl Oidc {
         what: &str,
     ) -> Result<T, OidcError> {
         let response = self
-            .http
+            .http()?
             .get(url)
             .send()
             .await
