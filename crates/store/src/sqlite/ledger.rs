@@ -1149,9 +1149,9 @@ mod tests {
         assert!(plan.contains("INDEX runs_pinned"), "{plan}");
     }
 
-    /// The duties that walk the active runs every second in pages by id (the blackout stops,
-    /// the queue's reconciliation) go through a partial index of the active runs: a walk of
-    /// the ledger's key in id order reads every ended run before the first active one.
+    /// The duties that walk the active runs in pages by id (the blackout stops every second,
+    /// the queue's reconciliation every 15 s) go through a partial index of the active runs: a
+    /// walk of the ledger's key in id order reads every ended run before the first active one.
     #[test]
     fn paged_walks_of_active_runs_never_walk_the_ledger() {
         let mut conn = rusqlite::Connection::open_in_memory().unwrap();
