@@ -209,7 +209,9 @@ impl Oidc {
     }
 
     fn http(&self) -> Result<&reqwest::Client, OidcError> {
-        self.http.as_ref().map_err(|e| OidcError::Provider(e.clone()))
+        self.http
+            .as_ref()
+            .map_err(|e| OidcError::Provider(e.clone()))
     }
 
     /// Where to send a person to log in for `flow`.
