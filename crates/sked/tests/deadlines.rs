@@ -92,18 +92,22 @@ async fn an_overrun_is_marked_told_once_and_counted_and_a_run_on_time_is_not() {
     assert_eq!(running["state"], "running", "{running}");
     let ended = sked.wait_finished(late, Duration::from_secs(30)).await;
     assert_eq!(ended["state"], "succeeded", "{ended}");
-    // Once ended, the amounts are final: it ended about 2 s after its finish_by.
+    // Once ended, the amounts become final: finish_by is missed by exactly how long after
+    // it the run ended. (The amount marked while it ran is already over a second, so the
+    // wait is for the exact figure, which the deadline duty's next pass writes.)
+    let final_amount = |r: &Value| {
+        let finish_by = instant(&r["deadline"]["finish_by"]);
+        (instant(&r["finished_at"]) - finish_by).num_milliseconds()
+    };
     let ended = wait_for(&sked, late, "the final amounts", |r| {
-        r["deadline_missed"][0]["by_ms"].as_u64().unwrap_or(0) >= 1500
+        r["deadline_missed"][0]["by_ms"].as_i64() == Some(final_amount(r))
     })
     .await;
     assert_eq!(kinds(&ended), ["finish_by", "max_duration"], "{ended}");
-    let finished = instant(&ended["finished_at"]);
-    let finish_by = instant(&ended["deadline"]["finish_by"]);
-    let by = ended["deadline_missed"][0]["by_ms"]
-        .as_i64()
-        .unwrap_or_default();
-    assert_eq!(by, (finished - finish_by).num_milliseconds(), "{ended}");
+    assert!(
+        final_amount(&ended) >= 1500,
+        "it ended about 2 s late: {ended}"
+    );
 
     let delivered = receiver.delivered(1, Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
