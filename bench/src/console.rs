@@ -250,11 +250,14 @@ async fn register_worker(store: &dyn Store) -> Result<()> {
     Ok(())
 }
 
-/// Whether the run of the `n`th instant written (from 0) fails: one in ten, by the instant
-/// rather than by the run's id, since a store hands out ids in an order of its own.
-/// [`crate::console_pg`] applies the same rule in SQL.
+/// One run in this many fails: the last instant of every such stretch.
+pub const FAIL_EVERY: usize = 10;
+
+/// Whether the run of the `n`th instant written (from 0) fails: by the instant rather than by
+/// the run's id, since a store hands out ids in an order of its own. [`crate::console_pg`]
+/// applies the same rule in SQL, with [`FAIL_EVERY`] as a parameter.
 fn fails(n: usize) -> bool {
-    n % 10 == 9
+    n % FAIL_EVERY == FAIL_EVERY - 1
 }
 
 /// `runs` runs over the jobs, round robin, instants a second apart from `first`: fired,

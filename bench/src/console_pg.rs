@@ -9,7 +9,7 @@
 //! are written here in the same shape, with
 //! `INSERT … SELECT … FROM generate_series`, [`CHUNK`] runs a statement: round robin over
 //! the jobs, an instant a second apart, each fired, started and ended at the statement's
-//! clock, the run of every tenth instant failed with exit code 1 — what
+//! clock, the run of every tenth instant failed with exit code 1 (`console::FAIL_EVERY`) — what
 //! `console::write_runs` writes through the store. The ids come from the store's own
 //! sequences, runs' and attempts' alike in the instants' order.
 //!
@@ -52,9 +52,9 @@ pub async fn write_runs(
                      priority, ready_at, created_at, started_at, finished_at, attempts, \
                      failures, error, job_version, shard, shard_count) \
                  SELECT r.id, s.id, s.namespace, s.name, $4 + r.n * 1000000, $6, \
-                     CASE WHEN r.n % 10 = 9 THEN $8 ELSE $7 END, s.priority, \
-                     $4 + r.n * 1000000, $5, $5, $5, 1, (r.n % 10 = 9)::int, \
-                     CASE WHEN r.n % 10 = 9 THEN 'exited with code 1' END, s.version, 0, 1 \
+                     CASE WHEN r.n % $13 = $13 - 1 THEN $8 ELSE $7 END, s.priority, \
+                     $4 + r.n * 1000000, $5, $5, $5, 1, (r.n % $13 = $13 - 1)::int, \
+                     CASE WHEN r.n % $13 = $13 - 1 THEN 'exited with code 1' END, s.version, 0, 1 \
                  FROM numbered r JOIN slots s ON s.slot = r.n % $9 \
                  RETURNING id, scheduled_for, error) \
              INSERT INTO attempts (id, run_id, number, worker_id, token, state, started_at, \
@@ -68,6 +68,7 @@ pub async fn write_runs(
         .context("prepare the runs' statement")?;
     let first = first.timestamp_micros();
     let jobs = i64::try_from(ids.len())?;
+    let fail_every = i64::try_from(crate::console::FAIL_EVERY)?;
     let mut written = 0;
     while written < runs {
         let count = CHUNK.min(runs - written);
@@ -91,6 +92,7 @@ pub async fn write_runs(
                     &worker,
                     &AttemptState::Succeeded.as_str(),
                     &AttemptState::Failed.as_str(),
+                    &fail_every,
                 ],
             )
             .await
