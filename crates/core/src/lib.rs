@@ -68,6 +68,7 @@ pub mod shard;
 pub mod stats;
 pub mod target;
 pub mod throttle;
+pub mod trace;
 pub mod web;
 
 pub use duration::HumanDuration;

@@ -125,6 +125,7 @@ macro_rules! store_contract_tests {
             a_job_that_asks_is_named_in_its_completions,
             jobs_filter_by_a_routing_label,
             the_grid_reads_each_jobs_newest_runs_in_its_window,
+            ended_runs_are_walked_in_the_order_they_ended,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -6383,4 +6384,83 @@ pub async fn the_grid_reads_each_jobs_newest_runs_in_its_window(store: &dyn Stor
         ..query
     };
     assert!(store.grid_runs(&none).await.unwrap().is_empty());
+}
+
+// --- tracing reads -------------------------------------------------------------------------
+
+/// The exporter's walk: runs that ended in a window, by `(finished_at, id)` from a cursor, a
+/// page at a time, open runs never among them; and the attempts of the runs it names.
+pub async fn ended_runs_are_walked_in_the_order_they_ended(store: &dyn Store) {
+    worker(store, "w", t0()).await;
+    let allow = serde_json::json!({"overlap": "allow"});
+    let a = put(store, "a", every_second(allow)).await;
+    let mut runs = Vec::new();
+    for n in 1..=4 {
+        runs.push(fire_one(store, fire(a.id, t0() + secs(n))).await.run_id);
+    }
+    // Runs 3 and 1 end at +10 (one instant: read in id order), run 2 at +11 after a failed
+    // attempt and a retry; run 4 stays open.
+    let first = start(store, runs[2], "w", 1, t0() + secs(9)).await;
+    complete(
+        store,
+        report(first, 1, AttemptOutcome::Succeeded),
+        t0() + secs(10),
+    )
+    .await;
+    let second = start(store, runs[0], "w", 2, t0() + secs(9)).await;
+    complete(
+        store,
+        report(second, 2, AttemptOutcome::Succeeded),
+        t0() + secs(10),
+    )
+    .await;
+    store
+        .cancel_run(runs[1], t0() + secs(11), Audit::none())
+        .await
+        .unwrap();
+    start(store, runs[3], "w", 3, t0() + secs(9)).await;
+
+    let from_start = EndedCursor {
+        finished_at: t0(),
+        run_id: 0,
+    };
+    let all = store
+        .ended_runs(from_start, t0() + secs(60), 100)
+        .await
+        .unwrap();
+    let order: Vec<i64> = all.iter().map(|r| r.id).collect();
+    assert_eq!(order, [runs[0], runs[2], runs[1]]);
+    // A page of one, then on from its last run: the same walk.
+    let mut walked = Vec::new();
+    let mut cursor = from_start;
+    loop {
+        let page = store.ended_runs(cursor, t0() + secs(60), 1).await.unwrap();
+        let Some(last) = page.last() else { break };
+        cursor = EndedCursor {
+            finished_at: last.finished_at.unwrap(),
+            run_id: last.id,
+        };
+        walked.extend(page.iter().map(|r| r.id));
+    }
+    assert_eq!(walked, order);
+    // `until` is excluded.
+    let before = store
+        .ended_runs(from_start, t0() + secs(11), 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        before.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [runs[0], runs[2]]
+    );
+
+    let attempts = store
+        .attempts_of(&[runs[2], runs[0], runs[1]])
+        .await
+        .unwrap();
+    let mut seen: Vec<(i64, u32)> = attempts.iter().map(|a| (a.run_id, a.number)).collect();
+    seen.sort();
+    let mut expected = vec![(runs[0], 1), (runs[2], 1)];
+    expected.sort();
+    assert_eq!(seen, expected);
+    assert!(store.attempts_of(&[]).await.unwrap().is_empty());
 }

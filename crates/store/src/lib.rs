@@ -19,6 +19,7 @@ pub mod grid;
 pub mod postgres;
 pub mod shared;
 pub mod sqlite;
+pub mod traces;
 pub mod transfer;
 
 use async_trait::async_trait;
@@ -45,6 +46,7 @@ pub use graph::{GraphStore, MAX_NAMESPACE_EDGES};
 pub use grid::{GridQuery, GridRun, GridStore};
 pub use postgres::PgStore;
 pub use sqlite::{CheckReport, SqliteStore};
+pub use traces::{EndedCursor, TraceStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -859,7 +861,15 @@ impl BacklogSlot {
 
 #[async_trait]
 pub trait Store:
-    CalendarStore + DeadlineStore + FlowStore + GraphStore + GridStore + Send + Sync + 'static
+    CalendarStore
+    + DeadlineStore
+    + FlowStore
+    + GraphStore
+    + GridStore
+    + TraceStore
+    + Send
+    + Sync
+    + 'static
 {
     /// From now on, runs the store starts by itself are admitted against `source`'s queue.
     fn admit_through(&self, source: std::sync::Arc<dyn BacklogSource>);

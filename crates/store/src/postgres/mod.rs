@@ -318,6 +318,7 @@ mod calendars;
 mod deadlines;
 mod flow;
 mod grid;
+mod traces;
 
 #[async_trait::async_trait]
 impl crate::GraphStore for PgStore {

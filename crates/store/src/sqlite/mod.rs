@@ -34,6 +34,7 @@ mod rows;
 mod schema;
 mod sealed;
 mod tokens;
+mod traces;
 mod triggers;
 mod workers;
 mod writer;
