@@ -6,7 +6,8 @@
 //! `SKED_TEST_AMQP_URL`, `SKED_TEST_NATS_URL` and `SKED_TEST_REDIS_URL` set, the web console
 //! in a real Chromium with `SKED_TEST_CHROMEDRIVER` (the `chromedriver` to start), container
 //! targets with `SKED_TEST_PODMAN` (the `podman` to run them with), the Celery target with the
-//! brokers and `SKED_TEST_PYTHON` (a Python 3 to make Celery's venv with), PostgreSQL failing
+//! brokers and `SKED_TEST_PYTHON` (a Python 3 to make Celery's venv with; alone, it runs the
+//! tests whose peer is a Python program, such as the OTLP receiver), PostgreSQL failing
 //! over with `SKED_TEST_DATABASE_URL` set and pg_auto_failover's `/usr/bin/pg_autoctl`
 //! installed (the tests start formations of their own; the file is watched when it is there,
 //! so its removal is noticed, and an install is noticed at the next change of the variables);
@@ -29,6 +30,7 @@ pub fn main() {
     println!("cargo::rustc-check-cfg=cfg(sked_container_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_celery_tests)");
     println!("cargo::rustc-check-cfg=cfg(sked_failover_tests)");
+    println!("cargo::rustc-check-cfg=cfg(sked_python_tests)");
     println!("cargo::rerun-if-env-changed=CI");
     let ci = std::env::var_os("CI").is_some();
     let pg = set("SKED_TEST_DATABASE_URL");
@@ -63,7 +65,11 @@ pub fn main() {
     if all_brokers || ci {
         println!("cargo::rustc-cfg=sked_broker_tests");
     }
-    if (all_brokers && set("SKED_TEST_PYTHON")) || ci {
+    let python = set("SKED_TEST_PYTHON");
+    if python || ci {
+        println!("cargo::rustc-cfg=sked_python_tests");
+    }
+    if (all_brokers && python) || ci {
         println!("cargo::rustc-cfg=sked_celery_tests");
     }
     if set("SKED_TEST_CHROMEDRIVER") || ci {

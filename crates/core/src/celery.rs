@@ -542,6 +542,7 @@ mod tests {
             completion: None,
             event: None,
             shard: None,
+            traceparent: None,
         }
     }
 

@@ -34,6 +34,11 @@ pub const ENV_SHARDS: &str = "SKED_SHARDS";
 pub const ENV_EVENT_KEY: &str = "SKED_EVENT_KEY";
 pub const ENV_EVENT_ID: &str = "SKED_EVENT_ID";
 pub const ENV_EVENT_PAYLOAD: &str = "SKED_EVENT_PAYLOAD";
+/// The W3C trace context of the attempt (`crate::trace`), when the server exports traces: a
+/// process's own spans name it as their parent. HTTP targets and broker messages get it as the
+/// `traceparent` header.
+pub const ENV_TRACEPARENT: &str = "TRACEPARENT";
+pub const HEADER_TRACEPARENT: &str = "traceparent";
 /// ...and headers for HTTP targets.
 pub const HEADER_RUN_ID: &str = "X-Sked-Run-Id";
 pub const HEADER_ATTEMPT: &str = "X-Sked-Attempt";
@@ -212,6 +217,10 @@ pub struct LeasedAttempt {
     /// `SKED_PARAM_<NAME>` (`crate::flow::trigger::param_env_name`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub params: BTreeMap<String, String>,
+    /// The attempt's W3C `traceparent` (`crate::trace`), when the server exports traces: the
+    /// target's spans are the attempt span's children.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl LeasedAttempt {
@@ -226,6 +235,7 @@ impl LeasedAttempt {
             completion: self.completion.as_ref(),
             event: self.event.as_ref(),
             shard: self.shard,
+            traceparent: self.traceparent.as_deref(),
         }
     }
 

@@ -137,6 +137,8 @@ pub struct RunContext<'a> {
     pub event: Option<&'a RunEvent>,
     /// For a run of a sharded job: its place among the instant's shards.
     pub shard: Option<crate::shard::Shard>,
+    /// The attempt's W3C `traceparent`, when the server exports traces.
+    pub traceparent: Option<&'a str>,
 }
 
 impl RunContext<'_> {
@@ -163,7 +165,7 @@ impl RunContext<'_> {
 
     /// The envelope's headers (Redis: fields), in a fixed order; then the shard, for a run of
     /// a sharded job; then the event's key and id,
-    /// for a run an event started; the completion address last, for a run that awaits
+    /// for a run an event started; the W3C `traceparent` when traces are exported; the completion address last, for a run that awaits
     /// completion.
     pub fn envelope(&self) -> Vec<(&'static str, String)> {
         let mut envelope = vec![
@@ -181,6 +183,9 @@ impl RunContext<'_> {
         if let Some(event) = self.event {
             envelope.push((HEADER_EVENT_KEY, event.key.clone()));
             envelope.push((HEADER_EVENT_ID, event.id.clone()));
+        }
+        if let Some(traceparent) = self.traceparent {
+            envelope.push((crate::protocol::HEADER_TRACEPARENT, traceparent.to_string()));
         }
         if let Some(completion) = &self.completion {
             envelope.push((HEADER_COMPLETE_URL, completion.url.to_string()));
@@ -601,6 +606,7 @@ mod tests {
             completion: None,
             event: None,
             shard: None,
+            traceparent: None,
         }
     }
 
@@ -688,6 +694,7 @@ mod tests {
     fn each_shard_of_an_instant_has_its_own_key_and_says_which_it_is() {
         let shard = |index| RunContext {
             shard: Some(crate::shard::Shard { index, count: 3 }),
+            traceparent: None,
             ..run()
         };
         assert_eq!(

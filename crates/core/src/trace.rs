@@ -249,8 +249,10 @@ pub struct Sampling {
 pub enum Kept {
     /// Its trace id fell in the sampled share.
     Ratio,
-    /// It ended failed, timed out or lost its last attempt.
+    /// It ended failed or timed out.
     Failed,
+    /// It took more than one attempt: one failed, timed out or was lost with its worker.
+    Retried,
     /// It started (or ended unstarted) later than `late_after` after its instant.
     Late,
     /// It missed a deadline or was at risk of missing its `finish_by`.
@@ -262,6 +264,7 @@ impl Kept {
         match self {
             Kept::Ratio => "ratio",
             Kept::Failed => "failed",
+            Kept::Retried => "retried",
             Kept::Late => "late",
             Kept::Deadline => "deadline",
         }
@@ -285,23 +288,14 @@ impl Sampling {
         (u64::from_be_bytes(low) >> 1) < bound
     }
 
-    /// Whether an ended run's trace is kept, and why; the tail rule first, so a kept failure
-    /// says it failed.
-    pub fn keep(
-        &self,
-        trace: &RunTrace,
-        run: &RunRecord,
-        attempts: &[AttemptRecord],
-    ) -> Option<Kept> {
-        let failed = matches!(run.state, RunState::Failed | RunState::TimedOut)
-            || attempts.iter().any(|a| {
-                matches!(
-                    a.state,
-                    AttemptState::Failed | AttemptState::TimedOut | AttemptState::Lost
-                )
-            });
-        if failed {
+    /// Whether an ended run's trace is kept, and why, from the run alone (its attempts are
+    /// read only for the runs kept); the tail rule first, so a kept failure says it failed.
+    pub fn keep(&self, trace: &RunTrace, run: &RunRecord) -> Option<Kept> {
+        if matches!(run.state, RunState::Failed | RunState::TimedOut) {
             return Some(Kept::Failed);
+        }
+        if run.attempts > 1 || run.failures > 0 {
+            return Some(Kept::Retried);
         }
         if !run.deadline_missed.is_empty() || run.at_risk.is_some() {
             return Some(Kept::Deadline);
@@ -679,34 +673,22 @@ mod tests {
         let none = sampling(0.0);
         let trace = RunTrace::of(&TraceKey::UNKEYED, 5, None);
         let on_time = run(RunState::Succeeded, "2026-11-30T00:00:00.010Z");
-        let ok = [attempt(
-            1,
-            AttemptState::Succeeded,
-            "2026-11-30T00:00:00.010Z",
-            "2026-11-30T00:00:05Z",
-        )];
-        assert_eq!(none.keep(&trace, &on_time, &ok), None);
-        assert_eq!(sampling(1.0).keep(&trace, &on_time, &ok), Some(Kept::Ratio));
+        assert_eq!(none.keep(&trace, &on_time), None);
+        assert_eq!(sampling(1.0).keep(&trace, &on_time), Some(Kept::Ratio));
         let late = run(RunState::Succeeded, "2026-11-30T00:00:02Z");
-        assert_eq!(none.keep(&trace, &late, &ok), Some(Kept::Late));
+        assert_eq!(none.keep(&trace, &late), Some(Kept::Late));
         let failed = run(RunState::Failed, "2026-11-30T00:00:00.010Z");
-        assert_eq!(none.keep(&trace, &failed, &ok), Some(Kept::Failed));
-        // A retried failure that succeeded in the end is still a failure worth seeing.
-        let retried = [
-            attempt(
-                1,
-                AttemptState::Failed,
-                "2026-11-30T00:00:00.010Z",
-                "2026-11-30T00:00:01Z",
-            ),
-            attempt(
-                2,
-                AttemptState::Succeeded,
-                "2026-11-30T00:00:02Z",
-                "2026-11-30T00:00:05Z",
-            ),
-        ];
-        assert_eq!(none.keep(&trace, &on_time, &retried), Some(Kept::Failed));
+        assert_eq!(none.keep(&trace, &failed), Some(Kept::Failed));
+        // A run that succeeded on its second attempt (the first failed or was lost) is kept.
+        let mut retried = on_time.clone();
+        retried.attempts = 2;
+        assert_eq!(none.keep(&trace, &retried), Some(Kept::Retried));
+        let mut missed = on_time;
+        missed.deadline_missed = vec![crate::deadline::Miss {
+            kind: crate::deadline::DeadlineKind::FinishBy,
+            by_ms: 10,
+        }];
+        assert_eq!(none.keep(&trace, &missed), Some(Kept::Deadline));
     }
 
     #[test]

@@ -80,6 +80,9 @@ pub struct ServerConfig {
     /// Told `true` once, when the node first becomes ready (its first schedules loaded, as
     /// `/readyz` first answers 200): what a service manager's readiness notice waits for.
     pub on_ready: Option<tokio::sync::watch::Sender<bool>>,
+    /// Traces of runs exported over OTLP; `None` (the default) exports nothing and hands
+    /// attempts no trace context.
+    pub traces: Option<crate::traces::TraceSettings>,
 }
 
 /// An SMTP relay (`--smtp-url`, `--smtp-from`). The URL may hold credentials, so it is never
@@ -132,6 +135,7 @@ impl Default for ServerConfig {
             smtp: None,
             oidc: None,
             on_ready: None,
+            traces: None,
         }
     }
 }

@@ -31,6 +31,7 @@ pub mod publish;
 pub mod rate;
 pub mod schedule_rules;
 pub mod secrets;
+pub mod traces;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -91,6 +92,9 @@ pub struct AppState {
     pub pings: Option<Arc<rate::RequestRate>>,
     /// Worker registrations each token may make.
     pub registrations: Option<Arc<rate::RequestRate>>,
+    /// How runs' traces are named and sampled, when the server exports traces
+    /// (`config.traces`): every node hands attempts their trace context through it.
+    pub run_traces: Option<traces::RunTracing>,
 }
 
 impl AppState {
@@ -223,6 +227,13 @@ pub async fn serve(
         completion_refusals: Arc::new(rate::Refusals::new(rate::REFUSALS_PER_SECOND)),
         pings: rate::RequestRate::new(rate::PINGS_PER_JOB).map(Arc::new),
         registrations: rate::RequestRate::new(rate::REGISTRATIONS_PER_TOKEN).map(Arc::new),
+        run_traces: config.traces.as_ref().map(|settings| traces::RunTracing {
+            key: config
+                .secret_key
+                .as_ref()
+                .map_or(sked_core::trace::TraceKey::UNKEYED, |key| key.trace_key()),
+            sampling: settings.sampling,
+        }),
     };
 
     if let Some(on_ready) = config.on_ready.clone() {
@@ -300,6 +311,9 @@ pub async fn serve(
         "blackout stops",
         maintenance::blackout_stops::run(state.clone(), stop_rx.clone()),
     ));
+    if state.run_traces.is_some() {
+        duties.spawn(duty("traces", traces::run(state.clone(), stop_rx.clone())));
+    }
     duties.spawn(duty(
         "notifier",
         notify::run(state.clone(), stop_rx.clone()),

@@ -77,6 +77,12 @@ struct FlowKeyLabels {
 pub const FLOW_KEYS_SHOWN: usize = 20;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KeptLabel {
+    /// Why a run's trace was exported: `ratio`, `failed`, `retried`, `late` or `deadline`.
+    kept: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeadlineLabels {
     namespace: String,
     /// `start_by`, `finish_by` or `max_duration`.
@@ -160,6 +166,9 @@ pub struct Metrics {
     runs: Family<RunLabels, Counter>,
     deadline_misses: Family<DeadlineLabels, Counter>,
     runs_at_risk: Family<NamespaceLabel, Counter>,
+    traces_kept: Family<KeptLabel, Counter>,
+    spans_exported: Counter,
+    spans_dropped: Counter,
     flow_holds: Family<FlowHoldLabels, Counter>,
     flow_key_waiting: Family<FlowKeyLabels, Gauge>,
     queue_by_priority: Family<PriorityLabel, Gauge>,
@@ -290,6 +299,24 @@ impl Metrics {
             "Runs called at risk of missing their finish_by before they did, by namespace",
             runs_at_risk.clone(),
         );
+        let traces_kept = Family::default();
+        registry.register(
+            "sked_traces_kept",
+            "Ended runs whose trace was exported, by why (ratio, failed, retried, late, deadline)",
+            traces_kept.clone(),
+        );
+        let spans_exported = Counter::default();
+        registry.register(
+            "sked_spans_exported",
+            "Spans of runs the OTLP collector accepted",
+            spans_exported.clone(),
+        );
+        let spans_dropped = Counter::default();
+        registry.register(
+            "sked_spans_dropped",
+            "Spans of runs not exported because the OTLP collector could not be reached or refused them",
+            spans_dropped.clone(),
+        );
         let flow_holds = Family::default();
         registry.register(
             "sked_flow_holds",
@@ -376,6 +403,9 @@ impl Metrics {
             runs,
             deadline_misses,
             runs_at_risk,
+            traces_kept,
+            spans_exported,
+            spans_dropped,
             flow_holds,
             flow_key_waiting,
             queue_by_priority,
@@ -474,6 +504,22 @@ impl Metrics {
             kind: kind.as_str(),
         };
         self.deadline_misses.get_or_create(&labels).inc();
+    }
+
+    /// A run's trace was exported, for this reason.
+    pub fn trace_kept(&self, kept: sked_core::trace::Kept) {
+        let labels = KeptLabel {
+            kept: kept.as_str(),
+        };
+        self.traces_kept.get_or_create(&labels).inc();
+    }
+
+    pub fn spans_exported(&self, count: u64) {
+        self.spans_exported.inc_by(count);
+    }
+
+    pub fn spans_dropped(&self, count: u64) {
+        self.spans_dropped.inc_by(count);
     }
 
     /// A key held a start back.

@@ -500,6 +500,47 @@ pub struct ServerArgs {
     /// protocol is not counted); past it the answer is 429 with Retry-After. 0 turns it off.
     #[arg(long, env = "SKED_RATE_LIMIT", default_value_t = 100)]
     pub rate_limit: u32,
+    /// Export the traces of runs to this OpenTelemetry collector: its base URL, e.g.
+    /// `http://127.0.0.1:4318` (HTTP, `/v1/traces` is added) or `http://127.0.0.1:4317` with
+    /// `--otlp-protocol grpc`. Off when not given: no trace context reaches targets and
+    /// nothing is exported (docs/OPERATIONS.md, "Tracing").
+    #[arg(long, env = "SKED_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<url::Url>,
+    /// `http` (protobuf over HTTP) or `grpc`.
+    #[arg(
+        long,
+        env = "SKED_OTLP_PROTOCOL",
+        default_value = "http",
+        value_name = "PROTOCOL"
+    )]
+    pub otlp_protocol: String,
+    /// A header sent with every export, `NAME=VALUE` (an API key, a tenant). Repeatable, or
+    /// comma-separated; the values are never printed.
+    #[arg(
+        long = "otlp-header",
+        env = "SKED_OTLP_HEADERS",
+        value_delimiter = ',',
+        value_name = "NAME=VALUE",
+        hide_env_values = true
+    )]
+    pub otlp_headers: Vec<String>,
+    /// The longest one export may take.
+    #[arg(long, env = "SKED_OTLP_TIMEOUT", default_value = "10s")]
+    pub otlp_timeout: HumanDuration,
+    /// The share of runs whose traces are exported, from 0 to 1, decided on the trace id so
+    /// that targets with the same ratio agree. Failed, retried, late and deadline-missing
+    /// runs are exported whatever the ratio.
+    #[arg(
+        long,
+        env = "SKED_TRACE_RATIO",
+        default_value_t = 1.0,
+        value_name = "RATIO"
+    )]
+    pub trace_ratio: f64,
+    /// A run that starts this long after its instant is late, and its trace is exported
+    /// whatever the ratio.
+    #[arg(long, env = "SKED_TRACE_LATE_AFTER", default_value = "1s")]
+    pub trace_late_after: HumanDuration,
     /// Audit entries older than this are deleted ("0s" keeps them forever).
     #[arg(long, env = "SKED_AUDIT_RETENTION", default_value = "365days")]
     pub audit_retention: HumanDuration,

@@ -15,6 +15,7 @@ use sked_server::config::SmtpRelay;
 use sked_server::http::{anonymous_share, ConnectionLimits, Tls};
 use sked_server::rate::RateLimit;
 use sked_server::secrets::SecretKey;
+use sked_server::traces::{OtlpProtocol, TraceSettings};
 use sked_server::ServerConfig;
 use sked_store::{PgStore, SqliteStore, Store};
 use std::collections::BTreeMap;
@@ -473,8 +474,60 @@ fn server_config(args: &ServerArgs, dev: bool) -> Result<ServerConfig> {
             None => sked_core::dispatch::OverloadControl::default(),
         },
         oidc: oidc_config(args)?,
+        traces: trace_settings(args)?,
         ..ServerConfig::default()
     })
+}
+
+/// Where and how traces are exported, when `--otlp-endpoint` names a collector.
+fn trace_settings(args: &ServerArgs) -> Result<Option<TraceSettings>> {
+    let Some(endpoint) = &args.otlp_endpoint else {
+        return Ok(None);
+    };
+    if !matches!(endpoint.scheme(), "http" | "https") || endpoint.host().is_none() {
+        bail!("--otlp-endpoint must be an http:// or https:// URL with a host, not {endpoint}");
+    }
+    let Some(protocol) = OtlpProtocol::parse(&args.otlp_protocol) else {
+        bail!(
+            "--otlp-protocol must be http or grpc, not {:?}",
+            args.otlp_protocol
+        );
+    };
+    if !(0.0..=1.0).contains(&args.trace_ratio) {
+        bail!(
+            "--trace-ratio must be from 0 to 1, not {}",
+            args.trace_ratio
+        );
+    }
+    if args.otlp_headers.len() > 32 {
+        bail!("--otlp-header may be given at most 32 times");
+    }
+    let mut headers = Vec::new();
+    for header in &args.otlp_headers {
+        // The value is never part of a message: it may be a credential.
+        let Some((name, value)) = header.split_once('=') else {
+            bail!(
+                "--otlp-header must be NAME=VALUE (the one without = is left out of this message)"
+            );
+        };
+        let name = name.trim();
+        if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err()
+            || reqwest::header::HeaderValue::from_str(value).is_err()
+        {
+            bail!("--otlp-header {name:?} is not a valid header name, or its value not a valid header value");
+        }
+        headers.push((name.to_string(), value.to_string()));
+    }
+    Ok(Some(TraceSettings {
+        endpoint: endpoint.as_str().trim_end_matches('/').to_string(),
+        protocol,
+        headers,
+        sampling: sked_core::trace::Sampling {
+            ratio: args.trace_ratio,
+            late_after: args.trace_late_after.0,
+        },
+        timeout: args.otlp_timeout.0,
+    }))
 }
 
 /// The identity provider of console logins, when `--oidc-issuer` names one.

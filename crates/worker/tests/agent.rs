@@ -296,6 +296,7 @@ fn shell_attempt(attempt_id: i64, command: &str, timeout_ms: Option<u64>) -> Lea
         shard: None,
         secret_headers: Vec::new(),
         params: Default::default(),
+        traceparent: None,
     }
 }
 

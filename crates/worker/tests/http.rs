@@ -51,6 +51,7 @@ async fn server() -> String {
                         "x-custom",
                         "x-sked-event-key",
                         "x-sked-event-id",
+                        "traceparent",
                         "content-type",
                     ] {
                         let value = headers
@@ -101,6 +102,7 @@ fn info() -> RunInfo {
         shard: None,
         secret_headers: Vec::new(),
         params: Default::default(),
+        traceparent: None,
     }
 }
 
@@ -221,7 +223,28 @@ async fn method_headers_and_body_are_sent() {
         text,
         "method=POST\nx-sked-run-id=42\nx-sked-attempt=2\n\
          x-sked-scheduled-for=2026-01-02T03:04:05Z\nx-sked-job=ping\nx-custom=yes\n\
-         x-sked-event-key=-\nx-sked-event-id=-\ncontent-type=-\nbody=payload"
+         x-sked-event-key=-\nx-sked-event-id=-\ntraceparent=-\ncontent-type=-\nbody=payload"
+    );
+}
+
+#[tokio::test]
+async fn a_traced_attempt_sends_its_trace_context_over_the_jobs_own() {
+    let base = server().await;
+    let mut t = target(format!("{base}/echo"));
+    t.headers.insert(
+        "traceparent".to_string(),
+        "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01".into(),
+    );
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    let traced = RunInfo {
+        traceparent: Some(traceparent.to_string()),
+        ..info()
+    };
+    let (result, text) = run_as(&open_client(), &t, &traced, &ExecOptions::default()).await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded);
+    assert!(
+        text.contains(&format!("\ntraceparent={traceparent}\n")),
+        "{text}"
     );
 }
 

@@ -24,6 +24,7 @@ fn info() -> RunInfo {
         shard: None,
         secret_headers: Vec::new(),
         params: Default::default(),
+        traceparent: None,
     }
 }
 
@@ -149,6 +150,22 @@ async fn a_triggered_run_sees_its_parameters() {
     let (result, text) = run_as(&target, &started, &options(None)).await;
     assert_eq!(result.outcome, AttemptOutcome::Succeeded);
     assert_eq!(text, "eu|42\n");
+}
+
+#[tokio::test]
+async fn a_traced_attempt_hands_its_trace_context_to_the_process() {
+    let target = sh("echo \"[$TRACEPARENT]\"");
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = RunInfo {
+        traceparent: Some(traceparent.to_string()),
+        ..info()
+    };
+    let (result, text) = run_as(&target, &traced, &options(None)).await;
+    assert_eq!(result.outcome, AttemptOutcome::Succeeded);
+    assert_eq!(text, format!("[{traceparent}]\n"));
+    // Without tracing the variable is not set at all.
+    let (_, text) = run(&sh("echo \"[${TRACEPARENT-unset}]\""), &options(None)).await;
+    assert_eq!(text, "[unset]\n");
 }
 
 #[tokio::test]

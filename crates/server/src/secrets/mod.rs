@@ -91,6 +91,10 @@ pub struct SecretKey {
     completion: [u8; 32],
     /// A key of its own for console sessions (`crate::console`).
     sessions: [u8; 32],
+    /// The key runs' trace ids are derived under (`crate::traces`): not secret in itself, but
+    /// one installation's, so two sked installations exporting to one collector do not
+    /// share trace ids.
+    traces: [u8; 32],
 }
 
 impl std::fmt::Debug for SecretKey {
@@ -122,11 +126,17 @@ impl SecretKey {
             .chain_update(&bytes)
             .finalize()
             .into();
+        let traces = Sha256::new()
+            .chain_update(b"sked trace ids v1\0")
+            .chain_update(&bytes)
+            .finalize()
+            .into();
         Ok(SecretKey {
             cipher: Arc::new(cipher),
             id,
             completion,
             sessions,
+            traces,
         })
     }
 
@@ -148,6 +158,11 @@ impl SecretKey {
     /// console login works on any of them.
     pub fn sessions_key(&self) -> [u8; 32] {
         self.sessions
+    }
+
+    /// The key runs' trace ids are derived under: every node with this secret key has it.
+    pub fn trace_key(&self) -> sked_core::trace::TraceKey {
+        sked_core::trace::TraceKey(self.traces)
     }
 
     /// Fails only past GCM's input limit, far above [`MAX_SECRET_LEN`]; never stores a value

@@ -566,6 +566,7 @@ mod tests {
             shard: None,
             secret_headers: Vec::new(),
             params: Default::default(),
+            traceparent: None,
         }
     }
 

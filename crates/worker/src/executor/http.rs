@@ -14,7 +14,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Request, Url};
 use sked_core::protocol::{
     HEADER_ATTEMPT, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_JOB, HEADER_RUN_ID,
-    HEADER_SCHEDULED_FOR, HEADER_SHARD, HEADER_SHARDS,
+    HEADER_SCHEDULED_FOR, HEADER_SHARD, HEADER_SHARDS, HEADER_TRACEPARENT,
 };
 use sked_core::publish::{HEADER_COMPLETE_TOKEN, HEADER_COMPLETE_URL};
 use sked_core::target::HttpTarget;
@@ -136,6 +136,9 @@ fn build(
     if let Some(event) = &info.event {
         ours.push((HEADER_EVENT_KEY, event.key.clone()));
         ours.push((HEADER_EVENT_ID, event.id.clone()));
+    }
+    if let Some(traceparent) = &info.traceparent {
+        ours.push((HEADER_TRACEPARENT, traceparent.clone()));
     }
     if let Some(completion) = info.completion.as_ref().filter(|_| target.callback) {
         ours.push((HEADER_COMPLETE_URL, completion.url.clone()));

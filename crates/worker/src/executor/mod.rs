@@ -44,6 +44,9 @@ pub struct RunInfo {
     /// The parameters a manual trigger gave the run: `SKED_PARAM_<NAME>` for shell; an HTTP
     /// target is sent none.
     pub params: std::collections::BTreeMap<String, String>,
+    /// The attempt's W3C trace context: `TRACEPARENT` for shell and containers, the
+    /// `traceparent` header for HTTP.
+    pub traceparent: Option<String>,
 }
 
 impl RunInfo {
@@ -59,6 +62,7 @@ impl RunInfo {
             shard: attempt.shard,
             params: attempt.params.clone(),
             secret_headers: attempt.secret_headers.clone(),
+            traceparent: attempt.traceparent.clone(),
         }
     }
 
@@ -67,7 +71,7 @@ impl RunInfo {
     pub fn env(&self) -> Vec<(String, String)> {
         use sked_core::protocol::{
             ENV_ATTEMPT, ENV_EVENT_ID, ENV_EVENT_KEY, ENV_EVENT_PAYLOAD, ENV_JOB, ENV_RUN_ID,
-            ENV_SCHEDULED_FOR, ENV_SHARD, ENV_SHARDS,
+            ENV_SCHEDULED_FOR, ENV_SHARD, ENV_SHARDS, ENV_TRACEPARENT,
         };
         let mut env = vec![
             (ENV_RUN_ID.to_string(), self.run_id.to_string()),
@@ -89,6 +93,9 @@ impl RunInfo {
             env.push((ENV_EVENT_KEY.to_string(), event.key.clone()));
             env.push((ENV_EVENT_ID.to_string(), event.id.clone()));
             env.push((ENV_EVENT_PAYLOAD.to_string(), event.payload_text()));
+        }
+        if let Some(traceparent) = &self.traceparent {
+            env.push((ENV_TRACEPARENT.to_string(), traceparent.clone()));
         }
         env
     }

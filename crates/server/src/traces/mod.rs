@@ -1,0 +1,212 @@
+//! Traces of runs, exported over OTLP when `--otlp-endpoint` is given (off otherwise, at no
+//! cost: no trace context is handed out and no duty runs).
+//!
+//! Every node hands each attempt it starts the W3C trace context of its run
+//! ([`RunTracing::traceparent`]), derived from the run and attempt ids under the key every
+//! node shares, so targets (processes, HTTP endpoints, broker consumers) make their spans
+//! children of the attempt's span without any node having recorded anything. The elected
+//! node's exporter ([`run`]) walks the runs that ended, a page at a time behind a settling
+//! delay (a run's end may commit a little after the instant it records), keeps those the
+//! sampling keeps (`sked_core::trace::Sampling`: a share by trace id, and every failed,
+//! retried, late or deadline-missing run), builds their spans from the ledger
+//! (`sked_core::trace::run_spans`) and sends them (`export.rs`). Spans that cannot be sent
+//! are counted and dropped: tracing never holds the ledger back.
+//!
+//! It reads the store through `TraceStore` only and changes nothing.
+
+pub mod export;
+
+use crate::AppState;
+use chrono::Utc;
+use sked_core::records::RunRecord;
+use sked_core::trace::{run_spans, Kept, RunTrace, Sampling, Span, TraceKey};
+use sked_store::EndedCursor;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How the server exports traces.
+#[derive(Clone)]
+pub struct TraceSettings {
+    /// The collector's base URL (`http://host:4318` for HTTP, `http://host:4317` for gRPC);
+    /// HTTP appends `/v1/traces`.
+    pub endpoint: String,
+    pub protocol: OtlpProtocol,
+    /// Sent with every export (an API key, a tenant id); values never printed.
+    pub headers: Vec<(String, String)>,
+    pub sampling: Sampling,
+    /// The longest one export may take.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for TraceSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("TraceSettings")
+            .field("endpoint", &self.endpoint)
+            .field("protocol", &self.protocol)
+            .field("headers", &names)
+            .field("sampling", &self.sampling)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// OTLP's transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// Protobuf over HTTP (`http/protobuf`), port 4318 by convention.
+    Http,
+    /// gRPC, port 4317 by convention.
+    Grpc,
+}
+
+impl OtlpProtocol {
+    pub fn parse(text: &str) -> Option<OtlpProtocol> {
+        match text {
+            "http" | "http/protobuf" => Some(OtlpProtocol::Http),
+            "grpc" => Some(OtlpProtocol::Grpc),
+            _ => None,
+        }
+    }
+}
+
+/// What every node needs to name a run's trace: the shared key and the sampling.
+#[derive(Debug, Clone, Copy)]
+pub struct RunTracing {
+    pub key: TraceKey,
+    pub sampling: Sampling,
+}
+
+impl RunTracing {
+    /// The `traceparent` an attempt's target is handed.
+    pub fn traceparent(&self, run_id: i64, attempt_id: i64) -> String {
+        RunTrace::of(&self.key, run_id, None)
+            .for_attempt(attempt_id, &self.sampling)
+            .to_string()
+    }
+
+    /// Whether `run` is told, and its spans if so.
+    pub fn judge(&self, run: &RunRecord) -> Option<(RunTrace, Kept)> {
+        let trace = RunTrace::of(&self.key, run.id, None);
+        self.sampling.keep(&trace, run).map(|kept| (trace, kept))
+    }
+}
+
+/// How often the exporter looks for ended runs.
+const INTERVAL: Duration = Duration::from_secs(1);
+/// A run is read this long after the end it records, so that ends committed a little after
+/// they were stamped are not walked past.
+const SETTLE: chrono::Duration = chrono::Duration::seconds(2);
+/// How far back the walk starts when this node starts exporting (at start, or on taking over
+/// the maintenance role): a few seconds of runs may be told twice after a handover.
+const LOOKBACK: chrono::Duration = chrono::Duration::seconds(10);
+/// Runs read per page.
+const PAGE: u32 = 1_000;
+
+/// Exports the spans of ended runs while this node holds the maintenance role.
+pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
+    let (Some(tracing), Some(settings)) = (state.run_traces, state.config.traces.clone()) else {
+        return;
+    };
+    let exporter = match export::Exporter::new(&settings, &state.node.id) {
+        Ok(exporter) => std::sync::Arc::new(exporter),
+        Err(e) => {
+            tracing::error!("traces: cannot export to {}: {e}", settings.endpoint);
+            return;
+        }
+    };
+    let walk = std::sync::Arc::new(Mutex::new(Walk::default()));
+    let elected = state.maintenance.clone();
+    super::maintenance::every(INTERVAL, INTERVAL, elected.clone(), shutdown, || {
+        let (state, exporter, walk) = (state.clone(), exporter.clone(), walk.clone());
+        async move {
+            let cursor = walk.lock().unwrap_or_else(|e| e.into_inner()).cursor;
+            let now = Utc::now();
+            let cursor = pass(&state, &tracing, &exporter, cursor, now).await;
+            walk.lock().unwrap_or_else(|e| e.into_inner()).cursor = cursor;
+        }
+    })
+    .await;
+    exporter.shutdown().await;
+}
+
+/// Where the walk of ended runs is; `None` until the first pass, which starts [`LOOKBACK`]
+/// back.
+#[derive(Default)]
+struct Walk {
+    cursor: Option<EndedCursor>,
+}
+
+/// One pass: every page of runs ended since `cursor` up to `now - SETTLE`, told; the cursor
+/// the walk is at after it. A page the store cannot read ends the pass where it is.
+async fn pass(
+    state: &AppState,
+    tracing: &RunTracing,
+    exporter: &export::Exporter,
+    cursor: Option<EndedCursor>,
+    now: sked_core::Instant,
+) -> Option<EndedCursor> {
+    let until = now - SETTLE;
+    let mut cursor = cursor.unwrap_or(EndedCursor {
+        finished_at: until - LOOKBACK,
+        run_id: 0,
+    });
+    loop {
+        let runs = match state.store.ended_runs(cursor, until, PAGE).await {
+            Ok(runs) => runs,
+            Err(e) => {
+                tracing::error!("traces: cannot read ended runs: {e}");
+                return Some(cursor);
+            }
+        };
+        let Some(last) = runs.last() else {
+            return Some(cursor);
+        };
+        let next = EndedCursor {
+            finished_at: last.finished_at.unwrap_or(cursor.finished_at),
+            run_id: last.id,
+        };
+        let full = runs.len() as u32 == PAGE;
+        let spans = match spans_of(state, tracing, runs).await {
+            Ok(spans) => spans,
+            Err(e) => {
+                tracing::error!("traces: cannot read the attempts of ended runs: {e}");
+                return Some(cursor);
+            }
+        };
+        exporter.send(spans, &state.metrics).await;
+        cursor = next;
+        if !full {
+            return Some(cursor);
+        }
+    }
+}
+
+/// The spans of the runs of a page that sampling keeps, counted by why they were kept.
+async fn spans_of(
+    state: &AppState,
+    tracing: &RunTracing,
+    runs: Vec<RunRecord>,
+) -> sked_store::Result<Vec<Span>> {
+    let kept: Vec<(RunRecord, RunTrace, Kept)> = runs
+        .into_iter()
+        .filter_map(|run| tracing.judge(&run).map(|(trace, kept)| (run, trace, kept)))
+        .collect();
+    if kept.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<i64> = kept.iter().map(|(run, _, _)| run.id).collect();
+    let mut attempts: HashMap<i64, Vec<_>> = HashMap::new();
+    for attempt in state.store.attempts_of(&ids).await? {
+        attempts.entry(attempt.run_id).or_default().push(attempt);
+    }
+    let mut spans = Vec::new();
+    for (run, trace, kept) in kept {
+        state.metrics.trace_kept(kept);
+        let of_run = attempts.remove(&run.id).unwrap_or_default();
+        spans.extend(run_spans(&trace, &run, &of_run, kept));
+    }
+    Ok(spans)
+}

@@ -1,0 +1,328 @@
+//! Traces of runs, black-box: a `sked dev` exporting to a real OTLP receiver
+//! (`tests/otlp/receiver.py`, which decodes with the official `opentelemetry-proto`
+//! definitions from PyPI, in a venv this test makes). A run's process is handed the
+//! `TRACEPARENT` of its attempt; the receiver gets the run's spans, rooted at its instant,
+//! with the attempt's span named by that very context; over gRPC the configured headers
+//! arrive, and with a ratio of 0 only the runs the tail rule keeps (here, a failure) are
+//! exported. Without `--otlp-endpoint` nothing of it happens.
+//!
+//! Needs `SKED_TEST_PYTHON` (a Python 3 with `venv`); without it the receiver's tests are
+//! reported as ignored (under CI they run, and fail loudly).
+
+mod common;
+
+use common::{shell, Sked};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const HERE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/otlp");
+
+/// The receiver, stopped when dropped.
+struct Receiver {
+    child: Child,
+    out: PathBuf,
+    http: u16,
+    grpc: u16,
+}
+
+impl Receiver {
+    fn start(dir: &Path) -> Receiver {
+        let venv = common::python::venv("otlp-venv", &Path::new(HERE).join("requirements.txt"));
+        let (http, grpc) = (common::free_port(), common::free_port());
+        let out = dir.join("spans.jsonl");
+        let mut child = Command::new(venv.join("bin/python"))
+            .arg(Path::new(HERE).join("receiver.py"))
+            .args([
+                "--http-port",
+                &http.to_string(),
+                "--grpc-port",
+                &grpc.to_string(),
+            ])
+            .arg("--out")
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("receiver.log")).expect("receiver log"))
+            .spawn()
+            .expect("the OTLP receiver");
+        let stdout = child.stdout.take().expect("the receiver's stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the receiver's first line");
+        assert!(
+            line.starts_with("ready"),
+            "the receiver did not start: {line:?}"
+        );
+        Receiver {
+            child,
+            out,
+            http,
+            grpc,
+        }
+    }
+
+    fn spans(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
+    }
+
+    /// The spans of trace `trace_id`, once `count` of them have arrived.
+    async fn wait_trace(&self, trace_id: &str, count: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let spans: Vec<Value> = self
+                .spans()
+                .into_iter()
+                .filter(|s| s["trace_id"] == trace_id)
+                .collect();
+            if spans.len() >= count {
+                return spans;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "trace {trace_id}: {} spans of {count} arrived: {spans:?}",
+                spans.len()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A job only triggered by hand.
+fn job(command: &str) -> Value {
+    json!({"schedule": {"every": "24h"}, "target": shell(command)})
+}
+
+/// `traceparent`'s parts: trace id, parent id, flags.
+fn parts(traceparent: &str) -> (String, String, String) {
+    let fields: Vec<&str> = traceparent.trim().split('-').collect();
+    assert_eq!(fields.len(), 4, "{traceparent:?}");
+    assert_eq!(fields[0], "00");
+    (fields[1].into(), fields[2].into(), fields[3].into())
+}
+
+fn by_name(spans: &[Value]) -> HashMap<String, Value> {
+    spans
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or_default().to_string(),
+                s.clone(),
+            )
+        })
+        .collect()
+}
+
+#[cfg_attr(not(sked_python_tests), ignore = "needs SKED_TEST_PYTHON")]
+#[tokio::test]
+async fn a_runs_spans_reach_the_collector_with_the_attempt_its_process_was_handed() {
+    let mut sked = Sked::new();
+    let receiver = Receiver::start(sked.dir.path());
+    let endpoint = format!("http://127.0.0.1:{}", receiver.http);
+    sked.start_dev(&["--otlp-endpoint", &endpoint]).await;
+    assert_eq!(
+        sked.put_job("traced", job("echo \"$TRACEPARENT\"")).await.0,
+        201
+    );
+    let id = sked.trigger("traced").await;
+    let run = sked.wait_finished(id, Duration::from_secs(20)).await;
+    assert_eq!(run["state"], "succeeded", "{run}");
+    let (trace_id, attempt_span, flags) = parts(&sked.run_log(id).await);
+    assert_eq!(flags, "01", "a ratio of 1 samples every trace");
+
+    let spans = receiver.wait_trace(&trace_id, 4).await;
+    let named = by_name(&spans);
+    let root = &named["run default/traced"];
+    assert_eq!(root["parent_span_id"], "", "{root}");
+    assert_eq!(root["attributes"]["sked.run.id"], id);
+    assert_eq!(root["attributes"]["sked.run.state"], "succeeded");
+    assert_eq!(root["attributes"]["sked.trace.kept"], "ratio");
+    assert_eq!(root["resource"]["service.name"], "sked");
+    assert_eq!(root["protocol"], "http");
+    for child in ["record-fire", "queued", "attempt 1"] {
+        assert_eq!(
+            named[child]["parent_span_id"], root["span_id"],
+            "{child}: {spans:?}"
+        );
+        assert!(named[child]["start_ns"].as_u64() >= root["start_ns"].as_u64());
+        assert!(named[child]["end_ns"].as_u64() <= root["end_ns"].as_u64());
+    }
+    let attempt = &named["attempt 1"];
+    assert_eq!(
+        attempt["span_id"],
+        attempt_span.as_str(),
+        "the attempt span is the process's parent"
+    );
+    assert_eq!(attempt["attributes"]["process.exit.code"], 0);
+    assert_eq!(attempt["events"][0]["name"], "lease");
+    // The root starts at the run's instant.
+    let instant = common::instant(&run["scheduled_for"]);
+    assert_eq!(
+        root["start_ns"].as_i64(),
+        instant.timestamp_nanos_opt(),
+        "{root}"
+    );
+    assert!(sked.metric("sked_spans_exported_total").await >= 4);
+    assert_eq!(spans.len(), 4, "each span once: {spans:?}");
+}
+
+#[cfg_attr(not(sked_python_tests), ignore = "needs SKED_TEST_PYTHON")]
+#[tokio::test]
+async fn over_grpc_a_ratio_of_zero_exports_only_what_the_tail_rule_keeps() {
+    let mut sked = Sked::new();
+    let receiver = Receiver::start(sked.dir.path());
+    let endpoint = format!("http://127.0.0.1:{}", receiver.grpc);
+    sked.start_dev(&[
+        "--otlp-endpoint",
+        &endpoint,
+        "--otlp-protocol",
+        "grpc",
+        "--otlp-header",
+        "x-tenant=team-a",
+        "--trace-ratio",
+        "0",
+    ])
+    .await;
+    assert_eq!(
+        sked.put_job("fine", job("echo \"$TRACEPARENT\"")).await.0,
+        201
+    );
+    assert_eq!(
+        sked.put_job("broken", job("echo \"$TRACEPARENT\"; exit 3"))
+            .await
+            .0,
+        201
+    );
+    let fine = sked.trigger("fine").await;
+    assert_eq!(
+        sked.wait_finished(fine, Duration::from_secs(20)).await["state"],
+        "succeeded"
+    );
+    let broken = sked.trigger("broken").await;
+    assert_eq!(
+        sked.wait_finished(broken, Duration::from_secs(20)).await["state"],
+        "failed"
+    );
+    let (fine_trace, _, fine_flags) = parts(&sked.run_log(fine).await);
+    let (broken_trace, _, _) = parts(&sked.run_log(broken).await);
+    assert_eq!(
+        fine_flags, "00",
+        "a ratio of 0 samples no trace at its start"
+    );
+
+    let spans = receiver.wait_trace(&broken_trace, 4).await;
+    let named = by_name(&spans);
+    let root = &named["run default/broken"];
+    assert_eq!(root["protocol"], "grpc");
+    assert_eq!(root["headers"]["x-tenant"], "team-a");
+    assert_eq!(root["attributes"]["sked.trace.kept"], "failed");
+    assert_eq!(root["status_code"], 2, "an error: {root}");
+    let attempt = &named["attempt 1"];
+    assert_eq!(attempt["attributes"]["process.exit.code"], 3);
+    assert_eq!(attempt["status_code"], 2);
+    // The run that ended first, and fine, was walked past without being exported.
+    assert!(
+        receiver
+            .spans()
+            .iter()
+            .all(|s| s["trace_id"] != fine_trace.as_str()),
+        "the succeeded run was exported at a ratio of 0"
+    );
+    assert!(sked
+        .metrics()
+        .await
+        .contains("sked_traces_kept_total{kept=\"failed\"} 1"));
+}
+
+#[tokio::test]
+async fn without_an_endpoint_no_trace_context_reaches_a_run() {
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    assert_eq!(
+        sked.put_job("plain", job("echo \"[${TRACEPARENT-unset}]\""))
+            .await
+            .0,
+        201
+    );
+    let id = sked.trigger("plain").await;
+    sked.wait_finished(id, Duration::from_secs(20)).await;
+    assert_eq!(sked.run_log(id).await, "[unset]\n");
+    assert_eq!(sked.metric("sked_spans_exported_total").await, 0);
+}
+
+#[tokio::test]
+async fn bad_tracing_flags_are_refused_before_anything_starts() {
+    let sked = Sked::new();
+    for (args, says) in [
+        (
+            vec!["--otlp-endpoint", "ftp://collector:4318"],
+            "--otlp-endpoint",
+        ),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://127.0.0.1:4318",
+                "--otlp-protocol",
+                "thrift",
+            ],
+            "--otlp-protocol",
+        ),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://127.0.0.1:4318",
+                "--trace-ratio",
+                "1.5",
+            ],
+            "--trace-ratio",
+        ),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://127.0.0.1:4318",
+                "--otlp-header",
+                "api-key",
+            ],
+            "NAME=VALUE",
+        ),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://127.0.0.1:4318",
+                "--otlp-header",
+                "bad name=hunter2",
+            ],
+            "not a valid header",
+        ),
+    ] {
+        let data = sked.data_dir();
+        let out = common::sked_command()
+            .arg("dev")
+            .args(["--data-dir", data.to_str().expect("utf-8")])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .expect("sked dev");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("hunter2"),
+            "a header's value was printed: {stderr}"
+        );
+    }
+}
