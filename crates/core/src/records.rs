@@ -147,6 +147,10 @@ pub struct RunRecord {
     /// For a debounced run: the triggers or events it absorbed (`crate::flow::trigger`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub absorbed: Option<crate::flow::Absorbed>,
+    /// The trace it joined, as the store keeps it (`crate::trace::Joined`); `None` for a run
+    /// with a trace of its own. Not shown as is: the API names the trace by its id.
+    #[serde(skip)]
+    pub trace_parent: Option<String>,
 }
 
 /// A recorded event (`crate::event`).

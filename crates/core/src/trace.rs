@@ -160,8 +160,74 @@ pub enum Part {
     Attempt(i64),
 }
 
-/// A run's place in tracing: its trace, the span its root is a child of (when it joined a
-/// trace it was given), and whether its trace is sampled by ratio.
+/// Where a run joined a trace, as the store keeps it (`runs.trace_parent`) without knowing
+/// the trace key: the trace (one given by a caller, or run R's own, derived under the key)
+/// and the span the run's root is a child of (one given, or run U's root span). A dependant's
+/// run joins the trace of the upstream run that made or released it, as a child of that
+/// run's root, so a pipeline is one trace; the store writes it as text, in SQL, from the
+/// upstream's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Joined {
+    pub trace: TraceOrigin,
+    pub parent: ParentOrigin,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceOrigin {
+    Given(TraceId),
+    /// The trace run R started (it joined none).
+    OfRun(i64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParentOrigin {
+    Given(SpanId),
+    /// Run U's root span.
+    RunRoot(i64),
+}
+
+impl Joined {
+    /// A caller's `traceparent`, as the store keeps it.
+    pub fn given(parent: TraceParent) -> Joined {
+        Joined {
+            trace: TraceOrigin::Given(parent.trace_id),
+            parent: ParentOrigin::Given(parent.parent_id),
+        }
+    }
+
+    /// Reads the stored text: `t:<32 hex>` or `r:<run id>`, a slash, `s:<16 hex>` or
+    /// `r:<run id>`. Anything else is `None` (the run then has a trace of its own).
+    pub fn parse(text: &str) -> Option<Joined> {
+        let (trace, parent) = text.split_once('/')?;
+        let trace = match trace.split_once(':')? {
+            ("t", hex) => TraceOrigin::Given(TraceId(lower_hex::<16>(hex.as_bytes())?)),
+            ("r", id) => TraceOrigin::OfRun(id.parse().ok()?),
+            _ => return None,
+        };
+        let parent = match parent.split_once(':')? {
+            ("s", hex) => ParentOrigin::Given(SpanId(lower_hex::<8>(hex.as_bytes())?)),
+            ("r", id) => ParentOrigin::RunRoot(id.parse().ok()?),
+            _ => return None,
+        };
+        Some(Joined { trace, parent })
+    }
+}
+
+impl fmt::Display for Joined {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.trace {
+            TraceOrigin::Given(id) => write!(f, "t:{id}/")?,
+            TraceOrigin::OfRun(run) => write!(f, "r:{run}/")?,
+        }
+        match self.parent {
+            ParentOrigin::Given(id) => write!(f, "s:{id}"),
+            ParentOrigin::RunRoot(run) => write!(f, "r:{run}"),
+        }
+    }
+}
+
+/// A run's place in tracing: its trace, and the span its root is a child of when it joined
+/// one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunTrace {
     pub trace_id: TraceId,
@@ -171,28 +237,38 @@ pub struct RunTrace {
 
 impl RunTrace {
     /// The trace of run `run_id`: the one it joined, or its own, derived from its id.
-    pub fn of(key: &TraceKey, run_id: i64, joined: Option<TraceParent>) -> RunTrace {
-        match joined {
-            Some(parent) => RunTrace {
-                trace_id: parent.trace_id,
-                joined: Some(parent.parent_id),
+    pub fn of(key: &TraceKey, run_id: i64, joined: Option<Joined>) -> RunTrace {
+        let Some(joined) = joined else {
+            return RunTrace {
+                trace_id: own_trace(key, run_id),
+                joined: None,
                 run_id,
-            },
-            None => {
-                let digest = Sha256::new()
-                    .chain_update(b"sked trace id v1\0")
-                    .chain_update(key.0)
-                    .chain_update(run_id.to_be_bytes())
-                    .finalize();
-                let mut id = [0u8; 16];
-                id.copy_from_slice(&digest[..16]);
-                RunTrace {
-                    trace_id: TraceId(non_zero(id)),
-                    joined: None,
-                    run_id,
-                }
+            };
+        };
+        let trace_id = match joined.trace {
+            TraceOrigin::Given(id) => id,
+            TraceOrigin::OfRun(root) => own_trace(key, root),
+        };
+        let parent = match joined.parent {
+            ParentOrigin::Given(span) => span,
+            ParentOrigin::RunRoot(upstream) => RunTrace {
+                trace_id,
+                joined: None,
+                run_id: upstream,
             }
+            .span_id(Part::Run),
+        };
+        RunTrace {
+            trace_id,
+            joined: Some(parent),
+            run_id,
         }
+    }
+
+    /// [`RunTrace::of`] with what the store keeps (`runs.trace_parent`); text it cannot read
+    /// leaves the run a trace of its own.
+    pub fn stored(key: &TraceKey, run_id: i64, trace_parent: Option<&str>) -> RunTrace {
+        RunTrace::of(key, run_id, trace_parent.and_then(Joined::parse))
     }
 
     /// The span id of `part` of this run. A run that joined another's trace shares its trace
@@ -224,6 +300,18 @@ impl RunTrace {
             sampled: sampling.by_ratio(self.trace_id),
         }
     }
+}
+
+/// The trace a run that joined none starts: derived from its id under `key`.
+fn own_trace(key: &TraceKey, run_id: i64) -> TraceId {
+    let digest = Sha256::new()
+        .chain_update(b"sked trace id v1\0")
+        .chain_update(key.0)
+        .chain_update(run_id.to_be_bytes())
+        .finalize();
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest[..16]);
+    TraceId(non_zero(id))
 }
 
 /// All-zero ids are invalid; a digest that happens to be zero gets a one at its end.
@@ -595,12 +683,37 @@ mod tests {
     #[test]
     fn a_run_that_joined_a_trace_is_a_child_of_the_span_it_was_given() {
         let given = TraceParent::parse(EXAMPLE).unwrap();
-        let joined = RunTrace::of(&TraceKey::UNKEYED, 9, Some(given));
+        let joined = RunTrace::of(&TraceKey::UNKEYED, 9, Some(Joined::given(given)));
         assert_eq!(joined.trace_id, given.trace_id);
         assert_eq!(joined.joined, Some(given.parent_id));
         // Two runs in one trace still name their spans apart.
-        let other = RunTrace::of(&TraceKey::UNKEYED, 10, Some(given));
+        let other = RunTrace::of(&TraceKey::UNKEYED, 10, Some(Joined::given(given)));
         assert_ne!(joined.span_id(Part::Run), other.span_id(Part::Run));
+    }
+
+    #[test]
+    fn a_pipeline_is_one_trace_each_step_a_child_of_the_step_before() {
+        let key = TraceKey([9; 32]);
+        let first = RunTrace::of(&key, 100, None);
+        // The second step joined run 100's trace; the third, made by the second, keeps the
+        // trace's origin and names the second as its parent — the text the store writes.
+        let second_text = "r:100/r:100";
+        let second = RunTrace::stored(&key, 200, Some(second_text));
+        let third = RunTrace::stored(&key, 300, Some("r:100/r:200"));
+        assert_eq!(second.trace_id, first.trace_id);
+        assert_eq!(third.trace_id, first.trace_id);
+        assert_eq!(second.joined, Some(first.span_id(Part::Run)));
+        assert_eq!(third.joined, Some(second.span_id(Part::Run)));
+        assert_eq!(Joined::parse(second_text).unwrap().to_string(), second_text);
+        let given = Joined::given(TraceParent::parse(EXAMPLE).unwrap());
+        assert_eq!(Joined::parse(&given.to_string()), Some(given));
+        for bad in ["", "r:1", "r:x/r:1", "t:00/s:11", "q:1/r:1", "r:1/s:zz"] {
+            assert_eq!(Joined::parse(bad), None, "{bad}");
+            assert_eq!(
+                RunTrace::stored(&key, 5, Some(bad)),
+                RunTrace::of(&key, 5, None)
+            );
+        }
     }
 
     fn sampling(ratio: f64) -> Sampling {

@@ -157,9 +157,9 @@ pub async fn start(
             shard: run.shard,
             secret_headers,
             params: run.params.unwrap_or_default(),
-            traceparent: state
-                .run_traces
-                .map(|traces| traces.traceparent(run.run_id, started.attempt_id)),
+            traceparent: state.run_traces.map(|traces| {
+                traces.traceparent(run.run_id, run.trace_parent.as_deref(), started.attempt_id)
+            }),
         });
     }
     state.dispatcher.hold_back(worker_id, held);

@@ -4,10 +4,14 @@
 //! `TRACEPARENT` of its attempt; the receiver gets the run's spans, rooted at its instant,
 //! with the attempt's span named by that very context; over gRPC the configured headers
 //! arrive, and with a ratio of 0 only the runs the tail rule keeps (here, a failure) are
-//! exported. Without `--otlp-endpoint` nothing of it happens.
+//! exported. Without `--otlp-endpoint` nothing of it happens. A pipeline of three jobs whose
+//! middle step is a RabbitMQ message that a consumer (`tests/otlp/consumer.py`, instrumented
+//! with the OpenTelemetry SDK as a user's service would be) completes is one connected trace:
+//! each step a child of the step before, the consumer's span a child of the attempt that
+//! published its message.
 //!
-//! Needs `SKED_TEST_PYTHON` (a Python 3 with `venv`); without it the receiver's tests are
-//! reported as ignored (under CI they run, and fail loudly).
+//! Needs `SKED_TEST_PYTHON` (a Python 3 with `venv`), and for the pipeline the brokers;
+//! without them these tests are reported as ignored (under CI they run, and fail loudly).
 
 mod common;
 
@@ -246,6 +250,135 @@ async fn over_grpc_a_ratio_of_zero_exports_only_what_the_tail_rule_keeps() {
         .metrics()
         .await
         .contains("sked_traces_kept_total{kept=\"failed\"} 1"));
+}
+
+#[cfg_attr(
+    not(sked_celery_tests),
+    ignore = "needs SKED_TEST_AMQP_URL, the other brokers and SKED_TEST_PYTHON"
+)]
+#[tokio::test]
+async fn a_pipeline_through_rabbitmq_and_its_consumer_is_one_connected_trace() {
+    let amqp = std::env::var("SKED_TEST_AMQP_URL").expect("SKED_TEST_AMQP_URL");
+    let mut sked = Sked::new();
+    let receiver = Receiver::start(sked.dir.path());
+    let endpoint = format!("http://127.0.0.1:{}", receiver.http);
+    let suffix = format!("{:08x}", rand::random::<u32>());
+    let (exchange, queue) = (
+        format!("sked-trace-x-{suffix}"),
+        format!("sked-trace-q-{suffix}"),
+    );
+    let ready = sked.dir.path().join("consumer.ready");
+    let venv = common::python::venv("otlp-venv", &Path::new(HERE).join("requirements.txt"));
+    let mut consumer = Command::new(venv.join("bin/python"))
+        .arg(Path::new(HERE).join("consumer.py"))
+        .args(["--url", &amqp, "--exchange", &exchange, "--queue", &queue])
+        .args([
+            "--routing-key",
+            "handoff",
+            "--otlp",
+            &endpoint,
+            "--count",
+            "1",
+        ])
+        .arg("--ready")
+        .arg(&ready)
+        .stderr(std::fs::File::create(sked.dir.path().join("consumer.log")).expect("log"))
+        .spawn()
+        .expect("the consumer");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the consumer did not declare its queue"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sked.start_dev(&[
+        "--otlp-endpoint",
+        &endpoint,
+        "--broker",
+        &format!("main={amqp}"),
+    ])
+    .await;
+    assert_eq!(
+        sked.put_job("extract", job("echo \"$TRACEPARENT\""))
+            .await
+            .0,
+        201
+    );
+    let handoff = json!({
+        "timeout": "30s",
+        "depends_on": [{"job": "extract"}],
+        "target": {"amqp": {
+            "connection": "main", "exchange": exchange, "routing_key": "handoff",
+            "await_completion": true
+        }}
+    });
+    assert_eq!(sked.put_job("handoff", handoff).await.0, 201);
+    let load =
+        json!({"depends_on": [{"job": "handoff"}], "target": shell("echo \"$TRACEPARENT\"")});
+    assert_eq!(sked.put_job("load", load).await.0, 201);
+
+    let first = sked.trigger("extract").await;
+    let loads = sked.wait_runs("load", 1, Duration::from_secs(30)).await;
+    let last = sked
+        .wait_finished(
+            loads[0]["id"].as_i64().expect("an id"),
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(last["state"], "succeeded", "{last}");
+    let status = consumer.wait().expect("the consumer ends");
+    assert!(
+        status.success(),
+        "the consumer failed: see {:?}",
+        sked.dir.path()
+    );
+    let (trace_id, _, _) = parts(&sked.run_log(first).await);
+    let (load_trace, load_parent, _) = parts(&sked.run_log(last["id"].as_i64().unwrap_or(0)).await);
+    assert_eq!(
+        load_trace, trace_id,
+        "the last step runs in the first step's trace"
+    );
+
+    // Three runs of four spans each, and the consumer's.
+    let spans = receiver.wait_trace(&trace_id, 13).await;
+    let named = by_name(&spans);
+    assert_eq!(spans.len(), 13, "{spans:?}");
+    let root = |job: &str| &named[&format!("run default/{job}")];
+    assert_eq!(root("extract")["parent_span_id"], "");
+    assert_eq!(
+        root("handoff")["parent_span_id"],
+        root("extract")["span_id"]
+    );
+    assert_eq!(root("load")["parent_span_id"], root("handoff")["span_id"]);
+    let process = &named[&format!("{queue} process")];
+    assert_eq!(process["resource"]["service.name"], "consumer");
+    let handoff_attempt = spans
+        .iter()
+        .find(|s| s["name"] == "attempt 1" && s["parent_span_id"] == root("handoff")["span_id"])
+        .expect("the handoff's attempt");
+    assert_eq!(
+        process["parent_span_id"], handoff_attempt["span_id"],
+        "the consumer continues the attempt"
+    );
+    let load_attempt = spans
+        .iter()
+        .find(|s| s["name"] == "attempt 1" && s["parent_span_id"] == root("load")["span_id"])
+        .expect("the load's attempt");
+    assert_eq!(load_attempt["span_id"], load_parent.as_str());
+    // Connected: one root, every other span's parent in the trace.
+    let ids: std::collections::HashSet<&str> =
+        spans.iter().filter_map(|s| s["span_id"].as_str()).collect();
+    let roots = spans.iter().filter(|s| s["parent_span_id"] == "").count();
+    assert_eq!(roots, 1);
+    for span in &spans {
+        let parent = span["parent_span_id"].as_str().unwrap_or_default();
+        assert!(
+            parent.is_empty() || ids.contains(parent),
+            "an orphan: {span}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -126,6 +126,7 @@ macro_rules! store_contract_tests {
             jobs_filter_by_a_routing_label,
             the_grid_reads_each_jobs_newest_runs_in_its_window,
             ended_runs_are_walked_in_the_order_they_ended,
+            a_pipelines_runs_join_the_trace_of_the_run_that_made_them,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -6463,4 +6464,38 @@ pub async fn ended_runs_are_walked_in_the_order_they_ended(store: &dyn Store) {
     expected.sort();
     assert_eq!(seen, expected);
     assert!(store.attempts_of(&[]).await.unwrap().is_empty());
+}
+
+/// A dependant's run made by an upstream run's end joins that run's trace, as a child of its
+/// root; the next step keeps the trace's origin and names its own upstream. A run fired by its
+/// schedule has a trace of its own.
+pub async fn a_pipelines_runs_join_the_trace_of_the_run_that_made_them(store: &dyn Store) {
+    worker(store, "w", t0()).await;
+    let extract = pipeline(store).await;
+    let first = fire_one(store, fire(extract.id, t0() + secs(1)))
+        .await
+        .run_id;
+    finish(store, first, AttemptOutcome::Succeeded, t0() + secs(2)).await;
+    let transform = runs_of(store, "transform").await;
+    assert_eq!(transform.len(), 1);
+    let expected = format!("r:{first}/r:{first}");
+    assert_eq!(
+        transform[0].trace_parent.as_deref(),
+        Some(expected.as_str())
+    );
+    finish(
+        store,
+        transform[0].id,
+        AttemptOutcome::Succeeded,
+        t0() + secs(3),
+    )
+    .await;
+    let load = runs_of(store, "load").await;
+    let expected = format!("r:{first}/r:{}", transform[0].id);
+    assert_eq!(load[0].trace_parent.as_deref(), Some(expected.as_str()));
+    // Queued, the run carries it to the dispatcher.
+    let queued = store.queued_runs(Some(&[load[0].id])).await.unwrap();
+    assert_eq!(queued[0].trace_parent.as_deref(), Some(expected.as_str()));
+    let own = store.get_run(first).await.unwrap().unwrap();
+    assert_eq!(own.0.trace_parent, None);
 }

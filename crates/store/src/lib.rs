@@ -542,6 +542,9 @@ pub struct QueuedRun {
     pub gates: sked_core::flow::Gates,
     /// The parameters its manual trigger gave it.
     pub params: Option<sked_core::flow::Params>,
+    /// The trace it joined (`RunRecord::trace_parent`): its attempts' trace context is named
+    /// from it.
+    pub trace_parent: Option<String>,
 }
 
 impl QueuedRun {

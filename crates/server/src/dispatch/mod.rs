@@ -811,6 +811,7 @@ mod tests {
             pinned_worker: None,
             gates: Default::default(),
             params: None,
+            trace_parent: None,
         }
     }
 

@@ -842,6 +842,7 @@ pub fn queued_run(run_id: i64, fire: &Fire, job: &JobRecord) -> QueuedRun {
         pinned_worker: None,
         gates: Default::default(),
         params: None,
+        trace_parent: None,
     }
     .gated_by(&job.spec)
 }

@@ -80,16 +80,17 @@ pub struct RunTracing {
 }
 
 impl RunTracing {
-    /// The `traceparent` an attempt's target is handed.
-    pub fn traceparent(&self, run_id: i64, attempt_id: i64) -> String {
-        RunTrace::of(&self.key, run_id, None)
+    /// The `traceparent` an attempt's target is handed: the run's trace (`trace_parent`, the
+    /// trace it joined, as the store keeps it), the attempt's span.
+    pub fn traceparent(&self, run_id: i64, trace_parent: Option<&str>, attempt_id: i64) -> String {
+        RunTrace::stored(&self.key, run_id, trace_parent)
             .for_attempt(attempt_id, &self.sampling)
             .to_string()
     }
 
-    /// Whether `run` is told, and its spans if so.
+    /// Whether `run` is told, and its trace if so.
     pub fn judge(&self, run: &RunRecord) -> Option<(RunTrace, Kept)> {
-        let trace = RunTrace::of(&self.key, run.id, None);
+        let trace = RunTrace::stored(&self.key, run.id, run.trace_parent.as_deref());
         self.sampling.keep(&trace, run).map(|kept| (trace, kept))
     }
 }

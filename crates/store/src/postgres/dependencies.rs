@@ -534,6 +534,7 @@ pub(super) async fn settle_admitting(
                         trigger: Trigger::Dependency,
                         event: None,
                         skip: None,
+                        upstream: Some(run.run_id),
                     };
                     start(tx, &at, dependant, now, &mut next).await?;
                 }
@@ -742,6 +743,10 @@ struct At<'a> {
     event: Option<&'a EventRecord>,
     /// Recorded skipped for this reason (admission's `backlog`) instead of waiting.
     skip: Option<SkipReason>,
+    /// The upstream run whose end made it, at its instant: the run joins that run's trace, as
+    /// a child of its root (`sked_core::trace::Joined`: the upstream's trace origin, kept when
+    /// it joined one itself, and `r:<its id>`).
+    upstream: Option<i64>,
 }
 
 /// Records the dependant's run `at` (one per shard of a sharded job), once, waiting for its
@@ -767,9 +772,12 @@ async fn start(
             "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
              skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
              waiting_for, waiting_until, event_key, event_id, job_version, shard, shard_count, \
-             pinned_worker) \
+             pinned_worker, trace_parent) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15, \
-                     (SELECT version FROM jobs WHERE id = $1), (p.shard - 1)::int, $16, p.worker \
+                     (SELECT version FROM jobs WHERE id = $1), (p.shard - 1)::int, $16, p.worker, \
+                     (SELECT coalesce(split_part(u.trace_parent, '/', 1), 'r:' || u.id) \
+                             || '/r:' || u.id \
+                      FROM runs u WHERE u.id = $18 AND u.scheduled_for = $4) \
              FROM unnest($17::text[]) WITH ORDINALITY AS p(worker, shard) \
              ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING RETURNING id",
         )
@@ -798,6 +806,7 @@ async fn start(
                 &at.event.map(|e| e.id.as_str()),
                 &count,
                 &places,
+                &at.upstream,
             ],
         )
         .await?;
@@ -837,6 +846,7 @@ async fn start_by_event(
             trigger: Trigger::Event,
             event: Some(event),
             skip,
+            upstream: None,
         };
         let runs = start(tx, &at, dependant, now, ended).await?;
         if !runs.is_empty() {

@@ -795,7 +795,7 @@ pub(super) async fn skip_run(
 pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<QueuedRun>> {
     const SELECT: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
          r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload, r.shard, \
-         r.shard_count, r.pinned_worker, r.params \
+         r.shard_count, r.pinned_worker, r.params, r.trace_parent \
          FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN events e \
          ON e.namespace = r.namespace AND e.key = r.event_key AND e.event_id = r.event_id \
          WHERE r.state = 'queued'";
@@ -842,6 +842,7 @@ pub async fn queued_runs(tx: &Tx<'_>, ids: Option<&[i64]>) -> PgResult<Vec<Queue
             pinned_worker: row.try_get(13)?,
             gates: Default::default(),
             params: crate::shared::json_column("trigger parameters", row.try_get(14)?)?,
+            trace_parent: row.try_get(15)?,
         }
         .gated_by(spec);
         order.push(run.run_id);

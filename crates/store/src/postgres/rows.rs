@@ -57,7 +57,7 @@ pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigge
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
      job_version, shard, shard_count, pinned_worker, nominal_for, deadline, deadline_missed, at_risk, \
-     params, absorbed";
+     params, absorbed, trace_parent";
 
 pub fn run(row: &Row) -> PgResult<RunRecord> {
     let skip_reason: Option<&str> = row.try_get(7)?;
@@ -99,6 +99,7 @@ pub fn run(row: &Row) -> PgResult<RunRecord> {
             .unwrap_or_default(),
         at_risk: crate::shared::json_column("a run's risk", row.try_get(29)?)?,
         params: crate::shared::json_column("a run's parameters", row.try_get(30)?)?,
+        trace_parent: row.try_get(32)?,
         absorbed: crate::shared::json_column("a run's absorbed triggers", row.try_get(31)?)?,
     };
     Ok(crate::shared::with_waiting(

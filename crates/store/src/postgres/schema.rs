@@ -562,6 +562,10 @@ ALTER TABLE jobs ADD COLUMN schedule_kind TEXT GENERATED ALWAYS AS (CASE
     ELSE 'manual' END) STORED;
 CREATE INDEX jobs_by_kind ON jobs (namespace, schedule_kind, name);
 "#,
+    r#"
+-- Version 24: the trace a run joined (SQLite's version 21).
+ALTER TABLE runs ADD COLUMN trace_parent TEXT;
+"#,
 ];
 
 /// The first key of the advisory lock migrations hold (the second is the schema's name).

@@ -398,6 +398,7 @@ pub(super) fn settle_admitting(
                         trigger: Trigger::Dependency,
                         event: None,
                         skip: None,
+                        upstream: Some(run.run_id),
                     };
                     start(tx, &at, dependant, now, &mut next)?;
                 }
@@ -605,6 +606,10 @@ struct At<'a> {
     event: Option<&'a EventRecord>,
     /// Recorded skipped for this reason (admission's `backlog`) instead of waiting.
     skip: Option<SkipReason>,
+    /// The upstream run whose end made it, at its instant: the run joins that run's trace, as
+    /// a child of its root (`sked_core::trace::Joined`: the upstream's trace origin, kept when
+    /// it joined one itself, and `r:<its id>`).
+    upstream: Option<i64>,
 }
 
 /// Records the dependant's run `at` (one per shard of a sharded job), once: a second upstream
@@ -635,9 +640,13 @@ fn start(
                 "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
                  skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
                  waiting_for, waiting_until, event_key, event_id, job_version, shard, \
-                 shard_count, pinned_worker) \
+                 shard_count, pinned_worker, trace_parent) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-                         (SELECT version FROM jobs WHERE id = ?1), ?16, ?17, ?18) \
+                         (SELECT version FROM jobs WHERE id = ?1), ?16, ?17, ?18, \
+                         (SELECT coalesce(substr(u.trace_parent, 1, \
+                                                 instr(u.trace_parent, '/') - 1), \
+                                          'r:' || u.id) || '/r:' || u.id \
+                          FROM runs u WHERE u.id = ?19)) \
                  ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING",
             )?
             .execute(params![
@@ -659,6 +668,7 @@ fn start(
                 shard,
                 count,
                 pinned,
+                at.upstream,
             ])?;
         if written == 0 {
             // Shard 0 recorded already: the instant is.
@@ -697,6 +707,7 @@ fn start_by_event(
             trigger: Trigger::Event,
             event: Some(event),
             skip,
+            upstream: None,
         };
         let runs = start(tx, &at, dependant, now, ended)?;
         if !runs.is_empty() {

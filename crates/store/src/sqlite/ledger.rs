@@ -525,7 +525,7 @@ pub(super) fn skip_run(
 /// condition, so a start does not read the whole ledger.
 pub(super) const QUEUED: &str = "SELECT r.id, r.job_id, r.namespace, r.job, r.scheduled_for, \
      r.priority, r.ready_at, j.spec, r.event_key, r.event_id, e.payload, r.shard, \
-     r.shard_count, r.pinned_worker, r.params \
+     r.shard_count, r.pinned_worker, r.params, r.trace_parent \
      FROM runs r JOIN jobs j ON j.id = r.job_id LEFT JOIN events e ON e.namespace = r.namespace \
      AND e.key = r.event_key AND e.event_id = r.event_id WHERE r.state = 'queued'";
 
@@ -560,6 +560,7 @@ pub fn queued_runs(tx: &Transaction<'_>, ids: Option<&[i64]>) -> Result<Vec<Queu
                 pinned_worker: row.get(13)?,
                 gates: Default::default(),
                 params: crate::shared::json_column("trigger parameters", row.get(14)?)?,
+                trace_parent: row.get(15)?,
             }
             .gated_by(spec),
         );

@@ -37,7 +37,7 @@ pub const RUN_COLUMNS: &str = "id, namespace, job, job_id, scheduled_for, trigge
      skip_reason, priority, ready_at, created_at, started_at, finished_at, attempts, failures, \
      cancel_requested, error, waiting_reason, waiting_for, waiting_until, event_key, event_id, \
      job_version, shard, shard_count, pinned_worker, nominal_for, deadline, deadline_missed, at_risk, \
-     params, absorbed";
+     params, absorbed, trace_parent";
 
 pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
     let skip_reason: Option<String> = row.get(7)?;
@@ -73,6 +73,7 @@ pub fn run(row: &Row<'_>) -> Result<RunRecord, StoreError> {
             .unwrap_or_default(),
         at_risk: crate::shared::json_column("a run's risk", row.get(29)?)?,
         params: crate::shared::json_column("a run's parameters", row.get(30)?)?,
+        trace_parent: row.get(32)?,
         absorbed: crate::shared::json_column("a run's absorbed triggers", row.get(31)?)?,
     };
     crate::shared::with_waiting(

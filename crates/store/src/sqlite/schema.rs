@@ -498,6 +498,12 @@ ALTER TABLE jobs ADD COLUMN schedule_kind TEXT GENERATED ALWAYS AS (CASE
     ELSE 'manual' END) VIRTUAL;
 CREATE INDEX jobs_by_kind ON jobs (namespace, schedule_kind, name);
 "#,
+    r#"
+-- Version 21: the trace a run joined (`sked_core::trace::Joined`, as text): a dependant's
+-- run joins the trace of the upstream run that made or released it. NULL for a run with a
+-- trace of its own, and for every run recorded before this version.
+ALTER TABLE runs ADD COLUMN trace_parent TEXT;
+"#,
 ];
 
 /// Brings the schema to the newest version, one transaction per migration.
