@@ -31,6 +31,10 @@ pub struct EventSpec {
     /// Handed to the runs it starts; `null` when absent.
     #[serde(default)]
     pub payload: serde_json::Value,
+    /// The trace the post was part of (`crate::trace::Joined`, as text), from its
+    /// `traceparent` header, never from the body: the runs it starts join it.
+    #[serde(skip)]
+    pub trace_parent: Option<String>,
 }
 
 impl EventSpec {
@@ -150,6 +154,7 @@ mod tests {
             key: key.into(),
             id: id.into(),
             payload,
+            trace_parent: None,
         }
     }
 

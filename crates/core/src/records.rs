@@ -166,6 +166,10 @@ pub struct EventRecord {
     /// The run whose success emitted it (`on_success`); `None` for a posted event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub emitted_by_run: Option<i64>,
+    /// The trace the runs it starts join (`crate::trace::Joined`, as text): its poster's, or
+    /// the emitting run's, with that run's root as their parent.
+    #[serde(skip)]
+    pub trace_parent: Option<String>,
 }
 
 impl RunRecord {

@@ -381,6 +381,75 @@ async fn a_pipeline_through_rabbitmq_and_its_consumer_is_one_connected_trace() {
     }
 }
 
+#[cfg_attr(not(sked_python_tests), ignore = "needs SKED_TEST_PYTHON")]
+#[tokio::test]
+async fn a_callers_trace_reaches_the_run_it_triggers_and_the_runs_its_event_starts() {
+    let mut sked = Sked::new();
+    let receiver = Receiver::start(sked.dir.path());
+    let endpoint = format!("http://127.0.0.1:{}", receiver.http);
+    sked.start_dev(&["--otlp-endpoint", &endpoint]).await;
+    assert_eq!(
+        sked.put_job("manual", job("echo \"$TRACEPARENT\"")).await.0,
+        201
+    );
+    let on_event =
+        json!({"schedule": {"event": "sales.ready"}, "target": shell("echo \"$TRACEPARENT\"")});
+    assert_eq!(sked.put_job("on-sales", on_event).await.0, 201);
+    let caller_trace = "0af7651916cd43dd8448eb211c80319c";
+    let caller_span = "b7ad6b7169203331";
+    let traceparent = format!("00-{caller_trace}-{caller_span}-01");
+    let posted = |path: &str, body: Value, traceparent: &str| {
+        sked.http
+            .post(sked.url(path))
+            .header("traceparent", traceparent)
+            .json(&body)
+            .send()
+    };
+    let answer = posted("/jobs/manual/trigger", json!(null), &traceparent)
+        .await
+        .expect("trigger");
+    assert_eq!(answer.status(), 201);
+    let triggered = answer.json::<Value>().await.expect("a run")["id"]
+        .as_i64()
+        .expect("an id");
+    let answer = posted(
+        "/events",
+        json!({"key": "sales.ready", "id": "d1"}),
+        &traceparent,
+    )
+    .await
+    .expect("an event");
+    assert_eq!(answer.status(), 201);
+    // A header that is not a traceparent is ignored: that run has a trace of its own.
+    let answer = posted("/jobs/manual/trigger", json!(null), "00-bogus")
+        .await
+        .expect("trigger");
+    assert_eq!(answer.status(), 201);
+    let own = answer.json::<Value>().await.expect("a run")["id"]
+        .as_i64()
+        .expect("an id");
+
+    let started = sked.wait_runs("on-sales", 1, Duration::from_secs(20)).await;
+    let from_event = started[0]["id"].as_i64().expect("an id");
+    for id in [triggered, from_event, own] {
+        let run = sked.wait_finished(id, Duration::from_secs(20)).await;
+        assert_eq!(run["state"], "succeeded", "{run}");
+    }
+    for id in [triggered, from_event] {
+        assert_eq!(parts(&sked.run_log(id).await).0, caller_trace, "run {id}");
+    }
+    assert_ne!(parts(&sked.run_log(own).await).0, caller_trace);
+    let spans = receiver.wait_trace(caller_trace, 8).await;
+    let roots: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s["name"].as_str().unwrap_or("").starts_with("run "))
+        .collect();
+    assert_eq!(roots.len(), 2, "{spans:?}");
+    for root in roots {
+        assert_eq!(root["parent_span_id"], caller_span, "{root}");
+    }
+}
+
 #[tokio::test]
 async fn without_an_endpoint_no_trace_context_reaches_a_run() {
     let mut sked = Sked::new();

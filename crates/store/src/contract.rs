@@ -127,6 +127,8 @@ macro_rules! store_contract_tests {
             the_grid_reads_each_jobs_newest_runs_in_its_window,
             ended_runs_are_walked_in_the_order_they_ended,
             a_pipelines_runs_join_the_trace_of_the_run_that_made_them,
+            a_triggered_run_joins_the_callers_trace,
+            a_posted_events_runs_join_its_posters_trace,
         );
     };
     (@each required $open:path; $($check:ident),+ $(,)?) => {
@@ -4690,6 +4692,7 @@ fn event(key: &str, id: &str, payload: serde_json::Value) -> sked_core::event::E
         key: key.into(),
         id: id.into(),
         payload,
+        trace_parent: None,
     }
 }
 
@@ -4893,6 +4896,12 @@ pub async fn events_release_waits_and_succeeded_runs_emit_them(store: &dyn Store
     assert_eq!(
         report_runs[0].event_id.as_deref(),
         Some(emitted[0].id.as_str())
+    );
+    // The run the event started joins the emitting run's trace, as a child of its root.
+    let joined = format!("r:{}/r:{}", ok.run_id, ok.run_id);
+    assert_eq!(
+        report_runs[0].trace_parent.as_deref(),
+        Some(joined.as_str())
     );
 }
 
@@ -6054,6 +6063,7 @@ async fn trigger_with(
         job_id,
         scheduled_for: now,
         params: (!params.is_empty()).then_some(params),
+        trace_parent: None,
     };
     store
         .trigger_run(&trigger, now, Audit::none())
@@ -6498,4 +6508,89 @@ pub async fn a_pipelines_runs_join_the_trace_of_the_run_that_made_them(store: &d
     assert_eq!(queued[0].trace_parent.as_deref(), Some(expected.as_str()));
     let own = store.get_run(first).await.unwrap().unwrap();
     assert_eq!(own.0.trace_parent, None);
+}
+
+/// A trigger that carries the caller's trace makes a run that joins it; a second trigger
+/// deduplicated to that run changes nothing of it.
+pub async fn a_triggered_run_joins_the_callers_trace(store: &dyn Store) {
+    let job = put(
+        store,
+        "charge",
+        every_second(serde_json::json!({"dedup": {"key": "{{params.order}}", "window": "1m"}})),
+    )
+    .await;
+    let given = "t:4bf92f3577b34da6a3ce929d0e0e4736/s:00f067aa0ba902b7";
+    let params: sked_core::flow::Params = [("order".to_string(), "1".to_string())].into();
+    let trigger = |trace_parent: Option<&str>| ManualTrigger {
+        job_id: job.id,
+        scheduled_for: t0(),
+        params: Some(params.clone()),
+        trace_parent: trace_parent.map(str::to_string),
+    };
+    let first = store
+        .trigger_run(&trigger(Some(given)), t0(), Audit::none())
+        .await
+        .unwrap();
+    let (record, _) = run(store, first.run.run_id).await;
+    assert_eq!(record.trace_parent.as_deref(), Some(given));
+    let queued = store.queued_runs(Some(&[record.id])).await.unwrap();
+    assert_eq!(queued[0].trace_parent.as_deref(), Some(given));
+    let other = "t:11111111111111111111111111111111/s:2222222222222222";
+    let again = store
+        .trigger_run(&trigger(Some(other)), t0() + secs(1), Audit::none())
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, FlowOutcome::Deduplicated);
+    let (record, _) = run(store, first.run.run_id).await;
+    assert_eq!(record.trace_parent.as_deref(), Some(given));
+    // Without one, a run has a trace of its own.
+    let plain = put(store, "plain", every_second(serde_json::json!({}))).await;
+    let own = store
+        .trigger_run(
+            &ManualTrigger {
+                job_id: plain.id,
+                scheduled_for: t0(),
+                params: None,
+                trace_parent: None,
+            },
+            t0(),
+            Audit::none(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(run(store, own.run.run_id).await.0.trace_parent, None);
+}
+
+/// A post that carries its poster's trace: the runs the event starts join it; a second post of
+/// the same event is the first.
+pub async fn a_posted_events_runs_join_its_posters_trace(store: &dyn Store) {
+    put(
+        store,
+        "on-sales",
+        serde_json::json!({
+            "schedule": {"event": "sales.ready"},
+            "target": {"shell": {"command": "true"}},
+        }),
+    )
+    .await;
+    let given = "t:4bf92f3577b34da6a3ce929d0e0e4736/s:00f067aa0ba902b7";
+    let mut spec = event("sales.ready", "2026-11-30", serde_json::json!(null));
+    spec.trace_parent = Some(given.into());
+    let posted = store
+        .post_event("default", &spec, t0(), Audit::none())
+        .await
+        .unwrap();
+    assert_eq!(posted.started.len(), 1);
+    assert_eq!(posted.event.trace_parent.as_deref(), Some(given));
+    let (run_record, _) = run(store, posted.started[0]).await;
+    assert_eq!(run_record.trace_parent.as_deref(), Some(given));
+    let plain = post(
+        store,
+        "default",
+        "sales.ready",
+        "2026-12-01",
+        t0() + secs(1),
+    )
+    .await;
+    assert_eq!(run(store, plain.started[0]).await.0.trace_parent, None);
 }

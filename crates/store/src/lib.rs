@@ -424,6 +424,9 @@ pub struct ManualTrigger {
     pub scheduled_for: Instant,
     /// The trigger's parameters (`sked_core::flow::trigger`), checked by the caller.
     pub params: Option<sked_core::flow::Params>,
+    /// The trace the caller's request was part of (`sked_core::trace::Joined`, as text):
+    /// a new run joins it. A run the trigger is deduplicated to or absorbed into keeps its own.
+    pub trace_parent: Option<String>,
 }
 
 /// How a trigger or an event met its job's debounce and dedup.

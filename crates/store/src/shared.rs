@@ -967,6 +967,7 @@ pub fn emission(run: &Ended, run_id: i64, key: &str) -> sked_core::event::EventS
         key: key.to_string(),
         id: sked_core::event::emitted_id(&run.job, run.scheduled_for),
         payload: sked_core::event::emitted_payload(&run.job, run_id, run.scheduled_for),
+        trace_parent: None,
     }
 }
 

@@ -43,11 +43,13 @@ pub async fn post(
     State(state): State<AppState>,
     caller: Caller,
     Query(ns): Query<Namespace>,
+    headers: axum::http::HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<PostedView>), ApiError> {
     let namespace = ns.checked(&caller)?;
-    let spec: EventSpec = parse_json(&body(raw)?)?;
+    let mut spec: EventSpec = parse_json(&body(raw)?)?;
     spec.validate()?;
+    spec.trace_parent = super::joined_trace(&state, &headers);
     let (ns, key, id) = (namespace.clone(), spec.key.clone(), spec.id.clone());
     let audit = audit::by(&caller, move |posted: &PostedEvent| {
         posted.created.then(|| Change {

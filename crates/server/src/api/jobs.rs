@@ -687,6 +687,7 @@ pub async fn trigger(
     caller: Caller,
     Path(name): Path<String>,
     Query(ns): Query<Namespace>,
+    headers: axum::http::HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<RunRecord>), ApiError> {
     let namespace = ns.checked(&caller)?;
@@ -706,6 +707,7 @@ pub async fn trigger(
         job_id: job.id,
         scheduled_for: sked_core::ledger_instant(Utc::now()),
         params,
+        trace_parent: super::joined_trace(&state, &headers),
     };
     let (ns, job_name) = (namespace.clone(), name.clone());
     let audit = audit::by(&caller, move |triggered: &TriggeredRun| {

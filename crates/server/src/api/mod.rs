@@ -639,6 +639,22 @@ fn too_large(limit: usize) -> ApiError {
     .with_field("body")
 }
 
+/// The trace a request carries (its W3C `traceparent` header), as a run that joins it keeps
+/// it: only while this server exports traces. A header that is absent, repeated or not a
+/// valid `traceparent` is ignored, as W3C Trace Context asks (the run then starts a trace of
+/// its own).
+pub fn joined_trace(state: &AppState, headers: &axum::http::HeaderMap) -> Option<String> {
+    state.run_traces?;
+    let mut values = headers
+        .get_all(sked_core::protocol::HEADER_TRACEPARENT)
+        .iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return None;
+    };
+    let parent = sked_core::trace::TraceParent::parse(value.to_str().ok()?).ok()?;
+    Some(sked_core::trace::Joined::given(parent).to_string())
+}
+
 pub fn body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body_within(body, MAX_BODY)
 }

@@ -775,9 +775,10 @@ async fn start(
              pinned_worker, trace_parent) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15, \
                      (SELECT version FROM jobs WHERE id = $1), (p.shard - 1)::int, $16, p.worker, \
-                     (SELECT coalesce(split_part(u.trace_parent, '/', 1), 'r:' || u.id) \
-                             || '/r:' || u.id \
-                      FROM runs u WHERE u.id = $18 AND u.scheduled_for = $4) \
+                     coalesce($19, \
+                         (SELECT coalesce(split_part(u.trace_parent, '/', 1), 'r:' || u.id) \
+                                 || '/r:' || u.id \
+                          FROM runs u WHERE u.id = $18 AND u.scheduled_for = $4)) \
              FROM unnest($17::text[]) WITH ORDINALITY AS p(worker, shard) \
              ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING RETURNING id",
         )
@@ -807,6 +808,7 @@ async fn start(
                 &count,
                 &places,
                 &at.upstream,
+                &at.event.and_then(|e| e.trace_parent.as_deref()),
             ],
         )
         .await?;

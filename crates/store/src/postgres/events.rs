@@ -14,7 +14,8 @@ use sked_core::records::EventRecord;
 use sked_core::Instant;
 use tokio_postgres::Row;
 
-const COLUMNS: &str = "namespace, key, event_id, payload, occurred_at, emitted_by_run";
+const COLUMNS: &str =
+    "namespace, key, event_id, payload, occurred_at, emitted_by_run, trace_parent";
 
 fn event(row: &Row) -> PgResult<EventRecord> {
     Ok(EventRecord {
@@ -24,6 +25,7 @@ fn event(row: &Row) -> PgResult<EventRecord> {
         payload: crate::shared::event_payload(row.try_get(3)?)?,
         occurred_at: rows::instant(row.try_get(4)?)?,
         emitted_by_run: row.try_get(5)?,
+        trace_parent: row.try_get(6)?,
     })
 }
 
@@ -88,24 +90,33 @@ pub(super) async fn record(
     let latest: Option<i64> = tx.query_one(&stmt, &[&namespace]).await?.try_get(0)?;
     let occurred_at = sked_core::event::next_instant(micros(now), latest);
     let payload = crate::shared::to_json("event payload", &spec.payload)?;
+    // An emitted event's runs join the emitting run's trace, as children of its root.
     let stmt = tx
         .prepare_cached(
-            "INSERT INTO events (namespace, key, event_id, payload, occurred_at, emitted_by_run) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO events (namespace, key, event_id, payload, occurred_at, emitted_by_run, \
+                                 trace_parent) \
+             VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, \
+                 (SELECT coalesce(split_part(u.trace_parent, '/', 1), 'r:' || u.id) \
+                         || '/r:' || u.id \
+                  FROM runs u WHERE u.id = $6))) \
+             RETURNING trace_parent",
         )
         .await?;
-    tx.execute(
-        &stmt,
-        &[
-            &namespace,
-            &spec.key,
-            &spec.id,
-            &payload,
-            &occurred_at,
-            &emitted_by_run,
-        ],
-    )
-    .await?;
+    let trace_parent: Option<String> = tx
+        .query_one(
+            &stmt,
+            &[
+                &namespace,
+                &spec.key,
+                &spec.id,
+                &payload,
+                &occurred_at,
+                &emitted_by_run,
+                &spec.trace_parent,
+            ],
+        )
+        .await?
+        .try_get(0)?;
     let record = EventRecord {
         namespace: namespace.to_string(),
         key: spec.key.clone(),
@@ -113,6 +124,7 @@ pub(super) async fn record(
         payload: spec.payload.clone(),
         occurred_at: rows::instant(occurred_at)?,
         emitted_by_run,
+        trace_parent,
     };
     Ok((record, true))
 }

@@ -565,6 +565,7 @@ CREATE INDEX jobs_by_kind ON jobs (namespace, schedule_kind, name);
     r#"
 -- Version 24: the trace a run joined (SQLite's version 21).
 ALTER TABLE runs ADD COLUMN trace_parent TEXT;
+ALTER TABLE events ADD COLUMN trace_parent TEXT;
 "#,
 ];
 

@@ -316,6 +316,17 @@ pub(super) async fn trigger_run(
                 now,
             )
             .await?;
+            if let Some(joined) = &trigger.trace_parent {
+                let ids: Vec<i64> = run.all_runs().collect();
+                let join = tx
+                    .prepare_cached(
+                        "UPDATE runs SET trace_parent = $3 \
+                         WHERE id = ANY($1) AND scheduled_for = $2",
+                    )
+                    .await?;
+                tx.execute(&join, &[&ids, &micros(instant), &joined])
+                    .await?;
+            }
             return Ok(TriggeredRun {
                 run,
                 outcome: FlowOutcome::Recorded,

@@ -643,10 +643,11 @@ fn start(
                  shard_count, pinned_worker, trace_parent) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
                          (SELECT version FROM jobs WHERE id = ?1), ?16, ?17, ?18, \
-                         (SELECT coalesce(substr(u.trace_parent, 1, \
-                                                 instr(u.trace_parent, '/') - 1), \
-                                          'r:' || u.id) || '/r:' || u.id \
-                          FROM runs u WHERE u.id = ?19)) \
+                         coalesce(?20, \
+                             (SELECT coalesce(substr(u.trace_parent, 1, \
+                                                     instr(u.trace_parent, '/') - 1), \
+                                              'r:' || u.id) || '/r:' || u.id \
+                              FROM runs u WHERE u.id = ?19))) \
                  ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING",
             )?
             .execute(params![
@@ -669,6 +670,7 @@ fn start(
                 count,
                 pinned,
                 at.upstream,
+                at.event.and_then(|e| e.trace_parent.as_deref()),
             ])?;
         if written == 0 {
             // Shard 0 recorded already: the instant is.

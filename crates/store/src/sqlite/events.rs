@@ -13,7 +13,8 @@ use sked_core::job::ValidJob;
 use sked_core::records::EventRecord;
 use sked_core::Instant;
 
-const COLUMNS: &str = "namespace, key, event_id, payload, occurred_at, emitted_by_run";
+const COLUMNS: &str =
+    "namespace, key, event_id, payload, occurred_at, emitted_by_run, trace_parent";
 
 fn event(row: &rusqlite::Row<'_>) -> Result<EventRecord> {
     Ok(EventRecord {
@@ -23,6 +24,7 @@ fn event(row: &rusqlite::Row<'_>) -> Result<EventRecord> {
         payload: crate::shared::event_payload(&row.get::<_, String>(3)?)?,
         occurred_at: rows::instant(row.get(4)?)?,
         emitted_by_run: row.get(5)?,
+        trace_parent: row.get(6)?,
     })
 }
 
@@ -77,18 +79,29 @@ pub(super) fn record(
         .query_row(params![namespace], |r| r.get(0))?;
     let occurred_at = sked_core::event::next_instant(micros(now), latest);
     let payload = crate::shared::to_json("event payload", &spec.payload)?;
-    tx.prepare_cached(
-        "INSERT INTO events (namespace, key, event_id, payload, occurred_at, emitted_by_run) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
-        namespace,
-        spec.key,
-        spec.id,
-        payload,
-        occurred_at,
-        emitted_by_run
-    ])?;
+    // An emitted event's runs join the emitting run's trace, as children of its root.
+    let trace_parent: Option<String> = tx
+        .prepare_cached(
+            "INSERT INTO events (namespace, key, event_id, payload, occurred_at, emitted_by_run, \
+                                 trace_parent) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, coalesce(?7, \
+                 (SELECT coalesce(substr(u.trace_parent, 1, instr(u.trace_parent, '/') - 1), \
+                                  'r:' || u.id) || '/r:' || u.id \
+                  FROM runs u WHERE u.id = ?6))) \
+             RETURNING trace_parent",
+        )?
+        .query_row(
+            params![
+                namespace,
+                spec.key,
+                spec.id,
+                payload,
+                occurred_at,
+                emitted_by_run,
+                spec.trace_parent
+            ],
+            |r| r.get(0),
+        )?;
     let record = EventRecord {
         namespace: namespace.to_string(),
         key: spec.key.clone(),
@@ -96,6 +109,7 @@ pub(super) fn record(
         payload: spec.payload.clone(),
         occurred_at: rows::instant(occurred_at)?,
         emitted_by_run,
+        trace_parent,
     };
     Ok((record, true))
 }

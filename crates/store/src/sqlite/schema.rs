@@ -503,6 +503,8 @@ CREATE INDEX jobs_by_kind ON jobs (namespace, schedule_kind, name);
 -- run joins the trace of the upstream run that made or released it. NULL for a run with a
 -- trace of its own, and for every run recorded before this version.
 ALTER TABLE runs ADD COLUMN trace_parent TEXT;
+-- The trace an event's runs join: its poster's, or the run's that emitted it.
+ALTER TABLE events ADD COLUMN trace_parent TEXT;
 "#,
 ];
 

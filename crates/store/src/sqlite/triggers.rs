@@ -257,6 +257,13 @@ pub(super) fn trigger_run(
                 trigger.params.as_ref(),
                 now,
             )?;
+            if let Some(joined) = &trigger.trace_parent {
+                let mut join =
+                    tx.prepare_cached("UPDATE runs SET trace_parent = ?2 WHERE id = ?1")?;
+                for id in run.all_runs() {
+                    join.execute(params![id, joined])?;
+                }
+            }
             return Ok(TriggeredRun {
                 run,
                 outcome: FlowOutcome::Recorded,
