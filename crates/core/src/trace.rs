@@ -440,20 +440,18 @@ pub struct Span {
 /// The most bytes of an error message a span carries.
 pub const MAX_ERROR_LEN: usize = 512;
 
-/// The spans of an ended run: the run itself, the fire's recording, its time queued, and
-/// each attempt. Attributes carry names and numbers only (namespace, job, ids, states, exit
-/// codes), never a definition's values, so nothing secret is exported and cardinality stays
-/// that of the jobs.
+/// The spans of a run: the run itself, the fire's recording, its time queued, and each
+/// attempt; what has not ended yet ends at `until` (the exporter tells ended runs only; the
+/// console draws open ones up to now). Attributes carry names and numbers only (namespace,
+/// job, ids, states, exit codes), never a definition's values, so nothing secret is exported
+/// and cardinality stays that of the jobs.
 pub fn run_spans(
     trace: &RunTrace,
     run: &RunRecord,
     attempts: &[AttemptRecord],
-    kept: Kept,
+    until: Instant,
 ) -> Vec<Span> {
-    let end = run
-        .finished_at
-        .unwrap_or(run.created_at)
-        .max(run.scheduled_for);
+    let end = run.finished_at.unwrap_or(until).max(run.scheduled_for);
     let root = trace.span_id(Part::Run);
     let mut root_attributes = vec![
         ("sked.namespace", Value::Str(run.namespace.clone())),
@@ -480,7 +478,6 @@ pub fn run_spans(
             "sked.start.lateness_ms",
             Value::Int(start_lateness(run).as_millis() as i64),
         ),
-        ("sked.trace.kept", Value::Str(kept.as_str().to_string())),
     ];
     if let Some(reason) = run.skip_reason {
         root_attributes.push((
@@ -823,7 +820,7 @@ mod tests {
                 "2026-11-30T00:00:05Z",
             ),
         ];
-        let spans = run_spans(&trace, &failed, &attempts, Kept::Failed);
+        let spans = run_spans(&trace, &failed, &attempts, failed.created_at);
         let names: Vec<_> = spans.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             names,

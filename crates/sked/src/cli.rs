@@ -541,6 +541,11 @@ pub struct ServerArgs {
     /// whatever the ratio.
     #[arg(long, env = "SKED_TRACE_LATE_AFTER", default_value = "1s")]
     pub trace_late_after: HumanDuration,
+    /// Where the tracing backend shows a trace: a URL with `{trace_id}` in it, e.g.
+    /// `http://jaeger:16686/trace/{trace_id}`. A run's page in the console links its trace
+    /// there.
+    #[arg(long, env = "SKED_TRACE_LINK", value_name = "URL")]
+    pub trace_link: Option<String>,
     /// Audit entries older than this are deleted ("0s" keeps them forever).
     #[arg(long, env = "SKED_AUDIT_RETENTION", default_value = "365days")]
     pub audit_retention: HumanDuration,

@@ -527,6 +527,15 @@ fn trace_settings(args: &ServerArgs) -> Result<Option<TraceSettings>> {
             late_after: args.trace_late_after.0,
         },
         timeout: args.otlp_timeout.0,
+        link: match &args.trace_link {
+            Some(link) if !link.contains("{trace_id}") => {
+                bail!("--trace-link must hold {{trace_id}}, where the trace's id goes")
+            }
+            Some(link) if !(link.starts_with("https://") || link.starts_with("http://")) => {
+                bail!("--trace-link must be an http:// or https:// URL")
+            }
+            link => link.clone(),
+        },
     }))
 }
 

@@ -137,7 +137,15 @@ async fn a_runs_spans_reach_the_collector_with_the_attempt_its_process_was_hande
     let mut sked = Sked::new();
     let receiver = Receiver::start(sked.dir.path());
     let endpoint = format!("http://127.0.0.1:{}", receiver.http);
-    sked.start_dev(&["--otlp-endpoint", &endpoint]).await;
+    sked.start_dev(&[
+        "--otlp-endpoint",
+        &endpoint,
+        "--trace-link",
+        "https://tempo.example/trace/{trace_id}",
+        "--log-format",
+        "json",
+    ])
+    .await;
     assert_eq!(
         sked.put_job("traced", job("echo \"$TRACEPARENT\"")).await.0,
         201
@@ -182,6 +190,48 @@ async fn a_runs_spans_reach_the_collector_with_the_attempt_its_process_was_hande
     );
     assert!(sked.metric("sked_spans_exported_total").await >= 4);
     assert_eq!(spans.len(), 4, "each span once: {spans:?}");
+
+    // The API and the run's page tell the same trace, its spans drawn from the ledger.
+    let view = sked.run(id).await;
+    assert_eq!(view["trace"]["trace_id"], trace_id.as_str());
+    let link = format!("https://tempo.example/trace/{trace_id}");
+    assert_eq!(view["trace"]["link"], link.as_str());
+    let listed: Vec<&str> = view["trace"]["spans"]
+        .as_array()
+        .expect("spans")
+        .iter()
+        .filter_map(|s| s["span_id"].as_str())
+        .collect();
+    let exported: Vec<&str> = ["run default/traced", "record-fire", "queued", "attempt 1"]
+        .iter()
+        .filter_map(|name| named[*name]["span_id"].as_str())
+        .collect();
+    assert_eq!(listed, exported);
+    let page = sked
+        .http
+        .get(format!("{}/runs/{id}", sked.base()))
+        .send()
+        .await
+        .expect("the run's page")
+        .text()
+        .await
+        .expect("its text");
+    assert!(page.contains(&format!("href=\"{link}\"")), "{page}");
+    assert!(page.contains("table class=\"timeline\""), "{page}");
+
+    // The worker's log lines about the attempt carry the trace id.
+    let logs: String = std::fs::read_dir(sked.dir.path())
+        .expect("the test's directory")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("dev-"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .collect();
+    let tagged = format!("\"trace_id\":\"{trace_id}\"");
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("attempt ended") && l.contains(&tagged)),
+        "{logs}"
+    );
 }
 
 #[cfg_attr(not(sked_python_tests), ignore = "needs SKED_TEST_PYTHON")]
@@ -464,6 +514,14 @@ async fn without_an_endpoint_no_trace_context_reaches_a_run() {
     sked.wait_finished(id, Duration::from_secs(20)).await;
     assert_eq!(sked.run_log(id).await, "[unset]\n");
     assert_eq!(sked.metric("sked_spans_exported_total").await, 0);
+    // The timeline is drawn all the same, without ids.
+    let view = sked.run(id).await;
+    assert!(view["trace"]["trace_id"].is_null(), "{view}");
+    let spans = view["trace"]["spans"].as_array().expect("spans");
+    assert_eq!(spans.len(), 4, "{view}");
+    assert!(spans
+        .iter()
+        .all(|s| s["span_id"].is_null() && s["start"].as_str() <= s["end"].as_str()));
 }
 
 #[tokio::test]
@@ -509,6 +567,24 @@ async fn bad_tracing_flags_are_refused_before_anything_starts() {
                 "bad name=hunter2",
             ],
             "not a valid header",
+        ),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://127.0.0.1:4318",
+                "--trace-link",
+                "javascript:alert('{trace_id}')",
+            ],
+            "--trace-link",
+        ),
+        (
+            vec![
+                "--otlp-endpoint",
+                "http://127.0.0.1:4318",
+                "--trace-link",
+                "https://tempo.example/",
+            ],
+            "{trace_id}",
         ),
     ] {
         let data = sked.data_dir();

@@ -588,13 +588,21 @@ impl Agent {
                 key,
             );
         }
-        // Every line logged about this attempt, here or while it runs, carries these fields.
+        // Every line logged about this attempt, here or while it runs, carries these fields;
+        // with the run's trace id (when the server exports traces) a log store links its lines
+        // to the trace.
+        let trace_id = leased
+            .traceparent
+            .as_deref()
+            .and_then(|t| sked_core::trace::TraceParent::parse(t).ok())
+            .map(|t| t.trace_id.to_string());
         let span = tracing::info_span!(
             "attempt",
             attempt_id = leased.attempt_id,
             run_id = leased.run_id,
             namespace = %leased.namespace,
             job = %leased.job,
+            trace_id = trace_id.as_deref(),
         );
         tracing::info!(parent: &span, "attempt starts");
         let options = ExecOptions {

@@ -72,6 +72,8 @@ pub struct RunView {
     /// why (`waiting for workers: 3 eligible, all over the breaker threshold`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting_for_workers: Option<String>,
+    /// Its trace: the id while traces are exported, and its spans from the ledger.
+    pub trace: crate::traces::TraceView,
 }
 
 /// The run with its attempts; a run of a namespace `caller` does not see does not exist.
@@ -99,11 +101,13 @@ pub async fn get(
     let waiting_for_workers = (run.state == RunState::Queued)
         .then(|| state.dispatcher.waiting_for_workers(run.id))
         .flatten();
+    let trace = crate::traces::view(&state, &run, &attempts, Utc::now());
     Ok(Json(RunView {
         lateness_ms: run.lateness_ms(),
         run,
         attempt_history: attempts,
         waiting_for_workers,
+        trace,
     }))
 }
 

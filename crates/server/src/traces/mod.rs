@@ -19,7 +19,7 @@ pub mod export;
 use crate::AppState;
 use chrono::Utc;
 use sked_core::records::RunRecord;
-use sked_core::trace::{run_spans, Kept, RunTrace, Sampling, Span, TraceKey};
+use sked_core::trace::{run_spans, Kept, RunTrace, Sampling, Span, TraceKey, Value};
 use sked_store::EndedCursor;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -38,6 +38,9 @@ pub struct TraceSettings {
     pub sampling: Sampling,
     /// The longest one export may take.
     pub timeout: Duration,
+    /// Where a trace is seen in the tracing backend's UI: an http(s) URL with `{trace_id}` in
+    /// it, which a run's page links its trace id to.
+    pub link: Option<String>,
 }
 
 impl std::fmt::Debug for TraceSettings {
@@ -49,6 +52,7 @@ impl std::fmt::Debug for TraceSettings {
             .field("headers", &names)
             .field("sampling", &self.sampling)
             .field("timeout", &self.timeout)
+            .field("link", &self.link)
             .finish()
     }
 }
@@ -92,6 +96,69 @@ impl RunTracing {
     pub fn judge(&self, run: &RunRecord) -> Option<(RunTrace, Kept)> {
         let trace = RunTrace::stored(&self.key, run.id, run.trace_parent.as_deref());
         self.sampling.keep(&trace, run).map(|kept| (trace, kept))
+    }
+}
+
+/// A run's trace as the API shows it: its id and the link to it while traces are exported,
+/// and its spans as the ledger tells them (the console's timeline, with or without a tracing
+/// backend).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TraceView {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+    pub spans: Vec<SpanView>,
+}
+
+/// One span of [`TraceView`]: the root is the run (depth 0), the rest its children.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SpanView {
+    pub name: String,
+    pub depth: u8,
+    /// While traces are exported: the span's id, as the tracing backend has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
+    pub start: sked_core::Instant,
+    pub end: sked_core::Instant,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `run`'s [`TraceView`] at `now` (what has not ended is drawn up to it).
+pub fn view(
+    state: &AppState,
+    run: &RunRecord,
+    attempts: &[sked_core::records::AttemptRecord],
+    now: sked_core::Instant,
+) -> TraceView {
+    let exported = state.run_traces;
+    let key = exported.map_or(TraceKey::UNKEYED, |t| t.key);
+    let trace = RunTrace::stored(&key, run.id, run.trace_parent.as_deref());
+    let root = trace.span_id(sked_core::trace::Part::Run);
+    let trace_id = exported.map(|_| trace.trace_id.to_string());
+    let link = state
+        .config
+        .traces
+        .as_ref()
+        .and_then(|t| t.link.as_ref())
+        .zip(trace_id.as_ref())
+        .map(|(link, id)| link.replace("{trace_id}", id));
+    let spans = run_spans(&trace, run, attempts, now)
+        .into_iter()
+        .map(|span| SpanView {
+            depth: u8::from(span.span_id != root),
+            span_id: exported.map(|_| span.span_id.to_string()),
+            name: span.name,
+            start: span.start,
+            end: span.end,
+            error: span.error,
+        })
+        .collect();
+    TraceView {
+        trace_id,
+        link,
+        spans,
     }
 }
 
@@ -207,7 +274,13 @@ async fn spans_of(
     for (run, trace, kept) in kept {
         state.metrics.trace_kept(kept);
         let of_run = attempts.remove(&run.id).unwrap_or_default();
-        spans.extend(run_spans(&trace, &run, &of_run, kept));
+        let end = run.finished_at.unwrap_or(run.created_at);
+        let mut told = run_spans(&trace, &run, &of_run, end);
+        if let Some(root) = told.first_mut() {
+            root.attributes
+                .push(("sked.trace.kept", Value::Str(kept.as_str().to_string())));
+        }
+        spans.extend(told);
     }
     Ok(spans)
 }

@@ -1,11 +1,14 @@
-//! One run: its attempts (worker, exit code, timings) and the output of its latest attempt,
-//! followed live while the run is not over (`console.js` reads `/runs/{id}/output`, which is
-//! the API's log passed through as the visitor).
+//! One run: its attempts (worker, exit code, timings), its trace as a timeline of spans (from
+//! the ledger, so it needs no tracing backend; linked to the backend's view when the server
+//! exports traces with `--trace-link`), and the output of its latest attempt, followed live
+//! while the run is not over (`console.js` reads `/runs/{id}/output`, which is the API's log
+//! passed through as the visitor).
 
 use super::{job_href, refused, CsrfOnly};
 use crate::console::api::query;
 use crate::console::layout::{self, millis, span};
 use crate::console::{Console, Visitor};
+use crate::traces::TraceView;
 use axum::extract::{Path, Query, State};
 use axum::http::Method;
 use axum::response::{IntoResponse, Redirect, Response};
@@ -23,6 +26,53 @@ struct RunView {
     attempt_history: Vec<AttemptRecord>,
     #[serde(default)]
     waiting_for_workers: Option<String>,
+    trace: TraceView,
+}
+
+/// Width of the timeline's drawing, in its own units (the SVG scales to its cell).
+const TIMELINE_WIDTH: f64 = 1000.0;
+
+/// The run's spans, one row each: its name, a bar placed on the run's span of time, and how
+/// long it took; the trace id, linked when the server knows where the backend shows it.
+fn timeline(trace: &TraceView) -> maud::Markup {
+    let from = trace.spans.iter().map(|s| s.start).min();
+    let to = trace.spans.iter().map(|s| s.end).max();
+    let (Some(from), Some(to)) = (from, to) else {
+        return html! {};
+    };
+    let whole = (to - from).num_microseconds().unwrap_or(0).max(1) as f64;
+    let at = |t: sked_core::Instant| {
+        (t - from).num_microseconds().unwrap_or(0) as f64 / whole * TIMELINE_WIDTH
+    };
+    html! {
+        h2 #trace-title { "Trace" }
+        @if let Some(id) = &trace.trace_id {
+            p { "trace id "
+                @if let Some(link) = &trace.link { a href=(link) { code { (id) } } }
+                @else { code { (id) } } }
+        }
+        div.table-wrap tabindex="0" {
+            table.timeline aria-labelledby="trace-title" {
+                thead { tr { th scope="col" { "Span" } th scope="col" { "When" } th scope="col" { "Took" } } }
+                tbody {
+                    @for s in &trace.spans {
+                        @let (x, end) = (at(s.start), at(s.end));
+                        tr {
+                            td.depth[s.depth > 0] { (s.name) }
+                            td.bar-cell {
+                                svg viewBox=(format!("0 0 {TIMELINE_WIDTH} 10")) preserveAspectRatio="none"
+                                    role="img" aria-label=(format!("{} from {} to {}", s.name, s.start, s.end)) {
+                                    rect.span.failed[s.error.is_some()] x=(format!("{x:.1}")) y="1"
+                                        width=(format!("{:.1}", (end - x).max(2.0))) height="8" {}
+                                }
+                            }
+                            td.num { (span(Some(s.start), Some(s.end))) }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 pub async fn page(
@@ -128,6 +178,7 @@ pub async fn page(
                 }
             }
         }
+        (timeline(&view.trace))
         h2 #output-title { "Output" @if !over { " " span.badge.busy #live { "live" } } }
         pre.output #output tabindex="0" aria-labelledby="output-title" aria-live="polite"
             data-follow=[(!over).then(|| format!("/runs/{id}/output?{}", query(&[("follow", "true")])))]
