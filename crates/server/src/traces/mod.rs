@@ -170,6 +170,10 @@ const SETTLE: chrono::Duration = chrono::Duration::seconds(2);
 /// How far back the walk starts when this node starts exporting (at start, or on taking over
 /// the maintenance role): a few seconds of runs may be told twice after a handover.
 const LOOKBACK: chrono::Duration = chrono::Duration::seconds(10);
+/// The furthest behind the walk goes: a node that takes the maintenance role back after a
+/// while, or an exporter that cannot keep up, starts again this far back rather than telling
+/// old runs late (the runs it passes over are logged, not exported).
+const MAX_BEHIND: chrono::Duration = chrono::Duration::seconds(60);
 /// Runs read per page.
 const PAGE: u32 = 1_000;
 
@@ -217,10 +221,24 @@ async fn pass(
     now: sked_core::Instant,
 ) -> Option<EndedCursor> {
     let until = now - SETTLE;
-    let mut cursor = cursor.unwrap_or(EndedCursor {
+    let start = EndedCursor {
         finished_at: until - LOOKBACK,
         run_id: 0,
-    });
+    };
+    let mut cursor = match cursor {
+        None => start,
+        Some(at) if at.finished_at < until - MAX_BEHIND => {
+            tracing::warn!(
+                "traces: runs that ended from {} to {} are not exported: the walk was more than \
+                 {}s behind",
+                at.finished_at,
+                start.finished_at,
+                MAX_BEHIND.num_seconds()
+            );
+            start
+        }
+        Some(at) => at,
+    };
     loop {
         let runs = match state.store.ended_runs(cursor, until, PAGE).await {
             Ok(runs) => runs,
