@@ -407,9 +407,80 @@ pub fn start_lateness(run: &RunRecord) -> Duration {
 /// What kind of work a span is, as OpenTelemetry names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpanKind {
+    /// sked's own work, and a process or container it runs.
     Internal,
-    /// The run's attempt handed to a worker or published to a broker.
+    /// An attempt that calls an HTTP endpoint.
+    Client,
+    /// An attempt that publishes a message.
     Producer,
+}
+
+/// What an attempt's span says of its target: its kind of span, and the attributes that name
+/// where it went in OpenTelemetry's semantic conventions (`messaging.*`, `http.*`,
+/// `container.*`), from the definition's names only, never a value that may hold a secret (a
+/// URL, a command, a header, a payload), and templates unrendered, so their cardinality is the
+/// jobs'.
+pub fn target_facts(target: &crate::TargetSpec) -> (SpanKind, Vec<(&'static str, Value)>) {
+    use crate::TargetSpec;
+    let text = |s: &str| Value::Str(s.to_string());
+    let kind = |k: &str| ("sked.target.kind", text(k));
+    match target {
+        TargetSpec::Shell(_) => (SpanKind::Internal, vec![kind("shell")]),
+        TargetSpec::Heartbeat(_) => (SpanKind::Internal, vec![kind("heartbeat")]),
+        TargetSpec::Container(c) => (
+            SpanKind::Internal,
+            vec![kind("container"), ("container.image.name", text(&c.image))],
+        ),
+        TargetSpec::Http(h) => (
+            SpanKind::Client,
+            vec![
+                kind("http"),
+                ("http.request.method", text(&h.method.to_ascii_uppercase())),
+            ],
+        ),
+        TargetSpec::Amqp(a) => (
+            SpanKind::Producer,
+            vec![
+                kind("amqp"),
+                ("messaging.system", text("rabbitmq")),
+                ("messaging.operation.type", text("send")),
+                ("messaging.destination.name", text(&a.exchange)),
+                (
+                    "messaging.rabbitmq.destination.routing_key",
+                    text(&a.routing_key),
+                ),
+            ],
+        ),
+        TargetSpec::Nats(n) => (
+            SpanKind::Producer,
+            vec![
+                kind("nats"),
+                ("messaging.system", text("nats")),
+                ("messaging.operation.type", text("send")),
+                ("messaging.destination.name", text(&n.subject)),
+            ],
+        ),
+        TargetSpec::RedisStream(r) => (
+            SpanKind::Producer,
+            vec![
+                kind("redis_stream"),
+                ("messaging.system", text("redis")),
+                ("messaging.operation.type", text("send")),
+                ("messaging.destination.name", text(&r.stream)),
+            ],
+        ),
+        TargetSpec::Celery(c) => {
+            let mut facts = vec![
+                kind("celery"),
+                ("messaging.operation.type", text("send")),
+                ("sked.celery.task", text(&c.task)),
+            ];
+            if let Some(queue) = &c.queue {
+                facts.push(("messaging.destination.name", text(queue)));
+            }
+            (SpanKind::Producer, facts)
+        }
+    }
 }
 
 /// An attribute's value.
@@ -449,8 +520,12 @@ pub fn run_spans(
     trace: &RunTrace,
     run: &RunRecord,
     attempts: &[AttemptRecord],
+    target: Option<&crate::TargetSpec>,
     until: Instant,
 ) -> Vec<Span> {
+    let (attempt_kind, target_attributes) = target
+        .map(target_facts)
+        .unwrap_or((SpanKind::Internal, Vec::new()));
     let end = run.finished_at.unwrap_or(until).max(run.scheduled_for);
     let root = trace.span_id(Part::Run);
     let mut root_attributes = vec![
@@ -546,6 +621,7 @@ pub fn run_spans(
             ("sked.worker.id", Value::Str(attempt.worker_id.clone())),
             ("sked.lease.fencing_token", Value::Int(attempt.token)),
         ];
+        attributes.extend(target_attributes.iter().cloned());
         if let Some(code) = attempt.exit_code {
             attributes.push(("process.exit.code", Value::Int(i64::from(code))));
         }
@@ -562,7 +638,7 @@ pub fn run_spans(
             span_id: trace.span_id(Part::Attempt(attempt.id)),
             parent: Some(root),
             name: format!("attempt {}", attempt.number),
-            kind: SpanKind::Producer,
+            kind: attempt_kind,
             start: attempt.started_at,
             end: attempt_end,
             attributes,
@@ -820,7 +896,19 @@ mod tests {
                 "2026-11-30T00:00:05Z",
             ),
         ];
-        let spans = run_spans(&trace, &failed, &attempts, failed.created_at);
+        let target: crate::TargetSpec = serde_json::from_value(serde_json::json!(
+            {"amqp": {"connection": "main", "exchange": "jobs", "routing_key": "{{job}}"}}
+        ))
+        .unwrap();
+        let spans = run_spans(&trace, &failed, &attempts, Some(&target), failed.created_at);
+        assert_eq!(spans[3].kind, SpanKind::Producer);
+        assert!(spans[3]
+            .attributes
+            .contains(&("messaging.system", Value::Str("rabbitmq".into()))));
+        assert!(spans[4].attributes.contains(&(
+            "messaging.rabbitmq.destination.routing_key",
+            Value::Str("{{job}}".into())
+        )));
         let names: Vec<_> = spans.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             names,

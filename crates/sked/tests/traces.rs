@@ -180,6 +180,8 @@ async fn a_runs_spans_reach_the_collector_with_the_attempt_its_process_was_hande
         "the attempt span is the process's parent"
     );
     assert_eq!(attempt["attributes"]["process.exit.code"], 0);
+    assert_eq!(attempt["attributes"]["sked.target.kind"], "shell");
+    assert_eq!(attempt["kind"], 1, "internal: {attempt}");
     assert_eq!(attempt["events"][0]["name"], "lease");
     // The root starts at the run's instant.
     let instant = common::instant(&run["scheduled_for"]);
@@ -411,6 +413,15 @@ async fn a_pipeline_through_rabbitmq_and_its_consumer_is_one_connected_trace() {
     assert_eq!(
         process["parent_span_id"], handoff_attempt["span_id"],
         "the consumer continues the attempt"
+    );
+    assert_eq!(handoff_attempt["kind"], 4, "a producer: {handoff_attempt}");
+    assert_eq!(
+        handoff_attempt["attributes"]["messaging.system"],
+        "rabbitmq"
+    );
+    assert_eq!(
+        handoff_attempt["attributes"]["messaging.destination.name"],
+        exchange.as_str()
     );
     let load_attempt = spans
         .iter()

@@ -158,6 +158,7 @@ impl Exporter {
             parent_span_is_remote: is_root_joined,
             span_kind: match span.kind {
                 trace::SpanKind::Internal => SpanKind::Internal,
+                trace::SpanKind::Client => SpanKind::Client,
                 trace::SpanKind::Producer => SpanKind::Producer,
             },
             name: Cow::Owned(span.name),

@@ -20,11 +20,11 @@ use crate::AppState;
 use chrono::Utc;
 use sked_core::records::RunRecord;
 use sked_core::trace::{run_spans, Kept, RunTrace, Sampling, Span, TraceKey, Value};
+use sked_core::TargetSpec;
 use sked_store::EndedCursor;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Mutex};
 
 /// How the server exports traces.
 #[derive(Clone)]
@@ -144,7 +144,7 @@ pub fn view(
         .and_then(|t| t.link.as_ref())
         .zip(trace_id.as_ref())
         .map(|(link, id)| link.replace("{trace_id}", id));
-    let spans = run_spans(&trace, run, attempts, now)
+    let spans = run_spans(&trace, run, attempts, None, now)
         .into_iter()
         .map(|span| SpanView {
             depth: u8::from(span.span_id != root),
@@ -194,32 +194,74 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
     super::maintenance::every(INTERVAL, INTERVAL, elected.clone(), shutdown, || {
         let (state, exporter, walk) = (state.clone(), exporter.clone(), walk.clone());
         async move {
-            let cursor = walk.lock().unwrap_or_else(|e| e.into_inner()).cursor;
-            let now = Utc::now();
-            let cursor = pass(&state, &tracing, &exporter, cursor, now).await;
-            walk.lock().unwrap_or_else(|e| e.into_inner()).cursor = cursor;
+            let mut walk = walk.lock().await;
+            walk.pass(&state, &tracing, &exporter, Utc::now()).await;
         }
     })
     .await;
     exporter.shutdown().await;
 }
 
-/// Where the walk of ended runs is; `None` until the first pass, which starts [`LOOKBACK`]
-/// back.
+/// How long a job's target is kept before it is read again, and how many jobs' are kept.
+const TARGET_TTL: Duration = Duration::from_secs(60);
+const MAX_TARGETS: usize = 10_000;
+
+/// What the exporter keeps between passes: where the walk of ended runs is (`None` until the
+/// first pass, which starts [`LOOKBACK`] back), and the targets of the jobs it told runs of,
+/// which name their attempts' destinations (`None`: the job is gone).
 #[derive(Default)]
 struct Walk {
     cursor: Option<EndedCursor>,
+    targets: HashMap<i64, (std::time::Instant, Option<TargetSpec>)>,
 }
 
-/// One pass: every page of runs ended since `cursor` up to `now - SETTLE`, told; the cursor
-/// the walk is at after it. A page the store cannot read ends the pass where it is.
-async fn pass(
+impl Walk {
+    /// One pass, which moves the cursor on; a page the store cannot read ends it there.
+    async fn pass(
+        &mut self,
+        state: &AppState,
+        tracing: &RunTracing,
+        exporter: &export::Exporter,
+        now: sked_core::Instant,
+    ) {
+        self.cursor = walk(state, tracing, exporter, self, now).await;
+    }
+
+    /// The targets of these jobs, read where not known or stale.
+    async fn targets_of(&mut self, state: &AppState, job_ids: impl Iterator<Item = i64>) {
+        let now = std::time::Instant::now();
+        if self.targets.len() > MAX_TARGETS {
+            self.targets.clear();
+        }
+        for id in job_ids {
+            let fresh = self
+                .targets
+                .get(&id)
+                .is_some_and(|(read, _)| now.duration_since(*read) < TARGET_TTL);
+            if fresh {
+                continue;
+            }
+            match state.store.get_job_by_id(id).await {
+                Ok(job) => {
+                    self.targets.insert(id, (now, job.map(|j| j.spec.target)));
+                }
+                // Told without its target's attributes this time.
+                Err(e) => tracing::debug!("traces: cannot read job {id}: {e}"),
+            }
+        }
+    }
+}
+
+/// Every page of runs ended since the walk's cursor up to `now - SETTLE`, told; the cursor the
+/// walk is at after it.
+async fn walk(
     state: &AppState,
     tracing: &RunTracing,
     exporter: &export::Exporter,
-    cursor: Option<EndedCursor>,
+    known: &mut Walk,
     now: sked_core::Instant,
 ) -> Option<EndedCursor> {
+    let cursor = known.cursor;
     let until = now - SETTLE;
     let start = EndedCursor {
         finished_at: until - LOOKBACK,
@@ -255,7 +297,7 @@ async fn pass(
             run_id: last.id,
         };
         let full = runs.len() as u32 == PAGE;
-        let spans = match spans_of(state, tracing, runs).await {
+        let spans = match spans_of(state, tracing, known, runs).await {
             Ok(spans) => spans,
             Err(e) => {
                 tracing::error!("traces: cannot read the attempts of ended runs: {e}");
@@ -274,6 +316,7 @@ async fn pass(
 async fn spans_of(
     state: &AppState,
     tracing: &RunTracing,
+    known: &mut Walk,
     runs: Vec<RunRecord>,
 ) -> sked_store::Result<Vec<Span>> {
     let kept: Vec<(RunRecord, RunTrace, Kept)> = runs
@@ -288,12 +331,15 @@ async fn spans_of(
     for attempt in state.store.attempts_of(&ids).await? {
         attempts.entry(attempt.run_id).or_default().push(attempt);
     }
+    let jobs: std::collections::BTreeSet<i64> = kept.iter().map(|(run, _, _)| run.job_id).collect();
+    known.targets_of(state, jobs.into_iter()).await;
     let mut spans = Vec::new();
     for (run, trace, kept) in kept {
         state.metrics.trace_kept(kept);
         let of_run = attempts.remove(&run.id).unwrap_or_default();
         let end = run.finished_at.unwrap_or(run.created_at);
-        let mut told = run_spans(&trace, &run, &of_run, end);
+        let target = known.targets.get(&run.job_id).and_then(|(_, t)| t.as_ref());
+        let mut told = run_spans(&trace, &run, &of_run, target, end);
         if let Some(root) = told.first_mut() {
             root.attributes
                 .push(("sked.trace.kept", Value::Str(kept.as_str().to_string())));
