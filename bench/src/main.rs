@@ -42,12 +42,15 @@
 //! - `flow`: the `e2e` load without flow control and with it (each run holding one concurrency
 //!   key of 1,000, limit 50, and one rate limit that never holds), alternated in one process;
 //!   the runs/s of each, their ratio, and the store's start call time.
+//! - `traces`: the `e2e` load with trace export off and on at ratios 1.0 and 0.01 (to an
+//!   OTLP/HTTP sink in the process), alternated in one process; runs/s, fire lateness and CPU
+//!   per run of each, their ratios over off, and the spans, requests and bytes exported.
 //!
 //! `--pg-latency-ms D` puts D ms each way between the benchmark (its server nodes included)
 //! and PostgreSQL, through a delaying proxy in its process (`latency.rs`).
 //!
-//! `firing`, `e2e`, `burst`, `fairness`, `flow` and `shell` start the real server in this
-//! process on a fresh store: SQLite in a temporary directory, or PostgreSQL with
+//! `firing`, `e2e`, `burst`, `fairness`, `flow`, `traces` and `shell` start the real server in
+//! this process on a fresh store: SQLite in a temporary directory, or PostgreSQL with
 //! `--database-url`, where `--nodes N` (`firing`, `e2e`, `publish`) starts N nodes sharing it. `shell`, `scale` and
 //! `takeover` also run the `sked` binary (the one next to this benchmark, or `--sked-bin`).
 
@@ -74,6 +77,7 @@ mod scale;
 mod shell;
 mod soak;
 mod takeover;
+mod traces;
 mod workflow;
 
 use anyhow::{bail, Result};
@@ -326,6 +330,32 @@ enum Scenario {
         #[arg(long, default_value_t = 2)]
         pairs: usize,
     },
+    /// What trace export costs: the `e2e` load with tracing off and on at each of `--ratios`
+    /// (OTLP/HTTP to a sink in this process that counts and answers at once), `--rounds`
+    /// times each, alternated; runs/s, lateness and CPU per run of each, their ratios over
+    /// off. Fails if a run ends other than succeeded, a span is exported with tracing off,
+    /// none at ratio 1, or a span is dropped.
+    Traces {
+        /// Schedules, each firing every second.
+        #[arg(long, default_value_t = 10_000)]
+        schedules: usize,
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Slots of the no-op worker.
+        #[arg(long, default_value_t = 8_000)]
+        slots: u32,
+        /// Sampling ratios of the traced passes, in the order they are run after each pass
+        /// with tracing off.
+        #[arg(long, value_delimiter = ',', default_value = "1,0.01")]
+        ratios: Vec<f64>,
+        /// Seconds after its instant past which a run that started is kept as late whatever
+        /// the ratio (long, so that the ratio decides what is kept).
+        #[arg(long, default_value_t = 60)]
+        late_after: u64,
+        /// Rounds of passes (off, then each ratio).
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+    },
     /// `e2e` at each of several offered rates (runs per second, each from that many schedules
     /// every second): completions per second and lateness past the ceiling.
     Overload {
@@ -559,6 +589,25 @@ fn main() -> Result<()> {
                     seconds,
                     slots,
                     pairs,
+                })
+                .await
+            }
+            Scenario::Traces {
+                schedules,
+                seconds,
+                slots,
+                ratios,
+                late_after,
+                rounds,
+            } => {
+                traces::run(traces::Options {
+                    database_url,
+                    schedules,
+                    seconds,
+                    slots,
+                    ratios,
+                    late_after: std::time::Duration::from_secs(late_after),
+                    rounds,
                 })
                 .await
             }
