@@ -376,32 +376,58 @@ impl Sampling {
         (u64::from_be_bytes(low) >> 1) < bound
     }
 
-    /// Whether an ended run's trace is kept, and why, from the run alone (its attempts are
-    /// read only for the runs kept); the tail rule first, so a kept failure says it failed.
-    pub fn keep(&self, trace: &RunTrace, run: &RunRecord) -> Option<Kept> {
+    /// Whether an ended run's trace is kept, and why, from the few facts of it the tail rule
+    /// reads (the exporter reads the rest only of the runs kept); the tail rule first, so a
+    /// kept failure says it failed.
+    pub fn keep(&self, trace: &RunTrace, run: &EndFacts) -> Option<Kept> {
         if matches!(run.state, RunState::Failed | RunState::TimedOut) {
             return Some(Kept::Failed);
         }
         if run.attempts > 1 || run.failures > 0 {
             return Some(Kept::Retried);
         }
-        if !run.deadline_missed.is_empty() || run.at_risk.is_some() {
+        if run.deadline_marked {
             return Some(Kept::Deadline);
         }
-        if start_lateness(run) > self.late_after {
+        if run.start_lateness() > self.late_after {
             return Some(Kept::Late);
         }
         self.by_ratio(trace.trace_id).then_some(Kept::Ratio)
     }
 }
 
-/// How long after its instant (or the later time it was made ready for, a retry's backoff
-/// aside) a run started: until its end when it never started. A run waiting on dependencies
-/// is measured from when it was made ready, not from its instant.
-pub fn start_lateness(run: &RunRecord) -> Duration {
-    let due = run.scheduled_for;
-    let started = run.started_at.or(run.finished_at).unwrap_or(due);
-    (started - due).to_std().unwrap_or_default()
+/// What the tail rule reads of an ended run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndFacts {
+    pub state: RunState,
+    pub attempts: u32,
+    pub failures: u32,
+    pub scheduled_for: Instant,
+    pub started_at: Option<Instant>,
+    pub finished_at: Option<Instant>,
+    /// It missed a deadline, or was called at risk of missing its `finish_by`.
+    pub deadline_marked: bool,
+}
+
+impl EndFacts {
+    pub fn of(run: &RunRecord) -> EndFacts {
+        EndFacts {
+            state: run.state,
+            attempts: run.attempts,
+            failures: run.failures,
+            scheduled_for: run.scheduled_for,
+            started_at: run.started_at,
+            finished_at: run.finished_at,
+            deadline_marked: !run.deadline_missed.is_empty() || run.at_risk.is_some(),
+        }
+    }
+
+    /// How long after its instant the run started: until its end when it never started.
+    pub fn start_lateness(&self) -> Duration {
+        let due = self.scheduled_for;
+        let started = self.started_at.or(self.finished_at).unwrap_or(due);
+        (started - due).to_std().unwrap_or_default()
+    }
 }
 
 /// What kind of work a span is, as OpenTelemetry names it.
@@ -551,7 +577,7 @@ pub fn run_spans(
         ),
         (
             "sked.start.lateness_ms",
-            Value::Int(start_lateness(run).as_millis() as i64),
+            Value::Int(EndFacts::of(run).start_lateness().as_millis() as i64),
         ),
     ];
     if let Some(reason) = run.skip_reason {
@@ -859,22 +885,34 @@ mod tests {
         let none = sampling(0.0);
         let trace = RunTrace::of(&TraceKey::UNKEYED, 5, None);
         let on_time = run(RunState::Succeeded, "2026-11-30T00:00:00.010Z");
-        assert_eq!(none.keep(&trace, &on_time), None);
-        assert_eq!(sampling(1.0).keep(&trace, &on_time), Some(Kept::Ratio));
+        assert_eq!(none.keep(&trace, &EndFacts::of(&on_time)), None);
+        assert_eq!(
+            sampling(1.0).keep(&trace, &EndFacts::of(&on_time)),
+            Some(Kept::Ratio)
+        );
         let late = run(RunState::Succeeded, "2026-11-30T00:00:02Z");
-        assert_eq!(none.keep(&trace, &late), Some(Kept::Late));
+        assert_eq!(none.keep(&trace, &EndFacts::of(&late)), Some(Kept::Late));
         let failed = run(RunState::Failed, "2026-11-30T00:00:00.010Z");
-        assert_eq!(none.keep(&trace, &failed), Some(Kept::Failed));
+        assert_eq!(
+            none.keep(&trace, &EndFacts::of(&failed)),
+            Some(Kept::Failed)
+        );
         // A run that succeeded on its second attempt (the first failed or was lost) is kept.
         let mut retried = on_time.clone();
         retried.attempts = 2;
-        assert_eq!(none.keep(&trace, &retried), Some(Kept::Retried));
+        assert_eq!(
+            none.keep(&trace, &EndFacts::of(&retried)),
+            Some(Kept::Retried)
+        );
         let mut missed = on_time;
         missed.deadline_missed = vec![crate::deadline::Miss {
             kind: crate::deadline::DeadlineKind::FinishBy,
             by_ms: 10,
         }];
-        assert_eq!(none.keep(&trace, &missed), Some(Kept::Deadline));
+        assert_eq!(
+            none.keep(&trace, &EndFacts::of(&missed)),
+            Some(Kept::Deadline)
+        );
     }
 
     #[test]

@@ -6447,10 +6447,7 @@ pub async fn ended_runs_are_walked_in_the_order_they_ended(store: &dyn Store) {
     loop {
         let page = store.ended_runs(cursor, t0() + secs(60), 1).await.unwrap();
         let Some(last) = page.last() else { break };
-        cursor = EndedCursor {
-            finished_at: last.finished_at.unwrap(),
-            run_id: last.id,
-        };
+        cursor = last.cursor().expect("an ended run has an end");
         walked.extend(page.iter().map(|r| r.id));
     }
     assert_eq!(walked, order);
@@ -6464,16 +6461,29 @@ pub async fn ended_runs_are_walked_in_the_order_they_ended(store: &dyn Store) {
         [runs[0], runs[2]]
     );
 
-    let attempts = store
-        .attempts_of(&[runs[2], runs[0], runs[1]])
+    // What the walk judges by: a cancelled run, never started, and ones that succeeded.
+    assert_eq!(all[2].facts.state, RunState::Cancelled);
+    assert_eq!(all[2].facts.started_at, None);
+    assert_eq!(all[0].facts.attempts, 1);
+    assert_eq!(all[0].facts.scheduled_for, t0() + secs(1));
+    assert!(all
+        .iter()
+        .all(|r| r.job_id == a.id && !r.facts.deadline_marked));
+
+    // Runs read whole, in the order asked, with their attempts; a missing id is left out.
+    let told = store
+        .told_runs(&[runs[2], runs[0], runs[1], 999_999])
         .await
         .unwrap();
-    let mut seen: Vec<(i64, u32)> = attempts.iter().map(|a| (a.run_id, a.number)).collect();
-    seen.sort();
-    let mut expected = vec![(runs[0], 1), (runs[2], 1)];
-    expected.sort();
-    assert_eq!(seen, expected);
-    assert!(store.attempts_of(&[]).await.unwrap().is_empty());
+    let seen: Vec<(i64, Vec<u32>)> = told
+        .iter()
+        .map(|(run, attempts)| (run.id, attempts.iter().map(|a| a.number).collect()))
+        .collect();
+    assert_eq!(
+        seen,
+        [(runs[2], vec![1]), (runs[0], vec![1]), (runs[1], vec![])]
+    );
+    assert!(store.told_runs(&[]).await.unwrap().is_empty());
 }
 
 /// A dependant's run made by an upstream run's end joins that run's trace, as a child of its

@@ -46,7 +46,7 @@ pub use graph::{GraphStore, MAX_NAMESPACE_EDGES};
 pub use grid::{GridQuery, GridRun, GridStore};
 pub use postgres::PgStore;
 pub use sqlite::{CheckReport, SqliteStore};
-pub use traces::{EndedCursor, TraceStore};
+pub use traces::{EndedCursor, EndedRun, TraceStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -1,18 +1,19 @@
 //! The tracing capability of a store: the runs that ended in a window of time, in the order
-//! they ended, a page at a time, and the attempts of a few runs, so the server's trace
-//! exporter can tell each ended run as spans (`sked_core::trace`). The store only reads: it
-//! changes nothing, and what a run's spans are is core's.
+//! they ended, a page at a time, each as the few facts sampling judges it by, and a few runs
+//! whole with their attempts, so the server's trace exporter reads whole only the runs it
+//! tells as spans (`sked_core::trace`). The store only reads: it changes nothing, and what a
+//! run's spans are is core's.
 
 use crate::Result;
 use async_trait::async_trait;
 use sked_core::records::{AttemptRecord, RunRecord};
+use sked_core::trace::EndFacts;
 use sked_core::Instant;
 
 /// Runs one page of [`TraceStore::ended_runs`] holds at most.
 pub const MAX_ENDED_PAGE: u32 = 5_000;
 
-/// Runs whose attempts one call of [`TraceStore::attempts_of`] reads at most; ids past it are
-/// left out.
+/// Runs one call of [`TraceStore::told_runs`] reads at most; ids past it are left out.
 pub const MAX_ATTEMPT_RUNS: usize = 1_000;
 
 /// Where a walk of ended runs is: the end of the last run read, and its id (runs that ended
@@ -21,6 +22,26 @@ pub const MAX_ATTEMPT_RUNS: usize = 1_000;
 pub struct EndedCursor {
     pub finished_at: Instant,
     pub run_id: i64,
+}
+
+/// An ended run as the walk sees it: enough to name its trace and judge it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndedRun {
+    pub id: i64,
+    pub job_id: i64,
+    /// The trace it joined (`RunRecord::trace_parent`).
+    pub trace_parent: Option<String>,
+    pub facts: EndFacts,
+}
+
+impl EndedRun {
+    /// Where a walk that read this run goes on from.
+    pub fn cursor(&self) -> Option<EndedCursor> {
+        self.facts.finished_at.map(|finished_at| EndedCursor {
+            finished_at,
+            run_id: self.id,
+        })
+    }
 }
 
 #[async_trait]
@@ -32,10 +53,40 @@ pub trait TraceStore: Send + Sync {
         after: EndedCursor,
         until: Instant,
         limit: u32,
-    ) -> Result<Vec<RunRecord>>;
+    ) -> Result<Vec<EndedRun>>;
 
-    /// The attempts of these runs (the first [`MAX_ATTEMPT_RUNS`]), by run and number.
-    async fn attempts_of(&self, run_ids: &[i64]) -> Result<Vec<AttemptRecord>>;
+    /// These runs whole (the first [`MAX_ATTEMPT_RUNS`] ids; a run gone meanwhile is left
+    /// out), each with its attempts by number.
+    async fn told_runs(&self, run_ids: &[i64]) -> Result<Vec<(RunRecord, Vec<AttemptRecord>)>>;
+}
+
+/// The columns of [`EndedRun`], in the order both stores read them.
+pub(crate) const ENDED_COLUMNS: &str = "id, job_id, trace_parent, state, attempts, failures, \
+     scheduled_for, started_at, finished_at, \
+     (deadline_missed IS NOT NULL OR at_risk IS NOT NULL)";
+
+/// Runs with their attempts, in the order of `order`, from rows read in any order.
+pub(crate) fn in_order(
+    order: &[i64],
+    runs: Vec<RunRecord>,
+    attempts: Vec<AttemptRecord>,
+) -> Vec<(RunRecord, Vec<AttemptRecord>)> {
+    let mut by_run: std::collections::HashMap<i64, Vec<AttemptRecord>> =
+        std::collections::HashMap::new();
+    for attempt in attempts {
+        by_run.entry(attempt.run_id).or_default().push(attempt);
+    }
+    let mut runs: std::collections::HashMap<i64, RunRecord> =
+        runs.into_iter().map(|r| (r.id, r)).collect();
+    order
+        .iter()
+        .filter_map(|id| {
+            let run = runs.remove(id)?;
+            let mut attempts = by_run.remove(id).unwrap_or_default();
+            attempts.sort_by_key(|a| a.number);
+            Some((run, attempts))
+        })
+        .collect()
 }
 
 /// A page size within bounds.

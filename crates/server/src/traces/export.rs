@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 
 /// Spans sent in one export request at most: a page of runs is split into requests of this
 /// many spans, each well under a collector's usual 4 MiB limit.
-const SPANS_PER_REQUEST: usize = 2_000;
+pub const SPANS_PER_REQUEST: usize = 2_000;
 
 /// Why the exporter could not be made.
 #[derive(Debug, thiserror::Error)]

@@ -21,7 +21,7 @@ use chrono::Utc;
 use sked_core::records::RunRecord;
 use sked_core::trace::{run_spans, Kept, RunTrace, Sampling, Span, TraceKey, Value};
 use sked_core::TargetSpec;
-use sked_store::EndedCursor;
+use sked_store::{EndedCursor, EndedRun};
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::{watch, Mutex};
@@ -92,10 +92,12 @@ impl RunTracing {
             .to_string()
     }
 
-    /// Whether `run` is told, and its trace if so.
-    pub fn judge(&self, run: &RunRecord) -> Option<(RunTrace, Kept)> {
+    /// Whether an ended run is told, and its trace if so.
+    pub fn judge(&self, run: &EndedRun) -> Option<(RunTrace, Kept)> {
         let trace = RunTrace::stored(&self.key, run.id, run.trace_parent.as_deref());
-        self.sampling.keep(&trace, run).map(|kept| (trace, kept))
+        self.sampling
+            .keep(&trace, &run.facts)
+            .map(|kept| (trace, kept))
     }
 }
 
@@ -253,7 +255,8 @@ impl Walk {
 }
 
 /// Every page of runs ended since the walk's cursor up to `now - SETTLE`, told; the cursor the
-/// walk is at after it.
+/// walk is at after it. The spans of the pages are sent in requests of their own size, not one
+/// a page: at a low ratio a page keeps a few runs.
 async fn walk(
     state: &AppState,
     tracing: &RunTracing,
@@ -261,13 +264,12 @@ async fn walk(
     known: &mut Walk,
     now: sked_core::Instant,
 ) -> Option<EndedCursor> {
-    let cursor = known.cursor;
     let until = now - SETTLE;
     let start = EndedCursor {
         finished_at: until - LOOKBACK,
         run_id: 0,
     };
-    let mut cursor = match cursor {
+    let mut cursor = match known.cursor {
         None => start,
         Some(at) if at.finished_at < until - MAX_BEHIND => {
             tracing::warn!(
@@ -281,70 +283,77 @@ async fn walk(
         }
         Some(at) => at,
     };
+    let mut spans = Vec::new();
     loop {
         let runs = match state.store.ended_runs(cursor, until, PAGE).await {
             Ok(runs) => runs,
             Err(e) => {
                 tracing::error!("traces: cannot read ended runs: {e}");
-                return Some(cursor);
+                break;
             }
         };
-        let Some(last) = runs.last() else {
-            return Some(cursor);
-        };
-        let next = EndedCursor {
-            finished_at: last.finished_at.unwrap_or(cursor.finished_at),
-            run_id: last.id,
+        let Some(next) = runs.last().and_then(EndedRun::cursor) else {
+            break;
         };
         let full = runs.len() as u32 == PAGE;
-        let spans = match spans_of(state, tracing, known, runs).await {
-            Ok(spans) => spans,
+        match spans_of(state, tracing, known, runs).await {
+            Ok(told) => spans.extend(told),
             Err(e) => {
-                tracing::error!("traces: cannot read the attempts of ended runs: {e}");
-                return Some(cursor);
+                tracing::error!("traces: cannot read the ended runs to tell: {e}");
+                break;
             }
-        };
-        exporter.send(spans, &state.metrics).await;
+        }
         cursor = next;
+        if spans.len() >= export::SPANS_PER_REQUEST {
+            exporter
+                .send(std::mem::take(&mut spans), &state.metrics)
+                .await;
+        }
         if !full {
-            return Some(cursor);
+            break;
         }
     }
+    exporter.send(spans, &state.metrics).await;
+    Some(cursor)
 }
 
-/// The spans of the runs of a page that sampling keeps, counted by why they were kept.
+/// The spans of the runs of a page that sampling keeps, counted by why they were kept: only
+/// those are read whole, with their attempts.
 async fn spans_of(
     state: &AppState,
     tracing: &RunTracing,
     known: &mut Walk,
-    runs: Vec<RunRecord>,
+    runs: Vec<EndedRun>,
 ) -> sked_store::Result<Vec<Span>> {
-    let kept: Vec<(RunRecord, RunTrace, Kept)> = runs
-        .into_iter()
-        .filter_map(|run| tracing.judge(&run).map(|(trace, kept)| (run, trace, kept)))
+    let kept: HashMap<i64, (RunTrace, Kept)> = runs
+        .iter()
+        .filter_map(|run| tracing.judge(run).map(|judged| (run.id, judged)))
         .collect();
     if kept.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<i64> = kept.iter().map(|(run, _, _)| run.id).collect();
-    let mut attempts: HashMap<i64, Vec<_>> = HashMap::new();
-    for attempt in state.store.attempts_of(&ids).await? {
-        attempts.entry(attempt.run_id).or_default().push(attempt);
-    }
-    let jobs: std::collections::BTreeSet<i64> = kept.iter().map(|(run, _, _)| run.job_id).collect();
+    let ids: Vec<i64> = runs
+        .iter()
+        .map(|r| r.id)
+        .filter(|id| kept.contains_key(id))
+        .collect();
+    let told = state.store.told_runs(&ids).await?;
+    let jobs: std::collections::BTreeSet<i64> = told.iter().map(|(run, _)| run.job_id).collect();
     known.targets_of(state, jobs.into_iter()).await;
     let mut spans = Vec::new();
-    for (run, trace, kept) in kept {
-        state.metrics.trace_kept(kept);
-        let of_run = attempts.remove(&run.id).unwrap_or_default();
+    for (run, attempts) in told {
+        let Some((trace, why)) = kept.get(&run.id) else {
+            continue;
+        };
+        state.metrics.trace_kept(*why);
         let end = run.finished_at.unwrap_or(run.created_at);
         let target = known.targets.get(&run.job_id).and_then(|(_, t)| t.as_ref());
-        let mut told = run_spans(&trace, &run, &of_run, target, end);
-        if let Some(root) = told.first_mut() {
+        let mut these = run_spans(trace, &run, &attempts, target, end);
+        if let Some(root) = these.first_mut() {
             root.attributes
-                .push(("sked.trace.kept", Value::Str(kept.as_str().to_string())));
+                .push(("sked.trace.kept", Value::Str(why.as_str().to_string())));
         }
-        spans.extend(told);
+        spans.extend(these);
     }
     Ok(spans)
 }

@@ -1,12 +1,14 @@
 //! Tracing reads (`TraceStore`) on SQLite: ended runs walked through `runs_finished`
-//! (finished_at, where set) from a cursor, and the attempts of a few runs by their run. It
-//! reads `runs` and `attempts` only and writes nothing.
+//! (finished_at, where set) from a cursor, a few columns each, and a few runs whole with their
+//! attempts. It reads `runs` and `attempts` only and writes nothing.
 
 use super::rows::{self, micros, ATTEMPT_COLUMNS, RUN_COLUMNS};
-use crate::traces::{self, EndedCursor};
+use crate::shared::{instant, opt_instant, run_state};
+use crate::traces::{self, EndedCursor, EndedRun, ENDED_COLUMNS};
 use crate::Result;
 use rusqlite::{params, Transaction};
 use sked_core::records::{AttemptRecord, RunRecord};
+use sked_core::trace::EndFacts;
 use sked_core::Instant;
 
 fn ended(
@@ -14,9 +16,9 @@ fn ended(
     after: EndedCursor,
     until: Instant,
     limit: u32,
-) -> Result<Vec<RunRecord>> {
+) -> Result<Vec<EndedRun>> {
     let sql = format!(
-        "SELECT {RUN_COLUMNS} FROM runs INDEXED BY runs_finished \
+        "SELECT {ENDED_COLUMNS} FROM runs INDEXED BY runs_finished \
          WHERE finished_at >= ?1 AND finished_at < ?3 \
          AND (finished_at > ?1 OR id > ?2) \
          ORDER BY finished_at, id LIMIT ?4"
@@ -30,22 +32,45 @@ fn ended(
     ])?;
     let mut runs = Vec::new();
     while let Some(row) = found.next()? {
-        runs.push(rows::run(row)?);
+        runs.push(EndedRun {
+            id: row.get(0)?,
+            job_id: row.get(1)?,
+            trace_parent: row.get(2)?,
+            facts: EndFacts {
+                state: run_state(&row.get::<_, String>(3)?)?,
+                attempts: row.get(4)?,
+                failures: row.get(5)?,
+                scheduled_for: instant(row.get(6)?)?,
+                started_at: opt_instant(row.get(7)?)?,
+                finished_at: opt_instant(row.get(8)?)?,
+                deadline_marked: row.get(9)?,
+            },
+        });
     }
     Ok(runs)
 }
 
-fn attempts(tx: &Transaction<'_>, run_ids: &[i64]) -> Result<Vec<AttemptRecord>> {
-    let sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run_id = ?1 ORDER BY number");
-    let mut stmt = tx.prepare_cached(&sql)?;
-    let mut all = Vec::new();
-    for id in traces::bounded(run_ids) {
-        let mut found = stmt.query(params![id])?;
+fn told(tx: &Transaction<'_>, run_ids: &[i64]) -> Result<Vec<(RunRecord, Vec<AttemptRecord>)>> {
+    let ids = traces::bounded(run_ids);
+    let run_sql = format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1");
+    let attempt_sql =
+        format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE run_id = ?1 ORDER BY number");
+    let (mut run_stmt, mut attempt_stmt) = (
+        tx.prepare_cached(&run_sql)?,
+        tx.prepare_cached(&attempt_sql)?,
+    );
+    let (mut runs, mut attempts) = (Vec::new(), Vec::new());
+    for id in ids {
+        let mut found = run_stmt.query(params![id])?;
         while let Some(row) = found.next()? {
-            all.push(rows::attempt(row)?);
+            runs.push(rows::run(row)?);
+        }
+        let mut found = attempt_stmt.query(params![id])?;
+        while let Some(row) = found.next()? {
+            attempts.push(rows::attempt(row)?);
         }
     }
-    Ok(all)
+    Ok(traces::in_order(ids, runs, attempts))
 }
 
 #[async_trait::async_trait]
@@ -55,12 +80,12 @@ impl crate::TraceStore for super::SqliteStore {
         after: EndedCursor,
         until: Instant,
         limit: u32,
-    ) -> Result<Vec<RunRecord>> {
+    ) -> Result<Vec<EndedRun>> {
         self.read(move |tx| ended(tx, after, until, limit)).await
     }
 
-    async fn attempts_of(&self, run_ids: &[i64]) -> Result<Vec<AttemptRecord>> {
+    async fn told_runs(&self, run_ids: &[i64]) -> Result<Vec<(RunRecord, Vec<AttemptRecord>)>> {
         let ids = run_ids.to_vec();
-        self.read(move |tx| attempts(tx, &ids)).await
+        self.read(move |tx| told(tx, &ids)).await
     }
 }
