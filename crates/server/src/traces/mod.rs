@@ -164,8 +164,12 @@ pub fn view(
     }
 }
 
-/// How often the exporter looks for ended runs.
+/// How often the exporter looks for ended runs: once a second, half a second after the whole
+/// second ([`to_mid_second`]), away from the instants most schedules name, whose fires its
+/// reads would otherwise meet on a busy node.
 const INTERVAL: Duration = Duration::from_secs(1);
+/// The shortest pause between two passes; the rest of the wait is [`to_mid_second`]'s.
+const MIN_PAUSE: Duration = Duration::from_millis(10);
 /// A run is read this long after the end it records, so that ends committed a little after
 /// they were stamped are not walked past.
 const SETTLE: chrono::Duration = chrono::Duration::seconds(2);
@@ -193,15 +197,28 @@ pub async fn run(state: AppState, shutdown: watch::Receiver<bool>) {
     };
     let walk = std::sync::Arc::new(Mutex::new(Walk::default()));
     let elected = state.maintenance.clone();
-    super::maintenance::every(INTERVAL, INTERVAL, elected.clone(), shutdown, || {
+    super::maintenance::every(INTERVAL, MIN_PAUSE, elected.clone(), shutdown, || {
         let (state, exporter, walk) = (state.clone(), exporter.clone(), walk.clone());
         async move {
+            tokio::time::sleep(to_mid_second(Utc::now())).await;
             let mut walk = walk.lock().await;
             walk.pass(&state, &tracing, &exporter, Utc::now()).await;
         }
     })
     .await;
     exporter.shutdown().await;
+}
+
+/// How long from `now` to the next half past a whole second (at least [`MIN_PAUSE`] on from
+/// one, so two passes never share a second).
+fn to_mid_second(now: sked_core::Instant) -> Duration {
+    let into = u64::from(now.timestamp_subsec_millis());
+    let wait = (1_500 - into) % 1_000;
+    Duration::from_millis(if wait < MIN_PAUSE.as_millis() as u64 {
+        wait + 1_000
+    } else {
+        wait
+    })
 }
 
 /// How long a job's target is kept before it is read again, and how many jobs' are kept.
@@ -356,4 +373,28 @@ async fn spans_of(
         spans.extend(these);
     }
     Ok(spans)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(millis: i64) -> sked_core::Instant {
+        chrono::DateTime::from_timestamp_millis(1_800_000_000_000 + millis).unwrap_or_default()
+    }
+
+    #[test]
+    fn passes_fall_half_past_a_whole_second() {
+        assert_eq!(to_mid_second(at(0)), Duration::from_millis(500));
+        assert_eq!(to_mid_second(at(499)), Duration::from_millis(1_001));
+        assert_eq!(to_mid_second(at(495)), Duration::from_millis(1_005));
+        assert_eq!(to_mid_second(at(489)), Duration::from_millis(11));
+        assert_eq!(to_mid_second(at(500)), Duration::from_millis(1_000));
+        assert_eq!(to_mid_second(at(999)), Duration::from_millis(501));
+        for ms in 0..3_000 {
+            let next =
+                at(ms) + chrono::Duration::from_std(to_mid_second(at(ms))).unwrap_or_default();
+            assert_eq!(next.timestamp_subsec_millis(), 500, "{ms}");
+        }
+    }
 }
