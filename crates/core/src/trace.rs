@@ -232,6 +232,8 @@ impl fmt::Display for Joined {
 pub struct RunTrace {
     pub trace_id: TraceId,
     pub joined: Option<SpanId>,
+    /// The span it joined is another process's (a caller's), not a run's that sked tells.
+    pub joined_remote: bool,
     pub run_id: i64,
 }
 
@@ -242,6 +244,7 @@ impl RunTrace {
             return RunTrace {
                 trace_id: own_trace(key, run_id),
                 joined: None,
+                joined_remote: false,
                 run_id,
             };
         };
@@ -254,6 +257,7 @@ impl RunTrace {
             ParentOrigin::RunRoot(upstream) => RunTrace {
                 trace_id,
                 joined: None,
+                joined_remote: false,
                 run_id: upstream,
             }
             .span_id(Part::Run),
@@ -261,6 +265,7 @@ impl RunTrace {
         RunTrace {
             trace_id,
             joined: Some(parent),
+            joined_remote: matches!(joined.parent, ParentOrigin::Given(_)),
             run_id,
         }
     }
@@ -523,6 +528,8 @@ pub struct Span {
     pub trace_id: TraceId,
     pub span_id: SpanId,
     pub parent: Option<SpanId>,
+    /// The parent is another process's span (a caller's), as OTLP's flags tell it.
+    pub parent_remote: bool,
     pub name: String,
     pub kind: SpanKind,
     pub start: Instant,
@@ -598,6 +605,7 @@ pub fn run_spans(
         trace_id: trace.trace_id,
         span_id: root,
         parent: trace.joined,
+        parent_remote: trace.joined_remote,
         name: format!("run {}/{}", run.namespace, run.job),
         kind: SpanKind::Internal,
         start: run.scheduled_for,
@@ -610,6 +618,7 @@ pub fn run_spans(
         trace_id: trace.trace_id,
         span_id: trace.span_id(Part::RecordFire),
         parent: Some(root),
+        parent_remote: false,
         name: "record-fire".to_string(),
         kind: SpanKind::Internal,
         start: run.scheduled_for,
@@ -628,6 +637,7 @@ pub fn run_spans(
         trace_id: trace.trace_id,
         span_id: trace.span_id(Part::Queued),
         parent: Some(root),
+        parent_remote: false,
         name: "queued".to_string(),
         kind: SpanKind::Internal,
         start: queued_start,
@@ -663,6 +673,7 @@ pub fn run_spans(
             trace_id: trace.trace_id,
             span_id: trace.span_id(Part::Attempt(attempt.id)),
             parent: Some(root),
+            parent_remote: false,
             name: format!("attempt {}", attempt.number),
             kind: attempt_kind,
             start: attempt.started_at,

@@ -134,7 +134,6 @@ impl Exporter {
     }
 
     fn data(&self, span: trace::Span) -> SpanData {
-        let is_root_joined = span.parent.is_some() && span.name.starts_with("run ");
         // Non-exhaustive, with public fields.
         let mut events = SpanEvents::default();
         events.events = span
@@ -155,7 +154,7 @@ impl Exporter {
             parent_span_id: span
                 .parent
                 .map_or(SpanId::INVALID, |p| SpanId::from_bytes(p.0)),
-            parent_span_is_remote: is_root_joined,
+            parent_span_is_remote: span.parent_remote,
             span_kind: match span.kind {
                 trace::SpanKind::Internal => SpanKind::Internal,
                 trace::SpanKind::Client => SpanKind::Client,
