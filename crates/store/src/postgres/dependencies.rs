@@ -767,22 +767,20 @@ async fn start(
     } = crate::shared::dependant_start(dependant.spec.paused, at.skip);
     let skipped = skip.is_some();
     let (waiting_for, until) = crate::shared::waiting_columns(&dependant.spec, &[], now)?;
-    let stmt = tx
-        .prepare_cached(
-            "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
-             skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
-             waiting_for, waiting_until, event_key, event_id, job_version, shard, shard_count, \
-             pinned_worker, trace_parent) \
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15, \
-                     (SELECT version FROM jobs WHERE id = $1), (p.shard - 1)::int, $16, p.worker, \
-                     coalesce($19, \
-                         (SELECT coalesce(split_part(u.trace_parent, '/', 1), 'r:' || u.id) \
-                                 || '/r:' || u.id \
-                          FROM runs u WHERE u.id = $18 AND u.scheduled_for = $4)) \
-             FROM unnest($17::text[]) WITH ORDINALITY AS p(worker, shard) \
-             ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING RETURNING id",
-        )
-        .await?;
+    let insert = format!(
+        "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+         skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
+         waiting_for, waiting_until, event_key, event_id, job_version, shard, shard_count, \
+         pinned_worker, trace_parent) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15, \
+                 (SELECT version FROM jobs WHERE id = $1), (p.shard - 1)::int, $16, p.worker, \
+                 coalesce($19, \
+                          (SELECT {} FROM runs u WHERE u.id = $18 AND u.scheduled_for = $4)) \
+         FROM unnest($17::text[]) WITH ORDINALITY AS p(worker, shard) \
+         ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING RETURNING id",
+        super::traces::JOINED_UNDER
+    );
+    let stmt = tx.prepare_cached(&insert).await?;
     let places = super::ledger::placements_of(tx, &dependant.spec, at.namespace).await?;
     // At most `sked_core::shard::MAX_SHARDS`.
     let count = i32::try_from(places.len()).unwrap_or(i32::MAX);

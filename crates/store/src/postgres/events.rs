@@ -91,17 +91,15 @@ pub(super) async fn record(
     let occurred_at = sked_core::event::next_instant(micros(now), latest);
     let payload = crate::shared::to_json("event payload", &spec.payload)?;
     // An emitted event's runs join the emitting run's trace, as children of its root.
-    let stmt = tx
-        .prepare_cached(
-            "INSERT INTO events (namespace, key, event_id, payload, occurred_at, emitted_by_run, \
-                                 trace_parent) \
-             VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, \
-                 (SELECT coalesce(split_part(u.trace_parent, '/', 1), 'r:' || u.id) \
-                         || '/r:' || u.id \
-                  FROM runs u WHERE u.id = $6))) \
-             RETURNING trace_parent",
-        )
-        .await?;
+    let insert = format!(
+        "INSERT INTO events (namespace, key, event_id, payload, occurred_at, emitted_by_run, \
+                             trace_parent) \
+         VALUES ($1, $2, $3, $4, $5, $6, \
+                 coalesce($7, (SELECT {} FROM runs u WHERE u.id = $6))) \
+         RETURNING trace_parent",
+        super::traces::JOINED_UNDER
+    );
+    let stmt = tx.prepare_cached(&insert).await?;
     let trace_parent: Option<String> = tx
         .query_one(
             &stmt,

@@ -13,6 +13,10 @@ use sked_core::trace::EndFacts;
 use sked_core::Instant;
 use tokio_postgres::IsolationLevel;
 
+/// What a run (`u`) hands the runs that join its trace (`sqlite/traces.rs`).
+pub(super) const JOINED_UNDER: &str =
+    "coalesce(split_part(u.trace_parent, '/', 1), 'r:' || u.id) || '/r:' || u.id";
+
 async fn ended(
     tx: &Tx<'_>,
     after: EndedCursor,

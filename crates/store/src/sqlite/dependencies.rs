@@ -634,44 +634,40 @@ fn start(
     let places = super::ledger::placements_of(tx, &dependant.spec, at.namespace)?;
     let count = places.len();
     let mut runs = Vec::new();
+    let insert = format!(
+        "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+         skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
+         waiting_for, waiting_until, event_key, event_id, job_version, shard, \
+         shard_count, pinned_worker, trace_parent) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+                 (SELECT version FROM jobs WHERE id = ?1), ?16, ?17, ?18, \
+                 coalesce(?20, (SELECT {} FROM runs u WHERE u.id = ?19))) \
+         ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING",
+        super::traces::JOINED_UNDER
+    );
     for (shard, pinned) in places.into_iter().enumerate() {
-        let written = tx
-            .prepare_cached(
-                "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
-                 skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
-                 waiting_for, waiting_until, event_key, event_id, job_version, shard, \
-                 shard_count, pinned_worker, trace_parent) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-                         (SELECT version FROM jobs WHERE id = ?1), ?16, ?17, ?18, \
-                         coalesce(?20, \
-                             (SELECT coalesce(substr(u.trace_parent, 1, \
-                                                     instr(u.trace_parent, '/') - 1), \
-                                              'r:' || u.id) || '/r:' || u.id \
-                              FROM runs u WHERE u.id = ?19))) \
-                 ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING",
-            )?
-            .execute(params![
-                dependant.id,
-                at.namespace,
-                dependant.name,
-                micros(at.instant),
-                at.trigger.as_str(),
-                state.as_str(),
-                skip.map(SkipReason::as_str),
-                dependant.priority,
-                micros(now),
-                skipped.then(|| micros(now)),
-                waiting_reason,
-                waiting_reason.map(|_| &waiting_for),
-                waiting_reason.map(|_| until),
-                at.event.map(|e| &e.key),
-                at.event.map(|e| &e.id),
-                shard,
-                count,
-                pinned,
-                at.upstream,
-                at.event.and_then(|e| e.trace_parent.as_deref()),
-            ])?;
+        let written = tx.prepare_cached(&insert)?.execute(params![
+            dependant.id,
+            at.namespace,
+            dependant.name,
+            micros(at.instant),
+            at.trigger.as_str(),
+            state.as_str(),
+            skip.map(SkipReason::as_str),
+            dependant.priority,
+            micros(now),
+            skipped.then(|| micros(now)),
+            waiting_reason,
+            waiting_reason.map(|_| &waiting_for),
+            waiting_reason.map(|_| until),
+            at.event.map(|e| &e.key),
+            at.event.map(|e| &e.id),
+            shard,
+            count,
+            pinned,
+            at.upstream,
+            at.event.and_then(|e| e.trace_parent.as_deref()),
+        ])?;
         if written == 0 {
             // Shard 0 recorded already: the instant is.
             break;

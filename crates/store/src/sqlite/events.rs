@@ -80,28 +80,26 @@ pub(super) fn record(
     let occurred_at = sked_core::event::next_instant(micros(now), latest);
     let payload = crate::shared::to_json("event payload", &spec.payload)?;
     // An emitted event's runs join the emitting run's trace, as children of its root.
-    let trace_parent: Option<String> = tx
-        .prepare_cached(
-            "INSERT INTO events (namespace, key, event_id, payload, occurred_at, emitted_by_run, \
-                                 trace_parent) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, coalesce(?7, \
-                 (SELECT coalesce(substr(u.trace_parent, 1, instr(u.trace_parent, '/') - 1), \
-                                  'r:' || u.id) || '/r:' || u.id \
-                  FROM runs u WHERE u.id = ?6))) \
-             RETURNING trace_parent",
-        )?
-        .query_row(
-            params![
-                namespace,
-                spec.key,
-                spec.id,
-                payload,
-                occurred_at,
-                emitted_by_run,
-                spec.trace_parent
-            ],
-            |r| r.get(0),
-        )?;
+    let insert = format!(
+        "INSERT INTO events (namespace, key, event_id, payload, occurred_at, emitted_by_run, \
+                             trace_parent) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, \
+                 coalesce(?7, (SELECT {} FROM runs u WHERE u.id = ?6))) \
+         RETURNING trace_parent",
+        super::traces::JOINED_UNDER
+    );
+    let trace_parent: Option<String> = tx.prepare_cached(&insert)?.query_row(
+        params![
+            namespace,
+            spec.key,
+            spec.id,
+            payload,
+            occurred_at,
+            emitted_by_run,
+            spec.trace_parent
+        ],
+        |r| r.get(0),
+    )?;
     let record = EventRecord {
         namespace: namespace.to_string(),
         key: spec.key.clone(),

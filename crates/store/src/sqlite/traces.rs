@@ -11,6 +11,11 @@ use sked_core::records::{AttemptRecord, RunRecord};
 use sked_core::trace::EndFacts;
 use sked_core::Instant;
 
+/// What a run (`u`) hands the runs that join its trace as children of its root
+/// (`sked_core::trace::Joined`): its trace's origin (the one it joined, or itself), then itself.
+pub(super) const JOINED_UNDER: &str = "coalesce(substr(u.trace_parent, 1, \
+     instr(u.trace_parent, '/') - 1), 'r:' || u.id) || '/r:' || u.id";
+
 fn ended(
     tx: &Transaction<'_>,
     after: EndedCursor,
