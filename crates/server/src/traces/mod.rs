@@ -6,10 +6,11 @@
 //! node shares, so targets (processes, HTTP endpoints, broker consumers) make their spans
 //! children of the attempt's span without any node having recorded anything. The elected
 //! node's exporter ([`run`]) walks the runs that ended, a page at a time behind a settling
-//! delay (a run's end may commit a little after the instant it records), keeps those the
-//! sampling keeps (`sked_core::trace::Sampling`: a share by trace id, and every failed,
-//! retried, late or deadline-missing run), builds their spans from the ledger
-//! (`sked_core::trace::run_spans`) and sends them (`export.rs`). Spans that cannot be sent
+//! delay (a run's end may commit a little after the instant it records), judges each by a few
+//! columns and keeps those the sampling keeps (`sked_core::trace::Sampling`: a share by trace
+//! id, and every failed, retried, late or deadline-missing run), reads only those whole,
+//! builds their spans from the ledger (`sked_core::trace::run_spans`) and sends them
+//! (`export.rs`). Spans that cannot be sent
 //! are counted and dropped: tracing never holds the ledger back.
 //!
 //! It reads the store through `TraceStore` only and changes nothing.
