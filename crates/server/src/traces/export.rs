@@ -130,7 +130,9 @@ impl Exporter {
     }
 
     pub async fn shutdown(&self) {
-        let _ = self.inner.shutdown();
+        if let Err(e) = self.inner.shutdown() {
+            tracing::warn!("traces: the exporter did not shut down cleanly: {e}");
+        }
     }
 
     fn data(&self, span: trace::Span) -> SpanData {
