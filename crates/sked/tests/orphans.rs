@@ -147,6 +147,66 @@ async fn a_sigkilled_worker_takes_its_jobs_processes_with_it() {
     );
 }
 
+/// The worker's supervisor server: its child whose command line names it.
+fn supervisor_server_of(worker: i32) -> Option<i32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let ppid: i32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let server = String::from_utf8_lossy(&cmdline).contains("__sked-supervisor-server");
+            (ppid == worker && server).then_some(pid)
+        })
+}
+
+#[tokio::test]
+async fn a_sigkilled_supervisor_server_ends_its_attempts_and_the_next_gets_a_new_one() {
+    let markers = marked([7251, 7252, 7253, 7254]);
+    let mut sked = Sked::new();
+    sked.start_server(&[]).await;
+    let worker = sked.start_worker("serving", 2);
+    let job = json!({"target": shell(&spreading(&markers)), "retry": {"max_attempts": 1}});
+    assert_eq!(sked.put_job("spread", job).await.0, 201);
+    let id = start_spread(&sked, "spread", &markers).await;
+    let worker_pid = sked.workers[worker].pid().as_raw();
+    let server = supervisor_server_of(worker_pid).expect("the worker has a supervisor server");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+
+    // The attempt can no longer learn its supervisor's end: it fails, and its tree is ended.
+    let run = sked.wait_finished(id, Duration::from_secs(20)).await;
+    assert_eq!(run["state"], "failed", "{run}");
+    wait_until(
+        &format!("processes outlived their attempt: {:?}", alive(&markers)),
+        Duration::from_secs(10),
+        || alive(&markers).is_empty(),
+    )
+    .await;
+
+    // The next attempt starts a new server, and runs as usual.
+    let job = json!({"target": shell("echo after; exit 4"), "retry": {"max_attempts": 1}});
+    assert_eq!(sked.put_job("after", job).await.0, 201);
+    let (status, run) = sked.post("/jobs/after/trigger", json!({})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().expect("run id");
+    let run = sked.wait_finished(id, Duration::from_secs(20)).await;
+    assert_eq!(run["state"], "failed", "{run}");
+    assert_eq!(run["attempt_history"][0]["exit_code"], 4, "{run}");
+    let replaced = supervisor_server_of(worker_pid).expect("a new supervisor server");
+    assert_ne!(replaced, server);
+}
+
 #[tokio::test]
 async fn cancel_and_timeout_end_processes_that_left_the_group() {
     let mut sked = Sked::new();

@@ -243,6 +243,8 @@ fn stall_gauge(
 /// What this host offers attempts beyond plain processes and requests: a cgroup per attempt,
 /// a container engine, and the capabilities they add up to.
 struct Hosting {
+    /// The server that forks shell attempts' supervisors, with `config.supervisor`.
+    supervisor: Option<executor::supervisor::client::SupervisorServer>,
     cgroups: Option<executor::cgroup::Cgroups>,
     engine: Option<executor::container::Engine>,
     capabilities: Vec<Capability>,
@@ -304,7 +306,19 @@ impl Hosting {
             },
             cgroups.as_ref().map_or("rlimits", |c| c.describe())
         );
+        let supervisor = match &config.supervisor {
+            None => None,
+            Some(executable) => {
+                let server = executor::supervisor::client::SupervisorServer::new(executable);
+                server
+                    .prepare()
+                    .await
+                    .map_err(|e| WorkerError::Config(e.to_string()))?;
+                Some(server)
+            }
+        };
         Ok(Hosting {
+            supervisor,
             cgroups,
             engine,
             capabilities,
@@ -610,7 +624,7 @@ impl Agent {
             kill_grace: self.config.kill_grace,
             output_drain: self.config.output_drain,
             http_body_cap: self.config.http_body_cap,
-            supervisor: self.config.supervisor.clone(),
+            supervisor: self.hosting.supervisor.clone(),
             cgroups: self.hosting.cgroups.clone(),
             container_engine: self.hosting.engine.clone(),
         };

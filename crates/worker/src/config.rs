@@ -53,8 +53,9 @@ pub struct WorkerConfig {
     pub output_drain: Duration,
     /// The part of an HTTP target's response body that goes to the log.
     pub http_body_cap: usize,
-    /// The executable that supervises each shell attempt (see
-    /// [`executor::supervisor`](crate::executor::supervisor)): `sked` sets its own.
+    /// The executable run once as the supervisor server that forks each shell attempt's
+    /// supervisor (see [`executor::supervisor`](crate::executor::supervisor)): `sked` sets its
+    /// own.
     pub supervisor: Option<std::path::PathBuf>,
     /// First delay before retrying a failed protocol request; it doubles up to `retry_max`.
     pub retry_initial: Duration,

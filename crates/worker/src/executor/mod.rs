@@ -118,10 +118,10 @@ pub struct ExecOptions {
     pub output_drain: Duration,
     /// HTTP: the part of the response body that goes to the output.
     pub http_body_cap: usize,
-    /// Shell: the executable to run as each attempt's [`supervisor`] (the `sked` binary
-    /// itself). Without one, an attempt runs in a process group of its own, which ends with
-    /// cancels and timeouts but not with the worker, and not past `setsid`.
-    pub supervisor: Option<std::path::PathBuf>,
+    /// Shell: the server that forks each attempt's [`supervisor`] (the `sked` binary itself,
+    /// started once). Without one, an attempt runs in a process group of its own, which ends
+    /// with cancels and timeouts but not with the worker, and not past `setsid`.
+    pub supervisor: Option<supervisor::client::SupervisorServer>,
     /// Where attempts get a cgroup of their own for their limits; `None` where this worker
     /// cannot make one (then shell limits fall back to rlimits).
     pub cgroups: Option<cgroup::Cgroups>,

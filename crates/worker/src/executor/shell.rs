@@ -18,14 +18,20 @@
 use super::bind::{self, Account};
 use super::cgroup::AttemptGroup;
 use super::pipes::{abandon, settle, Sink};
-use super::{expire, human, supervisor, ExecOptions, ExecResult, RunInfo, StopSignal};
+use super::supervisor::client::Supervised;
+use super::supervisor::{self, Launch};
+use super::{expire, human, ExecOptions, ExecResult, RunInfo, StopSignal};
 use crate::output::OutputBuffer;
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use sked_core::target::ShellTarget;
 use sked_core::AttemptOutcome;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 use tokio::process::{Child, Command};
@@ -65,8 +71,8 @@ pub async fn run(
     if let Some(line) = &binding.line {
         output.write(line.as_bytes());
     }
-    let mut child = match command(target, &env, info, options, &binding).spawn() {
-        Ok(child) => child,
+    let started = match start(target, &env, info, options, &binding).await {
+        Ok(started) => started,
         Err(e) => {
             let message = format!("cannot start {:?}: {e}", target.command);
             output.write(format!("[sked-worker: {message}]\n").as_bytes());
@@ -74,25 +80,40 @@ pub async fn run(
             return ExecResult::failed(message);
         }
     };
+    let sink = Sink::new(output, target.limits.max_output.map(|m| m.0));
+    let mut readers = Vec::new();
+    let (mut child, control) = match started {
+        Started::Direct(mut child) => {
+            if let Some(stdout) = child.stdout.take() {
+                readers.push(sink.pump(stdout));
+            }
+            if let Some(stderr) = child.stderr.take() {
+                readers.push(sink.pump(stderr));
+            }
+            (Process::Direct(child), None)
+        }
+        Started::Supervised(mut supervised) => {
+            if let Some(stdout) = supervised.stdout.take() {
+                readers.push(sink.pump(stdout));
+            }
+            if let Some(stderr) = supervised.stderr.take() {
+                readers.push(sink.pump(stderr));
+            }
+            let control = supervised.control.take();
+            (Process::Supervised(supervised), control)
+        }
+    };
     let Some(pgid) = child.id().and_then(|id| i32::try_from(id).ok()) else {
         // Not reaped yet right after spawn, so this does not happen; stay safe anyway.
-        let _ = child.start_kill();
+        child.start_kill();
         return ExecResult::failed("the process has no id");
     };
     let mut group = Group {
         pgid: Pid::from_raw(pgid),
         gone: false,
         // The supervisor's end of the pipe: dropping it tells the supervisor to end the tree.
-        control: child.stdin.take(),
+        control,
     };
-    let sink = Sink::new(output, target.limits.max_output.map(|m| m.0));
-    let mut readers = Vec::new();
-    if let Some(stdout) = child.stdout.take() {
-        readers.push(sink.pump(stdout));
-    }
-    if let Some(stderr) = child.stderr.take() {
-        readers.push(sink.pump(stderr));
-    }
 
     let ended = tokio::select! {
         status = child.wait() => End::Exited(status),
@@ -262,56 +283,112 @@ enum End {
     Stopped,
 }
 
-fn command(
+/// An attempt's main process as started: the job itself, or its supervisor.
+enum Started {
+    Direct(Child),
+    Supervised(Box<Supervised>),
+}
+
+/// The main process once its pipes are taken.
+enum Process {
+    Direct(Child),
+    Supervised(Box<Supervised>),
+}
+
+impl Process {
+    fn id(&self) -> Option<u32> {
+        match self {
+            Process::Direct(child) => child.id(),
+            Process::Supervised(supervised) => Some(supervised.pid),
+        }
+    }
+
+    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        match self {
+            Process::Direct(child) => child.wait().await,
+            Process::Supervised(supervised) => supervised.wait().await,
+        }
+    }
+
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        match self {
+            Process::Direct(child) => child.try_wait(),
+            Process::Supervised(supervised) => supervised.try_wait(),
+        }
+    }
+
+    /// Only a job started directly is killed here; a supervisor is told through its pipe.
+    fn start_kill(&mut self) {
+        if let Process::Direct(child) = self {
+            let _ = child.start_kill();
+        }
+    }
+}
+
+/// Starts the attempt: through the worker's supervisor server when it has one, else as a
+/// process group of its own.
+async fn start(
     target: &ShellTarget,
     env: &[(&str, &str)],
     info: &RunInfo,
     options: &ExecOptions,
     binding: &Binding,
-) -> Command {
+) -> std::io::Result<Started> {
     let (program, args) = if target.args.is_empty() {
         ("/bin/sh", vec!["-c".to_string(), target.command.clone()])
     } else {
         (target.command.as_str(), target.args.clone())
     };
-    let mut cmd = match &options.supervisor {
-        Some(supervisor) => {
-            let mut cmd = Command::new(supervisor);
-            cmd.args(supervisor::arguments(
-                options.kill_grace,
-                options.output_drain,
-                &binding.setup,
-                program,
-                &args,
-            ))
-            .stdin(Stdio::piped())
-            // Killing the supervisor would orphan the tree it holds: a dropped attempt
-            // closes the pipe instead, and the supervisor ends the tree.
-            .kill_on_drop(false);
-            cmd
-        }
-        None => {
-            let mut cmd = Command::new(program);
-            cmd.args(&args).stdin(Stdio::null()).kill_on_drop(true);
-            cmd
-        }
-    };
     // The job's own variables first; a run_as user's own HOME, USER and LOGNAME over them;
     // the SKED_* ones describe the run and win.
-    cmd.envs(env.iter().copied());
+    let mut overrides: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     if let Some(account) = &binding.account {
-        cmd.env("HOME", &account.home)
-            .env("USER", &account.name)
-            .env("LOGNAME", &account.name);
+        overrides.push(("HOME".to_string(), account.home.clone()));
+        overrides.push(("USER".to_string(), account.name.clone()));
+        overrides.push(("LOGNAME".to_string(), account.name.clone()));
     }
-    cmd.envs(info.env());
-    if let Some(cwd) = &target.cwd {
-        cmd.current_dir(cwd);
-    }
-    cmd.stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    cmd
+    overrides.extend(info.env());
+    let Some(server) = &options.supervisor else {
+        let mut cmd = Command::new(program);
+        cmd.args(&args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .envs(overrides)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        if let Some(cwd) = &target.cwd {
+            cmd.current_dir(cwd);
+        }
+        return cmd.spawn().map(Started::Direct);
+    };
+    // The supervisor starts the job with exactly this environment: the worker's, as a
+    // process it started would inherit, under the attempt's.
+    let mut environment: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    environment.extend(
+        overrides
+            .into_iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+    );
+    let launch = Launch {
+        args: supervisor::arguments(
+            options.kill_grace,
+            options.output_drain,
+            &binding.setup,
+            program,
+            &args,
+        )
+        .into_iter()
+        .map(OsString::from)
+        .collect(),
+        env: environment.into_iter().collect(),
+        cwd: target.cwd.as_ref().map(PathBuf::from),
+    };
+    let supervised = server.start(&launch).await?;
+    Ok(Started::Supervised(Box::new(supervised)))
 }
 
 fn exited(status: ExitStatus) -> ExecResult {
@@ -346,7 +423,7 @@ struct Group {
     /// Seen empty: from then on the id may be reused and must not be signalled.
     gone: bool,
     /// With a supervisor, the pipe whose end tells it the worker is gone.
-    control: Option<tokio::process::ChildStdin>,
+    control: Option<OwnedFd>,
 }
 
 impl Group {
@@ -359,7 +436,7 @@ impl Group {
     }
 
     /// SIGTERM to the whole group; SIGKILL once `grace` has passed with any of it left.
-    async fn terminate(&mut self, child: &mut Child, grace: Duration) {
+    async fn terminate(&mut self, child: &mut Process, grace: Duration) {
         let _ = killpg(self.pgid, Signal::SIGTERM);
         // A supervisor spends the grace on its tree, then needs a moment to sweep it.
         let margin = if self.control.is_some() {

@@ -1,8 +1,11 @@
 //! The attempt supervisor: a small process between the worker and a shell attempt's processes
 //! that ties their lives to the worker's and ends the whole tree, however it was spread.
 //!
-//! The worker starts it (its own executable again, see [`run_if_requested`]) with a pipe as its
-//! standard input that only the worker writes to. It makes itself a child subreaper, so every
+//! The worker does not start it itself: one long-lived [`server`] process per worker forks a
+//! supervisor for each attempt ([`client`] is the worker's side of it), so an attempt costs a
+//! fork of a small single-threaded process, not an exec of the whole `sked` executable. The
+//! supervisor's standard input is a pipe that only the worker writes to; its standard output
+//! and error are the attempt's output pipes. It makes itself a child subreaper, so every
 //! process the job starts stays its descendant even when it double-forks or calls `setsid`,
 //! then starts the job in a process group of its own and waits. The tree is ended
 //! (SIGTERM to every descendant, SIGKILL to what is left after the grace period):
@@ -24,9 +27,12 @@
 //! options the job starts as before, with no extra system call.
 //!
 //! It then exits as the job's main process did: the same exit code, or killed by the same
-//! signal. One thread and blocking calls (a signalfd and poll): it starts for every attempt,
-//! so it starts cheaply, and has no runtime to leak into the job. It must
-//! not speak the worker protocol nor write anything but its own failures to the output.
+//! signal, which the server reports to the worker. One thread and blocking calls (a signalfd
+//! and poll): it has no runtime to leak into the job. It must not speak the worker protocol
+//! nor write anything but its own failures to the output.
+
+pub mod client;
+pub mod server;
 
 use super::bind::Rlimit;
 use nix::errno::Errno;
@@ -43,9 +49,6 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The first argument that makes the `sked` executable a supervisor.
-pub const SUPERVISOR_ARG: &str = "__sked-attempt-supervisor";
 
 /// How often the tree is looked at while it is being ended.
 const POLL: Duration = Duration::from_millis(20);
@@ -118,8 +121,7 @@ impl Setup {
     }
 }
 
-/// The supervisor's arguments after [`SUPERVISOR_ARG`]:
-/// `<grace ms> <drain ms> [key=value…] -- <program> [args…]`.
+/// A supervisor's arguments: `<grace ms> <drain ms> [key=value…] -- <program> [args…]`.
 pub fn arguments(
     grace: Duration,
     drain: Duration,
@@ -127,11 +129,7 @@ pub fn arguments(
     program: &str,
     args: &[String],
 ) -> Vec<String> {
-    let mut all = vec![
-        SUPERVISOR_ARG.to_string(),
-        grace.as_millis().to_string(),
-        drain.as_millis().to_string(),
-    ];
+    let mut all = vec![grace.as_millis().to_string(), drain.as_millis().to_string()];
     all.extend(setup.options());
     all.push("--".to_string());
     all.push(program.to_string());
@@ -139,21 +137,25 @@ pub fn arguments(
     all
 }
 
-/// When this process was started as a supervisor, runs it and returns the exit code to exit
-/// with; `None` otherwise. Call it first thing in `main`, before any thread or runtime starts.
+/// When this process was started as the worker's supervisor server, runs it and returns the
+/// exit code to exit with; `None` otherwise. Call it first thing in `main`, before any thread
+/// or runtime starts: the server forks, and a fork of a multi-threaded process may not run
+/// the supervisor's code.
 pub fn run_if_requested() -> Option<i32> {
     let mut args = std::env::args_os().skip(1);
-    if args.next()? != SUPERVISOR_ARG {
+    if args.next()? != server::SERVER_ARG {
         return None;
     }
-    let rest: Vec<OsString> = args.collect();
-    Some(match supervise(&rest) {
-        Ok(code) => code,
-        Err(message) => {
-            eprintln!("[sked-worker: {message}]");
-            127
-        }
-    })
+    Some(server::serve())
+}
+
+/// What one supervisor is to start: its arguments (see [`arguments`]), and the job's whole
+/// environment and working directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Launch {
+    pub args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    pub cwd: Option<PathBuf>,
 }
 
 enum Event {
@@ -165,7 +167,11 @@ enum Event {
     WorkerGone,
 }
 
-fn supervise(args: &[OsString]) -> Result<i32, String> {
+/// Supervises one attempt in this process (a fresh fork of the server, single-threaded, its
+/// standard input, output and error already the attempt's): starts the job, waits, ends the
+/// tree, and returns the code to exit with.
+fn supervise(launch: &Launch) -> Result<i32, String> {
+    let args = &launch.args;
     let text = |i: usize| args.get(i).and_then(|a| a.to_str());
     let millis = |i: usize| {
         text(i)
@@ -204,8 +210,13 @@ fn supervise(args: &[OsString]) -> Result<i32, String> {
     let mut command = Command::new(program);
     command
         .args(program_args)
+        .env_clear()
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .process_group(0);
+    if let Some(cwd) = &launch.cwd {
+        command.current_dir(cwd);
+    }
     // The job must not inherit the blocked signals.
     // SAFETY: sigprocmask is async-signal-safe, as a pre_exec closure must be.
     unsafe {
@@ -553,9 +564,8 @@ mod tests {
     use super::*;
 
     fn parse(all: &[String]) -> (Setup, Vec<String>) {
-        assert_eq!(all[0], SUPERVISOR_ARG);
         let dashes = all.iter().position(|a| a == "--").expect("--");
-        let options: Vec<OsString> = all[3..dashes].iter().map(OsString::from).collect();
+        let options: Vec<OsString> = all[2..dashes].iter().map(OsString::from).collect();
         (
             Setup::parse(&options).expect("parses"),
             all[dashes + 1..].to_vec(),
@@ -584,7 +594,7 @@ mod tests {
             "/bin/sh",
             &program_args,
         );
-        assert_eq!(&all[1..3], ["500", "2000"]);
+        assert_eq!(&all[..2], ["500", "2000"]);
         let (parsed, program) = parse(&all);
         assert_eq!(parsed, setup);
         assert_eq!(program, ["/bin/sh", "-c", "echo -- uid=0"]);
@@ -596,7 +606,7 @@ mod tests {
             "true",
             &[],
         );
-        assert_eq!(plain, [SUPERVISOR_ARG, "0", "0", "--", "true"]);
+        assert_eq!(plain, ["0", "0", "--", "true"]);
         assert!(parse(&plain).0.is_empty());
     }
 
