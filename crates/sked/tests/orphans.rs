@@ -274,3 +274,24 @@ async fn leftovers_of_a_finished_job_are_ended_and_its_status_is_kept() {
         .unwrap_or_default();
     assert!(error.contains("SIGTERM"), "{run}");
 }
+
+#[tokio::test]
+async fn a_supervised_job_starts_with_no_signal_blocked() {
+    // The supervisor blocks its stop signals to read them; the job must not inherit that, or
+    // a cancel's SIGTERM would wait for the grace period's SIGKILL.
+    let mut sked = Sked::new();
+    sked.start_dev(&[]).await;
+    let job = json!({"target": shell("grep '^SigBlk' /proc/self/status")});
+    assert_eq!(sked.put_job("mask", job).await.0, 201);
+    let (status, run) = sked.post("/jobs/mask/trigger", json!({})).await;
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().expect("run id");
+    let run = sked.wait_finished(id, Duration::from_secs(20)).await;
+    assert_eq!(run["state"], "succeeded", "{run}");
+    let log = sked.run_log(id).await;
+    let blocked = log
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .unwrap_or_else(|| panic!("no SigBlk line in {log:?}"));
+    assert_eq!(blocked.trim(), "0000000000000000", "{log}");
+}
