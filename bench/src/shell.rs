@@ -7,7 +7,12 @@
 //! Reports the runs that succeeded during the window per second (whatever their instant: the
 //! rate the worker started and finished processes), how many of the window's own instants had
 //! succeeded a little after it, the time from instant to result, and the worker process's CPU
-//! time (its own and its children's, from `/proc/PID/stat`) per run over the window.
+//! time (its own, and its children's: the supervisor server with every supervisor and job it
+//! forked, from `/proc/PID/stat`) per run over the window.
+//!
+//! Then, in the same sitting, the baseline: this process starts `/bin/sh -c COMMAND` directly,
+//! `--slots` at a time, for the same window, with no scheduler around it; the ratio of the two
+//! rates is what sked's worker costs against the machine's own process starts.
 
 use crate::harness::{ms, percentiles_of, start, store_with_jobs};
 use crate::process::{cpu_time, sked_bin, spawn, terminate, CpuTime};
@@ -98,6 +103,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         server_cpu,
     } = measured?;
     let stopped_by_itself = stopped_by_itself?;
+    let direct = direct_starts(&options.command, options.slots, options.seconds).await?;
     let runs = server
         .finish_with_runs(
             store.as_ref(),
@@ -157,6 +163,8 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         "finished_during_window": finished_during,
         "process_starts_per_second": per_second,
         "target_per_second": TARGET_PER_SECOND,
+        "direct_starts_per_second": direct,
+        "vs_direct": per_second / direct,
         "runs_in_window": in_window.len(),
         "succeeded_in_window": succeeded_in_window,
         "window_runs_by_state": by_state,
@@ -229,10 +237,22 @@ async fn measure(
     let opens = Clock::now() + Span::from_secs(1);
     let from = Utc::now() + Duration::seconds(1);
     tokio::time::sleep_until(opens.into()).await;
-    let (worker_start, server_start) = (cpu_time(pid)?, cpu_time(std::process::id())?);
+    // The worker's long-lived children (its supervisor server) are reaped only when it stops,
+    // so their time and their reaped children's is read from them.
+    let helpers = children_of(pid);
+    let worker_time = || -> Result<CpuTime> {
+        let mut time = cpu_time(pid)?;
+        for &helper in &helpers {
+            if let Ok(t) = cpu_time(helper) {
+                time.children += t.own + t.children;
+            }
+        }
+        Ok(time)
+    };
+    let (worker_start, server_start) = (worker_time()?, cpu_time(std::process::id())?);
     tokio::time::sleep_until((opens + Span::from_secs(options.seconds)).into()).await;
     let to = from + Duration::seconds(options.seconds as i64);
-    let (worker_end, server_end) = (cpu_time(pid)?, cpu_time(std::process::id())?);
+    let (worker_end, server_end) = (worker_time()?, cpu_time(std::process::id())?);
     if let Some(status) = worker.try_wait()? {
         bail!(
             "the worker exited ({status}) during the window; see {}",
@@ -250,4 +270,56 @@ async fn measure(
         worker_cpu: less(worker_end, worker_start),
         server_cpu: less(server_end, server_start),
     })
+}
+
+/// The processes whose parent is `pid`, as /proc lists them now.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// `/bin/sh -c COMMAND` started directly by this process, `slots` at a time, for `seconds`:
+/// processes finished per second.
+async fn direct_starts(command: &str, slots: u32, seconds: u64) -> Result<f64> {
+    let window = Span::from_secs(seconds);
+    let started = Clock::now();
+    let mut starters = tokio::task::JoinSet::new();
+    for _ in 0..slots {
+        let command = command.to_string();
+        starters.spawn(async move {
+            let mut done = 0u64;
+            while started.elapsed() < window {
+                // Output read, as the worker reads it.
+                let finished = tokio::process::Command::new("/bin/sh")
+                    .args(["-c", &command])
+                    .stdin(std::process::Stdio::null())
+                    .process_group(0)
+                    .output()
+                    .await?;
+                if finished.status.success() {
+                    done += 1;
+                }
+            }
+            anyhow::Ok(done)
+        });
+    }
+    let mut done = 0;
+    while let Some(finished) = starters.join_next().await {
+        done += finished??;
+    }
+    Ok(done as f64 / started.elapsed().as_secs_f64())
 }
