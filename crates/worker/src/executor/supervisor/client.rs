@@ -6,7 +6,7 @@
 //! Owns the connection and the bookkeeping of requests in flight only; what a supervisor does
 //! is [`super`]'s, and when to end an attempt is the shell executor's.
 
-use super::server::{encode, SERVER_ARG};
+use super::server::{encode, MAX_REQUEST, SERVER_ARG};
 use super::Launch;
 use nix::fcntl::OFlag;
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
@@ -118,6 +118,15 @@ impl SupervisorServer {
         let connection = self.connection().await?;
         let (seq, started) = connection.expect_start();
         let message = encode(seq, launch);
+        // The server cannot skip a request it will not read: refuse it here, not there.
+        if message.len() > MAX_REQUEST + 4 {
+            connection.forget(seq);
+            return Err(io::Error::other(format!(
+                "the command and its environment take {} bytes, over the supervisor's {}",
+                message.len(),
+                MAX_REQUEST
+            )));
+        }
         let sent = connection
             .send(&message, &[&control_read, &stdout_write, &stderr_write])
             .await;
@@ -298,6 +307,13 @@ impl Connection {
         }
     }
 
+    /// Drops a request that will not be sent.
+    fn forget(&self, seq: u64) {
+        if let Ok(mut state) = self.state.lock() {
+            state.starting.remove(&seq);
+        }
+    }
+
     /// Writes one whole request, the descriptors with its first bytes.
     async fn send(&self, message: &[u8], descriptors: &[&OwnedFd]) -> io::Result<()> {
         let _writing = self.writing.lock().await;
@@ -376,4 +392,34 @@ async fn read_answers(
     }
     let _ = server.start_kill();
     let _ = server.wait().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    #[tokio::test]
+    async fn a_launch_over_the_bound_is_refused_before_it_is_sent() {
+        // Any executable will do: the request is refused before the server could read it.
+        let server = SupervisorServer::new("/bin/true");
+        let launch = Launch {
+            args: ["0", "0", "--", "true"]
+                .iter()
+                .map(OsString::from)
+                .collect(),
+            env: vec![(
+                OsString::from("BIG"),
+                OsString::from("x".repeat(MAX_REQUEST)),
+            )],
+            cwd: None,
+        };
+        let error = server.start(&launch).await.err().map(|e| e.to_string());
+        assert!(
+            error
+                .as_deref()
+                .is_some_and(|e| e.contains("over the supervisor's")),
+            "{error:?}"
+        );
+    }
 }
