@@ -197,9 +197,7 @@ async fn a_sigkilled_supervisor_server_ends_its_attempts_and_the_next_gets_a_new
     // The next attempt starts a new server, and runs as usual.
     let job = json!({"target": shell("echo after; exit 4"), "retry": {"max_attempts": 1}});
     assert_eq!(sked.put_job("after", job).await.0, 201);
-    let (status, run) = sked.post("/jobs/after/trigger", json!({})).await;
-    assert_eq!(status, 201, "{run}");
-    let id = run["id"].as_i64().expect("run id");
+    let id = sked.trigger("after").await;
     let run = sked.wait_finished(id, Duration::from_secs(20)).await;
     assert_eq!(run["state"], "failed", "{run}");
     assert_eq!(run["attempt_history"][0]["exit_code"], 4, "{run}");
@@ -283,9 +281,7 @@ async fn a_supervised_job_starts_with_no_signal_blocked() {
     sked.start_dev(&[]).await;
     let job = json!({"target": shell("grep '^SigBlk' /proc/self/status")});
     assert_eq!(sked.put_job("mask", job).await.0, 201);
-    let (status, run) = sked.post("/jobs/mask/trigger", json!({})).await;
-    assert_eq!(status, 201, "{run}");
-    let id = run["id"].as_i64().expect("run id");
+    let id = sked.trigger("mask").await;
     let run = sked.wait_finished(id, Duration::from_secs(20)).await;
     assert_eq!(run["state"], "succeeded", "{run}");
     let log = sked.run_log(id).await;
