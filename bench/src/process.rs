@@ -130,14 +130,7 @@ pub struct CpuTime {
 }
 
 pub fn cpu_time(pid: u32) -> Result<CpuTime> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("read /proc/{pid}/stat"))?;
-    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
-    let rest = text
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .context("an unreadable /proc/PID/stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let fields = stat_fields(pid)?;
     // After the name: state is field 3, so utime (14), stime (15), cutime (16) and cstime (17)
     // are at 11..=14 here.
     let tick = |i: usize| -> Result<f64> {
@@ -152,4 +145,33 @@ pub fn cpu_time(pid: u32) -> Result<CpuTime> {
         own: tick(11)? + tick(12)?,
         children: tick(13)? + tick(14)?,
     })
+}
+
+/// The fields of `/proc/PID/stat` after the command name (field 2, in parentheses, which may
+/// hold spaces): the state is the first.
+fn stat_fields(pid: u32) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("read /proc/{pid}/stat"))?;
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("an unreadable /proc/PID/stat")?;
+    Ok(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// The processes whose parent is `pid`, as /proc lists them now.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            stat_fields(child)
+                .ok()
+                .and_then(|f| f.get(1)?.parse::<u32>().ok())
+                == Some(pid)
+        })
+        .collect()
 }

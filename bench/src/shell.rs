@@ -15,7 +15,7 @@
 //! rates is what sked's worker costs against the machine's own process starts.
 
 use crate::harness::{ms, percentiles_of, start, store_with_jobs};
-use crate::process::{cpu_time, sked_bin, spawn, terminate, CpuTime};
+use crate::process::{children_of, cpu_time, sked_bin, spawn, terminate, CpuTime};
 use anyhow::{bail, Context, Result};
 use chrono::{DateTime, Duration, Utc};
 use serde::Deserialize;
@@ -270,26 +270,6 @@ async fn measure(
         worker_cpu: less(worker_end, worker_start),
         server_cpu: less(server_end, server_start),
     })
-}
-
-/// The processes whose parent is `pid`, as /proc lists them now.
-fn children_of(pid: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|child| {
-            std::fs::read_to_string(format!("/proc/{child}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    let (_, rest) = stat.rsplit_once(')')?;
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(pid)
-        })
-        .collect()
 }
 
 /// `/bin/sh -c COMMAND` started directly by this process, `slots` at a time, for `seconds`:
