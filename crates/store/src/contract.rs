@@ -102,6 +102,7 @@ macro_rules! store_contract_tests {
             dependency_waits_time_out,
             manual_runs_ignore_dependencies,
             racing_upstreams_create_one_dependant_run,
+            one_completion_batch_moves_each_dependant_by_its_own_verdict,
             an_event_starts_one_run_per_event_of_its_key,
             triggers_meet_dedup_within_its_window,
             a_debounced_run_absorbs_triggers_and_starts_at_its_moved_ready_at,
@@ -4635,6 +4636,88 @@ pub async fn manual_runs_ignore_dependencies(store: &dyn Store) {
         ..fire(down.id, t0() + secs(1))
     };
     assert_eq!(fire_one(store, manual).await.state, RunState::Queued);
+}
+
+/// The runs that end in one batch of reports are settled together: every dependant's waiting
+/// run is judged once, after all of them, and each moves by its own verdict, whichever
+/// dependants share the batch.
+pub async fn one_completion_batch_moves_each_dependant_by_its_own_verdict(store: &dyn Store) {
+    let plain = || every_second(serde_json::json!({}));
+    let needs = |upstreams: &[&str], extra: serde_json::Value| {
+        let mut spec = every_second(extra);
+        spec["depends_on"] = upstreams
+            .iter()
+            .map(|u| serde_json::json!({"job": u}))
+            .collect();
+        spec
+    };
+    let a = put(store, "a", plain()).await;
+    let b = put(store, "b", plain()).await;
+    let c = put(store, "c", plain()).await;
+    let ready = put(store, "ready", needs(&["a"], serde_json::json!({}))).await;
+    let waits = put(store, "waits", needs(&["a", "b"], serde_json::json!({}))).await;
+    let failed = put(store, "failed", needs(&["c"], serde_json::json!({}))).await;
+    let held = needs(&["a"], serde_json::json!({"overlap": "skip"}));
+    let by_overlap = put(store, "by-overlap", held).await;
+    let mut follows = needs(&["a"], serde_json::json!({}));
+    if let Some(spec) = follows.as_object_mut() {
+        spec.remove("schedule");
+    }
+    put(store, "follows", follows).await;
+
+    let at = t0() + secs(1);
+    let a_run = fire_one(store, fire(a.id, at)).await.run_id;
+    fire_one(store, fire(b.id, at)).await;
+    let c_run = fire_one(store, fire(c.id, at)).await.run_id;
+    let mut dependants = Vec::new();
+    for job in [&ready, &waits, &failed, &by_overlap] {
+        let fired = fire_one(store, fire(job.id, at)).await;
+        assert_eq!(fired.state, RunState::Waiting, "{}", job.name);
+        dependants.push(fired.run_id);
+    }
+    let [ready_run, waits_run, failed_run, by_overlap_run] = dependants[..] else {
+        unreachable!("four dependants were fired");
+    };
+    let a_attempt = start(store, a_run, "w", 1, at).await;
+    let c_attempt = start(store, c_run, "w", 2, at).await;
+    let effects = store
+        .complete_attempts(
+            &[
+                report(a_attempt, 1, AttemptOutcome::Succeeded),
+                report(c_attempt, 2, AttemptOutcome::Failed),
+            ],
+            at,
+        )
+        .await
+        .unwrap();
+    let mut released: Vec<i64> = effects
+        .into_iter()
+        .flat_map(|effect| match effect {
+            CompletionEffect::Accepted { requeued, .. } => requeued,
+            refused => panic!("a report was refused: {refused:?}"),
+        })
+        .collect();
+    released.sort_unstable();
+
+    let follows_runs = runs_of(store, "follows").await;
+    assert_eq!(follows_runs.len(), 1, "a's end starts one run of follows");
+    assert_eq!(follows_runs[0].scheduled_for, at);
+    assert_eq!(follows_runs[0].state, RunState::Queued);
+    let mut expected = vec![ready_run, by_overlap_run, follows_runs[0].id];
+    expected.sort_unstable();
+    assert_eq!(released, expected, "the released runs, and only them");
+    for run_id in [ready_run, by_overlap_run] {
+        let (run, _) = run(store, run_id).await;
+        assert_eq!(run.state, RunState::Queued, "{}", run.job);
+        assert!(run.waiting_for.is_empty());
+    }
+    let (waiting, _) = run(store, waits_run).await;
+    assert_eq!(waiting.state, RunState::Waiting);
+    assert_eq!(waiting.waiting_for, ["b succeeded at 2026-03-01T12:00:01Z"]);
+    let (skipped, _) = run(store, failed_run).await;
+    assert_eq!(skipped.state, RunState::Skipped);
+    assert_eq!(skipped.skip_reason, Some(SkipReason::UpstreamFailed));
+    assert!(skipped.error.is_some_and(|e| e.contains('c')));
 }
 
 pub async fn racing_upstreams_create_one_dependant_run(store: &dyn Store) {

@@ -11,7 +11,7 @@
 //! a rare deadlock is possible there, and the transaction is run again); locking the whole
 //! graph below up front would make every step of a long pipeline lock all the steps after it.
 
-use super::ledger::{admit_by_overlap, skip_run};
+use super::ledger::{admit_by_overlap, skip_run, skip_runs};
 use super::rows::{self, micros};
 use super::{PgResult, Tx};
 use crate::shared::{
@@ -265,43 +265,75 @@ pub(super) async fn remove_edges(tx: &Tx<'_>, namespace: &str, job: &str) -> PgR
     Ok(())
 }
 
-/// The verdict on a run at `instant` of a job of `namespace` whose definition is `spec`. What
-/// every upstream did in its window is read in one statement (one round trip, however many
-/// upstreams), then judged by core's pure rule.
+/// The verdict on a run at `instant` of a job of `namespace` whose definition is `spec`
+/// ([`judge_all`] for one run).
 pub(super) async fn judge(
     tx: &Tx<'_>,
     namespace: &str,
     spec: &JobSpec,
     instant: Instant,
 ) -> PgResult<Verdict> {
-    let requirements: Vec<_> = dependency::requirements(&spec.depends_on).collect();
-    let mut ends = Vec::with_capacity(requirements.len());
-    // Job windows and event windows, each with its requirement's place (from 1).
-    let (mut jobs, mut job_from, mut job_to, mut job_k) = (vec![], vec![], vec![], vec![]);
-    let (mut keys, mut key_from, mut key_to, mut key_k) = (vec![], vec![], vec![], vec![]);
-    for (k, requirement) in requirements.iter().enumerate() {
-        let (from, to) = requirement.window.around(instant);
-        ends.push(micros(to));
-        let k = k as i64 + 1;
-        match requirement.upstream {
-            Upstream::Job(job) => {
-                jobs.push(job);
-                job_from.push(micros(from));
-                job_to.push(micros(to));
-                job_k.push(k);
-            }
-            Upstream::Event(key) => {
-                keys.push(key);
-                key_from.push(micros(from));
-                key_to.push(micros(to));
-                key_k.push(k);
+    judge_all(tx, &[(namespace, spec, instant)])
+        .await?
+        .pop()
+        .ok_or_else(|| StoreError::Database("a run was judged without a verdict".into()).into())
+}
+
+/// The verdicts on runs, each given by its job's namespace and definition and its instant, in
+/// their order. What every upstream of every run did in its window is read in one statement
+/// (two when some wait for events), however many runs and upstreams: a level of a graph that
+/// is released together costs the same round trips as one run. Each verdict is then core's
+/// pure rule.
+pub(super) async fn judge_all(
+    tx: &Tx<'_>,
+    runs: &[(&str, &JobSpec, Instant)],
+) -> PgResult<Vec<Verdict>> {
+    // Every requirement of every run, by its place in `slots`: (run, requirement).
+    let mut slots: Vec<(usize, usize)> = Vec::new();
+    let mut found: Vec<Vec<WindowRuns>> = Vec::with_capacity(runs.len());
+    let mut ends: Vec<Vec<i64>> = Vec::with_capacity(runs.len());
+    // Job windows and event windows, each with its slot.
+    let (mut job_ns, mut jobs, mut job_from, mut job_to, mut job_k) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut key_ns, mut keys, mut key_from, mut key_to, mut key_k) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for (run, &(namespace, spec, instant)) in runs.iter().enumerate() {
+        let requirements: Vec<_> = dependency::requirements(&spec.depends_on).collect();
+        found.push(vec![WindowRuns::default(); requirements.len()]);
+        let mut run_ends = Vec::with_capacity(requirements.len());
+        for (place, requirement) in requirements.iter().enumerate() {
+            let (from, to) = requirement.window.around(instant);
+            run_ends.push(micros(to));
+            let k = slots.len() as i64;
+            slots.push((run, place));
+            match requirement.upstream {
+                Upstream::Job(job) => {
+                    job_ns.push(namespace);
+                    jobs.push(job);
+                    job_from.push(micros(from));
+                    job_to.push(micros(to));
+                    job_k.push(k);
+                }
+                Upstream::Event(key) => {
+                    key_ns.push(namespace);
+                    keys.push(key);
+                    key_from.push(micros(from));
+                    key_to.push(micros(to));
+                    key_k.push(k);
+                }
             }
         }
+        ends.push(run_ends);
     }
-    let mut found: Vec<WindowRuns> = vec![WindowRuns::default(); requirements.len()];
-    let slot = |found: &mut Vec<WindowRuns>, k: i64| {
-        usize::try_from(k - 1).ok().filter(|k| *k < found.len())
-    };
+    // The window a row's slot names.
+    fn window<'a>(
+        found: &'a mut [Vec<WindowRuns>],
+        slots: &[(usize, usize)],
+        k: i64,
+    ) -> Option<&'a mut WindowRuns> {
+        let &(run, place) = slots.get(usize::try_from(k).ok()?)?;
+        found.get_mut(run)?.get_mut(place)
+    }
     if !jobs.is_empty() {
         // Runs found by name, so those of a job deleted and created again count.
         let stmt = tx
@@ -313,9 +345,10 @@ pub(super) async fn judge(
                         coalesce(bool_or(i.active), false), \
                         min(i.first_unsucceeded) FILTER (WHERE NOT i.active), \
                         max(i.scheduled_for), \
-                        (SELECT next_fire_at FROM jobs j WHERE j.namespace = $1 AND j.name = q.job) \
-                 FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
-                     AS q(job, lo, hi, k) \
+                        (SELECT next_fire_at FROM jobs j WHERE j.namespace = q.ns \
+                             AND j.name = q.job) \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
+                     AS q(ns, job, lo, hi, k) \
                  LEFT JOIN LATERAL ( \
                      SELECT r.scheduled_for, bool_and(r.state = 'succeeded') AS succeeded, \
                          bool_and(r.state NOT IN ('waiting', 'queued', 'running')) AS ended, \
@@ -323,18 +356,18 @@ pub(super) async fn judge(
                          min(lpad(r.id::text, 20, '0') || ' ' || r.state) FILTER (WHERE r.state \
                              NOT IN ('waiting', 'queued', 'running', 'succeeded')) \
                              AS first_unsucceeded \
-                     FROM runs r WHERE r.namespace = $1 AND r.job = q.job COLLATE \"C\" \
+                     FROM runs r WHERE r.namespace = q.ns AND r.job = q.job COLLATE \"C\" \
                          AND r.scheduled_for >= q.lo AND r.scheduled_for <= q.hi \
                      GROUP BY r.scheduled_for) i ON true \
-                 GROUP BY q.k, q.job",
+                 GROUP BY q.k, q.ns, q.job",
             )
             .await?;
-        let args: [&(dyn ToSql + Sync); 5] = [&namespace, &jobs, &job_from, &job_to, &job_k];
+        let args: [&(dyn ToSql + Sync); 5] = [&job_ns, &jobs, &job_from, &job_to, &job_k];
         for row in tx.query(&stmt, &args).await? {
-            let Some(k) = slot(&mut found, row.try_get(0)?) else {
+            let Some(runs) = window(&mut found, &slots, row.try_get(0)?) else {
                 continue;
             };
-            found[k] = WindowRuns {
+            *runs = WindowRuns {
                 succeeded: row.try_get(1)?,
                 ended: row.try_get(2)?,
                 active: row.try_get(3)?,
@@ -348,22 +381,26 @@ pub(super) async fn judge(
         // An event in the window is an upstream that succeeded; one may come at any time.
         let stmt = tx
             .prepare_cached(
-                "SELECT q.k FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[]) \
-                     AS q(key, lo, hi, k) \
-                 WHERE EXISTS (SELECT 1 FROM events e WHERE e.namespace = $1 \
+                "SELECT q.k FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], \
+                     $5::bigint[]) AS q(ns, key, lo, hi, k) \
+                 WHERE EXISTS (SELECT 1 FROM events e WHERE e.namespace = q.ns \
                      AND e.key = q.key COLLATE \"C\" AND e.occurred_at >= q.lo \
                      AND e.occurred_at <= q.hi)",
             )
             .await?;
-        let args: [&(dyn ToSql + Sync); 5] = [&namespace, &keys, &key_from, &key_to, &key_k];
+        let args: [&(dyn ToSql + Sync); 5] = [&key_ns, &keys, &key_from, &key_to, &key_k];
         for row in tx.query(&stmt, &args).await? {
-            if let Some(k) = slot(&mut found, row.try_get(0)?) {
-                found[k].succeeded = true;
-                found[k].ended = true;
+            if let Some(runs) = window(&mut found, &slots, row.try_get(0)?) {
+                runs.succeeded = true;
+                runs.ended = true;
             }
         }
     }
-    Ok(verdict_from(spec, instant, &found, &ends))
+    Ok(runs
+        .iter()
+        .zip(found.iter().zip(&ends))
+        .map(|(&(_, spec, instant), (found, ends))| verdict_from(spec, instant, found, ends))
+        .collect())
 }
 
 /// A job that depends on a job whose run just ended, or on an event just recorded.
@@ -452,30 +489,44 @@ async fn subscribers(tx: &Tx<'_>, namespace: &str, key: &str) -> PgResult<Vec<(b
 /// Waiting runs to judge, by id: the dependant and the run's instant and namespace.
 type Candidates = BTreeMap<i64, (Arc<Dependant>, Instant, String)>;
 
-/// Adds the runs of `dependant` waiting for their dependencies at an instant in `[from, to]`,
-/// locked.
-async fn add_waiting(
-    tx: &Tx<'_>,
-    dependant: &Arc<Dependant>,
-    namespace: &str,
-    (from, to): (Instant, Instant),
-    candidates: &mut Candidates,
-) -> PgResult<()> {
+/// Where to look for a dependant's waiting runs: the job, its namespace and the instants.
+type Window = (Arc<Dependant>, String, (Instant, Instant));
+
+/// Adds the runs waiting for their dependencies in each window (of its dependant's, at an
+/// instant in it), locked in id order; one statement for them all.
+async fn add_waiting(tx: &Tx<'_>, windows: &[Window], candidates: &mut Candidates) -> PgResult<()> {
+    if windows.is_empty() {
+        return Ok(());
+    }
+    let mut job_ids = Vec::with_capacity(windows.len());
+    let (mut froms, mut tos) = (
+        Vec::with_capacity(windows.len()),
+        Vec::with_capacity(windows.len()),
+    );
+    for (dependant, _, (from, to)) in windows {
+        job_ids.push(dependant.id);
+        froms.push(micros(*from));
+        tos.push(micros(*to));
+    }
     let stmt = tx
         .prepare_cached(
-            "SELECT id, scheduled_for FROM runs WHERE job_id = $1 \
-             AND state = 'waiting' AND waiting_reason = 'dependencies' \
-             AND scheduled_for >= $2 AND scheduled_for <= $3 ORDER BY id FOR UPDATE",
+            "SELECT r.id, r.scheduled_for, w.k FROM runs r \
+             JOIN unnest($1::bigint[], $2::bigint[], $3::bigint[]) WITH ORDINALITY \
+                 AS w(job_id, lo, hi, k) \
+                 ON r.job_id = w.job_id AND r.scheduled_for >= w.lo AND r.scheduled_for <= w.hi \
+             WHERE r.state = 'waiting' AND r.waiting_reason = 'dependencies' \
+             ORDER BY r.id FOR UPDATE OF r",
         )
         .await?;
-    let waiting = tx
-        .query(&stmt, &[&dependant.id, &micros(from), &micros(to)])
-        .await?;
-    for row in waiting {
+    for row in tx.query(&stmt, &[&job_ids, &froms, &tos]).await? {
+        let k = usize::try_from(row.try_get::<_, i64>(2)? - 1).ok();
+        let Some((dependant, namespace, _)) = k.and_then(|k| windows.get(k)) else {
+            continue;
+        };
         candidates.entry(row.try_get(0)?).or_insert((
             dependant.clone(),
             rows::instant(row.try_get(1)?)?,
-            namespace.to_string(),
+            namespace.clone(),
         ));
     }
     Ok(())
@@ -516,7 +567,10 @@ pub(super) async fn settle_admitting(
             .into_iter()
             .collect();
         let dependants = dependant_jobs(tx, &upstreams).await?;
-        let mut candidates = Candidates::new();
+        // What the generation's runs start and where their dependants' runs wait, gathered
+        // first and written and read in one statement each.
+        let mut starts: Vec<(At, &Dependant)> = Vec::new();
+        let mut windows: Vec<Window> = Vec::new();
         for run in &generation {
             let key = (run.namespace.clone(), run.job.clone());
             for dependant in dependants.get(&key).into_iter().flatten() {
@@ -536,11 +590,14 @@ pub(super) async fn settle_admitting(
                         skip: None,
                         upstream: Some(run.run_id),
                     };
-                    start(tx, &at, dependant, now, &mut next).await?;
+                    starts.push((at, dependant));
                 }
-                add_waiting(tx, dependant, &run.namespace, window, &mut candidates).await?;
+                windows.push((dependant.clone(), run.namespace.clone(), window));
             }
         }
+        let starts: Vec<(&At, &Dependant)> = starts.iter().map(|(at, d)| (at, *d)).collect();
+        start_all(tx, &starts, now, &mut next).await?;
+        let mut candidates = Candidates::new();
         for event in std::mem::take(&mut events) {
             for (starts, dependant) in subscribers(tx, &event.namespace, &event.key).await? {
                 let dependant = Arc::new(dependant);
@@ -595,47 +652,87 @@ pub(super) async fn settle_admitting(
                     Upstream::Event(&event.key),
                     event.occurred_at,
                 ) {
-                    add_waiting(tx, &dependant, &event.namespace, window, &mut candidates).await?;
+                    windows.push((dependant.clone(), event.namespace.clone(), window));
                 }
             }
         }
-        for (run_id, (dependant, instant, namespace)) in candidates {
-            match judge(tx, &namespace, &dependant.spec, instant).await? {
-                Verdict::Ready => {
-                    release(
-                        tx,
-                        run_id,
-                        &dependant,
-                        instant,
-                        &namespace,
-                        now,
-                        &mut settled,
-                        &mut next,
-                    )
-                    .await?
-                }
-                Verdict::Waiting(missing) => {
-                    let stmt = tx
-                        .prepare_cached("UPDATE runs SET waiting_for = $2 WHERE id = $1")
-                        .await?;
-                    let missing = crate::shared::to_json("unmet dependencies", &missing)?;
-                    tx.execute(&stmt, &[&run_id, &missing]).await?;
-                }
-                Verdict::UpstreamFailed(why) => {
-                    skip_run(tx, run_id, SkipReason::UpstreamFailed, &why, now).await?;
-                    next.push(Ended {
-                        namespace,
-                        job: dependant.name.clone(),
-                        scheduled_for: instant,
-                        run_id,
-                        state: RunState::Skipped,
-                    });
-                }
-            }
-        }
+        add_waiting(tx, &windows, &mut candidates).await?;
+        judge_candidates(tx, candidates, now, &mut settled, &mut next).await?;
         generation = next;
     }
     Ok(settled)
+}
+
+/// Judges the waiting runs of a generation together and moves each by its verdict: the
+/// released and the still waiting ones of all jobs in a statement each, as are those skipped
+/// because an upstream failed; only a release under an overlap policy other than `allow`
+/// counts its job's active runs first, run by run in id order.
+async fn judge_candidates(
+    tx: &Tx<'_>,
+    candidates: Candidates,
+    now: Instant,
+    settled: &mut Settled,
+    next: &mut Vec<Ended>,
+) -> PgResult<()> {
+    let judged: Vec<(&str, &JobSpec, Instant)> = candidates
+        .values()
+        .map(|(dependant, instant, namespace)| (namespace.as_str(), &dependant.spec, *instant))
+        .collect();
+    let verdicts = judge_all(tx, &judged).await?;
+    let (mut queued, mut waiting, mut missing) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut failed, mut why_failed) = (Vec::new(), Vec::new());
+    let mut by_overlap = Vec::new();
+    for ((&run_id, (dependant, instant, namespace)), verdict) in candidates.iter().zip(verdicts) {
+        match verdict {
+            Verdict::Ready if dependant.spec.overlap == OverlapPolicy::Allow => queued.push(run_id),
+            Verdict::Ready => by_overlap.push((run_id, dependant, *instant, namespace)),
+            Verdict::Waiting(unmet) => {
+                waiting.push(run_id);
+                missing.push(crate::shared::to_json("unmet dependencies", &unmet)?);
+            }
+            Verdict::UpstreamFailed(why) => {
+                failed.push(run_id);
+                why_failed.push(why);
+                next.push(Ended {
+                    namespace: namespace.clone(),
+                    job: dependant.name.clone(),
+                    scheduled_for: *instant,
+                    run_id,
+                    state: RunState::Skipped,
+                });
+            }
+        }
+    }
+    if !queued.is_empty() {
+        let stmt = tx
+            .prepare_cached(
+                "UPDATE runs SET state = 'queued', waiting_reason = NULL, waiting_for = NULL, \
+                 waiting_until = NULL, ready_at = greatest(ready_at, $2) WHERE id = ANY($1)",
+            )
+            .await?;
+        tx.execute(&stmt, &[&queued, &micros(now)]).await?;
+        settled.queued.extend(&queued);
+    }
+    if !waiting.is_empty() {
+        let stmt = tx
+            .prepare_cached(
+                "UPDATE runs SET waiting_for = u.missing \
+                 FROM unnest($1::bigint[], $2::text[]) AS u(id, missing) WHERE runs.id = u.id",
+            )
+            .await?;
+        tx.execute(&stmt, &[&waiting, &missing]).await?;
+    }
+    if !failed.is_empty() {
+        let whys: Vec<&str> = why_failed.iter().map(String::as_str).collect();
+        skip_runs(tx, &failed, &whys, SkipReason::UpstreamFailed, now).await?;
+    }
+    for (run_id, dependant, instant, namespace) in by_overlap {
+        release(
+            tx, run_id, dependant, instant, namespace, now, settled, next,
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// Reopens the runs of `upstream`'s dependants skipped because it failed, now that it is
@@ -752,7 +849,7 @@ struct At<'a> {
 /// Records the dependant's run `at` (one per shard of a sharded job), once, waiting for its
 /// dependencies (the caller judges it next); a paused job's run, or one admission refused
 /// (`at.skip`), is recorded skipped. Returns the new runs, none when the instant was recorded
-/// already.
+/// already ([`start_all`] for one).
 async fn start(
     tx: &Tx<'_>,
     at: &At<'_>,
@@ -760,73 +857,165 @@ async fn start(
     now: Instant,
     ended: &mut Vec<Ended>,
 ) -> PgResult<Vec<i64>> {
-    let crate::shared::DependantStart {
-        state,
-        skip,
-        waiting_reason,
-    } = crate::shared::dependant_start(dependant.spec.paused, at.skip);
-    let skipped = skip.is_some();
-    let (waiting_for, until) = crate::shared::waiting_columns(&dependant.spec, &[], now)?;
+    Ok(start_all(tx, &[(at, dependant)], now, ended)
+        .await?
+        .pop()
+        .unwrap_or_default())
+}
+
+/// [`start`] for each of `starts`, in one statement: the new runs of each, in its order. Two
+/// starts of one job at one instant record it once, for the first.
+async fn start_all(
+    tx: &Tx<'_>,
+    starts: &[(&At<'_>, &Dependant)],
+    now: Instant,
+    ended: &mut Vec<Ended>,
+) -> PgResult<Vec<Vec<i64>>> {
+    let mut written: Vec<Vec<i64>> = vec![Vec::new(); starts.len()];
+    if starts.is_empty() {
+        return Ok(written);
+    }
+    // One row per shard of each start.
+    let mut columns = StartRows::default();
+    let mut skipped = Vec::with_capacity(starts.len());
+    for (at, dependant) in starts {
+        let crate::shared::DependantStart {
+            state,
+            skip,
+            waiting_reason,
+        } = crate::shared::dependant_start(dependant.spec.paused, at.skip);
+        skipped.push(skip.is_some().then_some(state));
+        let (waiting_for, until) = crate::shared::waiting_columns(&dependant.spec, &[], now)?;
+        let places = super::ledger::placements_of(tx, &dependant.spec, at.namespace).await?;
+        // At most `sked_core::shard::MAX_SHARDS`.
+        let count = i32::try_from(places.len()).unwrap_or(i32::MAX);
+        for (shard, worker) in places.into_iter().enumerate() {
+            columns.job_ids.push(dependant.id);
+            columns.namespaces.push(at.namespace);
+            columns.jobs.push(dependant.name.as_str());
+            columns.instants.push(micros(at.instant));
+            columns.triggers.push(at.trigger.as_str());
+            columns.states.push(state.as_str());
+            columns.skip_reasons.push(skip.map(SkipReason::as_str));
+            columns.priorities.push(dependant.priority);
+            columns.finished.push(skip.is_some().then(|| micros(now)));
+            columns.waiting_reasons.push(waiting_reason);
+            columns
+                .waiting_for
+                .push(waiting_reason.map(|_| waiting_for.clone()));
+            columns.waiting_until.push(waiting_reason.map(|_| until));
+            columns.event_keys.push(at.event.map(|e| e.key.as_str()));
+            columns.event_ids.push(at.event.map(|e| e.id.as_str()));
+            columns
+                .shards
+                .push(i32::try_from(shard).unwrap_or(i32::MAX));
+            columns.shard_counts.push(count);
+            columns.workers.push(worker);
+            columns.upstreams.push(at.upstream);
+            columns
+                .event_traces
+                .push(at.event.and_then(|e| e.trace_parent.as_deref()));
+        }
+    }
     let insert = format!(
         "INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
          skip_reason, priority, ready_at, created_at, finished_at, waiting_reason, \
          waiting_for, waiting_until, event_key, event_id, job_version, shard, shard_count, \
          pinned_worker, trace_parent) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $4, $9, $10, $11, $12, $13, $14, $15, \
-                 (SELECT version FROM jobs WHERE id = $1), (p.shard - 1)::int, $16, p.worker, \
-                 coalesce($19, \
-                          (SELECT {} FROM runs u WHERE u.id = $18 AND u.scheduled_for = $4)) \
-         FROM unnest($17::text[]) WITH ORDINALITY AS p(worker, shard) \
-         ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING RETURNING id",
+         SELECT p.job_id, p.namespace, p.job, p.instant, p.trigger, p.state, p.skip_reason, \
+                p.priority, p.instant, $20, p.finished_at, p.waiting_reason, p.waiting_for, \
+                p.waiting_until, p.event_key, p.event_id, \
+                (SELECT version FROM jobs WHERE id = p.job_id), p.shard, p.shard_count, \
+                p.worker, \
+                coalesce(p.event_trace, \
+                         (SELECT {} FROM runs u WHERE u.id = p.upstream \
+                              AND u.scheduled_for = p.instant)) \
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], \
+                     $6::text[], $7::text[], $8::int[], $9::bigint[], $10::text[], $11::text[], \
+                     $12::bigint[], $13::text[], $14::text[], $15::int[], $16::int[], \
+                     $17::text[], $18::bigint[], $19::text[]) \
+             WITH ORDINALITY AS p(job_id, namespace, job, instant, trigger, state, skip_reason, \
+                 priority, finished_at, waiting_reason, waiting_for, waiting_until, event_key, \
+                 event_id, shard, shard_count, worker, upstream, event_trace, place) \
+         ORDER BY p.place \
+         ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING \
+         RETURNING id, job_id, scheduled_for",
         super::traces::JOINED_UNDER
     );
     let stmt = tx.prepare_cached(&insert).await?;
-    let places = super::ledger::placements_of(tx, &dependant.spec, at.namespace).await?;
-    // At most `sked_core::shard::MAX_SHARDS`.
-    let count = i32::try_from(places.len()).unwrap_or(i32::MAX);
-    let written = tx
-        .query(
-            &stmt,
-            &[
-                &dependant.id,
-                &at.namespace,
-                &dependant.name,
-                &micros(at.instant),
-                &at.trigger.as_str(),
-                &state.as_str(),
-                &skip.map(SkipReason::as_str),
-                &dependant.priority,
-                &micros(now),
-                &skipped.then(|| micros(now)),
-                &waiting_reason,
-                &waiting_reason.map(|_| waiting_for),
-                &waiting_reason.map(|_| until),
-                &at.event.map(|e| e.key.as_str()),
-                &at.event.map(|e| e.id.as_str()),
-                &count,
-                &places,
-                &at.upstream,
-                &at.event.and_then(|e| e.trace_parent.as_deref()),
-            ],
-        )
-        .await?;
-    let mut runs = written
-        .iter()
-        .map(|row| row.try_get::<_, i64>(0))
-        .collect::<Result<Vec<_>, _>>()?;
-    runs.sort_unstable();
-    if skipped {
-        for run_id in &runs {
-            ended.push(Ended {
-                namespace: at.namespace.to_string(),
-                job: dependant.name.clone(),
-                scheduled_for: at.instant,
-                run_id: *run_id,
-                state,
-            });
-        }
+    let params: [&(dyn ToSql + Sync); 20] = [
+        &columns.job_ids,
+        &columns.namespaces,
+        &columns.jobs,
+        &columns.instants,
+        &columns.triggers,
+        &columns.states,
+        &columns.skip_reasons,
+        &columns.priorities,
+        &columns.finished,
+        &columns.waiting_reasons,
+        &columns.waiting_for,
+        &columns.waiting_until,
+        &columns.event_keys,
+        &columns.event_ids,
+        &columns.shards,
+        &columns.shard_counts,
+        &columns.workers,
+        &columns.upstreams,
+        &columns.event_traces,
+        &micros(now),
+    ];
+    let mut new_runs: HashMap<(i64, i64), Vec<i64>> = HashMap::new();
+    for row in tx.query(&stmt, &params).await? {
+        new_runs
+            .entry((row.try_get(1)?, row.try_get(2)?))
+            .or_default()
+            .push(row.try_get(0)?);
     }
-    Ok(runs)
+    for (((at, dependant), skipped), runs) in starts.iter().zip(skipped).zip(&mut written) {
+        // The first start of a job's instant takes its runs; a second finds none left.
+        let Some(mut new) = new_runs.remove(&(dependant.id, micros(at.instant))) else {
+            continue;
+        };
+        new.sort_unstable();
+        if let Some(state) = skipped {
+            for &run_id in &new {
+                ended.push(Ended {
+                    namespace: at.namespace.to_string(),
+                    job: dependant.name.clone(),
+                    scheduled_for: at.instant,
+                    run_id,
+                    state,
+                });
+            }
+        }
+        *runs = new;
+    }
+    Ok(written)
+}
+
+/// The columns of the runs [`start_all`] records, one entry per shard.
+#[derive(Default)]
+struct StartRows<'a> {
+    job_ids: Vec<i64>,
+    namespaces: Vec<&'a str>,
+    jobs: Vec<&'a str>,
+    instants: Vec<i64>,
+    triggers: Vec<&'static str>,
+    states: Vec<&'static str>,
+    skip_reasons: Vec<Option<&'static str>>,
+    priorities: Vec<i32>,
+    finished: Vec<Option<i64>>,
+    waiting_reasons: Vec<Option<&'static str>>,
+    waiting_for: Vec<Option<String>>,
+    waiting_until: Vec<Option<i64>>,
+    event_keys: Vec<Option<&'a str>>,
+    event_ids: Vec<Option<&'a str>>,
+    shards: Vec<i32>,
+    shard_counts: Vec<i32>,
+    workers: Vec<Option<String>>,
+    upstreams: Vec<Option<i64>>,
+    event_traces: Vec<Option<&'a str>>,
 }
 
 /// Records the run `event` starts of `dependant` at the first free instant from the event's,
@@ -946,12 +1135,12 @@ pub(super) async fn expire_waits(
         .await?;
     let overdue = tx.query(&stmt, &[&micros(now), &run_ids]).await?;
     let mut skipped = Vec::with_capacity(overdue.len());
+    let mut whys = Vec::with_capacity(overdue.len());
     let mut ended = Vec::with_capacity(overdue.len());
     for row in overdue {
         let run_id: i64 = row.try_get(0)?;
         let waiting_for: Option<&str> = row.try_get(4)?;
-        let why = timed_out_error(waiting_for)?;
-        skip_run(tx, run_id, SkipReason::DependenciesTimedOut, &why, now).await?;
+        whys.push(timed_out_error(waiting_for)?);
         skipped.push(run_id);
         ended.push(Ended {
             namespace: row.try_get(1)?,
@@ -961,6 +1150,8 @@ pub(super) async fn expire_waits(
             state: RunState::Skipped,
         });
     }
+    let whys: Vec<&str> = whys.iter().map(String::as_str).collect();
+    skip_runs(tx, &skipped, &whys, SkipReason::DependenciesTimedOut, now).await?;
     let settled = settle(tx, ended, Vec::new(), now).await?;
     Ok((skipped, settled))
 }

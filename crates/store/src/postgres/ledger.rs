@@ -781,13 +781,25 @@ pub(super) async fn skip_run(
     why: &str,
     now: Instant,
 ) -> PgResult<()> {
+    skip_runs(tx, &[run_id], &[why], reason, now).await
+}
+
+/// [`skip_run`] for each of `run_ids`, each saying its `whys`, in one statement.
+pub(super) async fn skip_runs(
+    tx: &Tx<'_>,
+    run_ids: &[i64],
+    whys: &[&str],
+    reason: SkipReason,
+    now: Instant,
+) -> PgResult<()> {
     let stmt = tx
         .prepare_cached(
-            "UPDATE runs SET state = 'skipped', skip_reason = $2, error = $3, finished_at = $4 \
-             WHERE id = $1",
+            "UPDATE runs SET state = 'skipped', skip_reason = $3, error = u.why, \
+             finished_at = $4 \
+             FROM unnest($1::bigint[], $2::text[]) AS u(id, why) WHERE runs.id = u.id",
         )
         .await?;
-    tx.execute(&stmt, &[&run_id, &reason.as_str(), &why, &micros(now)])
+    tx.execute(&stmt, &[&run_ids, &whys, &reason.as_str(), &micros(now)])
         .await?;
     Ok(())
 }
