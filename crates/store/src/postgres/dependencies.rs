@@ -293,10 +293,7 @@ pub(super) async fn judge_all(
     let mut found: Vec<Vec<WindowRuns>> = Vec::with_capacity(runs.len());
     let mut ends: Vec<Vec<i64>> = Vec::with_capacity(runs.len());
     // Job windows and event windows, each with its slot.
-    let (mut job_ns, mut jobs, mut job_from, mut job_to, mut job_k) =
-        (vec![], vec![], vec![], vec![], vec![]);
-    let (mut key_ns, mut keys, mut key_from, mut key_to, mut key_k) =
-        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut jobs, mut keys) = (WindowColumns::default(), WindowColumns::default());
     for (run, &(namespace, spec, instant)) in runs.iter().enumerate() {
         let requirements: Vec<_> = dependency::requirements(&spec.depends_on).collect();
         found.push(vec![WindowRuns::default(); requirements.len()]);
@@ -307,20 +304,8 @@ pub(super) async fn judge_all(
             let k = slots.len() as i64;
             slots.push((run, place));
             match requirement.upstream {
-                Upstream::Job(job) => {
-                    job_ns.push(namespace);
-                    jobs.push(job);
-                    job_from.push(micros(from));
-                    job_to.push(micros(to));
-                    job_k.push(k);
-                }
-                Upstream::Event(key) => {
-                    key_ns.push(namespace);
-                    keys.push(key);
-                    key_from.push(micros(from));
-                    key_to.push(micros(to));
-                    key_k.push(k);
-                }
+                Upstream::Job(job) => jobs.push(namespace, job, (from, to), k),
+                Upstream::Event(key) => keys.push(namespace, key, (from, to), k),
             }
         }
         ends.push(run_ends);
@@ -334,7 +319,7 @@ pub(super) async fn judge_all(
         let &(run, place) = slots.get(usize::try_from(k).ok()?)?;
         found.get_mut(run)?.get_mut(place)
     }
-    if !jobs.is_empty() {
+    if !jobs.slots.is_empty() {
         // Runs found by name, so those of a job deleted and created again count.
         let stmt = tx
             .prepare_cached(
@@ -362,8 +347,7 @@ pub(super) async fn judge_all(
                  GROUP BY q.k, q.ns, q.job",
             )
             .await?;
-        let args: [&(dyn ToSql + Sync); 5] = [&job_ns, &jobs, &job_from, &job_to, &job_k];
-        for row in tx.query(&stmt, &args).await? {
+        for row in tx.query(&stmt, &jobs.params()).await? {
             let Some(runs) = window(&mut found, &slots, row.try_get(0)?) else {
                 continue;
             };
@@ -377,7 +361,7 @@ pub(super) async fn judge_all(
             };
         }
     }
-    if !keys.is_empty() {
+    if !keys.slots.is_empty() {
         // An event in the window is an upstream that succeeded; one may come at any time.
         let stmt = tx
             .prepare_cached(
@@ -388,8 +372,7 @@ pub(super) async fn judge_all(
                      AND e.occurred_at <= q.hi)",
             )
             .await?;
-        let args: [&(dyn ToSql + Sync); 5] = [&key_ns, &keys, &key_from, &key_to, &key_k];
-        for row in tx.query(&stmt, &args).await? {
+        for row in tx.query(&stmt, &keys.params()).await? {
             if let Some(runs) = window(&mut found, &slots, row.try_get(0)?) {
                 runs.succeeded = true;
                 runs.ended = true;
@@ -401,6 +384,38 @@ pub(super) async fn judge_all(
         .zip(found.iter().zip(&ends))
         .map(|(&(_, spec, instant), (found, ends))| verdict_from(spec, instant, found, ends))
         .collect())
+}
+
+/// The windows [`judge_all`] reads of one kind (upstream jobs, or event keys), as the columns
+/// of its statement: namespace, name, instants from and to, and the window's slot.
+#[derive(Default)]
+struct WindowColumns<'a> {
+    namespaces: Vec<&'a str>,
+    names: Vec<&'a str>,
+    from: Vec<i64>,
+    to: Vec<i64>,
+    slots: Vec<i64>,
+}
+
+impl<'a> WindowColumns<'a> {
+    fn push(&mut self, namespace: &'a str, name: &'a str, (from, to): (Instant, Instant), k: i64) {
+        self.namespaces.push(namespace);
+        self.names.push(name);
+        self.from.push(micros(from));
+        self.to.push(micros(to));
+        self.slots.push(k);
+    }
+
+    /// `$1` to `$5` of the statement.
+    fn params(&self) -> [&(dyn ToSql + Sync); 5] {
+        [
+            &self.namespaces,
+            &self.names,
+            &self.from,
+            &self.to,
+            &self.slots,
+        ]
+    }
 }
 
 /// A job that depends on a job whose run just ended, or on an event just recorded.
