@@ -179,7 +179,8 @@ pub async fn pause_jobs(http: &reqwest::Client, bases: &[String], plans: &[JobPl
                     .post(&url)
                     .send()
                     .await
-                    .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+                    // Debug, for the cause: a timeout, a refused or a dropped connection.
+                    .unwrap_or_else(|e| panic!("POST {url}: {e:?}"));
                 let status = resp.status();
                 let body = resp.text().await.unwrap_or_default();
                 assert_eq!(status.as_u16(), 200, "POST {url}: {body}");

@@ -86,8 +86,36 @@ impl Drop for Logs {
     fn drop(&mut self) {
         if std::thread::panicking() {
             if let Some(dir) = self.dir.take() {
+                // CI keeps only what the test printed: each process's complaints go with it.
+                print_complaints(dir.path());
                 eprintln!("logs kept in {}", dir.keep().display());
             }
+        }
+    }
+}
+
+/// Prints, for each log in `dir`, its last warnings, errors and panics, and its last lines.
+fn print_complaints(dir: &Path) {
+    const COMPLAINTS: usize = 15;
+    const LAST: usize = 3;
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    logs.sort();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let complaints: Vec<&str> = (lines.iter().copied())
+            .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.contains("panicked"))
+            .collect();
+        let name = log.file_name().unwrap_or_default().to_string_lossy();
+        eprintln!("--- {name}: last warnings and errors, then last lines");
+        for line in &complaints[complaints.len().saturating_sub(COMPLAINTS)..] {
+            eprintln!("  {line}");
+        }
+        eprintln!("  ...");
+        for line in &lines[lines.len().saturating_sub(LAST)..] {
+            eprintln!("  {line}");
         }
     }
 }
