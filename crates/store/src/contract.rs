@@ -43,6 +43,7 @@ macro_rules! store_contract_tests {
             pause_and_resume_keep_the_firing_state,
             each_instant_has_one_run,
             advances_apply_only_to_the_state_they_started_from,
+            several_instants_of_a_job_in_one_batch_advance_in_their_order,
             a_used_up_schedule_completes_the_job,
             overlap_skip_and_buffers,
             overlap_cancel_running,
@@ -878,6 +879,84 @@ pub async fn advances_apply_only_to_the_state_they_started_from(store: &dyn Stor
     let fresh = store.get_job_by_id(j.id).await.unwrap().unwrap();
     assert_eq!(fresh.fired_count, 0);
     assert_eq!(fresh.next_fire_at, Some(t0() + secs(8)));
+}
+
+/// A catch-up batch: several instants of each job in one `record_fires`. Each fire's advance
+/// applies in the batch's order, only while the job's firing state is the one that fire
+/// started from, exactly as one batch per fire would.
+pub async fn several_instants_of_a_job_in_one_batch_advance_in_their_order(store: &dyn Store) {
+    let (a, b, c) = (
+        put(store, "catch-a", every_second(serde_json::json!({}))).await,
+        put(store, "catch-b", every_second(serde_json::json!({}))).await,
+        put(store, "catch-c", every_second(serde_json::json!({}))).await,
+    );
+    let at = |i: i64| t0() + secs(i);
+    let advancing = |j: &JobRecord, i: i64, fired_before: u64| {
+        let mut f = fire(j.id, at(i));
+        f.advance = Some(Advance {
+            epoch: j.schedule_epoch,
+            fired_before,
+            next_fire_at: Some(at(i + 1)),
+        });
+        f
+    };
+    // c's first instant is in the ledger already (another node's fire): it is not written
+    // again, but its advance still applies.
+    fire_one(store, fire(c.id, at(1))).await;
+    let batch = vec![
+        advancing(&a, 1, 0),
+        advancing(&b, 1, 0),
+        advancing(&c, 1, 0),
+        advancing(&a, 2, 1),
+        // A stale loop's instant of b: not advanced, and the next one still is.
+        advancing(&b, 2, 7),
+        advancing(&c, 2, 1),
+        advancing(&a, 3, 2),
+        advancing(&b, 3, 1),
+    ];
+    let out = store
+        .record_fires(&batch, at(4), Audit::none())
+        .await
+        .expect("record_fires");
+    let seen: Vec<(bool, bool)> = out.runs.iter().map(|r| (r.inserted, r.advanced)).collect();
+    assert_eq!(
+        seen,
+        vec![
+            (true, true),
+            (true, true),
+            (false, true),
+            (true, true),
+            (true, false),
+            (true, true),
+            (true, true),
+            (true, true),
+        ]
+    );
+    assert!(out.runs.iter().all(|r| r.state == RunState::Queued));
+    for (j, fired, next) in [(&a, 3, at(4)), (&b, 2, at(4)), (&c, 2, at(3))] {
+        let after = store.get_job_by_id(j.id).await.unwrap().unwrap();
+        assert_eq!(
+            (after.fired_count, after.next_fire_at),
+            (fired, Some(next)),
+            "{}",
+            j.name
+        );
+    }
+    // Each run is its own instant's, and each instant has one.
+    for (f, r) in batch.iter().zip(&out.runs) {
+        let (run, _) = run(store, r.run_id).await;
+        assert_eq!((run.job_id, run.scheduled_for), (f.job_id, f.scheduled_for));
+    }
+    let page = store
+        .list_runs(&RunQuery {
+            namespace: "default".into(),
+            job: Some("catch-a".into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 3);
 }
 
 pub async fn a_used_up_schedule_completes_the_job(store: &dyn Store) {

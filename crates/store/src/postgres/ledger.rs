@@ -46,6 +46,9 @@ struct FiringJob {
     /// The runs each instant is split into (1: not sharded).
     shards: i32,
     broadcast: bool,
+    /// Its firing state as locked: the schedule's epoch and the instants fired in it.
+    epoch: i64,
+    fired_count: i64,
 }
 
 impl FiringJob {
@@ -103,19 +106,21 @@ pub async fn record_fires(tx: &Tx<'_>, fires: &[Fire], now: Instant) -> PgResult
         lock_jobs(tx, &sorted(ids.iter().copied().chain(below))).await?;
     }
     let jobs = firing_jobs(tx, &ids).await?;
-    // Most fires are of a job with no other fire in the batch and are decided without
-    // reading its runs: those are written together. The rest go job by job.
-    let mut fires_of: HashMap<i64, usize> = HashMap::new();
+    // Most fires are decided without reading their job's runs: those are written together,
+    // several instants of one job too (a catch-up). A job goes one way whole, so its instants
+    // advance its firing state in order; one with any fire that must read its runs, or an
+    // instant twice in the batch, goes job by job.
+    let mut instants = HashSet::new();
+    let mut in_bulk_jobs: HashMap<i64, bool> = HashMap::new();
     for fire in fires {
-        *fires_of.entry(fire.job_id).or_default() += 1;
-    }
-    let (bulk, chained): (Vec<usize>, Vec<usize>) = (0..fires.len()).partition(|&index| {
-        let fire = &fires[index];
-        fires_of.get(&fire.job_id) == Some(&1)
+        let alone = instants.insert((fire.job_id, fire.scheduled_for))
             && jobs
                 .get(&fire.job_id)
-                .is_some_and(|job| decided_alone(fire, job))
-    });
+                .is_some_and(|job| decided_alone(fire, job));
+        *in_bulk_jobs.entry(fire.job_id).or_insert(true) &= alone;
+    }
+    let (bulk, chained): (Vec<usize>, Vec<usize>) =
+        (0..fires.len()).partition(|&index| in_bulk_jobs.get(&fires[index].job_id) == Some(&true));
     let mut in_bulk = fire_in_bulk(tx, fires, &bulk, &jobs, now).await?;
     // A job's instants depend on each other (overlap counts, the firing state's advance);
     // different jobs' do not.
@@ -171,10 +176,10 @@ fn decided_alone(fire: &Fire, job: &FiringJob) -> bool {
                 && job.depends_on().is_none()))
 }
 
-/// Records the fires at `indexes` (each of a job with no other fire in the batch, each
-/// decided alone) in a fixed number of statements: every run and shard in one `INSERT`, the
-/// instants recorded already read back in one `SELECT`, every advance of the firing state in
-/// one `UPDATE`. Returns each fire's run, by index.
+/// Records the fires at `indexes` (each decided alone, each instant once, every fire of their
+/// jobs in the batch) in a fixed number of statements: every run and shard in one `INSERT`,
+/// the instants recorded already read back in one `SELECT`, every job's advance of its firing
+/// state in one `UPDATE`. Returns each fire's run, by index.
 async fn fire_in_bulk(
     tx: &Tx<'_>,
     fires: &[Fire],
@@ -210,7 +215,7 @@ async fn fire_in_bulk(
                       ready_at, version, shards, skip_reason, error, nominal_for) \
              CROSS JOIN LATERAL generate_series(0, u.shards - 1) AS s(shard) \
              ON CONFLICT (job_id, scheduled_for, shard) DO NOTHING \
-             RETURNING job_id, shard, id",
+             RETURNING job_id, scheduled_for, shard, id",
         )
         .await?;
     let params: [&(dyn ToSql + Sync); 14] = [
@@ -229,42 +234,44 @@ async fn fire_in_bulk(
         &rows.errors,
         &rows.nominal_for,
     ];
-    // Each job has one fire here, so its id names the fire.
-    let mut written: HashMap<i64, Vec<(i32, i64)>> = HashMap::new();
+    // Each instant is once in the batch, so its job and instant name the fire.
+    let mut written: HashMap<(i64, i64), Vec<(i32, i64)>> = HashMap::new();
     for row in tx.query(&stmt, &params).await? {
-        let shard = (row.try_get(1)?, row.try_get(2)?);
-        written.entry(row.try_get(0)?).or_default().push(shard);
+        let shard = (row.try_get(2)?, row.try_get(3)?);
+        let instant = (row.try_get(0)?, row.try_get(1)?);
+        written.entry(instant).or_default().push(shard);
     }
     // The instants recorded already (another node's fire, a repeated batch), as they stand.
     let (taken_jobs, taken_instants): (Vec<i64>, Vec<i64>) = rows
         .job_ids
         .iter()
         .zip(&rows.instants)
-        .filter(|(job_id, _)| !written.contains_key(job_id))
+        .filter(|&(&job_id, &instant)| !written.contains_key(&(job_id, instant)))
         .unzip();
-    let mut recorded: HashMap<i64, (i64, RunState)> = HashMap::new();
+    let mut recorded: HashMap<(i64, i64), (i64, RunState)> = HashMap::new();
     if !taken_jobs.is_empty() {
         let stmt = tx
             .prepare_cached(
-                "SELECT r.job_id, r.id, r.state FROM runs r \
+                "SELECT r.job_id, r.scheduled_for, r.id, r.state FROM runs r \
                  JOIN unnest($1::bigint[], $2::bigint[]) AS u(job_id, scheduled_for) \
                    ON r.job_id = u.job_id AND r.scheduled_for = u.scheduled_for \
                  WHERE r.shard = 0",
             )
             .await?;
         for row in tx.query(&stmt, &[&taken_jobs, &taken_instants]).await? {
-            let run = (row.try_get(1)?, rows::run_state(row.try_get(2)?)?);
-            recorded.insert(row.try_get(0)?, run);
+            let run = (row.try_get(2)?, rows::run_state(row.try_get(3)?)?);
+            recorded.insert((row.try_get(0)?, row.try_get(1)?), run);
         }
     }
-    let advanced = advance_in_bulk(tx, fires, indexes).await?;
+    let advanced = advance_in_bulk(tx, fires, indexes, jobs).await?;
     for &index in indexes {
         let fire = &fires[index];
         let Some(job) = jobs.get(&fire.job_id) else {
             fired.insert(index, FiredRun::gone());
             continue;
         };
-        let (run_id, state, inserted, other_shards) = match written.remove(&fire.job_id) {
+        let instant = (fire.job_id, micros(fire.scheduled_for));
+        let (run_id, state, inserted, other_shards) = match written.remove(&instant) {
             Some(mut shards) => {
                 // Every shard or none: the instant's runs are only written under its job's
                 // lock, held here, so a part of them missing means another writer raced it;
@@ -284,7 +291,7 @@ async fn fire_in_bulk(
                 (first, bulk_state(fire), true, ids.collect())
             }
             None => {
-                let (id, state) = recorded.get(&fire.job_id).copied().ok_or_else(|| {
+                let (id, state) = recorded.get(&instant).copied().ok_or_else(|| {
                     StoreError::Corrupt(format!(
                         "run of job {} at {} conflicts but cannot be found",
                         fire.job_id, fire.scheduled_for
@@ -297,7 +304,7 @@ async fn fire_in_bulk(
             run_id,
             state,
             inserted,
-            advanced: advanced.contains(&fire.job_id),
+            advanced: advanced.contains(&index),
             other_shards,
             placed: job.shards > 1,
         };
@@ -351,42 +358,80 @@ impl<'a> BulkFires<'a> {
     }
 }
 
-/// Advances the firing state of the fires at `indexes` (at most one per job) in one statement,
-/// each only while its job's firing state is the one the loop started from; returns the jobs
-/// advanced.
-async fn advance_in_bulk(tx: &Tx<'_>, fires: &[Fire], indexes: &[usize]) -> PgResult<HashSet<i64>> {
-    let (mut ids, mut epochs, mut before, mut next) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+/// Advances the firing state of the jobs of the fires at `indexes` in one statement; returns
+/// the fires whose advance was applied. A job's fires apply in their order, each only while
+/// the job's firing state is the one that fire's loop started from (as locked in `jobs`), as
+/// they would one statement at a time; the job's row is written once, with where they end.
+async fn advance_in_bulk(
+    tx: &Tx<'_>,
+    fires: &[Fire],
+    indexes: &[usize],
+    jobs: &HashMap<i64, FiringJob>,
+) -> PgResult<HashSet<usize>> {
+    // Per job: its state as locked, where its fires take it, and the fires applied.
+    struct Moved {
+        job_id: i64,
+        epoch: i64,
+        from: i64,
+        to: i64,
+        next_fire_at: Option<i64>,
+        applied: Vec<usize>,
+    }
+    let mut moved: Vec<Moved> = Vec::new();
+    let mut slot_of: HashMap<i64, usize> = HashMap::new();
     for &index in indexes {
         let fire = &fires[index];
-        let Some(advance) = &fire.advance else {
+        let (Some(advance), Some(job)) = (&fire.advance, jobs.get(&fire.job_id)) else {
             continue;
         };
-        ids.push(fire.job_id);
-        epochs.push(micros(advance.epoch));
-        before.push(
-            i64::try_from(advance.fired_before)
-                .map_err(|_| StoreError::Database("fired count out of range".into()))?,
-        );
-        next.push(advance.next_fire_at.map(micros));
+        let slot = *slot_of.entry(fire.job_id).or_insert_with(|| {
+            moved.push(Moved {
+                job_id: fire.job_id,
+                epoch: job.epoch,
+                from: job.fired_count,
+                to: job.fired_count,
+                next_fire_at: None,
+                applied: Vec::new(),
+            });
+            moved.len() - 1
+        });
+        let job_moved = &mut moved[slot];
+        let fired_before = i64::try_from(advance.fired_before)
+            .map_err(|_| StoreError::Database("fired count out of range".into()))?;
+        if micros(advance.epoch) == job_moved.epoch && fired_before == job_moved.to {
+            job_moved.to = fired_before + 1;
+            job_moved.next_fire_at = advance.next_fire_at.map(micros);
+            job_moved.applied.push(index);
+        }
     }
+    moved.retain(|m| !m.applied.is_empty());
     let mut advanced = HashSet::new();
-    if ids.is_empty() {
+    if moved.is_empty() {
         return Ok(advanced);
     }
+    let ids: Vec<i64> = moved.iter().map(|m| m.job_id).collect();
+    let epochs: Vec<i64> = moved.iter().map(|m| m.epoch).collect();
+    let from: Vec<i64> = moved.iter().map(|m| m.from).collect();
+    let to: Vec<i64> = moved.iter().map(|m| m.to).collect();
+    let next: Vec<Option<i64>> = moved.iter().map(|m| m.next_fire_at).collect();
     let stmt = tx
         .prepare_cached(
-            "UPDATE jobs SET fired_count = u.fired_before + 1, next_fire_at = u.next_fire_at, \
+            "UPDATE jobs SET fired_count = u.fired_to, next_fire_at = u.next_fire_at, \
              state = CASE WHEN u.next_fire_at IS NULL THEN 'completed' ELSE jobs.state END \
-             FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) \
-                 AS u(id, epoch, fired_before, next_fire_at) \
+             FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], \
+                 $5::bigint[]) AS u(id, epoch, fired_from, fired_to, next_fire_at) \
              WHERE jobs.id = u.id AND jobs.schedule_epoch = u.epoch \
-             AND jobs.fired_count = u.fired_before \
+             AND jobs.fired_count = u.fired_from \
              RETURNING jobs.id",
         )
         .await?;
-    for row in tx.query(&stmt, &[&ids, &epochs, &before, &next]).await? {
-        advanced.insert(row.try_get(0)?);
+    let applied: HashMap<i64, &[usize]> = moved
+        .iter()
+        .map(|m| (m.job_id, m.applied.as_slice()))
+        .collect();
+    for row in tx.query(&stmt, &[&ids, &epochs, &from, &to, &next]).await? {
+        let id: i64 = row.try_get(0)?;
+        advanced.extend(applied.get(&id).copied().unwrap_or_default());
     }
     Ok(advanced)
 }
@@ -569,7 +614,7 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
         .prepare_cached(
             "SELECT id, namespace, name, overlap, priority, \
              CASE WHEN has_dependencies OR broadcast THEN spec END, version, ping_grace, shards, \
-             broadcast FROM jobs \
+             broadcast, schedule_epoch, fired_count FROM jobs \
              WHERE id = ANY($1) \
              ORDER BY id FOR UPDATE",
         )
@@ -593,6 +638,8 @@ async fn firing_jobs(tx: &Tx<'_>, ids: &[i64]) -> PgResult<HashMap<i64, FiringJo
                 ping_grace: row.try_get(7)?,
                 shards: row.try_get::<_, i32>(8)?.max(1),
                 broadcast: row.try_get(9)?,
+                epoch: row.try_get(10)?,
+                fired_count: row.try_get(11)?,
             },
         );
     }
