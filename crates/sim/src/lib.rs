@@ -61,9 +61,9 @@ pub mod trace;
 pub mod workload;
 
 pub use engine::{simulate, Cell, Model, Run, Served};
-pub use matrix::{run_matrix, CellReport, MatrixReport, MatrixSpec, Source};
+pub use matrix::{run_families, run_matrix, CellReport, MatrixReport, MatrixSpec, Source};
 pub use trace::{Micros, Request, Trace, TraceLine};
-pub use workload::Workload;
+pub use workload::{Family, Workload};
 
 /// Everything that can go wrong reading a trace or setting up a simulation, in words a user can
 /// act on.

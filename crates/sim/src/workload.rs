@@ -14,8 +14,9 @@
 //!   fetched first (a cold start).
 //! - **Classes.** Priority 1 (manual, a person waiting): single requests, `high_share` (5%) of
 //!   all requests. Priority 0 (automated exports): an export of a project sends one request
-//!   with probability 1/2, else a burst of 5 to 20 (uniform), all of the project, spread
-//!   uniformly over the first 3 s (one request a channel).
+//!   with probability `1 − burst_share` (1/2), else a burst of `burst_min` to `burst_max` (5 to
+//!   20, uniform), all of the project, spread uniformly over the first 3 s (one request a
+//!   channel).
 //! - **Arrivals.** Poisson processes (manual requests, exports) whose rate follows the day:
 //!   `mean × (1 + 0.5 cos(2π (hour − 14) / 24))`, busiest at 14:00, a third as busy at 02:00.
 //!   The trace starts at 08:00. The mean rate is set so that, executed warm, the requests keep
@@ -28,6 +29,13 @@
 //!
 //! Times and durations are rounded to milliseconds, so a trace written and read back is the
 //! trace generated.
+//!
+//! **Families.** A [`Family`] is the default workload with another key count, popularity
+//! exponent or burstiness, named `zipf<exponent>-keys<count>` (`zipf1.2-keys50`), optionally
+//! followed by `-bursts<share>`. [`Family::SKEWED`] (`skewed`) is the six of Zipf 0.8, 1.0 and
+//! 1.2 over 50 and 500 keys, with the default bursts: few keys, some of them more popular than
+//! one server can serve, which is where an affinity that ignores load piles work onto a few
+//! servers.
 
 use crate::trace::{write_lines, Micros, Request, Trace, TraceLine};
 use crate::SimError;
@@ -69,6 +77,11 @@ pub struct Workload {
     pub utilisation: f64,
     /// The share of requests that are manual (priority 1).
     pub high_share: f64,
+    /// The share of exports sent as a burst rather than a single request.
+    pub burst_share: f64,
+    /// A burst's size, drawn uniformly from `burst_min..=burst_max` (2 to 1,000).
+    pub burst_min: u32,
+    pub burst_max: u32,
 }
 
 /// One generated request before it becomes a trace line or a trace [`Request`].
@@ -92,6 +105,9 @@ impl Workload {
             zipf: 1.0,
             utilisation: 0.3,
             high_share: 0.05,
+            burst_share: 0.5,
+            burst_min: 5,
+            burst_max: 20,
         };
         workload.validate()?;
         Ok(workload)
@@ -127,6 +143,27 @@ impl Workload {
                 "high_share",
                 "0 to 1",
                 self.high_share,
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.burst_share) {
+            return Err(SimError::out_of_range(
+                "burst share",
+                "0 to 1",
+                self.burst_share,
+            ));
+        }
+        if !(2..=1_000).contains(&self.burst_min) || !(2..=1_000).contains(&self.burst_max) {
+            return Err(SimError::out_of_range(
+                "burst size",
+                "2 to 1,000",
+                format!("{}-{}", self.burst_min, self.burst_max),
+            ));
+        }
+        if self.burst_min > self.burst_max {
+            return Err(SimError::out_of_range(
+                "burst size",
+                "MIN-MAX with MIN at most MAX",
+                format!("{}-{}", self.burst_min, self.burst_max),
             ));
         }
         Ok(())
@@ -189,8 +226,10 @@ impl Workload {
             .map(|_| lognormal(&mut rng, 1.0, PROJECT_SIGMA))
             .collect();
         let rate = self.mean_rate();
-        // Mean requests an export: half are single, half a burst of 5..=20 (mean 12.5).
-        let per_export = 0.5 + 0.5 * 12.5;
+        // Mean requests an export: single, or a burst of `burst_min..=burst_max`. (With the
+        // defaults, 0.5 + 0.5 × 12.5: the same float as ever, so the same workload.)
+        let mean_burst = f64::from(self.burst_min + self.burst_max) / 2.0;
+        let per_export = (1.0 - self.burst_share) + self.burst_share * mean_burst;
         let manual_rate = rate * self.high_share;
         let export_rate = rate * (1.0 - self.high_share) / per_export;
         let mut out = Vec::new();
@@ -219,10 +258,11 @@ impl Workload {
         }
         for start in arrivals(&mut rng, export_rate, end) {
             let project = popularity.sample(&mut rng);
-            let size = if rng.gen_bool(0.5) {
+            // Drawn as ever: `gen_bool(1 − share)` for a single request (1/2 by default).
+            let size = if rng.gen_bool(1.0 - self.burst_share) {
                 1
             } else {
-                rng.gen_range(5..=20)
+                rng.gen_range(self.burst_min..=self.burst_max)
             };
             for channel in 0..size {
                 let at = if channel == 0 {
@@ -238,6 +278,112 @@ impl Workload {
         // Stable on the rounded instant: what is written is in the order it is read back.
         out.sort_by_key(|g| millis(g.at));
         Ok(out)
+    }
+}
+
+/// A family of workloads: the default workload with another key count, popularity exponent and
+/// share of bursts (everything else, the seed and the hours included, from the workload it is
+/// applied to).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Family {
+    /// Projects: the affinity keys.
+    pub keys: u32,
+    /// The exponent of their Zipf popularity.
+    pub zipf: f64,
+    /// The share of exports sent as a burst.
+    pub burst_share: f64,
+}
+
+impl Family {
+    /// `skewed`: Zipf 0.8, 1.0 and 1.2 over 50 and 500 keys, bursts as by default.
+    pub const SKEWED: [Family; 6] = [
+        Family::of(50, 0.8),
+        Family::of(50, 1.0),
+        Family::of(50, 1.2),
+        Family::of(500, 0.8),
+        Family::of(500, 1.0),
+        Family::of(500, 1.2),
+    ];
+
+    const NAMES: &'static str = "skewed, or zipf<exponent>-keys<count>[-bursts<share>] \
+                                 (zipf1.2-keys50), comma-separated";
+
+    const fn of(keys: u32, zipf: f64) -> Family {
+        Family {
+            keys,
+            zipf,
+            burst_share: 0.5,
+        }
+    }
+
+    /// `zipf1.2-keys50`, with `-bursts<share>` when the share is not the default's.
+    pub fn name(&self) -> String {
+        let mut name = format!("zipf{:?}-keys{}", self.zipf, self.keys);
+        if self.burst_share != 0.5 {
+            name.push_str(&format!("-bursts{:?}", self.burst_share));
+        }
+        name
+    }
+
+    /// One family by its name (see [`Family::name`]).
+    pub fn parse(name: &str) -> Result<Family, SimError> {
+        let bad = || SimError::out_of_range("a workload family", Family::NAMES, name);
+        let mut parts = name.trim().split('-');
+        let mut field = |prefix: &str| {
+            parts
+                .next()
+                .and_then(|part| part.strip_prefix(prefix))
+                .ok_or_else(bad)
+        };
+        let zipf: f64 = field("zipf")?.parse().map_err(|_| bad())?;
+        let keys: u32 = field("keys")?.parse().map_err(|_| bad())?;
+        let burst_share = match parts.next() {
+            None => 0.5,
+            Some(part) => part
+                .strip_prefix("bursts")
+                .and_then(|share| share.parse().ok())
+                .ok_or_else(bad)?,
+        };
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        let family = Family {
+            keys,
+            zipf,
+            burst_share,
+        };
+        family.apply(&Workload::new(1, 1.0)?).validate()?;
+        Ok(family)
+    }
+
+    /// Comma-separated names; `skewed` stands for [`Family::SKEWED`]. At least one, at most 100.
+    pub fn parse_list(names: &str) -> Result<Vec<Family>, SimError> {
+        let mut families = Vec::new();
+        for name in names.split(',').map(str::trim) {
+            if name == "skewed" {
+                families.extend(Family::SKEWED);
+            } else {
+                families.push(Family::parse(name)?);
+            }
+        }
+        if families.is_empty() || families.len() > 100 {
+            return Err(SimError::out_of_range(
+                "workload families",
+                "1 to 100",
+                families.len(),
+            ));
+        }
+        Ok(families)
+    }
+
+    /// `base` with the family's keys, popularity and bursts.
+    pub fn apply(&self, base: &Workload) -> Workload {
+        Workload {
+            projects: self.keys,
+            zipf: self.zipf,
+            burst_share: self.burst_share,
+            ..base.clone()
+        }
     }
 }
 
@@ -355,6 +501,129 @@ mod tests {
         assert!((0.35..0.65).contains(&(top / n)), "{}", top / n);
         assert!(Workload::new(1, 0.0).is_err());
         assert!(Workload::new(1, 168.5).is_err());
+    }
+
+    /// FNV-1a of a workload's JSONL.
+    fn fingerprint(workload: &Workload) -> (usize, u64) {
+        let mut out = Vec::new();
+        workload.write_jsonl(&mut out).unwrap();
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in &out {
+            h ^= u64::from(*byte);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        (out.len(), h)
+    }
+
+    #[test]
+    fn the_default_workload_is_the_one_it_always_was() {
+        // Fingerprints of the default workload taken before the families were added: the same
+        // seed gives the same bytes, whatever settings the generator has gained since.
+        assert_eq!(
+            fingerprint(&Workload::new(1, 0.1).unwrap()),
+            (560_358, 0x9311_233f_f429_2ebb)
+        );
+        assert_eq!(
+            fingerprint(&Workload::new(4, 0.1).unwrap()),
+            (590_541, 0x4bc0_851c_edea_b53d)
+        );
+        assert_eq!(
+            fingerprint(&Workload::new(4, 1.0).unwrap()),
+            (6_213_417, 0x27a8_f3b3_6dba_4a3a)
+        );
+    }
+
+    #[test]
+    fn families_set_keys_popularity_and_bursts() {
+        let names: Vec<String> = Family::SKEWED.iter().map(Family::name).collect();
+        assert_eq!(
+            names,
+            [
+                "zipf0.8-keys50",
+                "zipf1.0-keys50",
+                "zipf1.2-keys50",
+                "zipf0.8-keys500",
+                "zipf1.0-keys500",
+                "zipf1.2-keys500"
+            ]
+        );
+        for family in Family::SKEWED {
+            assert_eq!(Family::parse(&family.name()).unwrap(), family);
+        }
+        assert_eq!(Family::parse_list("skewed").unwrap(), Family::SKEWED);
+        let bursty = Family::parse("zipf1-keys50-bursts0.9").unwrap();
+        assert_eq!(
+            (bursty.keys, bursty.zipf, bursty.burst_share),
+            (50, 1.0, 0.9)
+        );
+        assert_eq!(bursty.name(), "zipf1.0-keys50-bursts0.9");
+        assert_eq!(Family::parse_list("skewed, zipf2-keys10").unwrap().len(), 7);
+        for bad in [
+            "",
+            "zipf1",
+            "keys50-zipf1",
+            "zipf1-keys0",
+            "zipf9-keys50",
+            "zipf1-keys50-bursts2",
+            "zipf1-keys50-bursts0.5-x",
+        ] {
+            assert!(Family::parse_list(bad).is_err(), "{bad}");
+        }
+
+        let base = Workload::new(7, 1.0).unwrap();
+        let w = Family::parse("zipf1.2-keys50").unwrap().apply(&base);
+        assert_eq!((w.seed, w.hours, w.utilisation), (7, 1.0, 0.3));
+        let trace = w.trace().unwrap();
+        let r = trace.requests();
+        assert!(r.iter().all(|q| q.key < 50));
+        // Zipf 1.2 over 50 keys: the top key draws about 30% of the requests (1 / H(50, 1.2)).
+        let top = r.iter().filter(|q| q.key == 0).count() as f64 / r.len() as f64;
+        assert!((0.22..0.38).contains(&top), "{top}");
+        // The same request rate as the default workload's: about as many requests an hour.
+        let n = Workload::new(7, 1.0)
+            .unwrap()
+            .trace()
+            .unwrap()
+            .requests()
+            .len() as f64;
+        assert!(
+            (r.len() as f64 / n - 1.0).abs() < 0.1,
+            "{} against {n}",
+            r.len()
+        );
+
+        // No bursts: every export one request; all bursts: about 12.5 requests of a project
+        // arrive together, the rate of exports scaled so the requests an hour stay the same.
+        let single = Workload {
+            burst_share: 0.0,
+            ..base.clone()
+        };
+        let all = Workload {
+            burst_share: 1.0,
+            ..base.clone()
+        };
+        for w in [&single, &all] {
+            let count = w.trace().unwrap().requests().len() as f64;
+            assert!((count / n - 1.0).abs() < 0.1, "{count} against {n}");
+        }
+        let mut lines = Vec::new();
+        single.write_jsonl(&mut lines).unwrap();
+        let text = String::from_utf8(lines).unwrap();
+        assert!(
+            !text.contains("-export-1\""),
+            "no second channel without bursts"
+        );
+        let bad_size = Workload {
+            burst_min: 30,
+            ..base.clone()
+        };
+        assert!(bad_size.trace().is_err());
+        assert!(Workload {
+            burst_max: 1_001,
+            ..base
+        }
+        .validate()
+        .is_err());
     }
 
     #[test]

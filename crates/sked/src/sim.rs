@@ -5,7 +5,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use sked_core::dispatch::{Overload, StallLimits, Strategy};
-use sked_sim::{Cell, MatrixReport, MatrixSpec, Micros, Model, Source, Trace, Workload};
+use sked_sim::{Cell, Family, MatrixReport, MatrixSpec, Micros, Model, Source, Trace, Workload};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -44,24 +44,80 @@ pub struct WorkloadArgs {
     /// The exponent of the projects' Zipf popularity.
     #[arg(long, default_value_t = 1.0)]
     pub zipf: f64,
+    /// How many projects (affinity keys) the requests draw from.
+    #[arg(long, default_value_t = 2_000)]
+    pub keys: u32,
+    /// The share of exports sent as a burst of requests of one project (0 to 1).
+    #[arg(long, default_value_t = 0.5)]
+    pub bursts: f64,
+    /// A burst's size, drawn uniformly from MIN to MAX requests (2 to 1,000).
+    #[arg(long, value_name = "MIN-MAX", default_value = "5-20", value_parser = burst_size)]
+    pub burst_size: (u32, u32),
+    /// Workload families, comma-separated: `skewed` (Zipf 0.8, 1.0 and 1.2 over 50 and 500
+    /// keys), or names such as `zipf1.2-keys50` and `zipf1.0-keys500-bursts0.9` (the keys, the
+    /// Zipf exponent and the share of bursts; the rest as the other flags say). `matrix` and
+    /// `run` report each family in turn; `workload` prints one.
+    #[arg(long, conflicts_with_all = ["zipf", "keys", "bursts"])]
+    pub family: Option<String>,
+}
+
+/// `5-20` as `(5, 20)`.
+fn burst_size(text: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("{text:?} is not MIN-MAX, two whole numbers such as 5-20");
+    let (min, max) = text.split_once('-').ok_or_else(bad)?;
+    let min = min.trim().parse().map_err(|_| bad())?;
+    let max = max.trim().parse().map_err(|_| bad())?;
+    Ok((min, max))
 }
 
 impl WorkloadArgs {
     fn workload(&self) -> Result<Workload> {
+        let (burst_min, burst_max) = self.burst_size;
         let workload = Workload {
             utilisation: self.utilisation,
             zipf: self.zipf,
+            projects: self.keys,
+            burst_share: self.bursts,
+            burst_min,
+            burst_max,
             ..Workload::new(self.seed, self.hours)?
         };
         workload.validate()?;
         Ok(workload)
+    }
+
+    /// The families `--family` names, if it does.
+    fn families(&self) -> Result<Option<Vec<Family>>> {
+        let Some(names) = &self.family else {
+            return Ok(None);
+        };
+        let families = Family::parse_list(names)?;
+        let base = self.workload()?;
+        for family in &families {
+            family.apply(&base).validate()?;
+        }
+        Ok(Some(families))
+    }
+
+    /// The one workload `sked sim workload` prints: the flags', or the one family's.
+    fn single(&self) -> Result<Workload> {
+        match self.families()?.as_deref() {
+            None => self.workload(),
+            Some([family]) => Ok(family.apply(&self.workload()?)),
+            Some(_) => anyhow::bail!("sked sim workload prints one --family at a time"),
+        }
     }
 }
 
 #[derive(Debug, Args)]
 pub struct SourceArgs {
     /// Replay this trace (JSONL, `-` for standard input) instead of a synthetic workload.
-    #[arg(long, conflicts_with_all = ["seed", "hours", "utilisation", "zipf"])]
+    #[arg(
+        long,
+        conflicts_with_all = [
+            "seed", "hours", "utilisation", "zipf", "keys", "bursts", "burst_size", "family",
+        ]
+    )]
     pub trace: Option<PathBuf>,
     /// Without `--trace`: the synthetic workload (replicate k uses seed + k - 1).
     #[command(flatten)]
@@ -152,7 +208,7 @@ pub struct RunArgs {
 pub fn run(args: SimArgs) -> Result<()> {
     match args.command {
         SimCommand::Workload(w) => {
-            let workload = w.workload()?;
+            let workload = w.single()?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             match workload.write_jsonl(&mut out) {
                 Ok(_) => finish(out.flush()),
@@ -174,6 +230,10 @@ pub fn run(args: SimArgs) -> Result<()> {
 
 fn matrix(source: &SourceArgs, model: &ModelArgs, cells: Vec<Cell>) -> Result<()> {
     let sim_model = model.model()?;
+    let families = match &source.trace {
+        Some(_) => None,
+        None => source.workload.families()?,
+    };
     let spec = MatrixSpec {
         source: match &source.trace {
             Some(path) => Source::Trace(read_trace(path)?),
@@ -184,16 +244,21 @@ fn matrix(source: &SourceArgs, model: &ModelArgs, cells: Vec<Cell>) -> Result<()
         cells,
     };
     let started = std::time::Instant::now();
-    let report = sked_sim::run_matrix(&spec)?;
+    let reports = match families {
+        None => vec![sked_sim::run_matrix(&spec)?],
+        Some(families) => sked_sim::run_families(&spec, &families)?,
+    };
     eprintln!("simulated in {:.1} s", started.elapsed().as_secs_f64());
-    print(&report, model.json)
+    print(&reports, model.json)
 }
 
-fn print(report: &MatrixReport, json: bool) -> Result<()> {
+/// The reports one after the other: JSON lines, or tables a blank line apart.
+fn print(reports: &[MatrixReport], json: bool) -> Result<()> {
     let text = if json {
-        report.json_lines()
+        reports.iter().map(MatrixReport::json_lines).collect()
     } else {
-        report.table()
+        let tables: Vec<String> = reports.iter().map(MatrixReport::table).collect();
+        tables.join("\n")
     };
     let mut out = std::io::stdout().lock();
     finish(out.write_all(text.as_bytes()).and_then(|()| out.flush()))

@@ -181,3 +181,98 @@ fn bad_input_is_refused_with_a_reason() {
         assert!(err.contains(expect), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn workload_families_set_keys_popularity_and_bursts() {
+    let workload = |args: &[&str]| {
+        let mut all = vec!["sim", "workload", "--seed", "3", "--hours", "0.05"];
+        all.extend_from_slice(args);
+        let (ok, out, err) = sked(&all);
+        assert!(ok, "{args:?}: {err}");
+        out
+    };
+    // The default workload is the same with its settings spelled out.
+    let default = workload(&[]);
+    assert_eq!(
+        workload(&["--keys", "2000", "--bursts", "0.5", "--burst-size", "5-20"]),
+        default
+    );
+    // A family is the default workload with its keys, popularity and bursts.
+    let family = workload(&["--family", "zipf1.2-keys50"]);
+    assert_eq!(workload(&["--keys", "50", "--zipf", "1.2"]), family);
+    assert_ne!(family, default);
+    for line in family.lines() {
+        let request: Value = serde_json::from_str(line).unwrap();
+        let key = request["key"].as_str().unwrap();
+        let n: u32 = key.strip_prefix("project-").unwrap().parse().unwrap();
+        assert!((1..=50).contains(&n), "{key}");
+    }
+    // No bursts: one request an export; all bursts of 2 to 3.
+    let single = workload(&["--bursts", "0"]);
+    assert!(!single.contains("-export-1\""), "{single}");
+    let short = workload(&["--bursts", "1", "--burst-size", "2-3"]);
+    assert!(short.contains("-export-1\"") && !short.contains("-export-3\""));
+
+    let refused: [(&[&str], &str); 5] = [
+        (&["--family", "skewed"], "one --family"),
+        (&["--family", "zipf1-keys50-tall"], "workload family"),
+        (
+            &["--family", "zipf1-keys50", "--keys", "9"],
+            "cannot be used",
+        ),
+        (&["--burst-size", "9-3"], "burst size"),
+        (&["--bursts", "1.5"], "burst share"),
+    ];
+    for (args, expect) in refused {
+        let mut all = vec!["sim", "workload", "--hours", "0.01"];
+        all.extend_from_slice(args);
+        let (ok, _, err) = sked(&all);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn the_matrix_reports_each_family() {
+    let args = [
+        "sim",
+        "matrix",
+        "--hours",
+        "0.02",
+        "--seeds",
+        "1",
+        "--family",
+        "zipf1.2-keys50,zipf0.8-keys500",
+    ];
+    let (ok, table, err) = sked(&args);
+    assert!(ok, "{err}");
+    let headers: Vec<&str> = table.lines().filter(|l| l.starts_with("family ")).collect();
+    assert_eq!(headers.len(), 2, "{table}");
+    assert!(headers[0].starts_with("family zipf1.2-keys50: 50 keys, Zipf 1.2"));
+    assert!(headers[1].starts_with("family zipf0.8-keys500: 500 keys, Zipf 0.8"));
+
+    let mut json = args.to_vec();
+    json.push("--json");
+    let (ok, out, err) = sked(&json);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2 * 15 * 2, "{out}");
+    for (i, line) in lines.iter().enumerate() {
+        // The usual fields first, the family last.
+        let keys = keys_in_order(line);
+        assert_eq!(&keys[..FIELDS.len()], &FIELDS, "{line}");
+        assert_eq!(keys.last().map(String::as_str), Some("family"), "{line}");
+        let row: Value = serde_json::from_str(line).unwrap();
+        let expected = if i < 30 {
+            "zipf1.2-keys50"
+        } else {
+            "zipf0.8-keys500"
+        };
+        assert_eq!(row["family"], Value::from(expected), "{line}");
+    }
+
+    // A trace has no family.
+    let (ok, _, err) = sked(&["sim", "run", "--trace", "-", "--family", "skewed"]);
+    assert!(!ok);
+    assert!(err.contains("cannot be used"), "{err}");
+}
