@@ -125,6 +125,11 @@ enum Scenario {
         /// (by default the anchors are spread evenly over the period).
         #[arg(long)]
         aligned: bool,
+        /// Seconds from the jobs' creation to their first instants (default: 15 on SQLite,
+        /// 30 + 20 a node on PostgreSQL). Creating 40,000 jobs can take longer on a busy
+        /// machine; the output's `ready_after_first_instant` says when the lead was short.
+        #[arg(long)]
+        lead: Option<u64>,
     },
     /// The web console's pages on a store of `--jobs` jobs and `--runs` ended runs: each
     /// page asked `--samples` times, its time p50/p99/max.
@@ -641,6 +646,7 @@ fn main() -> Result<()> {
                 broker_url,
                 nodes,
                 aligned,
+                lead,
             } => {
                 check_nodes(nodes, database_url)?;
                 publish::run(publish::Options {
@@ -651,6 +657,7 @@ fn main() -> Result<()> {
                     seconds,
                     nodes,
                     aligned,
+                    lead,
                 })
                 .await
             }

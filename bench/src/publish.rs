@@ -121,6 +121,8 @@ pub struct Options<'a> {
     pub seconds: u64,
     pub nodes: usize,
     pub aligned: bool,
+    /// Seconds from the jobs' creation to their first instants, when not the default.
+    pub lead: Option<u64>,
 }
 
 /// The benchmark's own destination on the broker and the consumer counting what reaches it.
@@ -341,6 +343,7 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
         seconds,
         nodes,
         aligned,
+        lead,
     } = options;
     let connection: BrokerConnection = format!("bench={broker_url}")
         .parse()
@@ -368,10 +371,10 @@ pub async fn run(options: Options<'_>) -> Result<Value> {
     // instants already overdue when it starts would be a catch-up burst, and this measures
     // the steady state. Creating and starting take seconds on SQLite, longer on PostgreSQL,
     // and longer with more nodes.
-    let lead = Duration::seconds(if database_url.is_some() {
-        30 + 20 * nodes as i64
-    } else {
-        15
+    let lead = Duration::seconds(match (lead, database_url) {
+        (Some(lead), _) => lead.min(3_600) as i64,
+        (None, Some(_)) => 30 + 20 * nodes as i64,
+        (None, None) => 15,
     });
     let base = Utc::now() + lead;
     let target = destination.target.clone();

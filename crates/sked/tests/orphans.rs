@@ -274,20 +274,34 @@ async fn leftovers_of_a_finished_job_are_ended_and_its_status_is_kept() {
 }
 
 #[tokio::test]
-async fn a_supervised_job_starts_with_no_signal_blocked() {
+async fn a_supervised_job_starts_with_no_signal_blocked_or_ignored_and_no_stray_descriptor() {
     // The supervisor blocks its stop signals to read them; the job must not inherit that, or
-    // a cancel's SIGTERM would wait for the grace period's SIGKILL.
+    // a cancel's SIGTERM would wait for the grace period's SIGKILL. Nor the SIGPIPE the
+    // runtime ignores, nor a descriptor beyond its standard three.
     let mut sked = Sked::new();
     sked.start_dev(&[]).await;
-    let job = json!({"target": shell("grep '^SigBlk' /proc/self/status")});
+    let job = json!({"target": shell(
+        "grep -E '^Sig(Blk|Ign)' /proc/self/status; echo fds-begin; ls /proc/$$/fd; echo fds-end"
+    )});
     assert_eq!(sked.put_job("mask", job).await.0, 201);
     let id = sked.trigger("mask").await;
     let run = sked.wait_finished(id, Duration::from_secs(20)).await;
     assert_eq!(run["state"], "succeeded", "{run}");
     let log = sked.run_log(id).await;
-    let blocked = log
+    let line = |prefix: &str| {
+        log.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line in {log:?}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(line("SigBlk:"), "0000000000000000", "{log}");
+    assert_eq!(line("SigIgn:"), "0000000000000000", "{log}");
+    let fds: Vec<&str> = log
         .lines()
-        .find_map(|l| l.strip_prefix("SigBlk:"))
-        .unwrap_or_else(|| panic!("no SigBlk line in {log:?}"));
-    assert_eq!(blocked.trim(), "0000000000000000", "{log}");
+        .skip_while(|l| *l != "fds-begin")
+        .skip(1)
+        .take_while(|l| *l != "fds-end")
+        .collect();
+    assert_eq!(fds, ["0", "1", "2"], "{log}");
 }

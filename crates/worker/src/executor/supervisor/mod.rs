@@ -24,7 +24,8 @@
 //! - `uid=N` and `gid=N`, together: the ids the job runs as (supplementary groups: just `gid`).
 //!
 //! An unknown key, a bad number or a missing `--` is refused before anything starts. Without
-//! options the job starts as before, with no extra system call.
+//! options nothing runs between fork and exec, and the job is started with `posix_spawn`
+//! rather than a fork of the supervisor ([`spawn`]).
 //!
 //! It then exits as the job's main process did: the same exit code, or killed by the same
 //! signal, which the server reports to the worker. One thread and blocking calls (a signalfd
@@ -33,6 +34,7 @@
 
 pub mod client;
 pub mod server;
+mod spawn;
 
 use super::bind::Rlimit;
 use nix::errno::Errno;
@@ -45,9 +47,7 @@ use std::ffi::{CString, OsString};
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How often the tree is looked at while it is being ended.
@@ -205,35 +205,14 @@ fn supervise(launch: &Launch) -> Result<i32, String> {
     signals
         .thread_block()
         .map_err(|e| format!("supervisor: cannot block signals: {e}"))?;
-    let signal_fd = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK)
+    let signal_fd = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(|e| format!("supervisor: cannot read signals: {e}"))?;
-    let mut command = Command::new(program);
-    command
-        .args(program_args)
-        .env_clear()
-        .envs(launch.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .process_group(0);
-    if let Some(cwd) = &launch.cwd {
-        command.current_dir(cwd);
-    }
-    // The job must not inherit the blocked signals.
-    // SAFETY: sigprocmask is async-signal-safe, as a pre_exec closure must be.
-    unsafe {
-        command.pre_exec(move || signals.thread_unblock().map_err(std::io::Error::from));
-    }
-    if !setup.is_empty() {
-        let prepared = Prepared::of(&setup)?;
-        // SAFETY: `Prepared::apply` makes only async-signal-safe calls and allocates nothing.
-        unsafe {
-            command.pre_exec(move || prepared.apply());
-        }
-    }
-    let job = command
-        .spawn()
-        .map_err(|e| format!("cannot start {:?}: {e}", program.to_string_lossy()))?;
-    let main_pid = Pid::from_raw(job.id() as i32);
-    drop(job);
+    let prepared = if setup.is_empty() {
+        None
+    } else {
+        Some(Prepared::of(&setup)?)
+    };
+    let main_pid = spawn::start_job(program, program_args, launch, signals, prepared)?;
 
     let mut events = Events {
         main_pid,
