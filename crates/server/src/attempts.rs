@@ -14,7 +14,8 @@ use sked_core::protocol::{CompletionResult, LeasedAttempt};
 use sked_core::run::RunState;
 use sked_core::throttle::Throttle;
 use sked_store::{
-    AttemptReport, AttemptStart, CompletionEffect, FlowClaim, NotStarted, QueuedRun, SecretName,
+    AttemptReport, AttemptStart, CompletionEffect, FlowClaim, LeaseRenewal, NotStarted, QueuedRun,
+    SecretName,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -23,6 +24,28 @@ use std::time::Duration;
 /// When a lease handed out now expires unless a heartbeat extends it.
 pub fn lease_until(state: &AppState) -> sked_core::Instant {
     Utc::now() + chrono::Duration::from_std(state.config.heartbeat_timeout).unwrap_or_default()
+}
+
+/// How a heartbeat received now extends leases: to [`lease_until`], but only those that end
+/// within half the heartbeat timeout (and never within two heartbeat intervals), so that a
+/// worker holding thousands of short attempts does not have each rewritten at every beat. A
+/// lease left alone still has at least that long to run, which spans more than one missed
+/// heartbeat; with an interval of half the timeout or more, every lease is renewed at every beat.
+pub fn lease_renewal(state: &AppState) -> LeaseRenewal {
+    renewal(
+        lease_until(state),
+        state.config.heartbeat_timeout,
+        state.config.heartbeat_interval,
+    )
+}
+
+fn renewal(until: sked_core::Instant, timeout: Duration, interval: Duration) -> LeaseRenewal {
+    let keep = (timeout / 2).max(interval * 2);
+    let left_alone = chrono::Duration::from_std(timeout.saturating_sub(keep)).unwrap_or_default();
+    LeaseRenewal {
+        until,
+        renew_before: until - left_alone,
+    }
 }
 
 /// Attempts started before this that a heartbeat does not list never reached their worker: a
@@ -259,4 +282,27 @@ pub async fn complete(
             .enqueue(state.store.queued_runs(Some(&requeued)).await?);
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_left_alone_outlives_two_heartbeat_intervals_and_half_the_timeout() {
+        let until = Utc::now();
+        let secs = Duration::from_secs;
+        let left = |timeout, interval| {
+            let r = renewal(until, secs(timeout), secs(interval));
+            assert_eq!(r.until, until);
+            (until - r.renew_before).num_seconds()
+        };
+        // Defaults (10 s, 2 s): a lease with under 5 s to run is renewed.
+        assert_eq!(left(10, 2), 5);
+        assert_eq!(left(10, 3), 4);
+        // An interval of half the timeout or more renews every lease.
+        assert_eq!(left(10, 5), 0);
+        assert_eq!(left(10, 20), 0);
+        assert_eq!(left(60, 1), 30);
+    }
 }

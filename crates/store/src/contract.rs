@@ -62,6 +62,7 @@ macro_rules! store_contract_tests {
             retries_follow_the_policy_then_fail,
             lost_attempts_are_requeued_without_spending_retries,
             heartbeats_extend_leases_and_relay_cancels,
+            heartbeats_rewrite_only_the_leases_that_are_due,
             heartbeats_give_up_attempts_the_worker_never_got,
             a_drained_worker_learns_it_at_its_heartbeat_and_keeps_its_leases,
             workers_page_by_id_and_dead_ones_are_deleted,
@@ -1878,7 +1879,7 @@ pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Sto
     // w2 keeps heartbeating, w1 goes silent.
     let later = now + secs(20);
     let hb = store
-        .heartbeat("w2", &[], later, later + secs(10), t0())
+        .heartbeat("w2", &[], later, LeaseRenewal::all(later + secs(10)), t0())
         .await
         .unwrap();
     assert!(hb.known);
@@ -1903,7 +1904,13 @@ pub async fn lost_attempts_are_requeued_without_spending_retries(store: &dyn Sto
         }
     );
     let hb = store
-        .heartbeat("w1", &[attempt], later, later + secs(10), t0())
+        .heartbeat(
+            "w1",
+            &[attempt],
+            later,
+            LeaseRenewal::all(later + secs(10)),
+            t0(),
+        )
         .await
         .unwrap();
     assert!(!hb.known);
@@ -1970,7 +1977,7 @@ pub async fn workers_page_by_id_and_dead_ones_are_deleted(store: &dyn Store) {
     let later = now + secs(60);
     for id in ["w0", "w1"] {
         store
-            .heartbeat(id, &[], later, later + secs(10), t0())
+            .heartbeat(id, &[], later, LeaseRenewal::all(later + secs(10)), t0())
             .await
             .unwrap();
     }
@@ -2005,7 +2012,13 @@ pub async fn heartbeats_give_up_attempts_the_worker_never_got(store: &dyn Store)
     let later = now + secs(5);
     start(store, runs[2], "w", 3, later).await;
     let hb = store
-        .heartbeat("w", &[known], later, later + secs(10), now + secs(2))
+        .heartbeat(
+            "w",
+            &[known],
+            later,
+            LeaseRenewal::all(later + secs(10)),
+            now + secs(2),
+        )
         .await
         .unwrap();
     assert!(hb.known);
@@ -2033,7 +2046,7 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
     for _ in 0..4 {
         at += secs(5);
         let hb = store
-            .heartbeat("w", &[attempt], at, at + secs(10), t0())
+            .heartbeat("w", &[attempt], at, LeaseRenewal::all(at + secs(10)), t0())
             .await
             .unwrap();
         assert_eq!(
@@ -2055,7 +2068,13 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
     assert_eq!(workers[0].last_heartbeat_at, at);
     // An attempt the worker does not hold is to be stopped.
     let hb = store
-        .heartbeat("w", &[attempt, attempt + 99], at, at + secs(10), t0())
+        .heartbeat(
+            "w",
+            &[attempt, attempt + 99],
+            at,
+            LeaseRenewal::all(at + secs(10)),
+            t0(),
+        )
         .await
         .unwrap();
     assert_eq!(hb.stop, vec![attempt + 99]);
@@ -2067,7 +2086,7 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
         .unwrap();
     assert!(matches!(outcome, CancelOutcome::Requested(ref r) if r.cancel_requested));
     let hb = store
-        .heartbeat("w", &[attempt], at, at + secs(10), t0())
+        .heartbeat("w", &[attempt], at, LeaseRenewal::all(at + secs(10)), t0())
         .await
         .unwrap();
     assert_eq!(hb.stop, vec![attempt]);
@@ -2092,6 +2111,87 @@ pub async fn heartbeats_extend_leases_and_relay_cancels(store: &dyn Store) {
             .unwrap(),
         None
     );
+}
+
+pub async fn heartbeats_rewrite_only_the_leases_that_are_due(store: &dyn Store) {
+    let now = t0() + secs(1);
+    worker(store, "w", now).await;
+    let mut runs = Vec::new();
+    let mut attempts = Vec::new();
+    for name in ["due-a", "due-b", "due-c"] {
+        let j = put(store, name, every_second(serde_json::json!({}))).await;
+        let fired = fire_one(store, fire(j.id, now)).await;
+        attempts.push(start(store, fired.run_id, "w", 3, now).await);
+        runs.push(fired.run_id);
+    }
+    let all_runs = &runs;
+    let leases = |expected: Instant| async move {
+        for &run_id in all_runs {
+            let (_, attempts) = run(store, run_id).await;
+            assert_eq!(attempts[0].lease_expires_at, expected, "run {run_id}");
+        }
+    };
+    // Leases that end after `renew_before` are left as they are, and still held.
+    let at = now + secs(2);
+    let hb = store
+        .heartbeat(
+            "w",
+            &attempts,
+            at,
+            LeaseRenewal {
+                until: at + secs(10),
+                renew_before: at + secs(5),
+            },
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        hb.known && hb.stop.is_empty() && hb.forgotten.is_empty(),
+        "{hb:?}"
+    );
+    leases(now + secs(10)).await;
+    // Once due, every one is extended.
+    let at = now + secs(6);
+    let renewal = LeaseRenewal {
+        until: at + secs(10),
+        renew_before: at + secs(5),
+    };
+    let hb = store
+        .heartbeat("w", &attempts, at, renewal, t0())
+        .await
+        .unwrap();
+    assert!(hb.stop.is_empty(), "{hb:?}");
+    leases(at + secs(10)).await;
+    // A lease not due still relays a cancel, and an attempt the worker does not hold (one it
+    // never had, one already ended) is to stop, whether or not its lease would be due.
+    store
+        .cancel_run(runs[0], at, Audit::none())
+        .await
+        .unwrap()
+        .expect("the run exists");
+    complete(store, report(attempts[1], 3, AttemptOutcome::Succeeded), at).await;
+    let later = at + secs(1);
+    let reported = [attempts[0], attempts[1], attempts[2], attempts[2] + 99];
+    let hb = store
+        .heartbeat(
+            "w",
+            &reported,
+            later,
+            LeaseRenewal {
+                until: later + secs(10),
+                renew_before: later + secs(5),
+            },
+            t0(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(hb.stop, vec![attempts[0], attempts[1], attempts[2] + 99]);
+    let (_, third) = run(store, runs[2]).await;
+    assert_eq!(third[0].lease_expires_at, at + secs(10));
+    // The reaper finds nothing expired while the untouched leases run.
+    let reaped = store.reap(later - secs(10), later).await.unwrap();
+    assert!(reaped.requeued.is_empty(), "{reaped:?}");
 }
 
 pub async fn a_drained_worker_learns_it_at_its_heartbeat_and_keeps_its_leases(store: &dyn Store) {
@@ -2121,7 +2221,7 @@ pub async fn a_drained_worker_learns_it_at_its_heartbeat_and_keeps_its_leases(st
     // The worker hears it at its heartbeat, and its running attempt keeps its lease.
     let at = now + secs(5);
     let hb = store
-        .heartbeat("w", &[attempt], at, at + secs(10), t0())
+        .heartbeat("w", &[attempt], at, LeaseRenewal::all(at + secs(10)), t0())
         .await
         .unwrap();
     assert!(hb.known && hb.draining && hb.stop.is_empty(), "{hb:?}");
@@ -2135,7 +2235,10 @@ pub async fn a_drained_worker_learns_it_at_its_heartbeat_and_keeps_its_leases(st
             ..
         }
     ));
-    let hb = store.heartbeat("other", &[], at, at, t0()).await.unwrap();
+    let hb = store
+        .heartbeat("other", &[], at, LeaseRenewal::all(at), t0())
+        .await
+        .unwrap();
     assert!(!hb.draining);
     // A worker unknown or declared dead cannot be drained.
     assert_eq!(
@@ -3376,7 +3479,13 @@ pub async fn a_clean_stop_is_stopped_not_lost_and_takes_back_its_attempts(store:
     let got = store.get_worker("w-leaving").await.unwrap().expect("kept");
     assert_eq!(got.state, WorkerState::Stopped);
     let beat = store
-        .heartbeat("w-leaving", &[], now + secs(4), now + secs(60), now)
+        .heartbeat(
+            "w-leaving",
+            &[],
+            now + secs(4),
+            LeaseRenewal::all(now + secs(60)),
+            now,
+        )
         .await
         .unwrap();
     assert!(!beat.known, "a stopped worker must register again");

@@ -655,6 +655,26 @@ pub struct AuditQuery {
     pub cursor: Option<String>,
 }
 
+/// How a heartbeat extends the leases of a worker's running attempts: those that end before
+/// `renew_before` now end at `until`, and the others are left as they are, so that a worker
+/// holding thousands of attempts does not have every one rewritten at each beat. A
+/// `renew_before` at or past `until` renews them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRenewal {
+    pub until: Instant,
+    pub renew_before: Instant,
+}
+
+impl LeaseRenewal {
+    /// Every running attempt's lease ends at `until`.
+    pub fn all(until: Instant) -> LeaseRenewal {
+        LeaseRenewal {
+            until,
+            renew_before: until,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct HeartbeatOutcome {
     /// False when the worker is unknown or was declared dead: it must stop everything and
@@ -1072,17 +1092,17 @@ pub trait Store:
     // --- workers ------------------------------------------------------------------------------
 
     async fn register_worker(&self, worker: &NewWorker, now: Instant) -> Result<()>;
-    /// Records a heartbeat and extends the leases of the worker's running attempts to
-    /// `lease_until`. An attempt the store has running on this worker, started before
-    /// `forgotten_before` and absent from `running`, never reached the worker (its lease
-    /// response was lost with a server): its lease ends `now`, for the reaper to re-queue
-    /// its run as it does any expired lease.
+    /// Records a heartbeat and extends the leases of the worker's running attempts among
+    /// `running` as `lease` says. An attempt the store has running on this worker, started
+    /// before `forgotten_before` and absent from `running`, never reached the worker (its
+    /// lease response was lost with a server): its lease ends `now`, for the reaper to
+    /// re-queue its run as it does any expired lease.
     async fn heartbeat(
         &self,
         worker_id: &str,
         running: &[i64],
         now: Instant,
-        lease_until: Instant,
+        lease: LeaseRenewal,
         forgotten_before: Instant,
     ) -> Result<HeartbeatOutcome>;
     /// A worker's clean stop: it is no longer alive and is `stopped`, not lost; the attempts

@@ -275,6 +275,68 @@ pub const SKIP_REASONS_SQL: &str = "\
     WHERE namespace = $1 AND job = $2 AND state = 'skipped' AND skip_reason IS NOT NULL \
     GROUP BY skip_reason";
 
+/// An attempt the store has running on a worker, as a heartbeat reads it (instants in
+/// microseconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningAttempt {
+    pub id: i64,
+    pub started_at: i64,
+    pub lease_expires_at: i64,
+    pub cancel_requested: bool,
+}
+
+/// What a heartbeat does with a worker's attempts (`Store::heartbeat`), decided from what the
+/// worker reports and what the store has running on it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeartbeatPlan {
+    /// Reported attempts the worker must stop (not running on it, or asked to stop), in the
+    /// report's order.
+    pub stop: Vec<i64>,
+    /// Reported attempts whose lease is to be extended, in id order.
+    pub renew: Vec<i64>,
+    /// Attempts not reported that never reached the worker: their lease ends now, in id order.
+    pub forgotten: Vec<i64>,
+}
+
+pub fn plan_heartbeat(
+    running: &[i64],
+    on_worker: &[RunningAttempt],
+    now: Instant,
+    lease: crate::LeaseRenewal,
+    forgotten_before: Instant,
+) -> HeartbeatPlan {
+    let by_id: std::collections::HashMap<i64, &RunningAttempt> =
+        on_worker.iter().map(|a| (a.id, a)).collect();
+    let reported: std::collections::HashSet<i64> = running.iter().copied().collect();
+    let renew_before = micros(lease.renew_before);
+    let mut plan = HeartbeatPlan::default();
+    for id in running {
+        let Some(attempt) = by_id.get(id) else {
+            plan.stop.push(*id);
+            continue;
+        };
+        // One asked to stop keeps its lease while it stops.
+        if attempt.cancel_requested {
+            plan.stop.push(*id);
+        }
+        if attempt.lease_expires_at < renew_before {
+            plan.renew.push(*id);
+        }
+    }
+    plan.renew.sort_unstable();
+    plan.renew.dedup();
+    let (now, forgotten_before) = (micros(now), micros(forgotten_before));
+    plan.forgotten = on_worker
+        .iter()
+        .filter(|a| {
+            !reported.contains(&a.id) && a.started_at < forgotten_before && a.lease_expires_at > now
+        })
+        .map(|a| a.id)
+        .collect();
+    plan.forgotten.sort_unstable();
+    plan
+}
+
 /// Instants are stored as microseconds since the epoch, UTC.
 pub fn micros(t: Instant) -> i64 {
     t.timestamp_micros()

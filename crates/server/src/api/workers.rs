@@ -260,7 +260,7 @@ pub async fn heartbeat(
         &id,
         &req.running,
         now,
-        crate::attempts::lease_until(&state),
+        crate::attempts::lease_renewal(&state),
         forgotten_before,
     );
     let outcome = state.metrics.store_call("heartbeat", beat).await?;

@@ -534,7 +534,7 @@ async fn beat(state: &AppState, id: &str, held: &[i64]) -> Option<Vec<i64>> {
             id,
             held,
             now,
-            attempts::lease_until(state),
+            attempts::lease_renewal(state),
             forgotten_before,
         )
         .await

@@ -748,7 +748,7 @@ impl Store for PgStore {
         worker_id: &str,
         running: &[i64],
         now: Instant,
-        lease_until: Instant,
+        lease: LeaseRenewal,
         forgotten_before: Instant,
     ) -> Result<HeartbeatOutcome> {
         transact!(self, write, |tx| workers::heartbeat(
@@ -756,7 +756,7 @@ impl Store for PgStore {
             worker_id,
             running,
             now,
-            lease_until,
+            lease,
             forgotten_before
         )
         .await?)

@@ -4,10 +4,11 @@
 use super::rows::{self, micros, WORKER_COLUMNS};
 use super::{PgResult, Tx};
 use crate::cursor::{self, page_size, Cursor};
-use crate::{Drained, HeartbeatOutcome, NewWorker, Page, StoreError};
+use crate::shared::{plan_heartbeat, RunningAttempt};
+use crate::{Drained, HeartbeatOutcome, LeaseRenewal, NewWorker, Page, StoreError};
 use sked_core::records::WorkerRecord;
 use sked_core::Instant;
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 pub async fn register(tx: &Tx<'_>, worker: &NewWorker, now: Instant) -> PgResult<()> {
     let labels = serde_json::to_string(&worker.labels)
@@ -65,7 +66,7 @@ pub async fn heartbeat(
     worker_id: &str,
     running: &[i64],
     now: Instant,
-    lease_until: Instant,
+    lease: LeaseRenewal,
     forgotten_before: Instant,
 ) -> PgResult<HeartbeatOutcome> {
     // The worker's row first: a reaper declaring it dead waits for this heartbeat, or this
@@ -85,70 +86,74 @@ pub async fn heartbeat(
         });
     };
     let draining: bool = row.try_get(0)?;
-    let mut held: HashMap<i64, bool> = HashMap::new();
-    if !running.is_empty() {
-        // Only the worker's own running attempts keep their lease; a cancel asks it to stop.
-        // Locked in id order first, as every transaction locks attempts.
-        let mut ids = running.to_vec();
+    // What the store has running on the worker, read through the running attempts' partial
+    // index (each run found in its own partition), without a lock: a worker holding
+    // thousands of attempts has few that need anything written.
+    let stmt = tx
+        .prepare_cached(
+            "SELECT a.id, a.started_at, a.lease_expires_at, r.cancel_requested \
+             FROM attempts a JOIN runs r \
+               ON r.id = a.run_id AND r.scheduled_for = a.run_scheduled_for \
+             WHERE a.worker_id = $1 AND a.state = 'running'",
+        )
+        .await?;
+    let mut on_worker = Vec::new();
+    for row in tx.query(&stmt, &[&worker_id]).await? {
+        on_worker.push(RunningAttempt {
+            id: row.try_get(0)?,
+            started_at: row.try_get(1)?,
+            lease_expires_at: row.try_get(2)?,
+            cancel_requested: row.try_get(3)?,
+        });
+    }
+    let plan = plan_heartbeat(running, &on_worker, now, lease, forgotten_before);
+    // Locked in id order, as every transaction locks attempts.
+    let mut locked = Vec::new();
+    let to_lock: Vec<i64> = {
+        let mut ids: Vec<i64> = plan.renew.iter().chain(&plan.forgotten).copied().collect();
         ids.sort_unstable();
-        ids.dedup();
+        ids
+    };
+    if !to_lock.is_empty() {
         let stmt = tx
             .prepare_cached(
                 "SELECT id FROM attempts WHERE id = ANY($1) AND worker_id = $2 \
                  AND state = 'running' ORDER BY id FOR UPDATE",
             )
             .await?;
-        tx.execute(&stmt, &[&ids, &worker_id]).await?;
-        let stmt = tx
-            .prepare_cached(
-                "UPDATE attempts a SET lease_expires_at = $3 FROM runs r \
-                 WHERE a.id = ANY($1) AND a.worker_id = $2 AND a.state = 'running' \
-                 AND r.id = a.run_id RETURNING a.id, r.cancel_requested",
-            )
-            .await?;
-        for row in tx
-            .query(&stmt, &[&ids, &worker_id, &micros(lease_until)])
-            .await?
-        {
-            held.insert(row.try_get(0)?, row.try_get(1)?);
+        for row in tx.query(&stmt, &[&to_lock, &worker_id]).await? {
+            locked.push(row.try_get::<_, i64>(0)?);
         }
     }
-    let stop = running
-        .iter()
-        .copied()
-        .filter(|id| held.get(id) != Some(&false))
-        .collect();
-    // Locked in id order, as every transaction locks attempts.
-    let stmt = tx
-        .prepare_cached(
-            "SELECT id FROM attempts WHERE worker_id = $1 AND state = 'running' \
-             AND started_at < $2 AND lease_expires_at > $3 AND NOT (id = ANY($4)) \
-             ORDER BY id FOR UPDATE",
-        )
-        .await?;
-    let forgotten: Vec<i64> = tx
-        .query(
-            &stmt,
-            &[
-                &worker_id,
-                &micros(forgotten_before),
-                &micros(now),
-                &running,
-            ],
-        )
-        .await?
-        .iter()
-        .map(|row| row.try_get(0))
-        .collect::<Result<_, _>>()?;
+    let is_locked = |id: &i64| locked.binary_search(id).is_ok();
+    let renewed: Vec<i64> = plan.renew.iter().copied().filter(is_locked).collect();
+    if !renewed.is_empty() {
+        let stmt = tx
+            .prepare_cached("UPDATE attempts SET lease_expires_at = $2 WHERE id = ANY($1)")
+            .await?;
+        tx.execute(&stmt, &[&renewed, &micros(lease.until)]).await?;
+    }
+    let forgotten: Vec<i64> = plan.forgotten.iter().copied().filter(is_locked).collect();
     if !forgotten.is_empty() {
         let stmt = tx
             .prepare_cached("UPDATE attempts SET lease_expires_at = $2 WHERE id = ANY($1)")
             .await?;
         tx.execute(&stmt, &[&forgotten, &micros(now)]).await?;
     }
+    // One no longer running when locked ended meanwhile (a completion, the reaper).
+    let stopping: HashSet<i64> = plan
+        .stop
+        .iter()
+        .copied()
+        .chain(plan.renew.iter().copied().filter(|id| !is_locked(id)))
+        .collect();
     Ok(HeartbeatOutcome {
         known: true,
-        stop,
+        stop: running
+            .iter()
+            .copied()
+            .filter(|id| stopping.contains(id))
+            .collect(),
         forgotten,
         draining,
     })

@@ -831,12 +831,12 @@ impl Store for SqliteStore {
         worker_id: &str,
         running: &[i64],
         now: Instant,
-        lease_until: Instant,
+        lease: LeaseRenewal,
         forgotten_before: Instant,
     ) -> Result<HeartbeatOutcome> {
         let (worker_id, running) = (worker_id.to_string(), running.to_vec());
         self.write(move |tx| {
-            workers::heartbeat(tx, &worker_id, &running, now, lease_until, forgotten_before)
+            workers::heartbeat(tx, &worker_id, &running, now, lease, forgotten_before)
         })
         .await
     }

@@ -3,7 +3,8 @@
 
 use super::rows::{self, micros, WORKER_COLUMNS};
 use crate::cursor::{self, page_size, Cursor};
-use crate::{Drained, HeartbeatOutcome, NewWorker, Page, Result, StoreError};
+use crate::shared::{plan_heartbeat, RunningAttempt};
+use crate::{Drained, HeartbeatOutcome, LeaseRenewal, NewWorker, Page, Result, StoreError};
 use rusqlite::{params, OptionalExtension, Transaction};
 use sked_core::records::WorkerRecord;
 use sked_core::Instant;
@@ -55,7 +56,7 @@ pub fn heartbeat(
     worker_id: &str,
     running: &[i64],
     now: Instant,
-    lease_until: Instant,
+    lease: LeaseRenewal,
     forgotten_before: Instant,
 ) -> Result<HeartbeatOutcome> {
     let found: Option<(bool, bool)> = tx
@@ -75,50 +76,34 @@ pub fn heartbeat(
     };
     tx.prepare_cached("UPDATE workers SET last_heartbeat_at = ?2 WHERE id = ?1")?
         .execute(params![worker_id, micros(now)])?;
-    let mut stop = Vec::new();
-    for &attempt_id in running {
-        // Only the worker's own running attempts keep their lease; a cancel asks it to stop.
-        let cancel: Option<bool> = tx
-            .prepare_cached(
-                "UPDATE attempts SET lease_expires_at = ?3 \
-                 WHERE id = ?1 AND worker_id = ?2 AND state = 'running' \
-                 RETURNING (SELECT cancel_requested FROM runs WHERE runs.id = attempts.run_id)",
-            )?
-            .query_row(params![attempt_id, worker_id, micros(lease_until)], |r| {
-                r.get(0)
+    let on_worker = tx
+        .prepare_cached(
+            "SELECT a.id, a.started_at, a.lease_expires_at, r.cancel_requested \
+             FROM attempts a JOIN runs r ON r.id = a.run_id \
+             WHERE a.worker_id = ?1 AND a.state = 'running'",
+        )?
+        .query_map(params![worker_id], |r| {
+            Ok(RunningAttempt {
+                id: r.get(0)?,
+                started_at: r.get(1)?,
+                lease_expires_at: r.get(2)?,
+                cancel_requested: r.get(3)?,
             })
-            .optional()?;
-        if cancel != Some(false) {
-            stop.push(attempt_id);
-        }
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let plan = plan_heartbeat(running, &on_worker, now, lease, forgotten_before);
+    let mut extend =
+        tx.prepare_cached("UPDATE attempts SET lease_expires_at = ?2 WHERE id = ?1")?;
+    for &attempt_id in &plan.renew {
+        extend.execute(params![attempt_id, micros(lease.until)])?;
     }
-    let reported: std::collections::HashSet<i64> = running.iter().copied().collect();
-    let forgotten = {
-        let mut stmt = tx.prepare_cached(
-            "SELECT id FROM attempts WHERE worker_id = ?1 AND state = 'running' \
-             AND started_at < ?2 AND lease_expires_at > ?3",
-        )?;
-        let ids = stmt.query_map(
-            params![worker_id, micros(forgotten_before), micros(now)],
-            |r| r.get::<_, i64>(0),
-        )?;
-        let mut forgotten = Vec::new();
-        for id in ids {
-            let id = id?;
-            if !reported.contains(&id) {
-                forgotten.push(id);
-            }
-        }
-        forgotten
-    };
-    for &attempt_id in &forgotten {
-        tx.prepare_cached("UPDATE attempts SET lease_expires_at = ?2 WHERE id = ?1")?
-            .execute(params![attempt_id, micros(now)])?;
+    for &attempt_id in &plan.forgotten {
+        extend.execute(params![attempt_id, micros(now)])?;
     }
     Ok(HeartbeatOutcome {
         known: true,
-        stop,
-        forgotten,
+        stop: plan.stop,
+        forgotten: plan.forgotten,
         draining,
     })
 }
