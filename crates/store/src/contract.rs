@@ -2125,6 +2125,11 @@ pub async fn heartbeats_rewrite_only_the_leases_that_are_due(store: &dyn Store) 
         runs.push(fired.run_id);
     }
     let all_runs = &runs;
+    // Leases that end within 5 s are due.
+    let due_within_5s = |at: Instant| LeaseRenewal {
+        until: at + secs(10),
+        renew_before: at + secs(5),
+    };
     let leases = |expected: Instant| async move {
         for &run_id in all_runs {
             let (_, attempts) = run(store, run_id).await;
@@ -2134,16 +2139,7 @@ pub async fn heartbeats_rewrite_only_the_leases_that_are_due(store: &dyn Store) 
     // Leases that end after `renew_before` are left as they are, and still held.
     let at = now + secs(2);
     let hb = store
-        .heartbeat(
-            "w",
-            &attempts,
-            at,
-            LeaseRenewal {
-                until: at + secs(10),
-                renew_before: at + secs(5),
-            },
-            t0(),
-        )
+        .heartbeat("w", &attempts, at, due_within_5s(at), t0())
         .await
         .unwrap();
     assert!(
@@ -2153,12 +2149,8 @@ pub async fn heartbeats_rewrite_only_the_leases_that_are_due(store: &dyn Store) 
     leases(now + secs(10)).await;
     // Once due, every one is extended.
     let at = now + secs(6);
-    let renewal = LeaseRenewal {
-        until: at + secs(10),
-        renew_before: at + secs(5),
-    };
     let hb = store
-        .heartbeat("w", &attempts, at, renewal, t0())
+        .heartbeat("w", &attempts, at, due_within_5s(at), t0())
         .await
         .unwrap();
     assert!(hb.stop.is_empty(), "{hb:?}");
@@ -2174,16 +2166,7 @@ pub async fn heartbeats_rewrite_only_the_leases_that_are_due(store: &dyn Store) 
     let later = at + secs(1);
     let reported = [attempts[0], attempts[1], attempts[2], attempts[2] + 99];
     let hb = store
-        .heartbeat(
-            "w",
-            &reported,
-            later,
-            LeaseRenewal {
-                until: later + secs(10),
-                renew_before: later + secs(5),
-            },
-            t0(),
-        )
+        .heartbeat("w", &reported, later, due_within_5s(later), t0())
         .await
         .unwrap();
     assert_eq!(hb.stop, vec![attempts[0], attempts[1], attempts[2] + 99]);

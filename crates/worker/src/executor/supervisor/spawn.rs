@@ -104,14 +104,14 @@ fn spawn(path: &Path, program: &OsStr, args: &[OsString], launch: &Launch) -> Re
             .collect()
     };
     let (argv, envp) = (pointers(&argv), pointers(&envp));
-    let actions = FileActions::new()?;
-    let attributes = Attributes::new()?;
+    let mut actions = FileActions::new()?;
+    let mut attributes = Attributes::new()?;
     // SAFETY: every pointer handed over is to a live, NUL-terminated string or null-ended
     // array owned above, and the two objects were initialised by their constructors.
     unsafe {
         let null = c"/dev/null";
         check(libc::posix_spawn_file_actions_addopen(
-            actions.as_ptr(),
+            actions.as_mut_ptr(),
             0,
             null.as_ptr(),
             libc::O_RDONLY,
@@ -119,34 +119,34 @@ fn spawn(path: &Path, program: &OsStr, args: &[OsString], launch: &Launch) -> Re
         ))?;
         if let Some(cwd) = &cwd {
             check(libc::posix_spawn_file_actions_addchdir_np(
-                actions.as_ptr(),
+                actions.as_mut_ptr(),
                 cwd.as_ptr(),
             ))?;
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         check(libc::posix_spawnattr_setsigmask(
-            attributes.as_ptr(),
+            attributes.as_mut_ptr(),
             &empty,
         ))?;
         check(libc::posix_spawnattr_setsigdefault(
-            attributes.as_ptr(),
+            attributes.as_mut_ptr(),
             &defaulted(),
         ))?;
-        check(libc::posix_spawnattr_setpgroup(attributes.as_ptr(), 0))?;
+        check(libc::posix_spawnattr_setpgroup(attributes.as_mut_ptr(), 0))?;
         let flags = libc::POSIX_SPAWN_SETSIGMASK
             | libc::POSIX_SPAWN_SETSIGDEF
             | libc::POSIX_SPAWN_SETPGROUP;
         check(libc::posix_spawnattr_setflags(
-            attributes.as_ptr(),
+            attributes.as_mut_ptr(),
             flags as libc::c_short,
         ))?;
         let mut pid: libc::pid_t = 0;
         check(libc::posix_spawn(
             &mut pid,
             path.as_ptr(),
-            actions.as_ptr(),
-            attributes.as_ptr(),
+            actions.as_mut_ptr(),
+            attributes.as_mut_ptr(),
             argv.as_ptr(),
             envp.as_ptr(),
         ))?;
@@ -182,51 +182,46 @@ fn check(code: libc::c_int) -> Result<(), i32> {
     }
 }
 
-/// A `posix_spawn_file_actions_t`, destroyed when dropped.
-struct FileActions(Box<libc::posix_spawn_file_actions_t>);
+/// An owned libc spawn object: initialised when made, destroyed when dropped.
+macro_rules! spawn_object {
+    ($(#[$doc:meta])* $name:ident($kind:ty), $init:path, $destroy:path) => {
+        $(#[$doc])*
+        struct $name(Box<$kind>);
 
-impl FileActions {
-    fn new() -> Result<FileActions, i32> {
-        // SAFETY: zeroed storage, then initialised by its init function before any use.
-        let mut actions = Box::new(unsafe { std::mem::zeroed() });
-        check(unsafe { libc::posix_spawn_file_actions_init(&mut *actions) })?;
-        Ok(FileActions(actions))
-    }
+        impl $name {
+            fn new() -> Result<$name, i32> {
+                // SAFETY: zeroed storage, then initialised by its init function before any use.
+                let mut object: Box<$kind> = Box::new(unsafe { std::mem::zeroed() });
+                check(unsafe { $init(&mut *object) })?;
+                Ok($name(object))
+            }
 
-    fn as_ptr(&self) -> *mut libc::posix_spawn_file_actions_t {
-        std::ptr::from_ref(&*self.0).cast_mut()
-    }
+            fn as_mut_ptr(&mut self) -> *mut $kind {
+                &mut *self.0
+            }
+        }
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: initialised in `new`, destroyed once.
+                unsafe { $destroy(&mut *self.0) };
+            }
+        }
+    };
 }
 
-impl Drop for FileActions {
-    fn drop(&mut self) {
-        // SAFETY: initialised in `new`, destroyed once.
-        unsafe { libc::posix_spawn_file_actions_destroy(&mut *self.0) };
-    }
-}
-
-/// A `posix_spawnattr_t`, destroyed when dropped.
-struct Attributes(Box<libc::posix_spawnattr_t>);
-
-impl Attributes {
-    fn new() -> Result<Attributes, i32> {
-        // SAFETY: zeroed storage, then initialised by its init function before any use.
-        let mut attributes = Box::new(unsafe { std::mem::zeroed() });
-        check(unsafe { libc::posix_spawnattr_init(&mut *attributes) })?;
-        Ok(Attributes(attributes))
-    }
-
-    fn as_ptr(&self) -> *mut libc::posix_spawnattr_t {
-        std::ptr::from_ref(&*self.0).cast_mut()
-    }
-}
-
-impl Drop for Attributes {
-    fn drop(&mut self) {
-        // SAFETY: initialised in `new`, destroyed once.
-        unsafe { libc::posix_spawnattr_destroy(&mut *self.0) };
-    }
-}
+spawn_object!(
+    /// The job's file actions: standard input, working directory.
+    FileActions(libc::posix_spawn_file_actions_t),
+    libc::posix_spawn_file_actions_init,
+    libc::posix_spawn_file_actions_destroy
+);
+spawn_object!(
+    /// The job's signal mask, default actions and process group.
+    Attributes(libc::posix_spawnattr_t),
+    libc::posix_spawnattr_init,
+    libc::posix_spawnattr_destroy
+);
 
 /// A fork, the setup and the mask's unblocking run in the child before the exec.
 fn fork(
