@@ -66,6 +66,25 @@ pub const MAX_WORKER_LABELS: usize = 64;
 /// The most bytes a worker's labels may take, keys and values together.
 pub const MAX_WORKER_LABEL_BYTES: usize = 8 * 1024;
 
+/// How long a worker goes on without a confirmed heartbeat before it stops its attempts: one
+/// interval short of the server's timeout (at least one interval), so that they are stopped
+/// before the server hands their runs to another worker.
+pub fn worker_fence_after(heartbeat_timeout: Duration, heartbeat_interval: Duration) -> Duration {
+    heartbeat_timeout
+        .saturating_sub(heartbeat_interval)
+        .max(heartbeat_interval)
+}
+
+/// How long before its end a lease may still be left as it is by a heartbeat: as long as it
+/// outlasts the worker's fence ([`worker_fence_after`]) by half an interval, so that a worker
+/// that stops hearing back stops its attempts before any of their leases ends. Zero (renew
+/// every lease at every heartbeat) when the timeout leaves no such room.
+pub fn lease_renewal_slack(heartbeat_timeout: Duration, heartbeat_interval: Duration) -> Duration {
+    heartbeat_timeout.saturating_sub(
+        worker_fence_after(heartbeat_timeout, heartbeat_interval) + heartbeat_interval / 2,
+    )
+}
+
 /// Whether a worker's labels are within bounds; the reason when they are not.
 pub fn check_worker_labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
     if labels.len() > MAX_WORKER_LABELS {
@@ -316,6 +335,28 @@ pub struct CompletionResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_left_alone_outlasts_the_workers_fence() {
+        let ms = Duration::from_millis;
+        for (timeout, interval, slack) in [
+            (10_000, 2_000, 1_000),
+            (60_000, 1_000, 500),
+            (2_000, 300, 150),
+            // No room: every lease is renewed at every heartbeat.
+            (3_000, 2_000, 0),
+            (2_000, 2_000, 0),
+        ] {
+            let (timeout, interval) = (ms(timeout), ms(interval));
+            let left = lease_renewal_slack(timeout, interval);
+            assert_eq!(left, ms(slack), "{timeout:?} {interval:?}");
+            // A lease not renewed still has this long to run, past the worker's fence.
+            let kept = timeout - left;
+            if !left.is_zero() {
+                assert!(kept >= worker_fence_after(timeout, interval) + interval / 2);
+            }
+        }
+    }
 
     #[test]
     fn worker_labels_are_bounded_in_count_and_bytes() {

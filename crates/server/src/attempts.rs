@@ -10,7 +10,7 @@ use crate::secrets::{open_target, Binding};
 use crate::AppState;
 use chrono::Utc;
 use rand::Rng;
-use sked_core::protocol::{CompletionResult, LeasedAttempt};
+use sked_core::protocol::{lease_renewal_slack, CompletionResult, LeasedAttempt};
 use sked_core::run::RunState;
 use sked_core::throttle::Throttle;
 use sked_store::{
@@ -26,25 +26,20 @@ pub fn lease_until(state: &AppState) -> sked_core::Instant {
     Utc::now() + chrono::Duration::from_std(state.config.heartbeat_timeout).unwrap_or_default()
 }
 
-/// How a heartbeat received now extends leases: to [`lease_until`], but only those that end
-/// within half the heartbeat timeout (and never within two heartbeat intervals), so that a
-/// worker holding thousands of short attempts does not have each rewritten at every beat. A
-/// lease left alone still has at least that long to run, which spans more than one missed
-/// heartbeat; with an interval of half the timeout or more, every lease is renewed at every beat.
+/// How a heartbeat received now extends leases: to [`lease_until`], except those that still
+/// end no earlier than the slack of [`lease_renewal_slack`] before it (an attempt started
+/// within the last second, with the defaults), so that a worker holding thousands of short
+/// attempts does not have each rewritten at every beat, and a lease left alone still outlasts
+/// the worker's own fence.
 pub fn lease_renewal(state: &AppState) -> LeaseRenewal {
-    renewal(
-        lease_until(state),
+    let until = lease_until(state);
+    let slack = lease_renewal_slack(
         state.config.heartbeat_timeout,
         state.config.heartbeat_interval,
-    )
-}
-
-fn renewal(until: sked_core::Instant, timeout: Duration, interval: Duration) -> LeaseRenewal {
-    let keep = (timeout / 2).max(interval * 2);
-    let left_alone = chrono::Duration::from_std(timeout.saturating_sub(keep)).unwrap_or_default();
+    );
     LeaseRenewal {
         until,
-        renew_before: until - left_alone,
+        renew_before: until - chrono::Duration::from_std(slack).unwrap_or_default(),
     }
 }
 
@@ -282,27 +277,4 @@ pub async fn complete(
             .enqueue(state.store.queued_runs(Some(&requeued)).await?);
     }
     Ok(results)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lease_left_alone_outlives_two_heartbeat_intervals_and_half_the_timeout() {
-        let until = Utc::now();
-        let secs = Duration::from_secs;
-        let left = |timeout, interval| {
-            let r = renewal(until, secs(timeout), secs(interval));
-            assert_eq!(r.until, until);
-            (until - r.renew_before).num_seconds()
-        };
-        // Defaults (10 s, 2 s): a lease with under 5 s to run is renewed.
-        assert_eq!(left(10, 2), 5);
-        assert_eq!(left(10, 3), 4);
-        // An interval of half the timeout or more renews every lease.
-        assert_eq!(left(10, 5), 0);
-        assert_eq!(left(10, 20), 0);
-        assert_eq!(left(60, 1), 30);
-    }
 }

@@ -179,11 +179,10 @@ impl Session {
     /// declares the worker dead and hands their runs to another worker.
     fn fence_after(&self) -> Option<Duration> {
         let timeout = self.heartbeat_timeout?;
-        Some(
-            timeout
-                .saturating_sub(self.heartbeat_interval)
-                .max(self.heartbeat_interval),
-        )
+        Some(sked_core::protocol::worker_fence_after(
+            timeout,
+            self.heartbeat_interval,
+        ))
     }
 }
 
