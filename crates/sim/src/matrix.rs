@@ -642,26 +642,6 @@ mod tests {
         }
     }
 
-    /// The full-size matrices of docs/BENCHMARKS.md ("Affinity with bounded load"): the
-    /// default workload and each `skewed` family, 24 hours, 5 seeds, every cell; what `sked sim
-    /// matrix --seed 1 --hours 24 --seeds 5`, with and without `--family skewed`, prints. About
-    /// 12 minutes on 2 vCPU in a release build:
-    /// `cargo test --release -p sked-sim --lib full_size -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn full_size_matrix_per_family() {
-        let spec = MatrixSpec {
-            source: Source::Synthetic(Workload::new(1, 24.0).unwrap()),
-            seeds: 5,
-            model: Model::default(),
-            cells: Cell::all(),
-        };
-        println!("{}", run_matrix(&spec).unwrap().table());
-        for report in run_families(&spec, &Family::SKEWED).unwrap() {
-            println!("{}", report.table());
-        }
-    }
-
     #[test]
     fn bounds_are_checked() {
         assert!(run_matrix(&spec(0)).is_err());
