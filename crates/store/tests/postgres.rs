@@ -9,7 +9,9 @@
 
 use sked_core::cluster::{partition_of, PARTITIONS, PARTITION_SQL};
 use sked_core::run::Trigger;
-use sked_store::{Audit, Fire, NodeInfo, PgStore, PutMode, Store, StoreError, StoreEvent};
+use sked_store::{
+    Audit, Fire, LeaseRenewal, NodeInfo, PgStore, PutMode, Store, StoreError, StoreEvent,
+};
 use std::time::Duration;
 
 const URL_VAR: &str = "SKED_TEST_DATABASE_URL";
@@ -371,8 +373,9 @@ async fn a_newer_schema_is_refused() {
 async fn a_version_2_database_upgrades_and_keeps_its_runs_and_workers() {
     let url = database_url();
     let schema = Schema::create(&url).await;
-    // A database as version 2 left it: a job, a run with an attempt and its output, a worker
-    // from before tokens (no namespaces, no drain flag).
+    // A database as version 2 left it: a job, a run with an attempt and its output, a run
+    // whose attempt is still running, a worker from before tokens (no namespaces, no drain
+    // flag).
     admin(&schema.url())
         .await
         .batch_execute(&format!(
@@ -393,7 +396,15 @@ async fn a_version_2_database_upgrades_and_keeps_its_runs_and_workers() {
                  finished_at, lease_expires_at, output_bytes) \
              SELECT id, 1, 'w', 1, 'succeeded', 1000000, 2000000, 3000000, 5 FROM runs; \
              INSERT INTO output (attempt_id, \"offset\", data) \
-             SELECT id, 0, 'hello'::bytea FROM attempts",
+             SELECT id, 0, 'hello'::bytea FROM attempts; \
+             INSERT INTO runs (job_id, namespace, job, scheduled_for, trigger, state, \
+                 priority, ready_at, created_at, started_at, attempts) \
+             SELECT id, 'default', 'old', 3000000, 'schedule', 'running', 0, 3000000, \
+                 3000000, 3000000, 1 FROM jobs; \
+             INSERT INTO attempts (run_id, number, worker_id, token, state, started_at, \
+                 lease_expires_at, output_bytes) \
+             SELECT id, 1, 'w', 2, 'running', 3000000, 4000000, 0 FROM runs \
+             WHERE state = 'running'",
             sked_store::postgres::migrations_through(2)
         ))
         .await
@@ -415,7 +426,9 @@ async fn a_version_2_database_upgrades_and_keeps_its_runs_and_workers() {
     assert!(!w.draining);
     assert!(store.list_tokens().await.unwrap().is_empty());
     // The run, its attempt and output are kept, in the legacy partition; new ids follow theirs.
-    let old = schema.query_one("SELECT id FROM runs_legacy").await;
+    let old = schema
+        .query_one("SELECT id FROM runs_legacy WHERE state = 'succeeded'")
+        .await;
     let old_run: i64 = old.get(0);
     let (run, attempts) = store
         .get_run(old_run)
@@ -456,6 +469,26 @@ async fn a_version_2_database_upgrades_and_keeps_its_runs_and_workers() {
         .await
         .unwrap();
     assert!(fired.runs[0].run_id > old_run);
+    // The attempt running across the upgrade (its instant unknown to the legacy partition's
+    // attempts, 0) is still its worker's: a heartbeat keeps it and extends its lease.
+    let running = schema
+        .query_one("SELECT id FROM attempts WHERE state = 'running'")
+        .await;
+    let attempt: i64 = running.get(0);
+    // Stored to the microsecond.
+    let now = chrono::SubsecRound::trunc_subsecs(chrono::Utc::now(), 6);
+    let until = now + chrono::Duration::seconds(10);
+    let beat = store
+        .heartbeat("w", &[attempt], now, LeaseRenewal::all(until), now)
+        .await
+        .unwrap();
+    assert!(beat.known && beat.stop.is_empty(), "{beat:?}");
+    let (_, attempts) = store
+        .get_run(old_run + 1)
+        .await
+        .unwrap()
+        .expect("the running run is kept");
+    assert_eq!(attempts[0].lease_expires_at, until);
 }
 
 #[cfg_attr(
