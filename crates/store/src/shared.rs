@@ -1,5 +1,5 @@
 //! What every store decides or decodes the same way, whatever its SQL: the fencing verdict on a
-//! worker's report, the reason shown on a run that did not succeed, a job's firing state after
+//! worker's report, what a heartbeat renews, stops and forgets, the reason shown on a run that did not succeed, a job's firing state after
 //! a put, job statistics from the ledger's figures, and stored values (instants, state names,
 //! the JSON of definitions, grants and audit entries) written and read back into sked's types.
 //!

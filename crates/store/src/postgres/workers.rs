@@ -88,13 +88,19 @@ pub async fn heartbeat(
     let draining: bool = row.try_get(0)?;
     // What the store has running on the worker, read through the running attempts' partial
     // index, without a lock: a worker holding thousands of attempts has few that need
-    // anything written. Runs are joined by id alone: an attempt from before the tables were
-    // partitioned says instant 0, not its run's.
+    // anything written. Each run is found in its own partition by its instant; an attempt
+    // from before the tables were partitioned says instant 0, not its run's, and its run is
+    // looked up by id alone (a probe of the legacy partition's attempts, empty once they end).
     let stmt = tx
         .prepare_cached(
             "SELECT a.id, a.started_at, a.lease_expires_at, r.cancel_requested \
+             FROM attempts a JOIN runs r \
+               ON r.id = a.run_id AND r.scheduled_for = a.run_scheduled_for \
+             WHERE a.worker_id = $1 AND a.state = 'running' AND a.run_scheduled_for <> 0 \
+             UNION ALL \
+             SELECT a.id, a.started_at, a.lease_expires_at, r.cancel_requested \
              FROM attempts a JOIN runs r ON r.id = a.run_id \
-             WHERE a.worker_id = $1 AND a.state = 'running'",
+             WHERE a.worker_id = $1 AND a.state = 'running' AND a.run_scheduled_for = 0",
         )
         .await?;
     let mut on_worker = Vec::new();
